@@ -1,0 +1,115 @@
+"""What every policy shares: a token budget per step, `max_num_seqs`, FCFS admission, and the
+KV cache's rules (admit only when blocks fit; preempt by recompute when a running request
+cannot grow)."""
+
+from __future__ import annotations
+
+from sim.batch import Batch
+from sim.config import SchedulerConfig
+from sim.request import Request, Status
+from sim.state import EngineState
+
+
+class Policy:
+    name = ""
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+
+    def schedule(self, state: EngineState, now: float) -> Batch:
+        """Choose this step's requests and token counts, reserving their KV blocks."""
+        raise NotImplementedError
+
+    # Running requests.
+
+    def _schedule_running(self, state: EngineState, batch: Batch, request: Request, num_tokens: int) -> bool:
+        """Reserve blocks for `num_tokens` more tokens of a running request and add it to the batch,
+        preempting the most recently admitted unscheduled requests while blocks run short.
+        Returns False when the request itself had to be preempted."""
+        bm = state.block_manager
+        while not bm.can_append(request, num_tokens):
+            victim = self._victim(state)
+            self._preempt(state, victim)
+            if victim is request:
+                return False
+        bm.append(request, num_tokens)
+        self._add(state, batch, request, num_tokens)
+        return True
+
+    def _victim(self, state: EngineState) -> Request:
+        for r in reversed(state.running):
+            if r.last_scheduled_step != state.step_index:
+                return r
+        raise AssertionError("no unscheduled running request to preempt")
+
+    def _preempt(self, state: EngineState, request: Request) -> None:
+        """Preemption by recompute: drop its KV blocks; it restarts from the front of the queue."""
+        state.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = Status.WAITING
+        request.num_preemptions += 1
+        state.num_preemptions += 1
+        state.running.remove(request)
+        state.waiting.appendleft(request)
+
+    # Waiting requests.
+
+    def _try_admit(self, state: EngineState, batch: Batch, now: float, max_tokens: int | None) -> int:
+        """Admit the head of the waiting queue if its blocks fit. With `max_tokens` the prefill is
+        chunked to it; without, the whole remaining prompt is scheduled. Returns tokens scheduled
+        (0 when it could not be admitted)."""
+        request = state.waiting[0]
+        bm = state.block_manager
+        cached = bm.cached_prefix(request)
+        num_tokens = request.num_tokens - len(cached) * bm.block_size
+        if max_tokens is not None:
+            num_tokens = min(num_tokens, max_tokens)
+        if not bm.can_allocate(cached, num_tokens):
+            return 0
+        state.waiting.popleft()
+        bm.allocate(request, cached, num_tokens)
+        request.status = Status.RUNNING
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = now
+        state.running.append(request)
+        self._add(state, batch, request, num_tokens)
+        return num_tokens
+
+    def _admit_whole_prompts(self, state: EngineState, batch: Batch, now: float) -> int:
+        """Admit whole prompts FCFS up to the token budget and max_num_seqs. The first is admitted
+        even when it alone exceeds the budget, so a long prompt never blocks the queue."""
+        num_tokens = 0
+        cfg = self.config
+        while state.waiting and len(state.running) < cfg.max_num_seqs:
+            head = state.waiting[0]
+            if num_tokens and num_tokens + head.num_tokens_to_compute > cfg.max_num_batched_tokens:
+                # Cached prefix tokens are not computed; check the exact count before refusing.
+                cached = state.block_manager.cached_prefix(head)
+                remaining = head.num_tokens - len(cached) * state.block_manager.block_size
+                if num_tokens + remaining > cfg.max_num_batched_tokens:
+                    break
+            admitted = self._try_admit(state, batch, now, max_tokens=None)
+            if not admitted:
+                break
+            num_tokens += admitted
+        return num_tokens
+
+    def _schedule_all_decodes(self, state: EngineState, batch: Batch) -> bool:
+        """One token for every running request. Returns True if any request was preempted."""
+        preempted = False
+        for request in list(state.running):
+            if request.status is Status.RUNNING and request.last_scheduled_step != state.step_index:
+                if not self._schedule_running(state, batch, request, request.num_tokens_to_compute):
+                    preempted = True
+        return preempted
+
+    @staticmethod
+    def _add(state: EngineState, batch: Batch, request: Request, num_tokens: int) -> None:
+        request.last_scheduled_step = state.step_index
+        num_computed = request.num_computed_tokens
+        batch.add(
+            request.request_id, num_computed, num_tokens, request.block_table,
+            needs_logits=num_computed + num_tokens == request.num_tokens,
+            is_decode=request.is_decoding,
+            token_source=request, request=request,
+        )

@@ -1,0 +1,42 @@
+"""`chunked`: Sarathi-Serve stall-free batching, as vLLM V1 schedules.
+
+Every running decode gets its token first, then partially done prefills continue, then new
+requests are admitted, each prefill chunked to the budget that remains. Steps mix prefill
+chunks and decodes. New requests are not admitted in a step that had to preempt.
+"""
+
+from __future__ import annotations
+
+from policies.base import Policy
+from sim.batch import Batch
+from sim.request import Status
+from sim.state import EngineState
+
+
+class ChunkedPolicy(Policy):
+    name = "chunked"
+
+    def schedule(self, state: EngineState, now: float) -> Batch:
+        batch = Batch()
+        budget = self.config.max_num_batched_tokens
+        preempted = False
+        step = state.step_index
+        for decodes_pass in (True, False):
+            for request in list(state.running):
+                if budget == 0:
+                    break
+                if (request.status is not Status.RUNNING or request.last_scheduled_step == step
+                        or request.is_decoding is not decodes_pass):
+                    continue
+                num_tokens = min(request.num_tokens_to_compute, budget)
+                if self._schedule_running(state, batch, request, num_tokens):
+                    budget -= num_tokens
+                else:
+                    preempted = True
+        if not preempted:
+            while state.waiting and budget > 0 and len(state.running) < self.config.max_num_seqs:
+                admitted = self._try_admit(state, batch, now, max_tokens=budget)
+                if not admitted:
+                    break
+                budget -= admitted
+        return batch

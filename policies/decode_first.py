@@ -1,0 +1,23 @@
+"""`decode-first` (FasterTransformer-style request-level batching, Vidur's `faster_transformer`).
+
+While any request is decoding, only decodes run. New requests are admitted only when the batch
+has drained: whole prompts, FCFS, up to the token budget and `max_num_seqs` (at least one).
+"""
+
+from __future__ import annotations
+
+from policies.base import Policy
+from sim.batch import Batch
+from sim.state import EngineState
+
+
+class DecodeFirstPolicy(Policy):
+    name = "decode-first"
+
+    def schedule(self, state: EngineState, now: float) -> Batch:
+        batch = Batch()
+        if state.running:
+            self._schedule_all_decodes(state, batch)
+        else:
+            self._admit_whole_prompts(state, batch, now)
+        return batch

@@ -1,0 +1,23 @@
+"""`prefill-first` (vLLM V0's default, Vidur's `vllm`).
+
+If waiting requests can be admitted, the step is prefill-only: whole prompts, FCFS, up to the
+token budget (the first even when it alone exceeds it). Otherwise every running request decodes
+one token. Decodes stall while prompts are admitted.
+"""
+
+from __future__ import annotations
+
+from policies.base import Policy
+from sim.batch import Batch
+from sim.state import EngineState
+
+
+class PrefillFirstPolicy(Policy):
+    name = "prefill-first"
+
+    def schedule(self, state: EngineState, now: float) -> Batch:
+        batch = Batch()
+        if self._admit_whole_prompts(state, batch, now):
+            return batch
+        self._schedule_all_decodes(state, batch)
+        return batch

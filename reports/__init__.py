@@ -1,0 +1,1 @@
+"""Metrics, summary tables and reports of a run."""

@@ -1,0 +1,160 @@
+"""Per-request and per-step tables and the run summary, with vLLM's serving-benchmark definitions.
+
+- TTFT: arrival to first token. E2E: arrival to last token.
+- TPOT: (E2E - TTFT) / (output tokens - 1), for requests with more than one output token.
+- ITL: every gap between consecutive tokens of a request, all requests pooled.
+- Scheduling delay: arrival to the first step that scheduled the request.
+- Throughputs divide by the duration: first arrival to last finish.
+- Goodput: completed requests meeting every SLO, per second of duration.
+Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from sim.config import SLO
+from sim.engine import SimResult
+from sim.request import Status
+
+METRICS = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
+
+
+def requests_table(result: SimResult) -> pd.DataFrame:
+    rows = result.requests
+    frame = pd.DataFrame({
+        "request_id": [r.request_id for r in rows],
+        "arrival_s": [r.arrival_s for r in rows],
+        "prompt_tokens": [r.num_prompt_tokens for r in rows],
+        "output_tokens": [r.num_output_tokens for r in rows],
+        "status": [r.status.value for r in rows],
+        "first_scheduled_s": [r.first_scheduled_s for r in rows],
+        "first_token_s": [r.first_token_s for r in rows],
+        "finish_s": [r.finish_s for r in rows],
+        "num_preemptions": [r.num_preemptions for r in rows],
+        "prefix_hit_tokens": [r.num_prefix_hit_tokens for r in rows],
+        "reject_reason": [r.reject_reason or "" for r in rows],
+    })
+    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
+    frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
+    multi = frame["output_tokens"] > 1
+    frame["tpot_s"] = ((frame["e2e_s"] - frame["ttft_s"]) / (frame["output_tokens"] - 1)).where(multi)
+    frame["scheduling_delay_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
+    return frame
+
+
+def inter_token_latencies(result: SimResult) -> np.ndarray:
+    """Every gap between consecutive tokens of finished requests."""
+    finished = [r for r in result.requests if r.status is Status.FINISHED and r.num_output_tokens > 1]
+    if not finished:
+        return np.zeros(0)
+    times = result.token_times
+    gaps = np.diff(times)
+    # A gap belongs to a request when both of its tokens do: drop the gap that crosses a boundary.
+    keep = np.zeros(len(gaps), dtype=bool)
+    starts = np.array([r.token_offset for r in finished])
+    counts = np.array([r.num_output_tokens - 1 for r in finished])
+    index = np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    keep[index] = True
+    return gaps[keep]
+
+
+def steps_table(result: SimResult) -> pd.DataFrame:
+    s = result.steps
+    frame = pd.DataFrame({
+        "step": np.arange(len(s)),
+        "start_s": s.start_s,
+        "seconds": s.seconds,
+        "num_prefill_tokens": s.num_prefill_tokens,
+        "num_decode_tokens": s.num_decode_tokens,
+        "num_requests": s.num_requests,
+        "num_kv_blocks_used": s.num_kv_blocks_used,
+        "num_waiting": s.num_waiting,
+        "num_preemptions": s.num_preemptions,
+    })
+    for key, values in s.breakdown.items():
+        frame[f"{key}_s"] = values
+    return frame
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict) -> dict:
+    done = requests[requests["status"] == Status.FINISHED.value]
+    rejected = requests[requests["status"] == Status.REJECTED.value]
+    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
+    output_tokens = int(done["output_tokens"].sum())
+    prompt_tokens = int(done["prompt_tokens"].sum())
+
+    def per_s(x: float) -> float | None:
+        return x / duration if duration > 0 else None
+
+    summary: dict = {
+        "num_requests": int(len(requests)),
+        "completed": int(len(done)),
+        "rejected": int(len(rejected)),
+        "preemptions": int(result.num_preemptions),
+        "duration_s": duration,
+        "simulated_s": float(result.end_s),
+        "num_steps": int(len(result.steps)),
+        "total_prompt_tokens": prompt_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": per_s(len(done)),
+        "output_throughput": per_s(output_tokens),
+        "total_token_throughput": per_s(prompt_tokens + output_tokens),
+        "prefix_cache_hit_rate": (result.num_prefix_hit_tokens / result.num_prefix_queried_tokens
+                                  if result.num_prefix_queried_tokens else 0.0),
+    }
+    summary["ttft"] = _stats(done["ttft_s"].to_numpy())
+    summary["tpot"] = _stats(done["tpot_s"].to_numpy())
+    summary["itl"] = _stats(inter_token_latencies(result))
+    summary["e2e"] = _stats(done["e2e_s"].to_numpy())
+    summary["scheduling_delay"] = _stats(done["scheduling_delay_s"].to_numpy())
+    if slo.is_set:
+        good = np.ones(len(done), dtype=bool)
+        for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_s")):
+            limit = getattr(slo, name)
+            if limit is not None:
+                values = done[column].to_numpy()
+                good &= np.isnan(values) | (values <= limit)  # TPOT is undefined for one-token outputs
+        summary["slo"] = {k: v for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2e", slo.e2e)) if v is not None}
+        summary["goodput"] = per_s(int(good.sum()))
+        summary["slo_attainment"] = float(good.mean()) if len(done) else None
+    if len(rejected):
+        summary["reject_reasons"] = {k: int(v) for k, v in
+                                     rejected["reject_reason"].str.replace(r"\d+", "N", regex=True).value_counts().items()}
+    summary["options"] = options
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    """A short table for the terminal."""
+    def ms(x: float | None) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:10.1f}"
+
+    lines = [
+        f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
+        f"{summary['preemptions']} preemptions, {summary['num_steps']} steps",
+        f"duration {summary['duration_s']:.1f} s   throughput {summary['request_throughput'] or 0:.2f} req/s, "
+        f"{summary['output_throughput'] or 0:.0f} output tok/s, {summary['total_token_throughput'] or 0:.0f} tok/s",
+    ]
+    if summary.get("prefix_cache_hit_rate"):
+        lines.append(f"prefix cache hit rate {summary['prefix_cache_hit_rate']:.1%}")
+    if "goodput" in summary:
+        lines.append(f"goodput {summary['goodput'] or 0:.2f} req/s ({(summary['slo_attainment'] or 0):.1%} within SLO "
+                     + ", ".join(f"{k}<={v}s" for k, v in summary["slo"].items()) + ")")
+    lines.append(f"{'metric (ms)':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
+        s = summary[name]
+        lines.append(f"{name:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}")
+    return "\n".join(lines)

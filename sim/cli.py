@@ -1,0 +1,203 @@
+"""The `sim` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sim.errors import ServesimError
+
+DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    return value
+
+
+def add_replay_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that replays a trace."""
+    from backends.presets import HARDWARE, MODELS
+    from policies import POLICIES
+
+    p.add_argument("--format", default=None, help="trace format (default: detected from the header)")
+    p.add_argument("--policy", default="chunked", help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked)")
+    p.add_argument("--model", default="Llama-3.1-8B", help=f"model preset: {', '.join(MODELS)} (default: Llama-3.1-8B)")
+    p.add_argument("--hardware", default="H100-SXM", help=f"hardware preset: {', '.join(HARDWARE)} (default: H100-SXM)")
+    p.add_argument("--backend", default="costmodel", help="step-time backend: costmodel (default)")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=2048, metavar="N",
+                   help="token budget of one step (default: 2048)")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=256, metavar="N",
+                   help="most requests running at once (default: 256)")
+    p.add_argument("--max-model-len", type=_positive_int, default=None, metavar="N",
+                   help="longest prompt + output accepted; longer requests are rejected "
+                        "(default: the model's max_position_embeddings)")
+    p.add_argument("--block-size", type=_positive_int, default=16, metavar="N",
+                   help="tokens per KV block, a power of two (default: 16)")
+    p.add_argument("--num-blocks", type=_positive_int, default=None, metavar="N",
+                   help="KV blocks in the cache (default: derived from the hardware's memory minus weights "
+                        "and an activation reserve)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                   help="fraction of device memory for weights, activations and KV cache (default: 0.9)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    p.add_argument("--seed", type=_positive_int, default=0, help="seed of the synthetic token ids (default: 0)")
+    p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S",
+                   help="service-level objectives in seconds, for goodput")
+
+
+def options_from_args(args: argparse.Namespace):
+    from sim.config import SLO, CacheConfig, SchedulerConfig
+    from sim.replay import ReplayOptions
+
+    if args.seed < 0:
+        raise ServesimError(f"--seed must not be negative, got {args.seed}")
+    return ReplayOptions(
+        scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len),
+        cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
+        model=args.model, hardware=args.hardware, backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
+    )
+
+
+def _new_run_dir(policy: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{stamp}-{policy}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+class Progress:
+    """A one-line progress report on a terminal, at most a few times a second."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.last = 0.0
+        self.started = time.monotonic()
+
+    def __call__(self, now_s: float, finished: int, total: int) -> None:
+        wall = time.monotonic()
+        if not self.enabled or wall - self.last < 0.25:
+            return
+        self.last = wall
+        sys.stderr.write(f"\r  simulated {now_s:9.1f} s  {finished}/{total} requests finished  "
+                         f"({wall - self.started:.1f} s)")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.last:
+            sys.stderr.write("\r" + " " * 78 + "\r")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from reports.metrics import format_summary
+    from sim.replay import replay, write_run
+    from traces import read_trace
+
+    options = options_from_args(args)
+    trace = read_trace(args.trace, args.format)
+    for warning in trace.warnings:
+        print(f"sim: warning: {warning}", file=sys.stderr)
+    out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
+    progress = Progress(enabled=sys.stderr.isatty() and not args.quiet)
+    started = time.perf_counter()
+    result = replay(trace, options, progress=progress)
+    progress.done()
+    wall = time.perf_counter() - started
+    summary = write_run(out, result, options, trace)
+    if not args.quiet:
+        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on "
+              f"{options.hardware}, {options.backend}")
+        print(format_summary(summary))
+        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from backends.presets import MODELS, kv_bytes_per_token, num_parameters
+
+    print(f"{'model':<16}{'params':>9}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>4}{'vocab':>8}{'KV/token':>11}")
+    for name, m in MODELS.items():
+        print(f"{name:<16}{num_parameters(m) / 1e9:>8.2f}B{m['num_hidden_layers']:>8}{m['hidden_size']:>8}"
+              f"{m['num_attention_heads']:>7}{m['num_key_value_heads']:>4}{m['vocab_size']:>8}"
+              f"{kv_bytes_per_token(m) / 1024:>8.0f} KiB")
+    return 0
+
+
+def cmd_hardware(args: argparse.Namespace) -> int:
+    from backends.presets import HARDWARE
+
+    print(f"{'hardware':<12}{'bf16 TFLOP/s':>14}{'HBM TB/s':>10}{'memory GiB':>12}  description")
+    for name, h in HARDWARE.items():
+        print(f"{name:<12}{h['peak_flops'] / 1e12:>14.1f}{h['memory_bandwidth'] / 1e12:>10.2f}"
+              f"{h['memory_bytes'] / 2**30:>12.1f}  {h['description']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sim", description="servesim: replay LLM-serving traces through "
+                                     "scheduling policies, with predicted or measured step times.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("replay", help="replay a trace through one policy",
+                       description="Replay a trace through one scheduling policy and write requests.csv, "
+                                   "steps.csv and summary.json into a run folder.")
+    p.add_argument("trace", help=f"trace file (canonical CSV or Azure LLM inference); {DEFAULT_TRACE_HELP}")
+    add_replay_options(p)
+    p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("models", help="list the model presets")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("hardware", help="list the hardware presets")
+    p.set_defaults(func=cmd_hardware)
+    for register in _command_modules():
+        register(sub)
+    return parser
+
+
+def _command_modules():
+    """Other commands live beside the code they drive; each module has `register(subparsers)`."""
+    import importlib
+
+    registrars = []
+    for module in COMMAND_MODULES:
+        registrars.append(importlib.import_module(module).register)
+    return registrars
+
+
+# Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
+COMMAND_MODULES: list[str] = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ServesimError as e:
+        print(f"sim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: one line, and the traceback on request
+        if os.environ.get("SERVESIM_DEBUG"):
+            raise
+        print(f"sim: internal error: {type(e).__name__}: {e} (set SERVESIM_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

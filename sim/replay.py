@@ -1,0 +1,124 @@
+"""One replay: trace + options -> simulated requests and steps -> a run folder."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from backends.presets import derive_num_blocks, get_hardware, get_model
+from policies import POLICIES
+from sim.block_manager import BlockManager
+from sim.config import SLO, CacheConfig, SchedulerConfig
+from sim.engine import Engine, SimResult
+from sim.errors import ServesimError
+from sim.request import Request
+from traces.trace import Trace
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    model: str = "Llama-3.1-8B"
+    hardware: str = "H100-SXM"
+    backend: str = "costmodel"
+    seed: int = 0
+    slo: SLO = field(default_factory=SLO)
+
+    def __post_init__(self) -> None:
+        model = get_model(self.model)
+        get_hardware(self.hardware)
+        limit = model["max_position_embeddings"]
+        if self.scheduler.max_model_len is not None and self.scheduler.max_model_len > limit:
+            raise ServesimError(
+                f"--max-model-len {self.scheduler.max_model_len} is more than {self.model}'s "
+                f"max_position_embeddings ({limit})")
+        if self.backend not in BACKENDS:
+            raise ServesimError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len or get_model(self.model)["max_position_embeddings"]
+
+    def num_blocks(self) -> int:
+        if self.cache.num_blocks is not None:
+            return self.cache.num_blocks
+        return derive_num_blocks(get_model(self.model), get_hardware(self.hardware), self.cache.block_size,
+                                 self.cache.gpu_memory_utilization, self.scheduler.max_num_batched_tokens,
+                                 self.scheduler.max_num_seqs)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["scheduler"]["max_model_len"] = self.max_model_len
+        d["cache"]["num_blocks"] = self.num_blocks()
+        return d
+
+
+BACKENDS = ("costmodel",)
+
+
+def make_backend(options: ReplayOptions):
+    from backends.costmodel import CostModelBackend
+
+    return CostModelBackend(options.model, options.hardware)
+
+
+def make_requests(trace: Trace, options: ReplayOptions) -> list[Request]:
+    vocab = get_model(options.model)["vocab_size"]
+    ids = trace.ids()
+    hash_ids = trace.hash_ids
+    arrival = trace.arrival_s.tolist()
+    prompt = trace.prompt_tokens.tolist()
+    output = trace.output_tokens.tolist()
+    return [
+        Request(i, ids[i], arrival[i], prompt[i], output[i],
+                hash_ids=None if hash_ids is None else hash_ids[i], hash_block_tokens=trace.hash_block_tokens,
+                token_seed=options.seed, vocab_size=vocab)
+        for i in range(len(trace))
+    ]
+
+
+def replay(trace: Trace, options: ReplayOptions, backend=None,
+           progress: Callable[[float, int, int], None] | None = None) -> SimResult:
+    cache = options.cache
+    block_manager = BlockManager(options.num_blocks(), cache.block_size, cache.enable_prefix_caching)
+    policy = POLICIES[options.scheduler.policy](options.scheduler)
+    engine = Engine(make_requests(trace, options), policy, backend or make_backend(options), block_manager,
+                    options.max_model_len, progress=progress)
+    return engine.run()
+
+
+def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace) -> dict:
+    """Write requests.csv, steps.csv and summary.json; return the summary."""
+    from reports.metrics import requests_table, steps_table, summarize
+
+    out.mkdir(parents=True, exist_ok=True)
+    requests = requests_table(result)
+    opts = options.as_dict()
+    opts["trace"] = trace.source
+    summary = summarize(result, requests, options.slo, opts)
+    requests.to_csv(out / "requests.csv", index=False)
+    steps_table(result).to_csv(out / "steps.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+    return summary
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return None if np.isnan(value) else float(value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
+    return value

@@ -1,0 +1,109 @@
+"""A request and its token state.
+
+Prefill, chunked prefill and decode are one thing here: a request knows `num_tokens` tokens
+(its prompt plus what it has generated) and has computed `num_computed_tokens` of them. A step
+that brings `num_computed_tokens` up to `num_tokens` samples one new token. So the step that
+computes the last prompt token emits the first output token, and a decoding request computes
+exactly one token per step (the one it sampled last).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim import tokens
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    index: int  # position in the trace; also the key of its synthetic token ids
+    request_id: str
+    arrival_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int  # exact: generation ignores end-of-sequence
+    hash_ids: np.ndarray | None = None  # prefix-block hash ids from the trace, if any
+    hash_block_tokens: int = 512  # tokens covered by one hash id
+    token_seed: int = 0
+    vocab_size: int = 32000
+
+    # Token state: changed only by the policy (scheduling) and the engine (postprocess).
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    num_generated_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0  # leading blocks of block_table registered in the prefix cache
+    last_scheduled_step: int = -1  # the engine step that last scheduled it
+
+    # Timeline and counters.
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    num_preemptions: int = 0
+    num_prefix_hit_tokens: int = 0
+    reject_reason: str | None = None
+    token_offset: int = 0  # where its token times start in the engine's buffer
+    sampled_token_ids: list[int] = field(default_factory=list)  # filled by a sampling backend
+    _block_hashes: list[int] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_generated_tokens
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Computing only the token it sampled last."""
+        return self.num_generated_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """KV slots the request needs at its longest: the last output token is never computed."""
+        return self.num_prompt_tokens + self.num_output_tokens - 1
+
+    def prompt_block_hashes(self, block_size: int) -> list[int]:
+        """Chained hashes of the prompt's full blocks, for requests whose trace gives prefix hashes.
+
+        A block's content is fixed by the hash ids and offsets it covers (see `sim.tokens`), so
+        hashing (parent hash, covered hash ids, first offset) is hashing its token ids.
+        """
+        if self._block_hashes is None:
+            hashes: list[int] = []
+            if self.hash_ids is not None:
+                ids = self.hash_ids.tolist()
+                h_tokens = self.hash_block_tokens
+                parent = 0
+                for b in range(self.num_prompt_tokens // block_size):
+                    first, last = b * block_size, (b + 1) * block_size - 1
+                    covered = tuple(ids[first // h_tokens:last // h_tokens + 1])
+                    parent = hash((parent, covered, first % h_tokens))
+                    hashes.append(parent)
+            self._block_hashes = hashes
+        return self._block_hashes
+
+    def token_ids(self, start: int, end: int) -> np.ndarray:
+        """Ids of the known tokens at positions [start, end)."""
+        p = self.num_prompt_tokens
+        parts = []
+        if start < p:
+            parts.append(tokens.prompt_token_ids(self.token_seed, self.index, self.hash_ids,
+                                                 self.hash_block_tokens, start, min(end, p), self.vocab_size))
+        if end > p:
+            a, b = max(start, p) - p, end - p
+            if self.sampled_token_ids:
+                parts.append(np.asarray(self.sampled_token_ids[a:b], dtype=np.int64))
+            else:
+                parts.append(tokens.output_token_ids(self.token_seed, self.index, a, b, self.vocab_size))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
