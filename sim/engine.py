@@ -86,7 +86,8 @@ class Engine:
 
     def _arrivals(self, env: simpy.Environment):
         for r in self.requests:
-            if r.arrival_s > env.now:
+            # now + (arrival - now) can round below arrival; a second, exact, step lands on it.
+            while r.arrival_s > env.now:
                 yield env.timeout(r.arrival_s - env.now)
             self._admit_arrivals(env.now)
             if self._wake is not None and not self._wake.triggered:

@@ -1,0 +1,35 @@
+"""Shared test helpers: tiny traces and a constant-time backend."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends import StepResult
+from traces.trace import Trace
+
+
+def make_trace(rows, hash_ids=None, hash_block_tokens=512) -> Trace:
+    """rows: [(arrival_s, prompt_tokens, output_tokens)]"""
+    arrival = np.array([r[0] for r in rows], dtype=np.float64)
+    prompt = np.array([r[1] for r in rows], dtype=np.int64)
+    output = np.array([r[2] for r in rows], dtype=np.int64)
+    hashes = None if hash_ids is None else [np.asarray(h, dtype=np.int64) for h in hash_ids]
+    return Trace(arrival, prompt, output, hash_ids=hashes, hash_block_tokens=hash_block_tokens, source="test")
+
+
+class ConstantBackend:
+    """Every step takes the same time; records every batch it executes."""
+
+    name = "constant"
+    supports_fast_forward = False
+
+    def __init__(self, seconds: float = 1.0, on_execute=None):
+        self.seconds = seconds
+        self.on_execute = on_execute
+        self.batches = []
+
+    def execute(self, batch) -> StepResult:
+        self.batches.append(batch)
+        if self.on_execute is not None:
+            self.on_execute(batch)
+        return StepResult(self.seconds, {})

@@ -1,0 +1,83 @@
+"""The block manager: allocation as context grows, prefix caching and LRU reuse."""
+
+import numpy as np
+
+from sim.block_manager import BlockManager
+from sim.request import Request
+
+
+def req(index, prompt, output=4, hash_ids=None):
+    return Request(index, str(index), 0.0, prompt, output,
+                   hash_ids=None if hash_ids is None else np.asarray(hash_ids), hash_block_tokens=8)
+
+
+def test_blocks_grow_with_context():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    r = req(0, 10)
+    bm.allocate(r, [], 10)
+    assert r.block_table == [0, 1, 2] and bm.num_free_blocks == 5
+    r.num_computed_tokens = 10
+    assert bm.can_append(r, 2)
+    bm.append(r, 2)  # positions 10, 11 fit in block 2
+    assert r.block_table == [0, 1, 2]
+    r.num_computed_tokens = 12
+    bm.append(r, 1)  # position 12 needs a fourth block
+    assert r.block_table == [0, 1, 2, 3] and bm.num_used_blocks == 4
+    bm.free(r)
+    assert bm.num_free_blocks == 8 and r.block_table == []
+
+
+def test_can_append_counts_free_blocks():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    r = req(0, 8)
+    bm.allocate(r, [], 8)
+    r.num_computed_tokens = 8
+    assert not bm.can_append(r, 1)
+
+
+def test_prefix_hit_reuses_blocks_and_leaves_one_token():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = req(0, 16, hash_ids=[1, 2])  # 4 full blocks, hashed
+    bm.allocate(a, [], 16)
+    b = req(1, 12, hash_ids=[1, 2])  # same first 12 tokens (hash block 8 tokens: ids 1, 2)
+    cached = bm.cached_prefix(b)
+    # All 3 of b's blocks are cached, but one token must be computed: the last block is given back.
+    assert cached == a.block_table[:2]
+    assert bm.can_allocate(cached, 4)
+    bm.allocate(b, cached, 4)
+    assert b.num_computed_tokens == 8 and b.num_prefix_hit_tokens == 8
+    assert bm.ref_counts[a.block_table[0]] == 2
+    assert bm.num_used_blocks == 5
+    c = req(2, 16, hash_ids=[1, 3])  # shares only the first hash block (8 tokens = 2 blocks)
+    assert bm.cached_prefix(c) == a.block_table[:2]
+    bm.check_invariants([a, b])
+
+
+def test_freed_cached_blocks_are_reused_lru_and_plain_blocks_first():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = req(0, 8, hash_ids=[1])
+    bm.allocate(a, [], 8)
+    a_blocks = list(a.block_table)
+    bm.free(a)
+    assert bm.num_free_blocks == 6
+    # A new unrelated request takes the never-cached blocks before evicting a's prefix.
+    x = req(1, 16)
+    bm.allocate(x, [], 16)
+    assert not set(x.block_table) & set(a_blocks)
+    # a's prefix is still there for a request with the same hash.
+    again = req(2, 9, hash_ids=[1, 5])
+    assert bm.cached_prefix(again) == a_blocks
+    # Growing x evicts the least recently used cached block: a's tail was freed first.
+    x.num_computed_tokens = 16
+    bm.append(x, 1)
+    assert x.block_table[-1] == a_blocks[1]
+    assert bm.cached_prefix(again) == a_blocks[:1]
+    bm.check_invariants([x])
+
+
+def test_no_caching_without_hashes_or_when_off():
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    a = req(0, 8, hash_ids=[1])
+    bm.allocate(a, [], 8)
+    assert bm.cached_prefix(req(1, 8, hash_ids=[1])) == []
+    assert bm.hash_to_block == {}

@@ -1,0 +1,151 @@
+"""The `sim` command end to end: the bundled Azure sample under each policy, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from traces import AZURE_CONV_SAMPLE
+
+SAMPLE = str(AZURE_CONV_SAMPLE)
+
+
+def run_cli(*args):
+    return main([str(a) for a in args])
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill-first", "decode-first"])
+def test_replay_bundled_sample(policy, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_cli("replay", SAMPLE, "--policy", policy, "--out", out, "--slo", "ttft=2,tpot=0.1") == 0
+    printed = capsys.readouterr().out
+    assert "ttft" in printed and "p99" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    requests = pd.read_csv(out / "requests.csv")
+    steps = pd.read_csv(out / "steps.csv")
+    assert summary["completed"] == len(requests) == 1445 and summary["rejected"] == 0
+    for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
+        s = summary[name]
+        assert set(s) == {"mean", "p50", "p90", "p99"}
+        assert 0 <= s["p50"] <= s["p90"] <= s["p99"]
+    # Throughput x duration = tokens.
+    assert summary["output_throughput"] * summary["duration_s"] == pytest.approx(requests["output_tokens"].sum())
+    assert summary["request_throughput"] * summary["duration_s"] == pytest.approx(1445)
+    assert steps["num_decode_tokens"].sum() + 1445 == requests["output_tokens"].sum()
+    assert steps["num_prefill_tokens"].sum() == requests["prompt_tokens"].sum()  # no preemption here
+    assert np.allclose(steps["start_s"].to_numpy()[1:] >= (steps["start_s"] + steps["seconds"]).to_numpy()[:-1] - 1e-9, True)
+    assert 0 <= summary["slo_attainment"] <= 1
+    assert summary["options"]["scheduler"]["policy"] == policy
+
+
+def test_same_seed_gives_byte_identical_files(tmp_path):
+    for name in ("a", "b"):
+        assert run_cli("replay", SAMPLE, "--out", tmp_path / name, "--quiet", "--seed", 3) == 0
+    for f in ("requests.csv", "steps.csv", "summary.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+
+
+def test_console_script_runs(tmp_path):
+    sim = Path(sys.executable).parent / "sim"
+    done = subprocess.run([str(sim), "replay", SAMPLE, "--out", str(tmp_path / "r"), "--num-blocks", "4000"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "completed" in done.stdout
+
+
+def test_models_and_hardware_list(capsys):
+    assert run_cli("models") == 0 and "Llama-3.1-8B" in capsys.readouterr().out
+    assert run_cli("hardware") == 0 and "H200" in capsys.readouterr().out
+
+
+def test_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        run_cli("replay", "--help")
+    text = capsys.readouterr().out
+    for option in ("--policy", "--model", "--hardware", "--max-num-batched-tokens", "--max-num-seqs",
+                   "--max-model-len", "--block-size", "--num-blocks", "--gpu-memory-utilization", "--seed",
+                   "--slo", "--out", "--no-prefix-caching"):
+        assert option in text
+
+
+def write(tmp_path, text, name="t.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def expect_error(capsys, args, *fragments):
+    assert run_cli(*args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sim: error: ") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+BAD_TRACES = [
+    ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,,5\n", ["t.csv:3", "prompt_tokens is missing"]),
+    ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,-3,5\n", ["t.csv:3", "prompt_tokens", "-3"]),
+    ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,ten,5\n", ["t.csv:3", "not a number: 'ten'"]),
+    ("arrival_s,prompt_tokens,output_tokens\n-1,10,5\n", ["t.csv:2", "arrival_s must not be negative"]),
+    ("foo,bar\n1,2\n", ["unknown trace format", "foo,bar"]),
+    ("arrival_s,prompt_tokens,output_tokens\n", ["no requests"]),
+    ("", ["empty"]),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,10,5\r\nyesterday,3,4",
+     ["t.csv:3", "TIMESTAMP 'yesterday'"]),
+]
+
+
+@pytest.mark.parametrize("text,fragments", BAD_TRACES)
+def test_bad_trace_files(tmp_path, capsys, text, fragments):
+    expect_error(capsys, ["replay", write(tmp_path, text), "--out", tmp_path / "o"], *fragments)
+
+
+def test_unreadable_files(tmp_path, capsys):
+    expect_error(capsys, ["replay", tmp_path / "nope.csv"], "nope.csv: no such file")
+    expect_error(capsys, ["replay", tmp_path], "is a directory")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--policy", "fifo"], "unknown policy 'fifo'"),
+    (["--model", "gpt-5"], "unknown model 'gpt-5'"),
+    (["--hardware", "TPU"], "unknown hardware 'TPU'"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1, got 0"),
+    (["--max-num-batched-tokens", "100"], "must be at least --max-num-seqs (256)"),
+    (["--block-size", "3"], "--block-size must be a power of two, got 3"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1], got 1.5"),
+    (["--slo", "ttft=fast"], "--slo: ttft value 'fast' is not a number"),
+    (["--slo", "latency=3"], "cannot read 'latency=3'"),
+    (["--max-model-len", "999999999"], "more than Llama-3.1-8B's max_position_embeddings"),
+    (["--model", "Llama-3.1-70B"], "do not fit"),
+    (["--backend", "magic"], "unknown backend 'magic'"),
+])
+def test_nonsense_options(tmp_path, capsys, args, fragment):
+    trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    expect_error(capsys, ["replay", trace, "--out", tmp_path / "o", *args], fragment)
+
+
+def test_out_of_order_arrivals_are_sorted_with_a_warning(tmp_path, capsys):
+    trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens,request_id\n0,10,5,a\n2,10,5,b\n1,10,5,c\n")
+    assert run_cli("replay", trace, "--out", tmp_path / "o") == 0
+    assert "t.csv:4: arrivals are out of order" in capsys.readouterr().err
+    requests = pd.read_csv(tmp_path / "o" / "requests.csv")
+    assert requests["request_id"].tolist() == ["a", "c", "b"]
+
+
+def test_too_long_and_too_big_requests_are_rejected_not_stalled(tmp_path, capsys):
+    trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0,10,5\n0,500,100\n1,200,10\n2,10,5\n")
+    out = tmp_path / "o"
+    assert run_cli("replay", trace, "--out", out, "--max-model-len", "550", "--num-blocks", "10") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 2 and summary["rejected"] == 2
+    requests = pd.read_csv(out / "requests.csv", keep_default_na=False)
+    reasons = requests["reject_reason"].tolist()
+    assert "more than --max-model-len 550" in reasons[1]
+    assert "needs 14 KV blocks, the whole cache has 10" in reasons[2]

@@ -1,0 +1,126 @@
+"""Invariants that must hold for any small trace and configuration, under every policy."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from policies import POLICIES
+from sim.block_manager import BlockManager
+from sim.config import SchedulerConfig
+from sim.engine import Engine
+from sim.replay import ReplayOptions, make_requests
+from sim.request import Status
+from tests.helpers import ConstantBackend, make_trace
+
+
+class CheckedPolicy:
+    """Wraps a policy and checks every step it schedules."""
+
+    def __init__(self, inner, config: SchedulerConfig):
+        self.inner, self.config, self.name = inner, config, inner.name
+        self.num_steps = 0
+
+    def schedule(self, state, now):
+        bm = state.block_manager
+        bm.check_invariants(state.running)  # blocks are conserved after every step
+        decoding_before = [r for r in state.running if r.is_decoding]
+        running_before = list(state.running)
+        batch = self.inner.schedule(state, now)
+        bm.check_invariants(state.running)
+        self.num_steps += 1
+
+        # Tokens never exceed the budget, except one whole prompt admitted alone.
+        assert batch.num_tokens <= self.config.max_num_batched_tokens or (
+            self.name != "chunked" and len(batch) == 1 and batch.num_decode_tokens == 0)
+        assert len(state.running) <= self.config.max_num_seqs
+        for r, n, c in zip(batch.requests, batch.num_scheduled_tokens, batch.num_computed_tokens):
+            assert n >= 1
+            # Nothing is scheduled past the prompt and the tokens generated so far.
+            assert c + n <= r.num_tokens <= r.num_prompt_tokens + r.num_output_tokens - 1
+            assert len(r.block_table) * bm.block_size >= c + n
+        kinds = set(batch.is_decode)
+        if self.name == "prefill-first":
+            assert len(kinds) == 1  # never mixes prefill and decode
+        if self.name == "decode-first":
+            assert len(kinds) == 1
+            if not batch.is_decode[0]:
+                assert not running_before  # prompts only once the batch has drained
+        if self.name == "chunked":
+            scheduled = set(map(id, batch.requests))
+            for r in decoding_before:  # every running decode is in the step, unless preempted
+                assert id(r) in scheduled or r.status is Status.WAITING
+        return batch
+
+
+traces = st.lists(
+    st.tuples(st.integers(0, 20), st.integers(1, 50), st.integers(1, 12),
+              st.sampled_from([[], [0], [0, 1], [0, 1, 2, 3], [7, 8], [7, 8, 9]])),
+    min_size=1, max_size=10,
+)
+configs = st.fixed_dictionaries({
+    "policy": st.sampled_from(sorted(POLICIES)),
+    "block_size": st.sampled_from([1, 2, 4, 8]),
+    "num_blocks": st.integers(4, 30),
+    "max_num_seqs": st.integers(1, 6),
+    "extra_budget": st.integers(0, 40),
+    "prefix_caching": st.booleans(),
+})
+
+
+def simulate(rows, cfg, check=True):
+    # Arrivals in tenths of a second; shared hash ids give shared prefixes (4-token hash blocks).
+    trace = make_trace([(a / 10, p, o) for a, p, o, _ in rows], hash_ids=[h for *_, h in rows],
+                       hash_block_tokens=4)
+    trace.hash_ids = [np.resize(np.asarray(h + [100 + i], dtype=np.int64), -(-p // 4))
+                      for i, (h, (_, p, _, _)) in enumerate(zip([r[3] for r in rows], rows))]
+    sched = SchedulerConfig(cfg["policy"], cfg["max_num_seqs"] + cfg["extra_budget"], cfg["max_num_seqs"])
+    options = ReplayOptions(scheduler=sched, model="Llama-3.1-8B")
+    policy = POLICIES[sched.policy](sched)
+    if check:
+        policy = CheckedPolicy(policy, sched)
+    bm = BlockManager(cfg["num_blocks"], cfg["block_size"], cfg["prefix_caching"])
+    engine = Engine(make_requests(trace, options), policy, ConstantBackend(0.25), bm, max_model_len=10_000)
+    return engine.run(), bm
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces, configs)
+def test_invariants(rows, cfg):
+    result, bm = simulate(rows, cfg)
+    event(f"preemptions: {result.num_preemptions > 0}")
+    event(f"prefix hits: {result.num_prefix_hit_tokens > 0}")
+    for r in result.requests:
+        if bm.blocks_for(r.max_kv_tokens) > bm.num_blocks:
+            assert r.status is Status.REJECTED and "KV blocks" in r.reject_reason
+            continue
+        # Every admitted request finishes with exactly its output tokens, preempted or not.
+        assert r.status is Status.FINISHED
+        assert r.num_generated_tokens == r.num_output_tokens
+        times = result.token_times[r.token_offset:r.token_offset + r.num_output_tokens]
+        assert not np.isnan(times).any() and (np.diff(times) > 0).all()
+        assert r.arrival_s <= r.first_scheduled_s < r.first_token_s == times[0] and r.finish_s == times[-1]
+        assert not r.block_table
+    assert bm.num_free_blocks == bm.num_blocks  # everything freed at the end
+    assert sum(result.steps.num_preemptions) == result.num_preemptions
+
+
+@settings(max_examples=60, deadline=None)
+@given(traces, configs)
+def test_same_seed_same_result(rows, cfg):
+    a, _ = simulate(rows, cfg, check=False)
+    b, _ = simulate(rows, cfg, check=False)
+    assert np.array_equal(a.token_times, b.token_times, equal_nan=True)
+    assert a.steps == b.steps
+
+
+def test_preemption_happens_and_loses_nothing():
+    # Three long requests and a cache too small for all of them to grow: preemption must kick in.
+    rows = [(0, 30, 12, []), (0, 30, 12, []), (0, 30, 12, [])]
+    for policy in POLICIES:
+        cfg = {"policy": policy, "block_size": 4, "num_blocks": 20, "max_num_seqs": 3, "extra_budget": 100,
+               "prefix_caching": False}
+        result, _ = simulate(rows, cfg)
+        assert result.num_preemptions > 0, policy
+        assert all(r.num_generated_tokens == 12 for r in result.requests)
