@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import SLO
-from sim.engine import SimResult
+from sim.engine import STEP_COLUMNS, SimResult
 from sim.request import Status
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
@@ -63,20 +63,10 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
 
 
 def steps_table(result: SimResult) -> pd.DataFrame:
-    s = result.steps
-    frame = pd.DataFrame({
-        "step": np.arange(len(s)),
-        "start_s": s.start_s,
-        "seconds": s.seconds,
-        "num_prefill_tokens": s.num_prefill_tokens,
-        "num_decode_tokens": s.num_decode_tokens,
-        "num_requests": s.num_requests,
-        "num_kv_blocks_used": s.num_kv_blocks_used,
-        "num_waiting": s.num_waiting,
-        "num_preemptions": s.num_preemptions,
-    })
-    for key, values in s.breakdown.items():
-        frame[f"{key}_s"] = values
+    columns = result.steps.columns()
+    frame = pd.DataFrame({"step": np.arange(len(result.steps))})
+    for name, values in columns.items():
+        frame[name if name in STEP_COLUMNS else f"{name}_s"] = values
     return frame
 
 

@@ -40,6 +40,12 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def pop_free_block(self) -> int:
+        """Take one free block for a growing request (the caller checked there is one)."""
+        block = self._pop_free()
+        self.ref_counts[block] = 1
+        return block
+
     def _pop_free(self) -> int:
         if self._free_plain:
             return self._free_plain.pop()

@@ -8,11 +8,26 @@ Each engine step is three calls:
     postprocess(batch, result, env.now)
 
 The engine sleeps on an event when it has nothing to do; the arrivals process wakes it.
+
+Fast-forward. Most steps of a long replay are decode-only steps of the same requests, during
+which nothing arrives, finishes or runs out of KV blocks. Once the policy has scheduled such a
+step (every running request decodes, nothing was preempted), the steps that follow are the same
+batch with every context one token longer, for as long as:
+
+- no request finishes (the run ends with the step in which the first one does),
+- no request arrives (a step starting at or after the next arrival is scheduled normally),
+- the free blocks cover the blocks the contexts grow into (in the order step-by-step
+  scheduling would take them).
+
+While no request arrives or finishes and blocks only get scarcer, no policy admits a waiting
+request (the head of the queue was refused for max_num_seqs, blocks, budget or, under
+decode-first, the running batch, and none of these improves). So the engine costs the whole run
+in one vectorised call and advances the clock once. The answers are those of step-by-step
+simulation (`fast_forward=False`); tests check it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -24,45 +39,97 @@ from sim.block_manager import BlockManager
 from sim.request import Request, Status
 from sim.state import EngineState
 
+STEP_COLUMNS = ("start_s", "seconds", "num_prefill_tokens", "num_decode_tokens", "num_requests",
+                "num_kv_blocks_used", "num_waiting", "num_preemptions")
+MAX_RUN_STEPS = 4096  # bounds the [steps, requests] arrays of one run
 
-@dataclass
+
 class StepLog:
-    """Per-step columns, appended as plain lists and turned into a table at the end."""
+    """Per-step columns: single steps are appended to plain lists, runs as numpy chunks; both
+    are joined into arrays at the end."""
 
-    start_s: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    num_prefill_tokens: list[int] = field(default_factory=list)
-    num_decode_tokens: list[int] = field(default_factory=list)
-    num_requests: list[int] = field(default_factory=list)
-    num_kv_blocks_used: list[int] = field(default_factory=list)
-    num_waiting: list[int] = field(default_factory=list)
-    num_preemptions: list[int] = field(default_factory=list)  # preemptions made while scheduling it
-    breakdown: dict[str, list[float]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._rows: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        self._chunks: dict[str, list[np.ndarray]] = {name: [] for name in STEP_COLUMNS}
+        self._breakdown_rows: dict[str, list[float]] = {}
+        self._breakdown_chunks: dict[str, list[np.ndarray]] = {}
+        self._num_steps = 0
 
     def __len__(self) -> int:
-        return len(self.seconds)
+        return self._num_steps
+
+    def append(self, row: tuple, breakdown: dict[str, float]) -> None:
+        for name, value in zip(STEP_COLUMNS, row):
+            self._rows[name].append(value)
+        for key, value in breakdown.items():
+            self._breakdown_rows.setdefault(key, []).append(value)
+        self._num_steps += 1
+
+    def extend(self, columns: dict[str, np.ndarray], breakdown: dict[str, np.ndarray]) -> None:
+        self._flush()
+        for name in STEP_COLUMNS:
+            self._chunks[name].append(np.asarray(columns[name]))
+        for key, values in breakdown.items():
+            self._breakdown_chunks.setdefault(key, []).append(np.asarray(values, dtype=np.float64))
+        self._num_steps += len(columns["seconds"])
+
+    def _flush(self) -> None:
+        for name in STEP_COLUMNS:
+            if self._rows[name]:
+                self._chunks[name].append(np.asarray(self._rows[name]))
+                self._rows[name] = []
+        for key, values in self._breakdown_rows.items():
+            if values:
+                self._breakdown_chunks.setdefault(key, []).append(np.asarray(values, dtype=np.float64))
+                self._breakdown_rows[key] = []
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column (the breakdown keys too) as one array of length len(self)."""
+        self._flush()
+        out = {}
+        for name in STEP_COLUMNS:
+            dtype = np.float64 if name in ("start_s", "seconds") else np.int64
+            chunks = self._chunks[name]
+            out[name] = np.concatenate(chunks).astype(dtype) if chunks else np.zeros(0, dtype=dtype)
+            self._chunks[name] = [out[name]]
+        for key, chunks in self._breakdown_chunks.items():
+            out[key] = np.concatenate(chunks) if chunks else np.zeros(0)
+            self._breakdown_chunks[key] = [out[key]]
+        return out
+
+    @property
+    def breakdown_keys(self) -> list[str]:
+        return list(dict.fromkeys([*self._breakdown_rows, *self._breakdown_chunks]))
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name in STEP_COLUMNS:
+            return self.columns()[name]
+        raise AttributeError(name)
 
 
-@dataclass
 class SimResult:
-    requests: list[Request]
-    token_times: np.ndarray  # every emitted token's time; request r's are at [r.token_offset, + output)
-    steps: StepLog
-    end_s: float
-    num_preemptions: int
-    num_prefix_queried_tokens: int
-    num_prefix_hit_tokens: int
+    def __init__(self, requests: list[Request], token_times: np.ndarray, steps: StepLog, end_s: float,
+                 num_preemptions: int, num_prefix_queried_tokens: int, num_prefix_hit_tokens: int):
+        self.requests = requests
+        self.token_times = token_times  # every emitted token's time; request r's at [r.token_offset, + output)
+        self.steps = steps
+        self.end_s = end_s
+        self.num_preemptions = num_preemptions
+        self.num_prefix_queried_tokens = num_prefix_queried_tokens
+        self.num_prefix_hit_tokens = num_prefix_hit_tokens
 
 
 class Engine:
     def __init__(self, requests: list[Request], policy: Policy, backend, block_manager: BlockManager,
-                 max_model_len: int, progress: Callable[[float, int, int], None] | None = None):
+                 max_model_len: int, progress: Callable[[float, int, int], None] | None = None,
+                 fast_forward: bool = True):
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.index))
         self.policy = policy
         self.backend = backend
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.progress = progress
+        self.fast_forward = fast_forward and getattr(backend, "supports_fast_forward", False)
         self.state = EngineState(block_manager)
         self.steps = StepLog()
         offsets = np.zeros(len(self.requests) + 1, dtype=np.int64)
@@ -131,28 +198,38 @@ class Engine:
                 raise RuntimeError(
                     f"internal error: policy {self.policy.name} scheduled nothing at t={env.now:.6f}s "
                     f"with {len(state.waiting)} waiting and {len(state.running)} running")
-            start = env.now
-            result = self.backend.execute(batch)
-            self._log_step(batch, start, result, state.num_preemptions - num_preempted_before)
-            yield env.timeout(result.seconds)
-            self._postprocess(batch, result, env.now)
-            state.step_index += 1
-            if self.progress is not None and state.step_index % 4096 == 0:
+            num_preempted = state.num_preemptions - num_preempted_before
+            steps_before = state.step_index
+            run = None
+            if (self.fast_forward and not num_preempted and len(batch) == len(state.running)
+                    and all(batch.is_decode)):
+                run = self._plan_decode_run(batch, env.now)
+            if run is not None:
+                ends = run[0]
+                self._log_run(batch, env.now, run)
+                end = float(ends[-1])
+                if env.now + (end - env.now) == end:
+                    yield env.timeout(end - env.now)
+                else:  # the clock could not land exactly on `end` in one move: step as one by one
+                    for t in ends.tolist():
+                        yield env.timeout(t - env.now)
+                self._postprocess_run(batch, run)
+            else:
+                start = env.now
+                result = self.backend.execute(batch)
+                self._log_step(batch, start, result, num_preempted)
+                yield env.timeout(result.seconds)
+                self._postprocess(batch, result, env.now)
+                state.step_index += 1
+            if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
                 self.progress(env.now, self.num_finished, num_requests)
 
     def _log_step(self, batch: Batch, start: float, result, num_preempted: int) -> None:
-        s = self.steps
         num_decode = batch.num_decode_tokens
-        s.start_s.append(start)
-        s.seconds.append(result.seconds)
-        s.num_prefill_tokens.append(batch.num_tokens - num_decode)
-        s.num_decode_tokens.append(num_decode)
-        s.num_requests.append(len(batch))
-        s.num_kv_blocks_used.append(self.block_manager.num_used_blocks)
-        s.num_waiting.append(len(self.state.waiting))
-        s.num_preemptions.append(num_preempted)
-        for key, value in result.breakdown.items():
-            s.breakdown.setdefault(key, []).append(value)
+        self.steps.append(
+            (start, result.seconds, batch.num_tokens - num_decode, num_decode, len(batch),
+             self.block_manager.num_used_blocks, len(self.state.waiting), num_preempted),
+            result.breakdown)
 
     def _postprocess(self, batch: Batch, result, now: float) -> None:
         """Advance computed tokens; a request that caught up emits a token; finished ones free blocks."""
@@ -171,9 +248,94 @@ class Engine:
                 r.first_token_s = now
             r.num_generated_tokens += 1
             if r.num_generated_tokens == r.num_output_tokens:
-                r.status = Status.FINISHED
-                r.finish_s = now
-                self.block_manager.free(r)
-                self.num_finished += 1
+                self._finish(r, now)
         if self.num_finished != num_finished_before:
             self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
+
+    def _finish(self, r: Request, now: float) -> None:
+        r.status = Status.FINISHED
+        r.finish_s = now
+        self.block_manager.free(r)
+        self.num_finished += 1
+
+    # Fast-forward over runs of decode-only steps.
+
+    def _plan_decode_run(self, batch: Batch, now: float):
+        """The run of decode steps starting with `batch` (already scheduled), or None when it
+        would be a single step. Returns (ends, seconds, breakdown, new_block_steps)."""
+        reqs = batch.requests
+        num_computed = np.fromiter(batch.num_computed_tokens, dtype=np.int64, count=len(reqs))
+        remaining = min(r.num_output_tokens - r.num_generated_tokens for r in reqs)
+        max_steps = min(remaining, MAX_RUN_STEPS)
+        if max_steps < 2:
+            return None
+        next_arrival = (self.requests[self._next_arrival].arrival_s
+                        if self._next_arrival < len(self.requests) else np.inf)
+        if next_arrival < np.inf:
+            # Steps only get longer as contexts grow, so the first step's length bounds how many
+            # start before the next arrival.
+            first = self.backend.decode_run(num_computed + 1, 1)[0][0]
+            max_steps = min(max_steps, int((next_arrival - now) / first) + 2)
+            if max_steps < 2:
+                return None
+
+        # Blocks: step j >= 1 computes position num_computed + j, which opens a new block when it
+        # is a multiple of the block size; step 0's blocks were reserved by the policy.
+        bs = self.block_manager.block_size
+        positions = num_computed[None, :] + np.arange(1, max_steps, dtype=np.int64)[:, None]  # [steps - 1, n]
+        opens = positions % bs == 0
+        cum_blocks = np.cumsum(opens.sum(axis=1))
+        num_steps = 1 + int(np.searchsorted(cum_blocks, self.block_manager.num_free_blocks, side="right"))
+        num_steps = min(num_steps, max_steps)
+        if num_steps < 2:
+            return None
+
+        seconds, parts = self.backend.decode_run(num_computed + 1, num_steps)
+        ends = np.cumsum(np.concatenate(([now], seconds)))[1:]
+        # A step starting at or after the next arrival is scheduled normally.
+        num_steps = min(num_steps, 1 + int(np.searchsorted(ends[:-1], next_arrival, side="left")))
+        if num_steps < 2:
+            return None
+        return (ends[:num_steps], seconds[:num_steps], {k: v[:num_steps] for k, v in parts.items()},
+                opens[:num_steps - 1])
+
+    def _log_run(self, batch: Batch, now: float, run) -> None:
+        ends, seconds, parts, opens = run
+        k, n = len(seconds), len(batch)
+        used = self.block_manager.num_used_blocks + np.concatenate(([0], np.cumsum(opens.sum(axis=1))))
+        starts = np.concatenate(([now], ends[:-1]))
+        full = np.full(k, n, dtype=np.int64)
+        self.steps.extend({
+            "start_s": starts, "seconds": seconds, "num_prefill_tokens": np.zeros(k, dtype=np.int64),
+            "num_decode_tokens": full, "num_requests": full, "num_kv_blocks_used": used,
+            "num_waiting": np.full(k, len(self.state.waiting), dtype=np.int64),
+            "num_preemptions": np.zeros(k, dtype=np.int64),
+        }, parts)
+
+    def _postprocess_run(self, batch: Batch, run) -> None:
+        ends, _, _, opens = run
+        k = len(ends)
+        reqs = batch.requests
+        bm = self.block_manager
+        # Hand out the run's new blocks in the order step-by-step scheduling would: by step, then
+        # by batch order.
+        step_idx, req_idx = np.nonzero(opens)
+        if len(req_idx):
+            blocks = [bm.pop_free_block() for _ in range(len(req_idx))]
+            for i, block in zip(req_idx.tolist(), blocks):
+                reqs[i].block_table.append(block)
+        end_times = ends
+        last = float(ends[-1])
+        finished = False
+        times = self.token_times
+        for r in reqs:
+            start = r.token_offset + r.num_generated_tokens
+            times[start:start + k] = end_times
+            r.num_computed_tokens += k
+            r.num_generated_tokens += k
+            if r.num_generated_tokens == r.num_output_tokens:
+                self._finish(r, last)
+                finished = True
+        if finished:
+            self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
+        self.state.step_index += k
