@@ -1,8 +1,14 @@
-"""A trace: requests' arrival times and token counts, as numpy columns."""
+"""A trace: requests' arrival times and token counts, as numpy columns.
+
+`hash_ids`, when given, are a trace's prefix-block hash ids: request i's prompt is cut into
+blocks of `hash_block_tokens` tokens and `hash_ids[i][j]` names the content of block j, so two
+requests whose leading ids agree share that prompt prefix token for token (see `sim.tokens`).
+Every request then has at least ceil(prompt_tokens / hash_block_tokens) ids.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -18,6 +24,7 @@ class Trace:
     source: str = ""  # the file it was read from
     format: str = ""
     warnings: list[str] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)  # rows left out while reading, by reason
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -28,3 +35,14 @@ class Trace:
 
     def ids(self) -> list[str]:
         return self.request_ids if self.request_ids is not None else [str(i) for i in range(len(self))]
+
+    def take(self, index: np.ndarray) -> "Trace":
+        """The requests at `index` (positions or a boolean mask), arrivals kept as they are."""
+        index = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index, dtype=np.int64)
+        positions = index.tolist()
+        return replace(
+            self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
+            output_tokens=self.output_tokens[index],
+            request_ids=None if self.request_ids is None else [self.request_ids[i] for i in positions],
+            hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in positions],
+            warnings=list(self.warnings), dropped=dict(self.dropped))

@@ -1,0 +1,248 @@
+"""Trace readers: real cuts of the published files, hand-written edge cases, bad input per format."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.errors import ServesimError
+from traces import AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE, read_trace
+from traces.trace import Trace
+
+DATA = Path(__file__).parent / "data" / "traces"
+AZURE_CODE_CUT = DATA / "azure_code_2023_first100.csv"
+BURSTGPT = DATA / "burstgpt_handmade.csv"
+VIDUR = DATA / "vidur_handmade.csv"
+
+
+def same_requests(a: Trace, b: Trace) -> None:
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
+    assert np.array_equal(a.output_tokens, b.output_tokens)
+    assert a.request_ids == b.request_ids
+    assert (a.hash_ids is None) == (b.hash_ids is None)
+    if a.hash_ids is not None:
+        assert len(a.hash_ids) == len(b.hash_ids)
+        assert all(np.array_equal(x, y) for x, y in zip(a.hash_ids, b.hash_ids))
+        assert a.hash_block_tokens == b.hash_block_tokens
+
+
+# Real cuts of the published files.
+
+def test_azure_conv_sample():
+    t = read_trace(AZURE_CONV_SAMPLE)
+    assert t.format == "azure" and len(t) == 1445 and t.hash_ids is None and not t.warnings
+    # 2023-11-16 18:15:46.6805900, 18:15:50.9951690, 18:15:51.2224670
+    assert t.arrival_s[:3].tolist() == pytest.approx([0.0, 4.314579, 4.541877], abs=1e-9)
+    assert t.prompt_tokens[:3].tolist() == [374, 396, 879]
+    assert t.output_tokens[:3].tolist() == [44, 109, 55]
+    assert t.duration_s == pytest.approx(299.884, abs=1e-3)
+
+
+def test_azure_code_cut_crlf_without_final_newline():
+    raw = AZURE_CODE_CUT.read_bytes()
+    assert raw.count(b"\r\n") == 100 and not raw.endswith(b"\n")
+    t = read_trace(AZURE_CODE_CUT)
+    assert len(t) == 100
+    # First line 18:17:03.9799600 4808/10, second 18:17:04.0319600 3180/8, last 18:20:16.1421010 523/9.
+    assert t.arrival_s[1] == pytest.approx(0.052, abs=1e-9)
+    assert t.arrival_s[-1] == pytest.approx(192.162141, abs=1e-9)
+    assert (t.prompt_tokens[0], t.output_tokens[0], t.prompt_tokens[-1], t.output_tokens[-1]) == (4808, 10, 523, 9)
+
+
+def test_mooncake_cut_keeps_hash_ids():
+    t = read_trace(MOONCAKE_SAMPLE)
+    lines = [json.loads(line) for line in MOONCAKE_SAMPLE.read_text().splitlines()]
+    assert t.format == "mooncake" and len(t) == len(lines) == 200 and t.hash_block_tokens == 512
+    assert t.arrival_s.tolist() == [(r["timestamp"] - 973362) / 1000 for r in lines]
+    assert t.prompt_tokens.tolist() == [r["input_length"] for r in lines]
+    assert t.output_tokens.tolist() == [r["output_length"] for r in lines]
+    assert [h.tolist() for h in t.hash_ids] == [r["hash_ids"] for r in lines]
+    assert all(len(h) == math.ceil(p / 512) for h, p in zip(t.hash_ids, t.prompt_tokens))
+
+
+def test_burstgpt_drops_and_counts_failed_requests():
+    t = read_trace(BURSTGPT)
+    assert t.format == "burstgpt"
+    assert t.arrival_s.tolist() == [0, 40, 41, 126, 195]  # seconds, from the first kept request (5 s)
+    assert t.prompt_tokens.tolist() == [472, 1087, 417, 1650, 95]
+    assert t.output_tokens.tolist() == [18, 230, 276, 402, 61]
+    assert t.dropped == {"0 Response tokens (failed)": 2, "0 Request tokens": 1}
+    assert f"{BURSTGPT}:5: dropped 2 requests with 0 Response tokens (failed)" in t.warnings
+
+
+def test_burstgpt_model_filter():
+    t = read_trace(BURSTGPT, model_filter="GPT-4")
+    assert t.prompt_tokens.tolist() == [417, 1650] and t.arrival_s.tolist() == [0, 85]
+    assert t.dropped == {"model other than GPT-4": 5, "0 Response tokens (failed)": 1}
+    with pytest.raises(ServesimError, match=r"no request of model 'Claude'; the trace has ChatGPT, GPT-4"):
+        read_trace(BURSTGPT, model_filter="Claude")
+    with pytest.raises(ServesimError, match="--model-filter applies to BurstGPT traces only"):
+        read_trace(VIDUR, model_filter="GPT-4")
+
+
+def test_vidur_splitwise_csv():
+    t = read_trace(VIDUR)
+    assert t.format == "vidur"
+    assert t.arrival_s.tolist() == [0.0, 4.314579, 4.541877, 5.8926549999999995, 7.745497]
+    assert t.prompt_tokens.tolist() == [374, 396, 879, 91, 1313]
+    assert t.output_tokens.tolist() == [44, 109, 55, 16, 142]
+    assert read_trace(VIDUR, "splitwise").format == "vidur"
+
+
+def test_azure_2024_timestamps_with_time_zone(tmp_path):
+    path = tmp_path / "week.csv.gz"  # hand-made in the 2024 layout: same columns, UTC stamps
+    with gzip.open(path, "wt") as f:
+        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.008010+00:00,4808,10\n"
+                "2024-05-10 00:00:01.5+00:00,3180,8\n2024-05-10 00:01:00+00:00,1,1\n")
+    t = read_trace(path, "azure2024")
+    assert t.arrival_s.tolist() == pytest.approx([0.0, 1.49199, 59.99199], abs=1e-9)
+    assert t.prompt_tokens.tolist() == [4808, 3180, 1]
+
+
+@pytest.mark.parametrize("path", [AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE, BURSTGPT, VIDUR])
+def test_gzip_files_read_directly(tmp_path, path):
+    packed = tmp_path / (path.name + ".gz")
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    same_requests(read_trace(packed), read_trace(path))
+
+
+@pytest.mark.parametrize("path,chunk_rows", [
+    (AZURE_CONV_SAMPLE, 250), (AZURE_CODE_CUT, 1), (AZURE_CODE_CUT, 7), (MOONCAKE_SAMPLE, 1), (MOONCAKE_SAMPLE, 64),
+    (BURSTGPT, 1), (BURSTGPT, 3), (VIDUR, 2)])
+def test_chunked_reading_gives_the_same_requests(path, chunk_rows):
+    whole = read_trace(path)
+    chunked = read_trace(path, chunk_rows=chunk_rows)
+    same_requests(chunked, whole)
+    assert chunked.dropped == whole.dropped and chunked.warnings == whole.warnings
+
+
+def test_chunked_reading_of_out_of_order_rows_and_hashes(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,request_id,hash_ids,hash_block_tokens\n"
+                    "0,20,1,a,1 2,16\n3,20,1,b,1 3,16\n\n1,5,1,c,9,16\n2,40,2,d,1 2 4,16\n")
+    whole = read_trace(path)
+    assert whole.request_ids == ["a", "c", "d", "b"]
+    assert [h.tolist() for h in whole.hash_ids] == [[1, 2], [9], [1, 2, 4], [1, 3]]
+    assert whole.warnings == [f"{path}:5: arrivals are out of order; sorted them by arrival time"]
+    for rows in (1, 2):
+        chunked = read_trace(path, chunk_rows=rows)
+        same_requests(chunked, whole)
+        assert chunked.warnings == whole.warnings
+
+
+# Tolerance: BOM, CRLF, blank lines, no final newline.
+
+CLEAN = {
+    "canonical": "arrival_s,prompt_tokens,output_tokens,request_id\n0,10,2,a\n1.5,20,3,b\n2.25,30,4,c\n",
+    "azure": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,2\n"
+             "2023-11-16 18:15:48.1805900,20,3\n2023-11-16 18:15:48.9305900,30,4\n",
+    "burstgpt": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                "10,ChatGPT,10,2,12,Conversation log\n11.5,ChatGPT,20,3,23,API log\n12.25,GPT-4,30,4,34,API log\n",
+    "vidur": "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,2\n1.5,20,3\n2.25,30,4\n",
+    "mooncake": '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+                '{"timestamp": 1500, "input_length": 20, "output_length": 3, "hash_ids": [0]}\n'
+                '{"timestamp": 2250, "input_length": 30, "output_length": 4, "hash_ids": [1]}\n',
+}
+
+
+def messy(text: str) -> bytes:
+    """A byte-order mark, CRLF line ends, blank lines (also before the header) and no final newline."""
+    lines = text.rstrip("\n").split("\n")
+    lines = ["", lines[0], "  ", lines[1], "", "", *lines[2:]]
+    return b"\xef\xbb\xbf" + "\r\n".join(lines).encode()
+
+
+@pytest.mark.parametrize("fmt", list(CLEAN))
+def test_messy_files_read_like_clean_ones(tmp_path, fmt):
+    clean, dirty = tmp_path / f"clean.{fmt}", tmp_path / f"dirty.{fmt}"
+    clean.write_text(CLEAN[fmt])
+    dirty.write_bytes(messy(CLEAN[fmt]))
+    a, b = read_trace(clean), read_trace(dirty)
+    assert a.format == b.format == fmt
+    same_requests(a, b)
+    assert a.arrival_s.tolist() == [0.0, 1.5, 2.25] and a.prompt_tokens.tolist() == [10, 20, 30]
+
+
+def test_jsonl_extension_and_format_names(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(CLEAN["mooncake"])
+    assert read_trace(path).format == "mooncake"
+    assert read_trace(path, "MOONCAKE").format == "mooncake"
+    with pytest.raises(ServesimError, match="unknown trace format 'parquet'; choose one of canonical, azure"):
+        read_trace(path, "parquet")
+
+
+# Bad input: one line, naming file:line or the value.
+
+BAD = [
+    ("canonical", "arrival_s,prompt_tokens\n0,10\n", "{p}:1: missing column 'output_tokens'"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,-4,2\n", "{p}:3: prompt_tokens must not be negative, got -4"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n\n1,2.5,2\n", "{p}:4: prompt_tokens must be a whole number, got 2.5"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,0,2\n", "{p}:3: prompt_tokens must be a whole number of at least 1"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\nnan,1,2\n", "{p}:3: arrival_s is not a number: 'nan'"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\ninf,1,2\n", "{p}:3: arrival_s must be finite"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,10,2,7\n", "{p}:3: expected 3 fields as in the header, saw 4"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens,arrival_s\n0,10,2,0\n", "{p}:1: column 'arrival_s' appears twice"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens,request_id\n0,10,2,a\n1,10,2,a\n", "request_id 'a' appears twice"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens,hash_ids,hash_block_tokens\n0,600,2,1 x,512\n",
+     "{p}:2: hash_ids must be whole numbers separated by spaces, got '1 x'"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens,hash_ids,hash_block_tokens\n0,600,2,1,512\n",
+     "{p}:2: 1 hash_ids cannot cover prompt_tokens 600: it needs 2, one per 512 tokens"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens,hash_ids,hash_block_tokens\n0,6,2,1,16\n1,6,2,1,32\n",
+     "{p}:3: hash_block_tokens is 32, but earlier lines have 16"),
+    ("azure", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,3\n", "{p}:1: missing column 'GeneratedTokens'"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.68,3,1\r\nsoon,3,1", "{p}:3: TIMESTAMP 'soon'"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,-3,1\n", "{p}:2: ContextTokens must not be negative, got -3"),
+    ("burstgpt", "Timestamp,Model,Request tokens,Total tokens,Log Type\n1,ChatGPT,3,4,API log\n",
+     "{p}:1: missing column 'Response tokens'"),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,3,-1,2,API log\n",
+     "{p}:2: Response tokens must not be negative, got -1"),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,3,0,3,API log\n",
+     "no requests left to replay (dropped 1 with 0 Response tokens (failed))"),
+    ("vidur", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,1\n1,5,\n", "{p}:3: num_decode_tokens is missing"),
+    ("vidur", "arrived_at,num_prefill_tokens,num_decode_tokens\n-1,5,1\n", "{p}:2: arrived_at must not be negative"),
+    ("mooncake", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 1, "input',
+     "{p}:2: not valid JSON (Unterminated string"),
+    ("mooncake", '{"timestamp": 0, "input_length": 5, "hash_ids": [0]}\n', "{p}:1: missing field 'output_length'"),
+    ("mooncake", '\n[1, 2, 3]\n', "{p}:2: expected a JSON object"),
+    ("mooncake", '{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []}\n',
+     "{p}:1: input_length must not be negative, got -5"),
+    ("mooncake", '{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [0]}\n',
+     "{p}:1: input_length must be a number, got \"5\""),
+    ("mooncake", '{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [0, 1]}\n',
+     "{p}:1: 2 hash_ids cannot cover input_length 1025: it needs 3"),
+    ("mooncake", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0.5]}\n',
+     "{p}:1: hash_ids must be a list of whole numbers"),
+    ("mooncake", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n'
+                 '{"timestamp": 1, "input_length": 5, "output_length": 1}\n', "{p}:2: missing field 'hash_ids'"),
+    (None, "", "{p}: the file is empty"),
+    (None, "\n\r\n  \n", "{p}: the file is empty"),
+    (None, "arrival_s,prompt_tokens,output_tokens\n\n", "{p}: the trace has a header but no requests"),
+    (None, "when,what\n1,2\n", "{p}:1: unknown trace format with columns 'when,what'"),
+]
+
+
+@pytest.mark.parametrize("fmt,text,message", BAD)
+def test_bad_input_names_file_and_line(tmp_path, fmt, text, message):
+    path = tmp_path / "t"
+    path.write_text(text)
+    with pytest.raises(ServesimError) as e:
+        read_trace(path, fmt)
+    assert message.format(p=path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ServesimError, match="no such file"):
+        read_trace(tmp_path / "missing.csv")
+    (tmp_path / "bin.csv").write_bytes(b"arrival_s,prompt_tokens,output_tokens\n\xff\xfe,1,1\n")
+    with pytest.raises(ServesimError, match="not a text file"):
+        read_trace(tmp_path / "bin.csv")
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(CLEAN["vidur"].encode())[:30])
+    with pytest.raises(ServesimError, match="cut.csv.gz"):
+        read_trace(tmp_path / "cut.csv.gz")
