@@ -50,6 +50,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_positive_int, default=0, help="seed of the synthetic token ids (default: 0)")
     p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S",
                    help="service-level objectives in seconds, for goodput")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json",
+                   help="calibrated cost-model profile from `sim calibrate` (e.g. profiles/tiny-cpu.json); "
+                        "step times then come from it, whatever --hardware says")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -62,6 +65,7 @@ def options_from_args(args: argparse.Namespace):
         scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len),
         cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
         model=args.model, hardware=args.hardware, backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
+        profile=args.profile,
     )
 
 
@@ -177,7 +181,7 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["sim.calibrate", "sim.compare"]
 
 
 def main(argv: list[str] | None = None) -> int:

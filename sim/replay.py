@@ -29,6 +29,7 @@ class ReplayOptions:
     backend: str = "costmodel"
     seed: int = 0
     slo: SLO = field(default_factory=SLO)
+    profile: str | None = None  # a calibrated cost-model profile (sim calibrate); None: datasheet roofline
 
     def __post_init__(self) -> None:
         model = get_model(self.model)
@@ -40,6 +41,12 @@ class ReplayOptions:
                 f"max_position_embeddings ({limit})")
         if self.backend not in BACKENDS:
             raise ServesimError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.profile is not None:
+            from backends.profile import load_profile
+
+            if self.backend != "costmodel":
+                raise ServesimError(f"--profile calibrates the cost model; it does not apply to --backend {self.backend}")
+            load_profile(self.profile, self.model)  # refuses a profile of another model
 
     @property
     def max_model_len(self) -> int:
@@ -65,7 +72,12 @@ BACKENDS = ("costmodel",)
 def make_backend(options: ReplayOptions):
     from backends.costmodel import CostModelBackend
 
-    return CostModelBackend(options.model, options.hardware)
+    calibration = None
+    if options.profile is not None:
+        from backends.profile import load_profile
+
+        calibration = load_profile(options.profile, options.model).calibration
+    return CostModelBackend(options.model, options.hardware, calibration=calibration)
 
 
 def make_requests(trace: Trace, options: ReplayOptions) -> list[Request]:

@@ -1,0 +1,218 @@
+"""Calibrated profiles: a cost-model `Calibration` fitted to measured steps, and where it came from.
+
+A profile is one JSON file written by `sim calibrate`:
+
+    {"format": "servesim-profile", "version": 1,
+     "model": "tiny", "device": "cpu", "device_name": "...", "dtype": "float32", "block_size": 16,
+     "created": "2025-...", "software": {"python": ..., "torch": ...},
+     "calibration": {"ridge_flops_per_byte": ..., "dtype_bytes": 4, "coefficients": {"linear_flops": ...}},
+     "fit": {"num_points": ..., "train": {"median_ape": ...}, "cross_validated": {...}}, "grid": {...}}
+
+The fit is non-negative least squares on relative residuals (each measured step weighs by its
+own duration, so short decode steps count as much as long prefills), with a 1-D search over the
+GEMM ridge point. NNLS is Lawson and Hanson's active-set method, in numpy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from backends.costmodel import FEATURES, Calibration, step_features
+from sim.errors import ServesimError
+
+PROFILE_FORMAT = "servesim-profile"
+PROFILE_VERSION = 1
+# Candidate GEMM ridge points (FLOP per byte); 0 is "cost proportional to tokens".
+RIDGES = np.concatenate([[0.0], np.geomspace(1.0, 4096.0, 37)])
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    calibration: Calibration
+    device: str  # "cpu" or "cuda"
+    device_name: str  # what the device calls itself, e.g. "NVIDIA H200"
+    dtype: str
+    block_size: int
+    created: str  # ISO 8601, UTC
+    software: dict = field(default_factory=dict)  # package -> version
+    fit: dict = field(default_factory=dict)  # the fit's own error, see `fit_calibration`
+    grid: dict = field(default_factory=dict)  # what was measured: grid name, shapes, warm-up, repeats
+
+    def to_json(self) -> dict:
+        cal = self.calibration
+        return {
+            "format": PROFILE_FORMAT, "version": PROFILE_VERSION,
+            "model": self.model, "device": self.device, "device_name": self.device_name, "dtype": self.dtype,
+            "block_size": self.block_size, "created": self.created, "software": self.software,
+            "calibration": {"ridge_flops_per_byte": cal.ridge_flops_per_byte, "dtype_bytes": cal.dtype_bytes,
+                            "coefficients": cal.as_dict()},
+            "fit": self.fit, "grid": self.grid,
+        }
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+
+
+def load_profile(path: str | Path, model: str | None = None) -> Profile:
+    """Read a profile; with `model`, refuse one calibrated for another model."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ServesimError(f"{path}: no such profile (make one with `sim calibrate`)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ServesimError(f"{path}: cannot read the profile: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ServesimError(f"{path}: not a profile (invalid JSON at line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise ServesimError(f"{path}: not a servesim profile (no \"format\": \"{PROFILE_FORMAT}\")")
+    if data.get("version") != PROFILE_VERSION:
+        raise ServesimError(f"{path}: profile version {data.get('version')!r}; this servesim reads version "
+                            f"{PROFILE_VERSION} (calibrate again)")
+    try:
+        cal = data["calibration"]
+        coefficients = cal["coefficients"]
+        missing = [k for k in FEATURES if k not in coefficients]
+        if missing:
+            raise ServesimError(f"{path}: the calibration lacks coefficients {', '.join(missing)}")
+        calibration = Calibration(tuple(float(coefficients[k]) for k in FEATURES),
+                                  float(cal["ridge_flops_per_byte"]), int(cal["dtype_bytes"]))
+        profile = Profile(str(data["model"]), calibration, str(data["device"]), str(data["device_name"]),
+                          str(data["dtype"]), int(data["block_size"]), str(data["created"]),
+                          dict(data.get("software", {})), dict(data.get("fit", {})), dict(data.get("grid", {})))
+    except KeyError as e:
+        raise ServesimError(f"{path}: the profile has no field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ServesimError(f"{path}: a profile field has the wrong type ({e})") from None
+    except ServesimError as e:
+        raise ServesimError(f"{path}: {e}") from None
+    if model is not None and profile.model != model:
+        raise ServesimError(
+            f"{path} was calibrated for model {profile.model!r} on {profile.device_name}, not for {model!r}; "
+            f"use --model {profile.model}, or calibrate {model} with `sim calibrate --model {model} ...`")
+    return profile
+
+
+# Fitting.
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0 (Lawson and Hanson 1974, active set)."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tol = 10 * max(m, n) * np.finfo(float).eps * max(np.abs(a).sum(axis=0).max(), 1.0)
+    for _ in range(max_iter or 3 * n + 10):
+        w = a.T @ (b - a @ x)  # minus the gradient; positive where raising x_j helps
+        if passive.all() or w[~passive].max() <= tol:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            s = np.zeros(n)
+            s[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if s[passive].min() > 0:
+                x = s
+                break
+            # Step from x toward s until the first passive coefficient reaches zero; drop it.
+            blocking = passive & (s <= 0)
+            alpha = np.min(x[blocking] / (x[blocking] - s[blocking]))
+            x = x + alpha * (s - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+            if not passive.any():
+                break
+    return x
+
+
+def ape_stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float | int | None]:
+    """Median, p90 and max absolute percentage error (as fractions: 0.05 is 5%)."""
+    predicted, measured = np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64)
+    if len(measured) == 0:
+        return {"count": 0, "median_ape": None, "p90_ape": None, "max_ape": None}
+    ape = np.abs(predicted - measured) / measured
+    return {"count": int(len(ape)), "median_ape": float(np.median(ape)),
+            "p90_ape": float(np.percentile(ape, 90)), "max_ape": float(ape.max())}
+
+
+def pad(rows: list) -> np.ndarray:
+    """Ragged per-step lists -> [steps, max requests] int64, zero-padded."""
+    width = max((len(r) for r in rows), default=0)
+    out = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def _fit_ridge(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
+    """NNLS on relative residuals; returns coefficients and the sum of squared relative errors."""
+    a = features / seconds[:, None]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls(a / scale, np.ones(len(seconds))) / scale
+    return x, float(np.sum((a @ x - 1.0) ** 2))
+
+
+def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, seconds: np.ndarray,
+                    dtype_bytes: int = 2, ridges: np.ndarray = RIDGES) -> Calibration:
+    """The calibration that best predicts `seconds` of the steps given by q, c: [points, requests] and
+    num_logits: [points], searching the GEMM ridge over `ridges`."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if len(seconds) < len(FEATURES):
+        raise ServesimError(f"a fit needs at least {len(FEATURES)} measured shapes, got {len(seconds)}")
+    if not np.all(np.isfinite(seconds) & (seconds > 0)):
+        raise ServesimError("measured step times must be finite and positive")
+    def fit(ridge: float) -> tuple[np.ndarray, float]:
+        return _fit_ridge(step_features(model, q, c, num_logits, dtype_bytes, ridge), seconds)
+
+    losses = [fit(r)[1] for r in ridges]
+    i = int(np.argmin(losses))
+    ridge = float(ridges[i])
+    if 0 < i < len(ridges) - 1 and ridges[i - 1] > 0:
+        # Golden-section search on log(ridge) between the best grid point's neighbours.
+        lo, hi = np.log(ridges[i - 1]), np.log(ridges[i + 1])
+        g = (np.sqrt(5) - 1) / 2
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        fa, fb = fit(np.exp(a))[1], fit(np.exp(b))[1]
+        for _ in range(40):
+            if fa < fb:
+                hi, b, fb = b, a, fa
+                a = hi - g * (hi - lo)
+                fa = fit(np.exp(a))[1]
+            else:
+                lo, a, fa = a, b, fb
+                b = lo + g * (hi - lo)
+                fb = fit(np.exp(b))[1]
+        if min(fa, fb) < losses[i]:
+            ridge = float(np.exp(a if fa < fb else b))
+    x, _ = fit(ridge)
+    return Calibration(tuple(float(v) for v in x), ridge, dtype_bytes)
+
+
+def predict(model: dict, calibration: Calibration, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
+    terms = step_features(model, q, c, num_logits, calibration.dtype_bytes, calibration.ridge_flops_per_byte)
+    return terms @ np.asarray(calibration.coefficients)
+
+
+def fit_report(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, seconds: np.ndarray,
+               calibration: Calibration, dtype_bytes: int = 2, num_folds: int = 5, seed: int = 0) -> dict:
+    """The fit's own error: on the points it was fitted to, and k-fold cross-validated (each point
+    predicted by a fit that did not see it)."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    report = {"num_points": int(len(seconds)),
+              "train": ape_stats(predict(model, calibration, q, c, num_logits), seconds)}
+    if len(seconds) >= 2 * len(FEATURES) and num_folds >= 2:
+        fold = np.random.default_rng(seed).permutation(len(seconds)) % num_folds
+        held_out = np.zeros(len(seconds))
+        for k in range(num_folds):
+            test, train = fold == k, fold != k
+            cal = fit_calibration(model, q[train], c[train], num_logits[train], seconds[train], dtype_bytes)
+            held_out[test] = predict(model, cal, q[test], c[test], num_logits[test])
+        report["cross_validated"] = ape_stats(held_out, seconds)
+    return report

@@ -1,0 +1,326 @@
+"""`sim calibrate`: measure a grid of batch shapes on the real backend and fit a cost-model profile.
+
+The grid covers what the policies schedule:
+
+    decode   B requests, one token each, contexts spread over [L/2, 3L/2]   (B x L)
+    prefill  one chunk of q tokens after c cached ones (c = 0: a whole prompt), and
+             four whole prompts of q/4 tokens                               (q x c)
+    mixed    D decodes around L plus one prefill chunk of q after c cached  (D x q x L x c)
+
+Each shape is one `Batch` whose block tables use scattered block ids below the backend's
+`num_blocks`; it runs `warmup` times unmeasured, then `repeats` times, and the median is fitted.
+The raw measurements go to a CSV beside the profile (one row per repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from backends.presets import get_model
+from backends.profile import Profile, fit_calibration, fit_report, pad, save_profile
+from sim.batch import Batch
+from sim.errors import ServesimError
+
+GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
+    "full": {
+        "decode_batch": (1, 2, 4, 8, 16, 32, 64, 128, 256),
+        "decode_context": (128, 512, 1024, 2048, 4096, 8192),
+        "prefill_chunk": (16, 32, 64, 128, 256, 512, 1024, 2048),
+        "prefill_cached": (0, 512, 2048, 8192),
+        "mixed_decodes": (4, 16, 64, 128),
+        "mixed_chunk": (64, 256, 1024),
+        "mixed_context": (512, 2048),
+        "mixed_cached": (0, 1024),
+    },
+    "small": {  # for tests and a quick look: a few seconds on a CPU with the tiny model
+        "decode_batch": (1, 4, 16),
+        "decode_context": (32, 256),
+        "prefill_chunk": (8, 64, 256),
+        "prefill_cached": (0, 256),
+        "mixed_decodes": (2, 8),
+        "mixed_chunk": (32, 128),
+        "mixed_context": (128,),
+        "mixed_cached": (0,),
+    },
+}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+
+
+@dataclass(frozen=True)
+class Shape:
+    kind: str  # "decode", "prefill" or "mixed"
+    query_lens: tuple[int, ...]  # tokens scheduled this step, per request
+    context_lens: tuple[int, ...]  # context after the step (cached + query), per request
+    needs_logits: tuple[bool, ...]
+    is_decode: tuple[bool, ...]
+
+    def num_blocks(self, block_size: int) -> int:
+        return sum(-(-c // block_size) for c in self.context_lens)
+
+
+def _spread(mean: int, n: int, limit: int) -> list[int]:
+    """n contexts spread evenly over [mean/2, 3 mean/2], at least 2 (a decode has a cached token)."""
+    if n == 1:
+        return [min(mean, limit)]
+    return np.clip(np.rint(np.linspace(mean / 2, 3 * mean / 2, n)), 2, limit).astype(int).tolist()
+
+
+def make_grid(name: str, max_model_len: int) -> list[Shape]:
+    if name not in GRIDS:
+        raise ServesimError(f"unknown grid {name!r}; choose one of {', '.join(GRIDS)}")
+    g, limit = GRIDS[name], max_model_len
+    shapes = []
+    for b in g["decode_batch"]:
+        for ctx in g["decode_context"]:
+            contexts = _spread(ctx, b, limit)
+            shapes.append(Shape("decode", (1,) * b, tuple(contexts), (True,) * b, (True,) * b))
+    for q in g["prefill_chunk"]:
+        for cached in g["prefill_cached"]:
+            if cached + q <= limit:  # a chunk after a cached prefix is a partial prompt: no logits
+                shapes.append(Shape("prefill", (q,), (cached + q,), (cached == 0,), (False,)))
+        if q >= 16:
+            n = 4
+            shapes.append(Shape("prefill", (q // n,) * n, (q // n,) * n, (True,) * n, (False,) * n))
+    for d in g["mixed_decodes"]:
+        for q in g["mixed_chunk"]:
+            for ctx in g["mixed_context"]:
+                for cached in g["mixed_cached"]:
+                    if cached + q > limit:
+                        continue
+                    contexts = _spread(ctx, d, limit)
+                    shapes.append(Shape("mixed", (1,) * d + (q,), tuple(contexts) + (cached + q,),
+                                        (True,) * d + (cached == 0,), (True,) * d + (False,)))
+    return shapes
+
+
+def shape_batch(shape: Shape, block_size: int, num_blocks: int, vocab_size: int,
+                rng: np.random.Generator) -> Batch:
+    """A batch of `shape` with random token ids and scattered block ids below `num_blocks`."""
+    needed = shape.num_blocks(block_size)
+    ids = rng.permutation(num_blocks)[np.arange(needed) % num_blocks].tolist()
+    batch, start = Batch(), 0
+    for i, (q, ctx, logits, decode) in enumerate(zip(shape.query_lens, shape.context_lens, shape.needs_logits,
+                                                       shape.is_decode)):
+        n = -(-ctx // block_size)
+        tokens = rng.integers(0, vocab_size, ctx, dtype=np.int64)
+        batch.add(f"cal{i}", ctx - q, q, ids[start:start + n], needs_logits=logits, is_decode=decode,
+                  token_source=tokens)
+        start += n
+    return batch
+
+
+class ProgressBar:
+    """`[#####.....] 45/110 shapes  12.3 s` on stderr, redrawn at most a few times a second."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.started = time.monotonic()
+        self.last = 0.0
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.2 and done < self.total):
+            return
+        self.last = now
+        width = 30
+        filled = width * done // max(self.total, 1)
+        sys.stderr.write(f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
+                         f"shapes  {now - self.started:.1f} s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repeats: int = 5, seed: int = 0,
+            progress: ProgressBar | None = None) -> pd.DataFrame:
+    """Run every shape `warmup` + `repeats` times; one row per measured repeat."""
+    if repeats < 1 or warmup < 0:
+        raise ServesimError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list] = {k: [] for k in ("shape", "kind", "num_requests", "num_tokens", "num_decode_tokens",
+                                             "num_logits", "query_lens", "context_lens", "repeat", "seconds")}
+    for index, shape in enumerate(shapes):
+        batch = shape_batch(shape, backend.block_size, backend.num_blocks, vocab_size, rng)
+        for _ in range(warmup):
+            backend.execute(batch)
+        for repeat in range(repeats):
+            rows["shape"].append(index)
+            rows["kind"].append(shape.kind)
+            rows["num_requests"].append(len(batch))
+            rows["num_tokens"].append(batch.num_tokens)
+            rows["num_decode_tokens"].append(batch.num_decode_tokens)
+            rows["num_logits"].append(sum(shape.needs_logits))
+            rows["query_lens"].append(" ".join(map(str, shape.query_lens)))
+            rows["context_lens"].append(" ".join(map(str, shape.context_lens)))
+            rows["repeat"].append(repeat)
+            rows["seconds"].append(backend.execute(batch).seconds)
+        if progress is not None:
+            progress.update(index + 1)
+    return pd.DataFrame(rows)
+
+
+def medians(raw: pd.DataFrame) -> pd.DataFrame:
+    """One row per shape with the median of its repeats."""
+    first = raw.groupby("shape", sort=True).first()
+    first["seconds"] = raw.groupby("shape", sort=True)["seconds"].median()
+    return first.reset_index()
+
+
+def fit_measurements(model: str, raw: pd.DataFrame, dtype_bytes: int):
+    """(calibration, fit report) from raw measurements (the CSV that `measure` writes)."""
+    shapes = medians(raw)
+    q = pad([list(map(int, s.split())) for s in shapes["query_lens"]])
+    c = pad([list(map(int, s.split())) for s in shapes["context_lens"]])
+    num_logits = shapes["num_logits"].to_numpy()
+    seconds = shapes["seconds"].to_numpy(dtype=np.float64)
+    m = get_model(model)
+    calibration = fit_calibration(m, q, c, num_logits, seconds, dtype_bytes)
+    report = fit_report(m, q, c, num_logits, seconds, calibration, dtype_bytes)
+    for kind in ("decode", "prefill", "mixed"):
+        rows = (shapes["kind"] == kind).to_numpy()
+        if rows.any():
+            report[kind] = fit_report(m, q[rows], c[rows], num_logits[rows], seconds[rows], calibration,
+                                      dtype_bytes, num_folds=0)["train"]
+    return calibration, report
+
+
+def software_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in ("servesim", "numpy", "torch", "triton"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    torch = sys.modules.get("torch")  # only if the backend loaded it
+    if torch is not None and getattr(torch.version, "cuda", None):
+        versions["cuda"] = torch.version.cuda
+    return versions
+
+
+def device_name(backend) -> str:
+    if getattr(backend, "device_name", None):
+        return str(backend.device_name)
+    device = str(getattr(backend, "device", "cpu"))
+    if device.startswith("cuda"):
+        import torch  # only reached with the real backend, which has loaded it already
+
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def calibrate(backend, model: str, grid: str = "full", warmup: int = 2, repeats: int = 5, seed: int = 0,
+              progress: bool = False) -> tuple[Profile, pd.DataFrame]:
+    """Measure `grid` on `backend` (anything with execute, block_size, num_blocks) and fit a profile."""
+    m = get_model(model)
+    shapes = make_grid(grid, m["max_position_embeddings"])
+    fitting = [s for s in shapes if s.num_blocks(backend.block_size) <= backend.num_blocks]
+    if len(fitting) < len(shapes) // 2:
+        raise ServesimError(f"only {len(fitting)} of the {len(shapes)} shapes of grid {grid!r} fit in "
+                            f"{backend.num_blocks} KV blocks; give more with --num-blocks")
+    bar = ProgressBar(len(fitting), f"calibrating {model} on {getattr(backend, 'device', 'cpu')}", progress)
+    raw = measure(backend, fitting, m["vocab_size"], warmup, repeats, seed, bar)
+    bar.close()
+    dtype = str(getattr(backend, "dtype", "bfloat16")).removeprefix("torch.")
+    calibration, report = fit_measurements(model, raw, DTYPE_BYTES.get(dtype, 2))
+    profile = Profile(
+        model=model, calibration=calibration, device=str(getattr(backend, "device", "cpu")),
+        device_name=device_name(backend), dtype=dtype, block_size=int(backend.block_size),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
+        fit=report, grid={"name": grid, "num_shapes": len(fitting), "num_skipped": len(shapes) - len(fitting),
+                          "warmup": warmup, "repeats": repeats, "seed": seed},
+    )
+    return profile, raw
+
+
+def grid_num_blocks(model: str, grid: str, block_size: int) -> int:
+    """KV blocks for the largest shape of the grid: what a CPU calibration allocates."""
+    shapes = make_grid(grid, get_model(model)["max_position_embeddings"])
+    return max(s.num_blocks(block_size) for s in shapes)
+
+
+def format_profile(profile: Profile) -> str:
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    fit = profile.fit
+    lines = [f"{profile.model} on {profile.device_name} ({profile.device}, {profile.dtype}), "
+             f"{fit['num_points']} shapes, ridge {profile.calibration.ridge_flops_per_byte:.3g} FLOP/B"]
+    for name, value in profile.calibration.as_dict().items():
+        lines.append(f"  {name:<16}{value:.4g} s/unit")
+    lines.append(f"{'fit error':<18}{'median':>8}{'p90':>8}{'max':>8}")
+    for name in ("train", "cross_validated", "decode", "prefill", "mixed"):
+        if name in fit:
+            s = fit[name]
+            lines.append(f"  {name:<16}{pct(s['median_ape']):>8}{pct(s['p90_ape']):>8}{pct(s['max_ape']):>8}")
+    return "\n".join(lines)
+
+
+def real_backend(model: str, device: str, block_size: int, num_blocks: int | None, seed: int,
+                 weights: str | None):
+    try:
+        from backends.real import RealBackend
+    except ImportError as e:
+        raise ServesimError(f"the real backend cannot load ({e}); install it with `pip install -e .[real]`") from None
+    return RealBackend(model, device=device, block_size=block_size, num_blocks=num_blocks, seed=seed, weights=weights)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.suffix != ".json":
+        raise ServesimError(f"--out {out}: a profile is a .json file")
+    get_model(args.model)
+    num_blocks = args.num_blocks
+    if num_blocks is None and not args.device.startswith("cuda"):
+        num_blocks = grid_num_blocks(args.model, args.grid, args.block_size)
+    backend = real_backend(args.model, args.device, args.block_size, num_blocks, args.seed, args.weights)
+    started = time.perf_counter()
+    profile, raw = calibrate(backend, args.model, args.grid, args.warmup, args.repeats, args.seed,
+                             progress=sys.stderr.isatty() and not args.quiet)
+    save_profile(profile, out)
+    csv = out.with_suffix(".csv")
+    raw.to_csv(csv, index=False)
+    if not args.quiet:
+        print(format_profile(profile))
+        print(f"measured {len(raw)} steps in {time.perf_counter() - started:.1f} s; wrote {out} and {csv}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure batch shapes on the real backend and fit a cost-model profile",
+        description="Run a grid of batch shapes (decode, prefill chunks, mixed) on the real backend, keep the "
+                    "median of the repeats, fit the cost model's coefficients and write a profile (JSON) and "
+                    "the raw measurements (CSV beside it). Use the profile with `sim replay --profile`.")
+    p.add_argument("--model", required=True, help="model preset (see `sim models`)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--out", required=True, help="profile to write, e.g. profiles/tiny-cpu.json")
+    p.add_argument("--grid", default="full", choices=list(GRIDS), help="grid of shapes (default: full)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured runs per shape (default: 2)")
+    p.add_argument("--repeats", type=int, default=5, metavar="N",
+                   help="measured runs per shape; the median is fitted (default: 5)")
+    p.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block (default: 16)")
+    p.add_argument("--num-blocks", type=int, default=None, metavar="N",
+                   help="KV blocks to allocate (default: on a CPU, what the largest shape needs; on a GPU, "
+                        "derived from its memory); shapes that need more are skipped")
+    p.add_argument("--weights", default=None, help="local safetensors weights (default: random, seeded)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, token ids and block ids (default: 0)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=cmd_calibrate)

@@ -1,0 +1,265 @@
+"""Calibration: NNLS, the fit of the cost model's coefficients, profiles and their refusal."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from backends.costmodel import FEATURES, Calibration, CostModelBackend, Efficiencies
+from backends.presets import get_model
+from backends.profile import fit_calibration, load_profile, nnls, pad, predict, save_profile
+from sim.batch import Batch
+from sim.calibrate import calibrate, make_grid, measure, shape_batch
+from sim.cli import main
+from sim.config import CacheConfig
+from sim.errors import ServesimError
+from sim.replay import ReplayOptions, replay
+from tests.helpers import make_trace
+
+
+class StandInBackend:
+    """A 'measured' backend for tests: the datasheet cost model with other efficiencies, plus
+    seeded multiplicative noise. Has what calibration and comparison use of the real backend."""
+
+    name = "stand-in"
+    supports_fast_forward = False
+    device = "cpu"
+    dtype = "float32"
+
+    def __init__(self, model: str, noise: float = 0.02, num_blocks: int = 100_000, block_size: int = 16, seed: int = 0):
+        self.costmodel = CostModelBackend(model, "H100-SXM", Efficiencies(0.45, 0.35, 0.6, 2e-3))
+        self.noise, self.num_blocks, self.block_size = noise, num_blocks, block_size
+        self.rng = np.random.default_rng(seed)
+        self.num_executed = 0
+
+    def execute(self, batch: Batch):
+        assert all(max(t, default=0) < self.num_blocks for t in batch.block_tables)
+        self.num_executed += 1
+        result = self.costmodel.execute(batch)
+        result.seconds *= 1.0 + self.noise * self.rng.standard_normal()
+        return result
+
+
+def grid_arrays(model: str, grid: str = "full"):
+    shapes = make_grid(grid, get_model(model)["max_position_embeddings"])
+    q = pad([s.query_lens for s in shapes])
+    c = pad([s.context_lens for s in shapes])
+    return q, c, np.array([sum(s.needs_logits) for s in shapes])
+
+
+# NNLS.
+
+def brute_force_nnls(a, b):
+    """The best least-squares solution over every support whose unconstrained solution is >= 0."""
+    best, best_x = np.inf, None
+    n = a.shape[1]
+    for k in range(n + 1):
+        for support in itertools.combinations(range(n), k):
+            x = np.zeros(n)
+            if support:
+                x[list(support)] = np.linalg.lstsq(a[:, list(support)], b, rcond=None)[0]
+            if x.min() >= 0 and np.sum((a @ x - b) ** 2) < best:
+                best, best_x = np.sum((a @ x - b) ** 2), x
+    return best_x
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_nnls_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((12, 5))
+    b = rng.standard_normal(12)
+    x = nnls(a, b)
+    assert x.min() >= 0
+    np.testing.assert_allclose(x, brute_force_nnls(a, b), atol=1e-9)
+
+
+# The fit.
+
+def test_fit_recovers_known_coefficients_exactly_without_noise():
+    model = get_model("Llama-3.1-8B")
+    q, c, n = grid_arrays("Llama-3.1-8B")
+    truth = Calibration((2e-15, 4e-15, 3e-13, 2e-6, 1e-5, 1.5e-3), 150.0, 2)
+    fit = fit_calibration(model, q, c, n, predict(model, truth, q, c, n))
+    np.testing.assert_allclose(fit.coefficients, truth.coefficients, rtol=1e-5)
+    assert fit.ridge_flops_per_byte == pytest.approx(150.0, rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fit_recovers_known_coefficients_with_noise(seed):
+    model = get_model("Llama-3.1-8B")
+    q, c, n = grid_arrays("Llama-3.1-8B")
+    truth = Calibration((2e-15, 4e-15, 3e-13, 2e-6, 1e-5, 1.5e-3), 150.0, 2)
+    seconds = predict(model, truth, q, c, n) * (1 + 0.02 * np.random.default_rng(seed).standard_normal(len(q)))
+    fit = fit_calibration(model, q, c, n, seconds)
+    for name, got, want in zip(FEATURES, fit.coefficients, truth.coefficients):
+        assert got == pytest.approx(want, rel=0.2), name
+    assert fit.ridge_flops_per_byte == pytest.approx(150.0, rel=0.1)
+    ape = np.abs(predict(model, fit, q, c, n) - seconds) / seconds
+    assert np.median(ape) < 0.02
+
+
+def test_fit_recovers_a_zero_coefficient():
+    model = get_model("Llama-3.1-8B")
+    q, c, n = grid_arrays("Llama-3.1-8B")
+    truth = Calibration((2e-15, 4e-15, 3e-13, 0.0, 1e-5, 1.5e-3), 150.0, 2)
+    fit = fit_calibration(model, q, c, n, predict(model, truth, q, c, n))
+    assert fit.coefficients[FEATURES.index("num_tokens")] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fit_needs_enough_positive_points():
+    model = get_model("tiny")
+    q, c, n = grid_arrays("tiny", "small")
+    with pytest.raises(ServesimError, match="at least 6"):
+        fit_calibration(model, q[:3], c[:3], n[:3], np.ones(3))
+    with pytest.raises(ServesimError, match="positive"):
+        fit_calibration(model, q, c, n, np.zeros(len(q)))
+
+
+# The calibrated cost model.
+
+def test_calibrated_step_is_the_same_alone_and_inside_a_decode_run():
+    cal = Calibration((2e-15, 4e-15, 3e-13, 2e-6, 1e-5, 1.5e-3), 150.0, 2)
+    cm = CostModelBackend("Llama-3.1-8B", None, calibration=cal)
+    contexts = np.array([5, 17, 300, 1000])
+    run = cm.decode_run_seconds(contexts, 6)
+    for j in range(6):
+        batch = Batch()
+        for i, ctx in enumerate(contexts.tolist()):
+            batch.add(str(i), ctx + j - 1, 1, [0] * ((ctx + j) // 16 + 1), needs_logits=True, is_decode=True)
+        result = cm.execute(batch)
+        assert result.seconds == run[j]
+        assert sum(result.breakdown.values()) == pytest.approx(result.seconds, rel=1e-12)
+
+
+def test_calibrated_step_is_the_fitted_sum():
+    cal = Calibration((1e-12, 2e-12, 3e-11, 4e-6, 5e-5, 1e-3), 0.0, 4)
+    cm = CostModelBackend("tiny", "H200", calibration=cal)
+    batch = Batch()
+    batch.add("a", 0, 10, [0], needs_logits=True)
+    batch.add("b", 7, 1, [1], needs_logits=True, is_decode=True)
+    m = get_model("tiny")
+    layers, h, i, hd, v = 2, 64, 128, 16, 512
+    gemm = sum(2 * 11 * k * n for k, n in [(h, (4 + 4) * hd), (4 * hd, h), (h, 2 * i), (i, h)])
+    features = [layers * gemm + 2 * 2 * h * v,
+                layers * 4 * 4 * hd * (10 * 10 - 10 * 9 / 2 + 8 * 1),
+                layers * (10 + 8) * 2 * 2 * hd * 4, 11, 2, 1]
+    assert m["num_hidden_layers"] == layers
+    assert cm.execute(batch).seconds == pytest.approx(float(np.dot(features, cal.coefficients)), rel=1e-12)
+
+
+def test_calibration_rejects_bad_coefficients():
+    with pytest.raises(ServesimError, match="coefficients"):
+        Calibration((1.0, 2.0))
+    with pytest.raises(ServesimError, match="finite and >= 0"):
+        Calibration((1e-12, -1.0, 0, 0, 0, 0))
+    with pytest.raises(ServesimError, match="hardware preset or a calibrated profile"):
+        CostModelBackend("tiny", None)
+
+
+# Calibrate against a stand-in backend; profiles.
+
+@pytest.fixture(scope="module")
+def standin_profile(tmp_path_factory):
+    backend = StandInBackend("tiny", num_blocks=512)
+    profile, raw = calibrate(backend, "tiny", grid="small", warmup=1, repeats=3)
+    path = tmp_path_factory.mktemp("profiles") / "tiny-standin.json"
+    save_profile(profile, path)
+    raw.to_csv(path.with_suffix(".csv"), index=False)
+    return path, profile, raw, backend
+
+
+def test_calibrate_measures_every_shape_with_warmup_and_repeats(standin_profile):
+    _, profile, raw, backend = standin_profile
+    shapes = make_grid("small", get_model("tiny")["max_position_embeddings"])
+    assert profile.grid["num_shapes"] == len(shapes) and profile.grid["num_skipped"] == 0
+    assert len(raw) == 3 * len(shapes) and backend.num_executed == 4 * len(shapes)
+    assert sorted(set(raw["kind"])) == ["decode", "mixed", "prefill"]
+    assert (raw.groupby("shape")["repeat"].apply(list) == [[0, 1, 2]] * len(shapes)).all()
+
+
+def test_calibrate_fits_the_stand_in(standin_profile):
+    _, profile, _, _ = standin_profile
+    fit = profile.fit
+    assert fit["num_points"] == 18
+    assert fit["train"]["median_ape"] < 0.05 and fit["cross_validated"]["median_ape"] < 0.08
+    assert profile.model == "tiny" and profile.dtype == "float32" and profile.calibration.dtype_bytes == 4
+    assert profile.block_size == 16 and profile.device == "cpu" and profile.device_name
+    assert "numpy" in profile.software and profile.created
+
+
+def test_shape_batches_use_scattered_block_ids_below_num_blocks():
+    rng = np.random.default_rng(0)
+    for shape in make_grid("small", 8192):
+        batch = shape_batch(shape, 16, 40, 512, rng)
+        assert batch.num_scheduled_tokens == list(shape.query_lens)
+        assert [c + q for c, q in zip(batch.num_computed_tokens, batch.num_scheduled_tokens)] == list(shape.context_lens)
+        flat = batch.flatten(16)
+        assert flat.slot_mapping.max() < 40 * 16 and len(flat.logits_indices) == sum(shape.needs_logits)
+
+
+def test_shapes_that_do_not_fit_are_skipped():
+    profile, raw = calibrate(StandInBackend("tiny", num_blocks=40), "tiny", grid="small", warmup=0, repeats=1)
+    assert profile.grid["num_skipped"] > 0
+    assert (raw["context_lens"].map(lambda s: sum(-(-int(c) // 16) for c in s.split())) <= 40).all()
+    with pytest.raises(ServesimError, match="--num-blocks"):
+        calibrate(StandInBackend("tiny", num_blocks=2), "tiny", grid="small", warmup=0, repeats=1)
+
+
+def test_measure_rejects_zero_repeats():
+    with pytest.raises(ServesimError, match="--repeats"):
+        measure(StandInBackend("tiny"), make_grid("small", 8192), 512, warmup=0, repeats=0)
+
+
+def test_profile_round_trip(standin_profile):
+    path, profile, _, _ = standin_profile
+    loaded = load_profile(path, "tiny")
+    assert loaded == profile
+    assert json.loads(path.read_text())["calibration"]["coefficients"].keys() == set(FEATURES)
+
+
+def test_profile_of_another_model_is_refused(standin_profile, tmp_path, capsys):
+    path, _, _, _ = standin_profile
+    with pytest.raises(ServesimError, match="calibrated for model 'tiny'.*not for 'Llama-3.1-8B'"):
+        load_profile(path, "Llama-3.1-8B")
+    with pytest.raises(ServesimError, match="calibrated for model 'tiny'"):
+        ReplayOptions(model="Qwen3-0.6B", profile=str(path))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
+    assert main(["replay", str(trace), "--model", "Llama-3.1-8B", "--profile", str(path), "--quiet",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sim: error: ") and "calibrated for model 'tiny'" in err and "\n" == err[-1]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{", "invalid JSON"),
+    ('{"format": "other"}', "not a servesim profile"),
+    ('{"format": "servesim-profile", "version": 99}', "version 99"),
+    ('{"format": "servesim-profile", "version": 1, "model": "tiny"}', "no field 'calibration'"),
+])
+def test_bad_profile_files_are_refused(tmp_path, text, message):
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(ServesimError, match=message):
+        load_profile(path)
+    with pytest.raises(ServesimError, match="no such profile"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_replay_with_a_profile_predicts_with_it(standin_profile, tmp_path):
+    path, profile, _, _ = standin_profile
+    trace = make_trace([(0.0, 100, 3)])
+    options = ReplayOptions(model="tiny", hardware="H200", profile=str(path), cache=CacheConfig(num_blocks=64))
+    result = replay(trace, options)
+    # The first step is the whole 100-token prompt: one request, 100 tokens, one logits row.
+    first = predict(get_model("tiny"), profile.calibration, np.array([[100]]), np.array([[100]]), np.array([1]))
+    assert result.steps.seconds[0] == pytest.approx(float(first[0]), rel=1e-12)
+    # The profile alone sets the step time: any --hardware gives the same run.
+    other = replay(trace, ReplayOptions(model="tiny", hardware="A100-80GB", profile=str(path), cache=options.cache))
+    assert np.array_equal(other.steps.seconds, result.steps.seconds)
+    with pytest.raises(ServesimError, match="does not apply"):
+        ReplayOptions(model="tiny", backend="real", profile=str(path))

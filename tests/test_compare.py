@@ -1,0 +1,126 @@
+"""`sim compare`: the exact step join, the error figures, the report files; the CPU round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from backends.costmodel import CostModelBackend
+from backends.profile import load_profile, save_profile
+from sim.calibrate import calibrate
+from sim.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison
+from sim.config import CacheConfig, SchedulerConfig
+from sim.replay import ReplayOptions, replay
+from tests.helpers import make_trace
+from tests.test_calibrate import StandInBackend
+
+# 16 requests: prompts long enough to be chunked by a 128-token budget, so steps mix.
+ROWS = [(0.002 * i, 40 + 37 * i, 3 + (5 * i) % 11) for i in range(16)]
+
+
+class CountingPredictor:
+    def __init__(self, costmodel: CostModelBackend):
+        self.costmodel, self.batches = costmodel, []
+
+    def execute(self, batch):
+        self.batches.append((tuple(batch.num_computed_tokens), tuple(batch.num_scheduled_tokens)))
+        return self.costmodel.execute(batch)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("compare")
+    profile, _ = calibrate(StandInBackend("tiny", num_blocks=512), "tiny", grid="small", warmup=0, repeats=3)
+    path = folder / "tiny-standin.json"
+    save_profile(profile, path)
+    cache = CacheConfig(num_blocks=256)
+    scheduler = SchedulerConfig("chunked", max_num_batched_tokens=128, max_num_seqs=8)
+    predicted = ReplayOptions(scheduler=scheduler, cache=cache, model="tiny", hardware="H200", profile=str(path))
+    measured = replace(predicted, profile=None)
+    return folder, path, measured, predicted
+
+
+def test_step_join_is_exact(setup):
+    _, path, measured_options, predicted_options = setup
+    trace = make_trace(ROWS)
+    standin = StandInBackend("tiny", num_blocks=256, seed=3)
+    predictor = CountingPredictor(CostModelBackend("tiny", None, calibration=load_profile(path).calibration))
+    recorder = PredictingBackend(standin, predictor)
+    result = replay(trace, measured_options, backend=recorder)
+    steps = join_steps(result, recorder)
+    # Every executed step was measured once and predicted once, from the same batch.
+    assert standin.num_executed == len(predictor.batches) == len(steps) == len(result.steps) > 10
+    assert np.array_equal(steps["measured_s"], result.steps.seconds)
+    assert steps["step"].tolist() == list(range(len(steps)))
+    expected = [sum(scheduled) for _, scheduled in predictor.batches]
+    assert (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).tolist() == expected
+    assert set(steps["kind"]) == {"prefill", "decode", "mixed"}
+    # A step lost or doubled is an error, not a silently shifted join.
+    recorder.measured_s.pop()
+    with pytest.raises(RuntimeError, match="predicted"):
+        join_steps(result, recorder)
+
+
+def test_step_kinds():
+    from sim.batch import Batch
+
+    b = Batch()
+    b.add("a", 0, 5, [0], needs_logits=True)
+    assert step_kind(b) == "prefill"
+    b.add("b", 9, 1, [1], needs_logits=True, is_decode=True)
+    assert step_kind(b) == "mixed"
+    d = Batch()
+    d.add("b", 9, 1, [1], needs_logits=True, is_decode=True)
+    assert step_kind(d) == "decode"
+
+
+def test_compare_writes_every_error_figure_and_the_report(setup):
+    folder, path, measured_options, predicted_options = setup
+    trace = make_trace(ROWS)
+    comparison = compare(trace, measured_options, predicted_options,
+                         measured_backend=StandInBackend("tiny", num_blocks=256, seed=4))
+    out = folder / "out"
+    figures = write_comparison(out, comparison, trace, measured_options, predicted_options,
+                               {"model": "tiny", "device": "cpu", "policy": "chunked", "trace": "test"})
+    for name in ("compare.json", "steps.csv", "report.html", "measured/summary.json", "predicted/summary.json",
+                 "measured/steps.csv", "predicted/requests.csv"):
+        assert (out / name).is_file(), name
+    data = json.loads((out / "compare.json").read_text())
+    errors = data["errors"]
+    for kind in ("all", "prefill", "decode", "mixed"):
+        for stat in ("median_ape", "p90_ape", "max_ape"):
+            assert math.isfinite(errors[f"step_{kind}_{stat}"]) and errors[f"step_{kind}_{stat}"] >= 0
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        for p in ("p50", "p90", "p99"):
+            assert math.isfinite(errors[f"{metric}_{p}_rel_error"])
+    assert math.isfinite(errors["request_throughput_rel_error"]) and math.isfinite(errors["output_throughput_rel_error"])
+    assert data["step_error"]["all"]["count"] == len(comparison.steps) == len(comparison.measured.steps)
+    assert errors == figures["errors"]
+    # The stand-in is the datasheet roofline with 2% noise: the calibrated model predicts it closely.
+    assert errors["step_all_median_ape"] < 0.1
+    page = (out / "report.html").read_text()
+    assert "Plotly.newPlot" in page and "predicted vs measured" in page
+    assert "<script src=" not in page and "<script charset=\"utf-8\" src=" not in page
+    assert len(page) > 1_000_000  # plotly.js inline: works offline
+
+
+def test_compare_refuses_different_kv_caches(setup):
+    _, _, measured_options, predicted_options = setup
+    from sim.errors import ServesimError
+
+    other = replace(predicted_options, cache=CacheConfig(num_blocks=128))
+    with pytest.raises(ServesimError, match="same number of KV blocks"):
+        compare(make_trace(ROWS), measured_options, other, measured_backend=StandInBackend("tiny"))
+
+
+def test_compare_needs_a_profile(tmp_path, capsys):
+    from sim.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
+    assert main(["compare", str(trace), "--model", "tiny", "--out", str(tmp_path / "c")]) == 2
+    assert "needs --profile" in capsys.readouterr().err
