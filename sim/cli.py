@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sim.errors import ServesimError
+from traces.cli import add_trace_options, apply_trace_options
 
 DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
 
@@ -27,7 +28,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     from backends.presets import HARDWARE, MODELS
     from policies import POLICIES
 
-    p.add_argument("--format", default=None, help="trace format (default: detected from the header)")
+    add_trace_options(p)  # --format, --model-filter and the workload transforms
     p.add_argument("--policy", default="chunked", help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked)")
     p.add_argument("--model", default="Llama-3.1-8B", help=f"model preset: {', '.join(MODELS)} (default: Llama-3.1-8B)")
     p.add_argument("--hardware", default="H100-SXM", help=f"hardware preset: {', '.join(HARDWARE)} (default: H100-SXM)")
@@ -107,7 +108,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from traces import read_trace
 
     options = options_from_args(args)
-    trace = read_trace(args.trace, args.format)
+    trace = read_trace(args.trace, args.format, model_filter=args.model_filter)
+    trace = apply_trace_options(trace, args, options.max_model_len)
     for warning in trace.warnings:
         print(f"sim: warning: {warning}", file=sys.stderr)
     out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
@@ -155,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="replay a trace through one policy",
                        description="Replay a trace through one scheduling policy and write requests.csv, "
                                    "steps.csv and summary.json into a run folder.")
-    p.add_argument("trace", help=f"trace file (canonical CSV or Azure LLM inference); {DEFAULT_TRACE_HELP}")
+    p.add_argument("trace", help="trace file: canonical CSV, Azure 2023/2024, Mooncake JSONL, BurstGPT or "
+                                   f"Vidur CSV, gzip too; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -181,7 +184,7 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = ["sim.calibrate", "sim.compare"]
+COMMAND_MODULES: list[str] = ["sim.calibrate", "sim.compare", "traces.cli"]
 
 
 def main(argv: list[str] | None = None) -> int:

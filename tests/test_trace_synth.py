@@ -1,0 +1,120 @@
+"""Synthetic workloads: seeded, arrival statistics, length distributions, multi-turn prefix sharing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.errors import ServesimError
+from traces import read_trace
+from traces.stats import prefix_sharing_ratio, trace_stats
+from traces.synth import Lengths, SynthConfig, arrival_times, synthesize
+from traces.trace import Trace
+
+
+def test_same_seed_same_trace_other_seed_other_trace():
+    config = SynthConfig(num_requests=50, rate=3, arrival="gamma", cv=2, prompt=Lengths.parse("uniform:5:900"),
+                         turns=Lengths.parse("uniform:1:4"), seed=7)
+    a, b = synthesize(config), synthesize(config)
+    assert a.arrival_s.tolist() == b.arrival_s.tolist() and a.prompt_tokens.tolist() == b.prompt_tokens.tolist()
+    c = synthesize(SynthConfig(num_requests=50, rate=3, arrival="gamma", cv=2, seed=8))
+    assert c.arrival_s.tolist() != a.arrival_s.tolist()
+
+
+@pytest.mark.parametrize("arrival,cv", [("poisson", 1.0), ("gamma", 0.5), ("gamma", 3.0)])
+def test_arrival_rate_and_burstiness(arrival, cv):
+    t = arrival_times(np.random.default_rng(0), 40_000, rate=5.0, arrival=arrival, cv=cv)
+    gaps = np.diff(t)
+    assert t[0] == 0 and (gaps >= 0).all()
+    assert gaps.mean() == pytest.approx(0.2, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.08)
+
+
+def test_length_distributions():
+    rng = np.random.default_rng(1)
+    assert Lengths.parse("fixed:64").sample(rng, 3).tolist() == [64, 64, 64]
+    u = Lengths.parse("uniform:10:12").sample(rng, 3000)
+    assert set(u.tolist()) == {10, 11, 12}
+    z = Lengths.parse("zipf:1.5:1:1000").sample(rng, 20000)
+    assert z.min() >= 1 and z.max() <= 1000
+    counts = np.bincount(z)
+    assert counts[1] > counts[2] > counts[4] > counts[16]  # heavy head, long tail
+    assert counts[1] / counts[2] == pytest.approx(2 ** 1.5, rel=0.15)
+    assert str(Lengths.parse("zipf:1.5:1:1000")) == "zipf:1.5:1:1000"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("normal:5", "expected fixed:N, uniform:LO:HI or zipf:S:LO:HI"),
+    ("fixed:0", "whole numbers of at least 1"),
+    ("uniform:9:3", "LO must not be above HI"),
+    ("zipf:0:1:10", "exponent S must be positive"),
+    ("fixed:abc", "not a number"),
+])
+def test_bad_lengths(text, message):
+    with pytest.raises(ServesimError, match=message):
+        Lengths.parse(text, "--prompt-len")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_requests": 0}, "--num-requests must be at least 1"),
+    ({"rate": 0}, "--rate must be a positive number"),
+    ({"arrival": "uniform"}, "--arrival must be one of poisson, gamma"),
+    ({"cv": 2.0}, "--cv applies to gamma arrivals"),
+    ({"system_prompt_tokens": 20}, r"multiple of --hash-block-tokens \(16\)"),
+])
+def test_bad_config(kwargs, message):
+    with pytest.raises(ServesimError, match=message):
+        SynthConfig(**kwargs)
+
+
+def test_multi_turn_sessions_share_their_conversation_prefix():
+    config = SynthConfig(num_requests=200, rate=2, prompt=Lengths.parse("uniform:1:300"),
+                         output=Lengths.parse("uniform:1:200"), turns=Lengths.parse("uniform:1:6"),
+                         think_time_s=3.0, system_prompt_tokens=64, hash_block_tokens=16, seed=3)
+    t = synthesize(config)
+    assert len(t) == 200 and (np.diff(t.arrival_s) >= 0).all() and t.arrival_s[0] == 0
+    by_id = {rid: i for i, rid in enumerate(t.request_ids)}
+    sessions: dict[str, list[int]] = {}
+    for rid in t.request_ids:
+        session, turn = rid.split("-t")
+        sessions.setdefault(session, []).append(int(turn))
+    assert max(len(turns) for turns in sessions.values()) > 1
+    for session, turns in sessions.items():
+        assert sorted(turns) == list(range(1, len(turns) + 1))
+        for k in range(1, len(turns)):
+            prev, cur = by_id[f"{session}-t{k}"], by_id[f"{session}-t{k + 1}"]
+            assert t.arrival_s[cur] >= t.arrival_s[prev]
+            # The new prompt is the old prompt, its answer and a new message of at least one token.
+            assert t.prompt_tokens[cur] > t.prompt_tokens[prev] + t.output_tokens[prev]
+            n_prev = len(t.hash_ids[prev])
+            assert t.hash_ids[cur][:n_prev].tolist() == t.hash_ids[prev].tolist()
+    for ids, prompt in zip(t.hash_ids, t.prompt_tokens):
+        assert ids[:4].tolist() == [0, 1, 2, 3]  # the system prompt: 64 tokens, 4 blocks of 16
+        assert len(ids) == -(-prompt // 16)
+    assert 0.3 < prefix_sharing_ratio(t) < 1
+
+
+def test_single_turn_without_system_prompt_has_no_hashes():
+    t = synthesize(SynthConfig(num_requests=10, rate=1))
+    assert t.hash_ids is None and t.request_ids is None
+    assert t.prompt_tokens.tolist() == [512] * 10 and t.output_tokens.tolist() == [128] * 10
+
+
+def test_lengths_resampled_from_a_trace():
+    source = read_trace("tests/data/traces/vidur_handmade.csv")
+    pairs = set(zip(source.prompt_tokens.tolist(), source.output_tokens.tolist()))
+    t = synthesize(SynthConfig(num_requests=300, rate=10, lengths_from=source, seed=2))
+    drawn = set(zip(t.prompt_tokens.tolist(), t.output_tokens.tolist()))
+    assert drawn == pairs  # every pair drawn is a pair of the trace, and 300 draws find all 5
+
+
+def test_prefix_sharing_ratio_by_hand():
+    # Blocks of 4 tokens. a: [1,2] (8 tokens); b: [1,2,3] shares 8 of 10; c: [1,5] shares 4 of 6;
+    # d: [7] shares 0 of 3. Shared 12 of 27 prompt tokens.
+    t = Trace(np.arange(4.0), np.array([8, 10, 6, 3]), np.ones(4, dtype=np.int64),
+              hash_ids=[np.array(h) for h in ([1, 2], [1, 2, 3], [1, 5], [7])], hash_block_tokens=4)
+    assert prefix_sharing_ratio(t) == 12 / 27
+    stats = trace_stats(t)
+    assert stats["requests"] == 4 and stats["span_s"] == 3 and stats["mean_rate"] == 4 / 3
+    assert stats["interarrival_cv"] == 0.0
+    assert stats["prompt_tokens"]["max"] == 10 and stats["prompt_tokens"]["p50"] == 7.0
