@@ -184,7 +184,7 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = ["sim.calibrate", "sim.compare", "traces.cli"]
+COMMAND_MODULES: list[str] = ["sim.calibrate", "sim.compare", "traces.cli", "sim.sweep_cli", "reports.cli"]
 
 
 def main(argv: list[str] | None = None) -> int:

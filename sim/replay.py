@@ -106,7 +106,8 @@ def replay(trace: Trace, options: ReplayOptions, backend=None,
 
 
 def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace) -> dict:
-    """Write requests.csv, steps.csv and summary.json; return the summary."""
+    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary."""
+    from reports.html import write_run_report
     from reports.metrics import requests_table, steps_table, summarize
 
     out.mkdir(parents=True, exist_ok=True)
@@ -117,6 +118,7 @@ def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace
     requests.to_csv(out / "requests.csv", index=False)
     steps_table(result).to_csv(out / "steps.csv", index=False)
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+    write_run_report(out, result, requests, _jsonable(summary))  # downsampled: cheap even for 500k steps
     return summary
 
 

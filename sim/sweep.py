@@ -1,0 +1,366 @@
+"""Sweeps: every point of a grid of replay options is one replay, and one row of a results table.
+
+    grid (policy x model x hardware x max_num_batched_tokens x max_num_seqs x rate_scale x seed)
+      -> points, each a ReplayOptions and a rate scale
+      -> rows (options, summary metrics, latency quantile sketches, a binned step timeline)
+      -> DIR/results.parquet, rewritten atomically after every finished point
+
+The table carries the sweep's identity (trace checksum, grid, fixed options) in its Parquet
+metadata, so `--resume` refuses a table from other options and runs only the points it lacks
+(or that failed). Points run on local processes or on Ray; rows are sorted by grid order, so
+the table is the same whatever the executor.
+
+pyarrow is imported only here; Ray only in `_ray_rows`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import signal
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import ServesimError
+from sim.replay import ReplayOptions, replay
+from traces.trace import Trace
+
+RESULTS = "results.parquet"
+METADATA_KEY = b"servesim.sweep"
+EXECUTORS = ("process", "ray")
+
+# Axes a grid can sweep: the option's name (as in ReplayOptions and the table) and its type.
+AXES: dict[str, type] = {
+    "policy": str,
+    "model": str,
+    "hardware": str,
+    "max_num_batched_tokens": int,
+    "max_num_seqs": int,
+    "rate_scale": float,
+    "seed": int,
+}
+
+
+def parse_axis(name: str, text: str) -> tuple:
+    """'256,512,1024' -> (256, 512, 1024), with one-line errors naming the flag."""
+    flag = "--" + name.replace("_", "-")
+    kind = AXES[name]
+    parts = [part.strip() for part in str(text).split(",")]
+    if all(part == "" for part in parts):
+        raise ServesimError(f"{flag}: no values, so the grid is empty; give a comma-separated list")
+    if any(part == "" for part in parts):
+        raise ServesimError(f"{flag}: empty item in {text!r}; give a comma-separated list without blanks")
+    values: list = []
+    for part in parts:
+        try:
+            value = kind(part)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise ServesimError(f"{flag}: {part!r} is not {what}") from None
+        if kind is float and not (math.isfinite(value) and value > 0):
+            raise ServesimError(f"{flag}: {part!r} must be a positive finite number")
+        if kind is int and value < 0:
+            raise ServesimError(f"{flag}: {part!r} must not be negative")
+        if value in values:
+            raise ServesimError(f"{flag}: {part!r} is listed twice")
+        values.append(value)
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One replay of a sweep: its key in the table, its options and its rate scale."""
+
+    key: str
+    options: ReplayOptions
+    rate_scale: float
+    values: tuple  # the axis values, in AXES order
+
+
+def point_key(values: dict) -> str:
+    return ",".join(f"{name}={values[name]!r}" if AXES[name] is float else f"{name}={values[name]}" for name in AXES)
+
+
+def make_point(values: dict, make_options: Callable[[dict], ReplayOptions]) -> Point:
+    """`make_options` turns axis values into ReplayOptions (the CLI passes options_from_args)."""
+    return Point(point_key(values), make_options(values), float(values["rate_scale"]),
+                 tuple(values[name] for name in AXES))
+
+
+def trace_checksum(trace: Trace) -> str:
+    """The requests as replayed (after every transform but the rate scale), not the file's bytes."""
+    h = hashlib.sha256()
+    for column in (trace.arrival_s, trace.prompt_tokens, trace.output_tokens):
+        h.update(np.ascontiguousarray(column).tobytes())
+    for ids in trace.hash_ids or ():
+        h.update(np.asarray(ids, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions) -> dict:
+    """What makes two tables comparable: the trace's content, the grid, and every fixed option."""
+    from dataclasses import asdict
+
+    from reports.digest import flat_options
+
+    fixed = {k: v for k, v in flat_options(asdict(options)).items() if k not in AXES}
+    return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
+
+
+def _difference(stored: dict, current: dict) -> str:
+    if stored.get("trace_sha256") != current["trace_sha256"]:
+        return "a different trace file (its contents differ)"
+    for section, label in (("axes", "grid"), ("fixed", "option")):
+        old, new = stored.get(section, {}), current[section]
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                return f"{label} {key} = {old.get(key)!r} there, {new.get(key)!r} here"
+    return "other options"
+
+
+# Running one point.
+
+def run_point(trace: Trace, point: Point) -> dict:
+    """Replay one point; a failure becomes a row with status 'error' and its message."""
+    from reports.digest import flat_options, run_digest, summary_row
+    from reports.metrics import requests_table, summarize
+    from traces.transforms import scale_rate
+
+    started = time.perf_counter()
+    options = dict(flat_options(point.options.as_dict()), trace=trace.source, rate_scale=point.rate_scale)
+    row: dict = {"point": point.key, "status": "ok", "error": ""}
+    try:
+        scaled = scale_rate(trace, point.rate_scale)
+        result = replay(scaled, point.options)
+        requests = requests_table(result)
+        opts = dict(point.options.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
+        summary = summarize(result, requests, point.options.slo, opts)
+        row.update(summary_row(summary, run_digest(result, requests)))
+        row["request_rate"] = len(scaled) / scaled.duration_s if scaled.duration_s > 0 else None
+    except Exception as e:  # recorded in the table; the sweep goes on
+        row.update(options)
+        row["status"] = "error"
+        row["error"] = str(e) if isinstance(e, ServesimError) else f"{type(e).__name__}: {e}"
+    row["wall_s"] = time.perf_counter() - started
+    return row
+
+
+def error_row(point: Point, trace: Trace, message: str) -> dict:
+    from reports.digest import flat_options
+
+    return {"point": point.key, "status": "error", "error": message,
+            **flat_options(point.options.as_dict()), "trace": trace.source, "rate_scale": point.rate_scale}
+
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def run_rows(trace: Trace, points: list[Point], executor: str = "process", jobs: int | None = None,
+             address: str | None = None) -> Iterator[dict]:
+    """Run the points, yielding each one's row as it finishes (in no particular order)."""
+    if executor not in EXECUTORS:
+        raise ServesimError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
+    jobs = jobs or default_jobs()
+    if jobs < 1:
+        raise ServesimError(f"--jobs must be at least 1, got {jobs}")
+    if not points:
+        return
+    if executor == "ray":
+        yield from _ray_rows(trace, points, jobs, address)
+    elif jobs == 1 or len(points) == 1:
+        for point in points:
+            yield run_point(trace, point)
+    else:
+        yield from _process_rows(trace, points, min(jobs, len(points)))
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+def _process_rows(trace: Trace, points: list[Point], jobs: int) -> Iterator[dict]:
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
+    futures = {pool.submit(run_point, trace, point): point for point in points}
+    try:
+        for future in as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as e:  # the worker process died (killed, out of memory)
+                yield error_row(futures[future], trace, f"worker failed: {type(e).__name__}: {e}")
+    finally:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:  # stop the points still running (after an interrupt)
+            if process.is_alive():
+                process.terminate()
+
+
+def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None) -> Iterator[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise ServesimError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ServesimError(f"cannot start Ray{' at ' + address if address else ''}: {e}") from None
+    remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
+    trace_ref = ray.put(trace)
+    pending = {remote.remote(trace_ref, point): point for point in points}
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                point = pending.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as e:  # the worker died; run_point itself never raises
+                    yield error_row(point, trace, f"worker failed: {type(e).__name__}: {e}")
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()
+
+
+# The results table.
+
+class ResultsTable:
+    """A Parquet table of rows keyed by point, rewritten whole after each new row.
+
+    Parquet cannot be appended to in place, and a file killed mid-write has no footer; writing a
+    temporary file and renaming it over the old one means the table on disk is always whole."""
+
+    def __init__(self, path: Path, identity: dict, resume: bool, order: Callable[[dict], tuple]):
+        self.path = path
+        self.identity = identity
+        self.order = order
+        self.rows: dict[str, dict] = {}
+        if path.exists():
+            if not resume:
+                raise ServesimError(f"{path} already exists: pass --resume to continue that run, "
+                                    "or choose another --out")
+            frame, stored = read_table(path)
+            if stored != identity:
+                raise ServesimError(f"{path} holds results of other options ({_difference(stored, identity)}); "
+                                    "resume with the same options, or choose another --out")
+            self.rows = {row["point"]: row for row in frame.to_dict("records")}
+
+    def is_done(self, key: str) -> bool:
+        row = self.rows.get(key)
+        return row is not None and row["status"] == "ok"
+
+    def add(self, row: dict) -> None:
+        self.rows[row["point"]] = row
+        self.write()
+
+    def sorted_rows(self) -> list[dict]:
+        return sorted(self.rows.values(), key=self.order)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.sorted_rows())
+
+    def write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = self.sorted_rows()
+        columns: dict[str, None] = {}
+        for row in sorted(rows, key=lambda r: r["status"] != "ok"):  # a full row decides the column order
+            columns.update(dict.fromkeys(row))
+        table = pa.table({name: [_plain(row.get(name)) for row in rows] for name in columns})
+        metadata = {METADATA_KEY: json.dumps(self.identity, sort_keys=True).encode()}
+        table = table.replace_schema_metadata(metadata)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        pq.write_table(table, temporary)
+        os.replace(temporary, self.path)
+
+
+def _plain(value):
+    """Parquet-friendly: numpy scalars and arrays to Python, NaN stays a float."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
+    """A sweep or probe table and the identity stored with it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise ServesimError(f"{path}: no such file") from None
+    except Exception as e:
+        raise ServesimError(f"{path}: not a readable Parquet table ({type(e).__name__}: {e})") from None
+    metadata = table.schema.metadata or {}
+    if METADATA_KEY not in metadata:
+        raise ServesimError(f"{path}: not a servesim results table (no sweep metadata)")
+    frame = table.to_pandas()
+    for column in frame.columns:  # list columns come back as numpy arrays; rows hold plain lists
+        if frame[column].dtype == object:
+            frame[column] = [v.tolist() if hasattr(v, "tolist") else v for v in frame[column]]
+    return frame, json.loads(metadata[METADATA_KEY])
+
+
+def require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
+
+
+# A sweep.
+
+@dataclass
+class SweepResult:
+    frame: pd.DataFrame  # every row, in grid order
+    num_run: int  # points run now
+    num_failed: int  # rows with status 'error'
+
+
+def sweep(trace: Trace, points: list[Point], table: ResultsTable, executor: str = "process",
+          jobs: int | None = None, address: str | None = None,
+          on_row: Callable[[dict, int, int], None] | None = None) -> SweepResult:
+    """Run every point that the table lacks (or holds as failed), adding each row as it finishes.
+
+    `on_row(row, num_done, num_total)` is called after each row is written."""
+    todo = [point for point in points if not table.is_done(point.key)]
+    num_done = len(points) - len(todo)
+    for row in run_rows(trace, todo, executor, jobs, address):
+        table.add(row)
+        num_done += 1
+        if on_row is not None:
+            on_row(row, num_done, len(points))
+    keys = {point.key for point in points}
+    frame = pd.DataFrame([row for row in table.sorted_rows() if row["point"] in keys])
+    return SweepResult(frame, len(todo), int((frame["status"] != "ok").sum()) if len(frame) else 0)
+
+
+def grid_order(points: Iterable[Point]) -> Callable[[dict], tuple]:
+    index = {point.key: i for i, point in enumerate(points)}
+    return lambda row: (index.get(row["point"], len(index)), row["point"])

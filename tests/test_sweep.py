@@ -1,0 +1,205 @@
+"""`sim sweep`: the full grid, resume after a kill, failing points, bad input, Ray = processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.errors import ServesimError
+from sim.sweep import RESULTS, make_point, parse_axis, read_table, run_rows
+from traces import AZURE_CONV_SAMPLE
+
+pytest.importorskip("pyarrow")
+
+ROOT = Path(__file__).resolve().parents[1]
+# 40 requests of the Azure conversation sample: a replay takes a fraction of a second.
+SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "40"]
+GRID = ["--policy", "prefill-first,chunked", "--max-num-batched-tokens", "256,1024", "--rate-scale", "1,4"]
+
+
+def sweep(*args) -> int:
+    return main(["sweep", *SMALL, *[str(a) for a in args]])
+
+
+def comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The table without the wall-clock column, which differs from run to run."""
+    return frame.drop(columns=["wall_s"]).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> pd.DataFrame:
+    out = tmp_path_factory.mktemp("sweep") / "full"
+    assert sweep(*GRID, "--seed", "0,1", "--out", out, "--jobs", 2, "--quiet") == 0
+    assert (out / "report.html").exists()
+    return read_table(out / RESULTS)[0]
+
+
+def test_small_sweep_gives_the_full_grid_in_grid_order(uninterrupted):
+    frame = uninterrupted
+    assert len(frame) == 2 * 2 * 2 * 2 and (frame["status"] == "ok").all()
+    grid = [(p, b, r, s) for p in ("prefill-first", "chunked") for b in (256, 1024) for r in (1.0, 4.0) for s in (0, 1)]
+    assert list(zip(frame["policy"], frame["max_num_batched_tokens"], frame["rate_scale"], frame["seed"])) == grid
+    assert frame["point"].is_unique
+    assert (frame["completed"] == 40).all() and (frame["num_requests"] == 40).all()
+    for metric in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
+        assert (frame[f"{metric}_p50"] <= frame[f"{metric}_p99"]).all()
+        assert all(len(q) == len(frame["ttft_quantiles"].iloc[0]) for q in frame[f"{metric}_quantiles"])
+    # Four times the rate: the same requests arrive in a quarter of the time.
+    slow, fast = frame[frame["rate_scale"] == 1.0], frame[frame["rate_scale"] == 4.0]
+    assert fast["request_rate"].to_numpy() == pytest.approx(4 * slow["request_rate"].to_numpy())
+    # The options are columns, the same as a single replay's summary.
+    assert (frame["model"] == "Llama-3.1-8B").all() and (frame["block_size"] == 16).all()
+
+
+def test_killed_sweep_resumes_to_the_same_table(uninterrupted, tmp_path):
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "sim.cli", "sweep", *SMALL, *GRID, "--seed", "0,1", "--out", str(out),
+               "--jobs", "1", "--quiet"]
+    process = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    num_rows, deadline = 0, time.monotonic() + 120
+    while num_rows < 3 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+        if (out / RESULTS).exists():
+            num_rows = len(read_table(out / RESULTS)[0])  # always whole: the table is replaced atomically
+    assert process.poll() is None, "the sweep ended before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)  # as a crash would: no chance to clean up
+    process.wait()
+    partial = read_table(out / RESULTS)[0]
+    assert 3 <= len(partial) < 16
+
+    assert sweep(*GRID, "--seed", "0,1", "--out", out, "--jobs", 2, "--quiet") == 2  # needs --resume
+    assert sweep(*GRID, "--seed", "0,1", "--out", out, "--jobs", 2, "--quiet", "--resume") == 0
+    resumed = read_table(out / RESULTS)[0]
+    pd.testing.assert_frame_equal(comparable(resumed), comparable(uninterrupted))
+    # The points finished before the kill were kept, not run again.
+    kept = resumed.set_index("point").loc[partial["point"], "wall_s"]
+    assert kept.to_numpy() == pytest.approx(partial["wall_s"].to_numpy())
+
+
+def test_resume_refuses_a_table_of_other_options(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert sweep("--policy", "chunked", "--out", out, "--jobs", 1, "--quiet") == 0
+    capsys.readouterr()
+    assert sweep("--policy", "chunked", "--max-num-seqs", 64, "--out", out, "--resume", "--quiet") == 2
+    error = capsys.readouterr().err
+    assert "holds results of other options" in error and "max_num_seqs" in error and error.count("\n") == 1
+    assert main(["sweep", str(AZURE_CONV_SAMPLE), "--limit", "41", "--out", str(out), "--resume", "--quiet"]) == 2
+    assert "a different trace" in capsys.readouterr().err
+    assert sweep("--policy", "chunked,prefill-first", "--out", out, "--resume", "--quiet") == 2
+    assert "grid policy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--policy", ""], "--policy: no values, so the grid is empty"),
+    (["--seed", ","], "--seed: no values"),
+    (["--rate-scale", "1,,2"], "--rate-scale: empty item"),
+    (["--rate-scale", "0"], "--rate-scale: '0' must be a positive finite number"),
+    (["--rate-scale", "nan"], "--rate-scale: 'nan' must be a positive finite number"),
+    (["--max-num-batched-tokens", "256,abc"], "--max-num-batched-tokens: 'abc' is not a whole number"),
+    (["--max-num-batched-tokens", "128"], "must be at least --max-num-seqs"),
+    (["--policy", "chunked,fifo"], "unknown policy 'fifo'"),
+    (["--seed", "1,1"], "--seed: '1' is listed twice"),
+    (["--seed", "-1"], "--seed: '-1' must not be negative"),
+    (["--model", "GPT-9"], "GPT-9"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--address", "auto"], "--address is the Ray cluster's"),
+])
+def test_bad_grids_are_one_line_errors(tmp_path, capsys, args, fragment):
+    assert sweep(*args, "--out", tmp_path / "s", "--quiet") == 2
+    error = capsys.readouterr().err
+    assert error.startswith("sim: error: ") and fragment in error and error.count("\n") == 1
+    assert not (tmp_path / "s" / RESULTS).exists()
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+    import sim.sweep
+
+    real_replay = sim.sweep.replay
+
+    def replay(trace, options, **kwargs):
+        if options.scheduler.max_num_batched_tokens == 512:
+            raise ValueError("boom at 512")
+        return real_replay(trace, options, **kwargs)
+
+    monkeypatch.setattr(sim.sweep, "replay", replay)  # --jobs 1 runs points in this process
+    out = tmp_path / "s"
+    assert sweep("--max-num-batched-tokens", "256,512,1024", "--out", out, "--jobs", 1, "--quiet") == 1
+    assert "1 of 3 points failed" in capsys.readouterr().err
+    frame = read_table(out / RESULTS)[0]
+    assert list(frame["status"]) == ["ok", "error", "ok"]
+    assert frame["error"].iloc[1] == "ValueError: boom at 512"
+    assert frame["policy"].iloc[1] == "chunked" and pd.isna(frame["ttft_p50"].iloc[1])
+    assert (out / "report.html").exists()
+    # --resume runs only the failed point again.
+    monkeypatch.setattr(sim.sweep, "replay", real_replay)
+    before = frame.set_index("point")["wall_s"]
+    assert sweep("--max-num-batched-tokens", "256,512,1024", "--out", out, "--jobs", 1, "--quiet", "--resume") == 0
+    after = read_table(out / RESULTS)[0].set_index("point")
+    assert (after["status"] == "ok").all()
+    ok = frame.loc[frame["status"] == "ok", "point"]
+    assert after.loc[ok, "wall_s"].to_numpy() == pytest.approx(before.loc[ok].to_numpy())
+
+
+def test_parse_axis():
+    assert parse_axis("max_num_batched_tokens", "256, 512") == (256, 512)
+    assert parse_axis("rate_scale", "0.5,1,2") == (0.5, 1.0, 2.0)
+    assert parse_axis("policy", "chunked") == ("chunked",)
+    with pytest.raises(ServesimError, match="--rate-scale: 'inf'"):
+        parse_axis("rate_scale", "inf")
+
+
+def _points(policies=("prefill-first", "chunked"), scales=(1.0, 3.0)):
+    from sim.replay import ReplayOptions
+    from sim.config import SchedulerConfig
+
+    points = []
+    for policy in policies:
+        for scale in scales:
+            values = {"policy": policy, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+                      "max_num_batched_tokens": 512, "max_num_seqs": 256, "rate_scale": scale, "seed": 0}
+            points.append(make_point(values, lambda v: ReplayOptions(scheduler=SchedulerConfig(v["policy"], 512))))
+    return points
+
+
+def _rows(rows) -> pd.DataFrame:
+    return comparable(pd.DataFrame(sorted(rows, key=lambda r: r["point"])))
+
+
+def test_ray_executor_gives_the_same_rows_as_processes():
+    pytest.importorskip("ray")
+    from traces import read_trace
+    from traces.transforms import limit
+
+    trace = limit(read_trace(AZURE_CONV_SAMPLE), 30)
+    points = _points()
+    by_process = _rows(run_rows(trace, points, "process", jobs=2))
+    by_ray = _rows(run_rows(trace, points, "ray", jobs=2))
+    assert (by_process["status"] == "ok").all()
+    pd.testing.assert_frame_equal(by_ray, by_process)
+    pd.testing.assert_frame_equal(_rows(run_rows(trace, points, "process", jobs=1)), by_process)
+
+
+def test_ray_missing_is_a_clear_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("no ray here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    from traces import read_trace
+
+    with pytest.raises(ServesimError, match=r"pip install 'servesim\[ray\]'"):
+        list(run_rows(read_trace(AZURE_CONV_SAMPLE), _points(scales=(1.0,)), "ray", jobs=1))
