@@ -32,7 +32,13 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="chunked", help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked)")
     p.add_argument("--model", default="Llama-3.1-8B", help=f"model preset: {', '.join(MODELS)} (default: Llama-3.1-8B)")
     p.add_argument("--hardware", default="H100-SXM", help=f"hardware preset: {', '.join(HARDWARE)} (default: H100-SXM)")
-    p.add_argument("--backend", default="costmodel", help="step-time backend: costmodel (default)")
+    p.add_argument("--backend", default="costmodel",
+                   help="step-time backend: costmodel (default) or real (runs every step through a real model)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="the real backend's device (default: cpu)")
+    p.add_argument("--weights", default=None, metavar="DIR",
+                   help="the real backend's weights: a local safetensors folder with Hugging Face tensor names "
+                        "matching --model (default: random weights, seeded by --seed)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=2048, metavar="N",
                    help="token budget of one step (default: 2048)")
     p.add_argument("--max-num-seqs", type=_positive_int, default=256, metavar="N",
@@ -66,6 +72,7 @@ def options_from_args(args: argparse.Namespace):
         scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len),
         cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
         model=args.model, hardware=args.hardware, backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
+        device=args.device, weights=args.weights,
         profile=args.profile,
     )
 
@@ -104,7 +111,7 @@ class Progress:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from reports.metrics import format_summary
-    from sim.replay import replay, write_run
+    from sim.replay import make_backend, replay, with_backend_blocks, write_run
     from traces import read_trace
 
     options = options_from_args(args)
@@ -115,7 +122,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
     progress = Progress(enabled=sys.stderr.isatty() and not args.quiet)
     started = time.perf_counter()
-    result = replay(trace, options, progress=progress)
+    backend = make_backend(options)
+    options = with_backend_blocks(options, backend)  # the real backend sizes its own KV cache
+    result = replay(trace, options, backend=backend, progress=progress)
     progress.done()
     wall = time.perf_counter() - started
     summary = write_run(out, result, options, trace)

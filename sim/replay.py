@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +29,8 @@ class ReplayOptions:
     backend: str = "costmodel"
     seed: int = 0
     slo: SLO = field(default_factory=SLO)
+    device: str = "cpu"  # the real backend's device: cpu or cuda
+    weights: str | None = None  # the real backend's safetensors folder; None: random weights
     profile: str | None = None  # a calibrated cost-model profile (sim calibrate); None: datasheet roofline
 
     def __post_init__(self) -> None:
@@ -41,6 +43,10 @@ class ReplayOptions:
                 f"max_position_embeddings ({limit})")
         if self.backend not in BACKENDS:
             raise ServesimError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ServesimError(f"unknown device {self.device!r}; choose cpu or cuda")
+        if self.weights is not None and self.backend != "real":
+            raise ServesimError(f"--weights loads the real backend's model; it does not apply to --backend {self.backend}")
         if self.profile is not None:
             from backends.profile import load_profile
 
@@ -66,10 +72,18 @@ class ReplayOptions:
         return d
 
 
-BACKENDS = ("costmodel",)
+BACKENDS = ("costmodel", "real")
 
 
 def make_backend(options: ReplayOptions):
+    if options.backend == "real":
+        from backends.real import RealBackend
+
+        return RealBackend(options.model, device=options.device, block_size=options.cache.block_size,
+                           num_blocks=options.cache.num_blocks, seed=options.seed, weights=options.weights,
+                           gpu_memory_utilization=options.cache.gpu_memory_utilization,
+                           max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
+                           max_num_seqs=options.scheduler.max_num_seqs)
     from backends.costmodel import CostModelBackend
 
     calibration = None
@@ -78,6 +92,15 @@ def make_backend(options: ReplayOptions):
 
         calibration = load_profile(options.profile, options.model).calibration
     return CostModelBackend(options.model, options.hardware, calibration=calibration)
+
+
+def with_backend_blocks(options: ReplayOptions, backend) -> ReplayOptions:
+    """The options with the KV cache size the backend really allocated (the real backend's), so the
+    block manager hands out exactly the block ids the backend's cache has."""
+    num_blocks = getattr(backend, "num_blocks", None)
+    if num_blocks is None or num_blocks == options.cache.num_blocks:
+        return options
+    return replace(options, cache=replace(options.cache, num_blocks=num_blocks))
 
 
 def make_requests(trace: Trace, options: ReplayOptions) -> list[Request]:
@@ -97,10 +120,12 @@ def make_requests(trace: Trace, options: ReplayOptions) -> list[Request]:
 
 def replay(trace: Trace, options: ReplayOptions, backend=None,
            progress: Callable[[float, int, int], None] | None = None) -> SimResult:
+    backend = backend or make_backend(options)
+    options = with_backend_blocks(options, backend)
     cache = options.cache
     block_manager = BlockManager(options.num_blocks(), cache.block_size, cache.enable_prefix_caching)
     policy = POLICIES[options.scheduler.policy](options.scheduler)
-    engine = Engine(make_requests(trace, options), policy, backend or make_backend(options), block_manager,
+    engine = Engine(make_requests(trace, options), policy, backend, block_manager,
                     options.max_model_len, progress=progress)
     return engine.run()
 

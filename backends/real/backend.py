@@ -1,0 +1,141 @@
+"""`RealBackend`: every step the policy schedules is run through a real decoder with a paged KV
+cache, and its measured time advances the simulated clock."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends import StepResult
+from backends.presets import activation_reserve_bytes, get_model, num_parameters
+from sim.batch import Batch
+from sim.errors import ServesimError
+
+try:
+    import torch
+except ImportError:  # the one-line error names the extra to install
+    raise ServesimError("the real backend needs torch (and triton on a GPU): pip install -e '.[real]'") from None
+
+from backends.real import kv_cache
+from backends.real.config import ModelConfig
+from backends.real.model import Decoder
+from backends.real.ops import TORCH_OPS, triton_ops
+from backends.real.runner import ModelRunner
+from backends.real.weights import init_random, load_safetensors
+
+DEVICES = ("cpu", "cuda")
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
+
+
+def _cpu_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _device(name: str) -> "torch.device":
+    if name not in DEVICES:
+        raise ServesimError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ServesimError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU on this machine; "
+                            "use --device cpu (or install a CUDA build of torch)")
+    return torch.device(name)
+
+
+class RealBackend:
+    name = "real"
+    supports_fast_forward = False  # every step is executed: sampled tokens feed the next one
+
+    def __init__(self, model: str, device: str = "cpu", block_size: int = 16, num_blocks: int | None = None,
+                 seed: int = 0, weights: str | None = None, gpu_memory_utilization: float = 0.9, *,
+                 max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, cpu_threads: int | None = 1):
+        """`cpu_threads`: torch's intra-op threads on the CPU (process-wide; None keeps torch's own
+        choice). One by default: a toy model gains nothing from more, and its measured step times
+        then stay steady when other processes share the cores."""
+        if block_size < 1 or block_size & (block_size - 1):
+            raise ServesimError(f"--block-size must be a power of two, got {block_size}")
+        if num_blocks is not None and num_blocks < 1:
+            raise ServesimError(f"--num-blocks must be at least 1, got {num_blocks}")
+        self.model_name = model
+        self.cfg = ModelConfig.from_preset(model)
+        self.device = _device(device)
+        if self.device.type == "cpu" and cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)
+        self.block_size = block_size
+        is_cuda = self.device.type == "cuda"
+        self.dtype = torch.bfloat16 if is_cuda else torch.float32
+        preset = get_model(model)
+        element = torch.empty(0, dtype=self.dtype).element_size()
+        weight_bytes = num_parameters(preset) * element
+        reserve = activation_reserve_bytes(preset, max_num_batched_tokens, max_num_seqs)
+        where = torch.cuda.get_device_name(self.device) if is_cuda else "this machine's memory"
+
+        if is_cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            usable = free - total * (1.0 - gpu_memory_utilization)
+        else:
+            usable = _cpu_available_bytes() * gpu_memory_utilization
+        if weight_bytes + reserve > usable:
+            raise ServesimError(
+                f"model {model} is too large for {where}: {_gib(weight_bytes)} of weights and "
+                f"{_gib(reserve)} of activations, {_gib(max(usable, 0))} usable; choose a smaller model "
+                f"(see `sim models`)")
+
+        self.model = Decoder(self.cfg, self.dtype, self.device)
+        if weights is None:
+            init_random(self.model, seed)
+        else:
+            load_safetensors(self.model, weights)
+
+        per_block = kv_cache.bytes_per_block(self.cfg, block_size, self.dtype)
+        if is_cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - total * (1.0 - gpu_memory_utilization) - reserve
+        else:
+            budget = usable - weight_bytes - reserve
+        if num_blocks is None:
+            if not is_cuda:
+                budget = min(budget, kv_cache.CPU_DEFAULT_CACHE_BYTES)
+            num_blocks = int(budget // per_block)
+            if num_blocks < 1:
+                raise ServesimError(f"no room for a KV cache on {where}: one block of {block_size} tokens needs "
+                                    f"{per_block / 2**20:.1f} MiB, {_gib(max(budget, 0))} is left after the weights")
+        elif num_blocks * per_block > budget:
+            raise ServesimError(f"--num-blocks {num_blocks} needs {_gib(num_blocks * per_block)} of KV cache; "
+                                f"{_gib(max(budget, 0))} is left on {where} after the weights")
+        self.num_blocks = num_blocks
+        self.kv_caches = kv_cache.allocate(self.cfg, num_blocks, block_size, self.dtype, self.device)
+        self.ops = triton_ops() if is_cuda else TORCH_OPS
+        self.runner = ModelRunner(self.model, self.ops, self.kv_caches, block_size, self.device)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run a prefill step and a mixed step once, so Triton's compilation and lazy initialisation
+        are not measured as a step. The blocks it writes are overwritten before anyone reads them."""
+        n = min(self.num_blocks * self.block_size, 2 * self.block_size)
+        if n < 2:
+            return
+        table = list(range(-(-n // self.block_size)))
+        tokens = np.arange(n, dtype=np.int64) % self.cfg.vocab_size
+        prefill = Batch()
+        prefill.add("warm-up", 0, n - 1, table, needs_logits=True, token_source=tokens)
+        self.runner.execute(prefill)
+        mixed = Batch()
+        mixed.add("warm-up", n - 1, 1, table, needs_logits=True, is_decode=True, token_source=tokens)
+        self.runner.execute(mixed)
+        if n > 2:  # a decode together with a chunk: the other tile shape of the attention kernel
+            mixed.add("warm-up-2", 0, 2, table, needs_logits=True, token_source=tokens)
+            self.runner.execute(mixed)
+
+    def execute(self, batch: Batch) -> StepResult:
+        sampled, parts = self.runner.execute(batch)
+        return StepResult(sum(parts.values()), parts, sampled_token_ids=sampled)

@@ -1,0 +1,84 @@
+"""A Llama/Qwen-style decoder over a flat token batch: RMSNorm, RoPE, grouped-query attention
+(with QK-norm where the preset has it), SwiGLU MLP.
+
+Dense layers see `[num_tokens, hidden]` rows and never notice which request a row belongs to;
+only attention reads the batch's metadata. Q/K/V and gate/up projections are fused into one
+matmul each (Hugging Face's separate tensors are concatenated when weights are loaded).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.real.config import ModelConfig
+from backends.real.ops import Ops
+from backends.real.reference import AttentionMetadata, rope_cos_sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        h, hd = cfg.hidden_size, cfg.head_dim
+
+        def param(*shape):
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.input_layernorm = param(h)
+        self.qkv_proj = param(cfg.q_size + 2 * cfg.kv_size, h)
+        self.q_norm = param(hd) if cfg.qk_norm else None
+        self.k_norm = param(hd) if cfg.qk_norm else None
+        self.o_proj = param(h, cfg.q_size)
+        self.post_attention_layernorm = param(h)
+        self.gate_up_proj = param(2 * cfg.intermediate_size, h)
+        self.down_proj = param(h, cfg.intermediate_size)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device),
+                                         requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=dtype, device=device), requires_grad=False)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device), requires_grad=False)
+        # [max_positions, head_dim] fp32: cos | sin
+        self.register_buffer("cos_sin_cache", rope_cos_sin(cfg.max_position_embeddings, cfg.head_dim,
+                                                           cfg.rope_theta, device), persistent=False)
+        self.scale = cfg.head_dim ** -0.5
+
+    @torch.no_grad()
+    def forward(self, ops: Ops, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: [T]; returns the final hidden states of the `logits_indices` rows, [n, hidden]."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        num_tokens = input_ids.shape[0]
+        x = F.embedding(input_ids, self.embed_tokens)  # [T, h]
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            if residual is None:
+                residual, h = x, ops.rms_norm(x, layer.input_layernorm, eps)
+            else:
+                h, residual = ops.add_rms_norm(x, residual, layer.input_layernorm, eps)
+            qkv = F.linear(h, layer.qkv_proj)  # [T, q_size + 2 * kv_size]
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = q.view(num_tokens, cfg.num_attention_heads, cfg.head_dim)
+            k = k.view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+            v = v.view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+            q, k = ops.qk_norm_rope(q, k, positions, self.cos_sin_cache, layer.q_norm, layer.k_norm, eps)
+            ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)  # write first: a chunk attends to itself
+            o = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, nh, hd]
+            x = F.linear(o.reshape(num_tokens, cfg.q_size), layer.o_proj)
+            h, residual = ops.add_rms_norm(x, residual, layer.post_attention_layernorm, eps)
+            x = F.linear(ops.silu_mul(F.linear(h, layer.gate_up_proj)), layer.down_proj)
+        # Only the rows that get logits go through the final norm.
+        out, _ = ops.add_rms_norm(x[logits_indices], residual[logits_indices], self.norm, eps)
+        return out
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, vocab] fp32."""
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, weight).float()

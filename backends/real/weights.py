@@ -1,0 +1,128 @@
+"""The decoder's weights: random with a fixed seed, or read from a local safetensors folder with
+Hugging Face tensor names. Nothing is downloaded.
+
+Hugging Face keeps q/k/v and gate/up as separate tensors; the model holds them fused, so each
+name maps to a row range of a fused parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from backends.real.config import ModelConfig
+from backends.real.model import Decoder
+from sim.errors import ServesimError
+
+# config.json fields that must agree with the preset for a folder to be this model.
+_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "vocab_size")
+# Tensors a checkpoint may carry that the model does not need.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@torch.no_grad()
+def init_random(model: Decoder, seed: int) -> None:
+    """Matrices ~ N(0, 1/fan_in) (embeddings N(0, 1)), norm weights ~ 1 + N(0, 0.1^2): activations keep
+    unit scale through the layers, and every norm weight matters to the result."""
+    device = model.embed_tokens.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            p.normal_(1.0, 0.1, generator=gen)
+        elif name == "embed_tokens":
+            p.normal_(0.0, 1.0, generator=gen)
+        else:
+            p.normal_(0.0, p.shape[1] ** -0.5, generator=gen)
+
+
+def hf_layout(model: Decoder) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """Hugging Face tensor name -> (fused parameter, first row, end row)."""
+    cfg = model.cfg
+    q, kv, i = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+
+    def whole(p):
+        return p, 0, p.shape[0]
+
+    layout = {"model.embed_tokens.weight": whole(model.embed_tokens), "model.norm.weight": whole(model.norm)}
+    if model.lm_head is not None:
+        layout["lm_head.weight"] = whole(model.lm_head)
+    for n, layer in enumerate(model.layers):
+        pre = f"model.layers.{n}."
+        layout[pre + "input_layernorm.weight"] = whole(layer.input_layernorm)
+        layout[pre + "self_attn.q_proj.weight"] = (layer.qkv_proj, 0, q)
+        layout[pre + "self_attn.k_proj.weight"] = (layer.qkv_proj, q, q + kv)
+        layout[pre + "self_attn.v_proj.weight"] = (layer.qkv_proj, q + kv, q + 2 * kv)
+        if layer.q_norm is not None:
+            layout[pre + "self_attn.q_norm.weight"] = whole(layer.q_norm)
+            layout[pre + "self_attn.k_norm.weight"] = whole(layer.k_norm)
+        layout[pre + "self_attn.o_proj.weight"] = whole(layer.o_proj)
+        layout[pre + "post_attention_layernorm.weight"] = whole(layer.post_attention_layernorm)
+        layout[pre + "mlp.gate_proj.weight"] = (layer.gate_up_proj, 0, i)
+        layout[pre + "mlp.up_proj.weight"] = (layer.gate_up_proj, i, 2 * i)
+        layout[pre + "mlp.down_proj.weight"] = whole(layer.down_proj)
+    return layout
+
+
+def hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
+    """The model's weights under Hugging Face names (fused tensors split), e.g. to save a checkpoint."""
+    return {name: p[start:end].contiguous() for name, (p, start, end) in hf_layout(model).items()}
+
+
+def _open_safetensors():
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise ServesimError("--weights needs the safetensors package: pip install -e '.[real]'") from None
+    return safe_open
+
+
+def _check_config(folder: Path, cfg: ModelConfig) -> None:
+    path = folder / "config.json"
+    if not path.exists():
+        return
+    try:
+        hf = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ServesimError(f"{path}: cannot read it as JSON ({e})") from None
+    if "head_dim" not in hf and "hidden_size" in hf and "num_attention_heads" in hf:
+        hf["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
+    for field in _CONFIG_FIELDS:
+        if field in hf and hf[field] != getattr(cfg, field):
+            raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
+                                f"{field} = {hf[field]}, the preset {getattr(cfg, field)}")
+
+
+@torch.no_grad()
+def load_safetensors(model: Decoder, folder: str | Path) -> None:
+    """Fill the model from every `*.safetensors` file in `folder`; any missing, unexpected or
+    misshapen tensor is a `ServesimError` naming it."""
+    folder = Path(folder)
+    cfg = model.cfg
+    if not folder.is_dir():
+        raise ServesimError(f"--weights {folder}: not a folder")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ServesimError(f"--weights {folder}: no *.safetensors files in it")
+    _check_config(folder, cfg)
+    safe_open = _open_safetensors()
+    layout = hf_layout(model)
+    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+    where = {name: h for h in handles for name in h.keys()}
+    missing = [n for n in layout if n not in where]
+    unexpected = [n for n in where if n not in layout and not n.endswith(_IGNORED_SUFFIXES)
+                  and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
+    for names, what in ((missing, "lacks"), (unexpected, "has a tensor the model does not use,")):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: it {what} "
+                                f"{names[0]}{more}")
+    for name, (param, start, end) in layout.items():
+        tensor = where[name].get_tensor(name)
+        expected = (end - start, *param.shape[1:])
+        if tuple(tensor.shape) != expected:
+            raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: {name} has shape "
+                                f"{list(tensor.shape)}, the preset needs {list(expected)}")
+        param[start:end].copy_(tensor)

@@ -1,0 +1,91 @@
+"""Weights from a local safetensors folder, and the real backend's one-line errors."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from backends.real import RealBackend  # noqa: E402
+from backends.real.weights import hf_state_dict  # noqa: E402
+from sim.batch import Batch  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.errors import ServesimError  # noqa: E402
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512}
+
+
+@pytest.fixture(scope="module")
+def source():
+    return RealBackend("tiny", block_size=16, num_blocks=8, seed=7)
+
+
+def save(folder, tensors, config=TINY, shards=2):
+    folder.mkdir(parents=True, exist_ok=True)
+    names = sorted(tensors)
+    for i in range(shards):  # a sharded checkpoint, as Hugging Face writes big models
+        part = {n: tensors[n] for n in names[i::shards]}
+        safetensors_torch.save_file(part, str(folder / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"))
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def step_logits(backend):
+    b = Batch()
+    b.add("a", 0, 12, [0], True, token_source=list(range(100, 112)))
+    return backend.runner.logits(b.flatten(backend.block_size))
+
+
+def test_loaded_weights_reproduce_the_saved_model(source, tmp_path):
+    tensors = hf_state_dict(source.model)
+    assert "model.layers.1.self_attn.k_proj.weight" in tensors and tensors["lm_head.weight"].shape == (512, 64)
+    folder = save(tmp_path / "ckpt", tensors)
+    loaded = RealBackend("tiny", block_size=16, num_blocks=8, seed=99, weights=str(folder))
+    assert torch.equal(step_logits(loaded), step_logits(source))
+    assert not torch.equal(step_logits(RealBackend("tiny", block_size=16, num_blocks=8, seed=99)),
+                           step_logits(source))
+
+
+@pytest.mark.parametrize("break_it,message", [
+    (lambda t, c: t.pop("model.layers.0.mlp.up_proj.weight"), "lacks model.layers.0.mlp.up_proj.weight"),
+    (lambda t, c: t.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}),
+     "has a tensor the model does not use, model.layers.0.self_attn.q_proj.bias"),
+    (lambda t, c: t.update({"model.norm.weight": torch.ones(32)}), "model.norm.weight has shape [32]"),
+    (lambda t, c: c.update({"num_hidden_layers": 28}), "num_hidden_layers = 28"),
+])
+def test_a_folder_of_another_model_is_refused(source, tmp_path, break_it, message):
+    tensors, config = hf_state_dict(source.model), dict(TINY)
+    break_it(tensors, config)
+    folder = save(tmp_path / "ckpt", tensors, config)
+    with pytest.raises(ServesimError, match="does not match model tiny") as e:
+        RealBackend("tiny", num_blocks=8, weights=str(folder))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_or_empty_folder(tmp_path):
+    with pytest.raises(ServesimError, match="not a folder"):
+        RealBackend("tiny", num_blocks=8, weights=str(tmp_path / "nowhere"))
+    with pytest.raises(ServesimError, match="no \\*.safetensors files"):
+        RealBackend("tiny", num_blocks=8, weights=str(tmp_path))
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
+    cases = [
+        (["--model", "Llama-3.1-70B"], "too large for this machine's memory"),
+        (["--model", "tiny", "--weights", str(tmp_path / "nowhere")], "not a folder"),
+        (["--model", "tiny", "--num-blocks", str(10**9)], "--num-blocks 1000000000 needs"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--model", "tiny", "--device", "cuda"], "sees no CUDA GPU"))
+    for extra, message in cases:
+        rc = main(["replay", str(trace), "--backend", "real", "--out", str(tmp_path / "out"), "--quiet", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and message in err and err.count("\n") == 1, (extra, err)
+    # --weights belongs to the real backend.
+    rc = main(["replay", str(trace), "--weights", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"])
+    assert rc == 2 and "does not apply to --backend costmodel" in capsys.readouterr().err
