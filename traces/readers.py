@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,8 +283,6 @@ def _csv_chunks(path: Path, handle: BinaryIO, header: list[str], header_line: in
 
 def _parser_error(path: Path, message: str, header_line: int) -> str:
     """pandas counts lines from the one after the header; name the file's line instead."""
-    import re
-
     m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
     if m:
         expected, line, saw = (int(g) for g in m.groups())
