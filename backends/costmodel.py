@@ -9,8 +9,8 @@ A `Calibration` (fitted by `sim calibrate`, loaded from a profile) replaces the 
 and efficiencies: the step is then a non-negative sum of the same roofline terms, `FEATURES`,
 each with a fitted cost per unit, so a profile alone (no hardware preset) sets step times.
 
-All formulas take 2-D arrays, [steps, requests], so a run of decode steps is costed in one
-vectorised call; a single batch is a run of one step.
+A run of decode-only steps is costed in one vectorised call (`decode_run`), with exactly the
+figures single steps would get.
 """
 
 from __future__ import annotations
@@ -115,8 +115,18 @@ def step_features(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndar
 
 
 class CostModelBackend:
+    """Step time from a batch's shape: the roofline with datasheet efficiencies, or a calibration.
+
+    A step is costed from a few exact integer aggregates of its batch (tokens, logits rows,
+    requests, sums of context lengths and of causal attention lengths) plus, for requests with
+    more than one query token, a per-request attention roofline. Decodes (q = 1) are memory-bound
+    in attention on every preset, so their attention is a function of their summed contexts. A run
+    of decode steps therefore varies only in that sum, and `decode_run` costs it with the same
+    expressions as `execute`, element by element: each step of a run gets exactly the seconds a
+    single step would.
+    """
+
     name = "costmodel"
-    supports_fast_forward = True
 
     def __init__(self, model: str, hardware: str | None, efficiencies: Efficiencies | None = None,
                  dtype_bytes: int = 2, calibration: Calibration | None = None):
@@ -130,95 +140,155 @@ class CostModelBackend:
         self.calibration = calibration
         self.dtype_bytes = calibration.dtype_bytes if calibration is not None else dtype_bytes
         self._gemms = gemm_shapes(self.model)
-        if self.hardware is not None:
-            self._flops_per_s = self.hardware["peak_flops"]
-            self._bytes_per_s = self.hardware["memory_bandwidth"]
-
-    def _roofline(self, flops, num_bytes, flops_efficiency: float):
-        return np.maximum(flops / (self._flops_per_s * flops_efficiency),
-                          num_bytes / (self._bytes_per_s * self.eff.memory))
-
-    def breakdown(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> dict[str, np.ndarray]:
-        """Seconds per operator for each step. q, c: [steps, requests] query and context lengths
-        (zero-padded); num_logits: [steps] rows projected to the vocabulary."""
-        if self.calibration is not None:
-            return self._calibrated_breakdown(q, c, num_logits)
         m, b = self.model, self.dtype_bytes
-        layers = m["num_hidden_layers"]
-        h, i, hd, v = m["hidden_size"], m["intermediate_size"], m["head_dim"], m["vocab_size"]
-        nh, nkv = m["num_attention_heads"], m["num_key_value_heads"]
-        q = q.astype(np.float64)
-        c = c.astype(np.float64)
-        t = q.sum(axis=1)  # [steps] tokens in the step
+        hd, nh, nkv = m["head_dim"], m["num_attention_heads"], m["num_key_value_heads"]
+        self._dense_cache: dict[tuple[int, int], tuple[float, ...]] = {}
+        if calibration is None:
+            self._flops_s = self.hardware["peak_flops"]
+            self._bytes_s = self.hardware["memory_bandwidth"] * self.eff.memory
+            # Seconds per context token of one decode's attention, as FLOPs and as bytes.
+            decode_flops_s = 4.0 * nh * hd / (self._flops_s * self.eff.attention)
+            decode_bytes_s = 2 * nkv * hd * b / self._bytes_s
+            self._decodes_memory_bound = decode_bytes_s >= decode_flops_s
+        else:
+            self._decodes_memory_bound = True  # a calibration is linear in the aggregates
 
-        linear = np.zeros_like(t)
+    @property
+    def supports_fast_forward(self) -> bool:
+        return self._decodes_memory_bound
+
+    # The per-operator costs.
+
+    def _gemm_roofline(self, tokens: int) -> float:
+        b = self.dtype_bytes
+        total = 0.0
         for k_in, n_out in self._gemms:
-            linear += self._roofline(2.0 * t * k_in * n_out, (k_in * n_out + t * (k_in + n_out)) * b, self.eff.gemm)
+            total += max(2.0 * tokens * k_in * n_out / (self._flops_s * self.eff.gemm),
+                         (k_in * n_out + tokens * (k_in + n_out)) * b / self._bytes_s)
+        return total
 
-        # Causal attention of q new tokens at the end of a context of c: the j-th attends c - q + j + 1 keys.
-        attn_flops = 4.0 * nh * hd * (q * c - q * (q - 1) / 2)
-        attn_bytes = (c * 2 * nkv * hd + q * 2 * nh * hd) * b
-        attention = self._roofline(attn_flops, attn_bytes, self.eff.attention).sum(axis=1)
+    def _attention_roofline(self, q: int, c: int) -> float:
+        """One request's attention in one layer: q new tokens at the end of a context of c attend
+        causally (the j-th sees c - q + j + 1 keys)."""
+        m, b = self.model, self.dtype_bytes
+        hd, nh, nkv = m["head_dim"], m["num_attention_heads"], m["num_key_value_heads"]
+        flops = 4.0 * nh * hd * (q * c - q * (q - 1) // 2)
+        num_bytes = (c * 2 * nkv * hd + q * 2 * nh * hd) * b
+        return max(flops / (self._flops_s * self.eff.attention), num_bytes / self._bytes_s)
 
-        kv_write = t * 2 * nkv * hd * b / (self._bytes_per_s * self.eff.memory)
-        # Two RMSNorms, two residual adds, RoPE on q and k, SiLU-and-multiply: reads and writes.
-        elementwise_bytes = t * b * (4 * h + 4 * h + 2 * (nh + nkv) * hd + 3 * i)
-        elementwise = elementwise_bytes / (self._bytes_per_s * self.eff.memory)
-
-        n = num_logits.astype(np.float64)
-        lm_head = self._roofline(2.0 * n * h * v, (h * v + n * h) * b + n * v * 4, self.eff.gemm)
-        embedding = (t * h * b + n * h * 2 * b) / (self._bytes_per_s * self.eff.memory)
-        return {
-            "linear": layers * linear,
-            "attention": layers * attention,
-            "kv_write": layers * kv_write,
-            "elementwise": layers * elementwise + embedding,
-            "lm_head": lm_head,
-            "overhead": np.full_like(t, self.eff.step_overhead_s),
-        }
-
-    def _calibrated_breakdown(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> dict[str, np.ndarray]:
+    def _dense(self, t: int, num_logits: int) -> tuple[float, ...]:
+        """(linear, kv_write, elementwise, lm_head) seconds of a step of t tokens, or the
+        calibrated (linear, tokens) terms: everything but attention. Cached: steps repeat shapes."""
+        key = (t, num_logits)
+        cached = self._dense_cache.get(key)
+        if cached is not None:
+            return cached
+        m, b = self.model, self.dtype_bytes
+        layers, h, i, v = m["num_hidden_layers"], m["hidden_size"], m["intermediate_size"], m["vocab_size"]
+        hd, nh, nkv = m["head_dim"], m["num_attention_heads"], m["num_key_value_heads"]
         cal = self.calibration
-        terms = step_features(self.model, q, c, num_logits, self.dtype_bytes, cal.ridge_flops_per_byte)
-        terms = terms * np.asarray(cal.coefficients)  # [steps, features] seconds
-        linear, attn_flops, kv_read, tokens, requests, constant = terms.T
-        return {
-            "linear": linear,  # with the LM head
-            "attention": attn_flops + kv_read,
-            "elementwise": tokens,
-            "overhead": requests + constant,
-        }
+        if cal is None:
+            linear = layers * self._gemm_roofline(t)
+            kv_write = layers * (t * 2 * nkv * hd * b / self._bytes_s)
+            # Two RMSNorms, two residual adds, RoPE on q and k, SiLU-and-multiply; the embedding rows.
+            elementwise = (layers * (t * b * (8 * h + 2 * (nh + nkv) * hd + 3 * i) / self._bytes_s)
+                           + (t * h * b + num_logits * h * 2 * b) / self._bytes_s)
+            lm_head = 0.0
+            if num_logits:
+                lm_head = max(2.0 * num_logits * h * v / (self._flops_s * self.eff.gemm),
+                              ((h * v + num_logits * h) * b + num_logits * v * 4) / self._bytes_s)
+            value = (linear, kv_write, elementwise, lm_head)
+        else:
+            coef, r = cal.coefficients, cal.ridge_flops_per_byte
+            linear_flops = 0.0
+            for k_in, n_out in self._gemms:
+                linear_flops += max(2.0 * t * k_in * n_out, r * (k_in * n_out + t * (k_in + n_out)) * b)
+            lm_head = 0.0
+            if num_logits:
+                lm_head = max(2.0 * num_logits * h * v, r * ((h * v + num_logits * h) * b + num_logits * v * 4))
+            value = ((layers * linear_flops + lm_head) * coef[0], t * coef[3])
+        self._dense_cache[key] = value
+        return value
 
-    def step_seconds(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
-        parts = self.breakdown(q, c, num_logits)
-        total = np.zeros_like(parts["overhead"])
-        for value in parts.values():
+    def _parts(self, t: int, num_logits: int, n: int, sum_c, attn_units, decode_sum_c, num_decodes: int,
+               other_attention_s: float) -> dict:
+        """Seconds per operator from a step's aggregates. `sum_c`, `attn_units` (sum of
+        q*c - q*(q-1)/2) and `decode_sum_c` (contexts of the q = 1 requests) may be int64 arrays,
+        one entry per step; everything else is the same for all those steps.
+        `other_attention_s`: per-layer attention of the requests with q > 1 (roofline mode)."""
+        m, b = self.model, self.dtype_bytes
+        layers, hd = m["num_hidden_layers"], m["head_dim"]
+        nh, nkv = m["num_attention_heads"], m["num_key_value_heads"]
+        dense = self._dense(t, num_logits)
+        cal = self.calibration
+        if cal is None:
+            linear, kv_write, elementwise, lm_head = dense
+            decode_attention = (decode_sum_c * (2 * nkv * hd) + num_decodes * (2 * nh * hd)) * b / self._bytes_s
+            return {"linear": linear, "attention": layers * (decode_attention + other_attention_s),
+                    "kv_write": kv_write, "elementwise": elementwise, "lm_head": lm_head,
+                    "overhead": self.eff.step_overhead_s}
+        coef = cal.coefficients
+        linear, tokens = dense
+        attention = (layers * (4.0 * nh * hd) * attn_units) * coef[1] + (layers * (2 * nkv * hd * b) * sum_c) * coef[2]
+        return {"linear": linear, "attention": attention, "elementwise": tokens,
+                "overhead": n * coef[4] + coef[5]}
+
+    @staticmethod
+    def _total(parts: dict):
+        values = iter(parts.values())
+        total = next(values)
+        for value in values:
             total = total + value
         return total
 
-    def execute(self, batch: Batch) -> StepResult:
-        q = np.asarray([batch.num_scheduled_tokens], dtype=np.int64)
-        c = q + np.asarray([batch.num_computed_tokens], dtype=np.int64)
-        num_logits = np.asarray([sum(batch.needs_logits)])
-        parts = self.breakdown(q, c, num_logits)
-        total = np.zeros(1)
-        for value in parts.values():
-            total = total + value
-        return StepResult(float(total[0]), {k: float(v[0]) for k, v in parts.items()})
+    def _step_parts(self, q_list, computed_list, num_logits: int) -> dict:
+        """Aggregates of one step's batch, then its parts."""
+        t = sum(q_list)
+        n = len(q_list)
+        sum_c = sum(computed_list) + t
+        others = [i for i, q in enumerate(q_list) if q != 1] if self._decodes_memory_bound else range(n)
+        other_c = other_units = 0
+        other_attention_s = 0.0
+        for i in others:
+            q = q_list[i]
+            c = computed_list[i] + q
+            other_c += c
+            other_units += q * c - q * (q - 1) // 2
+            if self.calibration is None:
+                other_attention_s += self._attention_roofline(q, c)
+        num_decodes = n - len(others)
+        decode_sum_c = sum_c - other_c
+        attn_units = decode_sum_c + other_units  # a decode's causal length is its context
+        return self._parts(t, num_logits, n, sum_c, attn_units, decode_sum_c, num_decodes, other_attention_s)
 
-    def decode_run(self, context_lens: np.ndarray, num_steps: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    # The backend interface.
+
+    def execute(self, batch: Batch) -> StepResult:
+        parts = self._step_parts(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits))
+        return StepResult(float(self._total(parts)), {k: float(v) for k, v in parts.items()})
+
+    def decode_run(self, context_lens: np.ndarray, num_steps: int) -> tuple[np.ndarray, dict]:
         """Seconds and breakdown of `num_steps` decode-only steps of the same requests, whose
-        contexts (after the first step) are `context_lens` and grow by one token per step. Each
-        step's figures equal those `execute` gives for that step's batch (the engine's fast path
-        relies on it)."""
+        contexts (after the first step) are `context_lens` and grow by one token per step. A part
+        that is the same for every step is a float, the others [num_steps] arrays. Each
+        step's figures are exactly those `execute` gives for that step's batch (the engine's fast
+        path relies on it)."""
         n = len(context_lens)
-        c = context_lens[None, :] + np.arange(num_steps, dtype=np.int64)[:, None]
-        q = np.ones((num_steps, n), dtype=np.int64)
-        parts = self.breakdown(q, c, np.full(num_steps, n))
-        total = np.zeros(num_steps)
-        for value in parts.values():
-            total = total + value
-        return total, parts
+        sum_c = int(np.sum(context_lens, dtype=np.int64)) + n * np.arange(num_steps, dtype=np.int64)
+        parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0)
+        return self._total(parts), parts
 
     def decode_run_seconds(self, context_lens: np.ndarray, num_steps: int) -> np.ndarray:
         return self.decode_run(context_lens, num_steps)[0]
+
+    def breakdown(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> dict[str, np.ndarray]:
+        """Seconds per operator for each row: q, c [steps, requests] query and context lengths
+        (zero-padded), num_logits [steps]."""
+        rows = []
+        for q_row, c_row, m in zip(np.asarray(q).tolist(), np.asarray(c).tolist(), np.asarray(num_logits).tolist()):
+            pairs = [(qi, ci - qi) for qi, ci in zip(q_row, c_row) if qi > 0]
+            rows.append(self._step_parts([p[0] for p in pairs], [p[1] for p in pairs], int(m)))
+        return {k: np.array([float(r[k]) for r in rows]) for k in (rows[0] if rows else {})}
+
+    def step_seconds(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
+        return self._total(self.breakdown(q, c, num_logits))

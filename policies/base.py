@@ -33,7 +33,21 @@ class Policy:
             if victim is request:
                 return False
         bm.append(request, num_tokens)
-        self._add(state, batch, request, num_tokens)
+        self._add(state, batch, request, num_tokens, request.is_decoding)
+        return True
+
+    def _schedule_decode(self, state: EngineState, batch: Batch, request: Request) -> bool:
+        """`_schedule_running` for one decode token, with the common case (a free slot in its last
+        block, or a free block) inline: this runs for every decoding request on every step."""
+        bm = state.block_manager
+        num_computed = request.num_computed_tokens
+        table = request.block_table
+        if len(table) * bm.block_size <= num_computed:  # this token opens a new block
+            if not bm.num_free_blocks:
+                return self._schedule_running(state, batch, request, 1)
+            table.append(bm.pop_free_block())
+        request.last_scheduled_step = state.step_index
+        batch.add_request(request, num_computed, 1, True, True)
         return True
 
     def _victim(self, state: EngineState) -> Request:
@@ -72,7 +86,9 @@ class Policy:
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now
         state.running.append(request)
-        self._add(state, batch, request, num_tokens)
+        # An admission is a prefill, even of a preempted request whose cached prefix leaves only
+        # its last sampled token to compute.
+        self._add(state, batch, request, num_tokens, is_decode=False)
         return num_tokens
 
     def _admit_whole_prompts(self, state: EngineState, batch: Batch, now: float) -> int:
@@ -97,19 +113,19 @@ class Policy:
     def _schedule_all_decodes(self, state: EngineState, batch: Batch) -> bool:
         """One token for every running request. Returns True if any request was preempted."""
         preempted = False
+        step = state.step_index
         for request in list(state.running):
-            if request.status is Status.RUNNING and request.last_scheduled_step != state.step_index:
-                if not self._schedule_running(state, batch, request, request.num_tokens_to_compute):
-                    preempted = True
+            if request.status is Status.RUNNING and request.last_scheduled_step != step:
+                if request.is_decoding:
+                    scheduled = self._schedule_decode(state, batch, request)
+                else:
+                    scheduled = self._schedule_running(state, batch, request, request.num_tokens_to_compute)
+                preempted |= not scheduled
         return preempted
 
     @staticmethod
-    def _add(state: EngineState, batch: Batch, request: Request, num_tokens: int) -> None:
+    def _add(state: EngineState, batch: Batch, request: Request, num_tokens: int, is_decode: bool) -> None:
         request.last_scheduled_step = state.step_index
         num_computed = request.num_computed_tokens
-        batch.add(
-            request.request_id, num_computed, num_tokens, request.block_table,
-            needs_logits=num_computed + num_tokens == request.num_tokens,
-            is_decode=request.is_decoding,
-            token_source=request, request=request,
-        )
+        batch.add_request(request, num_computed, num_tokens, num_computed + num_tokens == request.num_tokens,
+                          is_decode)

@@ -21,18 +21,25 @@ class ChunkedPolicy(Policy):
         budget = self.config.max_num_batched_tokens
         preempted = False
         step = state.step_index
-        for decodes_pass in (True, False):
-            for request in list(state.running):
-                if budget == 0:
-                    break
-                if (request.status is not Status.RUNNING or request.last_scheduled_step == step
-                        or request.is_decoding is not decodes_pass):
-                    continue
-                num_tokens = min(request.num_tokens_to_compute, budget)
-                if self._schedule_running(state, batch, request, num_tokens):
-                    budget -= num_tokens
+        # Decodes first; budget >= max_num_seqs (checked in SchedulerConfig) leaves room for all.
+        for request in list(state.running):
+            if request.status is Status.RUNNING and request.is_decoding:
+                if self._schedule_decode(state, batch, request):
+                    budget -= 1
                 else:
                     preempted = True
+        # Then partially done prefills, chunked to the budget left.
+        for request in list(state.running):
+            if budget == 0:
+                break
+            if request.status is not Status.RUNNING or request.last_scheduled_step == step:
+                continue
+            num_tokens = min(request.num_tokens_to_compute, budget)
+            if self._schedule_running(state, batch, request, num_tokens):
+                budget -= num_tokens
+            else:
+                preempted = True
+        # Then new requests, unless this step had to preempt.
         if not preempted:
             while state.waiting and budget > 0 and len(state.running) < self.config.max_num_seqs:
                 admitted = self._try_admit(state, batch, now, max_tokens=budget)

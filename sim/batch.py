@@ -32,32 +32,57 @@ class FlatBatch(NamedTuple):
     logits_indices: np.ndarray  # [num_logits] int64, rows that get a next-token distribution
 
 
+class _Entry:
+    """A scheduled request given by hand (tests, calibration grids): what a `Request` provides."""
+
+    __slots__ = ("request_id", "block_table", "token_source")
+
+    def __init__(self, request_id: str, block_table: list[int], token_source: Any):
+        self.request_id, self.block_table, self.token_source = request_id, block_table, token_source
+
+    def token_ids(self, start: int, end: int) -> np.ndarray:
+        src = self.token_source
+        if src is None:
+            raise ValueError(f"request {self.request_id!r} was added to the batch without token ids")
+        return src.token_ids(start, end) if hasattr(src, "token_ids") else np.asarray(src[start:end], dtype=np.int64)
+
+
 @dataclass
 class Batch:
-    request_ids: list[str] = field(default_factory=list)
+    # Per scheduled request, in batch order. `requests` holds the scheduler's `Request` objects (or
+    # `_Entry`s for batches built by hand): each has request_id, block_table and token_ids().
+    requests: list[Any] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
     num_scheduled_tokens: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)  # valid until the step's postprocess
     needs_logits: list[bool] = field(default_factory=list)
     is_decode: list[bool] = field(default_factory=list)
-    # Per request, where its token ids come from: a `Request` (anything with token_ids(start, end))
-    # or a plain sequence of all its known token ids.
-    token_sources: list[Any] = field(default_factory=list)
-    requests: list[Any] = field(default_factory=list)  # the scheduler's own objects, for postprocess
 
     def add(self, request_id: str, num_computed: int, num_scheduled: int, block_table: list[int],
-            needs_logits: bool, is_decode: bool = False, token_source: Any = None, request: Any = None) -> None:
-        self.request_ids.append(request_id)
+            needs_logits: bool, is_decode: bool = False, token_source: Any = None) -> None:
+        """Add a request by hand; `token_source` is anything with token_ids(start, end) or a
+        sequence of all its known token ids."""
+        self.add_request(_Entry(request_id, block_table, token_source), num_computed, num_scheduled,
+                         needs_logits, is_decode)
+
+    def add_request(self, request: Any, num_computed: int, num_scheduled: int, needs_logits: bool,
+                    is_decode: bool) -> None:
+        self.requests.append(request)
         self.num_computed_tokens.append(num_computed)
         self.num_scheduled_tokens.append(num_scheduled)
-        self.block_tables.append(block_table)
         self.needs_logits.append(needs_logits)
         self.is_decode.append(is_decode)
-        self.token_sources.append(token_source)
-        self.requests.append(request)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.request_id for r in self.requests]
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        """Valid until the step's postprocess."""
+        return [r.block_table for r in self.requests]
 
     def __len__(self) -> int:
-        return len(self.request_ids)
+        return len(self.requests)
 
     @property
     def num_tokens(self) -> int:
@@ -87,23 +112,19 @@ class Batch:
         positions = num_computed[req_indices] + offsets
         seq_lens = (num_computed + num_scheduled).astype(np.int32)
 
-        max_blocks = max((len(t) for t in self.block_tables), default=0)
+        tables = self.block_tables
+        max_blocks = max((len(t) for t in tables), default=0)
         block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
-        for i, table in enumerate(self.block_tables):
+        for i, table in enumerate(tables):
             block_table[i, :len(table)] = table
         slot_mapping = (block_table[req_indices, positions // block_size].astype(np.int64) * block_size
                         + positions % block_size)
 
         input_ids = np.concatenate([
-            _token_ids(src, int(c), int(c + n)) for src, c, n in zip(self.token_sources, num_computed, num_scheduled)
+            r.token_ids(c, c + n) for r, c, n in zip(self.requests, self.num_computed_tokens, self.num_scheduled_tokens)
         ]) if num_reqs else np.zeros(0, dtype=np.int64)
 
         logits_indices = (query_start_loc[1:] - 1)[np.asarray(self.needs_logits, dtype=bool)].astype(np.int64)
         return FlatBatch(input_ids.astype(np.int64), positions, query_start_loc, seq_lens, block_table,
                          slot_mapping, logits_indices)
 
-
-def _token_ids(source: Any, start: int, end: int) -> np.ndarray:
-    if hasattr(source, "token_ids"):
-        return source.token_ids(start, end)
-    return np.asarray(source[start:end], dtype=np.int64)

@@ -105,10 +105,20 @@ class BlockManager:
     def append(self, request: Request, num_new_tokens: int) -> None:
         """Make room for `num_new_tokens` more tokens of the request (the caller checked can_append)."""
         table = request.block_table
-        for _ in range(self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(table)):
-            block = self._pop_free()
-            self.ref_counts[block] = 1
-            table.append(block)
+        num_new = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(table)
+        plain = self._free_plain
+        if 0 < num_new <= len(plain):  # the common case, in bulk: the same blocks, in the same order
+            blocks = plain[:-num_new - 1:-1]
+            del plain[-num_new:]
+            ref_counts = self.ref_counts
+            for block in blocks:
+                ref_counts[block] = 1
+            table.extend(blocks)
+        else:
+            for _ in range(num_new):
+                block = self._pop_free()
+                self.ref_counts[block] = 1
+                table.append(block)
         if self.enable_prefix_caching and request.hash_ids is not None:
             self._register_full_prompt_blocks(request, request.num_computed_tokens + num_new_tokens)
 
@@ -126,13 +136,20 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Release a finished or preempted request's blocks. The tail is freed first, so it is
         evicted before the prefix, which is the part other requests are likelier to share."""
-        for block in reversed(request.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                if self.block_hash[block] is not None:
-                    self._free_cached[block] = None
-                else:
-                    self._free_plain.append(block)
+        ref_counts = self.ref_counts
+        if request.hash_ids is None or not self.enable_prefix_caching:
+            # Nothing of it was cached or shared: every block goes back to the plain pool.
+            for block in request.block_table:
+                ref_counts[block] = 0
+            self._free_plain.extend(reversed(request.block_table))
+        else:
+            for block in reversed(request.block_table):
+                ref_counts[block] -= 1
+                if ref_counts[block] == 0:
+                    if self.block_hash[block] is not None:
+                        self._free_cached[block] = None
+                    else:
+                        self._free_plain.append(block)
         request.block_table = []
         request.num_hashed_blocks = 0
 

@@ -45,65 +45,65 @@ MAX_RUN_STEPS = 4096  # bounds the [steps, requests] arrays of one run
 
 
 class StepLog:
-    """Per-step columns: single steps are appended to plain lists, runs as numpy chunks; both
-    are joined into arrays at the end."""
+    """Per-step columns in growable numpy arrays: a single step writes one row, a run of steps a
+    slice (a scalar fills the slice). The breakdown keys are the backend's own."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, list] = {name: [] for name in STEP_COLUMNS}
-        self._chunks: dict[str, list[np.ndarray]] = {name: [] for name in STEP_COLUMNS}
-        self._breakdown_rows: dict[str, list[float]] = {}
-        self._breakdown_chunks: dict[str, list[np.ndarray]] = {}
+        self._capacity = 1024
         self._num_steps = 0
+        self._columns: dict[str, np.ndarray] = {
+            name: np.zeros(self._capacity, dtype=np.float64 if name in ("start_s", "seconds") else np.int64)
+            for name in STEP_COLUMNS}
+        self._breakdown: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return self._num_steps
 
+    def _reserve(self, num_rows: int) -> None:
+        needed = self._num_steps + num_rows
+        if needed <= self._capacity:
+            return
+        while self._capacity < needed:
+            self._capacity *= 2
+        for table in (self._columns, self._breakdown):
+            for name, values in table.items():
+                grown = np.zeros(self._capacity, dtype=values.dtype)
+                grown[:self._num_steps] = values[:self._num_steps]
+                table[name] = grown
+
+    def _write(self, table: dict[str, np.ndarray], name: str, start: int, end: int, value) -> None:
+        column = table.get(name)
+        if column is None:  # a breakdown key seen for the first time
+            column = table[name] = np.full(self._capacity, np.nan)
+        column[start:end] = value
+
     def append(self, row: tuple, breakdown: dict[str, float]) -> None:
-        for name, value in zip(STEP_COLUMNS, row):
-            self._rows[name].append(value)
+        self.extend(1, dict(zip(STEP_COLUMNS, row)), breakdown)
+
+    def extend(self, num_rows: int, columns: dict, breakdown: dict) -> None:
+        """Write `num_rows` steps; each value is a scalar (the same for every row) or an array."""
+        self._reserve(num_rows)
+        start, end = self._num_steps, self._num_steps + num_rows
+        for name in STEP_COLUMNS:
+            self._columns[name][start:end] = columns[name]
         for key, value in breakdown.items():
-            self._breakdown_rows.setdefault(key, []).append(value)
-        self._num_steps += 1
-
-    def extend(self, columns: dict[str, np.ndarray], breakdown: dict[str, np.ndarray]) -> None:
-        self._flush()
-        for name in STEP_COLUMNS:
-            self._chunks[name].append(np.asarray(columns[name]))
-        for key, values in breakdown.items():
-            self._breakdown_chunks.setdefault(key, []).append(np.asarray(values, dtype=np.float64))
-        self._num_steps += len(columns["seconds"])
-
-    def _flush(self) -> None:
-        for name in STEP_COLUMNS:
-            if self._rows[name]:
-                self._chunks[name].append(np.asarray(self._rows[name]))
-                self._rows[name] = []
-        for key, values in self._breakdown_rows.items():
-            if values:
-                self._breakdown_chunks.setdefault(key, []).append(np.asarray(values, dtype=np.float64))
-                self._breakdown_rows[key] = []
+            self._write(self._breakdown, key, start, end, value)
+        self._num_steps = end
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every column (the breakdown keys too) as one array of length len(self)."""
-        self._flush()
-        out = {}
-        for name in STEP_COLUMNS:
-            dtype = np.float64 if name in ("start_s", "seconds") else np.int64
-            chunks = self._chunks[name]
-            out[name] = np.concatenate(chunks).astype(dtype) if chunks else np.zeros(0, dtype=dtype)
-            self._chunks[name] = [out[name]]
-        for key, chunks in self._breakdown_chunks.items():
-            out[key] = np.concatenate(chunks) if chunks else np.zeros(0)
-            self._breakdown_chunks[key] = [out[key]]
+        n = self._num_steps
+        out = {name: values[:n] for name, values in self._columns.items()}
+        out.update({key: values[:n] for key, values in self._breakdown.items()})
         return out
 
     @property
     def breakdown_keys(self) -> list[str]:
-        return list(dict.fromkeys([*self._breakdown_rows, *self._breakdown_chunks]))
+        return list(self._breakdown)
 
     def __getattr__(self, name: str) -> np.ndarray:
         if name in STEP_COLUMNS:
-            return self.columns()[name]
+            return self._columns[name][:self._num_steps]
         raise AttributeError(name)
 
 
@@ -140,6 +140,7 @@ class Engine:
         self.num_finished = 0
         self._next_arrival = 0  # index into self.requests of the next request to arrive
         self._wake: simpy.Event | None = None
+        self._last_decode_step_s = 0.0  # sizes the next decode run
 
     def run(self) -> SimResult:
         env = simpy.Environment()
@@ -194,7 +195,7 @@ class Engine:
                 continue
             num_preempted_before = state.num_preemptions
             batch = self.policy.schedule(state, env.now)
-            if not batch.request_ids:
+            if not batch.requests:
                 raise RuntimeError(
                     f"internal error: policy {self.policy.name} scheduled nothing at t={env.now:.6f}s "
                     f"with {len(state.waiting)} waiting and {len(state.running)} running")
@@ -271,13 +272,10 @@ class Engine:
             return None
         next_arrival = (self.requests[self._next_arrival].arrival_s
                         if self._next_arrival < len(self.requests) else np.inf)
-        if next_arrival < np.inf:
-            # Steps only get longer as contexts grow, so the first step's length bounds how many
-            # start before the next arrival.
-            first = self.backend.decode_run(num_computed + 1, 1)[0][0]
-            max_steps = min(max_steps, int((next_arrival - now) / first) + 2)
-            if max_steps < 2:
-                return None
+        if next_arrival < np.inf and self._last_decode_step_s:
+            # Cost only about as many steps as fit before the next arrival, judging by the last
+            # decode step's length (a guess: a short one merely ends this run early).
+            max_steps = min(max_steps, int(1.25 * (next_arrival - now) / self._last_decode_step_s) + 2)
 
         # Blocks: step j >= 1 computes position num_computed + j, which opens a new block when it
         # is a multiple of the block size; step 0's blocks were reserved by the policy.
@@ -291,25 +289,29 @@ class Engine:
             return None
 
         seconds, parts = self.backend.decode_run(num_computed + 1, num_steps)
+        self._last_decode_step_s = float(seconds[-1])
         ends = np.cumsum(np.concatenate(([now], seconds)))[1:]
         # A step starting at or after the next arrival is scheduled normally.
         num_steps = min(num_steps, 1 + int(np.searchsorted(ends[:-1], next_arrival, side="left")))
         if num_steps < 2:
             return None
-        return (ends[:num_steps], seconds[:num_steps], {k: v[:num_steps] for k, v in parts.items()},
-                opens[:num_steps - 1])
+        parts = {key: value if np.ndim(value) == 0 else value[:num_steps] for key, value in parts.items()}
+        return ends[:num_steps], seconds[:num_steps], parts, opens[:num_steps - 1]
 
     def _log_run(self, batch: Batch, now: float, run) -> None:
         ends, seconds, parts, opens = run
         k, n = len(seconds), len(batch)
-        used = self.block_manager.num_used_blocks + np.concatenate(([0], np.cumsum(opens.sum(axis=1))))
-        starts = np.concatenate(([now], ends[:-1]))
-        full = np.full(k, n, dtype=np.int64)
-        self.steps.extend({
-            "start_s": starts, "seconds": seconds, "num_prefill_tokens": np.zeros(k, dtype=np.int64),
-            "num_decode_tokens": full, "num_requests": full, "num_kv_blocks_used": used,
-            "num_waiting": np.full(k, len(self.state.waiting), dtype=np.int64),
-            "num_preemptions": np.zeros(k, dtype=np.int64),
+        starts = np.empty(k)
+        starts[0] = now
+        starts[1:] = ends[:-1]
+        used = np.empty(k, dtype=np.int64)
+        used[0] = self.block_manager.num_used_blocks
+        np.cumsum(opens.sum(axis=1), out=used[1:])
+        used[1:] += used[0]
+        self.steps.extend(k, {
+            "start_s": starts, "seconds": seconds, "num_prefill_tokens": 0, "num_decode_tokens": n,
+            "num_requests": n, "num_kv_blocks_used": used, "num_waiting": len(self.state.waiting),
+            "num_preemptions": 0,
         }, parts)
 
     def _postprocess_run(self, batch: Batch, run) -> None:

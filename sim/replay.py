@@ -119,14 +119,16 @@ def make_requests(trace: Trace, options: ReplayOptions) -> list[Request]:
 
 
 def replay(trace: Trace, options: ReplayOptions, backend=None,
-           progress: Callable[[float, int, int], None] | None = None) -> SimResult:
+           progress: Callable[[float, int, int], None] | None = None, fast_forward: bool = True) -> SimResult:
+    """Simulate the trace. `fast_forward=False` steps every decode step one by one (same answers,
+    slower; see sim/engine.py)."""
     backend = backend or make_backend(options)
     options = with_backend_blocks(options, backend)
     cache = options.cache
     block_manager = BlockManager(options.num_blocks(), cache.block_size, cache.enable_prefix_caching)
     policy = POLICIES[options.scheduler.policy](options.scheduler)
     engine = Engine(make_requests(trace, options), policy, backend, block_manager,
-                    options.max_model_len, progress=progress)
+                    options.max_model_len, progress=progress, fast_forward=fast_forward)
     return engine.run()
 
 
