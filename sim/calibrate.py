@@ -2,14 +2,19 @@
 
 The grid covers what the policies schedule:
 
-    decode   B requests, one token each, contexts spread over [L/2, 3L/2]   (B x L)
+    decode   B requests, one token each, contexts spread around L            (B x L)
     prefill  one chunk of q tokens after c cached ones (c = 0: a whole prompt), and
              four whole prompts of q/4 tokens                               (q x c)
     mixed    D decodes around L plus one prefill chunk of q after c cached  (D x q x L x c)
 
+A batch's contexts are spread log-normally around L (seeded by the shape, so a grid is always
+the same), as a trace's are: the longest and the sum of a batch's contexts then vary
+independently, and the fit can tell the terms that follow each apart.
+
 Each shape is one `Batch` whose block tables use scattered block ids below the backend's
-`num_blocks`; it runs `warmup` times unmeasured, then `repeats` times, and the median is fitted.
-The raw measurements go to a CSV beside the profile (one row per repeat).
+`num_blocks`. Every shape runs `warmup` times unmeasured, then `repeats` rounds run every shape
+once each, in a new random order per round; the median of a shape's repeats is fitted. The raw
+measurements go to a CSV beside the profile (one row per measured run).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from sim.batch import Batch
 from sim.errors import ServesimError
 
 GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
-    "full": {
+    "full": {  # a GPU and a production-size model: about 150 shapes
         "decode_batch": (1, 2, 4, 8, 16, 32, 64, 128, 256),
         "decode_context": (128, 512, 1024, 2048, 4096, 8192),
         "prefill_chunk": (16, 32, 64, 128, 256, 512, 1024, 2048),
@@ -42,7 +47,17 @@ GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
         "mixed_context": (512, 2048),
         "mixed_cached": (0, 1024),
     },
-    "small": {  # for tests and a quick look: a few seconds on a CPU with the tiny model
+    "cpu": {  # a CPU and the tiny model: what a chunked replay on a CPU schedules, in a minute or two
+        "decode_batch": (1, 2, 4, 8, 16, 32, 64),
+        "decode_context": (64, 256, 1024, 2048),
+        "prefill_chunk": (16, 64, 256, 1024, 2048),
+        "prefill_cached": (0, 512, 2048),
+        "mixed_decodes": (2, 8, 32),
+        "mixed_chunk": (32, 256, 1024),
+        "mixed_context": (256, 1024),
+        "mixed_cached": (0, 512),
+    },
+    "small": {  # for tests and a quick look: seconds on a CPU with the tiny model
         "decode_batch": (1, 4, 16),
         "decode_context": (32, 256),
         "prefill_chunk": (8, 64, 256),
@@ -50,7 +65,7 @@ GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
         "mixed_decodes": (2, 8),
         "mixed_chunk": (32, 128),
         "mixed_context": (128,),
-        "mixed_cached": (0,),
+        "mixed_cached": (0, 128),
     },
 }
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
@@ -68,11 +83,13 @@ class Shape:
         return sum(-(-c // block_size) for c in self.context_lens)
 
 
-def _spread(mean: int, n: int, limit: int) -> list[int]:
-    """n contexts spread evenly over [mean/2, 3 mean/2], at least 2 (a decode has a cached token)."""
+def _contexts(mean: int, n: int, limit: int) -> list[int]:
+    """n decode contexts around `mean`, log-normal (sigma 0.6), seeded by (n, mean); at least 2
+    (a decode has a cached token) and at most `limit`."""
     if n == 1:
         return [min(mean, limit)]
-    return np.clip(np.rint(np.linspace(mean / 2, 3 * mean / 2, n)), 2, limit).astype(int).tolist()
+    z = np.random.default_rng([n, mean]).standard_normal(n)
+    return sorted(np.clip(np.rint(mean * np.exp(0.6 * z - 0.18)), 2, limit).astype(int).tolist())
 
 
 def make_grid(name: str, max_model_len: int) -> list[Shape]:
@@ -82,7 +99,7 @@ def make_grid(name: str, max_model_len: int) -> list[Shape]:
     shapes = []
     for b in g["decode_batch"]:
         for ctx in g["decode_context"]:
-            contexts = _spread(ctx, b, limit)
+            contexts = _contexts(ctx, b, limit)
             shapes.append(Shape("decode", (1,) * b, tuple(contexts), (True,) * b, (True,) * b))
     for q in g["prefill_chunk"]:
         for cached in g["prefill_cached"]:
@@ -97,7 +114,7 @@ def make_grid(name: str, max_model_len: int) -> list[Shape]:
                 for cached in g["mixed_cached"]:
                     if cached + q > limit:
                         continue
-                    contexts = _spread(ctx, d, limit)
+                    contexts = _contexts(ctx, d, limit)
                     shapes.append(Shape("mixed", (1,) * d + (q,), tuple(contexts) + (cached + q,),
                                         (True,) * d + (cached == 0,), (True,) * d + (False,)))
     return shapes
@@ -120,7 +137,7 @@ def shape_batch(shape: Shape, block_size: int, num_blocks: int, vocab_size: int,
 
 
 class ProgressBar:
-    """`[#####.....] 45/110 shapes  12.3 s` on stderr, redrawn at most a few times a second."""
+    """`[#####.....] 45/110 runs  12.3 s` on stderr, redrawn at most a few times a second."""
 
     def __init__(self, total: int, label: str, enabled: bool):
         self.total, self.label, self.enabled = total, label, enabled
@@ -135,7 +152,7 @@ class ProgressBar:
         width = 30
         filled = width * done // max(self.total, 1)
         sys.stderr.write(f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
-                         f"shapes  {now - self.started:.1f} s")
+                         f"runs  {now - self.started:.1f} s")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -145,29 +162,31 @@ class ProgressBar:
 
 def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repeats: int = 5, seed: int = 0,
             progress: ProgressBar | None = None) -> pd.DataFrame:
-    """Run every shape `warmup` + `repeats` times; one row per measured repeat."""
+    """Run every shape `warmup` times, then `repeats` rounds over all shapes, each round in a new
+    random order: a slow spell of the machine (other processes, clocks, heat) then lands on random
+    repeats of many shapes, not on every repeat of a few. One row per measured run."""
     if repeats < 1 or warmup < 0:
         raise ServesimError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
     rng = np.random.default_rng(seed)
-    rows: dict[str, list] = {k: [] for k in ("shape", "kind", "num_requests", "num_tokens", "num_decode_tokens",
-                                             "num_logits", "query_lens", "context_lens", "repeat", "seconds")}
-    for index, shape in enumerate(shapes):
-        batch = shape_batch(shape, backend.block_size, backend.num_blocks, vocab_size, rng)
+    batches = [shape_batch(shape, backend.block_size, backend.num_blocks, vocab_size, rng) for shape in shapes]
+    for batch in batches:
         for _ in range(warmup):
             backend.execute(batch)
-        for repeat in range(repeats):
-            rows["shape"].append(index)
-            rows["kind"].append(shape.kind)
-            rows["num_requests"].append(len(batch))
-            rows["num_tokens"].append(batch.num_tokens)
-            rows["num_decode_tokens"].append(batch.num_decode_tokens)
-            rows["num_logits"].append(sum(shape.needs_logits))
-            rows["query_lens"].append(" ".join(map(str, shape.query_lens)))
-            rows["context_lens"].append(" ".join(map(str, shape.context_lens)))
-            rows["repeat"].append(repeat)
-            rows["seconds"].append(backend.execute(batch).seconds)
-        if progress is not None:
-            progress.update(index + 1)
+    seconds = np.zeros((len(shapes), repeats))
+    done = 0
+    for repeat in range(repeats):
+        for index in rng.permutation(len(shapes)).tolist():
+            seconds[index, repeat] = backend.execute(batches[index]).seconds
+            done += 1
+            if progress is not None:
+                progress.update(done)
+    rows = [
+        {"shape": index, "kind": shape.kind, "num_requests": len(batch), "num_tokens": batch.num_tokens,
+         "num_decode_tokens": batch.num_decode_tokens, "num_logits": sum(shape.needs_logits),
+         "query_lens": " ".join(map(str, shape.query_lens)), "context_lens": " ".join(map(str, shape.context_lens)),
+         "repeat": repeat, "seconds": float(seconds[index, repeat])}
+        for index, (shape, batch) in enumerate(zip(shapes, batches)) for repeat in range(repeats)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -188,6 +207,11 @@ def fit_measurements(model: str, raw: pd.DataFrame, dtype_bytes: int):
     m = get_model(model)
     calibration = fit_calibration(m, q, c, num_logits, seconds, dtype_bytes)
     report = fit_report(m, q, c, num_logits, seconds, calibration, dtype_bytes)
+    # How much a shape's own repeats disagree: the floor under any model's error on single steps.
+    by_shape = raw.groupby("shape")["seconds"]
+    spread = (by_shape.quantile(0.75) - by_shape.quantile(0.25)) / by_shape.median()
+    report["repeat_noise"] = {"median_iqr_over_median": float(spread.median()),
+                              "p90_iqr_over_median": float(spread.quantile(0.9))}
     for kind in ("decode", "prefill", "mixed"):
         rows = (shapes["kind"] == kind).to_numpy()
         if rows.any():
@@ -235,7 +259,7 @@ def calibrate(backend, model: str, grid: str = "full", warmup: int = 2, repeats:
     if len(fitting) < len(shapes) // 2:
         raise ServesimError(f"only {len(fitting)} of the {len(shapes)} shapes of grid {grid!r} fit in "
                             f"{backend.num_blocks} KV blocks; give more with --num-blocks")
-    bar = ProgressBar(len(fitting), f"calibrating {model} on {getattr(backend, 'device', 'cpu')}", progress)
+    bar = ProgressBar(len(fitting) * repeats, f"calibrating {model} on {getattr(backend, 'device', 'cpu')}", progress)
     raw = measure(backend, fitting, m["vocab_size"], warmup, repeats, seed, bar)
     bar.close()
     dtype = str(getattr(backend, "dtype", "bfloat16")).removeprefix("torch.")
@@ -248,6 +272,10 @@ def calibrate(backend, model: str, grid: str = "full", warmup: int = 2, repeats:
                           "warmup": warmup, "repeats": repeats, "seed": seed},
     )
     return profile, raw
+
+
+def default_grid(device: str) -> str:
+    return "cpu" if device == "cpu" else "full"
 
 
 def grid_num_blocks(model: str, grid: str, block_size: int) -> int:
@@ -265,6 +293,10 @@ def format_profile(profile: Profile) -> str:
              f"{fit['num_points']} shapes, ridge {profile.calibration.ridge_flops_per_byte:.3g} FLOP/B"]
     for name, value in profile.calibration.as_dict().items():
         lines.append(f"  {name:<16}{value:.4g} s/unit")
+    if "repeat_noise" in fit:
+        noise = fit["repeat_noise"]
+        lines.append(f"repeat noise (IQR / median of a shape's repeats): median {pct(noise['median_iqr_over_median'])}, "
+                     f"p90 {pct(noise['p90_iqr_over_median'])}")
     lines.append(f"{'fit error':<18}{'median':>8}{'p90':>8}{'max':>8}")
     for name in ("train", "cross_validated", "decode", "prefill", "mixed"):
         if name in fit:
@@ -287,12 +319,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if out.suffix != ".json":
         raise ServesimError(f"--out {out}: a profile is a .json file")
     get_model(args.model)
+    grid = args.grid or default_grid(args.device)
     num_blocks = args.num_blocks
     if num_blocks is None and not args.device.startswith("cuda"):
-        num_blocks = grid_num_blocks(args.model, args.grid, args.block_size)
+        num_blocks = grid_num_blocks(args.model, grid, args.block_size)
     backend = real_backend(args.model, args.device, args.block_size, num_blocks, args.seed, args.weights)
     started = time.perf_counter()
-    profile, raw = calibrate(backend, args.model, args.grid, args.warmup, args.repeats, args.seed,
+    profile, raw = calibrate(backend, args.model, grid, args.warmup, args.repeats, args.seed,
                              progress=sys.stderr.isatty() and not args.quiet)
     save_profile(profile, out)
     csv = out.with_suffix(".csv")
@@ -310,9 +343,10 @@ def register(subparsers) -> None:
                     "median of the repeats, fit the cost model's coefficients and write a profile (JSON) and "
                     "the raw measurements (CSV beside it). Use the profile with `sim replay --profile`.")
     p.add_argument("--model", required=True, help="model preset (see `sim models`)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the real backend's device (default: cpu)")
     p.add_argument("--out", required=True, help="profile to write, e.g. profiles/tiny-cpu.json")
-    p.add_argument("--grid", default="full", choices=list(GRIDS), help="grid of shapes (default: full)")
+    p.add_argument("--grid", default=None, choices=list(GRIDS),
+                   help="grid of shapes (default: cpu on a CPU, full on a GPU; small for a quick look)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured runs per shape (default: 2)")
     p.add_argument("--repeats", type=int, default=5, metavar="N",
                    help="measured runs per shape; the median is fitted (default: 5)")

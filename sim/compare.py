@@ -242,12 +242,14 @@ def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured_o
 def cmd_compare(args: argparse.Namespace) -> int:
     from sim.cli import Progress, options_from_args
     from traces import read_trace
+    from traces.cli import apply_trace_options
 
     if args.profile is None:
         raise ServesimError("sim compare needs --profile (make one with `sim calibrate`)")
     options = options_from_args(args)
     profile = load_profile(args.profile, options.model)
-    trace = read_trace(args.trace, args.format)
+    trace = read_trace(args.trace, args.format, model_filter=args.model_filter)
+    trace = apply_trace_options(trace, args, options.max_model_len)
     for warning in trace.warnings:
         print(f"sim: warning: {warning}", file=sys.stderr)
     measured_options = replace(options, backend="real", profile=None)
@@ -255,7 +257,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # Both runs plan with the KV blocks the real backend allocated.
     cache = replace(options.cache, num_blocks=int(measured_backend.num_blocks))
     measured_options = replace(measured_options, cache=cache)
-    predicted_options = replace(options, backend="costmodel", cache=cache)
+    predicted_options = replace(options, backend="costmodel", weights=None, cache=cache)
     progress = Progress(enabled=sys.stderr.isatty() and not args.quiet)
     started = time.perf_counter()
     comparison = compare(trace, measured_options, predicted_options, measured_backend, progress)

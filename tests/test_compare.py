@@ -124,3 +124,34 @@ def test_compare_needs_a_profile(tmp_path, capsys):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
     assert main(["compare", str(trace), "--model", "tiny", "--out", str(tmp_path / "c")]) == 2
     assert "needs --profile" in capsys.readouterr().err
+
+
+def test_cpu_round_trip_calibrate_then_compare_on_tiny(tmp_path, capsys):
+    """The real backend on the CPU: `sim calibrate` (small grid), then `sim compare` with its profile."""
+    pytest.importorskip("torch")
+    from sim.cli import main
+
+    profile = tmp_path / "tiny-cpu.json"
+    assert main(["calibrate", "--model", "tiny", "--device", "cpu", "--grid", "small", "--warmup", "1",
+                 "--repeats", "2", "--out", str(profile)]) == 0
+    assert profile.is_file() and profile.with_suffix(".csv").is_file()
+    assert "fit error" in capsys.readouterr().out
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                     + "".join(f"{a:.3f},{p},{o}\n" for a, p, o in ROWS[:8]))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(trace), "--model", "tiny", "--device", "cpu", "--profile", str(profile),
+                 "--max-num-batched-tokens", "64", "--max-num-seqs", "8", "--num-blocks", "128",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "median APE" in printed and "ttft_p50" in printed
+    data = json.loads((out / "compare.json").read_text())
+    for name in ("step_all_median_ape", "step_all_p90_ape", "ttft_p50_rel_error", "ttft_p99_rel_error",
+                 "tpot_p50_rel_error", "tpot_p99_rel_error"):
+        assert math.isfinite(data["errors"][name]), name
+    measured = json.loads((out / "measured" / "summary.json").read_text())
+    assert measured["options"]["backend"] == "real" and measured["completed"] == 8
+    predicted = json.loads((out / "predicted" / "summary.json").read_text())
+    assert predicted["options"]["profile"] == str(profile)
+    assert data["step_error"]["all"]["count"] == measured["num_steps"]
+    assert (out / "report.html").stat().st_size > 1_000_000 and (out / "steps.csv").is_file()
