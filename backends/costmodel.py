@@ -16,6 +16,7 @@ figures single steps would get.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,9 +44,61 @@ class Efficiencies:
             raise ServesimError(f"step overhead must be >= 0 s, got {self.step_overhead_s}")
 
 
-# The terms of a calibrated step, per step: GEMM FLOPs (a memory-bound GEMM counts its bytes x the
-# ridge point), attention FLOPs, K/V bytes read, tokens, requests, and 1.
-FEATURES = ("linear_flops", "attention_flops", "kv_read_bytes", "num_tokens", "num_requests", "constant")
+# The terms of a calibrated step: GEMM FLOPs (a memory-bound GEMM counts its bytes x the ridge
+# point), attention FLOPs counted causally (a flash-style kernel) and densely (a masked q x c
+# kernel), K/V bytes read by each request and by padded decode attention (every decode as long as
+# the longest), tokens, requests, prefill chunks (requests with q > 1), and 1. Terms that an
+# implementation does not have get a zero coefficient in the fit.
+FEATURES = ("linear_flops", "attention_flops", "attention_dense_flops", "kv_read_bytes", "kv_read_padded_bytes",
+            "num_tokens", "num_requests", "num_prefill_chunks", "constant")
+
+
+class StepAggregates(NamedTuple):
+    """Exact integer aggregates of a step's batch, each an int or an int64 array (one entry per
+    step). Requests with q = 1 are decodes; the others are prefill chunks."""
+
+    num_tokens: Any
+    num_logits: Any
+    num_requests: Any
+    num_decodes: Any
+    sum_context: Any  # sum of c
+    sum_causal: Any  # sum of q*c - q*(q-1)/2: keys attended under a causal mask
+    sum_dense: Any  # sum of q*c: query-key pairs of a masked dense attention
+    max_decode_context: Any  # the longest decode's c; 0 without decodes
+
+
+def step_aggregates(q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> StepAggregates:
+    """Aggregates of steps given as q, c: [steps, requests] (zero-padded) and num_logits: [steps]."""
+    q, c = np.asarray(q, dtype=np.int64), np.asarray(c, dtype=np.int64)
+    is_decode = q == 1
+    return StepAggregates(q.sum(axis=1), np.asarray(num_logits, dtype=np.int64), (q > 0).sum(axis=1),
+                          is_decode.sum(axis=1), c.sum(axis=1), (q * c - q * (q - 1) // 2).sum(axis=1),
+                          (q * c).sum(axis=1), np.where(is_decode, c, 0).max(axis=1, initial=0))
+
+
+def linear_flops(model: dict, num_tokens, num_logits, dtype_bytes: int, ridge_flops_per_byte: float):
+    """The GEMM term: every layer's matmuls over the step's tokens and the LM head over its logits
+    rows, each max(FLOPs, ridge x bytes). Ints or arrays."""
+    b, r, t, n = dtype_bytes, ridge_flops_per_byte, num_tokens, num_logits
+    h, v = model["hidden_size"], model["vocab_size"]
+    linear = 0.0
+    for k_in, n_out in gemm_shapes(model):
+        linear = linear + np.maximum(2.0 * t * k_in * n_out, r * (k_in * n_out + t * (k_in + n_out)) * b)
+    # The LM head runs (and reads its weights) only when some row needs logits.
+    lm_head = np.where(n > 0, np.maximum(2.0 * n * h * v, r * ((h * v + n * h) * b + n * v * 4)), 0.0)
+    return model["num_hidden_layers"] * linear + lm_head
+
+
+def calibrated_terms(model: dict, agg: StepAggregates, dtype_bytes: int, linear) -> tuple:
+    """The values of `FEATURES` but the first (`linear`, given), from a step's aggregates. The same
+    expressions serve the fit, single steps and decode runs, so they agree exactly."""
+    layers, hd = model["num_hidden_layers"], model["head_dim"]
+    nh, nkv = model["num_attention_heads"], model["num_key_value_heads"]
+    flops_per_key = layers * 4.0 * nh * hd  # QK^T and PV, per query-key pair
+    kv_bytes = layers * 2.0 * nkv * hd * dtype_bytes  # K and V of one cached token
+    return (linear, flops_per_key * agg.sum_causal, flops_per_key * agg.sum_dense, kv_bytes * agg.sum_context,
+            kv_bytes * (agg.num_decodes * agg.max_decode_context), agg.num_tokens, agg.num_requests,
+            agg.num_requests - agg.num_decodes, 1)
 
 
 @dataclass(frozen=True)
@@ -88,30 +141,11 @@ def step_features(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndar
                   ridge_flops_per_byte: float = 0.0) -> np.ndarray:
     """The calibrated model's terms, [steps, len(FEATURES)]. q, c: [steps, requests] query and context
     lengths (zero-padded); num_logits: [steps]. Each row depends only on its own step."""
-    b, layers = dtype_bytes, model["num_hidden_layers"]
-    h, v, hd = model["hidden_size"], model["vocab_size"], model["head_dim"]
-    nh, nkv = model["num_attention_heads"], model["num_key_value_heads"]
-    q = q.astype(np.float64)
-    c = c.astype(np.float64)
-    t = q.sum(axis=1)  # [steps]
-    n = num_logits.astype(np.float64)
-    r = ridge_flops_per_byte
-
-    linear = np.zeros_like(t)
-    for k_in, n_out in gemm_shapes(model):
-        linear += np.maximum(2.0 * t * k_in * n_out, r * (k_in * n_out + t * (k_in + n_out)) * b)
-    # The LM head runs (and reads its weights) only when some row needs logits.
-    lm_head = np.where(n > 0, np.maximum(2.0 * n * h * v, r * ((h * v + n * h) * b + n * v * 4)), 0.0)
-    attn_flops = 4.0 * nh * hd * (q * c - q * (q - 1) / 2)  # causal: see `breakdown`
-    kv_read = c * 2 * nkv * hd * b
-    return np.stack([
-        layers * linear + lm_head,
-        layers * attn_flops.sum(axis=1),
-        layers * kv_read.sum(axis=1),
-        t,
-        (q > 0).sum(axis=1).astype(np.float64),
-        np.ones_like(t),
-    ], axis=1)
+    agg = step_aggregates(q, c, num_logits)
+    linear = linear_flops(model, agg.num_tokens, agg.num_logits, dtype_bytes, ridge_flops_per_byte)
+    terms = calibrated_terms(model, agg, dtype_bytes, linear)
+    steps = len(agg.num_tokens)
+    return np.stack([np.broadcast_to(np.asarray(x, dtype=np.float64), (steps,)) for x in terms], axis=1)
 
 
 class CostModelBackend:
@@ -199,23 +233,17 @@ class CostModelBackend:
                               ((h * v + num_logits * h) * b + num_logits * v * 4) / self._bytes_s)
             value = (linear, kv_write, elementwise, lm_head)
         else:
-            coef, r = cal.coefficients, cal.ridge_flops_per_byte
-            linear_flops = 0.0
-            for k_in, n_out in self._gemms:
-                linear_flops += max(2.0 * t * k_in * n_out, r * (k_in * n_out + t * (k_in + n_out)) * b)
-            lm_head = 0.0
-            if num_logits:
-                lm_head = max(2.0 * num_logits * h * v, r * ((h * v + num_logits * h) * b + num_logits * v * 4))
-            value = ((layers * linear_flops + lm_head) * coef[0], t * coef[3])
+            value = (float(linear_flops(m, t, num_logits, b, cal.ridge_flops_per_byte)),)
         self._dense_cache[key] = value
         return value
 
     def _parts(self, t: int, num_logits: int, n: int, sum_c, attn_units, decode_sum_c, num_decodes: int,
-               other_attention_s: float) -> dict:
+               other_attention_s: float, dense_units=0, max_decode_c=0) -> dict:
         """Seconds per operator from a step's aggregates. `sum_c`, `attn_units` (sum of
-        q*c - q*(q-1)/2) and `decode_sum_c` (contexts of the q = 1 requests) may be int64 arrays,
-        one entry per step; everything else is the same for all those steps.
-        `other_attention_s`: per-layer attention of the requests with q > 1 (roofline mode)."""
+        q*c - q*(q-1)/2), `decode_sum_c` (contexts of the q = 1 requests), `dense_units` (sum of
+        q*c) and `max_decode_c` may be int64 arrays, one entry per step; everything else is the
+        same for all those steps. `other_attention_s`: per-layer attention of the requests with
+        q > 1 (roofline mode)."""
         m, b = self.model, self.dtype_bytes
         layers, hd = m["num_hidden_layers"], m["head_dim"]
         nh, nkv = m["num_attention_heads"], m["num_key_value_heads"]
@@ -227,11 +255,11 @@ class CostModelBackend:
             return {"linear": linear, "attention": layers * (decode_attention + other_attention_s),
                     "kv_write": kv_write, "elementwise": elementwise, "lm_head": lm_head,
                     "overhead": self.eff.step_overhead_s}
-        coef = cal.coefficients
-        linear, tokens = dense
-        attention = (layers * (4.0 * nh * hd) * attn_units) * coef[1] + (layers * (2 * nkv * hd * b) * sum_c) * coef[2]
-        return {"linear": linear, "attention": attention, "elementwise": tokens,
-                "overhead": n * coef[4] + coef[5]}
+        agg = StepAggregates(t, num_logits, n, num_decodes, sum_c, attn_units, dense_units, max_decode_c)
+        terms = [x * k for x, k in zip(calibrated_terms(m, agg, b, dense[0]), cal.coefficients)]
+        linear, causal, dense_attention, kv_read, kv_padded, tokens, requests, chunks, constant = terms
+        return {"linear": linear, "attention": causal + dense_attention + kv_read + kv_padded,
+                "elementwise": tokens, "overhead": requests + chunks + constant}
 
     @staticmethod
     def _total(parts: dict):
@@ -247,19 +275,24 @@ class CostModelBackend:
         n = len(q_list)
         sum_c = sum(computed_list) + t
         others = [i for i, q in enumerate(q_list) if q != 1] if self._decodes_memory_bound else range(n)
-        other_c = other_units = 0
+        other_c = other_units = other_dense = 0
         other_attention_s = 0.0
         for i in others:
             q = q_list[i]
             c = computed_list[i] + q
             other_c += c
             other_units += q * c - q * (q - 1) // 2
+            other_dense += q * c
             if self.calibration is None:
                 other_attention_s += self._attention_roofline(q, c)
         num_decodes = n - len(others)
         decode_sum_c = sum_c - other_c
         attn_units = decode_sum_c + other_units  # a decode's causal length is its context
-        return self._parts(t, num_logits, n, sum_c, attn_units, decode_sum_c, num_decodes, other_attention_s)
+        max_decode_c = 0
+        if self.calibration is not None and num_decodes:
+            max_decode_c = max(computed_list[i] + 1 for i, q in enumerate(q_list) if q == 1)
+        return self._parts(t, num_logits, n, sum_c, attn_units, decode_sum_c, num_decodes, other_attention_s,
+                           decode_sum_c + other_dense, max_decode_c)
 
     # The backend interface.
 
@@ -274,8 +307,10 @@ class CostModelBackend:
         step's figures are exactly those `execute` gives for that step's batch (the engine's fast
         path relies on it)."""
         n = len(context_lens)
-        sum_c = int(np.sum(context_lens, dtype=np.int64)) + n * np.arange(num_steps, dtype=np.int64)
-        parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0)
+        steps = np.arange(num_steps, dtype=np.int64)
+        sum_c = int(np.sum(context_lens, dtype=np.int64)) + n * steps
+        max_c = int(np.max(context_lens, initial=0)) + steps
+        parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0, sum_c, max_c)
         return self._total(parts), parts
 
     def decode_run_seconds(self, context_lens: np.ndarray, num_steps: int) -> np.ndarray:

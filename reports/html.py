@@ -62,13 +62,14 @@ def write_report(directory: str | Path) -> Path:
     d = Path(directory)
     if not d.is_dir():
         raise ServesimError(f"{d}: no such folder")
-    if (d / RESULTS).exists():
+    capacity = pd.read_csv(d / "capacity.csv") if (d / "capacity.csv").exists() else None
+    if (d / RESULTS).exists():  # a sweep, and the capacity search run into the same folder if any
         rows, _ = read_table(d / RESULTS)
-        text = report_html(rows, title=f"Sweep of {_trace_name(rows)}", subtitle=_grid_description(rows))
-    elif (d / "capacity.csv").exists():
+        text = report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
+                           subtitle=_grid_description(rows))
+    elif capacity is not None:
         rows, _ = read_table(d / "probes.parquet")
-        capacity = pd.read_csv(d / "capacity.csv", keep_default_na=True)
-        text = report_html(rows, capacity=capacity, title=f"Capacity on {_trace_name(rows)}",
+        text = report_html(rows, capacity=capacity, at_capacity=True, title=f"Capacity on {_trace_name(rows)}",
                            subtitle=f"SLO: {capacity['slo'].iloc[0]}" if len(capacity) else "")
     elif (d / "summary.json").exists():
         summary, digest = _read_run(d)
@@ -101,20 +102,23 @@ def _read_run(d: Path) -> tuple[dict, dict | None]:
 
 # The report.
 
-def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, title: str = "servesim report",
-                subtitle: str = "", label_column: str | None = None) -> str:
+def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_capacity: bool = False,
+                title: str = "servesim report", subtitle: str = "", label_column: str | None = None) -> str:
     """The whole page. `rows`: one per run (sweep rows or summary_row); `capacity`: one per searched
-    configuration, with the probe row at capacity named in its `point` column."""
+    configuration, with the probe row at capacity named in its `point` column; `at_capacity`: the
+    rows are that search's probes, and the CDFs and timelines show the probes at capacity."""
     from plotly.offline import get_plotlyjs
 
     ok = rows[rows["status"] == "ok"] if "status" in rows else rows
     swept = [a for a in AXES if a in rows and rows[a].astype(str).nunique() > 1]
     sections = []
-    if capacity is not None and len(capacity):
-        focus = ok[ok["point"].isin(capacity["point"].dropna())] if "point" in ok else ok
-        group_by = [a for a in swept if a not in ("policy", "rate_scale", "seed")]
+    has_capacity = capacity is not None and len(capacity) > 0
+    if has_capacity:
         sections.append(_section("Capacity per policy and budget", _capacity_figure(capacity),
                                  "The highest request rate meeting the SLO: " + html.escape(str(capacity["slo"].iloc[0]))))
+    if has_capacity and at_capacity:
+        focus = ok[ok["point"].isin(capacity["point"].dropna())]
+        group_by = [a for a in swept if a not in ("policy", "rate_scale", "seed")]
         sections.append(_section("Latency CDFs at capacity", _cdf_figure(focus, group_by, label_column)))
     else:
         focus = _first_seed(ok)
@@ -128,9 +132,9 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, title:
     if "timeline_start_s" in focus and len(focus):
         sections.append(_section("Step timeline", _timeline_figure(focus, swept, label_column),
                                  f"Steps binned by start time; each bin shows the mean per step."))
-    if capacity is not None and len(capacity):
+    if has_capacity:
         sections.append(f"<h2>Capacity</h2>{_capacity_table(capacity)}")
-    if len(rows) == 1:
+    if len(rows) == 1 and len(ok) == 1:
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:
         sections.append(f"<h2>Numbers</h2>{_rows_table(rows, swept, label_column)}")
@@ -349,7 +353,8 @@ def _is_nan(value) -> bool:
 
 
 def _capacity_table(capacity: pd.DataFrame) -> str:
-    columns = [c for c in capacity.columns if c not in ("point", "slo", "trace")]
+    columns = [c for c in capacity.columns if c not in ("point", "slo", "trace")
+               and not (c in AXES and c != "policy" and capacity[c].astype(str).nunique() == 1)]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt_cell(row[c]))}</td>" for c in columns) + "</tr>"
                    for _, row in capacity.iterrows())

@@ -267,7 +267,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     names = [name for name in AXES if name != "rate_scale"]
     axes = _grid(args, names)
     configs = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
-    options = [_point_options(args, config) for config in configs]
+    replay_args = argparse.Namespace(**vars(args))
+    replay_args.slo = None  # --slo here is the capacity criterion, not replay's goodput SLO
+    options = [_point_options(replay_args, config) for config in configs]
     trace = _load(args, min(o.max_model_len for o in options))
     out = _out_dir(args, "capacity")
     config_index = {tuple(config[n] for n in names): i for i, config in enumerate(configs)}

@@ -1,0 +1,200 @@
+"""HTML reports: self-contained, the expected figures, cheap for long runs, and clean in a real browser."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, timeline
+from reports.html import _cdf_figure, _throughput_figure, report_html, run_report_html, write_report
+from sim.cli import main
+from traces import AZURE_CONV_SAMPLE
+
+SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "60"]
+FIGURE_IDS = ("figure-latency-cdfs", "figure-step-timeline")
+
+
+def figure_ids(text: str) -> list[str]:
+    return re.findall(r'<div id="(figure-[a-z-]+)"', text)
+
+
+def assert_self_contained(text: str) -> None:
+    assert text.startswith("<!DOCTYPE html>")
+    assert "<script src" not in text and "<link" not in text  # nothing fetched: no CDN, no stylesheet
+    assert text.count("<script") == 1 + len(figure_ids(text))  # plotly.js inline, then one per figure
+    assert "Plotly.newPlot" in text and len(text) > 3_000_000  # plotly.js itself is ~4.8 MB
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "chunked"
+    assert main(["replay", *SMALL, "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_every_replay_writes_a_report(run_dir):
+    text = (run_dir / "report.html").read_text()
+    assert_self_contained(text)
+    assert figure_ids(text) == list(FIGURE_IDS)
+    for title in ("TTFT", "TPOT", "ITL (time between tokens)", "E2E latency", "prefill tokens per step",
+                  "decode tokens per step", "KV blocks used", "waiting requests"):
+        assert title in text
+    digest = json.loads((run_dir / "digest.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # The sketches agree with the summary's exact percentiles.
+    p99 = list(QUANTILES).index(99.0)
+    for metric in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
+        assert digest[metric][p99] == pytest.approx(summary[metric]["p99"])
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert len(digest["timeline"]["start_s"]) == min(NUM_TIMELINE_BINS, len(steps))
+
+
+def test_report_command_rebuilds_a_run_report_byte_for_byte(run_dir, capsys):
+    before = (run_dir / "report.html").read_text()
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report.html").read_text() == before
+    assert "report.html" in capsys.readouterr().out
+
+
+def test_report_of_a_folder_of_runs_compares_them(tmp_path):
+    for policy in ("prefill-first", "chunked"):
+        assert main(["replay", *SMALL, "--policy", policy, "--out", str(tmp_path / policy), "--quiet"]) == 0
+    (tmp_path / "chunked" / "digest.json").unlink()  # a run from before digest.json: read from its CSVs
+    assert main(["report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.html").read_text()
+    assert_self_contained(text)
+    assert figure_ids(text) == list(FIGURE_IDS)
+    assert "2 runs in" in text and '"name":"prefill-first"' in text and '"name":"chunked"' in text
+
+
+def test_report_errors_are_one_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["report", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "nothing to report" in error and error.count("\n") == 1
+
+
+def test_sweep_report_has_cdfs_per_policy_with_a_menu_and_throughput_curves(tmp_path):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "sweep"
+    assert main(["sweep", *SMALL, "--policy", "prefill-first,chunked", "--max-num-batched-tokens", "256,1024",
+                 "--rate-scale", "1,2", "--seed", "0,1", "--out", str(out), "--jobs", "2", "--quiet"]) == 0
+    text = (out / "report.html").read_text()
+    assert_self_contained(text)
+    assert figure_ids(text) == ["figure-latency-cdfs", "figure-throughput-against-latency-across-rates",
+                                "figure-step-timeline"]
+    from sim.sweep import read_table
+
+    rows = read_table(out / "results.parquet")[0]
+    first_seed = rows[rows["seed"] == 0]
+    cdf = _cdf_figure(first_seed, ["max_num_batched_tokens", "rate_scale"], None)
+    # One menu entry per (budget, rate); in each, one line per policy in each of the 4 panels.
+    labels = [b["label"] for b in cdf["layout"]["updatemenus"][0]["buttons"]]
+    assert labels == ["budget 256, rate ×1", "budget 256, rate ×2", "budget 1024, rate ×1", "budget 1024, rate ×2"]
+    assert len(cdf["data"]) == 4 * 2 * 4
+    assert sum(trace["visible"] for trace in cdf["data"]) == 2 * 4
+    throughput = _throughput_figure(rows, ["policy", "max_num_batched_tokens"])
+    # One line per (policy, budget) in each of the 4 panels, a point per rate, seeds averaged.
+    assert len(throughput["data"]) == 4 * 4
+    assert all(len(trace["x"]) == 2 for trace in throughput["data"])
+    assert throughput["data"][0]["name"] == "prefill-first, budget 256"
+
+
+def test_a_long_run_report_stays_small_and_fast():
+    """A one-hour trace: ~20k requests, ~500k steps, ~4M inter-token gaps."""
+    rng = np.random.default_rng(0)
+    num_requests, num_steps = 20_000, 500_000
+    ttft = rng.lognormal(-3, 1, num_requests)
+    requests = pd.DataFrame({"status": "finished", "ttft_s": ttft, "tpot_s": rng.lognormal(-5, 0.2, num_requests),
+                             "e2e_s": ttft + rng.lognormal(0, 1, num_requests),
+                             "scheduling_delay_s": rng.lognormal(-4, 1, num_requests)})
+    itl = rng.lognormal(-5, 0.5, 4_000_000)
+    steps = {"start_s": np.cumsum(rng.uniform(0.005, 0.01, num_steps))}
+    steps.update({name: rng.integers(0, 500, num_steps) for name in TIMELINE})
+    summary = {"options": {"scheduler": {"policy": "chunked"}, "trace": "long.csv"}, "num_requests": num_requests}
+    started = time.perf_counter()
+    digest = make_digest(requests, itl, steps)
+    text = run_report_html(summary, digest)
+    seconds = time.perf_counter() - started
+    assert seconds < 2.0  # about 0.3 s here; the bound leaves room for a slow CI machine
+    assert len(digest["itl"]) == len(QUANTILES)
+    assert all(len(v) == NUM_TIMELINE_BINS for v in digest["timeline"].values())
+    from plotly.offline import get_plotlyjs
+
+    assert len(text) - len(get_plotlyjs()) < 300_000
+    # The tail of the sketch is exact even when its body comes from a sample.
+    tail = QUANTILES >= 98
+    assert np.array(digest["itl"])[tail] == pytest.approx(np.percentile(itl, QUANTILES[tail]), rel=1e-12)
+
+
+def test_quantile_sketch_is_numpys_percentile_up_to_the_exact_limit():
+    values = np.random.default_rng(1).exponential(size=5000)
+    assert quantile_sketch(values) == pytest.approx(np.percentile(values, QUANTILES).tolist(), rel=1e-12)
+    assert quantile_sketch(np.array([np.nan])) is None
+    assert quantile_sketch(np.array([3.0, np.nan])) == [3.0] * len(QUANTILES)
+
+
+def test_timeline_bins_are_means_per_step_with_gaps_when_idle():
+    start = np.array([0.0, 0.5, 1.0, 9.0, 9.5])
+    binned = timeline(start, {"num_waiting": np.array([1, 3, 5, 7, 9])}, num_bins=4)
+    assert binned["start_s"] == [0.0, 2.375, 4.75, 7.125]
+    assert binned["num_waiting"][0] == 3.0 and binned["num_waiting"][3] == 8.0
+    assert np.isnan(binned["num_waiting"][1]) and np.isnan(binned["num_waiting"][2])
+
+
+def test_report_html_of_failed_points_lists_their_errors():
+    rows = pd.DataFrame([{"point": "a", "status": "error", "error": "ValueError: boom", "policy": "chunked"}])
+    text = report_html(rows)
+    assert "ValueError: boom" in text and figure_ids(text) == []
+
+
+# The browser test: headless Chromium (Debian's package), offline, no console output at all.
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _browse(page: Path, *args: str) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+             "--host-resolver-rules=MAP * ~NOTFOUND",  # offline: any CDN fetch would fail
+             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", *args, page.as_uri()],
+            capture_output=True, text=True, timeout=120)
+
+
+def _console(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (apt-get install chromium)")
+def test_report_loads_in_chromium_without_console_errors(run_dir, tmp_path):
+    # The check can fail: a page with a script error is caught.
+    broken = tmp_path / "broken.html"
+    broken.write_text("<html><body><script>undefinedFunction()</script></body></html>")
+    assert any("undefinedFunction" in line for line in _console(_browse(broken, "--dump-dom").stderr))
+
+    report = run_dir / "report.html"
+    dom = _browse(report, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert _console(dom.stderr) == []
+    assert dom.stdout.count('class="plot-container plotly"') == len(FIGURE_IDS)  # plotly drew every figure
+    screenshot = tmp_path / "report.png"
+    shot = _browse(report, "--window-size=1280,2000", f"--screenshot={screenshot}")
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert _console(shot.stderr) == []
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 50_000
