@@ -292,16 +292,16 @@ def format_profile(profile: Profile) -> str:
     lines = [f"{profile.model} on {profile.device_name} ({profile.device}, {profile.dtype}), "
              f"{fit['num_points']} shapes, ridge {profile.calibration.ridge_flops_per_byte:.3g} FLOP/B"]
     for name, value in profile.calibration.as_dict().items():
-        lines.append(f"  {name:<16}{value:.4g} s/unit")
+        lines.append(f"  {name:<24}{value:.4g} s/unit")
     if "repeat_noise" in fit:
         noise = fit["repeat_noise"]
         lines.append(f"repeat noise (IQR / median of a shape's repeats): median {pct(noise['median_iqr_over_median'])}, "
                      f"p90 {pct(noise['p90_iqr_over_median'])}")
-    lines.append(f"{'fit error':<18}{'median':>8}{'p90':>8}{'max':>8}")
+    lines.append(f"{'fit error':<26}{'median':>8}{'p90':>8}{'max':>8}")
     for name in ("train", "cross_validated", "decode", "prefill", "mixed"):
         if name in fit:
             s = fit[name]
-            lines.append(f"  {name:<16}{pct(s['median_ape']):>8}{pct(s['p90_ape']):>8}{pct(s['max_ape']):>8}")
+            lines.append(f"  {name:<24}{pct(s['median_ape']):>8}{pct(s['p90_ape']):>8}{pct(s['max_ape']):>8}")
     return "\n".join(lines)
 
 

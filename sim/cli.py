@@ -130,7 +130,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     summary = write_run(out, result, options, trace)
     if not args.quiet:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on "
-              f"{options.hardware}, {options.backend}")
+              f"{options.hardware}, {options.backend}" + (f" with profile {options.profile}" if options.profile else ""))
         print(format_summary(summary))
         print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
     return 0
