@@ -75,6 +75,10 @@ else:
         ctx_lens = [int(rng.integers(1, 60)), 0, int(rng.integers(1, 50)), int(rng.integers(60, 90))]
         check_attention(rng, q_lens, ctx_lens, block_size, group)
 
+    def test_paged_attention_long_prefill_chunk_tile():
+        # A chunk of 130 queries takes the 128-row tile; with a decode beside it.
+        check_attention(np.random.default_rng(9), [130, 1], [20, 33], 16, 8)
+
     @settings(max_examples=6, deadline=None)
     @given(st.integers(0, 2**20), st.sampled_from([16, 32]), st.sampled_from([1, 4, 8]),
            st.lists(st.tuples(st.integers(1, 24), st.integers(0, 70)), min_size=1, max_size=4))

@@ -103,11 +103,12 @@ def _paged_attention_kernel(
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
 
 
-def tile_shape(group: int, max_query_len: int) -> tuple[int, int]:
-    """(BLOCK_Q, BLOCK_M): a 16-row tile for decodes, 64 rows when the batch has longer queries."""
-    rows = 16 if max_query_len <= 1 else 64
+def tile_shape(group: int, max_query_len: int) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_M, num_warps): 16 rows for decode-only batches (a decode's GROUP heads fill
+    them), 64 with short chunks, 128 when a long prefill chunk makes the step compute-bound."""
+    rows, num_warps = (16, 4) if max_query_len <= 1 else (64, 4) if max_query_len < 128 else (128, 8)
     block_q = max(1, rows // group)
-    return block_q, max(16, triton.next_power_of_2(block_q * group))
+    return block_q, max(16, triton.next_power_of_2(block_q * group)), num_warps
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
@@ -121,7 +122,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if num_tokens == 0:
         return out
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
-    block_q, block_m = tile_shape(group, meta.max_query_len)
+    block_q, block_m, num_warps = tile_shape(group, meta.max_query_len)
     grid = (num_tokens // block_q + num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_table,
@@ -130,5 +131,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
-        num_warps=4, num_stages=2)
+        num_warps=num_warps, num_stages=2)
     return out
