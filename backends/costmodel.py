@@ -300,18 +300,45 @@ class CostModelBackend:
         parts = self._step_parts(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits))
         return StepResult(float(self._total(parts)), {k: float(v) for k, v in parts.items()})
 
-    def decode_run(self, context_lens: np.ndarray, num_steps: int) -> tuple[np.ndarray, dict]:
+    def decode_run(self, context_lens: np.ndarray, num_steps: int,
+                   active_steps: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """Seconds and breakdown of `num_steps` decode-only steps of the same requests, whose
-        contexts (after the first step) are `context_lens` and grow by one token per step. A part
-        that is the same for every step is a float, the others [num_steps] arrays. Each
-        step's figures are exactly those `execute` gives for that step's batch (the engine's fast
-        path relies on it)."""
+        contexts (after the first step) are `context_lens` and grow by one token per step.
+        Request i takes part in the first `active_steps[i]` steps only (default: all). A part that
+        is the same for every step may be a float, the others are [num_steps] arrays. Each step's
+        figures are exactly those `execute` gives for that step's batch (the engine's fast path
+        relies on it)."""
         n = len(context_lens)
         steps = np.arange(num_steps, dtype=np.int64)
-        sum_c = int(np.sum(context_lens, dtype=np.int64)) + n * steps
-        max_c = int(np.max(context_lens, initial=0)) + steps
-        parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0, sum_c, max_c)
-        return self._total(parts), parts
+        if active_steps is None or int(active_steps.min()) >= num_steps:
+            sum_c = int(np.sum(context_lens, dtype=np.int64)) + n * steps
+            max_c = int(np.max(context_lens, initial=0)) + steps
+            parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0, sum_c, max_c)
+            return self._total(parts), parts
+        # Requests leave as they finish: step j has the requests with active_steps > j, a suffix
+        # of them ordered by active_steps.
+        order = np.argsort(active_steps, kind="stable")
+        leaving = active_steps[order]
+        contexts = context_lens[order]
+        suffix_sum = np.zeros(n + 1, dtype=np.int64)
+        suffix_sum[:n] = np.cumsum(contexts[::-1])[::-1]
+        suffix_max = np.zeros(n + 1, dtype=np.int64)
+        suffix_max[:n] = np.maximum.accumulate(contexts[::-1])[::-1]
+        gone = np.searchsorted(leaving, steps, side="right")
+        num_running = n - gone
+        sum_c = suffix_sum[gone] + num_running * steps
+        max_c = suffix_max[gone] + steps
+        cuts = [0, *(np.flatnonzero(np.diff(num_running)) + 1).tolist(), num_steps]
+        total = np.empty(num_steps)
+        parts: dict[str, np.ndarray] = {}
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            m = int(num_running[a])
+            c = sum_c[a:b]
+            piece = self._parts(m, m, m, c, c, c, m, 0.0, c, max_c[a:b])
+            total[a:b] = self._total(piece)
+            for key, value in piece.items():
+                parts.setdefault(key, np.empty(num_steps))[a:b] = value
+        return total, parts
 
     def decode_run_seconds(self, context_lens: np.ndarray, num_steps: int) -> np.ndarray:
         return self.decode_run(context_lens, num_steps)[0]

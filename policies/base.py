@@ -20,6 +20,11 @@ class Policy:
         """Choose this step's requests and token counts, reserving their KV blocks."""
         raise NotImplementedError
 
+    def finish_may_admit(self, state: EngineState) -> bool:
+        """Whether a request finishing (freeing its slot and blocks) could let a waiting request
+        in at the next step. The engine's fast-forward runs past finishes when it cannot."""
+        return bool(state.waiting)
+
     # Running requests.
 
     def _schedule_running(self, state: EngineState, batch: Batch, request: Request, num_tokens: int) -> bool:

@@ -22,14 +22,20 @@ class ChunkedPolicy(Policy):
         preempted = False
         step = state.step_index
         # Decodes first; budget >= max_num_seqs (checked in SchedulerConfig) leaves room for all.
+        num_prefills = 0
         for request in list(state.running):
-            if request.status is Status.RUNNING and request.is_decoding:
+            if request.status is not Status.RUNNING:
+                continue  # preempted in this loop
+            num_generated = request.num_generated_tokens
+            if num_generated and request.num_computed_tokens == request.num_prompt_tokens + num_generated - 1:
                 if self._schedule_decode(state, batch, request):
                     budget -= 1
                 else:
                     preempted = True
+            else:
+                num_prefills += 1
         # Then partially done prefills, chunked to the budget left.
-        for request in list(state.running):
+        for request in list(state.running) if num_prefills else ():
             if budget == 0:
                 break
             if request.status is not Status.RUNNING or request.last_scheduled_step == step:

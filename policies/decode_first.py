@@ -21,3 +21,6 @@ class DecodeFirstPolicy(Policy):
         else:
             self._admit_whole_prompts(state, batch, now)
         return batch
+
+    def finish_may_admit(self, state: EngineState) -> bool:
+        return False  # prompts wait until the whole batch has drained

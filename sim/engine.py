@@ -78,7 +78,14 @@ class StepLog:
         column[start:end] = value
 
     def append(self, row: tuple, breakdown: dict[str, float]) -> None:
-        self.extend(1, dict(zip(STEP_COLUMNS, row)), breakdown)
+        """Write one step: `row` in STEP_COLUMNS order."""
+        self._reserve(1)
+        i = self._num_steps
+        for column, value in zip(self._columns.values(), row):
+            column[i] = value
+        for key, value in breakdown.items():
+            self._write(self._breakdown, key, i, i + 1, value)
+        self._num_steps = i + 1
 
     def extend(self, num_rows: int, columns: dict, breakdown: dict) -> None:
         """Write `num_rows` steps; each value is a scalar (the same for every row) or an array."""
@@ -207,14 +214,14 @@ class Engine:
                 run = self._plan_decode_run(batch, env.now)
             if run is not None:
                 ends = run[0]
-                self._log_run(batch, env.now, run)
+                start, num_waiting = env.now, len(state.waiting)
                 end = float(ends[-1])
                 if env.now + (end - env.now) == end:
                     yield env.timeout(end - env.now)
-                else:  # the clock could not land exactly on `end` in one move: step as one by one
-                    for t in ends.tolist():
-                        yield env.timeout(t - env.now)
-                self._postprocess_run(batch, run)
+                else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
+                    for seconds in run[1].tolist():
+                        yield env.timeout(seconds)
+                self._log_run(batch, start, num_waiting, run, self._postprocess_run(batch, run))
             else:
                 start = env.now
                 result = self.backend.execute(batch)
@@ -263,11 +270,18 @@ class Engine:
 
     def _plan_decode_run(self, batch: Batch, now: float):
         """The run of decode steps starting with `batch` (already scheduled), or None when it
-        would be a single step. Returns (ends, seconds, breakdown, new_block_steps)."""
+        would be a single step. Returns (ends, seconds, breakdown, opens, active_steps): step end
+        times, seconds and breakdown; opens[j - 1, i] when request i opens a block at step j;
+        active_steps[i], the steps request i runs before it finishes (or the run ends)."""
         reqs = batch.requests
-        num_computed = np.fromiter(batch.num_computed_tokens, dtype=np.int64, count=len(reqs))
-        remaining = min(r.num_output_tokens - r.num_generated_tokens for r in reqs)
-        max_steps = min(remaining, MAX_RUN_STEPS)
+        n = len(reqs)
+        num_computed = np.fromiter(batch.num_computed_tokens, dtype=np.int64, count=n)
+        remaining = np.fromiter([r.num_output_tokens - r.num_generated_tokens for r in reqs], dtype=np.int64, count=n)
+        # Past a finish the same requests keep decoding unless the freed slot or blocks could let
+        # a waiting request in.
+        through_finishes = not self.policy.finish_may_admit(self.state)
+        max_steps = int(remaining.max() if through_finishes else remaining.min())
+        max_steps = min(max_steps, MAX_RUN_STEPS)
         if max_steps < 2:
             return None
         next_arrival = (self.requests[self._next_arrival].arrival_s
@@ -278,17 +292,20 @@ class Engine:
             max_steps = min(max_steps, int(1.25 * (next_arrival - now) / self._last_decode_step_s) + 2)
 
         # Blocks: step j >= 1 computes position num_computed + j, which opens a new block when it
-        # is a multiple of the block size; step 0's blocks were reserved by the policy.
+        # is a multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
+        # finishing requests free are not counted on, so the run never preempts.
         bs = self.block_manager.block_size
-        positions = num_computed[None, :] + np.arange(1, max_steps, dtype=np.int64)[:, None]  # [steps - 1, n]
-        opens = positions % bs == 0
-        cum_blocks = np.cumsum(opens.sum(axis=1))
-        num_steps = 1 + int(np.searchsorted(cum_blocks, self.block_manager.num_free_blocks, side="right"))
-        num_steps = min(num_steps, max_steps)
-        if num_steps < 2:
-            return None
+        steps = np.arange(1, max_steps, dtype=np.int64)[:, None]
+        opens = ((num_computed[None, :] + steps) % bs == 0) & (steps < remaining[None, :])  # [steps - 1, n]
+        num_steps = max_steps
+        free = self.block_manager.num_free_blocks
+        if free < n * ((max_steps - 2) // bs + 1):  # may run short
+            cum_blocks = np.cumsum(opens.sum(axis=1))
+            num_steps = min(num_steps, 1 + int(np.searchsorted(cum_blocks, free, side="right")))
+            if num_steps < 2:
+                return None
 
-        seconds, parts = self.backend.decode_run(num_computed + 1, num_steps)
+        seconds, parts = self.backend.decode_run(num_computed + 1, num_steps, remaining)
         self._last_decode_step_s = float(seconds[-1])
         ends = np.cumsum(np.concatenate(([now], seconds)))[1:]
         # A step starting at or after the next arrival is scheduled normally.
@@ -296,48 +313,52 @@ class Engine:
         if num_steps < 2:
             return None
         parts = {key: value if np.ndim(value) == 0 else value[:num_steps] for key, value in parts.items()}
-        return ends[:num_steps], seconds[:num_steps], parts, opens[:num_steps - 1]
+        return (ends[:num_steps], seconds[:num_steps], parts, opens[:num_steps - 1],
+                np.minimum(remaining, num_steps))
 
-    def _log_run(self, batch: Batch, now: float, run) -> None:
-        ends, seconds, parts, opens = run
-        k, n = len(seconds), len(batch)
+    def _log_run(self, batch: Batch, now: float, num_waiting: int, run, num_used_blocks: np.ndarray) -> None:
+        ends, seconds, parts, opens, active_steps = run
+        k = len(seconds)
         starts = np.empty(k)
         starts[0] = now
         starts[1:] = ends[:-1]
-        used = np.empty(k, dtype=np.int64)
-        used[0] = self.block_manager.num_used_blocks
-        np.cumsum(opens.sum(axis=1), out=used[1:])
-        used[1:] += used[0]
+        num_running = len(batch) - np.searchsorted(np.sort(active_steps), np.arange(k), side="right")
         self.steps.extend(k, {
-            "start_s": starts, "seconds": seconds, "num_prefill_tokens": 0, "num_decode_tokens": n,
-            "num_requests": n, "num_kv_blocks_used": used, "num_waiting": len(self.state.waiting),
-            "num_preemptions": 0,
+            "start_s": starts, "seconds": seconds, "num_prefill_tokens": 0, "num_decode_tokens": num_running,
+            "num_requests": num_running, "num_kv_blocks_used": num_used_blocks,
+            "num_waiting": num_waiting, "num_preemptions": 0,
         }, parts)
 
     def _postprocess_run(self, batch: Batch, run) -> None:
-        ends, _, _, opens = run
+        ends, _, _, opens, active_steps = run
         k = len(ends)
         reqs = batch.requests
-        bm = self.block_manager
-        # Hand out the run's new blocks in the order step-by-step scheduling would: by step, then
-        # by batch order.
-        step_idx, req_idx = np.nonzero(opens)
-        if len(req_idx):
-            blocks = [bm.pop_free_block() for _ in range(len(req_idx))]
-            for i, block in zip(req_idx.tolist(), blocks):
-                reqs[i].block_table.append(block)
-        end_times = ends
-        last = float(ends[-1])
-        finished = False
         times = self.token_times
-        for r in reqs:
+        for r, num in zip(reqs, active_steps.tolist()):
             start = r.token_offset + r.num_generated_tokens
-            times[start:start + k] = end_times
-            r.num_computed_tokens += k
-            r.num_generated_tokens += k
-            if r.num_generated_tokens == r.num_output_tokens:
-                self._finish(r, last)
-                finished = True
-        if finished:
+            times[start:start + num] = ends[:num]
+            r.num_computed_tokens += num
+            r.num_generated_tokens += num
+        # Hand out new blocks and free finished requests' blocks in the order step-by-step
+        # simulation would: each step's new blocks in batch order, then at its end the requests
+        # that finished in it, in batch order.
+        bm = self.block_manager
+        finishing = sorted((num - 1, i) for i, (r, num) in enumerate(zip(reqs, active_steps.tolist()))
+                           if r.num_generated_tokens == r.num_output_tokens)
+        used = np.empty(k, dtype=np.int64)  # blocks in use once each step is scheduled
+        used[0] = bm.num_used_blocks  # step 0's blocks were reserved by the policy
+        first_step = 1
+        for last_step, i in finishing + [(k - 1, -1)]:
+            if last_step >= first_step:
+                rows = opens[first_step - 1:last_step]
+                used[first_step:last_step + 1] = bm.num_used_blocks + np.cumsum(rows.sum(axis=1))
+                _, req_idx = np.nonzero(rows)
+                for j in req_idx.tolist():
+                    reqs[j].block_table.append(bm.pop_free_block())
+                first_step = last_step + 1
+            if i >= 0:
+                self._finish(reqs[i], float(ends[last_step]))
+        if finishing:
             self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
         self.state.step_index += k
+        return used

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.costmodel import CostModelBackend
+from backends.costmodel import FEATURES, Calibration, CostModelBackend
 from policies import POLICIES
 from sim.config import CacheConfig, SchedulerConfig
 from sim.replay import ReplayOptions, replay
@@ -19,9 +19,17 @@ from tests.helpers import make_trace
 TOLERANCE_S = 1e-9
 
 
-def compare(trace, options, hardware="H100-SXM"):
-    results = [replay(trace, options, backend=CostModelBackend(options.model, hardware), fast_forward=ff)
-               for ff in (True, False)]
+# Seconds per unit of each calibrated term: all of them at work, at plausible magnitudes.
+CALIBRATION = Calibration(tuple(1e-3 / (10.0 ** (3 + i)) for i in range(len(FEATURES))), ridge_flops_per_byte=50.0)
+
+
+def compare(trace, options, hardware="H100-SXM", calibrated=False):
+    def backend():
+        if calibrated:
+            return CostModelBackend(options.model, None, calibration=CALIBRATION)
+        return CostModelBackend(options.model, hardware)
+
+    results = [replay(trace, options, backend=backend(), fast_forward=ff) for ff in (True, False)]
     fast, slow = results
     assert np.allclose(fast.token_times, slow.token_times, rtol=0, atol=TOLERANCE_S, equal_nan=True)
     for a, b in zip(fast.requests, slow.requests):
@@ -39,7 +47,7 @@ def compare(trace, options, hardware="H100-SXM"):
     return fast, slow
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     rows=st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(1, 80),
                             st.sampled_from([[], [0], [0, 1], [2, 3]])), min_size=1, max_size=14),
@@ -49,8 +57,10 @@ def compare(trace, options, hardware="H100-SXM"):
     max_num_seqs=st.integers(1, 8),
     budget=st.integers(8, 512),
     caching=st.booleans(),
+    calibrated=st.booleans(),
 )
-def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_blocks, max_num_seqs, budget, caching):
+def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_blocks, max_num_seqs, budget, caching,
+                                             calibrated):
     trace = make_trace([(a, p, o) for a, p, o, _ in rows],
                        hash_ids=[np.resize(np.array(h + [50 + i]), -(-p // 16)) for i, (_, p, _, h) in enumerate(rows)],
                        hash_block_tokens=16)
@@ -58,7 +68,7 @@ def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_block
         scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching),
         model="Qwen3-0.6B")
-    compare(trace, options)
+    compare(trace, options, calibrated=calibrated)
 
 
 def test_fast_forward_on_the_bundled_sample_is_bitwise_identical():
