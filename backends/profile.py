@@ -132,13 +132,15 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
 
 
 def ape_stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float | int | None]:
-    """Median, p90 and max absolute percentage error (as fractions: 0.05 is 5%)."""
+    """Median, p90 and max absolute percentage error, and the median signed error (bias), as
+    fractions: 0.05 is 5%."""
     predicted, measured = np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64)
     if len(measured) == 0:
-        return {"count": 0, "median_ape": None, "p90_ape": None, "max_ape": None}
-    ape = np.abs(predicted - measured) / measured
-    return {"count": int(len(ape)), "median_ape": float(np.median(ape)),
-            "p90_ape": float(np.percentile(ape, 90)), "max_ape": float(ape.max())}
+        return {"count": 0, "median_ape": None, "p90_ape": None, "max_ape": None, "median_error": None}
+    error = (predicted - measured) / measured
+    ape = np.abs(error)
+    return {"count": int(len(ape)), "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90)),
+            "max_ape": float(ape.max()), "median_error": float(np.median(error))}
 
 
 def pad(rows: list) -> np.ndarray:

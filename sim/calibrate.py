@@ -13,8 +13,9 @@ independently, and the fit can tell the terms that follow each apart.
 
 Each shape is one `Batch` whose block tables use scattered block ids below the backend's
 `num_blocks`. Every shape runs `warmup` times unmeasured, then `repeats` rounds run every shape
-once each, in a new random order per round; the median of a shape's repeats is fitted. The raw
-measurements go to a CSV beside the profile (one row per measured run).
+once each (right after one unmeasured run of it, to warm the caches), in a new random order per
+round; the median of a shape's repeats is fitted. The raw measurements go to a CSV beside the
+profile (one row per measured run).
 """
 
 from __future__ import annotations
@@ -164,7 +165,10 @@ def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repe
             progress: ProgressBar | None = None) -> pd.DataFrame:
     """Run every shape `warmup` times, then `repeats` rounds over all shapes, each round in a new
     random order: a slow spell of the machine (other processes, clocks, heat) then lands on random
-    repeats of many shapes, not on every repeat of a few. One row per measured run."""
+    repeats of many shapes, not on every repeat of a few. Each measured run directly follows an
+    unmeasured run of the same batch, so caches and allocator hold what a stream of similar steps
+    leaves them (a replay's consecutive steps are alike), not what the previous random shape left.
+    One row per measured run."""
     if repeats < 1 or warmup < 0:
         raise ServesimError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
     rng = np.random.default_rng(seed)
@@ -176,6 +180,7 @@ def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repe
     done = 0
     for repeat in range(repeats):
         for index in rng.permutation(len(shapes)).tolist():
+            backend.execute(batches[index])
             seconds[index, repeat] = backend.execute(batches[index]).seconds
             done += 1
             if progress is not None:

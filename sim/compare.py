@@ -130,7 +130,7 @@ def error_figures(steps: pd.DataFrame, measured_summary: dict, predicted_summary
         metrics[name] = {"measured": m, "predicted": p, "relative_error": relative_error(p, m)}
     errors = {}
     for kind, stats in step_error.items():
-        for stat in ("median_ape", "p90_ape", "max_ape"):
+        for stat in ("median_ape", "p90_ape", "max_ape", "median_error"):
             errors[f"step_{kind}_{stat}"] = stats[stat]
     errors["step_total_seconds_rel_error"] = relative_error(total_predicted, total_measured)
     for name, value in metrics.items():
@@ -151,10 +151,10 @@ def format_comparison(figures: dict) -> str:
         return f"{x:.2f}" if "throughput" in name or name == "duration_s" else f"{x * 1e3:.2f}"
 
     lines = ["step time, cost model on the measured run's own batches",
-             f"  {'steps':<10}{'count':>8}{'median APE':>12}{'p90 APE':>10}{'max APE':>10}"]
+             f"  {'steps':<10}{'count':>8}{'median APE':>12}{'p90 APE':>10}{'max APE':>10}{'bias':>10}"]
     for kind, s in figures["step_error"].items():
         lines.append(f"  {kind:<10}{s['count']:>8}{pct(s['median_ape']):>12}{pct(s['p90_ape']):>10}"
-                     f"{pct(s['max_ape']):>10}")
+                     f"{pct(s['max_ape']):>10}{pct(s['median_error'], signed=True):>10}")
     lines += ["end to end, measured run against an independent cost-model run (ms; throughput per s)",
               f"  {'metric':<24}{'measured':>12}{'predicted':>12}{'rel. error':>12}"]
     for name, m in figures["metrics"].items():
