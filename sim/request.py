@@ -74,22 +74,27 @@ class Request:
         return self.num_prompt_tokens + self.num_output_tokens - 1
 
     def prompt_block_hashes(self, block_size: int) -> list[int]:
-        """Chained hashes of the prompt's full blocks, for requests whose trace gives prefix hashes.
+        """Keys of the prompt's full blocks, for requests whose trace gives prefix hashes: equal
+        keys mean equal token ids from the start of the prompt to the end of the block.
 
-        A block's content is fixed by the hash ids and offsets it covers (see `sim.tokens`), so
-        hashing (parent hash, covered hash ids, first offset) is hashing its token ids.
+        A token's id is fixed by the hash id of the trace block it lies in and its offset there
+        (see `sim.tokens`). So a block's key mixes the chained hash of the trace's hash ids up to
+        the one it ends in with the offset where it ends.
         """
         if self._block_hashes is None:
             hashes: list[int] = []
-            if self.hash_ids is not None:
-                ids = self.hash_ids.tolist()
+            num_blocks = self.num_prompt_tokens // block_size
+            if self.hash_ids is not None and num_blocks:
                 h_tokens = self.hash_block_tokens
+                chain = []  # chain[j]: hash of hash ids 0..j
                 parent = 0
-                for b in range(self.num_prompt_tokens // block_size):
-                    first, last = b * block_size, (b + 1) * block_size - 1
-                    covered = tuple(ids[first // h_tokens:last // h_tokens + 1])
-                    parent = hash((parent, covered, first % h_tokens))
-                    hashes.append(parent)
+                for hash_id in self.hash_ids[:(num_blocks * block_size - 1) // h_tokens + 1].tolist():
+                    parent = hash((parent, hash_id))
+                    chain.append(parent)
+                last_token = np.arange(1, num_blocks + 1, dtype=np.int64) * block_size - 1
+                keys = tokens.hashed_ids(0, np.asarray(chain, dtype=np.int64)[last_token // h_tokens],
+                                         last_token % h_tokens, 1 << 62)
+                hashes = keys.tolist()
             self._block_hashes = hashes
         return self._block_hashes
 
