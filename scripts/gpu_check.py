@@ -188,8 +188,10 @@ def check_kernels(torch, preset: dict, device: str, report: Report) -> bool:
     two = np.arange(3, dtype=np.int32)  # the first two requests alone: a decode-only batch
     decode = ref.AttentionMetadata(t(two), t(seq_lens[:2]), t(table[:2]), None, 1, int(seq_lens[:2].max()), two,
                                    seq_lens[:2])
-    record("paged_attention (decodes)", paged_attention.paged_attention(q[:2], k_cache, v_cache, decode, scale),
-           ref.paged_attention(q[:2].float(), k_cache.float(), v_cache.float(), decode, scale))
+    want = ref.paged_attention(q[:2].float(), k_cache.float(), v_cache.float(), decode, scale)
+    for splits in (1, 4):
+        record(f"paged_attention (decodes, {splits} KV split{'s' if splits > 1 else ''})",
+               paged_attention.paged_attention(q[:2], k_cache, v_cache, decode, scale, num_splits=splits), want)
 
     num_tokens = 64
     k_new, v_new = randn(num_tokens, nkv, hd), randn(num_tokens, nkv, hd)

@@ -90,3 +90,22 @@ def test_without_torch_the_real_backend_names_the_pip_extra(trace_file, tmp_path
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "pip install -e '.[real]'" in run.stderr, run.stderr
     assert run.stderr.count("\n") == 1
+
+
+def test_prefix_cache_hits_read_the_blocks_another_request_wrote(tmp_path):
+    """Requests sharing leading hash ids share token runs; the later ones reuse the earlier ones'
+    KV blocks, and their outputs are still their greedy continuations."""
+    path = tmp_path / "shared.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids,hash_block_tokens\n"
+                    "0.0,30,3,1 2 3 4,8\n"
+                    "0.5,29,4,1 2 3 9,8\n"
+                    "0.6,20,2,1 2 7,8\n")
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", 16, 4), cache=CacheConfig(4, 40),
+                            model="tiny", backend="real", seed=1)
+    backend = RealBackend("tiny", block_size=4, num_blocks=40, seed=1)
+    result = replay(read_trace(path), options, backend=backend)
+    assert result.num_prefix_hit_tokens >= 24 + 16
+    for r in result.requests:
+        ids = r.token_ids(0, r.num_prompt_tokens + r.num_output_tokens)
+        want = dense_logits(backend.model, ids[:-1])[r.num_prompt_tokens - 1:].argmax(-1).tolist()
+        assert r.sampled_token_ids == want, r.request_id

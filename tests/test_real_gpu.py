@@ -1,5 +1,6 @@
 """The GPU script on the CPU (dry run), and the GPU checks themselves, skipped without CUDA."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,13 @@ torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))  # the script imports this checkout's packages
 
 
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     out = tmp_path / "report.md"
     run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--out", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+                         env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     text = out.read_text()
     assert "| paged_attention (mixed batch) |" in text and "FAIL" not in text and "kernels correct" in text
@@ -58,7 +60,7 @@ def test_seed001_mixed_step_on_gpu_bf16():
 def test_gpu_check_kernels_and_timings(tmp_path):
     out = tmp_path / "report.md"
     run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--batch-sizes", "1,64", "--contexts", "512,2048",
-                          "--repeats", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          "--repeats", "2", "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "FAIL" not in out.read_text()

@@ -58,10 +58,10 @@ else:
                                  int(q_lens.max()), int(seq_lens.max()), qsl, seq_lens)
         return q, k_cache, v_cache, meta
 
-    def check_attention(rng, q_lens, ctx_lens, block_size, group, num_kv_heads=2):
+    def check_attention(rng, q_lens, ctx_lens, block_size, group, num_kv_heads=2, num_splits=1):
         q, k_cache, v_cache, meta = make_batch(rng, q_lens, ctx_lens, block_size, num_kv_heads, group)
         scale = q.shape[-1] ** -0.5
-        got = paged_attention.paged_attention(q, k_cache, v_cache, meta, scale)
+        got = paged_attention.paged_attention(q, k_cache, v_cache, meta, scale, num_splits=num_splits)
         want = ref.paged_attention(q, k_cache, v_cache, meta, scale)
         err = (got - want).abs().max().item()
         assert err < 1e-4, err
@@ -79,12 +79,26 @@ else:
         # A chunk of 130 queries takes the 128-row tile; with a decode beside it.
         check_attention(np.random.default_rng(9), [130, 1], [20, 33], 16, 8)
 
+    @pytest.mark.parametrize("group", [1, 4, 8])
+    def test_paged_attention_split_kv_decodes(group):
+        # Flash decoding: contexts cut into 3 segments of 64 keys (block_n 64); some segments are
+        # empty for the short requests, and the merge must ignore them.
+        rng = np.random.default_rng(group)
+        check_attention(rng, [1, 1, 1], [150, 20, 70], 16, group, num_splits=3)
+
+    def test_split_count_heuristic():
+        assert paged_attention.num_kv_splits(8, 1, 8192, 132) == 16  # batch 1, Llama-8B's 8 KV heads
+        assert paged_attention.num_kv_splits(8 * 64, 1, 8192, 132) == 1  # enough programs already
+        assert paged_attention.num_kv_splits(8, 1, 600, 132) == 1  # too short to split
+        assert paged_attention.num_kv_splits(8, 2, 8192, 132) == 1  # mixed batches are not split
+
     @settings(max_examples=6, deadline=None)
     @given(st.integers(0, 2**20), st.sampled_from([16, 32]), st.sampled_from([1, 4, 8]),
-           st.lists(st.tuples(st.integers(1, 24), st.integers(0, 70)), min_size=1, max_size=4))
-    def test_paged_attention_random_lengths(seed, block_size, group, lengths):
-        q_lens, ctx_lens = zip(*lengths)
-        check_attention(np.random.default_rng(seed), q_lens, ctx_lens, block_size, group)
+           st.lists(st.tuples(st.integers(1, 24), st.integers(0, 70)), min_size=1, max_size=4),
+           st.integers(1, 3))
+    def test_paged_attention_random_lengths(seed, block_size, group, lengths, num_splits):
+        q_lens, ctx_lens = zip(*lengths)  # the kernel splits any batch; the heuristic only decode-only ones
+        check_attention(np.random.default_rng(seed), q_lens, ctx_lens, block_size, group, num_splits=num_splits)
 
     @pytest.mark.parametrize("num_kv_heads,head_dim", [(2, 16), (3, 24)])
     def test_write_kv_at_slots(num_kv_heads, head_dim):

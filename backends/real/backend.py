@@ -119,22 +119,25 @@ class RealBackend:
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """Run a prefill step and a mixed step once, so Triton's compilation and lazy initialisation
-        are not measured as a step. The blocks it writes are overwritten before anyone reads them."""
-        n = min(self.num_blocks * self.block_size, 256)  # 255 prefill tokens: the long-chunk tile too
-        if n < 2:
+        """Run one step of each kind once, so that Triton's compilation (one variant per attention tile
+        shape, with and without split-KV) and lazy initialisation are never measured as a step. The
+        blocks written here are overwritten by their next owner before anyone reads them."""
+        longest = 1024 if self.device.type == "cuda" else 256  # a long decode is split on a GPU
+        n = min(self.num_blocks * self.block_size, longest)
+        if n < 4:
             return
         table = list(range(-(-n // self.block_size)))
         tokens = np.arange(n, dtype=np.int64) % self.cfg.vocab_size
-        prefill = Batch()
-        prefill.add("warm-up", 0, n - 1, table, needs_logits=True, token_source=tokens)
-        self.runner.execute(prefill)
-        mixed = Batch()
-        mixed.add("warm-up", n - 1, 1, table, needs_logits=True, is_decode=True, token_source=tokens)
-        self.runner.execute(mixed)
-        if n > 2:  # a decode together with a chunk: the other tile shape of the attention kernel
-            mixed.add("warm-up-2", 0, 2, table, needs_logits=True, token_source=tokens)
-            self.runner.execute(mixed)
+        steps = [[("a", 0, n - 1, False)],  # a long prefill chunk
+                 [("a", n - 1, 1, True), ("b", 0, 2, False)],  # a decode beside a short chunk
+                 [("b", 2, 1, True)],  # a short decode-only step
+                 [("a", n - 1, 1, True)]]  # a long decode-only step
+        for step in steps:
+            batch = Batch()
+            for request_id, num_computed, num_scheduled, is_decode in step:
+                batch.add(request_id, num_computed, num_scheduled, table, needs_logits=True, is_decode=is_decode,
+                          token_source=tokens)
+            self.runner.execute(batch)
 
     def execute(self, batch: Batch) -> StepResult:
         sampled, parts = self.runner.execute(batch)

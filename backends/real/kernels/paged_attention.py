@@ -11,9 +11,16 @@ Programs are numbered over the flat batch: request r's tiles start at qsl[r] // 
 T // BLOCK_Q + num_reqs programs cover every request (vLLM's unified-attention numbering); a
 program past its request's last tile returns at once. Query token j of a request with q_len
 queries and seq_len context sits at position seq_len - q_len + j and sees keys 0 .. that position.
+
+Split-KV (flash decoding): a decode-only batch of few requests would leave most of the GPU idle
+(one program per request and KV head, each walking a long context), so the context is cut into
+`num_splits` segments of `split_len` keys, one program each; they write their unnormalised
+partial results (running max, sum, accumulator) and a second kernel merges them.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -37,16 +44,18 @@ def _find_request(query_start_loc_ptr, pid, num_reqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["num_reqs", "stride_bt"])
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens", "stride_bt", "split_len"])
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
-    scale_log2, num_reqs, stride_q_token, stride_q_head, stride_o_token, stride_o_head, stride_bt,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_sum_ptr, query_start_loc_ptr, seq_lens_ptr,
+    block_table_ptr, scale_log2, num_reqs, num_tokens, split_len, stride_q_token, stride_q_head, stride_o_token,
+    stride_o_head, stride_bt,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     r = _find_request(query_start_loc_ptr, pid, num_reqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + r)
     q_len = tl.load(query_start_loc_ptr + r + 1) - q_start
@@ -71,8 +80,12 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     # The tile's last query sees keys up to cached_len + (q_block + 1) * BLOCK_Q - 1.
     kv_end = tl.minimum(seq_len, cached_len + (q_block + 1) * BLOCK_Q)
+    kv_start = 0
+    if SPLIT:  # this program's segment of the context (possibly empty)
+        kv_start = split * split_len
+        kv_end = tl.minimum(kv_end, kv_start + split_len)
     table = block_table_ptr + r.to(tl.int64) * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
+    for start in range(kv_start, kv_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical positions
         key_valid = keys < kv_end
         block = tl.load(table + keys // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
@@ -97,10 +110,37 @@ def _paged_attention_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + (q_start + tok)[:, None].to(tl.int64) * stride_o_token + head[:, None] * stride_o_head
-             + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
+    row_token = (q_start + tok).to(tl.int64)
+    if SPLIT:  # partial results: [num_splits, T, num_heads, (HEAD_DIM_P | 2)], merged by _merge_splits_kernel
+        index = (split.to(tl.int64) * num_tokens + row_token) * NUM_HEADS + head  # [BLOCK_M] (split, token, head)
+        tl.store(partial_ptr + index[:, None] * HEAD_DIM_P + dims[None, :], acc, mask=row_valid[:, None])
+        tl.store(max_sum_ptr + index * 2, m_i, mask=row_valid)
+        tl.store(max_sum_ptr + index * 2 + 1, l_i, mask=row_valid)
+    else:
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + row_token[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
+
+
+@triton.jit(do_not_specialize=["num_splits", "num_tokens"])
+def _merge_splits_kernel(out_ptr, partial_ptr, max_sum_ptr, num_splits, num_tokens, stride_o_token, stride_o_head,
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+                         SPLITS_P: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_P)
+    split_valid = splits < num_splits
+    index = (splits.to(tl.int64) * num_tokens + token) * NUM_HEADS + head  # [SPLITS_P]
+    m = tl.load(max_sum_ptr + index * 2, mask=split_valid, other=-1e30)
+    l = tl.load(max_sum_ptr + index * 2 + 1, mask=split_valid, other=0.0)
+    m_all = tl.max(m, axis=0)
+    weight = tl.exp2(m - m_all)  # an empty segment has m = -1e30 and weighs nothing
+    dims = tl.arange(0, HEAD_DIM_P)
+    acc = tl.load(partial_ptr + index[:, None] * HEAD_DIM_P + dims[None, :], mask=split_valid[:, None], other=0.0)
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    tl.store(out_ptr + token * stride_o_token + head * stride_o_head + dims, out.to(out_ptr.dtype.element_ty),
+             mask=dims < HEAD_DIM)
 
 
 def tile_shape(group: int, max_query_len: int) -> tuple[int, int, int]:
@@ -111,9 +151,28 @@ def tile_shape(group: int, max_query_len: int) -> tuple[int, int, int]:
     return block_q, max(16, triton.next_power_of_2(block_q * group)), num_warps
 
 
+# A decode-only batch is split when its requests x KV heads make fewer than two programs per
+# streaming multiprocessor; each segment keeps at least MIN_SPLIT_KEYS keys.
+MIN_SPLIT_KEYS = 512
+MAX_SPLITS = 32
+
+
+def num_kv_splits(num_programs: int, max_query_len: int, max_seq_len: int, num_sms: int) -> int:
+    if max_query_len > 1:
+        return 1
+    wanted = -(-2 * num_sms // num_programs)
+    return max(1, min(wanted, max_seq_len // MIN_SPLIT_KEYS, MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, block_n: int = 64) -> torch.Tensor:
-    """q: [T, nh, hd] -> [T, nh, hd]; caches: [num_blocks, block_size, nkv, hd] contiguous."""
+                    scale: float, block_n: int = 64, num_splits: int | None = None) -> torch.Tensor:
+    """q: [T, nh, hd] -> [T, nh, hd]; caches: [num_blocks, block_size, nkv, hd] contiguous.
+    `num_splits`: context segments per request (None: chosen from the batch and the GPU)."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -123,13 +182,28 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     assert q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     block_q, block_m, num_warps = tile_shape(group, meta.max_query_len)
-    grid = (num_tokens // block_q + num_reqs, num_kv_heads)
+    assert num_splits is None or 1 <= num_splits <= MAX_SPLITS
+    if num_splits is None:
+        num_splits = 1 if q.device.type != "cuda" else num_kv_splits(
+            num_reqs * num_kv_heads, meta.max_query_len, meta.max_seq_len, _num_sms(q.device))
+    split_len = triton.cdiv(triton.cdiv(max(meta.max_seq_len, 1), num_splits), block_n) * block_n
+    head_dim_p = max(16, triton.next_power_of_2(head_dim))
+    if num_splits > 1:
+        partial = torch.empty(num_splits, num_tokens, num_heads, head_dim_p, dtype=torch.float32, device=q.device)
+        max_sum = torch.empty(num_splits, num_tokens, num_heads, 2, dtype=torch.float32, device=q.device)
+    else:
+        partial = max_sum = out  # not read
+    grid = (num_tokens // block_q + num_reqs, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_table,
-        scale * 1.4426950408889634, num_reqs, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        meta.block_table.stride(0),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
-        HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=2)
+        q, k_cache, v_cache, out, partial, max_sum, meta.query_start_loc, meta.seq_lens, meta.block_table,
+        scale * 1.4426950408889634, num_reqs, num_tokens, split_len, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), meta.block_table.stride(0),
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
+        SPLIT=num_splits > 1, num_warps=num_warps, num_stages=2)
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            out, partial, max_sum, num_splits, num_tokens, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
+            SPLITS_P=MAX_SPLITS)  # fixed, so no split count compiles a new variant mid-run
     return out
