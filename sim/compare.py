@@ -265,7 +265,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     device = str(getattr(measured_backend, "device", "cpu"))
     info = {"trace": trace.source, "policy": options.scheduler.policy, "model": options.model, "device": device,
-            "profile": args.profile, "profile_device_name": profile.device_name, "num_requests": len(trace),
+            "profile": args.profile, "profile_device_name": profile.device_name,
+            "profile_repeat_noise": profile.fit.get("repeat_noise"), "num_requests": len(trace),
             "num_blocks": cache.num_blocks, "wall_s": time.perf_counter() - started}
     figures = write_comparison(out, comparison, trace, measured_options, predicted_options, info)
     if not args.quiet:
