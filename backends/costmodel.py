@@ -238,7 +238,7 @@ class CostModelBackend:
         return value
 
     def _parts(self, t: int, num_logits: int, n: int, sum_c, attn_units, decode_sum_c, num_decodes: int,
-               other_attention_s: float, dense_units=0, max_decode_c=0) -> dict:
+               other_attention_s: float, dense_units=0, max_decode_c=0, dense: tuple | None = None) -> dict:
         """Seconds per operator from a step's aggregates. `sum_c`, `attn_units` (sum of
         q*c - q*(q-1)/2), `decode_sum_c` (contexts of the q = 1 requests), `dense_units` (sum of
         q*c) and `max_decode_c` may be int64 arrays, one entry per step; everything else is the
@@ -247,7 +247,8 @@ class CostModelBackend:
         m, b = self.model, self.dtype_bytes
         layers, hd = m["num_hidden_layers"], m["head_dim"]
         nh, nkv = m["num_attention_heads"], m["num_key_value_heads"]
-        dense = self._dense(t, num_logits)
+        if dense is None:
+            dense = self._dense(t, num_logits)
         cal = self.calibration
         if cal is None:
             linear, kv_write, elementwise, lm_head = dense
@@ -328,17 +329,12 @@ class CostModelBackend:
         num_running = n - gone
         sum_c = suffix_sum[gone] + num_running * steps
         max_c = suffix_max[gone] + steps
-        cuts = [0, *(np.flatnonzero(np.diff(num_running)) + 1).tolist(), num_steps]
-        total = np.empty(num_steps)
-        parts: dict[str, np.ndarray] = {}
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            m = int(num_running[a])
-            c = sum_c[a:b]
-            piece = self._parts(m, m, m, c, c, c, m, 0.0, c, max_c[a:b])
-            total[a:b] = self._total(piece)
-            for key, value in piece.items():
-                parts.setdefault(key, np.empty(num_steps))[a:b] = value
-        return total, parts
+        # Everything but attention depends on the number running alone: look it up per distinct count.
+        counts, index = np.unique(num_running, return_inverse=True)
+        dense = tuple(np.array(column)[index] for column in zip(*(self._dense(m, m) for m in counts.tolist())))
+        parts = self._parts(num_running, num_running, num_running, sum_c, sum_c, sum_c, num_running, 0.0, sum_c,
+                            max_c, dense=dense)
+        return self._total(parts), parts
 
     def decode_run_seconds(self, context_lens: np.ndarray, num_steps: int) -> np.ndarray:
         return self.decode_run(context_lens, num_steps)[0]

@@ -41,19 +41,41 @@ class Policy:
         self._add(state, batch, request, num_tokens, request.is_decoding)
         return True
 
-    def _schedule_decode(self, state: EngineState, batch: Batch, request: Request) -> bool:
-        """`_schedule_running` for one decode token, with the common case (a free slot in its last
-        block, or a free block) inline: this runs for every decoding request on every step."""
+    def _schedule_decodes(self, state: EngineState, batch: Batch, decoders: list[Request]) -> bool:
+        """One token for each of `decoders` (running requests that are decoding), in order.
+        Returns True if any request was preempted. This runs for every decoding request on every
+        step, so when the free blocks cover every decode that opens a block (the common case),
+        the batch is filled in bulk, taking blocks in the same order as one by one."""
         bm = state.block_manager
-        num_computed = request.num_computed_tokens
-        table = request.block_table
-        if len(table) * bm.block_size <= num_computed:  # this token opens a new block
-            if not bm.num_free_blocks:
-                return self._schedule_running(state, batch, request, 1)
-            table.append(bm.pop_free_block())
-        request.last_scheduled_step = state.step_index
-        batch.add_request(request, num_computed, 1, True, True)
-        return True
+        bs = bm.block_size
+        opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
+        if len(opening) > bm.num_free_blocks:
+            preempted = False
+            for request in decoders:
+                if request.status is Status.RUNNING:  # not preempted meanwhile
+                    preempted |= not self._schedule_running(state, batch, request, 1)
+            return preempted
+        for request in opening:
+            request.block_table.append(bm.pop_free_block())
+        step = state.step_index
+        for request in decoders:
+            request.last_scheduled_step = step
+        n = len(decoders)
+        batch.requests.extend(decoders)
+        batch.num_computed_tokens.extend([r.num_computed_tokens for r in decoders])
+        batch.num_scheduled_tokens.extend([1] * n)
+        batch.needs_logits.extend([True] * n)
+        batch.is_decode.extend([True] * n)
+        return False
+
+    @staticmethod
+    def _split_running(state: EngineState) -> tuple[list[Request], list[Request]]:
+        """The running requests that are decoding, and the others (prefilling), in order."""
+        decoders, others = [], []
+        for r in state.running:
+            g = r.num_generated_tokens
+            (decoders if g and r.num_computed_tokens == r.num_prompt_tokens + g - 1 else others).append(r)
+        return decoders, others
 
     def _victim(self, state: EngineState) -> Request:
         for r in reversed(state.running):
@@ -116,16 +138,13 @@ class Policy:
         return num_tokens
 
     def _schedule_all_decodes(self, state: EngineState, batch: Batch) -> bool:
-        """One token for every running request. Returns True if any request was preempted."""
-        preempted = False
-        step = state.step_index
-        for request in list(state.running):
-            if request.status is Status.RUNNING and request.last_scheduled_step != step:
-                if request.is_decoding:
-                    scheduled = self._schedule_decode(state, batch, request)
-                else:
-                    scheduled = self._schedule_running(state, batch, request, request.num_tokens_to_compute)
-                preempted |= not scheduled
+        """One token for every running request (with whole-prompt policies every running request
+        is decoding). Returns True if any request was preempted."""
+        decoders, others = self._split_running(state)
+        preempted = self._schedule_decodes(state, batch, decoders)
+        for request in others:
+            if request.status is Status.RUNNING:
+                preempted |= not self._schedule_running(state, batch, request, request.num_tokens_to_compute)
         return preempted
 
     @staticmethod

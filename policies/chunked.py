@@ -19,27 +19,16 @@ class ChunkedPolicy(Policy):
     def schedule(self, state: EngineState, now: float) -> Batch:
         batch = Batch()
         budget = self.config.max_num_batched_tokens
-        preempted = False
-        step = state.step_index
         # Decodes first; budget >= max_num_seqs (checked in SchedulerConfig) leaves room for all.
-        num_prefills = 0
-        for request in list(state.running):
-            if request.status is not Status.RUNNING:
-                continue  # preempted in this loop
-            num_generated = request.num_generated_tokens
-            if num_generated and request.num_computed_tokens == request.num_prompt_tokens + num_generated - 1:
-                if self._schedule_decode(state, batch, request):
-                    budget -= 1
-                else:
-                    preempted = True
-            else:
-                num_prefills += 1
+        decoders, prefills = self._split_running(state)
+        preempted = self._schedule_decodes(state, batch, decoders)
+        budget -= len(batch)
         # Then partially done prefills, chunked to the budget left.
-        for request in list(state.running) if num_prefills else ():
+        for request in prefills:
             if budget == 0:
                 break
-            if request.status is not Status.RUNNING or request.last_scheduled_step == step:
-                continue
+            if request.status is not Status.RUNNING:
+                continue  # preempted to make room for an earlier request
             num_tokens = min(request.num_tokens_to_compute, budget)
             if self._schedule_running(state, batch, request, num_tokens):
                 budget -= num_tokens

@@ -46,6 +46,18 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
+    def pop_free_blocks(self, num_blocks: int) -> list[int]:
+        """`pop_free_block` `num_blocks` times, in bulk when the plain pool has them."""
+        plain = self._free_plain
+        if num_blocks > len(plain):
+            return [self.pop_free_block() for _ in range(num_blocks)]
+        blocks = plain[:-num_blocks - 1:-1] if num_blocks else []
+        del plain[len(plain) - num_blocks:]
+        ref_counts = self.ref_counts
+        for block in blocks:
+            ref_counts[block] = 1
+        return blocks
+
     def _pop_free(self) -> int:
         if self._free_plain:
             return self._free_plain.pop()
@@ -106,19 +118,8 @@ class BlockManager:
         """Make room for `num_new_tokens` more tokens of the request (the caller checked can_append)."""
         table = request.block_table
         num_new = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(table)
-        plain = self._free_plain
-        if 0 < num_new <= len(plain):  # the common case, in bulk: the same blocks, in the same order
-            blocks = plain[:-num_new - 1:-1]
-            del plain[-num_new:]
-            ref_counts = self.ref_counts
-            for block in blocks:
-                ref_counts[block] = 1
-            table.extend(blocks)
-        else:
-            for _ in range(num_new):
-                block = self._pop_free()
-                self.ref_counts[block] = 1
-                table.append(block)
+        if num_new > 0:
+            table.extend(self.pop_free_blocks(num_new))
         if self.enable_prefix_caching and request.hash_ids is not None:
             self._register_full_prompt_blocks(request, request.num_computed_tokens + num_new_tokens)
 

@@ -243,21 +243,27 @@ class Engine:
         """Advance computed tokens; a request that caught up emits a token; finished ones free blocks."""
         sampled = result.sampled_token_ids
         logits_row = 0
-        num_finished_before = self.num_finished
+        emitted = []  # indices into token_times of the tokens emitted now
+        finished = []
         for r, num_tokens, needs_logits in zip(batch.requests, batch.num_scheduled_tokens, batch.needs_logits):
             if needs_logits and sampled is not None:
                 r.sampled_token_ids.append(int(sampled[logits_row]))
                 logits_row += 1
-            r.num_computed_tokens += num_tokens
-            if r.num_computed_tokens != r.num_tokens:
+            num_computed = r.num_computed_tokens + num_tokens
+            r.num_computed_tokens = num_computed
+            num_generated = r.num_generated_tokens
+            if num_computed != r.num_prompt_tokens + num_generated:
                 continue  # a partial prefill chunk emits nothing
-            self.token_times[r.token_offset + r.num_generated_tokens] = now
-            if r.num_generated_tokens == 0:
+            emitted.append(r.token_offset + num_generated)
+            if not num_generated:
                 r.first_token_s = now
-            r.num_generated_tokens += 1
-            if r.num_generated_tokens == r.num_output_tokens:
-                self._finish(r, now)
-        if self.num_finished != num_finished_before:
+            r.num_generated_tokens = num_generated + 1
+            if num_generated + 1 == r.num_output_tokens:
+                finished.append(r)
+        self.token_times[emitted] = now
+        for r in finished:
+            self._finish(r, now)
+        if finished:
             self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
 
     def _finish(self, r: Request, now: float) -> None:
@@ -353,8 +359,9 @@ class Engine:
                 rows = opens[first_step - 1:last_step]
                 used[first_step:last_step + 1] = bm.num_used_blocks + np.cumsum(rows.sum(axis=1))
                 _, req_idx = np.nonzero(rows)
-                for j in req_idx.tolist():
-                    reqs[j].block_table.append(bm.pop_free_block())
+                req_idx = req_idx.tolist()
+                for j, block in zip(req_idx, bm.pop_free_blocks(len(req_idx))):
+                    reqs[j].block_table.append(block)
                 first_step = last_step + 1
             if i >= 0:
                 self._finish(reqs[i], float(ends[last_step]))
