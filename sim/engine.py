@@ -306,19 +306,23 @@ class Engine:
         num_steps = max_steps
         free = self.block_manager.num_free_blocks
         if free < n * ((max_steps - 2) // bs + 1):  # may run short
-            cum_blocks = np.cumsum(opens.sum(axis=1))
-            num_steps = min(num_steps, 1 + int(np.searchsorted(cum_blocks, free, side="right")))
+            cum_blocks = opens.sum(axis=1).cumsum()
+            num_steps = min(num_steps, 1 + int(cum_blocks.searchsorted(free, side="right")))
             if num_steps < 2:
                 return None
 
         seconds, parts = self.backend.decode_run(num_computed + 1, num_steps, remaining)
         self._last_decode_step_s = float(seconds[-1])
-        ends = np.cumsum(np.concatenate(([now], seconds)))[1:]
+        # The clock adds the steps one after another, as step-by-step simulation does.
+        ends = np.empty(num_steps + 1)
+        ends[0] = now
+        ends[1:] = seconds
+        ends = ends.cumsum()[1:]
         # A step starting at or after the next arrival is scheduled normally.
-        num_steps = min(num_steps, 1 + int(np.searchsorted(ends[:-1], next_arrival, side="left")))
+        num_steps = min(num_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
         if num_steps < 2:
             return None
-        parts = {key: value if np.ndim(value) == 0 else value[:num_steps] for key, value in parts.items()}
+        parts = {key: value[:num_steps] if isinstance(value, np.ndarray) else value for key, value in parts.items()}
         return (ends[:num_steps], seconds[:num_steps], parts, opens[:num_steps - 1],
                 np.minimum(remaining, num_steps))
 
