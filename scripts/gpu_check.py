@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default=None, help="comma list (default: 1,8,32,64,128,256)")
     p.add_argument("--contexts", default=None, help="comma list (default: 512,2048,8192)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per case, after two warm-ups (median)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (to compare)")
     p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
     p.add_argument("--dry-run", action="store_true",
                    help="run everything on the CPU: tiny preset, fp32, Triton kernels interpreted; "
@@ -88,9 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     from backends.real import RealBackend
 
     backend = RealBackend(model_name, device=device, block_size=16, seed=0, max_num_batched_tokens=budget,
-                          num_blocks=4096 if args.dry_run else None)
+                          num_blocks=4096 if args.dry_run else None, cuda_graphs=not args.no_cuda_graphs)
     report(f"KV cache: {backend.num_blocks} blocks of 16 tokens ({backend.num_blocks * 16} tokens); "
            f"set up in {time.perf_counter() - started:.0f} s")
+    graphs = backend.runner.graphs
+    report("decode-only steps: " + (f"CUDA graphs (batch sizes {graphs.sizes[0]}..{graphs.sizes[-1]})" if graphs
+                                    else "eager (" + (backend.cuda_graph_error or ("CPU" if args.dry_run else "--no-cuda-graphs")) + ")"))
     if device == "cuda":
         report(f"device copy bandwidth (torch, 2 GiB): {_copy_bandwidth(torch) / 1e12:.2f} TB/s")
     report()

@@ -74,3 +74,65 @@ def test_cuda_cache_is_sized_from_free_memory():
     be = RealBackend("tiny", device="cuda", gpu_memory_utilization=0.05)
     free, total = torch.cuda.mem_get_info()
     assert be.num_blocks > 0 and be.kv_caches[0][0].shape[0] == be.num_blocks and free >= 0.8 * total
+
+
+def _decode_batch(contexts, tables):
+    from sim.batch import Batch
+
+    b = Batch()
+    for i, (c, t) in enumerate(zip(contexts, tables)):
+        b.add(str(i), c - 1, 1, t, True, is_decode=True, token_source=list(range(100, 100 + c)))
+    return b
+
+
+def test_decode_steps_pick_the_smallest_graph_that_fits():
+    from backends.real.cuda_graphs import graph_size_for, graph_sizes
+
+    sizes = graph_sizes(20)
+    assert sizes == [1, 2, 4, 8, 16, 20]
+    assert graph_size_for(_decode_batch([5, 9, 17], [[1], [2], [3, 4, 5]]).flatten(8), sizes, 4) == 4
+    assert graph_size_for(_decode_batch([5] * 20, [[1]] * 20).flatten(8), sizes, 4) == 20
+    assert graph_size_for(_decode_batch([5] * 21, [[1]] * 21).flatten(8), sizes, 4) is None  # too many
+    assert graph_size_for(_decode_batch([40], [[1, 2, 3, 4, 5]]).flatten(8), sizes, 4) is None  # too wide
+    mixed = _decode_batch([5], [[1]])
+    mixed.add("p", 0, 3, [7], True, token_source=[1, 2, 3])
+    assert graph_size_for(mixed.flatten(8), sizes, 4) is None  # not decode-only
+    partial = _decode_batch([5], [[1]])
+    partial.add("p", 0, 1, [7], False, token_source=[1, 2, 3])
+    assert graph_size_for(partial.flatten(8), sizes, 4) is None  # a row without logits
+
+
+def test_padding_rows_decode_a_scratch_token_in_the_scratch_block():
+    from backends.real.cuda_graphs import padded_decode_inputs
+
+    flat = _decode_batch([5, 9], [[3], [6, 2]]).flatten(8)
+    arrays = padded_decode_inputs(flat, 4, scratch_block=10, block_size=8)
+    assert arrays["positions"].tolist() == [4, 8, 0, 0]
+    assert arrays["seq_lens"].tolist() == [5, 9, 1, 1]
+    assert arrays["slot_mapping"].tolist() == [3 * 8 + 4, 2 * 8 + 0, 80, 80]
+    assert arrays["block_table"].tolist() == [[3, 0], [6, 2], [10, 10], [10, 10]]
+    assert arrays["input_ids"].tolist() == [104, 108, 0, 0]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_graph_decode_steps_match_eager_ones():
+    from backends.real import RealBackend
+    from sim.batch import Batch
+
+    graphs = RealBackend("tiny", device="cuda", block_size=16, num_blocks=64, max_num_seqs=8)
+    eager = RealBackend("tiny", device="cuda", block_size=16, num_blocks=64, cuda_graphs=False)
+    assert graphs.runner.graphs is not None, graphs.cuda_graph_error
+    assert eager.runner.graphs is None
+    rng = np.random.default_rng(1)
+    for n in (1, 3, 5, 8):
+        contexts = rng.integers(2, 200, n).tolist()
+        tables = [list(range(13 * i, 13 * i + 13)) for i in range(n)]
+        prefill = Batch()  # fill the caches: every request's prompt at once
+        for i, c in enumerate(contexts):
+            prefill.add(str(i), 0, c - 1, tables[i], True, token_source=list(range(100, 100 + c)))
+        graphs.execute(prefill)
+        eager.execute(prefill)
+        step = _decode_batch(contexts, tables)
+        assert graphs.runner.graphs.size_for(step.flatten(16)) is not None
+        assert graphs.execute(step).sampled_token_ids.tolist() == eager.execute(step).sampled_token_ids.tolist()

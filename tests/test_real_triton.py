@@ -81,8 +81,8 @@ else:
 
     @pytest.mark.parametrize("group", [1, 4, 8])
     def test_paged_attention_split_kv_decodes(group):
-        # Flash decoding: contexts cut into 3 segments of 64 keys (block_n 64); some segments are
-        # empty for the short requests, and the merge must ignore them.
+        # Flash decoding: each context cut into 3 segments, rounded up to 64 keys (block_n); the
+        # short requests' last segments are empty, and the merge must ignore them.
         rng = np.random.default_rng(group)
         check_attention(rng, [1, 1, 1], [150, 20, 70], 16, group, num_splits=3)
 

@@ -57,10 +57,12 @@ class RealBackend:
 
     def __init__(self, model: str, device: str = "cpu", block_size: int = 16, num_blocks: int | None = None,
                  seed: int = 0, weights: str | None = None, gpu_memory_utilization: float = 0.9, *,
-                 max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, cpu_threads: int | None = 1):
+                 max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, cpu_threads: int | None = 1,
+                 cuda_graphs: bool = True):
         """`cpu_threads`: torch's intra-op threads on the CPU (process-wide; None keeps torch's own
         choice). One by default: a toy model gains nothing from more, and its measured step times
-        then stay steady when other processes share the cores."""
+        then stay steady when other processes share the cores. `cuda_graphs`: replay decode-only
+        steps of up to `max_num_seqs` requests from captured CUDA graphs (GPU only)."""
         if block_size < 1 or block_size & (block_size - 1):
             raise ServesimError(f"--block-size must be a power of two, got {block_size}")
         if num_blocks is not None and num_blocks < 1:
@@ -97,6 +99,8 @@ class RealBackend:
             load_safetensors(self.model, weights)
 
         per_block = kv_cache.bytes_per_block(self.cfg, block_size, self.dtype)
+        use_graphs = is_cuda and cuda_graphs
+        num_scratch = 1 if use_graphs else 0  # the padding rows' block, past the block manager's ids
         if is_cuda:
             free, total = torch.cuda.mem_get_info(self.device)
             budget = free - total * (1.0 - gpu_memory_utilization) - reserve
@@ -105,18 +109,27 @@ class RealBackend:
         if num_blocks is None:
             if not is_cuda:
                 budget = min(budget, kv_cache.CPU_DEFAULT_CACHE_BYTES)
-            num_blocks = int(budget // per_block)
+            num_blocks = int(budget // per_block) - num_scratch
             if num_blocks < 1:
                 raise ServesimError(f"no room for a KV cache on {where}: one block of {block_size} tokens needs "
                                     f"{per_block / 2**20:.1f} MiB, {_gib(max(budget, 0))} is left after the weights")
-        elif num_blocks * per_block > budget:
+        elif (num_blocks + num_scratch) * per_block > budget:
             raise ServesimError(f"--num-blocks {num_blocks} needs {_gib(num_blocks * per_block)} of KV cache; "
                                 f"{_gib(max(budget, 0))} is left on {where} after the weights")
         self.num_blocks = num_blocks
-        self.kv_caches = kv_cache.allocate(self.cfg, num_blocks, block_size, self.dtype, self.device)
+        self.kv_caches = kv_cache.allocate(self.cfg, num_blocks + num_scratch, block_size, self.dtype, self.device)
         self.ops = triton_ops() if is_cuda else TORCH_OPS
         self.runner = ModelRunner(self.model, self.ops, self.kv_caches, block_size, self.device)
         self._warm_up()
+        self.cuda_graph_error: str | None = None  # why decode steps run eagerly although graphs were asked for
+        if use_graphs:
+            from backends.real.cuda_graphs import DecodeGraphs
+
+            try:
+                self.runner.graphs = DecodeGraphs(self.model, self.ops, self.kv_caches, block_size, self.device,
+                                                  max_num_seqs, scratch_block=num_blocks)
+            except RuntimeError as e:  # capture is refused by some drivers and setups: measure eagerly
+                self.cuda_graph_error = str(e).splitlines()[0] if str(e) else type(e).__name__
 
     def _warm_up(self) -> None:
         """Run one step of each kind once, so that Triton's compilation (one variant per attention tile

@@ -3,7 +3,7 @@
 Each step: flatten the batch into its seven arrays (vectorised numpy), copy them into persistent
 buffers (pinned host memory and device tensors on a GPU, grown only when a step is larger than
 any before), run embedding -> layers -> final norm -> LM head on the `logits_indices` rows only,
-and take the argmax. Timing: CUDA events on a GPU (plus the host's preparation time),
+and take the argmax. On a GPU a decode-only step replays a captured CUDA graph instead. Timing: CUDA events on a GPU (plus the host's preparation time),
 `time.perf_counter` on the CPU; the parts add up to the step's seconds.
 """
 
@@ -14,6 +14,7 @@ import time
 import numpy as np
 import torch
 
+from backends.real.cuda_graphs import DecodeGraphs
 from backends.real.model import Decoder
 from backends.real.ops import Ops
 from backends.real.reference import AttentionMetadata
@@ -29,8 +30,9 @@ class StagedInputs:
         self._host: dict[str, torch.Tensor] = {}
         self._device: dict[str, torch.Tensor] = {}
 
-    def stage(self, name: str, array: np.ndarray) -> torch.Tensor:
-        """Copy `array` into buffer `name`; return the device tensor of its shape (async on a GPU)."""
+    def stage(self, name: str, array: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy `array` into buffer `name` and on to the device (async on a GPU): into `out` when given,
+        else into the buffer's own device tensor. Returns the device tensor of the array's shape."""
         size = array.size
         host = self._host.get(name)
         if host is None or host.numel() < size:
@@ -40,6 +42,9 @@ class StagedInputs:
             self._host[name] = host
             self._device[name] = torch.empty(capacity, dtype=dtype, device=self.device) if self.is_cuda else host
         host[:size].numpy()[:] = array.reshape(-1)
+        if out is not None:
+            out.copy_(host[:size].view(array.shape), non_blocking=True)
+            return out
         dev = self._device[name][:size]
         if self.is_cuda:
             dev.copy_(host[:size], non_blocking=True)
@@ -56,6 +61,7 @@ class ModelRunner:
         self.device = device
         self.inputs = StagedInputs(device)
         self.is_cuda = device.type == "cuda"
+        self.graphs: DecodeGraphs | None = None  # set by the backend once captured
         if self.is_cuda:
             self._events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
             self._sampled_host = torch.empty(256, dtype=torch.int64, pin_memory=True)
@@ -98,20 +104,28 @@ class ModelRunner:
         start, staged, forwarded, sampled_ev = self._events
         t0 = time.perf_counter()
         flat = batch.flatten(self.block_size)
+        size = self.graphs.size_for(flat) if self.graphs is not None else None
         host_s = time.perf_counter() - t0
         start.record()
-        input_ids, positions, meta, logits_indices = self.stage(flat)
-        staged.record()
-        hidden = self.model(self.ops, input_ids, positions, meta, self.kv_caches, logits_indices)
-        logits = self.model.logits(hidden)
+        if size is not None:  # a decode-only step: replay its CUDA graph
+            self.graphs.stage(flat, size, self.inputs.stage)
+            staged.record()
+            sampled = self.graphs.replay(size, len(flat.seq_lens))
+        else:
+            input_ids, positions, meta, logits_indices = self.stage(flat)
+            staged.record()
+            hidden = self.model(self.ops, input_ids, positions, meta, self.kv_caches, logits_indices)
+            logits = self.model.logits(hidden)
         forwarded.record()
-        n = logits.shape[0]
+        if size is None:
+            sampled = logits.argmax(dim=-1)
+        n = sampled.shape[0]
         if self._sampled_host.numel() < n:
             self._sampled_host = torch.empty(2 * n, dtype=torch.int64, pin_memory=True)
-        self._sampled_host[:n].copy_(logits.argmax(dim=-1), non_blocking=True)
+        self._sampled_host[:n].copy_(sampled, non_blocking=True)
         sampled_ev.record()
         sampled_ev.synchronize()
         parts = {"prepare": host_s + start.elapsed_time(staged) / 1e3,
-                 "forward": staged.elapsed_time(forwarded) / 1e3,
+                 "forward": staged.elapsed_time(forwarded) / 1e3,  # a replayed graph includes the argmax
                  "sample": forwarded.elapsed_time(sampled_ev) / 1e3}
         return self._sampled_host[:n].numpy().copy(), parts

@@ -14,8 +14,10 @@ queries and seq_len context sits at position seq_len - q_len + j and sees keys 0
 
 Split-KV (flash decoding): a decode-only batch of few requests would leave most of the GPU idle
 (one program per request and KV head, each walking a long context), so the context is cut into
-`num_splits` segments of `split_len` keys, one program each; they write their unnormalised
-partial results (running max, sum, accumulator) and a second kernel merges them.
+`num_splits` segments (per request: its context over num_splits, rounded up to BLOCK_N keys),
+one program each; they write their unnormalised partial results (running max, sum, accumulator)
+and a second kernel merges them. Nothing in a launch depends on the lengths but the split count,
+so a captured CUDA graph replays for any contexts.
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ def _find_request(query_start_loc_ptr, pid, num_reqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_tokens", "stride_bt", "split_len"])
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_sum_ptr, query_start_loc_ptr, seq_lens_ptr,
-    block_table_ptr, scale_log2, num_reqs, num_tokens, split_len, stride_q_token, stride_q_head, stride_o_token,
+    block_table_ptr, scale_log2, num_reqs, num_tokens, stride_q_token, stride_q_head, stride_o_token,
     stride_o_head, stride_bt,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -82,6 +84,7 @@ def _paged_attention_kernel(
     kv_end = tl.minimum(seq_len, cached_len + (q_block + 1) * BLOCK_Q)
     kv_start = 0
     if SPLIT:  # this program's segment of the context (possibly empty)
+        split_len = tl.cdiv(tl.cdiv(seq_len, tl.num_programs(2)), BLOCK_N) * BLOCK_N
         kv_start = split * split_len
         kv_end = tl.minimum(kv_end, kv_start + split_len)
     table = block_table_ptr + r.to(tl.int64) * stride_bt
@@ -132,13 +135,12 @@ def _merge_splits_kernel(out_ptr, partial_ptr, max_sum_ptr, num_splits, num_toke
     splits = tl.arange(0, SPLITS_P)
     split_valid = splits < num_splits
     index = (splits.to(tl.int64) * num_tokens + token) * NUM_HEADS + head  # [SPLITS_P]
-    m = tl.load(max_sum_ptr + index * 2, mask=split_valid, other=-1e30)
-    l = tl.load(max_sum_ptr + index * 2 + 1, mask=split_valid, other=0.0)
-    m_all = tl.max(m, axis=0)
-    weight = tl.exp2(m - m_all)  # an empty segment has m = -1e30 and weighs nothing
+    maxes = tl.load(max_sum_ptr + index * 2, mask=split_valid, other=-1e30)
+    sums = tl.load(max_sum_ptr + index * 2 + 1, mask=split_valid, other=0.0)
+    weight = tl.exp2(maxes - tl.max(maxes, axis=0))  # an empty segment has max -1e30 and weighs nothing
     dims = tl.arange(0, HEAD_DIM_P)
     acc = tl.load(partial_ptr + index[:, None] * HEAD_DIM_P + dims[None, :], mask=split_valid[:, None], other=0.0)
-    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(sums * weight, axis=0)
     tl.store(out_ptr + token * stride_o_token + head * stride_o_head + dims, out.to(out_ptr.dtype.element_ty),
              mask=dims < HEAD_DIM)
 
@@ -186,7 +188,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if num_splits is None:
         num_splits = 1 if q.device.type != "cuda" else num_kv_splits(
             num_reqs * num_kv_heads, meta.max_query_len, meta.max_seq_len, _num_sms(q.device))
-    split_len = triton.cdiv(triton.cdiv(max(meta.max_seq_len, 1), num_splits), block_n) * block_n
     head_dim_p = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:
         partial = torch.empty(num_splits, num_tokens, num_heads, head_dim_p, dtype=torch.float32, device=q.device)
@@ -196,7 +197,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (num_tokens // block_q + num_reqs, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, partial, max_sum, meta.query_start_loc, meta.seq_lens, meta.block_table,
-        scale * 1.4426950408889634, num_reqs, num_tokens, split_len, q.stride(0), q.stride(1), out.stride(0),
+        scale * 1.4426950408889634, num_reqs, num_tokens, q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), meta.block_table.stride(0),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
