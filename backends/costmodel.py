@@ -47,10 +47,11 @@ class Efficiencies:
 # The terms of a calibrated step: GEMM FLOPs (a memory-bound GEMM counts its bytes x the ridge
 # point), attention FLOPs counted causally (a flash-style kernel) and densely (a masked q x c
 # kernel), K/V bytes read by each request and by padded decode attention (every decode as long as
-# the longest), tokens, requests, prefill chunks (requests with q > 1), and 1. Terms that an
+# the longest), the part of a layer's padded decode K/V beyond the cache size (it no longer fits
+# in the caches), tokens, requests, prefill chunks (requests with q > 1), and 1. Terms that an
 # implementation does not have get a zero coefficient in the fit.
 FEATURES = ("linear_flops", "attention_flops", "attention_dense_flops", "kv_read_bytes", "kv_read_padded_bytes",
-            "num_tokens", "num_requests", "num_prefill_chunks", "constant")
+            "kv_read_padded_excess_bytes", "num_tokens", "num_requests", "num_prefill_chunks", "constant")
 
 
 class StepAggregates(NamedTuple):
@@ -89,15 +90,18 @@ def linear_flops(model: dict, num_tokens, num_logits, dtype_bytes: int, ridge_fl
     return model["num_hidden_layers"] * linear + lm_head
 
 
-def calibrated_terms(model: dict, agg: StepAggregates, dtype_bytes: int, linear) -> tuple:
+def calibrated_terms(model: dict, agg: StepAggregates, dtype_bytes: int, linear,
+                     cache_bytes: float | None = None) -> tuple:
     """The values of `FEATURES` but the first (`linear`, given), from a step's aggregates. The same
     expressions serve the fit, single steps and decode runs, so they agree exactly."""
     layers, hd = model["num_hidden_layers"], model["head_dim"]
     nh, nkv = model["num_attention_heads"], model["num_key_value_heads"]
     flops_per_key = layers * 4.0 * nh * hd  # QK^T and PV, per query-key pair
-    kv_bytes = layers * 2.0 * nkv * hd * dtype_bytes  # K and V of one cached token
-    return (linear, flops_per_key * agg.sum_causal, flops_per_key * agg.sum_dense, kv_bytes * agg.sum_context,
-            kv_bytes * (agg.num_decodes * agg.max_decode_context), agg.num_tokens, agg.num_requests,
+    token_kv_bytes = 2.0 * nkv * hd * dtype_bytes  # K and V of one cached token in one layer
+    padded = token_kv_bytes * (agg.num_decodes * agg.max_decode_context)  # per layer
+    excess = 0.0 if cache_bytes is None else layers * np.maximum(padded - cache_bytes, 0.0)
+    return (linear, flops_per_key * agg.sum_causal, flops_per_key * agg.sum_dense,
+            layers * token_kv_bytes * agg.sum_context, layers * padded, excess, agg.num_tokens, agg.num_requests,
             agg.num_requests - agg.num_decodes, 1)
 
 
@@ -108,11 +112,14 @@ class Calibration:
     A GEMM's term is max(FLOPs, ridge_flops_per_byte x bytes): its roofline in FLOP units, so that
     one fitted seconds-per-FLOP covers both the memory-bound (small batch) and compute-bound side.
     Zero ridge makes the term proportional to the tokens through the linear layers.
+    `cache_bytes` is where padded decode K/V of one layer stops fitting in the caches (None: no
+    such knee, the excess term is zero).
     """
 
     coefficients: tuple[float, ...]  # seconds per unit, in FEATURES order
     ridge_flops_per_byte: float = 0.0
     dtype_bytes: int = 2  # of the K/V cache and weights the features count
+    cache_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.coefficients) != len(FEATURES):
@@ -125,6 +132,8 @@ class Calibration:
             raise ServesimError(f"calibration ridge must be finite and >= 0, got {self.ridge_flops_per_byte}")
         if self.dtype_bytes not in (1, 2, 4):
             raise ServesimError(f"calibration dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes}")
+        if self.cache_bytes is not None and not (np.isfinite(self.cache_bytes) and self.cache_bytes > 0):
+            raise ServesimError(f"calibration cache_bytes must be positive or None, got {self.cache_bytes}")
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(FEATURES, self.coefficients))
@@ -138,12 +147,12 @@ def gemm_shapes(model: dict) -> list[tuple[int, int]]:
 
 
 def step_features(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, dtype_bytes: int = 2,
-                  ridge_flops_per_byte: float = 0.0) -> np.ndarray:
+                  ridge_flops_per_byte: float = 0.0, cache_bytes: float | None = None) -> np.ndarray:
     """The calibrated model's terms, [steps, len(FEATURES)]. q, c: [steps, requests] query and context
     lengths (zero-padded); num_logits: [steps]. Each row depends only on its own step."""
     agg = step_aggregates(q, c, num_logits)
     linear = linear_flops(model, agg.num_tokens, agg.num_logits, dtype_bytes, ridge_flops_per_byte)
-    terms = calibrated_terms(model, agg, dtype_bytes, linear)
+    terms = calibrated_terms(model, agg, dtype_bytes, linear, cache_bytes)
     steps = len(agg.num_tokens)
     return np.stack([np.broadcast_to(np.asarray(x, dtype=np.float64), (steps,)) for x in terms], axis=1)
 
@@ -257,9 +266,9 @@ class CostModelBackend:
                     "kv_write": kv_write, "elementwise": elementwise, "lm_head": lm_head,
                     "overhead": self.eff.step_overhead_s}
         agg = StepAggregates(t, num_logits, n, num_decodes, sum_c, attn_units, dense_units, max_decode_c)
-        terms = [x * k for x, k in zip(calibrated_terms(m, agg, b, dense[0]), cal.coefficients)]
-        linear, causal, dense_attention, kv_read, kv_padded, tokens, requests, chunks, constant = terms
-        return {"linear": linear, "attention": causal + dense_attention + kv_read + kv_padded,
+        terms = [x * k for x, k in zip(calibrated_terms(m, agg, b, dense[0], cal.cache_bytes), cal.coefficients)]
+        linear, causal, dense_attention, kv_read, kv_padded, kv_excess, tokens, requests, chunks, constant = terms
+        return {"linear": linear, "attention": causal + dense_attention + kv_read + kv_padded + kv_excess,
                 "elementwise": tokens, "overhead": requests + chunks + constant}
 
     @staticmethod

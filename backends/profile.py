@@ -5,12 +5,14 @@ A profile is one JSON file written by `sim calibrate`:
     {"format": "servesim-profile", "version": 1,
      "model": "tiny", "device": "cpu", "device_name": "...", "dtype": "float32", "block_size": 16,
      "created": "2025-...", "software": {"python": ..., "torch": ...},
-     "calibration": {"ridge_flops_per_byte": ..., "dtype_bytes": 4, "coefficients": {"linear_flops": ...}},
+     "calibration": {"ridge_flops_per_byte": ..., "cache_bytes": ..., "dtype_bytes": 4,
+                     "coefficients": {"linear_flops": ...}},
      "fit": {"num_points": ..., "train": {"median_ape": ...}, "cross_validated": {...}}, "grid": {...}}
 
 The fit is non-negative least squares on relative residuals (each measured step weighs by its
-own duration, so short decode steps count as much as long prefills), with a 1-D search over the
-GEMM ridge point. NNLS is Lawson and Hanson's active-set method, in numpy.
+own duration, so short decode steps count as much as long prefills), with 1-D searches over the
+GEMM ridge point and the cache knee of padded decode K/V. NNLS is Lawson and Hanson's active-set
+method, in numpy.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ PROFILE_FORMAT = "servesim-profile"
 PROFILE_VERSION = 1
 # Candidate GEMM ridge points (FLOP per byte); 0 is "cost proportional to tokens".
 RIDGES = np.concatenate([[0.0], np.geomspace(1.0, 4096.0, 37)])
+# Candidate cache sizes (bytes of one layer's padded decode K/V) past which reading gets dearer.
+CACHE_SIZES = np.geomspace(2.0**16, 2.0**30, 29)
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,8 @@ class Profile:
             "format": PROFILE_FORMAT, "version": PROFILE_VERSION,
             "model": self.model, "device": self.device, "device_name": self.device_name, "dtype": self.dtype,
             "block_size": self.block_size, "created": self.created, "software": self.software,
-            "calibration": {"ridge_flops_per_byte": cal.ridge_flops_per_byte, "dtype_bytes": cal.dtype_bytes,
-                            "coefficients": cal.as_dict()},
+            "calibration": {"ridge_flops_per_byte": cal.ridge_flops_per_byte, "cache_bytes": cal.cache_bytes,
+                            "dtype_bytes": cal.dtype_bytes, "coefficients": cal.as_dict()},
             "fit": self.fit, "grid": self.grid,
         }
 
@@ -83,8 +87,10 @@ def load_profile(path: str | Path, model: str | None = None) -> Profile:
         missing = [k for k in FEATURES if k not in coefficients]
         if missing:
             raise ServesimError(f"{path}: the calibration lacks coefficients {', '.join(missing)}")
+        cache_bytes = cal.get("cache_bytes")
         calibration = Calibration(tuple(float(coefficients[k]) for k in FEATURES),
-                                  float(cal["ridge_flops_per_byte"]), int(cal["dtype_bytes"]))
+                                  float(cal["ridge_flops_per_byte"]), int(cal["dtype_bytes"]),
+                                  None if cache_bytes is None else float(cache_bytes))
         profile = Profile(str(data["model"]), calibration, str(data["device"]), str(data["device_name"]),
                           str(data["dtype"]), int(data["block_size"]), str(data["created"]),
                           dict(data.get("software", {})), dict(data.get("fit", {})), dict(data.get("grid", {})))
@@ -152,7 +158,7 @@ def pad(rows: list) -> np.ndarray:
     return out
 
 
-def _fit_ridge(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
+def _nnls_relative(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
     """NNLS on relative residuals; returns coefficients and the sum of squared relative errors."""
     a = features / seconds[:, None]
     scale = np.linalg.norm(a, axis=0)
@@ -161,44 +167,62 @@ def _fit_ridge(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, f
     return x, float(np.sum((a @ x - 1.0) ** 2))
 
 
+def _search(loss, grid: np.ndarray, num_golden: int = 30) -> float:
+    """The grid value of least loss, refined by golden-section search on its log between its
+    neighbours when they are positive."""
+    losses = [loss(v) for v in grid]
+    i = int(np.argmin(losses))
+    if not 0 < i < len(grid) - 1 or grid[i - 1] <= 0:
+        return float(grid[i])
+    lo, hi = np.log(grid[i - 1]), np.log(grid[i + 1])
+    g = (np.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = loss(np.exp(a)), loss(np.exp(b))
+    for _ in range(num_golden):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = loss(np.exp(a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = loss(np.exp(b))
+    best, value = min((fa, np.exp(a)), (fb, np.exp(b)))
+    return float(value) if best < losses[i] else float(grid[i])
+
+
 def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, seconds: np.ndarray,
-                    dtype_bytes: int = 2, ridges: np.ndarray = RIDGES) -> Calibration:
+                    dtype_bytes: int = 2, ridges: np.ndarray = RIDGES,
+                    cache_sizes: np.ndarray = CACHE_SIZES) -> Calibration:
     """The calibration that best predicts `seconds` of the steps given by q, c: [points, requests] and
-    num_logits: [points], searching the GEMM ridge over `ridges`."""
+    num_logits: [points]: NNLS for the coefficients, searches for the GEMM ridge point and the
+    cache size (the ridge first without a cache knee, then the knee, then the ridge again)."""
     seconds = np.asarray(seconds, dtype=np.float64)
     if len(seconds) < len(FEATURES):
         raise ServesimError(f"a fit needs at least {len(FEATURES)} measured shapes, got {len(seconds)}")
     if not np.all(np.isfinite(seconds) & (seconds > 0)):
         raise ServesimError("measured step times must be finite and positive")
-    def fit(ridge: float) -> tuple[np.ndarray, float]:
-        return _fit_ridge(step_features(model, q, c, num_logits, dtype_bytes, ridge), seconds)
 
-    losses = [fit(r)[1] for r in ridges]
-    i = int(np.argmin(losses))
-    ridge = float(ridges[i])
-    if 0 < i < len(ridges) - 1 and ridges[i - 1] > 0:
-        # Golden-section search on log(ridge) between the best grid point's neighbours.
-        lo, hi = np.log(ridges[i - 1]), np.log(ridges[i + 1])
-        g = (np.sqrt(5) - 1) / 2
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-        fa, fb = fit(np.exp(a))[1], fit(np.exp(b))[1]
-        for _ in range(40):
-            if fa < fb:
-                hi, b, fb = b, a, fa
-                a = hi - g * (hi - lo)
-                fa = fit(np.exp(a))[1]
-            else:
-                lo, a, fa = a, b, fb
-                b = lo + g * (hi - lo)
-                fb = fit(np.exp(b))[1]
-        if min(fa, fb) < losses[i]:
-            ridge = float(np.exp(a if fa < fb else b))
-    x, _ = fit(ridge)
-    return Calibration(tuple(float(v) for v in x), ridge, dtype_bytes)
+    def loss(ridge: float, cache: float | None) -> float:
+        return _nnls_relative(step_features(model, q, c, num_logits, dtype_bytes, ridge, cache), seconds)[1]
+
+    ridge = _search(lambda r: loss(r, None), ridges)
+    cache: float | None = None
+    if len(cache_sizes):
+        best_cache = _search(lambda size: loss(ridge, size), cache_sizes)
+        without = loss(ridge, None)
+        if loss(ridge, best_cache) < without - max(1e-6 * without, 1e-12 * len(seconds)):
+            cache = best_cache
+            ridge = _search(lambda r: loss(r, cache), ridges)
+    x, _ = _nnls_relative(step_features(model, q, c, num_logits, dtype_bytes, ridge, cache), seconds)
+    if cache is not None and x[FEATURES.index("kv_read_padded_excess_bytes")] == 0:
+        cache = None  # the knee did not matter after all
+    return Calibration(tuple(float(v) for v in x), ridge, dtype_bytes, cache)
 
 
 def predict(model: dict, calibration: Calibration, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
-    terms = step_features(model, q, c, num_logits, calibration.dtype_bytes, calibration.ridge_flops_per_byte)
+    terms = step_features(model, q, c, num_logits, calibration.dtype_bytes, calibration.ridge_flops_per_byte,
+                          calibration.cache_bytes)
     return terms @ np.asarray(calibration.coefficients)
 
 
