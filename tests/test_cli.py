@@ -48,8 +48,11 @@ def test_replay_bundled_sample(policy, tmp_path, capsys):
 def test_same_seed_gives_byte_identical_files(tmp_path):
     for name in ("a", "b"):
         assert run_cli("replay", SAMPLE, "--out", tmp_path / name, "--quiet", "--seed", 3) == 0
-    for f in ("requests.csv", "steps.csv", "summary.json"):
-        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert {"requests.csv", "steps.csv", "summary.json", "report.html"} <= set(files)
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
 
 
 def test_console_script_runs(tmp_path):
