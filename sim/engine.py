@@ -52,8 +52,8 @@ class StepLog:
         self._capacity = 1024
         self._num_steps = 0
         self._columns: dict[str, np.ndarray] = {
-            name: np.zeros(self._capacity, dtype=np.float64 if name in ("start_s", "seconds") else np.int64)
-            for name in STEP_COLUMNS}
+            name: np.zeros(self._capacity, dtype=np.float64 if name in ("start_s", "seconds") else np.int32)
+            for name in STEP_COLUMNS}  # counts fit in int32; millions of steps stay small
         self._breakdown: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -64,7 +64,7 @@ class StepLog:
         if needed <= self._capacity:
             return
         while self._capacity < needed:
-            self._capacity *= 2
+            self._capacity += self._capacity // 2
         for table in (self._columns, self._breakdown):
             for name, values in table.items():
                 grown = np.zeros(self._capacity, dtype=values.dtype)
