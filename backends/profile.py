@@ -86,7 +86,7 @@ def load_profile(path: str | Path, model: str | None = None) -> Profile:
         coefficients = cal["coefficients"]
         missing = [k for k in FEATURES if k not in coefficients]
         if missing:
-            raise ServesimError(f"{path}: the calibration lacks coefficients {', '.join(missing)}")
+            raise ServesimError(f"the calibration lacks coefficients {', '.join(missing)} (calibrate again)")
         cache_bytes = cal.get("cache_bytes")
         calibration = Calibration(tuple(float(coefficients[k]) for k in FEATURES),
                                   float(cal["ridge_flops_per_byte"]), int(cal["dtype_bytes"]),
@@ -196,7 +196,7 @@ def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.nd
                     cache_sizes: np.ndarray = CACHE_SIZES) -> Calibration:
     """The calibration that best predicts `seconds` of the steps given by q, c: [points, requests] and
     num_logits: [points]: NNLS for the coefficients, searches for the GEMM ridge point and the
-    cache size (the ridge first without a cache knee, then the knee, then the ridge again)."""
+    cache size (the ridge first without a cache knee, then the knee; then both in turn, twice)."""
     seconds = np.asarray(seconds, dtype=np.float64)
     if len(seconds) < len(FEATURES):
         raise ServesimError(f"a fit needs at least {len(FEATURES)} measured shapes, got {len(seconds)}")
@@ -213,7 +213,9 @@ def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.nd
         without = loss(ridge, None)
         if loss(ridge, best_cache) < without - max(1e-6 * without, 1e-12 * len(seconds)):
             cache = best_cache
-            ridge = _search(lambda r: loss(r, cache), ridges)
+            for _ in range(2):  # coordinate descent: the ridge and the knee trade off a little
+                ridge = _search(lambda r: loss(r, cache), ridges)
+                cache = _search(lambda size: loss(ridge, size), cache_sizes)
     x, _ = _nnls_relative(step_features(model, q, c, num_logits, dtype_bytes, ridge, cache), seconds)
     if cache is not None and x[FEATURES.index("kv_read_padded_excess_bytes")] == 0:
         cache = None  # the knee did not matter after all
