@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     report(f"KV cache: {backend.num_blocks} blocks of 16 tokens ({backend.num_blocks * 16} tokens); "
            f"set up in {time.perf_counter() - started:.0f} s")
     graphs = backend.runner.graphs
+    eager_reason = backend.cuda_graph_error or ("CPU" if args.dry_run else "--no-cuda-graphs")
     report("decode-only steps: " + (f"CUDA graphs (batch sizes {graphs.sizes[0]}..{graphs.sizes[-1]})" if graphs
-                                    else "eager (" + (backend.cuda_graph_error or ("CPU" if args.dry_run else "--no-cuda-graphs")) + ")"))
+                                    else f"eager ({eager_reason})"))
     if device == "cuda":
         report(f"device copy bandwidth (torch, 2 GiB): {_copy_bandwidth(torch) / 1e12:.2f} TB/s")
     report()

@@ -72,8 +72,10 @@ def test_cuda_cache_is_sized_from_free_memory():
     from backends.real import RealBackend
 
     be = RealBackend("tiny", device="cuda", gpu_memory_utilization=0.05)
-    free, total = torch.cuda.mem_get_info()
-    assert be.num_blocks > 0 and be.kv_caches[0][0].shape[0] == be.num_blocks and free >= 0.8 * total
+    _, total = torch.cuda.mem_get_info()
+    cache_bytes = sum(k.nbytes + v.nbytes for k, v in be.kv_caches)
+    assert be.num_blocks > 0 and be.kv_caches[0][0].shape[0] == be.num_blocks + 1  # + the graphs' scratch block
+    assert cache_bytes <= 0.05 * total
 
 
 def _decode_batch(contexts, tables):

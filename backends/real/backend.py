@@ -42,6 +42,13 @@ def _cpu_available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _cuda_free_bytes(device: "torch.device") -> tuple[int, int]:
+    """(free, total) device memory, counting what this process's allocator holds unused as free
+    (a backend built after another one was dropped finds that memory again)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
+
+
 def _device(name: str) -> "torch.device":
     if name not in DEVICES:
         raise ServesimError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
@@ -82,7 +89,7 @@ class RealBackend:
         where = torch.cuda.get_device_name(self.device) if is_cuda else "this machine's memory"
 
         if is_cuda:
-            free, total = torch.cuda.mem_get_info(self.device)
+            free, total = _cuda_free_bytes(self.device)
             usable = free - total * (1.0 - gpu_memory_utilization)
         else:
             usable = _cpu_available_bytes() * gpu_memory_utilization
@@ -102,7 +109,7 @@ class RealBackend:
         use_graphs = is_cuda and cuda_graphs
         num_scratch = 1 if use_graphs else 0  # the padding rows' block, past the block manager's ids
         if is_cuda:
-            free, total = torch.cuda.mem_get_info(self.device)
+            free, total = _cuda_free_bytes(self.device)
             budget = free - total * (1.0 - gpu_memory_utilization) - reserve
         else:
             budget = usable - weight_bytes - reserve

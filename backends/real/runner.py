@@ -3,8 +3,9 @@
 Each step: flatten the batch into its seven arrays (vectorised numpy), copy them into persistent
 buffers (pinned host memory and device tensors on a GPU, grown only when a step is larger than
 any before), run embedding -> layers -> final norm -> LM head on the `logits_indices` rows only,
-and take the argmax. On a GPU a decode-only step replays a captured CUDA graph instead. Timing: CUDA events on a GPU (plus the host's preparation time),
-`time.perf_counter` on the CPU; the parts add up to the step's seconds.
+and take the argmax. On a GPU a decode-only step replays a captured CUDA graph instead.
+Timing: CUDA events on a GPU (plus the host's preparation time), `time.perf_counter` on the
+CPU; the parts add up to the step's seconds.
 """
 
 from __future__ import annotations
