@@ -297,7 +297,7 @@ def format_profile(profile: Profile) -> str:
     lines = [f"{profile.model} on {profile.device_name} ({profile.device}, {profile.dtype}), "
              f"{fit['num_points']} shapes, ridge {profile.calibration.ridge_flops_per_byte:.3g} FLOP/B"]
     for name, value in profile.calibration.as_dict().items():
-        lines.append(f"  {name:<24}{value:.4g} s/unit")
+        lines.append(f"  {name:<30}{value:.4g} s/unit")
     if "repeat_noise" in fit:
         noise = fit["repeat_noise"]
         lines.append(f"repeat noise (IQR / median of a shape's repeats): median {pct(noise['median_iqr_over_median'])}, "

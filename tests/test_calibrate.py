@@ -299,3 +299,21 @@ def test_replay_with_a_profile_predicts_with_it(standin_profile, tmp_path):
     assert np.array_equal(other.steps.seconds, result.steps.seconds)
     with pytest.raises(ServesimError, match="does not apply"):
         ReplayOptions(model="tiny", backend="real", profile=str(path))
+
+
+def test_the_committed_tiny_cpu_profile_loads_and_predicts(tmp_path):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "profiles" / "tiny-cpu.json"
+    profile = load_profile(path, "tiny")
+    assert profile.device == "cpu" and profile.dtype == "float32" and profile.block_size == 16
+    assert profile.grid["name"] == "cpu" and profile.fit["num_points"] == profile.grid["num_shapes"]
+    assert 0 < profile.fit["cross_validated"]["median_ape"] < 1
+    raw = path.with_suffix(".csv")
+    assert raw.is_file()
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,300,20\n0.01,900,5\n")
+    assert main(["replay", str(trace), "--model", "tiny", "--profile", str(path), "--num-blocks", "256",
+                 "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] == 2 and summary["options"]["profile"] == str(path)
