@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.costmodel import FEATURES, Calibration, step_features
+from backends.costmodel import FEATURES, Calibration, step_aggregates, step_features
 from sim.errors import ServesimError
 
 PROFILE_FORMAT = "servesim-profile"
@@ -208,6 +208,11 @@ def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.nd
 
     ridge = _search(lambda r: loss(r, None), ridges)
     cache: float | None = None
+    # A knee only where enough points lie past it (a knee past all but one would fit that one exactly).
+    agg = step_aggregates(q, c, num_logits)
+    padded = 2.0 * model["num_key_value_heads"] * model["head_dim"] * dtype_bytes * agg.num_decodes * agg.max_decode_context
+    enough = max(len(FEATURES), len(seconds) // 10)
+    cache_sizes = cache_sizes[cache_sizes < np.sort(padded)[-enough]] if len(padded) >= enough else cache_sizes[:0]
     if len(cache_sizes):
         best_cache = _search(lambda size: loss(ridge, size), cache_sizes)
         without = loss(ridge, None)

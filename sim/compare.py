@@ -240,6 +240,7 @@ def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured_o
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from sim.calibrate import with_clock
     from sim.cli import Progress, options_from_args
     from traces import read_trace
     from traces.cli import apply_trace_options
@@ -253,7 +254,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for warning in trace.warnings:
         print(f"sim: warning: {warning}", file=sys.stderr)
     measured_options = replace(options, backend="real", profile=None)
-    measured_backend = make_backend(measured_options)
+    measured_backend = with_clock(make_backend(measured_options), args.clock)
+    profile_clock = profile.grid.get("clock", "wall")
+    if profile_clock != args.clock:
+        print(f"sim: warning: {args.profile} was measured with --clock {profile_clock}, this run with "
+              f"--clock {args.clock}", file=sys.stderr)
     # Both runs plan with the KV blocks the real backend allocated.
     cache = replace(options.cache, num_blocks=int(measured_backend.num_blocks))
     measured_options = replace(measured_options, cache=cache)
@@ -266,7 +271,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     device = str(getattr(measured_backend, "device", "cpu"))
     info = {"trace": trace.source, "policy": options.scheduler.policy, "model": options.model, "device": device,
             "profile": args.profile, "profile_device_name": profile.device_name,
-            "profile_repeat_noise": profile.fit.get("repeat_noise"), "num_requests": len(trace),
+            "profile_repeat_noise": profile.fit.get("repeat_noise"), "clock": args.clock, "num_requests": len(trace),
             "num_blocks": cache.num_blocks, "wall_s": time.perf_counter() - started}
     figures = write_comparison(out, comparison, trace, measured_options, predicted_options, info)
     if not args.quiet:
@@ -289,5 +294,8 @@ def register(subparsers) -> None:
     p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     p.add_argument("--out", required=True, help="folder to write")
+    p.add_argument("--clock", default="wall", choices=("wall", "thread"),
+                   help="how the real backend's steps are timed: wall (its own timing, default) or thread (the "
+                        "calling thread's CPU time, for a CPU shared with other processes; --device cpu only)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_compare)

@@ -317,3 +317,27 @@ def test_the_committed_tiny_cpu_profile_loads_and_predicts(tmp_path):
                  "--out", str(tmp_path / "run"), "--quiet"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] == 2 and summary["options"]["profile"] == str(path)
+
+
+def test_thread_clock_leaves_out_time_the_thread_does_not_run():
+    import time as time_module
+
+    from backends import StepResult
+    from sim.calibrate import ThreadClock, with_clock
+
+    class Sleepy(StandInBackend):
+        def execute(self, batch):
+            time_module.sleep(0.05)  # descheduled, as when other processes hold the core
+            return StepResult(0.05, {"forward": 0.04, "sample": 0.01})
+
+    backend = Sleepy("tiny")
+    clocked = with_clock(backend, "thread")
+    assert with_clock(backend, "wall") is backend
+    assert isinstance(clocked, ThreadClock) and clocked.num_blocks == backend.num_blocks
+    result = clocked.execute(Batch())
+    assert 0 <= result.seconds < 0.01
+    assert sum(result.breakdown.values()) == pytest.approx(result.seconds)
+    assert result.breakdown["forward"] == pytest.approx(4 * result.breakdown["sample"])
+    backend.device = "cuda"
+    with pytest.raises(ServesimError, match="--clock wall on a GPU"):
+        with_clock(backend, "thread")
