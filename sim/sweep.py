@@ -307,12 +307,14 @@ def _plain(value):
 def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """A sweep or probe table and the identity stored with it."""
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
     path = Path(path)
     try:
-        table = pq.read_table(path)
+        # One read of the whole file: the writer may replace it meanwhile, and two opens could see two files.
+        table = pq.read_table(pa.BufferReader(path.read_bytes()))
     except FileNotFoundError:
         raise ServesimError(f"{path}: no such file") from None
     except Exception as e:

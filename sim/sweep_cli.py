@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -145,39 +146,53 @@ def _out_dir(args: argparse.Namespace, what: str) -> Path:
 
 
 class ProgressBar:
-    """`[#####.....] 12/108 points  1 failed  1:02 elapsed  ETA 4:10` on a terminal's stderr."""
+    """`[#####.....] 12/108 points  1 failed  1:02 elapsed  ETA 4:10` on a terminal's stderr, redrawn
+    when a point finishes and every second in between (points can take minutes)."""
 
     def __init__(self, total: int, done: int, enabled: bool, unit: str = "points"):
-        self.total, self.initial, self.enabled, self.unit = total, done, enabled, unit
+        self.total, self.initial, self.num_done, self.enabled, self.unit = total, done, done, enabled, unit
         self.failed = 0
         self.started = time.monotonic()
         self.shown = False
-        if total:
-            self.draw(done)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if enabled:
+            if total:
+                self.draw(done)
+            threading.Thread(target=self._tick, daemon=True).start()
 
     def __call__(self, row: dict, done: int, total: int) -> None:
         self.failed += row["status"] != "ok"
         self.total = total
         self.draw(done)
 
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            if self.total:
+                self.draw(self.num_done)
+
     def draw(self, done: int) -> None:
         if not self.enabled:
             return
+        self.num_done = done
         elapsed = time.monotonic() - self.started
         new = done - self.initial
         eta = _clock(elapsed / new * (self.total - done)) if new > 0 else "--:--"
         width = 30
         filled = int(width * done / self.total) if self.total else width
         failed = f"  {self.failed} failed" if self.failed else ""
-        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {self.unit}{failed}  "
-                         f"{_clock(elapsed)} elapsed  ETA {eta}  ")
-        sys.stderr.flush()
-        self.shown = True
+        with self._lock:
+            sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {self.unit}{failed}  "
+                             f"{_clock(elapsed)} elapsed  ETA {eta}  ")
+            sys.stderr.flush()
+            self.shown = True
 
     def done(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            self.shown = False
+        self._stop.set()
+        with self._lock:
+            if self.shown:
+                sys.stderr.write("\n")
+                self.shown = False
 
 
 def _clock(seconds: float) -> str:
@@ -246,9 +261,15 @@ def format_sweep(frame) -> str:
     lines = [head + "   (latencies in ms)"]
     for _, row in means.iterrows():
         line = "".join(f"{row[k]!s:>14}" if not isinstance(row[k], float) else f"{row[k]:>14g}" for k in keys)
-        line += "".join(f"{row[c] * scale:>11.1f}" if row[c] == row[c] else f"{'-':>11}" for c, _, scale in columns)
+        line += "".join(_cell(row[c] * scale) for c, _, scale in columns)
         lines.append(line)
     return "\n".join(lines)
+
+
+def _cell(value: float) -> str:
+    if value != value:
+        return f"{'-':>11}"
+    return f"{value:>11.1f}" if abs(value) < 1e6 else f"{value:>11.3g}"
 
 
 # sim capacity
