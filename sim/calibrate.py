@@ -13,9 +13,9 @@ independently, and the fit can tell the terms that follow each apart.
 
 Each shape is one `Batch` whose block tables use scattered block ids below the backend's
 `num_blocks`. Every shape runs `warmup` times unmeasured, then `repeats` rounds run every shape
-once each (right after one unmeasured run of it, to warm the caches), in a new random order per
-round; the median of a shape's repeats is fitted. The raw measurements go to a CSV beside the
-profile (one row per measured run).
+once each, from the fastest shape to the slowest, each right after an unmeasured run of the step
+that precedes it in a replay (see `measure`); the median of a shape's repeats is fitted. The raw measurements go to a CSV beside
+the profile (one row per measured run).
 """
 
 from __future__ import annotations
@@ -122,6 +122,20 @@ def make_grid(name: str, max_model_len: int) -> list[Shape]:
     return shapes
 
 
+def predecessor(shape: Shape) -> Shape:
+    """The step a replay typically runs just before a step of this shape, to be run unmeasured
+    before each measured run: the same decodes (consecutive decode steps are alike); for a mixed
+    step, its decodes alone (the step before the chunk joined them); for a prefill-only step, a
+    single short decode (an almost idle engine)."""
+    if shape.kind == "decode":
+        return shape
+    decodes = [i for i, d in enumerate(shape.is_decode) if d]
+    if not decodes:
+        return Shape("decode", (1,), (64,), (True,), (True,))
+    return Shape("decode", tuple(shape.query_lens[i] for i in decodes), tuple(shape.context_lens[i] for i in decodes),
+                 tuple(shape.needs_logits[i] for i in decodes), (True,) * len(decodes))
+
+
 def shape_batch(shape: Shape, block_size: int, num_blocks: int, vocab_size: int,
                 rng: np.random.Generator) -> Batch:
     """A batch of `shape` with random token ids and scattered block ids below `num_blocks`."""
@@ -164,24 +178,34 @@ class ProgressBar:
 
 def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repeats: int = 5, seed: int = 0,
             progress: ProgressBar | None = None) -> pd.DataFrame:
-    """Run every shape `warmup` times, then `repeats` rounds over all shapes, each round in a new
-    random order: a slow spell of the machine (other processes, clocks, heat) then lands on random
-    repeats of many shapes, not on every repeat of a few. Each measured run directly follows an
-    unmeasured run of the same batch, so caches and allocator hold what a stream of similar steps
-    leaves them (a replay's consecutive steps are alike), not what the previous random shape left.
-    One row per measured run."""
+    """Run every shape `warmup` times, then `repeats` rounds over all shapes; one row per measured run.
+
+    A round goes through the shapes from the fastest to the slowest (by their last warm-up), and
+    each measured run directly follows an unmeasured run of its `predecessor`, the step a replay
+    runs before such a step: a decode step after the same decodes, a step with a prefill chunk
+    after a small decode step. What ran just before matters: after a much larger step, caches and
+    the allocator take a few steps to settle (a small decode step can take twice its steady
+    time), and a large step after small ones pays for its fresh buffers. A slow spell of the
+    machine (other processes, clocks, heat) lands on one round of a run of shapes, and the median
+    over rounds leaves it out."""
     if repeats < 1 or warmup < 0:
         raise ServesimError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
     rng = np.random.default_rng(seed)
     batches = [shape_batch(shape, backend.block_size, backend.num_blocks, vocab_size, rng) for shape in shapes]
-    for batch in batches:
+    before = [batch if shape.kind == "decode" else shape_batch(predecessor(shape), backend.block_size,
+                                                                backend.num_blocks, vocab_size, rng)
+              for shape, batch in zip(shapes, batches)]
+    # Without warm-up runs to time, order by the work: query-key pairs, K/V read, tokens.
+    size = [sum(q * c + c + 64 * q for q, c in zip(s.query_lens, s.context_lens)) for s in shapes]
+    for index, batch in enumerate(batches):
         for _ in range(warmup):
-            backend.execute(batch)
+            size[index] = backend.execute(batch).seconds
+    order = np.argsort(size, kind="stable").tolist()
     seconds = np.zeros((len(shapes), repeats))
     done = 0
     for repeat in range(repeats):
-        for index in rng.permutation(len(shapes)).tolist():
-            backend.execute(batches[index])
+        for index in order:
+            backend.execute(before[index])
             seconds[index, repeat] = backend.execute(batches[index]).seconds
             done += 1
             if progress is not None:
