@@ -341,3 +341,38 @@ def test_thread_clock_leaves_out_time_the_thread_does_not_run():
     backend.device = "cuda"
     with pytest.raises(ServesimError, match="--clock wall on a GPU"):
         with_clock(backend, "thread")
+
+
+def test_each_measured_run_follows_its_replay_predecessor_fastest_shape_first():
+    from sim.calibrate import Shape, predecessor
+
+    mixed = Shape("mixed", (1, 1, 32), (10, 20, 40), (True, True, False), (True, True, False))
+    assert predecessor(mixed) == Shape("decode", (1, 1), (10, 20), (True, True), (True, True))
+    assert predecessor(Shape("prefill", (64,), (64,), (True,), (False,))) == Shape("decode", (1,), (64,), (True,), (True,))
+    decode = Shape("decode", (1, 1), (5, 9), (True, True), (True, True))
+    assert predecessor(decode) is decode
+
+    class Recording(StandInBackend):
+        def __init__(self):
+            super().__init__("tiny", noise=0.0, num_blocks=512)
+            self.shapes = []  # (query lens, context lens) of every executed batch, in order
+
+        def execute(self, batch):
+            self.shapes.append((tuple(batch.num_scheduled_tokens),
+                                tuple(c + q for c, q in zip(batch.num_computed_tokens, batch.num_scheduled_tokens))))
+            return super().execute(batch)
+
+    shapes = make_grid("small", 8192)
+    backend = Recording()
+    raw = measure(backend, shapes, 512, warmup=1, repeats=2)
+    measured_runs = backend.shapes[len(shapes):]  # after one warm-up run each
+    assert len(measured_runs) == 2 * 2 * len(shapes)
+    seconds = raw.groupby("shape")["seconds"].first()
+    for round_runs in (measured_runs[:2 * len(shapes)], measured_runs[2 * len(shapes):]):
+        order = [next(i for i, s in enumerate(shapes) if (s.query_lens, s.context_lens) == run)
+                 for run in round_runs[1::2]]
+        assert sorted(order) == list(range(len(shapes)))
+        assert list(seconds[order]) == sorted(seconds[order])  # fastest first
+        for before, index in zip(round_runs[0::2], order):
+            p = predecessor(shapes[index])
+            assert before == (p.query_lens, p.context_lens)
