@@ -203,3 +203,16 @@ def test_ray_missing_is_a_clear_error(monkeypatch):
 
     with pytest.raises(ServesimError, match=r"pip install 'servesim\[ray\]'"):
         list(run_rows(read_trace(AZURE_CONV_SAMPLE), _points(scales=(1.0,)), "ray", jobs=1))
+
+
+def test_progress_bar_shows_points_failures_and_an_eta(capsys):
+    from sim.sweep_cli import ProgressBar
+
+    bar = ProgressBar(total=4, done=1, enabled=True)  # one point was done before a resume
+    bar({"status": "ok"}, 2, 4)
+    bar({"status": "error"}, 3, 4)
+    bar.done()
+    lines = capsys.readouterr().err.split("\r")
+    assert lines[1].startswith("  [#######.......................] 1/4 points  0:00 elapsed  ETA --:--")
+    assert "3/4 points  1 failed  0:0" in lines[-1] and "elapsed  ETA 0:0" in lines[-1]
+    assert ProgressBar(total=4, done=0, enabled=False).shown is False
