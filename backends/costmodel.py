@@ -310,37 +310,46 @@ class CostModelBackend:
         parts = self._step_parts(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits))
         return StepResult(float(self._total(parts)), {k: float(v) for k, v in parts.items()})
 
-    def decode_run(self, context_lens: np.ndarray, num_steps: int,
-                   active_steps: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
         """Seconds and breakdown of `num_steps` decode-only steps of the same requests, whose
         contexts (after the first step) are `context_lens` and grow by one token per step.
         Request i takes part in the first `active_steps[i]` steps only (default: all). A part that
         is the same for every step may be a float, the others are [num_steps] arrays. Each step's
         figures are exactly those `execute` gives for that step's batch (the engine's fast path
         relies on it)."""
-        n = len(context_lens)
+        contexts = [int(c) for c in context_lens]
+        n = len(contexts)
         steps = np.arange(num_steps, dtype=np.int64)
-        if active_steps is None or int(active_steps.min()) >= num_steps:
-            sum_c = int(np.sum(context_lens, dtype=np.int64)) + n * steps
-            max_c = int(np.max(context_lens, initial=0)) + steps
+        if active_steps is None or min(active_steps) >= num_steps:
+            sum_c = sum(contexts) + n * steps
+            max_c = max(contexts, default=0) + steps
             parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0, sum_c, max_c)
             return self._total(parts), parts
-        # Requests leave as they finish: step j has the requests with active_steps > j, a suffix
-        # of them ordered by active_steps.
-        order = np.argsort(active_steps, kind="stable")
-        leaving = active_steps[order]
-        contexts = context_lens[order]
-        suffix_sum = np.zeros(n + 1, dtype=np.int64)
-        suffix_sum[:n] = np.cumsum(contexts[::-1])[::-1]
-        suffix_max = np.zeros(n + 1, dtype=np.int64)
-        suffix_max[:n] = np.maximum.accumulate(contexts[::-1])[::-1]
-        gone = np.searchsorted(leaving, steps, side="right")
-        num_running = n - gone
-        sum_c = suffix_sum[gone] + num_running * steps
-        max_c = suffix_max[gone] + steps
-        # Everything but attention depends on the number running alone: look it up per distinct count.
-        counts, index = np.unique(num_running, return_inverse=True)
-        dense = tuple(np.array(column)[index] for column in zip(*(self._dense(m, m) for m in counts.tolist())))
+        # Requests leave as they finish: step j has those with active_steps > j. Ordered by
+        # active_steps, the ones left are a suffix; the steps split into segments of equal count.
+        pairs = sorted(zip((int(a) for a in active_steps), contexts))
+        suffix_sum, suffix_max = [0] * (n + 1), [0] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            suffix_sum[i] = suffix_sum[i + 1] + pairs[i][1]
+            suffix_max[i] = max(suffix_max[i + 1], pairs[i][1])
+        lengths, gone = [], []  # per segment: its steps, and the requests gone before it
+        start = i = 0
+        while i < n and pairs[i][0] < num_steps:
+            leave = pairs[i][0]
+            if leave > start:
+                lengths.append(leave - start)
+                gone.append(i)
+                start = leave
+            while i < n and pairs[i][0] == leave:
+                i += 1
+        lengths.append(num_steps - start)
+        gone.append(i)
+        gone_per_step = np.repeat(gone, lengths)
+        num_running = n - gone_per_step
+        sum_c = np.asarray(suffix_sum)[gone_per_step] + num_running * steps
+        max_c = np.asarray(suffix_max)[gone_per_step] + steps
+        # Everything but attention depends on the number running alone: look it up per segment.
+        dense = tuple(np.repeat(column, lengths) for column in zip(*(self._dense(n - g, n - g) for g in gone)))
         parts = self._parts(num_running, num_running, num_running, sum_c, sum_c, sum_c, num_running, 0.0, sum_c,
                             max_c, dense=dense)
         return self._total(parts), parts

@@ -28,7 +28,7 @@ simulation (`fast_forward=False`); tests check it.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import simpy
@@ -112,6 +112,16 @@ class StepLog:
         if name in STEP_COLUMNS:
             return self._columns[name][:self._num_steps]
         raise AttributeError(name)
+
+
+class DecodeRun(NamedTuple):
+    """A planned run of decode-only steps (see the module docstring)."""
+
+    ends: np.ndarray  # [steps] end time of each step
+    seconds: np.ndarray  # [steps]
+    parts: dict  # the backend's breakdown: per key a float (every step) or a [steps] array
+    opens: list[tuple[int, int]]  # (step, batch index) of each block opened, in the order taken
+    active_steps: list[int]  # per request, the steps it takes part in (it finishes in the last, or runs on)
 
 
 class SimResult:
@@ -213,13 +223,13 @@ class Engine:
                     and all(batch.is_decode)):
                 run = self._plan_decode_run(batch, env.now)
             if run is not None:
-                ends = run[0]
+                ends = run.ends
                 start, num_waiting = env.now, len(state.waiting)
                 end = float(ends[-1])
                 if env.now + (end - env.now) == end:
                     yield env.timeout(end - env.now)
                 else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
-                    for seconds in run[1].tolist():
+                    for seconds in run.seconds.tolist():
                         yield env.timeout(seconds)
                 self._log_run(batch, start, num_waiting, run, self._postprocess_run(batch, run))
             else:
@@ -274,44 +284,44 @@ class Engine:
 
     # Fast-forward over runs of decode-only steps.
 
-    def _plan_decode_run(self, batch: Batch, now: float):
+    def _plan_decode_run(self, batch: Batch, now: float) -> DecodeRun | None:
         """The run of decode steps starting with `batch` (already scheduled), or None when it
-        would be a single step. Returns (ends, seconds, breakdown, opens, active_steps): step end
-        times, seconds and breakdown; opens[j - 1, i] when request i opens a block at step j;
-        active_steps[i], the steps request i runs before it finishes (or the run ends)."""
+        would be a single step."""
         reqs = batch.requests
-        n = len(reqs)
-        num_computed = np.fromiter(batch.num_computed_tokens, dtype=np.int64, count=n)
-        remaining = np.fromiter([r.num_output_tokens - r.num_generated_tokens for r in reqs], dtype=np.int64, count=n)
+        num_computed = batch.num_computed_tokens
+        remaining = [r.num_output_tokens - r.num_generated_tokens for r in reqs]
         # Past a finish the same requests keep decoding unless the freed slot or blocks could let
         # a waiting request in.
         through_finishes = not self.policy.finish_may_admit(self.state)
-        max_steps = int(remaining.max() if through_finishes else remaining.min())
-        max_steps = min(max_steps, MAX_RUN_STEPS)
-        if max_steps < 2:
-            return None
+        max_steps = min(max(remaining) if through_finishes else min(remaining), MAX_RUN_STEPS)
         next_arrival = (self.requests[self._next_arrival].arrival_s
                         if self._next_arrival < len(self.requests) else np.inf)
         if next_arrival < np.inf and self._last_decode_step_s:
             # Cost only about as many steps as fit before the next arrival, judging by the last
             # decode step's length (a guess: a short one merely ends this run early).
             max_steps = min(max_steps, int(1.25 * (next_arrival - now) / self._last_decode_step_s) + 2)
+        if max_steps < 2:
+            return None
 
-        # Blocks: step j >= 1 computes position num_computed + j, which opens a new block when it
-        # is a multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
+        # Blocks: step j >= 1 computes position num_computed + j, which opens a block when it is a
+        # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
         # finishing requests free are not counted on, so the run never preempts.
         bs = self.block_manager.block_size
-        steps = np.arange(1, max_steps, dtype=np.int64)[:, None]
-        opens = ((num_computed[None, :] + steps) % bs == 0) & (steps < remaining[None, :])  # [steps - 1, n]
+        opens = []  # (step, batch index) of every block opened, in the order they are taken
+        for i, (c, rem) in enumerate(zip(num_computed, remaining)):
+            last = min(max_steps, rem) - 1
+            for j in range(-c % bs or bs, last + 1, bs):
+                opens.append((j, i))
+        opens.sort()
         num_steps = max_steps
         free = self.block_manager.num_free_blocks
-        if free < n * ((max_steps - 2) // bs + 1):  # may run short
-            cum_blocks = opens.sum(axis=1).cumsum()
-            num_steps = min(num_steps, 1 + int(cum_blocks.searchsorted(free, side="right")))
+        if len(opens) > free:
+            num_steps = opens[free][0]  # the step that would need one block too many
             if num_steps < 2:
                 return None
 
-        seconds, parts = self.backend.decode_run(num_computed + 1, num_steps, remaining)
+        contexts = [c + 1 for c in num_computed]
+        seconds, parts = self.backend.decode_run(contexts, num_steps, remaining)
         self._last_decode_step_s = float(seconds[-1])
         # The clock adds the steps one after another, as step-by-step simulation does.
         ends = np.empty(num_steps + 1)
@@ -322,54 +332,65 @@ class Engine:
         num_steps = min(num_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
         if num_steps < 2:
             return None
-        parts = {key: value[:num_steps] if isinstance(value, np.ndarray) else value for key, value in parts.items()}
-        return (ends[:num_steps], seconds[:num_steps], parts, opens[:num_steps - 1],
-                np.minimum(remaining, num_steps))
+        if num_steps < len(seconds):
+            ends, seconds = ends[:num_steps], seconds[:num_steps]
+            parts = {k: v[:num_steps] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
+        if opens and opens[-1][0] >= num_steps:
+            opens = [o for o in opens if o[0] < num_steps]
+        return DecodeRun(ends, seconds, parts, opens, [min(rem, num_steps) for rem in remaining])
 
-    def _log_run(self, batch: Batch, now: float, num_waiting: int, run, num_used_blocks: np.ndarray) -> None:
-        ends, seconds, parts, opens, active_steps = run
-        k = len(seconds)
+    def _log_run(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
+                 num_used_blocks: np.ndarray) -> None:
+        k = len(run.seconds)
         starts = np.empty(k)
         starts[0] = now
-        starts[1:] = ends[:-1]
-        num_running = len(batch) - np.searchsorted(np.sort(active_steps), np.arange(k), side="right")
+        starts[1:] = run.ends[:-1]
+        n = len(batch)
+        num_running = n
+        if min(run.active_steps) < k:  # some finish before the last step
+            num_running = n - np.searchsorted(sorted(run.active_steps), np.arange(k), side="right")
         self.steps.extend(k, {
-            "start_s": starts, "seconds": seconds, "num_prefill_tokens": 0, "num_decode_tokens": num_running,
+            "start_s": starts, "seconds": run.seconds, "num_prefill_tokens": 0, "num_decode_tokens": num_running,
             "num_requests": num_running, "num_kv_blocks_used": num_used_blocks,
             "num_waiting": num_waiting, "num_preemptions": 0,
-        }, parts)
+        }, run.parts)
 
-    def _postprocess_run(self, batch: Batch, run) -> None:
-        ends, _, _, opens, active_steps = run
-        k = len(ends)
+    def _postprocess_run(self, batch: Batch, run: DecodeRun) -> np.ndarray:
+        """Apply the run's tokens, blocks and finishes; returns the blocks in use at each step."""
+        ends, k = run.ends, len(run.ends)
         reqs = batch.requests
         times = self.token_times
-        for r, num in zip(reqs, active_steps.tolist()):
+        finishing = []
+        for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
             start = r.token_offset + r.num_generated_tokens
             times[start:start + num] = ends[:num]
             r.num_computed_tokens += num
             r.num_generated_tokens += num
+            if r.num_generated_tokens == r.num_output_tokens:
+                finishing.append((num - 1, i))
         # Hand out new blocks and free finished requests' blocks in the order step-by-step
         # simulation would: each step's new blocks in batch order, then at its end the requests
-        # that finished in it, in batch order.
+        # that finished in it, in batch order (freed blocks are the next ones taken).
         bm = self.block_manager
-        finishing = sorted((num - 1, i) for i, (r, num) in enumerate(zip(reqs, active_steps.tolist()))
-                           if r.num_generated_tokens == r.num_output_tokens)
-        used = np.empty(k, dtype=np.int64)  # blocks in use once each step is scheduled
-        used[0] = bm.num_used_blocks  # step 0's blocks were reserved by the policy
-        first_step = 1
-        for last_step, i in finishing + [(k - 1, -1)]:
-            if last_step >= first_step:
-                rows = opens[first_step - 1:last_step]
-                used[first_step:last_step + 1] = bm.num_used_blocks + np.cumsum(rows.sum(axis=1))
-                _, req_idx = np.nonzero(rows)
-                req_idx = req_idx.tolist()
-                for j, block in zip(req_idx, bm.pop_free_blocks(len(req_idx))):
+        used = np.full(k, bm.num_used_blocks, dtype=np.int64)  # step 0's blocks were reserved by the policy
+        if run.opens:
+            used += np.bincount([j for j, _ in run.opens], minlength=k).cumsum()
+        freed = np.zeros(k + 1, dtype=np.int64)  # freed[j + 1]: blocks freed at the end of step j
+        opens, taken = run.opens, 0
+        for last_step, i in sorted(finishing) + [(k - 1, -1)]:
+            upto = taken
+            while upto < len(opens) and opens[upto][0] <= last_step:
+                upto += 1
+            if upto > taken:
+                for (_, j), block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
                     reqs[j].block_table.append(block)
-                first_step = last_step + 1
+                taken = upto
             if i >= 0:
+                before = bm.num_used_blocks
                 self._finish(reqs[i], float(ends[last_step]))
+                freed[last_step + 1] += before - bm.num_used_blocks
         if finishing:
+            used -= freed[:k].cumsum()
             self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
         self.state.step_index += k
         return used
