@@ -261,8 +261,11 @@ class CostModelBackend:
         cal = self.calibration
         if cal is None:
             linear, kv_write, elementwise, lm_head = dense
-            decode_attention = (decode_sum_c * (2 * nkv * hd) + num_decodes * (2 * nh * hd)) * b / self._bytes_s
-            return {"linear": linear, "attention": layers * (decode_attention + other_attention_s),
+            # Decodes are memory-bound: their K/V and their q and output rows, in every layer.
+            per_context = layers * (2 * nkv * hd) * b / self._bytes_s
+            per_decode = layers * (2 * nh * hd) * b / self._bytes_s
+            attention = decode_sum_c * per_context + (num_decodes * per_decode + layers * other_attention_s)
+            return {"linear": linear, "attention": attention,
                     "kv_write": kv_write, "elementwise": elementwise, "lm_head": lm_head,
                     "overhead": self.eff.step_overhead_s}
         agg = StepAggregates(t, num_logits, n, num_decodes, sum_c, attn_units, dense_units, max_decode_c)
@@ -273,11 +276,13 @@ class CostModelBackend:
 
     @staticmethod
     def _total(parts: dict):
-        values = iter(parts.values())
-        total = next(values)
-        for value in values:
-            total = total + value
-        return total
+        """The step's seconds: the parts in a fixed order, attention (the one that varies along a
+        decode run) last, so a run adds one array."""
+        total = 0.0
+        for key, value in parts.items():
+            if key != "attention":
+                total = total + value
+        return total + parts["attention"]
 
     def _step_parts(self, q_list, computed_list, num_logits: int) -> dict:
         """Aggregates of one step's batch, then its parts."""
@@ -317,12 +322,12 @@ class CostModelBackend:
         is the same for every step may be a float, the others are [num_steps] arrays. Each step's
         figures are exactly those `execute` gives for that step's batch (the engine's fast path
         relies on it)."""
-        contexts = [int(c) for c in context_lens]
+        contexts = context_lens if isinstance(context_lens, list) else [int(c) for c in context_lens]
         n = len(contexts)
         steps = np.arange(num_steps, dtype=np.int64)
         if active_steps is None or min(active_steps) >= num_steps:
             sum_c = sum(contexts) + n * steps
-            max_c = max(contexts, default=0) + steps
+            max_c = max(contexts, default=0) + steps if self.calibration is not None else 0
             parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0, sum_c, max_c)
             return self._total(parts), parts
         # Requests leave as they finish: step j has those with active_steps > j. Ordered by
@@ -332,26 +337,26 @@ class CostModelBackend:
         for i in range(n - 1, -1, -1):
             suffix_sum[i] = suffix_sum[i + 1] + pairs[i][1]
             suffix_max[i] = max(suffix_max[i + 1], pairs[i][1])
-        lengths, gone = [], []  # per segment: its steps, and the requests gone before it
+        num_running = np.empty(num_steps, dtype=np.int64)
+        base_sum = np.empty(num_steps, dtype=np.int64)
+        base_max = np.empty(num_steps, dtype=np.int64)
+        dense = [np.empty(num_steps) for _ in self._dense(n, n)]
         start = i = 0
-        while i < n and pairs[i][0] < num_steps:
-            leave = pairs[i][0]
-            if leave > start:
-                lengths.append(leave - start)
-                gone.append(i)
-                start = leave
-            while i < n and pairs[i][0] == leave:
-                i += 1
-        lengths.append(num_steps - start)
-        gone.append(i)
-        gone_per_step = np.repeat(gone, lengths)
-        num_running = n - gone_per_step
-        sum_c = np.asarray(suffix_sum)[gone_per_step] + num_running * steps
-        max_c = np.asarray(suffix_max)[gone_per_step] + steps
-        # Everything but attention depends on the number running alone: look it up per segment.
-        dense = tuple(np.repeat(column, lengths) for column in zip(*(self._dense(n - g, n - g) for g in gone)))
+        while start < num_steps:  # one segment per count of requests left
+            while i < n and pairs[i][0] <= start:
+                i += 1  # requests gone before this step
+            end = pairs[i][0] if i < n and pairs[i][0] < num_steps else num_steps
+            num_running[start:end] = n - i
+            base_sum[start:end] = suffix_sum[i]
+            base_max[start:end] = suffix_max[i]
+            # Everything but attention depends on the number running alone.
+            for column, value in zip(dense, self._dense(n - i, n - i)):
+                column[start:end] = value
+            start = end
+        sum_c = base_sum + num_running * steps
+        max_c = base_max + steps
         parts = self._parts(num_running, num_running, num_running, sum_c, sum_c, sum_c, num_running, 0.0, sum_c,
-                            max_c, dense=dense)
+                            max_c, dense=tuple(dense))
         return self._total(parts), parts
 
     def decode_run_seconds(self, context_lens: np.ndarray, num_steps: int) -> np.ndarray:
