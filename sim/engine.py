@@ -88,11 +88,12 @@ class StepLog:
         self._num_steps = i + 1
 
     def extend(self, num_rows: int, columns: dict, breakdown: dict) -> None:
-        """Write `num_rows` steps; each value is a scalar (the same for every row) or an array."""
+        """Write `num_rows` steps; each value is a scalar (the same for every row) or an array. A
+        column left out stays 0."""
         self._reserve(num_rows)
         start, end = self._num_steps, self._num_steps + num_rows
-        for name in STEP_COLUMNS:
-            self._columns[name][start:end] = columns[name]
+        for name, value in columns.items():
+            self._columns[name][start:end] = value
         for key, value in breakdown.items():
             self._write(self._breakdown, key, start, end, value)
         self._num_steps = end
@@ -350,10 +351,9 @@ class Engine:
         if min(run.active_steps) < k:  # some finish before the last step
             num_running = n - np.searchsorted(sorted(run.active_steps), np.arange(k), side="right")
         self.steps.extend(k, {
-            "start_s": starts, "seconds": run.seconds, "num_prefill_tokens": 0, "num_decode_tokens": num_running,
-            "num_requests": num_running, "num_kv_blocks_used": num_used_blocks,
-            "num_waiting": num_waiting, "num_preemptions": 0,
-        }, run.parts)
+            "start_s": starts, "seconds": run.seconds, "num_decode_tokens": num_running,
+            "num_requests": num_running, "num_kv_blocks_used": num_used_blocks, "num_waiting": num_waiting,
+        }, run.parts)  # no prefill tokens, no preemptions
 
     def _postprocess_run(self, batch: Batch, run: DecodeRun) -> np.ndarray:
         """Apply the run's tokens, blocks and finishes; returns the blocks in use at each step."""
