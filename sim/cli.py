@@ -124,7 +124,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     backend = make_backend(options)
     options = with_backend_blocks(options, backend)  # the real backend sizes its own KV cache
-    result = replay(trace, options, backend=backend, progress=progress)
+    result = replay(trace, options, backend=backend, progress=progress, fast_forward=not args.no_fast_forward)
     progress.done()
     wall = time.perf_counter() - started
     summary = write_run(out, result, options, trace)
@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_options(p)
     p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("--no-fast-forward", action="store_true",
+                   help="simulate every decode step one by one (same results, slower; for checking)")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("models", help="list the model presets")

@@ -55,6 +55,13 @@ def test_same_seed_gives_byte_identical_files(tmp_path):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
 
 
+def test_no_fast_forward_gives_the_same_files(tmp_path):
+    for name, extra in (("fast", []), ("slow", ["--no-fast-forward"])):
+        assert run_cli("replay", SAMPLE, "--out", tmp_path / name, "--quiet", "--policy", "prefill-first", *extra) == 0
+    for f in ("requests.csv", "steps.csv", "summary.json"):
+        assert (tmp_path / "fast" / f).read_bytes() == (tmp_path / "slow" / f).read_bytes(), f
+
+
 def test_console_script_runs(tmp_path):
     sim = Path(sys.executable).parent / "sim"
     done = subprocess.run([str(sim), "replay", SAMPLE, "--out", str(tmp_path / "r"), "--num-blocks", "4000"],
