@@ -129,8 +129,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     summary = write_run(out, result, options, trace)
     if not args.quiet:
-        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on "
-              f"{options.hardware}, {options.backend}" + (f" with profile {options.profile}" if options.profile else ""))
+        where = f"{options.device} (real, measured)" if options.backend == "real" else f"{options.hardware} (costmodel)"
+        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {where}"
+              + (f" with profile {options.profile}" if options.profile else ""))
         print(format_summary(summary))
         print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
     return 0
@@ -206,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServesimError as e:
         print(f"sim: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`sim ... | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("sim: interrupted", file=sys.stderr)
         return 130
