@@ -13,7 +13,7 @@ independently, and the fit can tell the terms that follow each apart.
 
 Each shape is one `Batch` whose block tables use scattered block ids below the backend's
 `num_blocks`. Every shape runs `warmup` times unmeasured, then `repeats` rounds run every shape
-once each, from the fastest shape to the slowest, each right after an unmeasured run of the step
+once each, from the fastest shape to the slowest, each right after unmeasured runs of the step
 that precedes it in a replay (see `measure`); the median of a shape's repeats is fitted. The raw measurements go to a CSV beside
 the profile (one row per measured run).
 """
@@ -50,8 +50,8 @@ GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
         "mixed_cached": (0, 1024),
     },
     "cpu": {  # a CPU and the tiny model: what a chunked replay on a CPU schedules, in a minute or two
-        "decode_batch": (1, 2, 3, 4, 6, 8, 12, 16, 32),
-        "decode_context": (64, 256, 512, 1024, 2048),
+        "decode_batch": (1, 2, 3, 4, 6, 8, 12, 16),
+        "decode_context": (64, 128, 256, 512, 1024, 1536, 2048, 3072),
         "prefill_chunk": (16, 64, 256, 512, 1024, 2048),
         "prefill_cached": (0, 512, 2048),
         "mixed_decodes": (1, 2, 4, 8),
@@ -70,6 +70,9 @@ GRIDS: dict[str, dict[str, tuple[int, ...]]] = {
         "mixed_cached": (0, 128),
     },
 }
+# Unmeasured runs of a shape's predecessor before each measured run: a replay runs a stretch of
+# similar steps, and after a much larger step caches and allocator take a few steps to settle.
+SETTLE_RUNS = 3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 
 
@@ -181,8 +184,8 @@ def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repe
     """Run every shape `warmup` times, then `repeats` rounds over all shapes; one row per measured run.
 
     A round goes through the shapes from the fastest to the slowest (by their last warm-up), and
-    each measured run directly follows an unmeasured run of its `predecessor`, the step a replay
-    runs before such a step: a decode step after the same decodes, a step with a prefill chunk
+    each measured run directly follows `SETTLE_RUNS` unmeasured runs of its `predecessor`, the
+    step a replay runs before such a step: a decode step after the same decodes, a step with a prefill chunk
     after a small decode step. What ran just before matters: after a much larger step, caches and
     the allocator take a few steps to settle (a small decode step can take twice its steady
     time), and a large step after small ones pays for its fresh buffers. A slow spell of the
@@ -205,7 +208,8 @@ def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repe
     done = 0
     for repeat in range(repeats):
         for index in order:
-            backend.execute(before[index])
+            for _ in range(SETTLE_RUNS):
+                backend.execute(before[index])
             seconds[index, repeat] = backend.execute(batches[index]).seconds
             done += 1
             if progress is not None:

@@ -12,7 +12,7 @@ from backends.costmodel import FEATURES, Calibration, CostModelBackend, Efficien
 from backends.presets import get_model
 from backends.profile import fit_calibration, load_profile, nnls, pad, predict, save_profile
 from sim.batch import Batch
-from sim.calibrate import calibrate, make_grid, measure, shape_batch
+from sim.calibrate import SETTLE_RUNS, calibrate, make_grid, measure, shape_batch
 from sim.cli import main
 from sim.config import CacheConfig
 from sim.errors import ServesimError
@@ -211,7 +211,7 @@ def test_calibrate_measures_every_shape_with_warmup_and_repeats(standin_profile)
     _, profile, raw, backend = standin_profile
     shapes = make_grid("small", get_model("tiny")["max_position_embeddings"])
     assert profile.grid["num_shapes"] == len(shapes) and profile.grid["num_skipped"] == 0
-    assert len(raw) == 3 * len(shapes) and backend.num_executed == (1 + 2 * 3) * len(shapes)
+    assert len(raw) == 3 * len(shapes) and backend.num_executed == (1 + (SETTLE_RUNS + 1) * 3) * len(shapes)
     assert sorted(set(raw["kind"])) == ["decode", "mixed", "prefill"]
     assert (raw.groupby("shape")["repeat"].apply(list) == [[0, 1, 2]] * len(shapes)).all()
 
@@ -365,8 +365,9 @@ def test_each_measured_run_follows_its_replay_predecessor_fastest_shape_first():
     shapes = make_grid("small", 8192)
     backend = Recording()
     raw = measure(backend, shapes, 512, warmup=1, repeats=2)
-    measured_runs = backend.shapes[len(shapes):]  # after one warm-up run each
-    assert len(measured_runs) == 2 * 2 * len(shapes)
+    runs = backend.shapes[len(shapes):]  # after one warm-up run each
+    assert len(runs) == 2 * (SETTLE_RUNS + 1) * len(shapes)
+    measured_runs = [run for i, run in enumerate(runs) if i % (SETTLE_RUNS + 1) >= SETTLE_RUNS - 1]
     seconds = raw.groupby("shape")["seconds"].first()
     for round_runs in (measured_runs[:2 * len(shapes)], measured_runs[2 * len(shapes):]):
         order = [next(i for i, s in enumerate(shapes) if (s.query_lens, s.context_lens) == run)
