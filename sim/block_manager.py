@@ -47,12 +47,20 @@ class BlockManager:
         return block
 
     def pop_free_blocks(self, num_blocks: int) -> list[int]:
-        """`pop_free_block` `num_blocks` times, in bulk when the plain pool has them."""
+        """`pop_free_block` `num_blocks` times, in bulk: the plain pool's blocks first, then
+        evictions of cached blocks, least recently used first."""
         plain = self._free_plain
-        if num_blocks > len(plain):
-            return [self.pop_free_block() for _ in range(num_blocks)]
-        blocks = plain[:-num_blocks - 1:-1] if num_blocks else []
-        del plain[len(plain) - num_blocks:]
+        take = min(num_blocks, len(plain))
+        blocks = plain[:-take - 1:-1] if take else []
+        del plain[len(plain) - take:]
+        if num_blocks > take:
+            evict = self._free_cached.popitem
+            block_hash, hash_to_block = self.block_hash, self.hash_to_block
+            for _ in range(num_blocks - take):
+                block, _ = evict(last=False)
+                del hash_to_block[block_hash[block]]  # a cached free block is its hash's block
+                block_hash[block] = None
+                blocks.append(block)
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
@@ -62,9 +70,7 @@ class BlockManager:
         if self._free_plain:
             return self._free_plain.pop()
         block, _ = self._free_cached.popitem(last=False)  # evict the least recently used
-        h = self.block_hash[block]
-        if self.hash_to_block.get(h) == block:
-            del self.hash_to_block[h]
+        del self.hash_to_block[self.block_hash[block]]  # a cached free block is its hash's block
         self.block_hash[block] = None
         return block
 
@@ -127,11 +133,12 @@ class BlockManager:
         hashes = request.prompt_block_hashes(self.block_size)
         num_full = min(num_tokens_after // self.block_size, len(hashes))
         table = request.block_table
+        hash_to_block, block_hash = self.hash_to_block, self.block_hash
         for i in range(request.num_hashed_blocks, num_full):
             h = hashes[i]
-            if h not in self.hash_to_block:  # a duplicate computed alongside stays uncached
-                self.hash_to_block[h] = table[i]
-                self.block_hash[table[i]] = h
+            if h not in hash_to_block:  # a duplicate computed alongside stays uncached
+                hash_to_block[h] = table[i]
+                block_hash[table[i]] = h
         request.num_hashed_blocks = max(request.num_hashed_blocks, num_full)
 
     def free(self, request: Request) -> None:
@@ -144,13 +151,15 @@ class BlockManager:
                 ref_counts[block] = 0
             self._free_plain.extend(reversed(request.block_table))
         else:
+            block_hash, cached, plain = self.block_hash, self._free_cached, self._free_plain
             for block in reversed(request.block_table):
-                ref_counts[block] -= 1
-                if ref_counts[block] == 0:
-                    if self.block_hash[block] is not None:
-                        self._free_cached[block] = None
+                count = ref_counts[block] - 1
+                ref_counts[block] = count
+                if not count:
+                    if block_hash[block] is not None:
+                        cached[block] = None
                     else:
-                        self._free_plain.append(block)
+                        plain.append(block)
         request.block_table = []
         request.num_hashed_blocks = 0
 
@@ -163,6 +172,9 @@ class BlockManager:
         assert counts == self.ref_counts, "reference counts differ from the running block tables"
         num_used = sum(1 for c in counts if c > 0)
         assert num_used + self.num_free_blocks == self.num_blocks, "free + used != total"
+        for h, b in self.hash_to_block.items():
+            assert self.block_hash[b] == h, "the hash index and the blocks' hashes disagree"
+        assert sum(h is not None for h in self.block_hash) == len(self.hash_to_block)
         free = set(self._free_plain) | set(self._free_cached)
         assert len(free) == self.num_free_blocks, "a block is free twice"
         assert all(counts[b] == 0 for b in free), "a used block is also free"
