@@ -84,7 +84,11 @@ class StepLog:
         for column, value in zip(self._columns.values(), row):
             column[i] = value
         for key, value in breakdown.items():
-            self._write(self._breakdown, key, i, i + 1, value)
+            column = self._breakdown.get(key)
+            if column is None:
+                self._write(self._breakdown, key, i, i + 1, value)
+            else:
+                column[i] = value
         self._num_steps = i + 1
 
     def extend(self, num_rows: int, columns: dict, breakdown: dict) -> None:
