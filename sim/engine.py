@@ -44,6 +44,15 @@ STEP_COLUMNS = ("start_s", "seconds", "num_prefill_tokens", "num_decode_tokens",
 MAX_RUN_STEPS = 4096  # bounds the [steps, requests] arrays of one run
 
 
+def _delay_to(now: float, when: float) -> float:
+    """A delay that moves the clock from `now` towards `when` without passing it. now + (when - now)
+    can round either way; rounded down, one more (exact) step lands on `when`."""
+    delay = when - now
+    if now + delay > when:
+        delay = float(np.nextafter(delay, 0.0))
+    return delay
+
+
 class StepLog:
     """Per-step columns in growable numpy arrays: a single step writes one row, a run of steps a
     slice (a scalar fills the slice). The breakdown keys are the backend's own."""
@@ -161,11 +170,13 @@ class Engine:
         self.token_times = np.full(int(offsets[-1]), np.nan)
         self.num_finished = 0
         self._next_arrival = 0  # index into self.requests of the next request to arrive
-        self._wake: simpy.Event | None = None
+        self._wake: simpy.Event | None = None  # what the engine waits on while idle
+        self._engine_idle: simpy.Event | None = None  # what the arrivals process waits on meanwhile
         self._last_decode_step_s = 0.0  # sizes the next decode run
 
     def run(self) -> SimResult:
         env = simpy.Environment()
+        self._engine_idle = env.event()
         env.process(self._arrivals(env))
         env.run(until=env.process(self._engine(env)))
         bm = self.block_manager
@@ -175,13 +186,19 @@ class Engine:
     # Arrivals.
 
     def _arrivals(self, env: simpy.Environment):
-        for r in self.requests:
-            # now + (arrival - now) can round below arrival; a second, exact, step lands on it.
-            while r.arrival_s > env.now:
-                yield env.timeout(r.arrival_s - env.now)
-            self._admit_arrivals(env.now)
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
+        """Wake the engine when it is idle and the next request arrives. A busy engine takes the
+        requests that arrived by each step's start itself, so this sleeps while it is busy."""
+        requests = self.requests
+        while self._next_arrival < len(requests):
+            if self._wake is None:  # the engine is busy
+                self._engine_idle = env.event()
+                yield self._engine_idle
+                continue
+            arrival_s = requests[self._next_arrival].arrival_s
+            while arrival_s > env.now:
+                yield env.timeout(_delay_to(env.now, arrival_s))
+            self._wake.succeed()
+            yield self._wake  # let the engine take the request before looking again
 
     def _admit_arrivals(self, now: float) -> None:
         """Move every request that has arrived by `now` into the waiting queue (or reject it)."""
@@ -212,6 +229,8 @@ class Engine:
                 if self._next_arrival == num_requests:
                     return
                 self._wake = env.event()
+                if not self._engine_idle.triggered:
+                    self._engine_idle.succeed()
                 yield self._wake
                 self._wake = None
                 continue
