@@ -88,8 +88,9 @@ class StepLog:
 
     def append(self, row: tuple, breakdown: dict[str, float]) -> None:
         """Write one step: `row` in STEP_COLUMNS order."""
-        self._reserve(1)
         i = self._num_steps
+        if i == self._capacity:
+            self._reserve(1)
         for column, value in zip(self._columns.values(), row):
             column[i] = value
         for key, value in breakdown.items():
@@ -103,12 +104,20 @@ class StepLog:
     def extend(self, num_rows: int, columns: dict, breakdown: dict) -> None:
         """Write `num_rows` steps; each value is a scalar (the same for every row) or an array. A
         column left out stays 0."""
-        self._reserve(num_rows)
-        start, end = self._num_steps, self._num_steps + num_rows
+        start = self._num_steps
+        end = start + num_rows
+        if end > self._capacity:
+            self._reserve(num_rows)
+        table = self._columns
         for name, value in columns.items():
-            self._columns[name][start:end] = value
+            table[name][start:end] = value
+        table = self._breakdown
         for key, value in breakdown.items():
-            self._write(self._breakdown, key, start, end, value)
+            column = table.get(key)
+            if column is None:
+                self._write(table, key, start, end, value)
+            else:
+                column[start:end] = value
         self._num_steps = end
 
     def columns(self) -> dict[str, np.ndarray]:
