@@ -141,6 +141,8 @@ def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace
     requests = requests_table(result)
     opts = options.as_dict()
     opts["trace"] = trace.source
+    if trace.transforms:
+        opts["trace_transforms"] = trace.transforms
     summary = summarize(result, requests, options.slo, opts)
     requests.to_csv(out / "requests.csv", index=False)
     steps_table(result).to_csv(out / "steps.csv", index=False)

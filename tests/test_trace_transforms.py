@@ -80,6 +80,7 @@ def test_apply_order_and_errors():
     t = trace()
     out = apply(t, time_window_s=(1.0, None), num_requests=2, rate_scale=2.0)
     assert out.request_ids == ["b", "c"] and out.arrival_s.tolist() == [0.0, 0.5]
+    assert out.transforms == {"time_window_s": [1.0, None], "limit": 2, "rate_scale": 2.0}  # recorded in summary.json
     out = apply(t, num_requests=3, rate=4.0)
     assert mean_rate(out) == 4.0
     with pytest.raises(ServesimError, match="not both"):

@@ -25,6 +25,7 @@ class Trace:
     format: str = ""
     warnings: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)  # rows left out while reading, by reason
+    transforms: dict = field(default_factory=dict)  # the workload transforms applied (traces.transforms.apply)
 
     def __len__(self) -> int:
         return len(self.arrival_s)

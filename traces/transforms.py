@@ -121,4 +121,8 @@ def apply(trace: Trace, *, time_window_s: tuple[float | None, float | None] | No
         if max_model_len is None:
             raise ServesimError("--on-too-long truncate needs --max-model-len")
         trace = truncate_too_long(trace, max_model_len)
-    return trace
+    applied = {"time_window_s": list(time_window_s) if time_window_s is not None else None, "limit": num_requests,
+               "rate_scale": rate_scale, "target_rate": rate,
+               "on_too_long": on_too_long if on_too_long == "truncate" else None}
+    applied = {k: v for k, v in applied.items() if v is not None}
+    return replace(trace, transforms={**trace.transforms, **applied}) if applied else trace
