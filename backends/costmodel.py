@@ -330,30 +330,31 @@ class CostModelBackend:
             max_c = max(contexts, default=0) + steps if self.calibration is not None else 0
             parts = self._parts(n, n, n, sum_c, sum_c, sum_c, n, 0.0, sum_c, max_c)
             return self._total(parts), parts
-        # Requests leave as they finish: step j has those with active_steps > j. Ordered by
-        # active_steps, the ones left are a suffix; the steps split into segments of equal count.
-        pairs = sorted(zip((int(a) for a in active_steps), contexts))
-        suffix_sum, suffix_max = [0] * (n + 1), [0] * (n + 1)
-        for i in range(n - 1, -1, -1):
-            suffix_sum[i] = suffix_sum[i + 1] + pairs[i][1]
-            suffix_max[i] = max(suffix_max[i + 1], pairs[i][1])
+        # Requests leave as they finish: step j has those with active_steps > j. The steps split
+        # into segments, one per number of requests left.
+        leavers = sorted((a, c) for a, c in zip(active_steps, contexts) if a < num_steps)
+        left_sum = sum(contexts) - sum(c for _, c in leavers)
+        staying = [c for a, c in zip(active_steps, contexts) if a >= num_steps]
         num_running = np.empty(num_steps, dtype=np.int64)
         base_sum = np.empty(num_steps, dtype=np.int64)
         base_max = np.empty(num_steps, dtype=np.int64)
-        dense = [np.empty(num_steps) for _ in self._dense(n, n)]
-        start = i = 0
-        while start < num_steps:  # one segment per count of requests left
-            while i < n and pairs[i][0] <= start:
-                i += 1  # requests gone before this step
-            end = pairs[i][0] if i < n and pairs[i][0] < num_steps else num_steps
-            num_running[start:end] = n - i
-            base_sum[start:end] = suffix_sum[i]
-            base_max[start:end] = suffix_max[i]
-            # Everything but attention depends on the number running alone.
-            for column, value in zip(dense, self._dense(n - i, n - i)):
-                column[start:end] = value
-            start = end
-        sum_c = base_sum + num_running * steps
+        dense = [np.empty(num_steps) for _ in range(len(self._dense(n, n)))]
+        end = num_steps
+        running, left_max = len(staying), max(staying, default=0)
+        for leave, c in reversed([(0, 0)] + leavers):  # segments from the last one back
+            if leave < end:
+                num_running[leave:end] = running
+                base_sum[leave:end] = left_sum
+                base_max[leave:end] = left_max
+                # Everything but attention depends on the number running alone.
+                for column, value in zip(dense, self._dense(running, running)):
+                    column[leave:end] = value
+                end = leave
+            running += 1
+            left_sum += c
+            left_max = max(left_max, c)
+        steps_sum = num_running * steps
+        sum_c = base_sum + steps_sum
         max_c = base_max + steps
         parts = self._parts(num_running, num_running, num_running, sum_c, sum_c, sum_c, num_running, 0.0, sum_c,
                             max_c, dense=tuple(dense))
