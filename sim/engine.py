@@ -9,21 +9,21 @@ Each engine step is three calls:
 
 The engine sleeps on an event when it has nothing to do; the arrivals process wakes it.
 
-Fast-forward. Most steps of a long replay are decode-only steps of the same requests, during
-which nothing arrives, finishes or runs out of KV blocks. Once the policy has scheduled such a
-step (every running request decodes, nothing was preempted), the steps that follow are the same
-batch with every context one token longer, for as long as:
+Fast-forward. Most steps of a long replay are decode-only steps of the same requests. Once the
+policy has scheduled such a step (every running request decodes, nothing was preempted), the
+steps that follow are the same batch with every context one token longer, for as long as:
 
-- no request finishes (the run ends with the step in which the first one does),
 - no request arrives (a step starting at or after the next arrival is scheduled normally),
-- the free blocks cover the blocks the contexts grow into (in the order step-by-step
-  scheduling would take them).
+- the free blocks cover the blocks the contexts grow into (taken in the order step-by-step
+  scheduling would take them; blocks that finishing requests free are not counted on),
+- no request finishes, unless its freed slot and blocks could not let a waiting request in
+  (`Policy.finish_may_admit`): then the others decode on without it.
 
-While no request arrives or finishes and blocks only get scarcer, no policy admits a waiting
-request (the head of the queue was refused for max_num_seqs, blocks, budget or, under
-decode-first, the running batch, and none of these improves). So the engine costs the whole run
-in one vectorised call and advances the clock once. The answers are those of step-by-step
-simulation (`fast_forward=False`); tests check it.
+Meanwhile no policy admits a waiting request: the head of the queue was refused for
+max_num_seqs, blocks, budget or, under decode-first, the running batch, and none of these
+improves. So the engine costs the whole run in one call (`backend.decode_run`) and advances the
+clock once. The answers are exactly those of step-by-step simulation (`fast_forward=False`);
+tests check it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from sim.state import EngineState
 
 STEP_COLUMNS = ("start_s", "seconds", "num_prefill_tokens", "num_decode_tokens", "num_requests",
                 "num_kv_blocks_used", "num_waiting", "num_preemptions")
-MAX_RUN_STEPS = 4096  # bounds the [steps, requests] arrays of one run
+MAX_RUN_STEPS = 4096  # bounds the arrays of one run
 
 
 def _delay_to(now: float, when: float) -> float:
