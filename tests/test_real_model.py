@@ -1,5 +1,7 @@
 """The real backend's forward pass against a dense per-request reference (seed 001's check)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from backends.real import RealBackend  # noqa: E402
+from backends.real import reference as ref  # noqa: E402
 from backends.real.reference import dense_logits  # noqa: E402
 from sim.batch import Batch  # noqa: E402
 
@@ -118,3 +121,25 @@ def _backend(block_size):
     if block_size not in _BACKENDS:
         _BACKENDS[block_size] = RealBackend("tiny", device="cpu", block_size=block_size, num_blocks=64, seed=1)
     return _BACKENDS[block_size]
+
+
+def test_llama3_rope_scaling_stretches_only_long_wavelengths():
+    from backends.presets import MODELS
+    from backends.real.config import ModelConfig
+
+    scaling = MODELS["Llama-3.1-8B"]["rope_scaling"]
+    assert ModelConfig.from_preset("Llama-3.1-8B").rope_scaling == scaling
+    assert ModelConfig.from_preset("Qwen3-8B").rope_scaling is None
+    plain = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    scaled = ref.llama3_scaled_inv_freq(plain, scaling)
+    wavelen = 2 * math.pi / plain
+    short, long = wavelen < 8192 / 4, wavelen > 8192 / 1
+    assert short.any() and long.any() and (~short & ~long).any()
+    assert torch.equal(scaled[short], plain[short])  # high frequencies kept
+    assert torch.allclose(scaled[long], plain[long] / 8)  # low frequencies stretched 8x
+    assert (scaled <= plain).all() and (scaled >= plain / 8).all()
+    assert (scaled[1:] <= scaled[:-1]).all()  # frequencies still fall with the dimension
+    # The blend is continuous at both ends of the medium band.
+    edge = ref.llama3_scaled_inv_freq(torch.tensor([2 * math.pi / 2048, 2 * math.pi / 8192], dtype=torch.float64),
+                                      scaling)
+    assert torch.allclose(edge, torch.tensor([2 * math.pi / 2048, 2 * math.pi / 8192 / 8], dtype=torch.float64))

@@ -55,6 +55,8 @@ def test_loaded_weights_reproduce_the_saved_model(source, tmp_path):
      "has a tensor the model does not use, model.layers.0.self_attn.q_proj.bias"),
     (lambda t, c: t.update({"model.norm.weight": torch.ones(32)}), "model.norm.weight has shape [32]"),
     (lambda t, c: c.update({"num_hidden_layers": 28}), "num_hidden_layers = 28"),
+    (lambda t, c: c.update({"rope_theta": 500000.0}), "rope_theta = 500000.0"),
+    (lambda t, c: c.update({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}), "rope_scaling = "),
 ])
 def test_a_folder_of_another_model_is_refused(source, tmp_path, break_it, message):
     tensors, config = hf_state_dict(source.model), dict(TINY)

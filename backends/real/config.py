@@ -23,6 +23,7 @@ class ModelConfig:
     rms_norm_eps: float
     tie_word_embeddings: bool
     qk_norm: bool
+    rope_scaling: dict | None = None  # Hugging Face's `rope_scaling` (Llama 3.1's "llama3"); None: plain RoPE
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -31,11 +32,14 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ServesimError(f"model {self.name}: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_scaling is not None and self.rope_scaling.get("rope_type") != "llama3":
+            raise ServesimError(f"model {self.name}: rope_scaling type {self.rope_scaling.get('rope_type')!r} is not "
+                                "supported (only llama3)")
 
     @classmethod
     def from_preset(cls, name: str) -> "ModelConfig":
         preset = get_model(name)
-        return cls(name=name, **{f: preset[f] for f in cls.__dataclass_fields__ if f != "name"})
+        return cls(name=name, **{f: preset.get(f) for f in cls.__dataclass_fields__ if f != "name"})
 
     @property
     def num_queries_per_kv(self) -> int:

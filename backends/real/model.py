@@ -47,7 +47,8 @@ class Decoder(nn.Module):
             torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device), requires_grad=False)
         # [max_positions, head_dim] fp32: cos | sin
         self.register_buffer("cos_sin_cache", rope_cos_sin(cfg.max_position_embeddings, cfg.head_dim,
-                                                           cfg.rope_theta, device), persistent=False)
+                                                           cfg.rope_theta, device, cfg.rope_scaling),
+                             persistent=False)
         self.scale = cfg.head_dim ** -0.5
 
     @torch.no_grad()

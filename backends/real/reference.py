@@ -8,6 +8,7 @@ table: logical block j of the request is physical block `block_table[r, j]`.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -42,11 +43,28 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return rms_norm(residual, weight, eps), residual
 
 
-def rope_cos_sin(max_positions: int, head_dim: int, theta: float, device=None) -> torch.Tensor:
+def rope_cos_sin(max_positions: int, head_dim: int, theta: float, device=None,
+                 scaling: dict | None = None) -> torch.Tensor:
     """[max_positions, head_dim]: cos in the first half, sin in the second, fp32."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    if scaling is not None:
+        inv_freq = llama3_scaled_inv_freq(inv_freq, scaling)
     freqs = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
+
+
+def llama3_scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's RoPE frequencies for long contexts: wavelengths longer than the original context
+    / low_freq_factor are stretched by `factor`, those shorter than it / high_freq_factor are kept,
+    and the ones between are blended smoothly (as Hugging Face's `llama3` rope type)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, scaled)
 
 
 def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:

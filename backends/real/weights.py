@@ -93,6 +93,14 @@ def _check_config(folder: Path, cfg: ModelConfig) -> None:
         if field in hf and hf[field] != getattr(cfg, field):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
                                 f"{field} = {hf[field]}, the preset {getattr(cfg, field)}")
+    if "rope_theta" in hf and hf["rope_theta"] != cfg.rope_theta:
+        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
+                            f"rope_theta = {hf['rope_theta']}, the preset {cfg.rope_theta}")
+    scaling, ours = hf.get("rope_scaling"), cfg.rope_scaling
+    if (scaling is None) != (ours is None) or ours is not None and any(
+            scaling.get(key) != value for key, value in ours.items() if key != "rope_type"):
+        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
+                            f"rope_scaling = {scaling}, the preset {cfg.rope_scaling}")
 
 
 @torch.no_grad()
