@@ -70,6 +70,21 @@ def steps_table(result: SimResult) -> pd.DataFrame:
     return frame
 
 
+def write_numeric_csv(frame: pd.DataFrame, path, chunk_rows: int = 65536) -> None:
+    """`frame.to_csv(path, index=False)` for a table of numbers, byte for byte, about twice as
+    fast (the steps table of an hour's replay has half a million rows): each value is written as
+    Python's repr, as pandas does. Tables with a missing value or text go through pandas."""
+    columns = [frame[name].to_numpy() for name in frame.columns]
+    if any(c.dtype.kind not in "iuf" or (c.dtype.kind == "f" and np.isnan(c).any()) for c in columns):
+        frame.to_csv(path, index=False)
+        return
+    with open(path, "w", newline="") as f:
+        f.write(",".join(frame.columns) + "\n")
+        for start in range(0, len(frame), chunk_rows):
+            texts = [map(repr, c[start:start + chunk_rows].tolist()) for c in columns]
+            f.writelines(",".join(row) + "\n" for row in zip(*texts))
+
+
 def _stats(values: np.ndarray) -> dict[str, float | None]:
     values = np.asarray(values, dtype=np.float64)
     values = values[~np.isnan(values)]

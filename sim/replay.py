@@ -135,7 +135,7 @@ def replay(trace: Trace, options: ReplayOptions, backend=None,
 def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace) -> dict:
     """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary."""
     from reports.html import write_run_report
-    from reports.metrics import requests_table, steps_table, summarize
+    from reports.metrics import requests_table, steps_table, summarize, write_numeric_csv
 
     out.mkdir(parents=True, exist_ok=True)
     requests = requests_table(result)
@@ -145,7 +145,7 @@ def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace
         opts["trace_transforms"] = trace.transforms
     summary = summarize(result, requests, options.slo, opts)
     requests.to_csv(out / "requests.csv", index=False)
-    steps_table(result).to_csv(out / "steps.csv", index=False)
+    write_numeric_csv(steps_table(result), out / "steps.csv")
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
     write_run_report(out, result, requests, _jsonable(summary))  # downsampled: cheap even for 500k steps
     return summary

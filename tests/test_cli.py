@@ -159,3 +159,17 @@ def test_too_long_and_too_big_requests_are_rejected_not_stalled(tmp_path, capsys
     reasons = requests["reject_reason"].tolist()
     assert "more than --max-model-len 550" in reasons[1]
     assert "needs 14 KV blocks, the whole cache has 10" in reasons[2]
+
+
+def test_numeric_csv_writer_matches_pandas(tmp_path):
+    from reports.metrics import write_numeric_csv
+
+    frame = pd.DataFrame({"step": np.arange(5), "start_s": [0.0, 0.1, 1e-17, 12345.678901234567, 3.0],
+                          "n": np.array([1, -2, 3, 0, 7], dtype=np.int32), "x": [1.5, 2.0, 1e300, -0.0, 0.25]})
+    write_numeric_csv(frame, tmp_path / "fast.csv", chunk_rows=2)
+    frame.to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "fast.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+    frame.loc[2, "x"] = np.nan  # missing values: pandas writes them
+    write_numeric_csv(frame, tmp_path / "fast.csv")
+    frame.to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "fast.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
