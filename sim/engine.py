@@ -313,6 +313,7 @@ class Engine:
         r.status = Status.FINISHED
         r.finish_s = now
         self.block_manager.free(r)
+        r.drop_block_hashes()
         self.num_finished += 1
 
     # Fast-forward over runs of decode-only steps.

@@ -98,6 +98,10 @@ class Request:
             self._block_hashes = hashes
         return self._block_hashes
 
+    def drop_block_hashes(self) -> None:
+        """Forget the prefix keys (a finished request needs them no more; they are recomputed if asked)."""
+        self._block_hashes = None
+
     def token_ids(self, start: int, end: int) -> np.ndarray:
         """Ids of the known tokens at positions [start, end)."""
         p = self.num_prompt_tokens
