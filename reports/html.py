@@ -131,7 +131,7 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
                                  "One point per rate scale, averaged over seeds; log latency axis."))
     if "timeline_start_s" in focus and len(focus):
         sections.append(_section("Step timeline", _timeline_figure(focus, swept, label_column),
-                                 f"Steps binned by start time; each bin shows the mean per step."))
+                                 "Steps binned by start time; each bin shows the mean per step."))
     if has_capacity:
         sections.append(f"<h2>Capacity</h2>{_capacity_table(capacity)}")
     if len(rows) == 1 and len(ok) == 1:

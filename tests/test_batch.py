@@ -1,7 +1,5 @@
 """The seven arrays against the seeds' worked examples."""
 
-import numpy as np
-
 from sim.batch import Batch
 
 

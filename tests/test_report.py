@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, timeline
-from reports.html import _cdf_figure, _throughput_figure, report_html, run_report_html, write_report
+from reports.html import _cdf_figure, _throughput_figure, report_html, run_report_html
 from sim.cli import main
 from traces import AZURE_CONV_SAMPLE
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 
 from sim.cli import main
 from sim.config import CacheConfig, SchedulerConfig
