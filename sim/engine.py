@@ -337,40 +337,37 @@ class Engine:
         if max_steps < 2:
             return None
 
+        contexts = [c + 1 for c in num_computed]
+        seconds, parts = self.backend.decode_run(contexts, max_steps, remaining)
+        self._last_decode_step_s = float(seconds[-1])
+        # The clock adds the steps one after another, as step-by-step simulation does.
+        ends = np.empty(max_steps + 1)
+        ends[0] = now
+        ends[1:] = seconds
+        ends = ends.cumsum()[1:]
+        # A step starting at or after the next arrival is scheduled normally.
+        num_steps = min(max_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
+        if num_steps < 2:
+            return None
+
         # Blocks: step j >= 1 computes position num_computed + j, which opens a block when it is a
         # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
         # finishing requests free are not counted on, so the run never preempts.
         bs = self.block_manager.block_size
         opens = []  # (step, batch index) of every block opened, in the order they are taken
         for i, (c, rem) in enumerate(zip(num_computed, remaining)):
-            last = min(max_steps, rem) - 1
-            for j in range(-c % bs or bs, last + 1, bs):
+            for j in range(-c % bs or bs, min(num_steps, rem), bs):
                 opens.append((j, i))
         opens.sort()
-        num_steps = max_steps
         free = self.block_manager.num_free_blocks
         if len(opens) > free:
             num_steps = opens[free][0]  # the step that would need one block too many
             if num_steps < 2:
                 return None
-
-        contexts = [c + 1 for c in num_computed]
-        seconds, parts = self.backend.decode_run(contexts, num_steps, remaining)
-        self._last_decode_step_s = float(seconds[-1])
-        # The clock adds the steps one after another, as step-by-step simulation does.
-        ends = np.empty(num_steps + 1)
-        ends[0] = now
-        ends[1:] = seconds
-        ends = ends.cumsum()[1:]
-        # A step starting at or after the next arrival is scheduled normally.
-        num_steps = min(num_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
-        if num_steps < 2:
-            return None
-        if num_steps < len(seconds):
+            opens = [o for o in opens[:free] if o[0] < num_steps]
+        if num_steps < max_steps:
             ends, seconds = ends[:num_steps], seconds[:num_steps]
             parts = {k: v[:num_steps] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
-        if opens and opens[-1][0] >= num_steps:
-            opens = [o for o in opens if o[0] < num_steps]
         return DecodeRun(ends, seconds, parts, opens, [min(rem, num_steps) for rem in remaining])
 
     def _log_run(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
