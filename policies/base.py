@@ -55,8 +55,8 @@ class Policy:
                 if request.status is Status.RUNNING:  # not preempted meanwhile
                     preempted |= not self._schedule_running(state, batch, request, 1)
             return preempted
-        for request in opening:
-            request.block_table.append(bm.pop_free_block())
+        for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
+            request.block_table.append(block)
         step = state.step_index
         for request in decoders:
             request.last_scheduled_step = step
@@ -70,7 +70,8 @@ class Policy:
 
     @staticmethod
     def _split_running(state: EngineState) -> tuple[list[Request], list[Request]]:
-        """The running requests that are decoding, and the others (prefilling), in order."""
+        """The running requests that are decoding, and the others (prefilling), in order.
+        (`Request.is_decoding`, inlined: this runs on every step.)"""
         decoders, others = [], []
         for r in state.running:
             g = r.num_generated_tokens

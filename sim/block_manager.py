@@ -40,15 +40,9 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def pop_free_block(self) -> int:
-        """Take one free block for a growing request (the caller checked there is one)."""
-        block = self._pop_free()
-        self.ref_counts[block] = 1
-        return block
-
     def pop_free_blocks(self, num_blocks: int) -> list[int]:
-        """`pop_free_block` `num_blocks` times, in bulk: the plain pool's blocks first, then
-        evictions of cached blocks, least recently used first."""
+        """Take `num_blocks` free blocks for growing requests (the caller checked there are enough):
+        the plain pool's first, then evictions of cached blocks, least recently used first."""
         plain = self._free_plain
         take = min(num_blocks, len(plain))
         blocks = plain[:-take - 1:-1] if take else []
@@ -65,14 +59,6 @@ class BlockManager:
         for block in blocks:
             ref_counts[block] = 1
         return blocks
-
-    def _pop_free(self) -> int:
-        if self._free_plain:
-            return self._free_plain.pop()
-        block, _ = self._free_cached.popitem(last=False)  # evict the least recently used
-        del self.hash_to_block[self.block_hash[block]]  # a cached free block is its hash's block
-        self.block_hash[block] = None
-        return block
 
     # Admission of a waiting request.
 
