@@ -193,6 +193,11 @@ class CostModelBackend:
             decode_flops_s = 4.0 * nh * hd / (self._flops_s * self.eff.attention)
             decode_bytes_s = 2 * nkv * hd * b / self._bytes_s
             self._decodes_memory_bound = decode_bytes_s >= decode_flops_s
+            # A memory-bound decode's attention, over all layers: per token of context (its K/V)
+            # and per decode (its q and output rows).
+            layers = m["num_hidden_layers"]
+            self._decode_s_per_context = layers * (2 * nkv * hd) * b / self._bytes_s
+            self._decode_s_per_request = layers * (2 * nh * hd) * b / self._bytes_s
         else:
             self._decodes_memory_bound = True  # a calibration is linear in the aggregates
 
@@ -220,8 +225,9 @@ class CostModelBackend:
         return max(flops / (self._flops_s * self.eff.attention), num_bytes / self._bytes_s)
 
     def _dense(self, t: int, num_logits: int) -> tuple[float, ...]:
-        """(linear, kv_write, elementwise, lm_head) seconds of a step of t tokens, or the
-        calibrated (linear, tokens) terms: everything but attention. Cached: steps repeat shapes."""
+        """Everything of a step of t tokens that does not depend on contexts: (linear, kv_write,
+        elementwise, lm_head) seconds, or with a calibration (linear FLOP units,). Cached: steps
+        repeat shapes."""
         key = (t, num_logits)
         cached = self._dense_cache.get(key)
         if cached is not None:
@@ -254,17 +260,13 @@ class CostModelBackend:
         same for all those steps. `other_attention_s`: per-layer attention of the requests with
         q > 1 (roofline mode)."""
         m, b = self.model, self.dtype_bytes
-        layers, hd = m["num_hidden_layers"], m["head_dim"]
-        nh, nkv = m["num_attention_heads"], m["num_key_value_heads"]
         if dense is None:
             dense = self._dense(t, num_logits)
         cal = self.calibration
         if cal is None:
             linear, kv_write, elementwise, lm_head = dense
-            # Decodes are memory-bound: their K/V and their q and output rows, in every layer.
-            per_context = layers * (2 * nkv * hd) * b / self._bytes_s
-            per_decode = layers * (2 * nh * hd) * b / self._bytes_s
-            attention = decode_sum_c * per_context + (num_decodes * per_decode + layers * other_attention_s)
+            attention = (decode_sum_c * self._decode_s_per_context
+                         + (num_decodes * self._decode_s_per_request + m["num_hidden_layers"] * other_attention_s))
             return {"linear": linear, "attention": attention,
                     "kv_write": kv_write, "elementwise": elementwise, "lm_head": lm_head,
                     "overhead": self.eff.step_overhead_s}

@@ -407,7 +407,7 @@ class Engine:
             used += np.bincount([j for j, _ in run.opens], minlength=k).cumsum()
         freed = np.zeros(k + 1, dtype=np.int64)  # freed[j + 1]: blocks freed at the end of step j
         opens, taken = run.opens, 0
-        for last_step, i in sorted(finishing) + [(k - 1, -1)]:
+        for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
             upto = taken
             while upto < len(opens) and opens[upto][0] <= last_step:
                 upto += 1
@@ -415,7 +415,7 @@ class Engine:
                 for (_, j), block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
                     reqs[j].block_table.append(block)
                 taken = upto
-            if i >= 0:
+            if i is not None:
                 before = bm.num_used_blocks
                 self._finish(reqs[i], float(ends[last_step]))
                 freed[last_step + 1] += before - bm.num_used_blocks
