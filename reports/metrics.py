@@ -47,19 +47,15 @@ def requests_table(result: SimResult) -> pd.DataFrame:
 
 
 def inter_token_latencies(result: SimResult) -> np.ndarray:
-    """Every gap between consecutive tokens of finished requests."""
-    finished = [r for r in result.requests if r.status is Status.FINISHED and r.num_output_tokens > 1]
-    if not finished:
-        return np.zeros(0)
-    times = result.token_times
-    gaps = np.diff(times)
-    # A gap belongs to a request when both of its tokens do: drop the gap that crosses a boundary.
-    keep = np.zeros(len(gaps), dtype=bool)
-    starts = np.array([r.token_offset for r in finished])
-    counts = np.array([r.num_output_tokens - 1 for r in finished])
-    index = np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
-    keep[index] = True
-    return gaps[keep]
+    """Every gap between consecutive tokens of finished requests. Each request's token times are
+    a contiguous run of `token_times`; a gap that crosses from one request to the next is dropped,
+    and the requests that emitted nothing (rejected) have only missing times."""
+    gaps = np.diff(result.token_times)
+    crossing = np.array([r.token_offset for r in result.requests[1:]], dtype=np.int64) - 1
+    keep = np.ones(len(gaps), dtype=bool)
+    keep[crossing[crossing >= 0]] = False
+    gaps = gaps[keep]
+    return gaps[~np.isnan(gaps)]
 
 
 def steps_table(result: SimResult) -> pd.DataFrame:

@@ -65,3 +65,12 @@ def test_metrics_follow_the_timeline(policy):
             assert table.loc[rid, "tpot_s"] == pytest.approx((times[-1] - times[0]) / (len(times) - 1))
         else:
             assert np.isnan(table.loc[rid, "tpot_s"])
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill-first", "decode-first"])
+def test_itl_is_every_gap_within_a_request(policy):
+    from reports.metrics import inter_token_latencies
+
+    result, tokens, _ = run(policy)
+    expected = sorted(b - a for times in tokens.values() for a, b in zip(times, times[1:]))
+    assert sorted(inter_token_latencies(result).tolist()) == expected
