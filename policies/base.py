@@ -55,8 +55,9 @@ class Policy:
                 if request.status is Status.RUNNING:  # not preempted meanwhile
                     preempted |= not self._schedule_running(state, batch, request, 1)
             return preempted
-        for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
-            request.block_table.append(block)
+        if opening:
+            for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
+                request.block_table.append(block)
         step = state.step_index
         for request in decoders:
             request.last_scheduled_step = step
