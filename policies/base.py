@@ -75,7 +75,7 @@ class Policy:
         (`Request.is_decoding`, inlined: this runs on every step.)"""
         decoders, others = [], []
         for r in state.running:
-            g = r.num_generated_tokens
+            g = r.num_output_tokens
             (decoders if g and r.num_computed_tokens == r.num_prompt_tokens + g - 1 else others).append(r)
         return decoders, others
 
@@ -97,16 +97,16 @@ class Policy:
 
     # Waiting requests.
 
-    def _try_admit(self, state: EngineState, batch: Batch, now: float, max_tokens: int | None) -> int:
-        """Admit the head of the waiting queue if its blocks fit. With `max_tokens` the prefill is
+    def _try_admit(self, state: EngineState, batch: Batch, now: float, max_chunk: int | None) -> int:
+        """Admit the head of the waiting queue if its blocks fit. With `max_chunk` the prefill is
         chunked to it; without, the whole remaining prompt is scheduled. Returns tokens scheduled
         (0 when it could not be admitted)."""
         request = state.waiting[0]
         bm = state.block_manager
         cached = bm.cached_prefix(request)
         num_tokens = request.num_tokens - len(cached) * bm.block_size
-        if max_tokens is not None:
-            num_tokens = min(num_tokens, max_tokens)
+        if max_chunk is not None:
+            num_tokens = min(num_tokens, max_chunk)
         if not bm.can_allocate(cached, num_tokens):
             return 0
         state.waiting.popleft()
@@ -133,7 +133,7 @@ class Policy:
                 remaining = head.num_tokens - len(cached) * state.block_manager.block_size
                 if num_tokens + remaining > cfg.max_num_batched_tokens:
                     break
-            admitted = self._try_admit(state, batch, now, max_tokens=None)
+            admitted = self._try_admit(state, batch, now, max_chunk=None)
             if not admitted:
                 break
             num_tokens += admitted

@@ -37,7 +37,7 @@ class ChunkedPolicy(Policy):
         # Then new requests, unless this step had to preempt.
         if not preempted:
             while state.waiting and budget > 0 and len(state.running) < self.config.max_num_seqs:
-                admitted = self._try_admit(state, batch, now, max_tokens=budget)
+                admitted = self._try_admit(state, batch, now, max_chunk=budget)
                 if not admitted:
                     break
                 budget -= admitted

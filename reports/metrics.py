@@ -29,7 +29,7 @@ def requests_table(result: SimResult) -> pd.DataFrame:
         "request_id": [r.request_id for r in rows],
         "arrival_s": [r.arrival_s for r in rows],
         "prompt_tokens": [r.num_prompt_tokens for r in rows],
-        "output_tokens": [r.num_output_tokens for r in rows],
+        "output_tokens": [r.max_tokens for r in rows],
         "status": [r.status.value for r in rows],
         "first_scheduled_s": [r.first_scheduled_s for r in rows],
         "first_token_s": [r.first_token_s for r in rows],

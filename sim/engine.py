@@ -173,7 +173,7 @@ class Engine:
         self.state = EngineState(block_manager)
         self.steps = StepLog()
         offsets = np.zeros(len(self.requests) + 1, dtype=np.int64)
-        np.cumsum([r.num_output_tokens for r in self.requests], out=offsets[1:])
+        np.cumsum([r.max_tokens for r in self.requests], out=offsets[1:])
         for r, offset in zip(self.requests, offsets[:-1].tolist()):
             r.token_offset = offset
         self.token_times = np.full(int(offsets[-1]), np.nan)
@@ -215,7 +215,7 @@ class Engine:
         while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_s <= now:
             r = requests[self._next_arrival]
             self._next_arrival += 1
-            total = r.num_prompt_tokens + r.num_output_tokens
+            total = r.num_prompt_tokens + r.max_tokens
             if total > self.max_model_len:
                 self._reject(r, f"prompt + output is {total} tokens, more than --max-model-len {self.max_model_len}")
             elif bm.blocks_for(r.max_kv_tokens) > bm.num_blocks:
@@ -294,14 +294,14 @@ class Engine:
                 logits_row += 1
             num_computed = r.num_computed_tokens + num_tokens
             r.num_computed_tokens = num_computed
-            num_generated = r.num_generated_tokens
+            num_generated = r.num_output_tokens
             if num_computed != r.num_prompt_tokens + num_generated:
                 continue  # a partial prefill chunk emits nothing
             emitted.append(r.token_offset + num_generated)
             if not num_generated:
                 r.first_token_s = now
-            r.num_generated_tokens = num_generated + 1
-            if num_generated + 1 == r.num_output_tokens:
+            r.num_output_tokens = num_generated + 1
+            if num_generated + 1 == r.max_tokens:
                 finished.append(r)
         self.token_times[emitted] = now
         for r in finished:
@@ -323,7 +323,7 @@ class Engine:
         would be a single step."""
         reqs = batch.requests
         num_computed = batch.num_computed_tokens
-        remaining = [r.num_output_tokens - r.num_generated_tokens for r in reqs]
+        remaining = [r.max_tokens - r.num_output_tokens for r in reqs]
         # Past a finish the same requests keep decoding unless the freed slot or blocks could let
         # a waiting request in.
         through_finishes = not self.policy.finish_may_admit(self.state)
@@ -392,11 +392,11 @@ class Engine:
         times = self.token_times
         finishing = []
         for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
-            start = r.token_offset + r.num_generated_tokens
+            start = r.token_offset + r.num_output_tokens
             times[start:start + num] = ends[:num]
             r.num_computed_tokens += num
-            r.num_generated_tokens += num
-            if r.num_generated_tokens == r.num_output_tokens:
+            r.num_output_tokens += num
+            if r.num_output_tokens == r.max_tokens:
                 finishing.append((num - 1, i))
         # Hand out new blocks and free finished requests' blocks in the order step-by-step
         # simulation would: each step's new blocks in batch order, then at its end the requests

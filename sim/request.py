@@ -30,7 +30,7 @@ class Request:
     request_id: str
     arrival_s: float
     num_prompt_tokens: int
-    num_output_tokens: int  # exact: generation ignores end-of-sequence
+    max_tokens: int  # output tokens to generate (vLLM's SamplingParams.max_tokens); exact: EOS is ignored
     hash_ids: np.ndarray | None = None  # prefix-block hash ids from the trace, if any
     hash_block_tokens: int = 512  # tokens covered by one hash id
     token_seed: int = 0
@@ -39,7 +39,7 @@ class Request:
     # Token state: changed only by the policy (scheduling) and the engine (postprocess).
     status: Status = Status.WAITING
     num_computed_tokens: int = 0
-    num_generated_tokens: int = 0
+    num_output_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading blocks of block_table registered in the prefix cache
     last_scheduled_step: int = -1  # the engine step that last scheduled it
@@ -57,7 +57,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_generated_tokens
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def num_tokens_to_compute(self) -> int:
@@ -66,12 +66,12 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """Computing only the token it sampled last."""
-        return self.num_generated_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
 
     @property
     def max_kv_tokens(self) -> int:
         """KV slots the request needs at its longest: the last output token is never computed."""
-        return self.num_prompt_tokens + self.num_output_tokens - 1
+        return self.num_prompt_tokens + self.max_tokens - 1
 
     def prompt_block_hashes(self, block_size: int) -> list[int]:
         """Keys of the prompt's full blocks, for requests whose trace gives prefix hashes: equal

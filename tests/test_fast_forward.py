@@ -33,8 +33,8 @@ def compare(trace, options, hardware="H100-SXM", calibrated=False):
     fast, slow = results
     assert np.allclose(fast.token_times, slow.token_times, rtol=0, atol=TOLERANCE_S, equal_nan=True)
     for a, b in zip(fast.requests, slow.requests):
-        assert (a.status, a.num_generated_tokens, a.num_preemptions, a.num_prefix_hit_tokens, a.block_table) == \
-               (b.status, b.num_generated_tokens, b.num_preemptions, b.num_prefix_hit_tokens, b.block_table)
+        assert (a.status, a.num_output_tokens, a.num_preemptions, a.num_prefix_hit_tokens, a.block_table) == \
+               (b.status, b.num_output_tokens, b.num_preemptions, b.num_prefix_hit_tokens, b.block_table)
         assert (a.first_scheduled_s is None) == (b.first_scheduled_s is None)
         if a.first_scheduled_s is not None:
             assert abs(a.first_scheduled_s - b.first_scheduled_s) <= TOLERANCE_S

@@ -38,7 +38,7 @@ class CheckedPolicy:
         for r, n, c in zip(batch.requests, batch.num_scheduled_tokens, batch.num_computed_tokens):
             assert n >= 1
             # Nothing is scheduled past the prompt and the tokens generated so far.
-            assert c + n <= r.num_tokens <= r.num_prompt_tokens + r.num_output_tokens - 1
+            assert c + n <= r.num_tokens <= r.num_prompt_tokens + r.max_tokens - 1
             assert len(r.block_table) * bm.block_size >= c + n
         kinds = set(batch.is_decode)
         if self.name == "prefill-first":
@@ -97,8 +97,8 @@ def test_invariants(rows, cfg):
             continue
         # Every admitted request finishes with exactly its output tokens, preempted or not.
         assert r.status is Status.FINISHED
-        assert r.num_generated_tokens == r.num_output_tokens
-        times = result.token_times[r.token_offset:r.token_offset + r.num_output_tokens]
+        assert r.num_output_tokens == r.max_tokens
+        times = result.token_times[r.token_offset:r.token_offset + r.max_tokens]
         assert not np.isnan(times).any() and (np.diff(times) > 0).all()
         assert r.arrival_s <= r.first_scheduled_s < r.first_token_s == times[0] and r.finish_s == times[-1]
         assert not r.block_table
@@ -124,4 +124,4 @@ def test_preemption_happens_and_loses_nothing():
                "prefix_caching": False}
         result, _ = simulate(rows, cfg)
         assert result.num_preemptions > 0, policy
-        assert all(r.num_generated_tokens == 12 for r in result.requests)
+        assert all(r.num_output_tokens == 12 for r in result.requests)

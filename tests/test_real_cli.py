@@ -62,8 +62,8 @@ def test_generated_tokens_are_the_models_greedy_continuation(trace_file):
     assert result.num_preemptions > 0
     for r in result.requests:
         assert r.status is Status.FINISHED
-        assert len(r.sampled_token_ids) == r.num_output_tokens
-        ids = r.token_ids(0, r.num_prompt_tokens + r.num_output_tokens)
+        assert len(r.sampled_token_ids) == r.max_tokens
+        ids = r.token_ids(0, r.num_prompt_tokens + r.max_tokens)
         logits = dense_logits(backend.model, ids[:-1])
         want = logits[r.num_prompt_tokens - 1:].argmax(-1).tolist()
         assert r.sampled_token_ids == want, r.request_id
@@ -106,6 +106,6 @@ def test_prefix_cache_hits_read_the_blocks_another_request_wrote(tmp_path):
     result = replay(read_trace(path), options, backend=backend)
     assert result.num_prefix_hit_tokens >= 24 + 16
     for r in result.requests:
-        ids = r.token_ids(0, r.num_prompt_tokens + r.num_output_tokens)
+        ids = r.token_ids(0, r.num_prompt_tokens + r.max_tokens)
         want = dense_logits(backend.model, ids[:-1])[r.num_prompt_tokens - 1:].argmax(-1).tolist()
         assert r.sampled_token_ids == want, r.request_id

@@ -21,7 +21,7 @@ def run(policy):
                             cache=CacheConfig(block_size=4, num_blocks=64))
     backend = ConstantBackend(1.0)
     result = replay(make_trace(TRACE), options, backend=backend)
-    tokens = {r.request_id: result.token_times[r.token_offset:r.token_offset + r.num_output_tokens].tolist()
+    tokens = {r.request_id: result.token_times[r.token_offset:r.token_offset + r.max_tokens].tolist()
               for r in result.requests}
     steps = list(zip(result.steps.start_s, result.steps.num_prefill_tokens, result.steps.num_decode_tokens))
     return result, tokens, steps
