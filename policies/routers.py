@@ -12,13 +12,12 @@ first in the list, so every router is deterministic given its seed.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Protocol
 
 from sim.errors import ServesimError
+from sim.plugins import load_class
 from sim.request import Request
 
 
@@ -184,30 +183,10 @@ ROUTERS: dict[str, type[Router]] = {
 }
 
 
+def load_router(spec: str) -> type[Router]:
+    """A built-in router by name, or a user's `FILE.py:Class` / `module:Class` (a `Router` subclass)."""
+    return load_class(spec, ROUTERS, Router, "router")
+
+
 def make_router(spec: str, seed: int = 0) -> Router:
-    """A router by name (`ROUTERS`) or a user's Router subclass from `path/file.py:ClassName`."""
-    if spec in ROUTERS:
-        return ROUTERS[spec](seed)
-    if ":" not in spec:
-        raise ServesimError(f"unknown router {spec!r}; choose one of {', '.join(ROUTERS)} or give path/file.py:ClassName")
-    cls = _load_user_class(spec)
-    if not (isinstance(cls, type) and issubclass(cls, Router)):
-        raise ServesimError(f"--router {spec}: {cls!r} is not a subclass of policies.routers.Router")
-    return cls(seed)
-
-
-def _load_user_class(spec: str) -> type:
-    path_text, _, class_name = spec.rpartition(":")
-    path = Path(path_text)
-    if path.suffix != ".py" or not path.is_file():
-        raise ServesimError(f"--router {spec}: {path_text} is not a Python file")
-    module_spec = importlib.util.spec_from_file_location(f"servesim_user_router_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: name it and its error in one line
-        raise ServesimError(f"--router {spec}: importing {path} failed: {type(e).__name__}: {e}") from e
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ServesimError(f"--router {spec}: {path} defines no {class_name}")
-    return cls
+    return load_router(spec)(seed)

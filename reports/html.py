@@ -134,6 +134,10 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
                                  "Steps binned by start time; each bin shows the mean per step."))
     if has_capacity:
         sections.append(f"<h2>Capacity</h2>{_capacity_table(capacity)}")
+    if len(rows) == 1 and _is_list(rows.iloc[0].get("replica_requests")):
+        sections.append(_section("Load per replica", _replica_figure(rows.iloc[0]),
+                                 "Requests routed to each replica, the fraction of the time it is busy, its mean "
+                                 "KV usage while busy, and its prefix-cache hit rate."))
     if len(rows) == 1 and len(ok) == 1:
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:
@@ -291,6 +295,23 @@ def _timeline_figure(rows: pd.DataFrame, swept: list[str], label_column: str | N
             trace_groups.append(len(labels) - 1)
     layout["xaxis4"]["title"] = {"text": "simulated seconds"}
     layout.update(height=740, margin={"t": 70, "b": 40}, updatemenus=_menu(labels, trace_groups))
+    return {"data": traces, "layout": layout}
+
+
+ROLE_COLORS = {"colocated": "#2ca02c", "prefill": "#d62728", "decode": "#1f77b4"}
+
+
+def _replica_figure(row) -> dict:
+    panels = (("replica_requests", "requests", 1), ("replica_busy_fraction", "busy %", 100),
+              ("replica_mean_kv_usage", "mean KV usage %", 100), ("replica_prefix_cache_hit_rate", "prefix hit %", 100))
+    layout = _grid(1, 4, [title for _, title, _ in panels], gap_x=0.05)
+    names = [f"{r} {role}" if role != "colocated" else str(r)
+             for r, role in zip(row["replica_replica"], row["replica_role"])]
+    colors = [ROLE_COLORS.get(role, OTHER_COLORS[0]) for role in row["replica_role"]]
+    traces = [{"type": "bar", "x": names, "y": [v * scale for v in row[key]], "marker": {"color": colors},
+               "showlegend": False, "hovertemplate": "replica %{x}: %{y:.4g}<extra>" + title + "</extra>", **_axes(i)}
+              for i, (key, title, scale) in enumerate(panels)]
+    layout.update(height=320, margin={"t": 40, "b": 40})
     return {"data": traces, "layout": layout}
 
 

@@ -16,6 +16,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from reports import cluster
+from sim.cluster import ClusterResult
 from sim.config import SLO
 from sim.engine import SimResult
 from sim.request import Status
@@ -44,7 +46,15 @@ def requests_table(result: SimResult) -> pd.DataFrame:
     multi = frame["output_tokens"] > 1
     frame["tpot_s"] = ((frame["e2e_s"] - frame["ttft_s"]) / (frame["output_tokens"] - 1)).where(multi)
     frame["scheduling_delay_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
+    if _is_cluster(result):
+        for name, values in cluster.request_columns(result).items():
+            frame[name] = values
     return frame
+
+
+def _is_cluster(result: SimResult) -> bool:
+    """A run of more than one replica (one replica's files are a lone engine's)."""
+    return isinstance(result, ClusterResult) and len(result.replicas) > 1
 
 
 def inter_token_latencies(result: SimResult) -> np.ndarray:
@@ -62,6 +72,8 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
 def steps_table(result: SimResult) -> pd.DataFrame:
     columns = result.steps.columns()
     frame = pd.DataFrame({"step": np.arange(len(result.steps))})
+    if _is_cluster(result):
+        frame["replica"] = result.steps.replica
     for name, values in columns.items():
         frame[name if name in STEP_COLUMNS else f"{name}_s"] = values
     return frame
@@ -132,6 +144,8 @@ def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict
         summary["slo"] = {k: v for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2e", slo.e2e)) if v is not None}
         summary["goodput"] = per_s(int(good.sum()))
         summary["slo_attainment"] = float(good.mean()) if len(done) else None
+    if _is_cluster(result):
+        summary.update(cluster.summary(result, _stats))
     if len(rejected):
         summary["reject_reasons"] = {k: int(v) for k, v in
                                      rejected["reject_reason"].str.replace(r"\d+", "N", regex=True).value_counts().items()}
@@ -155,6 +169,7 @@ def format_summary(summary: dict) -> str:
     if "goodput" in summary:
         lines.append(f"goodput {summary['goodput'] or 0:.2f} req/s ({(summary['slo_attainment'] or 0):.1%} within SLO "
                      + ", ".join(f"{k}<={v}s" for k, v in summary["slo"].items()) + ")")
+    lines.extend(cluster.format_replicas(summary))
     lines.append(f"{'metric (ms)':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
         s = summary[name]

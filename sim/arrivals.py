@@ -4,7 +4,8 @@
 does. A workload hands the engine every request that has arrived by the start of each step
 (`deliver`), wakes the engine when it sleeps with nothing to do, and hears of every request that
 ends (`on_done`), so that a closed-loop workload can send the next one. Fast-forward reads
-`next_arrival_s` and `reacts_to_finishes` to know where a run of decode steps must stop.
+`next_arrival_s`, `next_observation_s` and `reacts_to_finishes` to know where a run of decode
+steps must stop.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ class TraceArrivals:
     @property
     def next_arrival_s(self) -> float:
         return self.requests[self._next].arrival_s if self._next < len(self.requests) else math.inf
+
+    @property
+    def next_observation_s(self) -> float:
+        """The next instant at which something outside the engine reads its state (a cluster's
+        router does, at every arrival); fast-forward ends its runs before it. Nothing reads a
+        lone engine."""
+        return math.inf
 
     def deliver(self, now: float) -> None:
         """Hand the engine every request that has arrived by `now`."""

@@ -63,9 +63,35 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="calibrated cost-model profile from `sim calibrate` (e.g. profiles/tiny-cpu.json); "
                         "step times then come from it, whatever --hardware says")
+    add_cluster_options(p)
+
+
+def add_cluster_options(p: argparse.ArgumentParser) -> None:
+    from policies.routers import ROUTERS
+    from sim.app.cluster_options import POOL_OPTIONS
+
+    g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (see the README)")
+    g.add_argument("--replicas", type=_whole_number, default=1, metavar="N",
+                   help="colocated replicas, each an engine with its own policy and KV cache (default: 1)")
+    g.add_argument("--router", default="round-robin",
+                   help=f"which replica takes each request: {', '.join(ROUTERS)} (default: round-robin), or your "
+                        "own as path/to/file.py:ClassName")
+    g.add_argument("--prefill-replicas", type=_whole_number, default=0, metavar="P",
+                   help="disaggregated: replicas that prefill and emit the first token")
+    g.add_argument("--decode-replicas", type=_whole_number, default=0, metavar="D",
+                   help="disaggregated: replicas that decode once a request's KV blocks have arrived")
+    g.add_argument("--kv-transfer-bandwidth", type=float, default=None, metavar="GB/S",
+                   help="KV link bandwidth per transfer (default: 450 GB/s, NVLink-class, when the pools fit in "
+                        "one 8-GPU node; 50 GB/s, RDMA-class, across nodes)")
+    g.add_argument("--kv-transfer-latency", type=float, default=None, metavar="S",
+                   help="KV link setup time per transfer (default: 5e-6 s inside a node, 2e-5 s across nodes)")
+    for pool in ("prefill", "decode"):
+        g.add_argument(f"--{pool}-options", default="", metavar="KEY=VALUE,...",
+                       help=f"the {pool} pool's own settings, KEY one of {', '.join(POOL_OPTIONS)}")
 
 
 def options_from_args(args: argparse.Namespace):
+    from sim.app.cluster_options import ClusterOptions
     from sim.app.options import ReplayOptions
     from sim.config import SLO, CacheConfig, SchedulerConfig
 
@@ -75,6 +101,9 @@ def options_from_args(args: argparse.Namespace):
         model=args.model, hardware=args.hardware, backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
         device=args.device, weights=args.weights,
         profile=args.profile,
+        cluster=ClusterOptions(args.replicas, args.router, args.prefill_replicas, args.decode_replicas,
+                               args.kv_transfer_bandwidth, args.kv_transfer_latency, args.prefill_options,
+                               args.decode_options),
     )
 
 
@@ -108,10 +137,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not args.quiet:
         where = f"{options.device} (real, measured)" if options.backend == "real" else f"{options.hardware} (costmodel)"
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {where}"
-              + (f" with profile {options.profile}" if options.profile else ""))
+              + (f" with profile {options.profile}" if options.profile else "") + _cluster_words(options.cluster))
         print(format_summary(summary))
         print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
     return 0
+
+
+def _cluster_words(cluster) -> str:
+    if cluster.is_single:
+        return ""
+    if cluster.is_disaggregated:
+        link = cluster.kv_link()
+        return (f", {cluster.num_prefill_replicas} prefill + {cluster.num_decode_replicas} decode replicas "
+                f"({cluster.router}), KV link {link.bandwidth_gb_s:g} GB/s + {link.latency_s:g} s")
+    return f", {cluster.num_replicas} replicas ({cluster.router})"
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.app.cluster_options import ClusterOptions
 from sim.config import SLO, CacheConfig, SchedulerConfig
 from sim.errors import ServesimError
 
@@ -22,6 +23,7 @@ class ReplayOptions:
     device: str = "cpu"  # the real backend's device: cpu or cuda
     weights: str | None = None  # the real backend's safetensors folder; None: random weights
     profile: str | None = None  # a calibrated cost-model profile (sim calibrate); None: datasheet roofline
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)  # one replica by default
 
     def __post_init__(self) -> None:
         """Checks of the values alone; what they name (model, hardware, policy, profile) is looked
@@ -34,5 +36,7 @@ class ReplayOptions:
             raise ServesimError(f"unknown device {self.device!r}; choose cpu or cuda")
         if self.weights is not None and self.backend != "real":
             raise ServesimError(f"--weights loads the real backend's model; it does not apply to --backend {self.backend}")
+        if self.backend == "real" and not self.cluster.is_single:
+            raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
         if self.profile is not None and self.backend != "costmodel":
             raise ServesimError(f"--profile calibrates the cost model; it does not apply to --backend {self.backend}")

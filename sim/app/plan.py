@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from backends.presets import derive_num_blocks, get_hardware, get_model
 from policies import Policy, load_policy
+from policies.routers import load_router
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
 from sim.block_manager import BlockManager
@@ -29,6 +30,8 @@ class RunPlan:
     num_blocks: int  # KV blocks of the cache
     backend: Backend | None  # None for a plan checked without building its backend
     token_spec: TokenSpec
+    router: type | None = None  # a cluster's router class (policies/routers.py); None for one engine
+    pools: tuple["RunPlan", ...] = ()  # disaggregated: the prefill pool's plan and the decode pool's
 
     @property
     def scheduler(self):
@@ -45,11 +48,23 @@ class RunPlan:
         cache = self.options.cache
         return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
 
+    def make_router(self, pool: int = 0):
+        """A router for one pool of the cluster (pool 0: the colocated or prefill replicas, 1:
+        the decode replicas), seeded from --seed and the pool."""
+        return self.router(self.options.seed + pool)
+
     def as_dict(self) -> dict:
-        """The options as the run used them (summary.json, sweep rows)."""
+        """The options as the run used them (summary.json, sweep rows). A lone engine's leave the
+        cluster out, so its files are those of servesim before clusters."""
         d = asdict(self.options)
         d["scheduler"]["max_model_len"] = self.max_model_len
         d["cache"]["num_blocks"] = self.num_blocks
+        cluster = d.pop("cluster")
+        if not self.options.cluster.is_single:
+            d["cluster"] = cluster
+            for role, pool in zip(("prefill", "decode"), self.pools):
+                resolved = pool.as_dict()
+                cluster[role] = {key: resolved[key] for key in ("scheduler", "cache", "hardware", "profile")}
         return d
 
 
@@ -79,8 +94,14 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     else:
         num_blocks = derive_num_blocks(model, hardware, cache.block_size, cache.gpu_memory_utilization,
                                        options.scheduler.max_num_batched_tokens, options.scheduler.max_num_seqs)
+    router, pools = None, ()
+    cluster = options.cluster
+    if not cluster.is_single:
+        router = load_router(cluster.router)
+        if cluster.is_disaggregated:
+            pools = tuple(resolve(cluster.pool(options, role), backend, build_backend) for role in ("prefill", "decode"))
     return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, backend,
-                   TokenSpec(options.seed, model["vocab_size"]))
+                   TokenSpec(options.seed, model["vocab_size"]), router, pools)
 
 
 def make_backend(options: ReplayOptions, calibration=None) -> Backend:
