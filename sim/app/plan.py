@@ -30,7 +30,7 @@ class RunPlan:
     num_blocks: int  # KV blocks of the cache
     backend: Backend | None  # None for a plan checked without building its backend
     token_spec: TokenSpec
-    router: type | None = None  # a cluster's router class (policies/routers.py); None for one engine
+    router: type | None = None  # the cluster's router class (policies/routers.py)
     pools: tuple["RunPlan", ...] = ()  # disaggregated: the prefill pool's plan and the decode pool's
 
     @property
@@ -94,12 +94,11 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     else:
         num_blocks = derive_num_blocks(model, hardware, cache.block_size, cache.gpu_memory_utilization,
                                        options.scheduler.max_num_batched_tokens, options.scheduler.max_num_seqs)
-    router, pools = None, ()
     cluster = options.cluster
-    if not cluster.is_single:
-        router = load_router(cluster.router)
-        if cluster.is_disaggregated:
-            pools = tuple(resolve(cluster.pool(options, role), backend, build_backend) for role in ("prefill", "decode"))
+    router = load_router(cluster.router)
+    pools = ()
+    if cluster.is_disaggregated:
+        pools = tuple(resolve(cluster.pool(options, role), backend, build_backend) for role in ("prefill", "decode"))
     return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, backend,
                    TokenSpec(options.seed, model["vocab_size"]), router, pools)
 
