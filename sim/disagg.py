@@ -147,8 +147,8 @@ class DecodeReplica(Replica):
     def next_arrival_s(self) -> float:
         """The earliest a transferred request can reach this replica: a transfer under way ends
         when it ends; one not begun ends no sooner than its prefill replica's current step plus
-        its transfer time."""
-        t = min(self.incoming.values(), default=math.inf)
+        its transfer time; a request not yet arrived, after its arrival."""
+        t = min(self.cluster.next_arrival_s, min(self.incoming.values(), default=math.inf))
         if self.expected:
             now, link = self.cluster.env.now, self.cluster.link
             for r, prefill in self.expected.values():
