@@ -49,7 +49,19 @@ def _least_loaded(replicas: Sequence[ReplicaView], candidates: Sequence[int]) ->
 
 
 class Router:
+    """`reads_state = False` promises that `route` reads nothing of the replicas but how many
+    there are, so its answers do not depend on when it is asked: a cluster then asks it at the
+    start, for every request in arrival order, and each replica's fast-forward runs end only at
+    its own arrivals (sim/cluster.py). A subclass that overrides `route` makes no such promise
+    unless it says so in its own class body."""
+
     name = ""
+    reads_state = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "route" in cls.__dict__ and "reads_state" not in cls.__dict__:
+            cls.reads_state = True
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -64,6 +76,7 @@ class RoundRobinRouter(Router):
     k // n or k // n + 1 of them."""
 
     name = "round-robin"
+    reads_state = False
 
     def __init__(self, seed: int = 0):
         super().__init__(seed)
@@ -79,6 +92,7 @@ class RandomRouter(Router):
     """A uniformly random replica; the same seed gives the same choices."""
 
     name = "random"
+    reads_state = False
 
     def __init__(self, seed: int = 0):
         super().__init__(seed)

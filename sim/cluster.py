@@ -18,7 +18,9 @@ picks a prefill and a decode replica for each request when it arrives.
 
 Fast-forward runs per replica (sim/fast_forward.py). A replica's run ends before the next arrival
 routed anywhere (each of its steps ends before it, so the router reads what step-by-step
-simulation would show), and before the next transfer that reaches it.
+simulation would show), and before the next transfer that reaches it. Routers that read no state
+(round-robin, random) are asked at the start instead, in arrival order (they answer the same):
+then a replica's runs end only at its own arrivals.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Replica:
         self.num_in_flight = 0  # routed here and not finished (or passed on)
         self.num_routed = 0
         self.pool_size = 1  # replicas the router chooses among, this one included
+        self.ahead: deque[float] = deque()  # routed ahead of time (sim/cluster.py docstring): their arrival times
 
     # What the router sees (policies.routers.ReplicaView).
 
@@ -80,11 +83,17 @@ class Replica:
 
     # Requests in.
 
+    def take_route(self) -> None:
+        """An arrival was routed here: its route, when known ahead, is used up."""
+        if self.cluster.routes_ahead:
+            self.ahead.popleft()
+
     def push(self, r: Request) -> None:
         """The router sent `r` here."""
+        self.take_route()
+        self.num_routed += 1
         self.inbox.append(r)
         self.num_in_flight += 1
-        self.num_routed += 1
         self.wake()
 
     def wake(self) -> None:
@@ -98,13 +107,21 @@ class Replica:
         return self.cluster.arrivals_done and not self.inbox
 
     @property
-    def next_arrival_s(self) -> float:
+    def next_routed_s(self) -> float:
+        """The next arrival that may come here: any arrival, or when routes are known ahead, the
+        next one routed here."""
+        if self.cluster.routes_ahead:
+            return self.ahead[0] if self.ahead else math.inf
         return self.cluster.next_arrival_s
 
     @property
+    def next_arrival_s(self) -> float:
+        return self.next_routed_s
+
+    @property
     def next_observation_s(self) -> float:
-        # The router reads this replica at every arrival, unless it has no choice to make.
-        return self.cluster.next_arrival_s if self.pool_size > 1 else math.inf
+        # The router reads this replica at every arrival, unless it reads nothing or has no choice.
+        return self.cluster.next_arrival_s if self.pool_size > 1 and not self.cluster.routes_ahead else math.inf
 
     def deliver(self, now: float) -> None:
         inbox, submit = self.inbox, self.engine.submit
@@ -202,6 +219,8 @@ class Cluster:
         self.replicas: list[Replica] = []
         self.env = simpy.Environment()
         self.arrivals_done = not requests
+        self.routes_ahead = False  # every router reads no state: each request's replica is known at the start
+        self._ahead: list[tuple] = []  # per request (arrival order), its replicas when routed ahead
         self.num_done = 0
         self._next = 0
         self._position = {r.index: i for i, r in enumerate(requests)}
@@ -226,11 +245,31 @@ class Cluster:
     def pools(self) -> list[list[Replica]]:
         return [self.replicas]
 
+    def routers(self) -> list:
+        return [self.router]
+
+    def choose(self, r: Request) -> tuple:
+        """The replica(s) the router picks for `r`, one per pool."""
+        return (self.replicas[self.router.route(r, self.replicas)],)
+
     def route(self, r: Request) -> None:
-        i = self.router.route(r, self.replicas)
-        target = self.replicas[i]
+        """`r` arrives: send it where the router says (or said, when routes are known ahead)."""
+        self.place(r, self._ahead[self.position(r)] if self.routes_ahead else self.choose(r))
+
+    def place(self, r: Request, choice: tuple) -> None:
+        (target,) = choice
         self.replica_of[self.position(r)] = target.index
         target.push(r)
+
+    def _route_ahead(self) -> None:
+        """Routers that read no replica state (round-robin, random) choose the same whenever they
+        are asked, so ask them at the start, in arrival order: each replica then knows which
+        arrivals are its own, and its fast-forward runs end only at those."""
+        self.routes_ahead = True
+        self._ahead = [self.choose(r) for r in self.requests]
+        for r, choice in zip(self.requests, self._ahead):
+            for replica in choice:
+                replica.ahead.append(r.arrival_s)
 
     def _arrivals(self, env: simpy.Environment):
         requests = self.requests
@@ -257,6 +296,8 @@ class Cluster:
         for pool in self.pools():
             for replica in pool:
                 replica.pool_size = len(pool)
+        if not any(router.reads_state for router in self.routers()):
+            self._route_ahead()
         env.process(self._arrivals(env))
         engines = [env.process(replica.engine.run(env)) for replica in self.replicas]
         env.run(until=env.all_of(engines))

@@ -95,7 +95,7 @@ class PrefillReplica(Replica):
 
     @property
     def next_arrival_s(self) -> float:
-        return min(self.cluster.next_arrival_s, min(self.releases.values(), default=math.inf))
+        return min(self.next_routed_s, min(self.releases.values(), default=math.inf))
 
     def on_done(self, request: Request, now: float | None) -> None:
         """Finished here (one output token) or rejected: its decode replica expects it no more."""
@@ -119,9 +119,10 @@ class DecodeReplica(Replica):
         return bool(self.transferred)  # a finish frees blocks a transferred request may take
 
     def expect(self, r: Request, prefill: PrefillReplica) -> None:
+        self.take_route()
+        self.num_routed += 1
         self.expected[r.index] = (r, prefill)
         self.num_in_flight += 1
-        self.num_routed += 1
 
     def unexpect(self, r: Request) -> None:
         del self.expected[r.index]
@@ -148,7 +149,7 @@ class DecodeReplica(Replica):
         """The earliest a transferred request can reach this replica: a transfer under way ends
         when it ends; one not begun ends no sooner than its prefill replica's current step plus
         its transfer time; a request not yet arrived, after its arrival."""
-        t = min(self.cluster.next_arrival_s, min(self.incoming.values(), default=math.inf))
+        t = min(self.next_routed_s, min(self.incoming.values(), default=math.inf))
         if self.expected:
             now, link = self.cluster.env.now, self.cluster.link
             for r, prefill in self.expected.values():
@@ -216,14 +217,22 @@ class DisaggregatedCluster(Cluster):
     def decode_replica(self, r: Request) -> DecodeReplica:
         return self.replicas[int(self.decode_of[self.position(r)])]
 
-    def route(self, r: Request) -> None:
-        prefill = self.prefill_replicas[self.router.route(r, self.prefill_replicas)]
-        decode = self.decode_replicas[self.decode_router.route(r, self.decode_replicas)]
+    def routers(self) -> list:
+        return [self.router, self.decode_router]
+
+    def choose(self, r: Request) -> tuple:
+        return (self.prefill_replicas[self.router.route(r, self.prefill_replicas)],
+                self.decode_replicas[self.decode_router.route(r, self.decode_replicas)])
+
+    def place(self, r: Request, choice: tuple) -> None:
+        prefill, decode = choice
         i = self.position(r)
         self.replica_of[i] = prefill.index
         self.decode_of[i] = decode.index
         bm = decode.engine.block_manager
         if r.max_tokens > 1 and bm.blocks_for(r.max_kv_tokens) > bm.num_blocks:
+            prefill.take_route()  # counted on neither replica
+            decode.take_route()
             r.status = Status.REJECTED
             r.reject_reason = (f"needs {bm.blocks_for(r.max_kv_tokens)} KV blocks, the decode replica's whole "
                                f"cache has {bm.num_blocks}")

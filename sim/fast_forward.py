@@ -80,10 +80,14 @@ class FastForward:
         max_steps = min(max(remaining) if through_finishes else min(remaining), MAX_RUN_STEPS)
         next_arrival, next_observation = workload.next_arrival_s, workload.next_observation_s
         next_event = min(next_arrival, next_observation)
-        if next_event < np.inf and self._last_decode_step_s:
+        last_s = self._last_decode_step_s
+        if next_event < np.inf and last_s:
             # Cost only about as many steps as fit before the next arrival, judging by the last
-            # decode step's length (a guess: a short one merely ends this run early).
-            max_steps = min(max_steps, int(1.25 * (next_event - now) / self._last_decode_step_s) + 2)
+            # decode step's length (a guess: a short one merely ends this run early), and none
+            # when clearly fewer than two fit (a guess too: a missed run is stepped one by one).
+            if next_arrival - now < 0.9 * last_s or next_observation - now < 1.8 * last_s:
+                return None
+            max_steps = min(max_steps, int(1.25 * (next_event - now) / last_s) + 2)
         if max_steps < 2:
             return None
 

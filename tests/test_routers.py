@@ -153,3 +153,21 @@ def test_a_user_router_file_that_fails_to_import_is_named(tmp_path):
 def test_prefix_aware_refuses_a_negative_weight():
     with pytest.raises(ServesimError, match="the kv weight must be at least 0"):
         PrefixAwareRouter(kv_weight=-1.0)
+
+
+def test_only_routers_that_read_no_state_say_so():
+    from policies.routers import RoundRobinRouter
+
+    assert {name for name, cls in ROUTERS.items() if not cls.reads_state} == {"round-robin", "random"}
+
+    class Busy(RoundRobinRouter):  # reads the views: inherits no promise
+        def route(self, request, replicas):
+            return min(range(len(replicas)), key=lambda i: replicas[i].num_in_flight)
+
+    class Shifted(RoundRobinRouter):  # says it still reads nothing
+        reads_state = False
+
+        def route(self, request, replicas):
+            return (super().route(request, replicas) + 1) % len(replicas)
+
+    assert Busy.reads_state and not Shifted.reads_state

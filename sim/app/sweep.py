@@ -118,7 +118,10 @@ def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions) 
 
     from reports.digest import flat_options
 
-    fixed = {k: v for k, v in flat_options(asdict(options)).items() if k not in AXES}
+    described = asdict(options)
+    if options.cluster.is_single:  # as tables were before clusters, so they still resume
+        del described["cluster"]
+    fixed = {k: v for k, v in flat_options(described).items() if k not in AXES}
     return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
 
 
