@@ -2,7 +2,10 @@
 hour) with the cost model (Llama-3.1-8B on H100-SXM, budget 2048) under each policy, and at 1x, 2x
 and 4x rate under chunked. Each configuration runs in its own process so its peak memory is its own.
 
-    python bench/replay_speed.py [--trace FILE] [--no-fast-forward] [--repeat N]
+    python bench/replay_speed.py [--trace FILE] [--no-fast-forward] [--repeat N] [--replicas N --router NAME]
+
+With --replicas, each configuration runs on that many replicas behind --router (bench/cluster_speed.py
+compares cluster sizes).
 
 Prints: wall seconds (best of --repeat) and the CPU seconds of that run, simulated seconds, real-time factor (simulated / wall),
 steps, steps per wall second, peak memory (RSS) of the process.
@@ -23,8 +26,10 @@ DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "raw" / "AzureLLMInferenceTr
 CONFIGS = [("decode-first", 1.0), ("prefill-first", 1.0), ("chunked", 1.0), ("chunked", 2.0), ("chunked", 4.0)]
 
 
-def one(trace_path: str, policy: str, rate: float, fast_forward: bool) -> dict:
+def one(trace_path: str, policy: str, rate: float, fast_forward: bool, replicas: int = 1,
+        router: str = "round-robin") -> dict:
     """One replay in this process: its wall and CPU seconds (the trace read is not timed)."""
+    from sim.app.cluster_options import ClusterOptions
     from sim.app.replay import ReplayOptions, replay
     from sim.config import SchedulerConfig
     from traces import read_trace
@@ -32,7 +37,8 @@ def one(trace_path: str, policy: str, rate: float, fast_forward: bool) -> dict:
 
     trace = scale_rate(read_trace(trace_path), rate)
     options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=2048),
-                            model="Llama-3.1-8B", hardware="H100-SXM")
+                            model="Llama-3.1-8B", hardware="H100-SXM",
+                            cluster=ClusterOptions(num_replicas=replicas, router=router))
     started, cpu_started = time.perf_counter(), time.process_time()
     result = replay(trace, options, fast_forward=fast_forward)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
@@ -47,17 +53,20 @@ def main() -> None:
     parser.add_argument("--no-fast-forward", action="store_true", help="step every iteration one by one")
     parser.add_argument("--repeat", type=int, default=1, help="runs per configuration; the fastest is shown")
     parser.add_argument("--only", default=None, help="POLICY:RATE, one configuration in this process")
+    parser.add_argument("--replicas", type=int, default=1, help="replicas behind --router (default: 1)")
+    parser.add_argument("--router", default="round-robin", help="the replicas' router (default: round-robin)")
     args = parser.parse_args()
     if args.only:
         policy, rate = args.only.split(":")
-        print(json.dumps(one(args.trace, policy, float(rate), not args.no_fast_forward)))
+        print(json.dumps(one(args.trace, policy, float(rate), not args.no_fast_forward, args.replicas, args.router)))
         return
     mode = "step by step" if args.no_fast_forward else "fast-forward"
     print(f"trace {args.trace} ({mode})")
     print(f"{'policy':<14}{'rate':>5}{'wall s':>9}{'cpu s':>8}{'sim s':>9}{'x real':>9}{'steps':>9}{'steps/s':>10}"
           f"{'RSS MB':>8}")
     for policy, rate in CONFIGS:
-        cmd = [sys.executable, __file__, "--trace", args.trace, "--only", f"{policy}:{rate}"]
+        cmd = [sys.executable, __file__, "--trace", args.trace, "--only", f"{policy}:{rate}",
+               "--replicas", str(args.replicas), "--router", args.router]
         if args.no_fast_forward:
             cmd.append("--no-fast-forward")
         runs = [json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
