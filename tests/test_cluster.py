@@ -13,6 +13,7 @@ import filecmp
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from backends.presets import get_model, kv_bytes_per_token
@@ -155,3 +156,57 @@ def test_one_replica_through_the_cluster_writes_a_lone_engines_files_byte_for_by
     for file in ("requests.csv", "steps.csv", "summary.json", "digest.json", "report.html"):
         assert filecmp.cmp(tmp_path / "lone" / file, tmp_path / "cluster" / file, shallow=False), file
     assert "cluster" not in json.loads((tmp_path / "lone" / "summary.json").read_text())["options"]
+
+
+def test_sim_replay_of_a_disaggregated_cluster_writes_which_replica_did_what(tmp_path, capsys):
+    from sim.app.cli import main
+    from traces import AZURE_CONV_SAMPLE
+
+    out = tmp_path / "run"
+    assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "100", "--prefill-replicas", "1", "--decode-replicas", "2",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 prefill + 2 decode replicas (round-robin), KV link 450 GB/s + 5e-06 s" in printed
+    assert "KV transfers 100" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["role"] for r in summary["replicas"]] == ["prefill", "decode", "decode"]
+    assert [r["requests"] for r in summary["replicas"]] == [100, 50, 50]  # 100 requests, all with 2+ tokens
+    assert summary["num_kv_transfers"] == 100 and summary["kv_transfer_s"]["p99"] > 5e-6
+    steps = pd.read_csv(out / "steps.csv")
+    assert list(steps.columns[:2]) == ["step", "replica"] and set(steps["replica"]) == {0, 1, 2}
+    assert (steps[steps["replica"] == 0]["num_decode_tokens"] == 0).all()
+    requests = pd.read_csv(out / "requests.csv")
+    assert (requests["kv_transfer_start_s"] == requests["first_token_s"]).all()
+    assert requests["kv_transfer_bytes"].sum() == summary["kv_transfer_bytes"]
+    assert "Load per replica" in (out / "report.html").read_text()
+
+
+def test_a_sweep_row_carries_the_load_per_replica(tmp_path):
+    from sim.app.sweep import make_point, run_point
+    from traces import AZURE_CONV_SAMPLE, read_trace
+    from traces.trace import Trace
+
+    full = read_trace(AZURE_CONV_SAMPLE)
+    trace = Trace(full.arrival_s[:60], full.prompt_tokens[:60], full.output_tokens[:60], source="sample")
+    point = make_point({"policy": "chunked", "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+                        "max_num_batched_tokens": 2048, "max_num_seqs": 256, "rate_scale": 1.0, "seed": 0},
+                       lambda v: ReplayOptions(cluster=ClusterOptions(num_replicas=3)))
+    row = run_point(trace, point)
+    assert row["status"] == "ok", row["error"]
+    assert row["replica_requests"] == [20, 20, 20] and row["cluster_num_replicas"] == 3
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--prefill-replicas", "2"], "disaggregation needs both pools"),
+    (["--replicas", "2", "--backend", "real"], "a cluster replays with the cost model"),
+    (["--replicas", "2", "--router", "nearest"], "unknown router 'nearest'"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "policy=fifo"], "unknown policy 'fifo'"),
+])
+def test_nonsense_cluster_options_are_one_line_errors(tmp_path, capsys, args, fragment):
+    from sim.app.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    assert main(["replay", str(trace), "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sim: error: ") and err.count("\n") == 1 and fragment in err, err
