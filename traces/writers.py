@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import ServesimError
-from traces.readers import CHUNK_ROWS
+from traces.formats import CHUNK_ROWS
 from traces.trace import Trace
 
 
