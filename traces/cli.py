@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from sim.app.outputs import atomic_path, check_file_destination
 from sim.errors import ServesimError
 
 FORMAT_HELP = ("trace format: canonical, azure (2023 and 2024), mooncake, burstgpt, vidur "
@@ -76,10 +78,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from traces.writers import write_canonical
-
+    out = check_file_destination(args.out, inputs=(args.file,))  # before the work, never over the input
     trace = load_trace(args.file, args, args.max_model_len)
-    write_canonical(trace, args.out)
+    write_trace(trace, out)
     hashes = "with" if trace.hash_ids is not None else "without"
     print(f"wrote {len(trace):,} requests ({trace.format}, {hashes} prefix hash ids) to {args.out}")
     return 0
@@ -87,8 +88,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from traces.synth import Lengths, SynthConfig, synthesize
-    from traces.writers import write_canonical
 
+    out = check_file_destination(args.out, inputs=(args.lengths_from,) if args.lengths_from else ())
     lengths_from = None
     if args.lengths_from is not None:
         lengths_from = load_trace(args.lengths_from, args, None)
@@ -101,9 +102,17 @@ def cmd_synth(args: argparse.Namespace) -> int:
         system_prompt_tokens=args.system_prompt_tokens, hash_block_tokens=args.hash_block_tokens, seed=args.seed,
         lengths_from=lengths_from)
     trace = synthesize(config)
-    write_canonical(trace, args.out)
+    write_trace(trace, out)
     print(f"wrote {len(trace):,} synthetic requests over {trace.duration_s:,.1f} s to {args.out}")
     return 0
+
+
+def write_trace(trace, out: Path) -> None:
+    """Canonical CSV, written whole or not at all (a temporary file renamed into place)."""
+    from traces.writers import write_canonical
+
+    with atomic_path(out) as temp:
+        write_canonical(trace, temp, compress=out.suffix == ".gz")
 
 
 def register(subparsers) -> None:

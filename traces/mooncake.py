@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 

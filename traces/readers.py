@@ -29,13 +29,20 @@ from sim.errors import ServesimError
 from traces.builder import TraceBuilder
 from traces.canonical import CanonicalRows
 from traces.csv_rows import csv_chunks
-from traces.formats import CHUNK_ROWS, CSV_COLUMNS, FORMATS, detect_format, format_name, header
+from traces.formats import (
+    CHUNK_ROWS,
+    CSV_COLUMNS,
+    FORMATS,
+    detect_format,
+    format_name,
+    header,
+)
 from traces.mooncake import read_mooncake
 from traces.published import AzureRows, BurstGptRows, VidurRows
 from traces.textfile import READ_ERRORS, first_line, open_trace
 from traces.trace import Trace
 
-__all__ = ["read_trace", "detect_format", "FORMATS", "CHUNK_ROWS"]
+__all__ = ["CHUNK_ROWS", "FORMATS", "detect_format", "read_trace"]
 
 # The column (or field) of each format's arrival time, as messages name it.
 ARRIVAL = {"canonical": "arrival_s", "azure": "TIMESTAMP", "burstgpt": "Timestamp", "vidur": "arrived_at",

@@ -17,7 +17,7 @@ READ_ERRORS = (OSError, EOFError, zlib.error)
 def open_trace(path: Path) -> BinaryIO:
     """The file's bytes, gunzipped when it starts with gzip's magic number."""
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 (returned to the caller, who closes it)
     except FileNotFoundError:
         raise ServesimError(f"{path}: no such file") from None
     except IsADirectoryError:

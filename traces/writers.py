@@ -20,10 +20,14 @@ from traces.formats import CHUNK_ROWS
 from traces.trace import Trace
 
 
-def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS) -> None:
+def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS, *,
+                    compress: bool | None = None) -> None:
+    """`compress` gzips the file (default: when `out` ends in .gz)."""
     out = Path(out)
+    if compress is None:
+        compress = out.suffix == ".gz"
     try:
-        handle = gzip.open(out, "wt", encoding="utf-8", newline="") if out.suffix == ".gz" else \
+        handle = gzip.open(out, "wt", encoding="utf-8", newline="") if compress else \
             open(out, "w", encoding="utf-8", newline="")
     except OSError as e:
         raise ServesimError(f"{out}: cannot write: {e.strerror}") from None
