@@ -36,7 +36,7 @@ class Lengths:
     params: tuple[float, ...]
 
     @classmethod
-    def parse(cls, text: str, option: str = "length") -> "Lengths":
+    def parse(cls, text: str, option: str = "length") -> Lengths:
         kind, *parts = text.strip().split(":")
         arity = {"fixed": 1, "uniform": 2, "zipf": 3}
         if kind not in arity or len(parts) != arity[kind]:
@@ -90,20 +90,24 @@ class SynthConfig:
     def __post_init__(self) -> None:
         # One check at a time: a later one may divide by a value an earlier one rules out.
         checks = [
-            lambda: (1 <= self.num_requests <= MAX_REQUESTS,
-                     f"--num-requests must be from 1 to {MAX_REQUESTS:,}, got {self.num_requests}"),
+            lambda: (self.num_requests >= 1, f"--num-requests must be at least 1, got {self.num_requests}"),
+            lambda: (self.num_requests <= MAX_REQUESTS,
+                     f"--num-requests must be at most {MAX_REQUESTS:,}, got {self.num_requests}"),
             lambda: (self.rate > 0 and np.isfinite(self.rate), f"--rate must be a positive number, got {self.rate}"),
             lambda: (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}"),
             lambda: (self.cv > 0 and np.isfinite(self.cv), f"--cv must be a positive number, got {self.cv}"),
             lambda: (self.arrival == "gamma" or self.cv == 1.0, "--cv applies to gamma arrivals (--arrival gamma)"),
-            lambda: (0 <= self.think_time_s <= MAX_SPAN_S,
-                     f"--think-time must be from 0 to {MAX_SPAN_S:g} s, got {self.think_time_s}"),
-            lambda: (1 <= self.hash_block_tokens <= MAX_TOKENS,
-                     f"--hash-block-tokens must be from 1 to 2**31, got {self.hash_block_tokens}"),
+            lambda: (self.think_time_s >= 0, f"--think-time must not be negative, got {self.think_time_s}"),
+            lambda: (self.think_time_s <= MAX_SPAN_S,
+                     f"--think-time must be at most {MAX_SPAN_S:g} s, got {self.think_time_s}"),
+            lambda: (self.hash_block_tokens >= 1,
+                     f"--hash-block-tokens must be at least 1, got {self.hash_block_tokens}"),
+            lambda: (self.hash_block_tokens <= MAX_TOKENS,
+                     f"--hash-block-tokens must be at most 2**31, got {self.hash_block_tokens}"),
             lambda: (0 <= self.system_prompt_tokens <= MAX_TOKENS
                      and self.system_prompt_tokens % self.hash_block_tokens == 0,
-                     f"--system-prompt-tokens must be a multiple of --hash-block-tokens ({self.hash_block_tokens}) "
-                     f"up to 2**31, got {self.system_prompt_tokens}"),
+                     (f"--system-prompt-tokens must be a multiple of --hash-block-tokens ({self.hash_block_tokens}) "
+                     f"up to 2**31, got {self.system_prompt_tokens}")),
             lambda: (self.seed >= 0, f"--seed must not be negative, got {self.seed}"),
             lambda: (self.lengths_from is None or len(self.lengths_from) > 0, "--lengths-from: the trace is empty"),
         ]
