@@ -17,8 +17,17 @@ from pathlib import Path
 import pytest
 
 from sim.app import outputs
-from sim.app.outputs import (LOCK_NAME, FolderLock, atomic_path, atomic_write_bytes, check_file_destination,
-                             check_folder_destination, check_not_input, claim_folder, make_run_folder)
+from sim.app.outputs import (
+    LOCK_NAME,
+    FolderLock,
+    atomic_path,
+    atomic_write_bytes,
+    check_file_destination,
+    check_folder_destination,
+    check_not_input,
+    claim_folder,
+    make_run_folder,
+)
 from sim.errors import ServesimError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,12 +81,10 @@ def test_full_disk_during_a_write_keeps_the_old_file_and_leaves_no_part(tmp_path
 
 def test_full_disk_in_a_library_writer_through_atomic_path(tmp_path):
     path = tmp_path / "new.csv"
-    with pytest.raises(ServesimError) as e:
-        with atomic_path(path) as temp:
-            with open(temp, "w") as f:  # what pandas' to_csv or pyarrow do with the temporary path
-                f.write("a,b\n" * 1000)
-                f.flush()
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(ServesimError) as e, atomic_path(path) as temp, open(temp, "w") as f:
+        f.write("a,b\n" * 1000)  # what pandas' to_csv or pyarrow do with the temporary path
+        f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     assert str(e.value) == f"{path}: cannot write (No space left on device); nothing was written"
     assert list(tmp_path.iterdir()) == []
 
@@ -85,10 +92,9 @@ def test_full_disk_in_a_library_writer_through_atomic_path(tmp_path):
 def test_an_interrupt_mid_write_removes_the_temporary_file(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text("old")
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_path(path) as temp:
-            temp.write_text("half")
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), atomic_path(path) as temp:
+        temp.write_text("half")
+        raise KeyboardInterrupt
     assert path.read_text() == "old" and leftovers(tmp_path) == []
 
 
@@ -283,7 +289,7 @@ def test_a_lock_file_of_another_host_is_not_taken_over(tmp_path):
 
 
 def test_a_stale_lock_file_on_this_host_is_taken_over(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True,
                           text=True).stdout.strip()
     (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": int(dead), "host": socket.gethostname()}))
     with FolderLock(tmp_path) as lock:
