@@ -1,12 +1,13 @@
 """CSV traces parsed in chunks of rows, and the checks every numeric column goes through.
 
 pandas parses each chunk (its fast C parser); a row's file line is kept beside it so that every
-problem names `file:line`. One column more than the header is declared, so that a row with one
-field too many is named as an error rather than cut short by pandas with a ParserWarning.
+problem names `file:line`. pandas names a later row with a field too many, but cuts the first
+row short with a ParserWarning: that row is checked here before pandas reads it.
 """
 
 from __future__ import annotations
 
+import csv
 import re
 import warnings
 from collections.abc import Iterator
@@ -19,9 +20,6 @@ import pandas as pd
 
 from sim.errors import ServesimError
 from traces.formats import MAX_TOKENS, TEXT_COLUMNS
-
-# Holds a field beyond the header's; header names are stripped, so none can be this one.
-EXTRA = " extra field"
 
 
 @dataclass
@@ -82,42 +80,45 @@ class Chunk:
 def csv_chunks(path: Path, handle: BinaryIO, header: list[str], header_line: int,
                chunk_rows: int) -> Iterator[Chunk]:
     """The data rows in chunks, blank lines left out; a row's line is header_line + 1 + its index."""
-    text_columns = {name: str for name in [*header, EXTRA] if name in TEXT_COLUMNS or name == EXTRA}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", pd.errors.ParserWarning)  # never printed: an error names it
-        reader = pd.read_csv(handle, header=None, names=[*header, EXTRA], index_col=False,
-                             skip_blank_lines=False, keep_default_na=False, dtype=text_columns,
-                             chunksize=chunk_rows, encoding="utf-8")
+    _check_first_row(path, handle, header, header_line)
+    text_columns = {name: str for name in header if name in TEXT_COLUMNS}
+    reader = pd.read_csv(handle, header=None, names=header, index_col=False, skip_blank_lines=False,
+                         keep_default_na=False, dtype=text_columns, chunksize=chunk_rows, encoding="utf-8")
     while True:
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("error", pd.errors.ParserWarning)
+                warnings.simplefilter("error", pd.errors.ParserWarning)  # never printed: an error names it
                 warnings.simplefilter("ignore", pd.errors.DtypeWarning)  # each column is checked as text too
                 frame = next(reader)
         except StopIteration:
             return
         except pd.errors.ParserError as e:
-            raise ServesimError(_parser_error(path, str(e).strip(), header_line, len(header))) from None
+            raise ServesimError(_parser_error(path, str(e).strip(), header_line)) from None
         except pd.errors.ParserWarning as e:
-            raise ServesimError(f"{path}: not a readable CSV file ({str(e).strip()})") from None
+            raise ServesimError(f"{path}:{header_line + 1}: not a readable CSV row ({str(e).strip()})") from None
         except UnicodeDecodeError:
             raise ServesimError(f"{path}: not a text file (not UTF-8)") from None
-        lines = frame.index.to_numpy(dtype=np.int64) + header_line + 1
-        extra = (frame[EXTRA].str.strip() != "").to_numpy()
-        if extra.any():
-            row = int(np.argmax(extra))
-            raise ServesimError(f"{path}:{int(lines[row])}: expected {len(header)} fields as in the header, "
-                                f"saw {len(header) + 1}")
-        frame = _without_blank_rows(frame.drop(columns=EXTRA))
+        frame = _without_blank_rows(frame)
         yield Chunk(path, frame, frame.index.to_numpy(dtype=np.int64) + header_line + 1)
 
 
-def _parser_error(path: Path, message: str, header_line: int, num_fields: int) -> str:
+def _check_first_row(path: Path, handle: BinaryIO, header: list[str], header_line: int) -> None:
+    """The row after the header, read and put back (plain and gzip files can seek back)."""
+    position = handle.tell()
+    raw = handle.readline()
+    handle.seek(position)
+    fields = next(csv.reader([raw.decode("utf-8", errors="replace")]), [])
+    if len(fields) > len(header):
+        raise ServesimError(f"{path}:{header_line + 1}: expected {len(header)} fields as in the header, "
+                            f"saw {len(fields)}")
+
+
+def _parser_error(path: Path, message: str, header_line: int) -> str:
     """pandas counts lines from the one after the header; name the file's line instead."""
     m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
     if m:
-        line, saw = int(m.group(2)), int(m.group(3))
-        return f"{path}:{line + header_line}: expected {num_fields} fields as in the header, saw {saw}"
+        expected, line, saw = (int(g) for g in m.groups())
+        return f"{path}:{line + header_line}: expected {expected} fields as in the header, saw {saw}"
     return f"{path}: not a readable CSV file ({message})"
 
 

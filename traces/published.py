@@ -18,8 +18,8 @@ from sim.errors import ServesimError
 from traces.builder import TraceBuilder
 from traces.csv_rows import Chunk
 
-# A UTC offset at the end of an ISO 8601 stamp: Z, +HH, +HHMM or +HH:MM.
-OFFSET = r"([zZ]|[+-]\d\d(?::?\d\d)?)\s*$"
+# A UTC offset at the end of an ISO 8601 stamp (after its time): Z, +HH, +HHMM or +HH:MM.
+OFFSET = r"\d:\d\d(?::\d\d(?:[.,]\d*)?)?\s*([zZ]|[+-]\d\d(?::?\d\d)?)\s*$"
 
 
 class AzureRows:
@@ -27,18 +27,28 @@ class AzureRows:
         builder.arrival_per_s, builder.arrival_is_date = 1e9, True
         self.builder = builder
         self.first: tuple[bool, int, str] | None = None  # (has a zone, line, stamp) of the first row
-        self.offset: tuple[str, int, str] | None = None  # (offset, line, stamp) of the first zoned row
+        self.offset: tuple[str, int, str] | None = None  # (UTC offset, line, stamp) of the first zoned row
         self.warned = False
 
     def add(self, chunk: Chunk) -> None:
         stamps = chunk.text("TIMESTAMP")
-        times = pd.to_datetime(stamps, format="ISO8601", errors="coerce", utc=True)
+        try:  # one parse when the chunk has one offset, or none (every published file)
+            times = pd.to_datetime(stamps, format="ISO8601", errors="coerce")
+            is_mixed = False
+        except ValueError:  # pandas: "Mixed timezones detected"
+            times = pd.to_datetime(stamps, format="ISO8601", errors="coerce", utc=True)
+            is_mixed = True
         bad = times.isna().to_numpy()
         if bad.any():
             row = int(np.argmax(bad))
             raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} is not a date and time")
-        self._check_zones(chunk, stamps)
-        ns = times.dt.tz_localize(None).to_numpy().astype("datetime64[ns]").astype(np.int64)
+        if is_mixed:
+            self._check_mixed(chunk, stamps)
+        else:
+            self._check_one_zone(chunk, stamps, times.dt.tz)
+        if times.dt.tz is not None:
+            times = times.dt.tz_convert("UTC").dt.tz_localize(None)
+        ns = times.to_numpy().astype("datetime64[ns]").astype(np.int64)
         prompt = chunk.counts("ContextTokens")
         output = chunk.counts("GeneratedTokens")
         keep = self.builder.keep_nonzero(np.ones(len(ns), dtype=bool),
@@ -48,41 +58,45 @@ class AzureRows:
     def finish(self) -> None:
         pass
 
-    def _check_zones(self, chunk: Chunk, stamps: pd.Series) -> None:
-        # After the date (YYYY-MM-DD) a sign or a Z can only start a zone.
-        zoned = stamps.str.slice(10).str.contains("[+zZ-]", regex=True).to_numpy(dtype=bool)
+    def _check_one_zone(self, chunk: Chunk, stamps: pd.Series, tz) -> None:
+        """Every stamp of the chunk has no zone (tz None), or the same offset."""
+        if self.first is None:
+            self.first = (tz is not None, int(chunk.lines[0]), stamps.iloc[0])
+        if (tz is not None) != self.first[0]:
+            self._refuse(chunk, stamps, 0)
+        if tz is not None:
+            self._check_offsets(chunk, stamps, np.full(len(stamps), _normal_offset(str(tz)), dtype=object))
+
+    def _check_mixed(self, chunk: Chunk, stamps: pd.Series) -> None:
+        """A chunk with several offsets, or stamps with and without a zone (rare: read row by row)."""
+        offsets = stamps.str.extract(OFFSET, expand=False)
+        zoned = offsets.notna().to_numpy()
         if self.first is None:
             self.first = (bool(zoned[0]), int(chunk.lines[0]), stamps.iloc[0])
-        has_zone, line, stamp = self.first
-        differs = zoned != has_zone
+        differs = zoned != self.first[0]
         if differs.any():
-            row = int(np.argmax(differs))
-            this, that = ("a time zone", "none") if zoned[row] else ("no time zone", "one")
-            raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} has {this}, but line {line}'s "
-                                f"{stamp!r} has {that}; a stamp without a zone could be in any zone: give every "
-                                f"stamp a zone (e.g. +00:00), or none")
-        if has_zone and not self.warned:
-            self._check_offsets(chunk, stamps)
+            self._refuse(chunk, stamps, int(np.argmax(differs)))
+        self._check_offsets(chunk, stamps, offsets.map(_normal_offset).to_numpy(dtype=object))
 
-    def _check_offsets(self, chunk: Chunk, stamps: pd.Series) -> None:
-        """Warn once when a stamp's UTC offset differs from the first one's (all are converted to UTC)."""
-        try:
-            tz = pd.to_datetime(stamps, format="ISO8601").dt.tz  # one offset in the whole chunk
-            offsets = None
-        except ValueError:  # pandas: "Mixed timezones detected"
-            tz, offsets = None, stamps.str.extract(OFFSET, expand=False).map(_normal_offset)
+    def _refuse(self, chunk: Chunk, stamps: pd.Series, row: int) -> None:
+        has_zone, line, stamp = self.first
+        this, that = ("no time zone", "one") if has_zone else ("a time zone", "none")
+        raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} has {this}, but line {line}'s "
+                            f"{stamp!r} has {that}; a stamp without a zone could be in any zone: give every "
+                            f"stamp a zone (e.g. +00:00), or none")
+
+    def _check_offsets(self, chunk: Chunk, stamps: pd.Series, offsets: np.ndarray) -> None:
+        """Warn once, at the first stamp whose UTC offset differs from the first stamp's."""
         if self.offset is None:
-            first = _normal_offset(stamps.str.extract(OFFSET, expand=False).iloc[0])
-            self.offset = (first, int(chunk.lines[0]), stamps.iloc[0])
+            self.offset = (offsets[0], int(chunk.lines[0]), stamps.iloc[0])
         first, line, stamp = self.offset
-        if tz is not None and _normal_offset(str(tz)) == first:
+        differs = offsets != first
+        if self.warned or not differs.any():
             return
-        if offsets is None:
-            offsets = stamps.str.extract(OFFSET, expand=False).map(_normal_offset)
-        row = int(np.argmax((offsets != first).to_numpy()))
+        row = int(np.argmax(differs))
         self.warned = True
         self.builder.warnings.append(
-            f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} has UTC offset {offsets.iloc[row]}, line {line} "
+            f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} has UTC offset {offsets[row]}, line {line} "
             f"({stamp!r}) has {first}; converted every stamp to UTC")
 
 
