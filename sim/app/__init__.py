@@ -1,1 +1,3 @@
-"""The application layer: the commands, and what they need beyond the simulator (safe outputs)."""
+"""The application layer: the `sim` command line and the work it orchestrates (replay, sweeps,
+capacity search, compare, calibrate), and safe outputs. It may import every layer below it;
+nothing imports it."""
