@@ -40,11 +40,10 @@ _TEMPLATE = {"layout": {"plot_bgcolor": "#f5f6f8", "paper_bgcolor": "white", "fo
 
 # Entry points.
 
-def write_run_report(out: Path, result, requests: pd.DataFrame, summary: dict) -> None:
-    """digest.json and report.html of one replay (called by sim.app.replay.write_run)."""
+def run_report_files(result, requests: pd.DataFrame, summary: dict) -> dict[str, str]:
+    """digest.json and report.html of one replay, by file name (sim.app.replay writes them)."""
     digest = run_digest(result, requests)
-    (out / "digest.json").write_text(json.dumps(_nulls(digest)) + "\n")
-    (out / "report.html").write_text(run_report_html(summary, digest))
+    return {"digest.json": json.dumps(_nulls(digest)) + "\n", "report.html": run_report_html(summary, digest)}
 
 
 def run_report_html(summary: dict, digest: dict | None) -> str:
@@ -55,8 +54,8 @@ def run_report_html(summary: dict, digest: dict | None) -> str:
     return report_html(pd.DataFrame([summary_row(summary, digest)]), title=title, subtitle=subtitle)
 
 
-def write_report(directory: str | Path) -> Path:
-    """Write DIR/report.html for whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
+def folder_report_html(directory: str | Path) -> str:
+    """The report.html of whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
     from reports.tables import RESULTS, read_table
 
     d = Path(directory)
@@ -65,25 +64,24 @@ def write_report(directory: str | Path) -> Path:
     capacity = pd.read_csv(d / "capacity.csv") if (d / "capacity.csv").exists() else None
     if (d / RESULTS).exists():  # a sweep, and the capacity search run into the same folder if any
         rows, _ = read_table(d / RESULTS)
-        text = report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
+        return report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
                            subtitle=_grid_description(rows))
-    elif capacity is not None:
+    if capacity is not None:
         rows, _ = read_table(d / "probes.parquet")
-        text = report_html(rows, capacity=capacity, at_capacity=True, title=f"Capacity on {_trace_name(rows)}",
+        return report_html(rows, capacity=capacity, at_capacity=True, title=f"Capacity on {_trace_name(rows)}",
                            subtitle=f"SLO: {capacity['slo'].iloc[0]}" if len(capacity) else "")
-    elif (d / "summary.json").exists():
+    if (d / "summary.json").exists():
         summary, digest = _read_run(d)
-        text = run_report_html(summary, digest)
-    else:
-        runs = sorted(p.parent for p in d.glob("*/summary.json"))
-        if not runs:
-            raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; "
-                                "nothing to report")
-        rows = pd.DataFrame([summary_row(*_read_run(run)) | {"run": run.name} for run in runs])
-        text = report_html(rows, title=f"{len(runs)} runs in {d}", label_column="run")
-    out = d / "report.html"
-    out.write_text(text)
-    return out
+        if digest is None:
+            raise ServesimError(f"{d}: holds summary.json but neither digest.json nor requests.csv and steps.csv, "
+                                "so there is nothing to draw; replay the trace again into a new folder")
+        return run_report_html(summary, digest)
+    runs = sorted(p.parent for p in d.glob("*/summary.json"))
+    if not runs:
+        raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; "
+                            "nothing to report")
+    rows = pd.DataFrame([summary_row(*_read_run(run)) | {"run": run.name} for run in runs])
+    return report_html(rows, title=f"{len(runs)} run{'s' * (len(runs) != 1)} in {d}", label_column="run")
 
 
 def _read_run(d: Path) -> tuple[dict, dict | None]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.cli import main
+from sim.app.cli import main
 from sim.errors import ServesimError
 from traces import AZURE_CONV_SAMPLE, read_trace
 from traces.synth import SynthConfig

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from sim.errors import ServesimError
 from traces.cli import add_trace_options
@@ -78,33 +78,38 @@ def options_from_args(args: argparse.Namespace):
     )
 
 
-def _new_run_dir(policy: str) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{stamp}-{policy}"
-    out, n = base, 1
-    while out.exists():
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return out
+def run_stamp() -> str:
+    """The start of a default run folder's name: UTC date and time."""
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def warn(message: str | None) -> None:
+    if message:
+        print(f"sim: warning: {message}", file=sys.stderr)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from reports.metrics import format_summary
+    from sim.app.outputs import open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
     from sim.app.replay import replay, write_run
     from traces.cli import load_trace
 
     options = options_from_args(args)
-    plan = resolve(options)
-    trace = load_trace(args.trace, args, plan.max_model_len)
-    out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
-    progress = Progress.for_replay(len(trace), quiet=args.quiet)
-    started = time.perf_counter()
-    result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
-    progress.close()
-    wall = time.perf_counter() - started
-    summary = write_run(out, result, plan, trace)
+    # The run folder is claimed (made, locked, refused if it holds a run) before any work.
+    with open_run_folder(args.out, f"{run_stamp()}-{options.scheduler.policy}", overwrite=args.overwrite,
+                         discard_on_failure=True) as folder:
+        warn(folder.took_over)
+        plan = resolve(options)
+        trace = load_trace(args.trace, args, plan.max_model_len)
+        progress = Progress.for_replay(len(trace), quiet=args.quiet)
+        started = time.perf_counter()
+        result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
+        progress.close()
+        wall = time.perf_counter() - started
+        out = folder.folder
+        summary = write_run(out, result, plan, trace)
     if not args.quiet:
         where = f"{options.device} (real, measured)" if options.backend == "real" else f"{options.hardware} (costmodel)"
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {where}"
@@ -148,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"Vidur CSV, gzip too; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a run")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--no-fast-forward", action="store_true",
                    help="simulate every decode step one by one (same results, slower; for checking)")
@@ -173,14 +179,21 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = ["sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli", "reports.cli"]
+COMMAND_MODULES: list[str] = ["sim.app.calibrate", "sim.app.compare", "sim.app.trace_cli", "sim.app.sweep_cli",
+                             "sim.app.report"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sim.app.workers import Terminated, terminate_on_sigterm
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
     try:
         return args.func(args)
+    except Terminated:
+        print("sim: terminated", file=sys.stderr)
+        return 143
     except ServesimError as e:
         print(f"sim: error: {e}", file=sys.stderr)
         return 2
@@ -196,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sim: internal error: {type(e).__name__}: {e} (set SERVESIM_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

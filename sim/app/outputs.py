@@ -5,6 +5,7 @@ not at all, run folders never overwritten unawares, one writer per folder.
     atomic_path / atomic_write_bytes / atomic_write_text  a unique temporary file in the destination
                                                           folder, fsynced, renamed into place
     make_run_folder                                      a new folder, its name unique (mkdir, no exist_ok)
+    open_run_folder                                      --out claimed, or a new folder under runs/
     claim_folder                                         an --out folder, locked, refused if it holds a
                                                           run (unless --overwrite or --resume)
     FolderLock                                           the lock file holding pid and host
@@ -19,6 +20,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import shutil
 import socket
 import stat
 import sys
@@ -197,11 +200,13 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
     naming a few, unless `overwrite` or `resume`; the check is made under the lock, so two
     commands cannot both find it empty."""
     path = check_folder_destination(path)
+    created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ServesimError(f"{path}: cannot make the folder ({e.strerror or e})") from None
     lock = FolderLock(path).acquire()
+    lock.created = created
     if not (overwrite or resume):
         held = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
         if held:
@@ -209,6 +214,28 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
             shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
             raise ServesimError(f"{path}: already holds a run ({shown}); {hint}")
     return lock
+
+
+def open_run_folder(out: str | Path | None, default_name: str, *, parent: str | Path = "runs",
+                    overwrite: bool = False, resume: bool = False, discard_on_failure: bool = False,
+                    hint: str = "pass --overwrite to replace it, or choose another --out") -> FolderLock:
+    """The locked folder a command writes: `out` claimed (claim_folder), or a new one under
+    `parent` named after `default_name` (made now, so that no other command can take it). Use it
+    as a context manager: a folder this call made is removed again if the command fails, when
+    empty, or whatever it holds with `discard_on_failure`."""
+    if out is not None:
+        lock = claim_folder(out, overwrite=overwrite, resume=resume, hint=hint)
+    else:
+        check_folder_destination(parent)
+        lock = FolderLock(make_run_folder(parent, safe_name(default_name))).acquire()
+        lock.created = True
+    lock.discard_on_failure = discard_on_failure
+    return lock
+
+
+def safe_name(text: str) -> str:
+    """A folder name from free text (a policy may be 'path/to/file.py:Class')."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("._") or "run"
 
 
 # One writer per folder.
@@ -226,6 +253,8 @@ class FolderLock:
         self.path = self.folder / LOCK_NAME
         self.fd: int | None = None
         self.took_over: str | None = None
+        self.created = False  # whether the command made the folder (removed again if it fails)
+        self.discard_on_failure = False  # remove what it holds too (a replay), not only when empty (a sweep)
 
     def acquire(self) -> FolderLock:
         for _ in range(100):  # another process may remove the file between our open and our flock
@@ -280,8 +309,16 @@ class FolderLock:
             self.acquire()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, value, traceback) -> None:
         self.release()
+        if kind is not None and self.created:  # the command failed in a folder it made
+            if self.discard_on_failure:
+                shutil.rmtree(self.folder, ignore_errors=True)  # a part of a run is no run
+            else:
+                try:
+                    self.folder.rmdir()  # only if nothing was written into it (a sweep keeps its rows)
+                except OSError:
+                    pass
 
 
 def _is_file_at(fd: int, path: Path) -> bool:

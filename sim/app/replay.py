@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Callable
 
 from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_path, atomic_write_text
 from sim.app.plan import RunPlan, resolve
 from sim.arrivals import TraceArrivals, simulate
 from sim.engine import Engine, SimResult, TokenTimes
+from sim.errors import ServesimError
 from sim.jsonable import jsonable
 from sim.request import Request
 from traces.trace import Trace
@@ -43,21 +45,28 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
 
 
 def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace) -> dict:
-    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary."""
+    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary.
+    Each file is written whole or not at all (a temporary file renamed into place)."""
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
-    from reports.html import write_run_report
+    from reports.html import run_report_files
     from reports.metrics import requests_table, steps_table, summarize, write_numeric_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ServesimError(f"{out}: cannot make the folder ({e.strerror or e})") from None
     requests = requests_table(result)
     opts = plan.as_dict()
     opts["trace"] = trace.source
     if trace.transforms:
         opts["trace_transforms"] = trace.transforms
     summary = summarize(result, requests, plan.options.slo, opts)
-    requests.to_csv(out / "requests.csv", index=False)
-    write_numeric_csv(steps_table(result), out / "steps.csv")
-    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
-    write_run_report(out, result, requests, jsonable(summary))  # downsampled: cheap even for 500k steps
+    with atomic_path(out / "requests.csv") as temp:
+        requests.to_csv(temp, index=False)
+    with atomic_path(out / "steps.csv") as temp:
+        write_numeric_csv(steps_table(result), temp)
+    atomic_write_text(out / "summary.json", json.dumps(jsonable(summary), indent=2) + "\n")
+    for name, text in run_report_files(result, requests, jsonable(summary)).items():  # downsampled: cheap
+        atomic_write_text(out / name, text)
     return summary

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sim.app.progress import Progress
+from sim.app.workers import Terminated
 from sim.errors import ServesimError
 
 GRID_HELP = {
@@ -86,6 +87,8 @@ def _add_run_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted run in --out: keep its finished points, run the rest "
                         "(and the failed ones) again")
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"start the {what} again in --out, replacing what it holds")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="points run at once (default: the number of CPUs); 1 runs them in this process")
     p.add_argument("--executor", default="process", choices=EXECUTORS,
@@ -134,12 +137,29 @@ def _check_executor(args: argparse.Namespace) -> None:
         raise ServesimError(f"--jobs must be at least 1, got {args.jobs}")
     if args.address and args.executor != "ray":
         raise ServesimError("--address is the Ray cluster's; it needs --executor ray")
+    if args.resume and args.overwrite:
+        raise ServesimError("give --resume or --overwrite, not both")
 
 
-def _out_dir(args: argparse.Namespace, what: str) -> Path:
-    from sim.app.cli import _new_run_dir
+def _open_folder(args: argparse.Namespace, what: str):
+    """The locked run folder (sim.app.outputs.open_run_folder), claimed before any work."""
+    from sim.app.cli import run_stamp, warn
+    from sim.app.outputs import open_run_folder
 
-    return Path(args.out) if args.out else _new_run_dir(what)
+    if args.resume and args.out is None:
+        raise ServesimError("--resume continues the run in --out; name it")
+    folder = open_run_folder(args.out, f"{run_stamp()}-{what}", overwrite=args.overwrite, resume=args.resume,
+                             hint="pass --resume to continue it, --overwrite to start again, or choose another --out")
+    warn(folder.took_over)
+    return folder
+
+
+def _check_folder(out: Path, name: str, identity: dict, trace, overwrite: bool) -> None:
+    from sim.app.cli import warn
+    from sim.app.results_table import check_folder
+
+    for message in check_folder(out, name, identity, trace.source, overwrite):
+        warn(message)
 
 
 def _on_row(bar):
@@ -155,7 +175,7 @@ def _on_row(bar):
 # sim sweep
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from reports.html import write_report
+    from sim.app.report import write_report
     from sim.app.sweep import (
         AXES,
         RESULTS,
@@ -173,21 +193,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     axes = _grid(args, AXES)
     points = [make_point(dict(zip(axes, values)), lambda v: _point_options(args, v))
               for values in itertools.product(*axes.values())]
-    trace = _load(args, min(point.max_model_len for point in points))
-    out = _out_dir(args, "sweep")
-    table = ResultsTable(out / RESULTS, identity(trace_checksum(trace), axes, points[0].options), args.resume,
-                         grid_order(points))
-    num_done = sum(table.is_done(point.key) for point in points)
-    bar = Progress(len(points), "points", sys.stderr.isatty() and not args.quiet, done=num_done, ticking=True)
-    try:
-        result = sweep(trace, points, table, args.executor, args.jobs, args.address, on_row=_on_row(bar))
-    except KeyboardInterrupt:
+    with _open_folder(args, "sweep") as folder:
+        out = folder.folder
+        trace = _load(args, min(point.max_model_len for point in points))
+        table_identity = identity(trace_checksum(trace), axes, points[0].options)
+        _check_folder(out, RESULTS, table_identity, trace, args.overwrite)
+        table = ResultsTable(out / RESULTS, table_identity, args.resume, grid_order(points), overwrite=args.overwrite)
+        num_done = sum(table.is_done(point.key) for point in points)
+        bar = Progress(len(points), "points", sys.stderr.isatty() and not args.quiet, done=num_done, ticking=True)
+        try:
+            result = sweep(trace, points, table, args.executor, args.jobs, args.address, on_row=_on_row(bar))
+        except (KeyboardInterrupt, Terminated):
+            bar.close()
+            print(f"sim: interrupted; {len(table.rows)} finished points are in {out / RESULTS}; "
+                  "continue with the same command and --resume", file=sys.stderr)
+            raise
         bar.close()
-        print(f"sim: interrupted; {len(table.rows)} finished points are in {out / RESULTS}; "
-              "continue with the same command and --resume", file=sys.stderr)
-        raise
-    bar.close()
-    report = write_report(out)
+        report = write_report(out)
     if not args.quiet:
         print(format_sweep(result.frame))
         print(f"{len(points)} points ({len(points) - result.num_run} already done), {result.num_failed} failed; "
@@ -237,13 +259,18 @@ def _cell(value: float) -> str:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from reports.html import write_report
     from sim.app.capacity import CapacitySLO, RateSearch, search_all
+    from sim.app.outputs import atomic_path
     from sim.app.plan import resolve
+    from sim.app.report import write_report
+    from sim.app.results_table import PROBES
     from sim.app.sweep import AXES, ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
 
     require_pyarrow()
     _check_executor(args)
+    if args.rate_scale is not None:
+        raise ServesimError("--rate-scale does not apply to sim capacity, which searches the rate scale "
+                            "itself (between --min-rate-scale and --max-rate-scale)")
     slo = CapacitySLO.parse(args.slo, args.quantile, args.delay_quantile)
     RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance)  # checks the bounds
     names = [name for name in AXES if name != "rate_scale"]
@@ -254,67 +281,73 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     options = [_point_options(replay_args, config) for config in configs]
     # A model that does not fit the hardware, or any other unusable option, fails here, before anything runs.
     max_model_len = min(resolve(o, build_backend=False).max_model_len for o in options)
-    trace = _load(args, max_model_len)
-    out = _out_dir(args, "capacity")
-    config_index = {tuple(config[n] for n in names): i for i, config in enumerate(configs)}
+    with _open_folder(args, "capacity") as folder:
+        out = folder.folder
+        trace = _load(args, max_model_len)
+        config_index = {tuple(config[n] for n in names): i for i, config in enumerate(configs)}
 
-    def order(row: dict) -> tuple:
-        return (config_index.get(tuple(row.get(n) for n in names), len(configs)), row.get("rate_scale") or 0.0)
+        def order(row: dict) -> tuple:
+            return (config_index.get(tuple(row.get(n) for n in names), len(configs)), row.get("rate_scale") or 0.0)
 
-    table = ResultsTable(out / "probes.parquet", identity(trace_checksum(trace), axes, options[0]), args.resume, order)
-    bar = Progress(0, "probes this round", sys.stderr.isatty() and not args.quiet, ticking=True)
-    on_row = _on_row(bar)
+        table_identity = identity(trace_checksum(trace), axes, options[0])
+        _check_folder(out, PROBES, table_identity, trace, args.overwrite)
+        table = ResultsTable(out / PROBES, table_identity, args.resume, order, overwrite=args.overwrite)
+        bar = Progress(0, "probes this round", sys.stderr.isatty() and not args.quiet, ticking=True)
+        on_row = _on_row(bar)
 
-    def make_probe(i: int, scale: float):
-        return make_point(dict(configs[i], rate_scale=scale), lambda v: options[i])
+        def make_probe(i: int, scale: float):
+            return make_point(dict(configs[i], rate_scale=scale), lambda v: options[i])
 
-    def run_probes(points) -> dict:
-        todo = [point for point in points if not table.is_done(point.key)]
-        bar.total, bar.initial = len(todo), 0
-        bar.update(0, force=True)
-        for done, row in enumerate(run_rows(trace, todo, args.executor, args.jobs, args.address), 1):
-            table.add(row)
-            on_row(row, done, len(todo))
-        return {point.key: table.rows[point.key] for point in points}
+        def run_probes(points) -> dict:
+            todo = [point for point in points if not table.is_done(point.key)]
+            bar.total, bar.initial = len(todo), 0
+            bar.update(0, force=True)
+            for done, row in enumerate(run_rows(trace, todo, args.executor, args.jobs, args.address), 1):
+                table.add(row)
+                on_row(row, done, len(todo))
+            return {point.key: table.rows[point.key] for point in points}
 
-    try:
-        outcomes = search_all(list(range(len(configs))), make_probe, run_probes, slo.is_met,
-                              lambda: RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance))
-    except KeyboardInterrupt:
+        try:
+            outcomes = search_all(list(range(len(configs))), make_probe, run_probes, slo.is_met,
+                                  lambda: RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance))
+        except (KeyboardInterrupt, Terminated):
+            bar.close()
+            print(f"sim: interrupted; the finished probes are in {out / PROBES}; "
+                  "continue with the same command and --resume", file=sys.stderr)
+            raise
         bar.close()
-        print(f"sim: interrupted; the finished probes are in {out / 'probes.parquet'}; "
-              "continue with the same command and --resume", file=sys.stderr)
-        raise
-    bar.close()
-    rows = []
-    for config, (search, probes) in zip(configs, outcomes):
-        at = probes.get(search.passed) if search.passed is not None else None
-        measured = slo.measure(at) if at is not None else {}
-        rows.append({
-            **config,
-            "capacity_rate_scale": search.passed,
-            "capacity_request_rate": at.get("request_rate") if at is not None else None,
-            "request_throughput": at.get("request_throughput") if at is not None else None,
-            **{f"{key}_at_capacity": value for key, value in measured.items()},
-            "lowest_failing_rate_scale": search.failed,
-            "num_probes": len(search.probes),
-            "status": search.status,
-            "error": search.error or "",
-            "slo": slo.describe(),
-            "point": at["point"] if at is not None else None,
-        })
-    capacity = pd.DataFrame(rows)
-    capacity.to_csv(out / "capacity.csv", index=False)
-    report = write_report(out)
+        capacity = pd.DataFrame([_capacity_row(config, search, probes, slo)
+                                 for config, (search, probes) in zip(configs, outcomes)])
+        with atomic_path(out / "capacity.csv") as temp:
+            capacity.to_csv(temp, index=False)
+        report = write_report(out)
     if not args.quiet:
         print(format_capacity(capacity, [n for n in names if len(axes[n]) > 1] or ["policy"], slo))
-        print(f"wrote {out / 'capacity.csv'}, {out / 'probes.parquet'} and {report}")
+        print(f"wrote {out / 'capacity.csv'}, {out / PROBES} and {report}")
     errors = capacity[capacity["status"] == "error"]
     if len(errors):
         print(f"sim: {len(errors)} searches stopped on a failing probe (first: {errors.iloc[0]['error']})",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _capacity_row(config: dict, search, probes: dict, slo) -> dict:
+    at = probes.get(search.passed) if search.passed is not None else None
+    measured = slo.measure(at) if at is not None else {}
+    return {
+        **config,
+        "capacity_rate_scale": search.passed,
+        "capacity_request_rate": at.get("request_rate") if at is not None else None,
+        "request_throughput": at.get("request_throughput") if at is not None else None,
+        **{f"{key}_at_capacity": value for key, value in measured.items()},
+        "lowest_failing_rate_scale": search.failed,
+        "num_probes": len(search.probes),
+        "status": search.status,
+        "error": search.error or "",
+        "slo": slo.describe(),
+        "point": at["point"] if at is not None else None,
+    }
 
 
 def format_capacity(capacity, keys: list[str], slo) -> str:
