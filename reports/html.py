@@ -144,7 +144,10 @@ def _page(title: str, subtitle: str, plotly_js: str, sections: list[str]) -> str
              "h1{font-size:22px;margin-bottom:2px}h2{font-size:18px;margin-top:28px}"
              ".sub{color:#666;margin-bottom:12px}.note{color:#666;font-size:13px}"
              "table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-bottom:1px solid #ddd;"
-             "text-align:right}th{background:#f4f4f4}td.t,th.t{text-align:left}.err{color:#b00}")
+             "text-align:right}th{background:#f4f4f4;vertical-align:bottom}td.t,th.t{text-align:left}"
+             ".err{color:#b00;text-align:left;min-width:16em;max-width:40em;overflow-wrap:anywhere}"
+             # A table wider than the page scrolls inside its box; the page itself never does.
+             ".wide{overflow-x:auto;max-width:100%}")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'<style>{style}</style><script type="text/javascript">{plotly_js}</script></head><body>'
             f'<h1>{html.escape(title)}</h1><div class="sub">{html.escape(subtitle)}</div>'
@@ -325,7 +328,7 @@ def _rows_table(rows: pd.DataFrame, swept: list[str], label_column: str | None) 
         if has_errors:
             cells += f'<td class="t err">{html.escape(str(row.get("error") or ""))}</td>'
         body.append(f"<tr>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f"<div class=\"wide\"><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
 def _stats_table(row) -> str:
@@ -353,10 +356,14 @@ def _is_nan(value) -> bool:
 def _capacity_table(capacity: pd.DataFrame) -> str:
     columns = [c for c in capacity.columns if c not in ("point", "slo", "trace")
                and not (c in AXES and c != "policy" and capacity[c].astype(str).nunique() == 1)]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt_cell(row[c]))}</td>" for c in columns) + "</tr>"
-                   for _, row in capacity.iterrows())
-    return f"<table><tr>{head}</tr>{body}</table>"
+    head = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in columns)  # names wrap at spaces
+    body = "".join("<tr>" + "".join(f'<td{_cell_class(c)}>{html.escape(_fmt_cell(row[c]))}</td>' for c in columns)
+                   + "</tr>" for _, row in capacity.iterrows())
+    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _cell_class(column: str) -> str:
+    return ' class="err"' if column == "error" else ' class="t"' if column in ("policy", "status") else ""
 
 
 # Helpers.

@@ -58,8 +58,10 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                    help="fraction of device memory for weights, activations and KV cache (default: 0.9)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument("--seed", type=_whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
-    p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S",
-                   help="service-level objectives in seconds, for goodput")
+    p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S,tbt=S,delay=S",
+                   help="service-level objectives in seconds, for goodput: a request counts when its TTFT, TPOT, "
+                        "E2E latency, every gap between its tokens (tbt) and its scheduling delay are within "
+                        "those given (the keys of sim capacity's --slo)")
     p.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="calibrated cost-model profile from `sim calibrate` (e.g. profiles/tiny-cpu.json); "
                         "step times then come from it, whatever --hardware says")
@@ -122,11 +124,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from backends.presets import MODELS, kv_bytes_per_token, num_parameters
 
-    print(f"{'model':<16}{'params':>9}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>4}{'vocab':>8}{'KV/token':>11}")
+    print(f"{'model':<16}{'params':>9}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>4}{'vocab':>8}{'KV/token':>11}"
+          f"{'max len':>9}")
     for name, m in MODELS.items():
         print(f"{name:<16}{num_parameters(m) / 1e9:>8.2f}B{m['num_hidden_layers']:>8}{m['hidden_size']:>8}"
               f"{m['num_attention_heads']:>7}{m['num_key_value_heads']:>4}{m['vocab_size']:>8}"
-              f"{kv_bytes_per_token(m) / 1024:>8.0f} KiB")
+              f"{kv_bytes_per_token(m) / 1024:>8.0f} KiB{m['max_position_embeddings']:>9}")
+    print("max len: the longest prompt + output (max_position_embeddings), the default --max-model-len")
     return 0
 
 

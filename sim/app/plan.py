@@ -15,6 +15,7 @@ from policies import Policy, load_policy
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
 from sim.block_manager import BlockManager
+from sim.config import MAX_NUM_BLOCKS
 from sim.errors import ServesimError
 from sim.tokens import TokenSpec
 
@@ -79,6 +80,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     else:
         num_blocks = derive_num_blocks(model, hardware, cache.block_size, cache.gpu_memory_utilization,
                                        options.scheduler.max_num_batched_tokens, options.scheduler.max_num_seqs)
+        # A tiny model on a big GPU with 1-token blocks would derive 5e8 blocks; no trace fills 2**25.
+        num_blocks = min(num_blocks, MAX_NUM_BLOCKS)
     return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, backend,
                    TokenSpec(options.seed, model["vocab_size"]))
 

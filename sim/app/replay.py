@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
 from sim.app.options import ReplayOptions
-from sim.app.outputs import atomic_path, atomic_write_text
+from sim.app.outputs import atomic_path
 from sim.app.plan import RunPlan, resolve
 from sim.arrivals import TraceArrivals, simulate
 from sim.engine import Engine, SimResult, TokenTimes
@@ -17,6 +18,8 @@ from sim.request import Request
 from traces.trace import Trace
 
 __all__ = ["ReplayOptions", "make_requests", "replay", "write_run"]
+
+RUN_FILES = ("requests.csv", "steps.csv", "summary.json", "digest.json", "report.html")
 
 
 def make_requests(trace: Trace) -> list[Request]:
@@ -46,7 +49,7 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
 
 def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace) -> dict:
     """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary.
-    Each file is written whole or not at all (a temporary file renamed into place)."""
+    The run is written whole or not at all (temporary files renamed into place together)."""
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
     from reports.html import run_report_files
@@ -62,11 +65,19 @@ def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace
     if trace.transforms:
         opts["trace_transforms"] = trace.transforms
     summary = summarize(result, requests, plan.options.slo, opts)
-    with atomic_path(out / "requests.csv") as temp:
-        requests.to_csv(temp, index=False)
-    with atomic_path(out / "steps.csv") as temp:
-        write_numeric_csv(steps_table(result), temp)
-    atomic_write_text(out / "summary.json", json.dumps(jsonable(summary), indent=2) + "\n")
-    for name, text in run_report_files(result, requests, jsonable(summary)).items():  # downsampled: cheap
-        atomic_write_text(out / name, text)
+    texts = {"summary.json": json.dumps(jsonable(summary), indent=2) + "\n",
+             **run_report_files(result, requests, jsonable(summary))}  # downsampled: cheap even for 500k steps
+    # Every file is written to its temporary name first and renamed only when all are written, so a
+    # full disk leaves the folder as it was (an --overwrite'n run is not half replaced).
+    writers = {"requests.csv": lambda path: requests.to_csv(path, index=False),
+               "steps.csv": lambda path: write_numeric_csv(steps_table(result), path),
+               **{name: (lambda path, text=text: path.write_text(text)) for name, text in texts.items()}}
+    with ExitStack() as files:
+        temp = {name: files.enter_context(atomic_path(out / name)) for name in RUN_FILES}
+        for name in RUN_FILES:
+            try:
+                writers[name](temp[name])
+            except OSError as e:
+                raise ServesimError(f"{out / name}: cannot write ({e.strerror or e}); the run folder is as it "
+                                    "was") from None
     return summary

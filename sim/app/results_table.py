@@ -62,7 +62,8 @@ def check_folder(folder: Path, name: str, current: dict, trace_source: str, over
         theirs = sorted(set(frame["trace"].dropna().astype(str))) if "trace" in frame else []
         described = f"{KINDS[name]} of {trace_source}"
         if not overwrite:
-            raise ServesimError(f"{folder}: holds a {kind} ({other}, {len(frame)} rows of {', '.join(theirs) or '?'}) "
+            rows = f"{len(frame)} row{'s' * (len(frame) != 1)}"
+            raise ServesimError(f"{folder}: holds a {kind} ({other}, {rows} of {', '.join(theirs) or '?'}) "
                                 f"that this {described} would be reported with, but it has {differs}; choose "
                                 "another --out, or pass --overwrite to remove it")
         for stale in (other, *DERIVED.get(other, ())):

@@ -229,18 +229,22 @@ def _report_failures(frame) -> int:
 
 def format_sweep(frame) -> str:
     """Mean over seeds of the key metrics, one line per point of the other axes."""
+    from reports.metrics import latency_unit
     from sim.app.sweep import AXES
 
     ok = frame[frame["status"] == "ok"] if len(frame) else frame
     if not len(ok):
         return "no point finished"
     keys = [a for a in AXES if a != "seed" and ok[a].astype(str).nunique() > 1] or ["policy"]
-    columns = [("request_throughput", "req/s", 1), ("ttft_p50", "p50 TTFT", 1e3), ("ttft_p99", "p99 TTFT", 1e3),
-               ("itl_p99", "p99 TBT", 1e3), ("scheduling_delay_p50", "p50 delay", 1e3), ("e2e_p99", "p99 E2E", 1e3)]
-    means = ok.groupby(keys, sort=False)[[c for c, _, _ in columns]].mean().reset_index()
+    latencies = ("ttft_p50", "ttft_p99", "itl_p99", "scheduling_delay_p50", "e2e_p99")
+    means = ok.groupby(keys, sort=False)[["request_throughput", *latencies]].mean().reset_index()
+    unit, scale = latency_unit(means[list(latencies)].to_numpy().ravel().tolist())
+    columns = [("request_throughput", "req/s", 1), ("ttft_p50", "p50 TTFT", scale), ("ttft_p99", "p99 TTFT", scale),
+               ("itl_p99", "p99 TBT", scale), ("scheduling_delay_p50", "p50 delay", scale),
+               ("e2e_p99", "p99 E2E", scale)]
     names = {"max_num_batched_tokens": "budget", "max_num_seqs": "seqs", "rate_scale": "rate x"}
     head = "".join(f"{names.get(k, k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
-    lines = [head + "   (latencies in ms)"]
+    lines = [head + f"   (latencies in {unit})"]
     for _, row in means.iterrows():
         line = "".join(f"{row[k]!s:>14}" if not isinstance(row[k], float) else f"{row[k]:>14g}" for k in keys)
         line += "".join(_cell(row[c] * scale) for c, _, scale in columns)
@@ -351,10 +355,13 @@ def _capacity_row(config: dict, search, probes: dict, slo) -> dict:
 
 
 def format_capacity(capacity, keys: list[str], slo) -> str:
+    from reports.metrics import latency_unit
+
     names = {"max_num_batched_tokens": "budget", "max_num_seqs": "seqs"}
     measured = [f"{key}_at_capacity" for key in slo.limits()]
+    unit, scale = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
     head = ("".join(f"{names.get(k, k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
-            + "".join(f"{k.removesuffix('_at_capacity') + ' ms':>12}" for k in measured) + f"{'probes':>8}  status")
+            + "".join(f"{k.removesuffix('_at_capacity') + ' ' + unit:>12}" for k in measured) + f"{'probes':>8}  status")
     lines = [f"capacity: {slo.describe()}", head]
     for _, row in capacity.iterrows():
         line = "".join(f"{row[k]!s:>14}" for k in keys)
@@ -363,7 +370,7 @@ def format_capacity(capacity, keys: list[str], slo) -> str:
         line += f"{rate:>9.2f}" if rate == rate and rate is not None else f"{'-':>9}"
         for k in measured:
             value = row.get(k)
-            line += f"{value * 1e3:>12.1f}" if value is not None and value == value else f"{'-':>12}"
+            line += f"{value * scale:>12.1f}" if value is not None and value == value else f"{'-':>12}"
         line += f"{row['num_probes']:>8}  {row['status']}"
         lines.append(line)
     return "\n".join(lines)
