@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.tables import METADATA_KEY, RESULTS, read_table
+from reports.tables import METADATA_KEY, RESULTS, read_rows, read_table
 from sim.app.options import ReplayOptions
 from sim.app.outputs import atomic_path
 from sim.errors import ServesimError
@@ -89,12 +89,12 @@ class ResultsTable:
             if not resume:
                 raise ServesimError(f"{path} already exists: pass --resume to continue that run, "
                                     "--overwrite to start again, or choose another --out")
-            frame, stored = read_table(path)
+            rows, stored = read_rows(path)
             differs = difference(stored, identity)
             if differs is not None:
                 raise ServesimError(f"{path} holds results of other options ({differs}); resume with the same "
                                     "options, or choose another --out")
-            self.rows = {row["point"]: row for row in frame.to_dict("records")}
+            self.rows = {row["point"]: row for row in rows}
 
     def is_done(self, key: str) -> bool:
         row = self.rows.get(key)
