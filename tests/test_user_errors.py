@@ -74,6 +74,18 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["replay", *SMALL, "--device", "cuda"],
+     "--device cuda is the real backend's; it does not apply to --backend costmodel (whose hardware is --hardware)"),
+    (["trace", "stats", AZURE_CONV_SAMPLE, "--max-model-len", 100],
+     "--max-model-len applies here with --on-too-long truncate (a replay rejects requests that are too long; "
+     "these commands keep them unless told to truncate)"),
+])
+def test_options_that_do_not_apply_are_refused(tmp_path, capsys, args, message):
+    assert sim(*args, *(["--out", tmp_path / "o"] if args[0] == "replay" else [])) == 2
+    assert one_error_line(capsys) == message
+
+
 def test_capacity_of_another_trace_in_a_sweeps_folder_is_refused_naming_both(tmp_path, capsys):
     pytest.importorskip("pyarrow")
     out = tmp_path / "x"

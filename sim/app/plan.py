@@ -73,6 +73,10 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     if backend is None and build_backend:
         backend = make_backend(options, calibration)
     cache = options.cache
+    if cache.num_blocks is not None and cache.num_blocks > MAX_NUM_BLOCKS:
+        raise ServesimError(f"--num-blocks {cache.num_blocks} is more KV blocks than servesim can simulate (at most "
+                            f"{MAX_NUM_BLOCKS:,}; each takes about 60 bytes of host memory); a larger --block-size "
+                            "needs fewer")
     if backend is not None and backend.num_blocks is not None:
         num_blocks = backend.num_blocks  # the real backend's cache: hand out exactly its block ids
     elif cache.num_blocks is not None:

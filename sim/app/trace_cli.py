@@ -12,15 +12,23 @@ from sim.errors import ServesimError
 from traces.cli import add_trace_options, load_trace, number, whole
 
 
+def _check_max_model_len(args: argparse.Namespace) -> None:
+    if args.max_model_len is not None and args.on_too_long != "truncate":
+        raise ServesimError("--max-model-len applies here with --on-too-long truncate (a replay rejects "
+                            "requests that are too long; these commands keep them unless told to truncate)")
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from traces.stats import format_stats, trace_stats
 
+    _check_max_model_len(args)
     stats = trace_stats(load_trace(args.file, args, args.max_model_len))
     print(json.dumps(stats, indent=2) if args.json else format_stats(stats))
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    _check_max_model_len(args)
     out = check_file_destination(args.out, inputs=(args.file,))  # before the work, never over the input
     trace = load_trace(args.file, args, args.max_model_len)
     write_trace(trace, out)
