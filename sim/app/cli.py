@@ -184,6 +184,7 @@ def _command_modules():
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
 COMMAND_MODULES: list[str] = ["sim.app.calibrate", "sim.app.compare", "sim.app.trace_cli", "sim.app.sweep_cli",
+                             "sim.app.capacity_cli",
                              "sim.app.report"]
 
 
