@@ -244,3 +244,15 @@ def test_bench_replay_speed_without_arguments_uses_a_trace_it_has(tmp_path):
                          check=True)
     row = json.loads(one.stdout)
     assert row["policy"] == "chunked" and row["finished"] > 0
+
+
+def test_replay_into_an_existing_run_folder_is_refused_unless_overwrite(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    assert sim("replay", *SMALL, "--policy", "prefill-first", "--out", run, "--quiet") == 2
+    assert one_error_line(capsys) == (f"{run}: already holds a run (digest.json, report.html, requests.csv, ...); "
+                                      "pass --overwrite to replace it, or choose another --out")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert sim("replay", *SMALL, "--policy", "prefill-first", "--out", run, "--overwrite", "--quiet") == 0
+    assert json.loads((run / "summary.json").read_text())["options"]["scheduler"]["policy"] == "prefill-first"
