@@ -139,18 +139,12 @@ def get_hardware(name: str) -> dict:
 
 def num_parameters(model: dict) -> int:
     """Parameters of the decoder: embeddings, attention, MLP, norms and the LM head."""
-    h, i, hd = model["hidden_size"], model["intermediate_size"], model["head_dim"]
-    nh, nkv, v = model["num_attention_heads"], model["num_key_value_heads"], model["vocab_size"]
-    per_layer = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * i + 2 * h
-    if model["qk_norm"]:
-        per_layer += 2 * hd
-    embeddings = v * h * (1 if model["tie_word_embeddings"] else 2)
-    return model["num_hidden_layers"] * per_layer + embeddings + h
+    return _config(model).num_parameters
 
 
 def kv_bytes_per_token(model: dict, dtype_bytes: int = 2) -> int:
     """K and V of one token over all layers."""
-    return 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * dtype_bytes
+    return _config(model).kv_bytes_per_token() // 2 * dtype_bytes
 
 
 def activation_reserve_bytes(model: dict, max_num_batched_tokens: int, max_num_seqs: int) -> int:
@@ -174,3 +168,9 @@ def derive_num_blocks(model: dict, hardware: dict, block_size: int, gpu_memory_u
             f"({hardware['memory_bytes'] / 2**30:.1f} GiB); choose bigger hardware or a smaller model"
         )
     return num_blocks
+
+
+def _config(model: dict):
+    from backends.model_config import ModelConfig
+
+    return ModelConfig.from_fields("preset", model)

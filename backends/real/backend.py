@@ -15,9 +15,9 @@ try:
 except ImportError:  # the one-line error names the extra to install
     raise ServesimError("the real backend needs torch (and triton on a GPU): pip install -e '.[real]'") from None
 
+from backends.model_config import ModelConfig
 from backends.real import kv_cache
-from backends.real.config import ModelConfig
-from backends.real.model import Decoder
+from backends.real.model import Decoder, check_runnable
 from backends.real.ops import TORCH_OPS, triton_ops
 from backends.real.runner import ModelRunner
 from backends.real.weights import init_random, load_safetensors
@@ -76,6 +76,7 @@ class RealBackend:
             raise ServesimError(f"--num-blocks must be at least 1, got {num_blocks}")
         self.model_name = model
         self.cfg = ModelConfig.from_preset(model)
+        check_runnable(self.cfg)
         self.device = _device(device)
         if self.device.type == "cpu" and cpu_threads is not None:
             torch.set_num_threads(cpu_threads)
