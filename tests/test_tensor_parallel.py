@@ -5,7 +5,7 @@ import pytest
 
 from backends.hardware import HARDWARE
 from backends.model_config import ModelConfig
-from backends.roofline import (
+from backends.tensor_parallel import (
     layer_gemms_seconds,
     ring_allreduce_seconds,
     tp_allreduce_seconds,
