@@ -102,10 +102,11 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     where = f"{model.name} on {hardware.description or hardware.name}" + (f" x {tp}" if tp > 1 else "")
     if available <= 0:
         raise ServesimError(
-            f"no memory left for the KV cache of {where}: {gpu_memory_utilization:.0%} of "
-            f"{hardware.memory_bytes / GIB:.2f} GiB minus {terms['weights'] / GIB:.2f} GiB of weights, "
-            f"{terms['activation_peak'] / GIB:.2f} GiB of activations and {(terms['non_torch'] + terms['cuda_graph_pool']) / GIB:.2f} "
-            "GiB of buffers is nothing; choose bigger hardware, a larger --tp or a smaller model")
+            f"the weights ({terms['weights'] / GIB:.2f} GiB per GPU), activations "
+            f"({terms['activation_peak'] / GIB:.2f} GiB) and buffers "
+            f"({(terms['non_torch'] + terms['cuda_graph_pool']) / GIB:.2f} GiB) of {where} do not fit in "
+            f"{gpu_memory_utilization:.0%} of {hardware.memory_bytes / GIB:.2f} GiB, leaving nothing for the KV "
+            "cache; choose bigger hardware, a larger --tp or a smaller model")
     num_blocks = available // block_bytes
     if max_model_len is not None and -(-max_model_len // block_size) > num_blocks:
         raise ServesimError(

@@ -58,7 +58,7 @@ def test_tp_dtype_and_override():
 
 def test_models_too_big_are_refused_as_vllm_refuses_them():
     llama_70b = ModelConfig.from_preset("Llama-3.1-70B")
-    with pytest.raises(ServesimError, match="no memory left for the KV cache"):
+    with pytest.raises(ServesimError, match="do not fit in 90% of 79.18 GiB, leaving nothing for the KV cache"):
         blocks(llama_70b)
     with pytest.raises(ServesimError, match="cannot hold one request of --max-model-len 131072"):
         blocks(llama_70b, tp=2, max_model_len=131072)

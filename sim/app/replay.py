@@ -56,6 +56,10 @@ def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace
     if trace.transforms:
         opts["trace_transforms"] = trace.transforms
     summary = summarize(result, requests, plan.options.slo, opts)
+    summary["kv_cache"] = plan.kv_cache()
+    summary["model"] = plan.model.describe()
+    if plan.options.backend == "costmodel" and plan.options.profile is None:
+        summary["hardware"] = plan.hardware.as_dict()
     requests.to_csv(out / "requests.csv", index=False)
     write_numeric_csv(steps_table(result), out / "steps.csv")
     (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
