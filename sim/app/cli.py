@@ -15,7 +15,7 @@ from traces.cli import add_trace_options
 DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
 
 
-def _whole_number(text: str) -> int:
+def whole_number(text: str) -> int:
     """argparse type for counts; their ranges are checked where the configs are built."""
     try:
         value = int(text)
@@ -40,7 +40,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="H100-SXM", metavar="NAME|FILE.json",
                    help=f"hardware preset ({', '.join(HARDWARE)}) or a JSON file with its fields (see the README; "
                         "default: H100-SXM)")
-    p.add_argument("--tp", type=_whole_number, default=1, metavar="N",
+    p.add_argument("--tp", type=whole_number, default=1, metavar="N",
                    help="tensor parallelism: GPUs per engine, joined by NVLink (default: 1)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"),
                    help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak (default: bf16)")
@@ -53,22 +53,22 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="DIR",
                    help="the real backend's weights: a local safetensors folder with Hugging Face tensor names "
                         "matching --model (default: random weights, seeded by --seed)")
-    p.add_argument("--max-num-batched-tokens", type=_whole_number, default=2048, metavar="N",
+    p.add_argument("--max-num-batched-tokens", type=whole_number, default=2048, metavar="N",
                    help="token budget of one step (default: 2048)")
-    p.add_argument("--max-num-seqs", type=_whole_number, default=256, metavar="N",
+    p.add_argument("--max-num-seqs", type=whole_number, default=256, metavar="N",
                    help="most requests running at once (default: 256)")
-    p.add_argument("--max-model-len", type=_whole_number, default=None, metavar="N",
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N",
                    help="longest prompt + output accepted; longer requests are rejected "
                         "(default: the model's max_position_embeddings)")
-    p.add_argument("--block-size", type=_whole_number, default=16, metavar="N",
+    p.add_argument("--block-size", type=whole_number, default=16, metavar="N",
                    help="tokens per KV block, a power of two (default: 16)")
-    p.add_argument("--num-gpu-blocks", "--num-blocks", dest="num_blocks", type=_whole_number, default=None,
+    p.add_argument("--num-gpu-blocks", "--num-blocks", dest="num_blocks", type=whole_number, default=None,
                    metavar="N", help="KV blocks per GPU, the figure a vLLM log prints (vLLM's "
                                      "--num-gpu-blocks-override; default: derived as vLLM derives it, see the README)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                    help="fraction of device memory for weights, activations and KV cache (default: 0.9)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
-    p.add_argument("--seed", type=_whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
+    p.add_argument("--seed", type=whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
     p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S",
                    help="service-level objectives in seconds, for goodput")
     p.add_argument("--profile", default=None, metavar="PROFILE.json",
@@ -90,7 +90,7 @@ def options_from_args(args: argparse.Namespace):
     )
 
 
-def _new_run_dir(policy: str) -> Path:
+def new_run_dir(policy: str) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     base = Path("runs") / f"{stamp}-{policy}"
     out, n = base, 1
@@ -110,7 +110,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     plan = resolve(options)
     trace = load_trace(args.trace, args, plan.max_model_len)
-    out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
+    out = Path(args.out) if args.out else new_run_dir(options.scheduler.policy)
     progress = Progress.for_replay(len(trace), quiet=args.quiet)
     started = time.perf_counter()
     result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
@@ -201,7 +201,8 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = ["sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli", "reports.cli"]
+COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli",
+                               "reports.cli"]
 
 
 def main(argv: list[str] | None = None) -> int:
