@@ -63,3 +63,47 @@ def test_decode_run_equals_step_by_step():
 def test_bad_efficiency_is_refused():
     with pytest.raises(ServesimError):
         Efficiencies(gemm=0.0)
+
+
+@pytest.mark.parametrize("preset", ["Llama-3.1-8B", "Mistral-7B", "Qwen3-8B", "Qwen3-0.6B"])
+def test_a_config_json_costs_what_its_preset_costs(tmp_path, preset):
+    import json
+
+    from tests.test_model_config import LLAMA_31_8B, MISTRAL_7B_V03, QWEN3_06B, QWEN3_8B
+
+    config = {"Llama-3.1-8B": LLAMA_31_8B, "Mistral-7B": MISTRAL_7B_V03, "Qwen3-8B": QWEN3_8B,
+              "Qwen3-0.6B": QWEN3_06B}[preset]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    b = decode_batch(16, 3000)
+    b.add("p", 100, 500, [], needs_logits=True)
+    for tp in (1, 2):
+        ours = RooflineCostModel(ModelConfig.from_preset(preset), HARDWARE["H200"], tp=tp).execute(b)
+        read = RooflineCostModel(ModelConfig.from_hf(tmp_path), HARDWARE["H200"], tp=tp).execute(b)
+        assert read.seconds == ours.seconds and read.breakdown == ours.breakdown
+
+
+def test_tp2_halves_the_gemms_and_adds_two_allreduces_per_layer():
+    from backends.tensor_parallel import ALLREDUCE_LATENCY_S
+
+    m = ModelConfig.from_preset("Llama-3.1-8B")
+    b = Batch()
+    b.add("p", 0, 8192, [], needs_logits=True)  # compute-bound GEMMs
+    one = RooflineCostModel(m, HARDWARE["H100-SXM"]).execute(b).breakdown
+    two = RooflineCostModel(m, HARDWARE["H100-SXM"], tp=2).execute(b).breakdown
+    assert "allreduce" not in one
+    assert two["linear"] == one["linear"] / 2
+    ring = 2 * (2 - 1) / 2 * (8192 * 4096 * 2) / 450e9 + ALLREDUCE_LATENCY_S  # one all-reduce of the hidden states
+    assert two["allreduce"] == 2 * 32 * ring
+    assert two["kv_write"] == one["kv_write"] / 2  # 4 of the 8 KV heads per GPU
+
+
+def test_fp8_weights_and_kv_cache_halve_their_bytes():
+    m = ModelConfig.from_preset("Llama-3.1-8B")
+    decodes = decode_batch(8, 4000)  # memory-bound: weight reads and K/V reads
+    bf16 = RooflineCostModel(m, HARDWARE["H100-SXM"]).execute(decodes).breakdown
+    fp8 = RooflineCostModel(m, HARDWARE["H100-SXM"], dtype="fp8").execute(decodes).breakdown
+    assert fp8["linear"] == pytest.approx(bf16["linear"] / 2, rel=0.01)
+    kv8 = RooflineCostModel(m, HARDWARE["H100-SXM"], kv_cache_dtype="fp8").execute(decodes).breakdown
+    assert kv8["kv_write"] == bf16["kv_write"] / 2 and kv8["linear"] == bf16["linear"]
+    per_token = 32 * 2 * 8 * 128 * 2 / (3.35e12 * 0.85)  # a decode's K/V read per context token, bf16
+    assert bf16["attention"] - kv8["attention"] == pytest.approx(8 * 4000 * per_token / 2, rel=1e-9)
