@@ -11,7 +11,7 @@ search share the same figures:
   requests (a menu picks the run);
 - a table of the numbers.
 
-plotly is imported only here.
+plotly is imported only in reports/ (here and reports/compare_page.py; import-linter checks it).
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from reports.axes import AXES
+from reports.axes import axis_name as _axis_name
+from reports.axes import format_axis as _fmt_axis
 from reports.digest import QUANTILES, TIMELINE, make_digest, run_digest, summary_row
 from sim.errors import ServesimError
+from sim.jsonable import jsonable
 
-AXES = ("policy", "model", "hardware", "max_num_batched_tokens", "max_num_seqs", "rate_scale", "seed")
 POLICY_COLORS = {"decode-first": "#1f77b4", "prefill-first": "#d62728", "chunked": "#2ca02c"}
 OTHER_COLORS = ("#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
@@ -43,7 +46,7 @@ _TEMPLATE = {"layout": {"plot_bgcolor": "#f5f6f8", "paper_bgcolor": "white", "fo
 def write_run_report(out: Path, result, requests: pd.DataFrame, summary: dict) -> None:
     """digest.json and report.html of one replay (called by sim.app.replay.write_run)."""
     digest = run_digest(result, requests)
-    (out / "digest.json").write_text(json.dumps(_nulls(digest)) + "\n")
+    (out / "digest.json").write_text(json.dumps(jsonable(digest)) + "\n")
     (out / "report.html").write_text(run_report_html(summary, digest))
 
 
@@ -390,22 +393,6 @@ def _label(row, label_column: str | None, axes: list[str] | tuple[str, ...] = ("
     return ", ".join(_fmt_axis(a, row.get(a)) for a in axes if a in row)
 
 
-def _axis_name(axis: str) -> str:
-    return {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs", "rate_scale": "rate"}.get(axis, axis)
-
-
-def _fmt_axis(axis: str, value) -> str:
-    if axis == "max_num_batched_tokens":
-        return f"budget {value}"
-    if axis == "max_num_seqs":
-        return f"max seqs {value}"
-    if axis == "rate_scale":
-        return f"rate ×{float(value):g}"
-    if axis == "seed":
-        return f"seed {value}"
-    return str(value)
-
-
 def _color(row, index: int) -> str:
     return POLICY_COLORS.get(str(row.get("policy")), OTHER_COLORS[index % len(OTHER_COLORS)])
 
@@ -433,17 +420,6 @@ def _fmt_cell(value) -> str:
     if isinstance(value, float):
         return "-" if math.isnan(value) else f"{value:.4g}"
     return str(value)
-
-
-def _nulls(value):
-    """JSON without NaN."""
-    if isinstance(value, dict):
-        return {k: _nulls(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nulls(v) for v in value]
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
 
 
 def _trace_name(rows: pd.DataFrame) -> str:

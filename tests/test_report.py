@@ -31,7 +31,11 @@ def assert_self_contained(text: str) -> None:
     assert text.startswith("<!DOCTYPE html>")
     assert "<script src" not in text and "<link" not in text  # nothing fetched: no CDN, no stylesheet
     assert text.count("<script") == 1 + len(figure_ids(text))  # plotly.js inline, then one per figure
-    assert "Plotly.newPlot" in text and len(text) > 3_000_000  # plotly.js itself is ~4.8 MB
+    assert "Plotly.newPlot" in text
+    # plotly.js itself is inline, whole and once: the page opens offline.
+    from plotly.offline import get_plotlyjs
+
+    assert text.count(get_plotlyjs()) == 1
 
 
 @pytest.fixture(scope="module")
