@@ -15,7 +15,9 @@ import pandas as pd
 import pytest
 
 from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, timeline
-from reports.html import _cdf_figure, _throughput_figure, report_html, run_report_html
+from reports.figures import cdf_figure as _cdf_figure
+from reports.figures import throughput_figure as _throughput_figure
+from reports.html import report_html, run_report_html
 from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
