@@ -10,18 +10,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sim.errors import ServesimError
-from traces.cli import add_trace_options
+from traces.cli import add_trace_options, whole_number
 
 DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
-
-
-def whole_number(text: str) -> int:
-    """argparse type for counts; their ranges are checked where the configs are built."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    return value
 
 
 def add_replay_options(p: argparse.ArgumentParser) -> None:
