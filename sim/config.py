@@ -13,6 +13,12 @@ def _require(condition: bool, message: str) -> None:
         raise ServesimError(message)
 
 
+def check_block_size(block_size: int) -> None:
+    """KV blocks hold a power of two of tokens (the kernels' tiles and vLLM's sizes are)."""
+    _require(isinstance(block_size, int) and block_size >= 1 and block_size & (block_size - 1) == 0,
+             f"--block-size must be a power of two, got {block_size}")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     policy: str = "chunked"  # a name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy)
@@ -48,19 +54,15 @@ MAX_NUM_BLOCKS = 2**25
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
-    num_blocks: int | None = None  # None: derived from the hardware's memory
+    num_blocks: int | None = None  # vLLM's num_gpu_blocks_override (--num-gpu-blocks); None: derived as vLLM does
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        bs = self.block_size
-        _require(
-            isinstance(bs, int) and bs >= 1 and bs & (bs - 1) == 0,
-            f"--block-size must be a power of two, got {bs}",
-        )
+        check_block_size(self.block_size)
         _require(
             self.num_blocks is None or self.num_blocks >= 1,
-            f"--num-blocks must be at least 1, got {self.num_blocks}",
+            f"--num-gpu-blocks must be at least 1, got {self.num_blocks}",
         )
         _require(
             0.0 < self.gpu_memory_utilization <= 1.0,

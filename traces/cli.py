@@ -11,7 +11,8 @@ FORMAT_HELP = ("trace format: canonical, azure (2023 and 2024), mooncake, burstg
                "(default: detected from the header or extension)")
 
 
-def whole(text: str) -> int:
+def whole_number(text: str) -> int:
+    """argparse type for counts (of every command); their ranges are checked where they are used."""
     try:
         return int(text)
     except ValueError:
@@ -33,7 +34,7 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-window", default=None, metavar="START:END",
                    help="keep requests arriving in [START, END) seconds from the first arrival; either may be "
                         "empty (e.g. 600:1200 or :300)")
-    p.add_argument("--limit", type=whole, default=None, metavar="N", help="keep the first N requests")
+    p.add_argument("--limit", type=whole_number, default=None, metavar="N", help="keep the first N requests")
     p.add_argument("--rate-scale", type=number, default=None, metavar="X",
                    help="divide arrival times by X (2 doubles the request rate)")
     p.add_argument("--target-rate", type=number, default=None, metavar="R",

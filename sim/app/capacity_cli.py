@@ -7,6 +7,7 @@ import argparse
 import itertools
 import sys
 
+from reports.axes import axis_name
 from sim.app.progress import Progress
 from sim.app.sweep_cli import (
     _on_row,
@@ -57,12 +58,13 @@ def register(sub) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from reports.axes import AXES
     from sim.app.capacity import CapacitySLO, RateSearch, search_all
     from sim.app.outputs import atomic_path
     from sim.app.plan import resolve
     from sim.app.report import write_report
     from sim.app.results_table import PROBES
-    from sim.app.sweep import AXES, ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
+    from sim.app.sweep import ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
 
     require_pyarrow()
     check_executor(args)
@@ -151,10 +153,9 @@ def _capacity_row(config: dict, search, probes: dict, slo) -> dict:
 def format_capacity(capacity, keys: list[str], slo) -> str:
     from reports.metrics import latency_unit
 
-    names = {"max_num_batched_tokens": "budget", "max_num_seqs": "seqs"}
     measured = [f"{key}_at_capacity" for key in slo.limits()]
     unit, scale = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
-    head = ("".join(f"{names.get(k, k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
+    head = ("".join(f"{axis_name(k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
             + "".join(f"{k.removesuffix('_at_capacity') + ' ' + unit:>12}" for k in measured) + f"{'probes':>8}  status")
     lines = [f"capacity: {slo.describe()}", head]
     for _, row in capacity.iterrows():

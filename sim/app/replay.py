@@ -47,9 +47,11 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
     return simulate(engine, TraceArrivals(requests, engine))
 
 
-def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace) -> dict:
+def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,
+              start_s: float | None = None) -> dict:
     """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary.
-    The run is written whole or not at all (temporary files renamed into place together)."""
+    `extra`: more summary entries (sim bench's); `start_s`: see reports.metrics.summarize. The run is
+    written whole or not at all (temporary files renamed into place together)."""
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
     from reports.html import run_report_files
@@ -64,7 +66,12 @@ def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace
     opts["trace"] = trace.source
     if trace.transforms:
         opts["trace_transforms"] = trace.transforms
-    summary = summarize(result, requests, plan.options.slo, opts)
+    summary = summarize(result, requests, plan.options.slo, opts, start_s)
+    summary.update(extra or {})
+    summary["kv_cache"] = plan.kv_cache()
+    summary["model"] = plan.model.describe()
+    if plan.options.backend == "costmodel" and plan.options.profile is None:
+        summary["hardware"] = plan.hardware.as_dict()
     texts = {"summary.json": json.dumps(jsonable(summary), indent=2) + "\n",
              **run_report_files(result, requests, jsonable(summary))}  # downsampled: cheap even for 500k steps
     # Every file is written to its temporary name first and renamed only when all are written, so a

@@ -8,6 +8,7 @@ import itertools
 import sys
 from pathlib import Path
 
+from reports.axes import axis_name
 from sim.app.progress import Progress
 from sim.app.workers import Terminated
 from sim.errors import ServesimError
@@ -40,7 +41,7 @@ def register(sub) -> None:
 
 def add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
     """Re-declare the sweepable replay options as comma-separated lists (keeping their defaults)."""
-    from sim.app.sweep import AXES
+    from reports.axes import AXES
 
     for name in AXES:
         if name == "rate_scale" and not with_rate_scale:
@@ -149,9 +150,9 @@ def _on_row(bar):
 # sim sweep
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from reports.axes import AXES
     from sim.app.report import write_report
     from sim.app.sweep import (
-        AXES,
         RESULTS,
         ResultsTable,
         grid_order,
@@ -203,8 +204,8 @@ def _report_failures(frame) -> int:
 
 def format_sweep(frame) -> str:
     """Mean over seeds of the key metrics, one line per point of the other axes."""
+    from reports.axes import AXES
     from reports.metrics import latency_unit
-    from sim.app.sweep import AXES
 
     ok = frame[frame["status"] == "ok"] if len(frame) else frame
     if not len(ok):
@@ -216,8 +217,7 @@ def format_sweep(frame) -> str:
     columns = [("request_throughput", "req/s", 1), ("ttft_p50", "p50 TTFT", scale), ("ttft_p99", "p99 TTFT", scale),
                ("itl_p99", "p99 TBT", scale), ("scheduling_delay_p50", "p50 delay", scale),
                ("e2e_p99", "p99 E2E", scale)]
-    names = {"max_num_batched_tokens": "budget", "max_num_seqs": "seqs", "rate_scale": "rate x"}
-    head = "".join(f"{names.get(k, k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
+    head = "".join(f"{axis_name(k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
     lines = [head + f"   (latencies in {unit})"]
     for _, row in means.iterrows():
         line = "".join(f"{row[k]!s:>14}" if not isinstance(row[k], float) else f"{row[k]:>14g}" for k in keys)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sim.app.outputs import atomic_path, check_file_destination
 from sim.errors import ServesimError
-from traces.cli import add_trace_options, load_trace, number, whole
+from traces.cli import add_trace_options, load_trace, number, whole_number
 
 
 def _check_max_model_len(args: argparse.Namespace) -> None:
@@ -77,7 +77,7 @@ def register(subparsers) -> None:
                                    "and prefix-sharing ratio (after the transforms given).")
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     add_trace_options(p)
-    p.add_argument("--max-model-len", type=whole, default=None, metavar="N", help="for --on-too-long truncate")
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_stats)
 
@@ -88,7 +88,7 @@ def register(subparsers) -> None:
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     p.add_argument("out", help="canonical CSV to write")
     add_trace_options(p)
-    p.add_argument("--max-model-len", type=whole, default=None, metavar="N", help="for --on-too-long truncate")
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("synth", help="write a seeded synthetic trace",
@@ -96,7 +96,7 @@ def register(subparsers) -> None:
                                    "uniform:LO:HI or zipf:S:LO:HI. Multi-turn sessions (--turns) share their "
                                    "conversation prefix through hash ids.")
     p.add_argument("out", help="canonical CSV to write")
-    p.add_argument("--num-requests", type=whole, default=1000, metavar="N", help="requests in all (default: 1000)")
+    p.add_argument("--num-requests", type=whole_number, default=1000, metavar="N", help="requests in all (default: 1000)")
     p.add_argument("--rate", type=number, default=1.0, metavar="R",
                    help="sessions started per second; requests per second with one turn (default: 1)")
     p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson",
@@ -113,10 +113,10 @@ def register(subparsers) -> None:
     p.add_argument("--turns", default="fixed:1", metavar="DIST", help="requests per session (default: fixed:1)")
     p.add_argument("--think-time", type=number, default=10.0, metavar="S",
                    help="mean seconds between a session's turns, exponential (default: 10)")
-    p.add_argument("--system-prompt-tokens", type=whole, default=0, metavar="N",
+    p.add_argument("--system-prompt-tokens", type=whole_number, default=0, metavar="N",
                    help="a prefix every request shares, a multiple of --hash-block-tokens (default: 0)")
-    p.add_argument("--hash-block-tokens", type=whole, default=16, metavar="N",
+    p.add_argument("--hash-block-tokens", type=whole_number, default=16, metavar="N",
                    help="tokens per prefix hash id (default: 16)")
-    p.add_argument("--seed", type=whole, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=whole_number, default=0, help="random seed (default: 0)")
     p.set_defaults(func=cmd_synth, time_window=None, limit=None, rate_scale=None, target_rate=None,
                    on_too_long="reject")
