@@ -193,7 +193,8 @@ def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None)
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+                # "local": a new Ray instance of this process's own, never a cluster left running on this machine.
+                ray.init(address="local", num_cpus=jobs, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ServesimError(f"cannot start Ray{' at ' + address if address else ''}: {e}") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
