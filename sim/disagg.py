@@ -178,6 +178,7 @@ class DecodeReplica(Replica):
             waiting.popleft()
             r.block_table = bm.pop_free_blocks(bm.blocks_for(r.num_computed_tokens))
             r.num_hashed_blocks = 0
+            r.last_scheduled_step = None  # its prefill replica's step numbers mean nothing here
             r.status = Status.RUNNING
             state.running.append(r)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from backends.presets import get_model, kv_bytes_per_token
+from backends.model_config import ModelConfig
 from sim.app.cluster_options import ClusterOptions
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve
@@ -26,7 +26,7 @@ from sim.errors import ServesimError
 from tests.helpers import ConstantBackend, make_trace
 
 MODEL = "Qwen3-0.6B"
-BLOCK_BYTES = 4 * kv_bytes_per_token(get_model(MODEL))  # one 4-token block: 458,752 bytes
+BLOCK_BYTES = 4 * ModelConfig.from_preset(MODEL).kv_bytes_per_token()  # one 4-token block: 458,752 bytes
 
 
 def options(cluster: ClusterOptions, num_blocks: int = 64) -> ReplayOptions:
@@ -201,6 +201,7 @@ def test_a_sweep_row_carries_the_load_per_replica(tmp_path):
     (["--replicas", "2", "--backend", "real"], "a cluster replays with the cost model"),
     (["--replicas", "2", "--router", "nearest"], "unknown router 'nearest'"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "policy=fifo"], "unknown policy 'fifo'"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "tp=0"], "--tp must be a whole number >= 1"),
 ])
 def test_nonsense_cluster_options_are_one_line_errors(tmp_path, capsys, args, fragment):
     from sim.app.cli import main
@@ -210,3 +211,11 @@ def test_nonsense_cluster_options_are_one_line_errors(tmp_path, capsys, args, fr
     assert main(["replay", str(trace), "--out", str(tmp_path / "o"), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sim: error: ") and err.count("\n") == 1 and fragment in err, err
+
+
+def test_sim_bench_refuses_a_cluster(tmp_path, capsys):
+    from sim.app.cli import main
+
+    assert main(["bench", "--replicas", "2", "--num-prompts", "4", "--concurrency", "2", "--input-len", "16",
+                 "--output-len", "4", "--out", str(tmp_path / "b")]) == 2
+    assert "sim bench's closed loop drives one engine" in capsys.readouterr().err

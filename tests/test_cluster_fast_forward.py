@@ -8,7 +8,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.costmodel import make_cost_model
+from backends.hardware import HARDWARE
+from backends.model_config import ModelConfig
+from backends.roofline import RooflineCostModel
 from policies import POLICIES
 from policies.routers import ROUTERS
 from sim.app.cluster_options import ClusterOptions
@@ -19,7 +21,8 @@ from tests.helpers import make_trace
 
 
 def compare(trace, options):
-    fast, slow = (replay(trace, options, backend=make_cost_model(options.model, options.hardware), fast_forward=ff)
+    fast, slow = (replay(trace, options, fast_forward=ff,
+                         backend=RooflineCostModel(ModelConfig.from_preset(options.model), HARDWARE[options.hardware]))
                   for ff in (True, False))
     assert np.array_equal(fast.token_times, slow.token_times, equal_nan=True)
     for a, b in zip(fast.requests, slow.requests):

@@ -33,10 +33,14 @@ POOL_OPTIONS: dict[str, tuple[str | None, str, type]] = {
     "policy": ("scheduler", "policy", str),
     "max-num-batched-tokens": ("scheduler", "max_num_batched_tokens", int),
     "max-num-seqs": ("scheduler", "max_num_seqs", int),
-    "num-blocks": ("cache", "num_blocks", int),
+    "num-gpu-blocks": ("cache", "num_blocks", int),
+    "num-blocks": ("cache", "num_blocks", int),  # the replay flag's other name
     "block-size": ("cache", "block_size", int),
     "gpu-memory-utilization": ("cache", "gpu_memory_utilization", float),
     "hardware": (None, "hardware", str),
+    "tp": (None, "tp", int),
+    "dtype": (None, "dtype", str),
+    "kv-cache-dtype": (None, "kv_cache_dtype", str),
     "profile": (None, "profile", str),
 }
 

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
-from backends.presets import kv_bytes_per_token
 from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_path
 from sim.app.plan import RunPlan, resolve
 from sim.arrivals import TraceArrivals, simulate
 from sim.cluster import Cluster
 from sim.disagg import DisaggregatedCluster, PrefillEngine
 from sim.engine import Engine, SimResult, TokenTimes
+from sim.errors import ServesimError
 from sim.jsonable import jsonable
 from sim.request import Request
 from traces.trace import Trace
 
 __all__ = ["ReplayOptions", "make_cluster", "make_requests", "replay", "write_run"]
+
+RUN_FILES = ("requests.csv", "steps.csv", "summary.json", "digest.json", "report.html")
 
 
 def make_requests(trace: Trace) -> list[Request]:
@@ -66,7 +70,7 @@ def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = Tr
         return built
     prefill, decode = plan.pools
     built = DisaggregatedCluster(requests, token_times, plan.make_router(0), plan.make_router(1), cluster.kv_link(),
-                                 kv_bytes_per_token(prefill.model), progress)
+                                 prefill.model.kv_bytes_per_token(kv_cache_dtype=prefill.options.kv_cache_dtype), progress)
     for _ in range(cluster.num_prefill_replicas):
         built.add_prefill_replica(engine(prefill, PrefillEngine))
     for _ in range(cluster.num_decode_replicas):
@@ -74,22 +78,44 @@ def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = Tr
     return built
 
 
-def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace) -> dict:
-    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary."""
+def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,
+              start_s: float | None = None) -> dict:
+    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary.
+    `extra`: more summary entries (sim bench's); `start_s`: see reports.metrics.summarize. The run is
+    written whole or not at all (temporary files renamed into place together)."""
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
-    from reports.html import write_run_report
+    from reports.html import run_report_files
     from reports.metrics import requests_table, steps_table, summarize, write_numeric_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ServesimError(f"{out}: cannot make the folder ({e.strerror or e})") from None
     requests = requests_table(result)
     opts = plan.as_dict()
     opts["trace"] = trace.source
     if trace.transforms:
         opts["trace_transforms"] = trace.transforms
-    summary = summarize(result, requests, plan.options.slo, opts)
-    requests.to_csv(out / "requests.csv", index=False)
-    write_numeric_csv(steps_table(result), out / "steps.csv")
-    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
-    write_run_report(out, result, requests, jsonable(summary))  # downsampled: cheap even for 500k steps
+    summary = summarize(result, requests, plan.options.slo, opts, start_s)
+    summary.update(extra or {})
+    summary["kv_cache"] = plan.kv_cache()
+    summary["model"] = plan.model.describe()
+    if plan.options.backend == "costmodel" and plan.options.profile is None:
+        summary["hardware"] = plan.hardware.as_dict()
+    texts = {"summary.json": json.dumps(jsonable(summary), indent=2) + "\n",
+             **run_report_files(result, requests, jsonable(summary))}  # downsampled: cheap even for 500k steps
+    # Every file is written to its temporary name first and renamed only when all are written, so a
+    # full disk leaves the folder as it was (an --overwrite'n run is not half replaced).
+    writers = {"requests.csv": lambda path: requests.to_csv(path, index=False),
+               "steps.csv": lambda path: write_numeric_csv(steps_table(result), path),
+               **{name: (lambda path, text=text: path.write_text(text)) for name, text in texts.items()}}
+    with ExitStack() as files:
+        temp = {name: files.enter_context(atomic_path(out / name)) for name in RUN_FILES}
+        for name in RUN_FILES:
+            try:
+                writers[name](temp[name])
+            except OSError as e:
+                raise ServesimError(f"{out / name}: cannot write ({e.strerror or e}); the run folder is as it "
+                                    "was") from None
     return summary
