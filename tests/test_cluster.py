@@ -132,6 +132,9 @@ def test_kv_link_defaults_by_where_the_pools_sit():
     assert (inside.bandwidth_gb_s, inside.latency_s) == (450.0, 5e-6)
     assert (across.bandwidth_gb_s, across.latency_s) == (50.0, 2e-5)
     assert across.seconds(50 * 10**9) == pytest.approx(1.0 + 2e-5)
+    with_tp = resolve(options(ClusterOptions(num_prefill_replicas=2, num_decode_replicas=2,
+                                             decode_options="tp=4"))).kv_link()  # 2 + 2 x 4 GPUs: two nodes
+    assert (with_tp.bandwidth_gb_s, with_tp.latency_s) == (50.0, 2e-5)
 
 
 @pytest.mark.parametrize("with_prefixes", [False, True])

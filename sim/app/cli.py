@@ -85,8 +85,8 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-replicas", type=whole_number, default=0, metavar="D",
                    help="disaggregated: replicas that decode once a request's KV blocks have arrived")
     g.add_argument("--kv-transfer-bandwidth", type=float, default=None, metavar="GB/S",
-                   help="KV link bandwidth per transfer (default: 450 GB/s, NVLink-class, when the pools fit in "
-                        "one 8-GPU node; 50 GB/s, RDMA-class, across nodes)")
+                   help="KV link bandwidth per transfer (default: 450 GB/s, NVLink-class, when the pools' GPUs fit "
+                        "in one 8-GPU node; 50 GB/s, RDMA-class, across nodes)")
     g.add_argument("--kv-transfer-latency", type=float, default=None, metavar="S",
                    help="KV link setup time per transfer (default: 5e-6 s inside a node, 2e-5 s across nodes)")
     for pool in ("prefill", "decode"):
@@ -146,17 +146,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
         summary = write_run(out, result, plan, trace)
     if not args.quiet:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}"
-              + _cluster_words(options.cluster))
+              + _cluster_words(plan))
         print(format_summary(summary))
         print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
     return 0
 
 
-def _cluster_words(cluster) -> str:
+def _cluster_words(plan) -> str:
+    cluster = plan.options.cluster
     if cluster.is_single:
         return ""
     if cluster.is_disaggregated:
-        link = cluster.kv_link()
+        link = plan.kv_link()
         return (f", {cluster.num_prefill_replicas} prefill + {cluster.num_decode_replicas} decode replicas "
                 f"({cluster.router}), KV link {link.bandwidth_gb_s:g} GB/s + {link.latency_s:g} s")
     return f", {cluster.num_replicas} replicas ({cluster.router})"

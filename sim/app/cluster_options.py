@@ -1,7 +1,7 @@
 """The shape of a cluster, as the user gave it: colocated replicas behind a router, or a prefill
 pool and a decode pool with a KV link between them, each pool with its own options.
 
-KV link defaults, by where the pools sit (one replica per GPU; a node holds `GPUS_PER_NODE`):
+KV link defaults, by where the pools sit (a replica has `--tp` GPUs; a node holds `GPUS_PER_NODE`):
 
 - inside one node, NVLink-class: 450 GB/s one way (NVLink 4 on H100/H200 SXM: 900 GB/s both ways
   together, NVIDIA's datasheet) and 5 us to set a transfer up;
@@ -110,8 +110,10 @@ class ClusterOptions:
         """One colocated replica: exactly a lone engine, and the same files."""
         return not self.is_disaggregated and self.num_replicas == 1
 
-    def kv_link(self) -> KVLink:
-        inside_a_node = self.total_replicas <= GPUS_PER_NODE
+    def kv_link(self, num_gpus: int | None = None) -> KVLink:
+        """The link, its defaults by whether the cluster's `num_gpus` (default: one per replica)
+        fit in one node."""
+        inside_a_node = (num_gpus or self.total_replicas) <= GPUS_PER_NODE
         bandwidth = self.kv_transfer_bandwidth_gb_s
         latency = self.kv_transfer_latency_s
         if bandwidth is None:

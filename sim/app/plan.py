@@ -59,6 +59,13 @@ class RunPlan:
         the decode replicas), seeded from --seed and the pool."""
         return self.router(self.options.seed + pool)
 
+    def kv_link(self):
+        """A disaggregated cluster's KV link (sim/app/cluster_options.py), by the GPUs of its pools."""
+        cluster = self.options.cluster
+        prefill, decode = self.pools
+        num_gpus = cluster.num_prefill_replicas * prefill.options.tp + cluster.num_decode_replicas * decode.options.tp
+        return cluster.kv_link(num_gpus)
+
     def as_dict(self) -> dict:
         """The options as the run used them (summary.json, sweep rows). A lone engine's leave the
         cluster out, so its files are those of servesim before clusters."""

@@ -69,7 +69,7 @@ def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = Tr
             built.add_replica(engine(plan))
         return built
     prefill, decode = plan.pools
-    built = DisaggregatedCluster(requests, token_times, plan.make_router(0), plan.make_router(1), cluster.kv_link(),
+    built = DisaggregatedCluster(requests, token_times, plan.make_router(0), plan.make_router(1), plan.kv_link(),
                                  prefill.model.kv_bytes_per_token(kv_cache_dtype=prefill.options.kv_cache_dtype), progress)
     for _ in range(cluster.num_prefill_replicas):
         built.add_prefill_replica(engine(prefill, PrefillEngine))
