@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from reports.digest import QUANTILES, TIMELINE, make_digest, run_digest, summary_row
+from reports.digest import QUANTILES, TIMELINE, make_digest, summary_row
+from reports.tables import find_table, read_table
 from sim.errors import ServesimError
 
 AXES = ("policy", "model", "hardware", "max_num_batched_tokens", "max_num_seqs", "rate_scale", "seed")
@@ -40,9 +41,8 @@ _TEMPLATE = {"layout": {"plot_bgcolor": "#f5f6f8", "paper_bgcolor": "white", "fo
 
 # Entry points.
 
-def write_run_report(out: Path, result, requests: pd.DataFrame, summary: dict) -> None:
+def write_run_report(out: Path, summary: dict, digest: dict) -> None:
     """digest.json and report.html of one replay (called by sim.replay.write_run)."""
-    digest = run_digest(result, requests)
     (out / "digest.json").write_text(json.dumps(_nulls(digest)) + "\n")
     (out / "report.html").write_text(run_report_html(summary, digest))
 
@@ -91,9 +91,9 @@ def _read_run(d: Path) -> tuple[dict, dict | None]:
         summary = json.loads((d / "summary.json").read_text())
         if (d / "digest.json").exists():
             return summary, json.loads((d / "digest.json").read_text())
-        if (d / "requests.csv").exists() and (d / "steps.csv").exists():  # a run from before digest.json
-            steps = pd.read_csv(d / "steps.csv")
-            return summary, make_digest(pd.read_csv(d / "requests.csv"), None,
+        if find_table(d, "requests") and find_table(d, "steps"):  # a run from before digest.json
+            steps = read_table(d, "steps", ["start_s", *TIMELINE])
+            return summary, make_digest(read_table(d, "requests"), None,
                                         {name: steps[name].to_numpy() for name in ("start_s", *TIMELINE)})
     except (OSError, ValueError, KeyError) as e:
         raise ServesimError(f"{d}: cannot read the run ({type(e).__name__}: {e})") from None

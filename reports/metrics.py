@@ -6,24 +6,31 @@
 - Scheduling delay: arrival to the first step that scheduled the request.
 - Throughputs divide by the duration: first arrival to last finish.
 - Goodput: completed requests meeting every SLO, per second of duration.
-Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does).
+Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does); they come from the
+streaming sketches of reports.quantiles, exact while a metric has at most EXACT_LIMIT values.
+
+The summary is built from streamed outcomes (reports.outcomes); the whole-table helpers below
+(requests_table, steps_table, inter_token_latencies) serve in-memory results (tests, sim compare).
+pandas is imported only by those.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from sim.config import SLO
+from reports.outcomes import RequestOutcomes
 from sim.engine import STEP_COLUMNS, SimResult
-from sim.request import Status
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
 
 
-def requests_table(result: SimResult) -> pd.DataFrame:
+def requests_table(result: SimResult):
+    """Every request of an in-memory result as a DataFrame (the columns of reports.outcomes)."""
+    import pandas as pd
+
     rows = result.requests
     frame = pd.DataFrame({
         "request_id": [r.request_id for r in rows],
@@ -58,82 +65,64 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
     return gaps[~np.isnan(gaps)]
 
 
-def steps_table(result: SimResult) -> pd.DataFrame:
-    columns = result.steps.columns()
-    frame = pd.DataFrame({"step": np.arange(len(result.steps))})
-    for name, values in columns.items():
-        frame[name if name in STEP_COLUMNS else f"{name}_s"] = values
-    return frame
+def steps_table(result: SimResult):
+    import pandas as pd
+
+    return pd.DataFrame(steps_columns(result))
 
 
-def write_numeric_csv(frame: pd.DataFrame, path, chunk_rows: int = 65536) -> None:
-    """`frame.to_csv(path, index=False)` for a table of numbers, byte for byte, about twice as
-    fast (the steps table of an hour's replay has half a million rows): each value is written as
-    Python's repr, as pandas does. Tables with a missing value or text go through pandas."""
-    columns = [frame[name].to_numpy() for name in frame.columns]
-    if any(c.dtype.kind not in "iuf" or (c.dtype.kind == "f" and np.isnan(c).any()) for c in columns):
-        frame.to_csv(path, index=False)
-        return
-    with open(path, "w", newline="") as f:
-        f.write(",".join(frame.columns) + "\n")
-        for start in range(0, len(frame), chunk_rows):
-            texts = [map(repr, c[start:start + chunk_rows].tolist()) for c in columns]
-            f.writelines(",".join(row) + "\n" for row in zip(*texts))
+def steps_columns(result: SimResult) -> dict[str, np.ndarray]:
+    """The steps table as columns: step, STEP_COLUMNS, then the backend's breakdown keys with `_s`."""
+    columns = {"step": np.arange(len(result.steps))}
+    for name, values in result.steps.columns().items():
+        columns[name if name in STEP_COLUMNS else f"{name}_s"] = values
+    return columns
 
 
-def _stats(values: np.ndarray) -> dict[str, float | None]:
-    values = np.asarray(values, dtype=np.float64)
-    values = values[~np.isnan(values)]
-    if len(values) == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+def write_numeric_csv(frame, path, chunk_rows: int = 65536) -> None:
+    """`frame.to_csv(path, index=False)`, byte for byte, about twice as fast for a table of numbers
+    (see reports.tables)."""
+    from reports.tables import write_table
+
+    path = Path(path)
+    write_table(path.parent, path.name.removesuffix(".csv"), {name: frame[name].to_numpy() for name in frame.columns},
+                "csv", chunk_rows)
 
 
-def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict) -> dict:
-    done = requests[requests["status"] == Status.FINISHED.value]
-    rejected = requests[requests["status"] == Status.REJECTED.value]
-    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
-    output_tokens = int(done["output_tokens"].sum())
-    prompt_tokens = int(done["prompt_tokens"].sum())
+def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict) -> dict:
+    """The run summary from the engine's totals (`result`) and the streamed request outcomes.
+    Percentiles are exact while each metric has at most reports.quantiles.EXACT_LIMIT values."""
+    duration = outcomes.duration_s
 
     def per_s(x: float) -> float | None:
         return x / duration if duration > 0 else None
 
+    completed = outcomes.num_completed
     summary: dict = {
-        "num_requests": int(len(requests)),
-        "completed": int(len(done)),
-        "rejected": int(len(rejected)),
+        "num_requests": outcomes.num_requests,
+        "completed": completed,
+        "rejected": outcomes.num_rejected,
         "preemptions": int(result.num_preemptions),
         "duration_s": duration,
         "simulated_s": float(result.end_s),
-        "num_steps": int(len(result.steps)),
-        "total_prompt_tokens": prompt_tokens,
-        "total_output_tokens": output_tokens,
-        "request_throughput": per_s(len(done)),
-        "output_throughput": per_s(output_tokens),
-        "total_token_throughput": per_s(prompt_tokens + output_tokens),
+        "num_steps": len(result.steps),
+        "total_prompt_tokens": outcomes.total_prompt_tokens,
+        "total_output_tokens": outcomes.total_output_tokens,
+        "request_throughput": per_s(completed),
+        "output_throughput": per_s(outcomes.total_output_tokens),
+        "total_token_throughput": per_s(outcomes.total_prompt_tokens + outcomes.total_output_tokens),
         "prefix_cache_hit_rate": (result.num_prefix_hit_tokens / result.num_prefix_queried_tokens
                                   if result.num_prefix_queried_tokens else 0.0),
     }
-    summary["ttft"] = _stats(done["ttft_s"].to_numpy())
-    summary["tpot"] = _stats(done["tpot_s"].to_numpy())
-    summary["itl"] = _stats(inter_token_latencies(result))
-    summary["e2e"] = _stats(done["e2e_s"].to_numpy())
-    summary["scheduling_delay"] = _stats(done["scheduling_delay_s"].to_numpy())
+    for name in METRICS:
+        summary[name] = (outcomes.itl if name == "itl" else outcomes.sketches[name]).stats()
+    slo = outcomes.slo
     if slo.is_set:
-        good = np.ones(len(done), dtype=bool)
-        for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_s")):
-            limit = getattr(slo, name)
-            if limit is not None:
-                values = done[column].to_numpy()
-                good &= np.isnan(values) | (values <= limit)  # TPOT is undefined for one-token outputs
         summary["slo"] = {k: v for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2e", slo.e2e)) if v is not None}
-        summary["goodput"] = per_s(int(good.sum()))
-        summary["slo_attainment"] = float(good.mean()) if len(done) else None
-    if len(rejected):
-        summary["reject_reasons"] = {k: int(v) for k, v in
-                                     rejected["reject_reason"].str.replace(r"\d+", "N", regex=True).value_counts().items()}
+        summary["goodput"] = per_s(outcomes.num_good)
+        summary["slo_attainment"] = outcomes.num_good / completed if completed else None
+    if outcomes.num_rejected:
+        summary["reject_reasons"] = outcomes.reject_reason_counts()
     summary["options"] = options
     return summary
 
@@ -144,10 +133,10 @@ def format_summary(summary: dict) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:10.1f}"
 
     lines = [
-        f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
-        f"{summary['preemptions']} preemptions, {summary['num_steps']} steps",
-        f"duration {summary['duration_s']:.1f} s   throughput {summary['request_throughput'] or 0:.2f} req/s, "
-        f"{summary['output_throughput'] or 0:.0f} output tok/s, {summary['total_token_throughput'] or 0:.0f} tok/s",
+        (f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
+         f"{summary['preemptions']} preemptions, {summary['num_steps']} steps"),
+        (f"duration {summary['duration_s']:.1f} s   throughput {summary['request_throughput'] or 0:.2f} req/s, "
+         f"{summary['output_throughput'] or 0:.0f} output tok/s, {summary['total_token_throughput'] or 0:.0f} tok/s"),
     ]
     if summary.get("prefix_cache_hit_rate"):
         lines.append(f"prefix cache hit rate {summary['prefix_cache_hit_rate']:.1%}")

@@ -128,7 +128,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     result = replay(trace, options, backend=backend, progress=progress, fast_forward=not args.no_fast_forward)
     progress.done()
     wall = time.perf_counter() - started
-    summary = write_run(out, result, options, trace)
+    summary = write_run(out, result, options, trace, steps=args.steps, requests=args.requests)
     if not args.quiet:
         where = f"{options.device} (real, measured)" if options.backend == "real" else f"{options.hardware} (costmodel)"
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {where}"
@@ -166,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("replay", help="replay a trace through one policy",
-                       description="Replay a trace through one scheduling policy and write requests.csv, "
-                                   "steps.csv and summary.json into a run folder.")
+                       description="Replay a trace through one scheduling policy and write the requests and "
+                                   "steps tables (requests.csv, steps.parquet), summary.json, digest.json and "
+                                   "report.html into a run folder.")
     p.add_argument("trace", help="trace file: canonical CSV, Azure 2023/2024, Mooncake JSONL, BurstGPT or "
                                    f"Vidur CSV, gzip too; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
@@ -175,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--no-fast-forward", action="store_true",
                    help="simulate every decode step one by one (same results, slower; for checking)")
+    p.add_argument("--steps", choices=("parquet", "csv", "none"), default="parquet",
+                   help="the per-step table: steps.parquet (default), steps.csv, or none")
+    p.add_argument("--requests", choices=("csv", "parquet"), default="csv",
+                   help="the per-request table: requests.csv (default) or requests.parquet")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("models", help="list the model presets")

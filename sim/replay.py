@@ -132,22 +132,35 @@ def replay(trace: Trace, options: ReplayOptions, backend=None,
     return engine.run()
 
 
-def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace) -> dict:
-    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary."""
-    from reports.html import write_run_report
-    from reports.metrics import requests_table, steps_table, summarize, write_numeric_csv
+TABLE_FORMATS = ("parquet", "csv")
 
+
+def write_run(out: Path, result: SimResult, options: ReplayOptions, trace: Trace, steps: str = "parquet",
+              requests: str = "csv") -> dict:
+    """Write the requests and steps tables (`steps`: parquet, csv or none; `requests`: csv or
+    parquet), summary.json, digest.json and report.html; return the summary."""
+    from reports.digest import run_digest
+    from reports.html import write_run_report
+    from reports.metrics import steps_columns, summarize
+    from reports.outcomes import outcomes_from_result
+    from reports.tables import TableWriter, write_table
+
+    if steps not in (*TABLE_FORMATS, "none"):
+        raise ServesimError(f"--steps must be parquet, csv or none, got {steps!r}")
+    if requests not in TABLE_FORMATS:
+        raise ServesimError(f"--requests must be csv or parquet, got {requests!r}")
     out.mkdir(parents=True, exist_ok=True)
-    requests = requests_table(result)
     opts = options.as_dict()
     opts["trace"] = trace.source
     if trace.transforms:
         opts["trace_transforms"] = trace.transforms
-    summary = summarize(result, requests, options.slo, opts)
-    requests.to_csv(out / "requests.csv", index=False)
-    write_numeric_csv(steps_table(result), out / "steps.csv")
+    outcomes = outcomes_from_result(result, options.slo, TableWriter(out, "requests", requests))
+    summary = summarize(result, outcomes, opts)
+    step_columns = steps_columns(result)
+    if steps != "none":
+        write_table(out, "steps", step_columns, steps)
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
-    write_run_report(out, result, requests, _jsonable(summary))  # downsampled: cheap even for 500k steps
+    write_run_report(out, _jsonable(summary), run_digest(outcomes, step_columns))  # downsampled: cheap for 500k steps
     return summary
 
 

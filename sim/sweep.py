@@ -132,7 +132,8 @@ def _difference(stored: dict, current: dict) -> str:
 def run_point(trace: Trace, point: Point) -> dict:
     """Replay one point; a failure becomes a row with status 'error' and its message."""
     from reports.digest import flat_options, run_digest, summary_row
-    from reports.metrics import requests_table, summarize
+    from reports.metrics import steps_columns, summarize
+    from reports.outcomes import outcomes_from_result
     from traces.transforms import scale_rate
 
     started = time.perf_counter()
@@ -141,10 +142,10 @@ def run_point(trace: Trace, point: Point) -> dict:
     try:
         scaled = scale_rate(trace, point.rate_scale)
         result = replay(scaled, point.options)
-        requests = requests_table(result)
+        outcomes = outcomes_from_result(result, point.options.slo)
         opts = dict(point.options.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
-        summary = summarize(result, requests, point.options.slo, opts)
-        row.update(summary_row(summary, run_digest(result, requests)))
+        summary = summarize(result, outcomes, opts)
+        row.update(summary_row(summary, run_digest(outcomes, steps_columns(result))))
         row["request_rate"] = len(scaled) / scaled.duration_s if scaled.duration_s > 0 else None
     except Exception as e:  # recorded in the table; the sweep goes on
         row.update(options)

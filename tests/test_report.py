@@ -16,6 +16,7 @@ import pytest
 
 from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, timeline
 from reports.html import _cdf_figure, _throughput_figure, report_html, run_report_html
+from reports.tables import read_table
 from sim.cli import main
 from traces import AZURE_CONV_SAMPLE
 
@@ -54,7 +55,7 @@ def test_every_replay_writes_a_report(run_dir):
     p99 = list(QUANTILES).index(99.0)
     for metric in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
         assert digest[metric][p99] == pytest.approx(summary[metric]["p99"])
-    steps = pd.read_csv(run_dir / "steps.csv")
+    steps = read_table(run_dir, "steps")
     assert len(digest["timeline"]["start_s"]) == min(NUM_TIMELINE_BINS, len(steps))
 
 
