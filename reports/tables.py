@@ -61,7 +61,7 @@ class TableWriter:
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(self.path, table.schema)
         else:
-            table = table.cast(self._parquet.schema.to_arrow_schema())
+            table = table.cast(self._parquet.schema)
         self._parquet.write_table(table, row_group_size=max(len(table), 1))
 
     def _write_csv(self, columns: dict, num_rows: int) -> None:

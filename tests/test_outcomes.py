@@ -1,0 +1,115 @@
+"""Streamed request outcomes and run tables: the same table and summary as built at the end,
+whatever order requests finish in; Parquet and CSV tables read back to the same values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reports.metrics import inter_token_latencies, requests_table
+from reports.outcomes import REQUEST_COLUMNS, RequestOutcomes, outcomes_from_result
+from reports.tables import TableWriter, read_table, write_table
+from sim.cli import main
+from sim.config import SLO, CacheConfig, SchedulerConfig
+from sim.replay import ReplayOptions, replay
+from traces import AZURE_CONV_SAMPLE, read_trace
+from traces.transforms import apply
+
+TRACE = "arrival_s,prompt_tokens,output_tokens,request_id\n0,10,5,a\n0,500,100,b\n1,200,10,c\n2,10,5,d\n3,1,1,e\n"
+
+
+@pytest.fixture(scope="module")
+def result():
+    """A replay with a rejection, one-token outputs and preemptions (a cache too small for 120 requests)."""
+    trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=120, max_model_len=None)
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_model_len=2600),
+                            cache=CacheConfig(num_blocks=400))
+    run = replay(trace, options)
+    assert run.num_preemptions > 0 and {r.status.value for r in run.requests} == {"finished", "rejected"}
+    return run
+
+
+def test_requests_csv_is_pandas_to_csv_of_the_whole_table(result, tmp_path):
+    outcomes_from_result(result, writer=TableWriter(tmp_path, "requests", "csv"))
+    requests_table(result).to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "requests.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_outcomes_in_any_finishing_order_give_the_same_table_and_sketches(result, tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    in_order = outcomes_from_result(result, writer=TableWriter(tmp_path / "a", "requests", "parquet"))
+    shuffled = RequestOutcomes(writer=TableWriter(tmp_path / "b", "requests", "parquet"), batch_rows=7)
+    times = result.token_times
+    order = np.random.default_rng(1).permutation(len(result.requests))
+    for position in order.tolist():
+        r = result.requests[position]
+        gaps = np.diff(times[r.token_offset:r.token_offset + r.max_tokens]) if r.finish_s is not None else None
+        shuffled.add(position, r, gaps)
+    shuffled.close()
+    a, b = read_table(tmp_path / "a", "requests"), read_table(tmp_path / "b", "requests")
+    pd.testing.assert_frame_equal(a, b)
+    assert list(a.columns) == list(REQUEST_COLUMNS)
+    for name in ("ttft", "tpot", "e2e", "scheduling_delay"):
+        assert np.array_equal(in_order.sketches[name].values(), shuffled.sketches[name].values())
+    assert np.array_equal(shuffled.itl.values(), inter_token_latencies(result))
+
+
+def test_summary_figures_are_those_of_the_whole_table(result):
+    outcomes = outcomes_from_result(result, SLO(ttft=2.0, tpot=0.05))
+    frame = requests_table(result)
+    done = frame[frame["status"] == "finished"]
+    assert outcomes.num_completed == len(done) and outcomes.num_rejected == len(frame) - len(done)
+    assert outcomes.duration_s == float(done["finish_s"].max() - frame["arrival_s"].min())
+    assert outcomes.total_output_tokens == done["output_tokens"].sum()
+    ttft = done["ttft_s"].to_numpy()
+    assert outcomes.sketches["ttft"].stats()["p90"] == float(np.percentile(ttft, 90))
+    tpot = done["tpot_s"].to_numpy()
+    good = (ttft <= 2.0) & (np.isnan(tpot) | (tpot <= 0.05))
+    assert outcomes.num_good == good.sum()
+    reasons = frame.loc[frame["status"] == "rejected", "reject_reason"].str.replace(r"\d+", "N", regex=True)
+    assert outcomes.reject_reason_counts() == reasons.value_counts().to_dict()
+
+
+def test_a_missing_outcome_is_an_error():
+    outcomes = RequestOutcomes()
+    outcomes.add(1, type("R", (), {"request_id": "x", "arrival_s": 0.0, "num_prompt_tokens": 1, "max_tokens": 1,
+                                   "status": type("S", (), {"value": "finished"}), "first_scheduled_s": 0.0,
+                                   "first_token_s": 0.1, "finish_s": 0.1, "num_preemptions": 0,
+                                   "num_prefix_hit_tokens": 0, "reject_reason": None})())
+    with pytest.raises(RuntimeError, match="missing before position 1"):
+        outcomes.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))), st.integers(-5, 10**12),
+                          st.sampled_from(["", "a,b", 'say "hi"', "plain"])), min_size=1, max_size=30),
+       st.integers(1, 8))
+def test_csv_batches_are_pandas_to_csv_byte_for_byte(tmp_path_factory, rows, chunk_rows):
+    folder = tmp_path_factory.mktemp("t")
+    columns = {"x": np.array([r[0] for r in rows]), "n": np.array([r[1] for r in rows], dtype=np.int64),
+               "text": [r[2] for r in rows]}
+    write_table(folder, "t", columns, "csv", chunk_rows=chunk_rows)
+    pd.DataFrame(columns).to_csv(folder / "pandas.csv", index=False)
+    assert (folder / "t.csv").read_bytes() == (folder / "pandas.csv").read_bytes()
+    write_table(folder, "t", columns, "parquet", chunk_rows=chunk_rows)
+    back = read_table(folder, "t")  # Parquet first
+    assert back["n"].tolist() == columns["n"].tolist() and back["text"].tolist() == columns["text"]
+    assert np.array_equal(back["x"].to_numpy(), columns["x"], equal_nan=True)
+
+
+def test_steps_table_formats(tmp_path):
+    sample = [str(AZURE_CONV_SAMPLE), "--limit", "40", "--quiet"]
+    for fmt in ("parquet", "csv", "none"):
+        assert main(["replay", *sample, "--out", str(tmp_path / fmt), "--steps", fmt, "--requests", "parquet"]) == 0
+    parquet, csv = read_table(tmp_path / "parquet", "steps"), pd.read_csv(tmp_path / "csv" / "steps.csv")
+    assert len(parquet) == json.loads((tmp_path / "parquet" / "summary.json").read_text())["num_steps"]
+    pd.testing.assert_frame_equal(parquet, csv, check_dtype=False)
+    assert not (tmp_path / "none" / "steps.parquet").exists() and not (tmp_path / "none" / "steps.csv").exists()
+    assert (tmp_path / "none" / "digest.json").read_bytes() == (tmp_path / "csv" / "digest.json").read_bytes()
+    assert len(read_table(tmp_path / "none", "requests")) == 40  # requests.parquet
