@@ -21,16 +21,31 @@ from traces.trace import Trace
 
 
 def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS) -> None:
-    out = Path(out)
-    try:
-        handle = gzip.open(out, "wt", encoding="utf-8", newline="") if out.suffix == ".gz" else \
-            open(out, "w", encoding="utf-8", newline="")
-    except OSError as e:
-        raise ServesimError(f"{out}: cannot write: {e.strerror}") from None
+    handle = _open(Path(out))
     with handle:
         for start in range(0, max(len(trace), 1), chunk_rows):
             _frame(trace, start, start + chunk_rows).to_csv(handle, header=start == 0, index=False,
                                                             lineterminator="\n")
+
+
+def write_canonical_chunks(chunks, out: str | Path) -> int:
+    """Write traces one after another (a large trace made in pieces, all with the same columns) as
+    one canonical CSV; returns the rows written."""
+    handle = _open(Path(out))
+    num_rows = 0
+    with handle:
+        for chunk in chunks:
+            _frame(chunk, 0, len(chunk)).to_csv(handle, header=num_rows == 0, index=False, lineterminator="\n")
+            num_rows += len(chunk)
+    return num_rows
+
+
+def _open(out: Path):
+    try:
+        return gzip.open(out, "wt", encoding="utf-8", newline="") if out.suffix == ".gz" else \
+            open(out, "w", encoding="utf-8", newline="")
+    except OSError as e:
+        raise ServesimError(f"{out}: cannot write: {e.strerror}") from None
 
 
 def _frame(trace: Trace, start: int, end: int) -> pd.DataFrame:
