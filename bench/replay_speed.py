@@ -100,8 +100,8 @@ def parse_config(text: str) -> tuple[str, float, bool]:
 
 def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool) -> dict:
     """One replay in this process: wall and CPU seconds of the simulation (the trace read is not timed)."""
+    from sim.app.replay import ReplayOptions, replay
     from sim.config import SchedulerConfig
-    from sim.replay import ReplayOptions, replay
     from traces import read_trace
     from traces.transforms import scale_rate
 
@@ -119,7 +119,7 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
 def end_to_end(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool) -> dict:
     """`sim replay` as a user runs it, in its own process: wall seconds and peak RSS."""
     with tempfile.TemporaryDirectory(prefix="replay_speed_") as out:
-        cmd = [sys.executable, "-m", "sim.cli", "replay", trace_path, "--policy", policy, "--rate-scale", f"{rate:g}",
+        cmd = [sys.executable, "-m", "sim.app.cli", "replay", trace_path, "--policy", policy, "--rate-scale", f"{rate:g}",
                "--model", model, "--hardware", hardware, "--max-num-batched-tokens", str(BUDGET),
                "--out", out, "--quiet"] + ([] if fast_forward else ["--no-fast-forward"])
         started = time.perf_counter()

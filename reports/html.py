@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from reports.digest import QUANTILES, TIMELINE, make_digest, summary_row
-from reports.tables import find_table, read_table
+from reports.run_tables import find_table, read_run_table
 from sim.errors import ServesimError
 
 AXES = ("policy", "model", "hardware", "max_num_batched_tokens", "max_num_seqs", "rate_scale", "seed")
@@ -42,7 +42,7 @@ _TEMPLATE = {"layout": {"plot_bgcolor": "#f5f6f8", "paper_bgcolor": "white", "fo
 # Entry points.
 
 def write_run_report(out: Path, summary: dict, digest: dict) -> None:
-    """digest.json and report.html of one replay (called by sim.replay.write_run)."""
+    """digest.json and report.html of one replay (called by sim.app.replay.write_run)."""
     (out / "digest.json").write_text(json.dumps(_nulls(digest)) + "\n")
     (out / "report.html").write_text(run_report_html(summary, digest))
 
@@ -57,7 +57,7 @@ def run_report_html(summary: dict, digest: dict | None) -> str:
 
 def write_report(directory: str | Path) -> Path:
     """Write DIR/report.html for whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
-    from sim.sweep import RESULTS, read_table
+    from reports.tables import RESULTS, read_table
 
     d = Path(directory)
     if not d.is_dir():
@@ -92,8 +92,8 @@ def _read_run(d: Path) -> tuple[dict, dict | None]:
         if (d / "digest.json").exists():
             return summary, json.loads((d / "digest.json").read_text())
         if find_table(d, "requests") and find_table(d, "steps"):  # a run from before digest.json
-            steps = read_table(d, "steps", ["start_s", *TIMELINE])
-            return summary, make_digest(read_table(d, "requests"), None,
+            steps = read_run_table(d, "steps", ["start_s", *TIMELINE])
+            return summary, make_digest(read_run_table(d, "requests"), None,
                                         {name: steps[name].to_numpy() for name in ("start_s", *TIMELINE)})
     except (OSError, ValueError, KeyError) as e:
         raise ServesimError(f"{d}: cannot read the run ({type(e).__name__}: {e})") from None

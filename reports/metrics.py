@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from reports.outcomes import RequestOutcomes
-from sim.engine import STEP_COLUMNS, SimResult
+from sim.engine import SimResult
+from sim.step_log import STEP_COLUMNS
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
 
@@ -58,7 +59,7 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
     a contiguous run of `token_times`; a gap that crosses from one request to the next is dropped,
     and the requests that emitted nothing (rejected) have only missing times."""
     gaps = np.diff(result.token_times)
-    crossing = np.array([r.token_offset for r in result.requests[1:]], dtype=np.int64) - 1
+    crossing = result.token_offsets[1:] - 1
     keep = np.ones(len(gaps), dtype=bool)
     keep[crossing[crossing >= 0]] = False
     gaps = gaps[keep]
@@ -81,8 +82,8 @@ def steps_columns(result: SimResult) -> dict[str, np.ndarray]:
 
 def write_numeric_csv(frame, path, chunk_rows: int = 65536) -> None:
     """`frame.to_csv(path, index=False)`, byte for byte, about twice as fast for a table of numbers
-    (see reports.tables)."""
-    from reports.tables import write_table
+    (see reports.run_tables)."""
+    from reports.run_tables import write_table
 
     path = Path(path)
     write_table(path.parent, path.name.removesuffix(".csv"), {name: frame[name].to_numpy() for name in frame.columns},

@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from reports.quantiles import EXACT_LIMIT, StreamingQuantiles
-from reports.tables import TableWriter
+from reports.run_tables import TableWriter
 from sim.config import SLO
 
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "status", "first_scheduled_s",
@@ -153,11 +153,10 @@ class RequestOutcomes:
 def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None) -> RequestOutcomes:
     """The outcomes of a finished in-memory replay (`SimResult`, with every token time)."""
     outcomes = RequestOutcomes(slo, writer)
-    times = result.token_times
     for position, r in enumerate(result.requests):
         gaps = None
         if r.finish_s is not None and r.max_tokens > 1:
-            gaps = np.diff(times[r.token_offset:r.token_offset + r.max_tokens])
+            gaps = np.diff(result.tokens_of(position))
         outcomes.add(position, r, gaps)
     outcomes.close()
     return outcomes

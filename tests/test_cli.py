@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reports.tables import read_table
-from sim.cli import main
+from reports.run_tables import read_run_table
+from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
 SAMPLE = str(AZURE_CONV_SAMPLE)
@@ -30,7 +30,7 @@ def test_replay_bundled_sample(policy, tmp_path, capsys):
     assert "ttft" in printed and "p99" in printed
     summary = json.loads((out / "summary.json").read_text())
     requests = pd.read_csv(out / "requests.csv")
-    steps = read_table(out, "steps")  # steps.parquet
+    steps = read_run_table(out, "steps")  # steps.parquet
     assert summary["completed"] == len(requests) == 1445 and summary["rejected"] == 0
     for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
         s = summary[name]

@@ -13,14 +13,12 @@ from hypothesis import strategies as st
 
 from reports.metrics import inter_token_latencies, requests_table
 from reports.outcomes import REQUEST_COLUMNS, RequestOutcomes, outcomes_from_result
-from reports.tables import TableWriter, read_table, write_table
-from sim.cli import main
+from reports.run_tables import TableWriter, read_run_table, write_table
+from sim.app.cli import main
+from sim.app.replay import ReplayOptions, replay
 from sim.config import SLO, CacheConfig, SchedulerConfig
-from sim.replay import ReplayOptions, replay
 from traces import AZURE_CONV_SAMPLE, read_trace
 from traces.transforms import apply
-
-TRACE = "arrival_s,prompt_tokens,output_tokens,request_id\n0,10,5,a\n0,500,100,b\n1,200,10,c\n2,10,5,d\n3,1,1,e\n"
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +43,13 @@ def test_outcomes_in_any_finishing_order_give_the_same_table_and_sketches(result
         (tmp_path / folder).mkdir()
     in_order = outcomes_from_result(result, writer=TableWriter(tmp_path / "a", "requests", "parquet"))
     shuffled = RequestOutcomes(writer=TableWriter(tmp_path / "b", "requests", "parquet"), batch_rows=7)
-    times = result.token_times
     order = np.random.default_rng(1).permutation(len(result.requests))
     for position in order.tolist():
         r = result.requests[position]
-        gaps = np.diff(times[r.token_offset:r.token_offset + r.max_tokens]) if r.finish_s is not None else None
+        gaps = np.diff(result.tokens_of(position)) if r.finish_s is not None else None
         shuffled.add(position, r, gaps)
     shuffled.close()
-    a, b = read_table(tmp_path / "a", "requests"), read_table(tmp_path / "b", "requests")
+    a, b = read_run_table(tmp_path / "a", "requests"), read_run_table(tmp_path / "b", "requests")
     pd.testing.assert_frame_equal(a, b)
     assert list(a.columns) == list(REQUEST_COLUMNS)
     for name in ("ttft", "tpot", "e2e", "scheduling_delay"):
@@ -98,7 +95,7 @@ def test_csv_batches_are_pandas_to_csv_byte_for_byte(tmp_path_factory, rows, chu
     pd.DataFrame(columns).to_csv(folder / "pandas.csv", index=False)
     assert (folder / "t.csv").read_bytes() == (folder / "pandas.csv").read_bytes()
     write_table(folder, "t", columns, "parquet", chunk_rows=chunk_rows)
-    back = read_table(folder, "t")  # Parquet first
+    back = read_run_table(folder, "t")  # Parquet first
     assert back["n"].tolist() == columns["n"].tolist() and back["text"].tolist() == columns["text"]
     assert np.array_equal(back["x"].to_numpy(), columns["x"], equal_nan=True)
 
@@ -107,9 +104,9 @@ def test_steps_table_formats(tmp_path):
     sample = [str(AZURE_CONV_SAMPLE), "--limit", "40", "--quiet"]
     for fmt in ("parquet", "csv", "none"):
         assert main(["replay", *sample, "--out", str(tmp_path / fmt), "--steps", fmt, "--requests", "parquet"]) == 0
-    parquet, csv = read_table(tmp_path / "parquet", "steps"), pd.read_csv(tmp_path / "csv" / "steps.csv")
+    parquet, csv = read_run_table(tmp_path / "parquet", "steps"), pd.read_csv(tmp_path / "csv" / "steps.csv")
     assert len(parquet) == json.loads((tmp_path / "parquet" / "summary.json").read_text())["num_steps"]
     pd.testing.assert_frame_equal(parquet, csv, check_dtype=False)
     assert not (tmp_path / "none" / "steps.parquet").exists() and not (tmp_path / "none" / "steps.csv").exists()
     assert (tmp_path / "none" / "digest.json").read_bytes() == (tmp_path / "csv" / "digest.json").read_bytes()
-    assert len(read_table(tmp_path / "none", "requests")) == 40  # requests.parquet
+    assert len(read_run_table(tmp_path / "none", "requests")) == 40  # requests.parquet

@@ -16,8 +16,8 @@ import pytest
 
 from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, timeline
 from reports.html import _cdf_figure, _throughput_figure, report_html, run_report_html
-from reports.tables import read_table
-from sim.cli import main
+from reports.run_tables import read_run_table
+from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
 SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "60"]
@@ -55,7 +55,7 @@ def test_every_replay_writes_a_report(run_dir):
     p99 = list(QUANTILES).index(99.0)
     for metric in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
         assert digest[metric][p99] == pytest.approx(summary[metric]["p99"])
-    steps = read_table(run_dir, "steps")
+    steps = read_run_table(run_dir, "steps")
     assert len(digest["timeline"]["start_s"]) == min(NUM_TIMELINE_BINS, len(steps))
 
 
@@ -94,7 +94,7 @@ def test_sweep_report_has_cdfs_per_policy_with_a_menu_and_throughput_curves(tmp_
     assert_self_contained(text)
     assert figure_ids(text) == ["figure-latency-cdfs", "figure-throughput-against-latency-across-rates",
                                 "figure-step-timeline"]
-    from sim.sweep import read_table
+    from sim.app.sweep import read_table
 
     rows = read_table(out / "results.parquet")[0]
     first_seed = rows[rows["seed"] == 0]

@@ -180,7 +180,7 @@ def test_bad_diurnal():
 
 
 def test_synth_command_writes_a_diurnal_trace_in_chunks(tmp_path, capsys):
-    from sim.cli import main
+    from sim.app.cli import main
 
     out = tmp_path / "week.csv"
     assert main(["trace", "synth", str(out), "--num-requests", "3000", "--rate", "0.025", "--diurnal", "0.5"]) == 0
