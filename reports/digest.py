@@ -100,10 +100,10 @@ def make_digest(requests: pd.DataFrame, itl: np.ndarray | None, steps: dict[str,
     return digest
 
 
-def run_digest(outcomes: RequestOutcomes, steps: dict[str, np.ndarray]) -> dict:
-    """The digest of a replay from its streamed outcomes and its steps (start_s and TIMELINE columns).
-    Each sketch is quantile_sketch's while the metric's values were kept exactly, else read from
-    the streaming sketch (within its relative accuracy)."""
+def run_digest(outcomes: RequestOutcomes, step_timeline: dict) -> dict:
+    """The digest of a replay from its streamed outcomes and its step timeline (`timeline` of its
+    steps, or reports.timeline.StepTimeline's). Each sketch is quantile_sketch's while the metric's
+    values were kept exactly, else read from the streaming sketch (within its relative accuracy)."""
     digest: dict = {"quantiles": QUANTILES.tolist()}
     for name in SKETCHED:
         sketch = outcomes.itl if name == "itl" else outcomes.sketches[name]
@@ -113,8 +113,13 @@ def run_digest(outcomes: RequestOutcomes, steps: dict[str, np.ndarray]) -> dict:
             digest[name] = quantile_sketch(sketch.values())
         else:
             digest[name] = sketch.percentiles(QUANTILES).tolist()
-    digest["timeline"] = timeline(steps["start_s"], {name: steps[name] for name in TIMELINE})
+    digest["timeline"] = step_timeline
     return digest
+
+
+def steps_timeline(steps: dict[str, np.ndarray]) -> dict:
+    """The timeline of a run's whole step columns (start_s and TIMELINE)."""
+    return timeline(steps["start_s"], {name: steps[name] for name in TIMELINE})
 
 
 def flat_options(options: dict) -> dict:

@@ -73,9 +73,16 @@ def steps_table(result: SimResult):
 
 
 def steps_columns(result: SimResult) -> dict[str, np.ndarray]:
-    """The steps table as columns: step, STEP_COLUMNS, then the backend's breakdown keys with `_s`."""
-    columns = {"step": np.arange(len(result.steps))}
-    for name, values in result.steps.columns().items():
+    """The steps table of an in-memory result as columns (see step_table_columns)."""
+    return step_table_columns(result.steps.columns())
+
+
+def step_table_columns(log_columns: dict[str, np.ndarray], first_step: int = 0) -> dict[str, np.ndarray]:
+    """Steps from the step log as the steps table's columns: step, STEP_COLUMNS, then the backend's
+    breakdown keys with `_s`."""
+    num_steps = len(log_columns["start_s"])
+    columns = {"step": np.arange(first_step, first_step + num_steps)}
+    for name, values in log_columns.items():
         columns[name if name in STEP_COLUMNS else f"{name}_s"] = values
     return columns
 

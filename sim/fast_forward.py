@@ -136,11 +136,10 @@ class FastForward:
         ends, k = run.ends, len(run.ends)
         reqs = batch.requests
         engine = self.engine
-        times, offset = engine.token_times.times, engine.token_times.offset
         finishing = []
         for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
-            start = offset(r) + r.num_output_tokens
-            times[start:start + num] = ends[:num]
+            start = r.num_output_tokens
+            r.token_times[start:start + num] = ends[:num]
             r.num_computed_tokens += num
             r.num_output_tokens += num
             if r.num_output_tokens == r.max_tokens:

@@ -110,3 +110,60 @@ def test_steps_table_formats(tmp_path):
     assert not (tmp_path / "none" / "steps.parquet").exists() and not (tmp_path / "none" / "steps.csv").exists()
     assert (tmp_path / "none" / "digest.json").read_bytes() == (tmp_path / "csv" / "digest.json").read_bytes()
     assert len(read_run_table(tmp_path / "none", "requests")) == 40  # requests.parquet
+
+
+@pytest.mark.parametrize("steps,requests", [("parquet", "csv"), ("csv", "parquet")])
+def test_a_streamed_replay_writes_the_files_of_an_in_memory_one(tmp_path, steps, requests):
+    from sim.app.plan import resolve
+    from sim.app.replay import replay_to, write_run
+
+    trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=150, max_model_len=None)
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_model_len=2600),
+                            cache=CacheConfig(num_blocks=400), slo=SLO(ttft=1.0))
+    streamed = replay_to(tmp_path / "streamed", trace, resolve(options), steps, requests, step_batch_rows=37)
+    kept = write_run(tmp_path / "kept", replay(trace, options), options, trace, steps, requests, step_batch_rows=37)
+    assert streamed == kept and streamed["preemptions"] > 0 and streamed["rejected"] > 0
+    names = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "streamed").iterdir())
+    for name in names:
+        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "kept" / name).read_bytes(), name
+    assert len(read_run_table(tmp_path / "streamed", "steps")) == streamed["num_steps"] > 37
+
+
+def test_the_step_timeline_is_exact_then_binned():
+    from reports.digest import timeline
+    from reports.timeline import StepTimeline
+
+    starts = np.arange(1000.0)  # steps at whole seconds; value = start
+    exact, binned = StepTimeline(("x",)), StepTimeline(("x",), exact_steps=300)
+    for part in np.array_split(starts, 7):
+        exact.add(part, {"x": part})
+        binned.add(part, {"x": part})
+    assert exact.timeline(10) == timeline(starts, {"x": starts}, 10)
+    assert binned._kept is None and binned.num_steps == 1000
+    # Bins of 99.9 s: every step is at least 0.1 s past a bin edge, more than one fine bin
+    # (2 x 999 s / 65536), so each lands in its own bin: bin k holds the steps 100k .. 100k + 99
+    # (the first 0 .. 99, the last 900 .. 999), whose mean is 100k + 49.5.
+    got = binned.timeline(10)
+    assert got["start_s"] == pytest.approx([99.9 * k for k in range(10)])
+    assert got["x"] == pytest.approx([100 * k + 49.5 for k in range(10)])
+
+
+def test_a_step_log_with_a_sink_hands_over_whole_batches_of_the_same_rows():
+    from sim.step_log import StepLog
+
+    rng = np.random.default_rng(3)
+    kept, batches = StepLog(), []
+    spilled = StepLog(sink=lambda columns, first: batches.append((first, {k: v.copy() for k, v in columns.items()})),
+                      spill_rows=10)
+    for single in (rng.random(40) < 0.5).tolist():
+        for log in (kept, spilled):
+            if single:
+                log.append((1.0, 0.5, 3, 4, 5, 6, 7, 0), {"attention": 0.25})
+            else:  # a run: num_prefill_tokens and num_preemptions left out, so they stay 0
+                log.extend(7, {"start_s": np.arange(7.0), "seconds": 0.5, "num_decode_tokens": 2}, {"attention": 0.125})
+    spilled.spill()
+    assert len(spilled) == len(kept) and [first for first, _ in batches] == list(range(0, len(kept), 10))
+    assert all(len(b["start_s"]) == 10 for _, b in batches[:-1])
+    for name, values in kept.columns().items():
+        assert np.array_equal(np.concatenate([b[name] for _, b in batches]), values), name

@@ -92,7 +92,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from reports.metrics import format_summary
     from sim.app.plan import resolve
     from sim.app.progress import Progress
-    from sim.app.replay import replay, write_run
+    from sim.app.replay import replay_to
     from traces.cli import load_trace
 
     options = options_from_args(args)
@@ -101,10 +101,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
     progress = Progress.for_replay(len(trace), quiet=args.quiet)
     started = time.perf_counter()
-    result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
+    summary = replay_to(out, trace, plan, steps=args.steps, requests=args.requests, progress=progress,
+                        fast_forward=not args.no_fast_forward)
     progress.close()
     wall = time.perf_counter() - started
-    summary = write_run(out, result, plan, trace, steps=args.steps, requests=args.requests)
     if not args.quiet:
         where = f"{options.device} (real, measured)" if options.backend == "real" else f"{options.hardware} (costmodel)"
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {where}"

@@ -1,21 +1,24 @@
-"""One replay: trace + options -> simulated requests and steps -> a run folder."""
+"""One replay: trace + options -> simulated requests and steps -> a run folder.
+
+`replay` keeps every request and token time in memory (tests, sweeps, compare); `replay_to` writes
+the run folder as the replay goes and keeps only what is in flight (`sim replay`)."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+
+import numpy as np
 
 from sim.app.options import ReplayOptions
 from sim.app.plan import RunPlan, resolve
-from sim.arrivals import TraceArrivals, simulate
+from sim.arrivals import RequestStream, TraceArrivals, simulate
 from sim.engine import Engine, SimResult, TokenTimes
-from sim.errors import ServesimError
-from sim.jsonable import jsonable
 from sim.request import Request
+from sim.step_log import BATCH_ROWS, StepLog
 from traces.trace import Trace
 
-__all__ = ["ReplayOptions", "make_requests", "replay", "write_run"]
+__all__ = ["ReplayOptions", "make_requests", "replay", "replay_to", "write_run"]
 
 
 def make_requests(trace: Trace) -> list[Request]:
@@ -43,35 +46,55 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
     return simulate(engine, TraceArrivals(requests, engine))
 
 
-TABLE_FORMATS = ("parquet", "csv")
-
-
 def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, steps: str = "parquet",
-              requests: str = "csv") -> dict:
-    """Write the requests and steps tables (`steps`: parquet, csv or none; `requests`: csv or
-    parquet), summary.json, digest.json and report.html; return the summary."""
+              requests: str = "csv", step_batch_rows: int = BATCH_ROWS) -> dict:
+    """Write an in-memory result's run folder (the tables, summary.json, digest.json, report.html);
+    return the summary. `steps`: parquet, csv or none; `requests`: csv or parquet; the steps table
+    is written in row groups of `step_batch_rows`."""
+    from sim.app.run_folder import write_run_folder
+
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
-    from reports.digest import run_digest
-    from reports.html import write_run_report
-    from reports.metrics import steps_columns, summarize
-    from reports.outcomes import outcomes_from_result
-    from reports.run_tables import TableWriter, write_table
+    return write_run_folder(out, result, run_options(plan, trace), plan.options.slo, steps, requests, step_batch_rows)
 
-    if steps not in (*TABLE_FORMATS, "none"):
-        raise ServesimError(f"--steps must be parquet, csv or none, got {steps!r}")
-    if requests not in TABLE_FORMATS:
-        raise ServesimError(f"--requests must be csv or parquet, got {requests!r}")
-    out.mkdir(parents=True, exist_ok=True)
-    opts = plan.as_dict()
-    opts["trace"] = trace.source
+
+def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", requests: str = "csv",
+              progress: Callable[[float, int], None] | None = None, fast_forward: bool = True,
+              step_batch_rows: int = BATCH_ROWS) -> dict:
+    """Replay the trace and write its run folder as the replay goes, in bounded memory: requests are
+    made as they arrive, their outcomes written and sketched as they end, the steps written in
+    batches. The same files as `write_run(out, replay(...))`; returns the summary."""
+    from sim.app.run_folder import RunFolder
+
+    folder = RunFolder(out, run_options(plan, trace), plan.options.slo, steps, requests)
+    log = StepLog(sink=folder.on_steps, spill_rows=step_batch_rows)
+    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), None, plan.max_model_len,
+                    fast_forward=fast_forward, progress=progress, steps=log)
+    result = simulate(engine, TraceArrivals(request_stream(trace), engine,
+                                            lambda position, r: folder.on_request(position, r, r.token_times)))
+    log.spill()
+    return folder.finish(result)
+
+
+def request_stream(trace: Trace) -> RequestStream:
+    """The trace's requests in arrival order (ties in trace order), each made when it arrives."""
+    arrival = trace.arrival_s
+    order = None if bool((arrival[1:] >= arrival[:-1]).all()) else np.argsort(arrival, kind="stable")
+    ids, hash_ids, block_tokens = trace.request_ids, trace.hash_ids, trace.hash_block_tokens
+    prompt, output = trace.prompt_tokens, trace.output_tokens
+
+    def make(i: int) -> Request:
+        j = i if order is None else int(order[i])
+        return Request(j, str(j) if ids is None else ids[j], float(arrival[j]), int(prompt[j]), int(output[j]),
+                       hash_ids=None if hash_ids is None else hash_ids[j], hash_block_tokens=block_tokens)
+
+    return RequestStream(arrival if order is None else arrival[order], make)
+
+
+def run_options(plan: RunPlan, trace: Trace) -> dict:
+    """The options a run's summary records: the plan's, the trace and its transforms."""
+    options = plan.as_dict()
+    options["trace"] = trace.source
     if trace.transforms:
-        opts["trace_transforms"] = trace.transforms
-    outcomes = outcomes_from_result(result, plan.options.slo, TableWriter(out, "requests", requests))
-    summary = summarize(result, outcomes, opts)
-    step_columns = steps_columns(result)
-    if steps != "none":
-        write_table(out, "steps", step_columns, steps)
-    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
-    write_run_report(out, jsonable(summary), run_digest(outcomes, step_columns))  # downsampled: cheap for 500k steps
-    return summary
+        options["trace_transforms"] = trace.transforms
+    return options

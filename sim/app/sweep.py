@@ -137,7 +137,7 @@ def _difference(stored: dict, current: dict) -> str:
 
 def run_point(trace: Trace, point: Point) -> dict:
     """Replay one point; a failure becomes a row with status 'error' and its message."""
-    from reports.digest import flat_options, run_digest, summary_row
+    from reports.digest import flat_options, run_digest, steps_timeline, summary_row
     from reports.metrics import steps_columns, summarize
     from reports.outcomes import outcomes_from_result
     from traces.transforms import scale_rate
@@ -152,7 +152,7 @@ def run_point(trace: Trace, point: Point) -> dict:
         outcomes = outcomes_from_result(result, plan.options.slo)
         opts = dict(plan.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
         summary = summarize(result, outcomes, opts)
-        row.update(summary_row(summary, run_digest(outcomes, steps_columns(result))))
+        row.update(summary_row(summary, run_digest(outcomes, steps_timeline(steps_columns(result)))))
         row["request_rate"] = len(scaled) / scaled.duration_s if scaled.duration_s > 0 else None
     except Exception as e:  # recorded in the table; the sweep goes on
         row.update(options)
