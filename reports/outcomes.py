@@ -29,6 +29,7 @@ REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", 
                    "ttft_s", "e2e_s", "tpot_s", "scheduling_delay_s")
 LATENCIES = ("ttft", "tpot", "e2e", "scheduling_delay")  # per finished request; ITL is per token gap
 BATCH_ROWS = 65536  # outcomes per batch (a row group of the Parquet table)
+GAP_BATCH = 1 << 20  # inter-token gaps sketched at a time
 FINISHED = "finished"
 REJECTED = "rejected"
 
@@ -55,7 +56,8 @@ class RequestOutcomes:
         self._pending: dict[int, tuple] = {}  # position -> (row, gaps), waiting for earlier positions
         self._next_position = 0
         self._rows: list[tuple] = []
-        self._gaps: list[np.ndarray] = []
+        self._gaps: list[np.ndarray] = []  # inter-token gaps of the rows taken, not yet sketched
+        self._num_gaps = 0
 
     def add(self, position: int, request, gaps: np.ndarray | None = None) -> None:
         """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order."""
@@ -74,9 +76,17 @@ class RequestOutcomes:
         self._rows.append(row)
         if gaps is not None and len(gaps):
             self._gaps.append(gaps)
+            self._num_gaps += len(gaps)
+            if self._num_gaps >= GAP_BATCH:
+                self._sketch_gaps()
         self._next_position += 1
         if len(self._rows) >= self.batch_rows:
             self._flush()
+
+    def _sketch_gaps(self) -> None:
+        if self._gaps:
+            self.itl.add(np.concatenate(self._gaps))
+            self._gaps, self._num_gaps = [], 0
 
     def _flush(self) -> None:
         if not self._rows:
@@ -112,9 +122,7 @@ class RequestOutcomes:
         self.total_prompt_tokens += int(np.array(columns["prompt_tokens"], dtype=np.int64)[done].sum())
         for name in LATENCIES:
             self.sketches[name].add(latencies[name][done])
-        if self._gaps:
-            self.itl.add(np.concatenate(self._gaps))
-            self._gaps = []
+        self._sketch_gaps()
         good = done.copy()
         for name in ("ttft", "tpot", "e2e"):
             limit = getattr(self.slo, name)

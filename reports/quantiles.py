@@ -31,6 +31,7 @@ EXACT_LIMIT = 1 << 22  # values kept exactly before switching to the sketch
 RELATIVE_ACCURACY = 0.005
 MIN_VALUE = 1e-9  # seconds; the sketch's smallest positive bucket
 MAX_VALUE = 1e12
+SKETCH_CHUNK = 1 << 20  # values sketched at a time
 
 
 class StreamingQuantiles:
@@ -74,16 +75,23 @@ class StreamingQuantiles:
             self._chunks.append(values.copy())
             if self.count <= self.exact_limit:
                 return
-            values = np.concatenate(self._chunks)  # past the limit: everything moves into the sketch
-            self._chunks = None
+            chunks, self._chunks = self._chunks, None  # past the limit: everything moves into the sketch
             self._counts = np.zeros(len(self._representative), dtype=np.int64)
-        self._sum += float(values.sum())
-        zero = values == 0
-        self._num_zeros += int(zero.sum())
-        positive = values[~zero]
-        keys = np.ceil(np.log(np.clip(positive, MIN_VALUE, MAX_VALUE)) / self._log_gamma).astype(np.int64)
-        keys = np.clip(keys - self._min_key, 0, len(self._counts) - 1)
-        self._counts += np.bincount(keys, minlength=len(self._counts))
+            for chunk in chunks:
+                self._sketch(chunk)
+            return
+        self._sketch(values)
+
+    def _sketch(self, values: np.ndarray) -> None:
+        for start in range(0, len(values), SKETCH_CHUNK):  # bounded temporaries
+            part = values[start:start + SKETCH_CHUNK]
+            self._sum += float(part.sum())
+            zero = part == 0
+            self._num_zeros += int(zero.sum())
+            keys = np.log(np.clip(part[~zero], MIN_VALUE, MAX_VALUE))
+            keys = np.ceil(keys / self._log_gamma, out=keys).astype(np.int64)
+            np.clip(keys - self._min_key, 0, len(self._counts) - 1, out=keys)
+            self._counts += np.bincount(keys, minlength=len(self._counts))
 
     def values(self) -> np.ndarray:
         """Every value, in the order added (exact regime only)."""
