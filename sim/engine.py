@@ -42,9 +42,9 @@ class TokenTimes:
     """Every emitted token's time, request after request, kept after the requests end: request r's
     tokens are at `offsets[i]:offsets[i] + r.max_tokens`, where i is r's place in `requests`.
 
-    Each request's `token_times` is its slice of this buffer. Without a TokenTimes (a streamed
-    replay), the engine gives each request its own array at its first token and drops it when the
-    request ends, after the workload has heard of the end (`on_done`), so memory holds the token
+    While a request is in the engine its token times are a list (`Request.token_times`); when it
+    finishes they are stored here. Without a TokenTimes (a streamed replay) the list is dropped when
+    the request ends, after the workload has heard of the end (`on_done`), so memory holds the token
     times of the requests in flight only."""
 
     def __init__(self, requests: list[Request]):
@@ -54,8 +54,11 @@ class TokenTimes:
         self.offsets = offsets[:-1]
         self.times = np.full(int(offsets[-1]), np.nan)
         self._offset_of = dict(zip([r.index for r in requests], self.offsets.tolist()))
-        for r, start in zip(requests, self.offsets.tolist()):
-            r.token_times = self.times[start:start + r.max_tokens]
+
+    def store(self, request: Request) -> None:
+        """Keep a finished request's token times."""
+        start = self._offset_of[request.index]
+        self.times[start:start + len(request.token_times)] = request.token_times
 
     def offset(self, request: Request) -> int:
         return self._offset_of[request.index]
@@ -210,11 +213,11 @@ class Engine:
             num_output = r.num_output_tokens
             if num_computed != r.num_prompt_tokens + num_output:
                 continue  # a partial prefill chunk emits nothing
-            if not num_output:
+            if num_output:
+                r.token_times.append(now)
+            else:
                 r.first_token_s = now
-                if r.token_times is None:  # a streamed replay: its own array while in flight
-                    r.token_times = np.empty(r.max_tokens)
-            r.token_times[num_output] = now
+                r.token_times = [now]
             r.num_output_tokens = num_output + 1
             if num_output + 1 == r.max_tokens:
                 finished.append(r)
@@ -229,5 +232,7 @@ class Engine:
         self.block_manager.free(r)
         r.drop_block_hashes()
         self.num_finished += 1
+        if self.token_times is not None:
+            self.token_times.store(r)
         self.workload.on_done(r, now)
-        r.token_times = None  # kept by a TokenTimes, if any; else the workload has had them
+        r.token_times = None

@@ -136,10 +136,10 @@ class FastForward:
         ends, k = run.ends, len(run.ends)
         reqs = batch.requests
         engine = self.engine
+        ends_list = ends.tolist()
         finishing = []
         for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
-            start = r.num_output_tokens
-            r.token_times[start:start + num] = ends[:num]
+            r.token_times.extend(ends_list if num == k else ends_list[:num])
             r.num_computed_tokens += num
             r.num_output_tokens += num
             if r.num_output_tokens == r.max_tokens:

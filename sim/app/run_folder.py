@@ -42,9 +42,11 @@ class RunFolder:
         self.steps_writer = TableWriter(out, "steps", steps) if steps != "none" else None
         self.timeline = StepTimeline(TIMELINE)
 
-    def on_request(self, position: int, request: Request, token_times: np.ndarray | None) -> None:
+    def on_request(self, position: int, request: Request, token_times) -> None:
         """A request ended; `position`: its place in arrival order; `token_times`: its tokens' times."""
-        gaps = np.diff(token_times) if request.finish_s is not None and token_times is not None else None
+        gaps = None
+        if request.finish_s is not None and token_times is not None and len(token_times) > 1:
+            gaps = np.diff(np.asarray(token_times, dtype=np.float64))
         self.outcomes.add(position, request, gaps)
 
     def on_steps(self, log_columns: dict[str, np.ndarray], first_step: int) -> None:
