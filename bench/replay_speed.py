@@ -5,7 +5,8 @@ with the cost model (Llama-3.1-8B on H100-SXM by default, budget 2048) under eac
     python bench/replay_speed.py [--trace FILE] [--mooncake FILE] [--only CONFIG ...] [--repeat N]
                                  [--model NAME] [--hardware NAME] [--no-fast-forward] [--no-e2e]
 
-CONFIG is POLICY:RATE on the Azure trace (chunked:2) or `mooncake`. Without --trace the traces are
+CONFIG is POLICY:RATE on the Azure trace (chunked:2) or `mooncake`; with --only the figures of each
+configuration asked for are printed as one JSON line (the table otherwise). Without --trace the traces are
 looked up beside the repository (`../shared/traces/raw/`, from this checkout or from the main
 checkout of a git worktree); when they are not there the bundled samples are replayed instead, and
 the table says so.
@@ -74,8 +75,10 @@ def resolve_traces(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     paths = []
     for given, name, sample in ((args.trace, AZURE, AZURE_SAMPLE), (args.mooncake, MOONCAKE, MOONCAKE_SAMPLE)):
         if given is not None:
-            if not Path(given).exists():
-                sys.exit(f"replay_speed: {given}: no such file")
+            if not Path(given).is_file():
+                print(f"replay_speed: error: --{'trace' if name == AZURE else 'mooncake'} {given}: no such file",
+                      file=sys.stderr)
+                sys.exit(2)
             paths.append(str(Path(given).resolve()))
             continue
         found = shared_trace(name)
@@ -112,7 +115,8 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
     started, cpu_started = time.perf_counter(), time.process_time()
     result = replay(trace, options, fast_forward=fast_forward)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    return {"sim_s": wall, "cpu_s": cpu, "ref_s": ref, "simulated_s": result.end_s, "steps": len(result.steps),
+    return {"policy": policy, "rate": rate, "sim_s": wall, "cpu_s": cpu, "ref_s": ref, "simulated_s": result.end_s,
+            "steps": len(result.steps), "finished": sum(r.finish_s is not None for r in result.requests),
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -163,12 +167,15 @@ def main() -> None:
         sys.exit("replay_speed: --repeat must be at least 1")
     azure, mooncake, notes = resolve_traces(args)
     fast_forward = not args.no_fast_forward
-    print(f"Azure trace {azure}\nMooncake trace {mooncake}\n{args.model} on {args.hardware}, budget {BUDGET}, "
-          f"{'fast-forward' if fast_forward else 'step by step'}, best of {args.repeat}")
+    table = not args.only  # with --only: one JSON line per configuration, for scripts
+    say = print if table else (lambda text: print(text, file=sys.stderr))
+    say(f"Azure trace {azure}\nMooncake trace {mooncake}\n{args.model} on {args.hardware}, budget {BUDGET}, "
+        f"{'fast-forward' if fast_forward else 'step by step'}, best of {args.repeat}")
     for note in notes:
-        print(f"note: {note}")
-    print(f"{'config':<17}{'sim s':>8}{'cpu s':>8}{'ref s':>7}{'simulated':>11}{'x real':>8}{'steps':>9}"
-          f"{'RSS MB':>8}{'e2e s':>8}{'e2e MB':>8}")
+        say(f"note: {note}")
+    if table:
+        print(f"{'config':<17}{'sim s':>8}{'cpu s':>8}{'ref s':>7}{'simulated':>11}{'x real':>8}{'steps':>9}"
+              f"{'RSS MB':>8}{'e2e s':>8}{'e2e MB':>8}")
     for config in args.only or CONFIGS:
         policy, rate, is_mooncake = parse_config(config)
         trace = mooncake if is_mooncake else azure
@@ -185,6 +192,11 @@ def main() -> None:
             runs.append(run)
         label = "mooncake chunked" if is_mooncake else f"{policy} {rate:g}x"
         sim_s, simulated = best(runs, "sim_s"), runs[0]["simulated_s"]
+        if not table:
+            row = dict(runs[0], config=config, x_real=simulated / sim_s)
+            row.update({key: best(runs, key) for key in row if key.endswith(("_s", "_mb")) and key != "simulated_s"})
+            print(json.dumps(row), flush=True)
+            continue
         e2e = "" if args.no_e2e else f"{best(runs, 'e2e_s'):>8.2f}{best(runs, 'e2e_rss_mb'):>8.0f}"
         print(f"{label:<17}{sim_s:>8.2f}{best(runs, 'cpu_s'):>8.2f}{best(runs, 'ref_s'):>7.2f}{simulated:>11.0f}"
               f"{simulated / sim_s:>8.0f}{runs[0]['steps']:>9}{best(runs, 'rss_mb'):>8.0f}" + e2e, flush=True)

@@ -4,14 +4,14 @@
 - TPOT: (E2E - TTFT) / (output tokens - 1), for requests with more than one output token.
 - ITL: every gap between consecutive tokens of a request, all requests pooled.
 - Scheduling delay: arrival to the first step that scheduled the request.
-- Throughputs divide by the duration: first arrival to last finish.
+- Throughputs divide by the duration: first arrival (or the benchmark's start) to last finish.
 - Goodput: completed requests meeting every SLO, per second of duration.
 Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does); they come from the
 streaming sketches of reports.quantiles, exact while a metric has at most EXACT_LIMIT values.
 
 The summary is built from streamed outcomes (reports.outcomes); the whole-table helpers below
-(requests_table, steps_table, inter_token_latencies) serve in-memory results (tests, sim compare).
-pandas is imported only by those.
+(requests_table, steps_table, inter_token_latencies, longest_token_gaps) serve in-memory results
+(tests, sim compare, sim bench). pandas is imported only by those.
 """
 
 from __future__ import annotations
@@ -66,6 +66,28 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
     return gaps[~np.isnan(gaps)]
 
 
+def longest_token_gaps(result: SimResult) -> np.ndarray:
+    """Each request's longest gap between consecutive tokens (NaN with fewer than two tokens), in
+    request order: what a time-between-tokens SLO holds a request to."""
+    num_tokens = np.array([r.max_tokens for r in result.requests], dtype=np.int64)
+    longest = np.full(len(num_tokens), np.nan)
+    multi = np.flatnonzero(num_tokens > 1)
+    if not len(multi):
+        return longest
+    gaps = np.diff(result.token_times)
+    starts = np.asarray(result.token_offsets[:len(num_tokens)], dtype=np.int64)[multi]
+    ends = starts + num_tokens[multi] - 1
+    marks = np.zeros(len(gaps) + 1, dtype=np.int64)
+    np.add.at(marks, starts, 1)
+    np.add.at(marks, ends, -1)
+    inside = np.cumsum(marks)[:-1] > 0
+    masked = np.where(inside, gaps, -np.inf)
+    with np.errstate(invalid="ignore"):
+        reduced = np.fmax.reduceat(masked, starts)  # each from its start up to the next start
+    longest[multi] = np.where(np.isfinite(reduced), reduced, np.nan)  # a rejected request has no times
+    return longest
+
+
 def steps_table(result: SimResult):
     import pandas as pd
 
@@ -97,10 +119,12 @@ def write_numeric_csv(frame, path, chunk_rows: int = 65536) -> None:
                 "csv", chunk_rows)
 
 
-def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict) -> dict:
+def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start_s: float | None = None) -> dict:
     """The run summary from the engine's totals (`result`) and the streamed request outcomes.
-    Percentiles are exact while each metric has at most reports.quantiles.EXACT_LIMIT values."""
-    duration = outcomes.duration_s
+    Percentiles are exact while each metric has at most reports.quantiles.EXACT_LIMIT values.
+    `start_s`: when the duration starts (a benchmark's start, as vLLM's bench times it); None: the
+    first arrival."""
+    duration = outcomes.duration_s(start_s)
 
     def per_s(x: float) -> float | None:
         return x / duration if duration > 0 else None
@@ -126,7 +150,7 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict) -> di
         summary[name] = (outcomes.itl if name == "itl" else outcomes.sketches[name]).stats()
     slo = outcomes.slo
     if slo.is_set:
-        summary["slo"] = {k: v for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2e", slo.e2e)) if v is not None}
+        summary["slo"] = slo.limits()
         summary["goodput"] = per_s(outcomes.num_good)
         summary["slo_attainment"] = outcomes.num_good / completed if completed else None
     if outcomes.num_rejected:
@@ -135,24 +159,33 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict) -> di
     return summary
 
 
+def latency_unit(values) -> tuple[str, float]:
+    """ms for a table of latencies, or s once one reaches 100 s (an hour reads 3600.0 s, not 3600000.0 ms)."""
+    finite = [abs(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return ("s", 1.0) if finite and max(finite) >= 100 else ("ms", 1e3)
+
+
 def format_summary(summary: dict) -> str:
     """A short table for the terminal."""
+    names = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
+    unit, scale = latency_unit([summary[n][q] for n in names for q in ("mean", "p50", "p90", "p99")])
+
     def ms(x: float | None) -> str:
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:10.1f}"
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:10.1f}"
 
     lines = [
-        (f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
-         f"{summary['preemptions']} preemptions, {summary['num_steps']} steps"),
-        (f"duration {summary['duration_s']:.1f} s   throughput {summary['request_throughput'] or 0:.2f} req/s, "
-         f"{summary['output_throughput'] or 0:.0f} output tok/s, {summary['total_token_throughput'] or 0:.0f} tok/s"),
+        f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
+        f"{summary['preemptions']} preemptions, {summary['num_steps']} steps",
+        f"duration {summary['duration_s']:.1f} s   throughput {summary['request_throughput'] or 0:.2f} req/s, "
+        f"{summary['output_throughput'] or 0:.0f} output tok/s, {summary['total_token_throughput'] or 0:.0f} tok/s",
     ]
     if summary.get("prefix_cache_hit_rate"):
         lines.append(f"prefix cache hit rate {summary['prefix_cache_hit_rate']:.1%}")
     if "goodput" in summary:
         lines.append(f"goodput {summary['goodput'] or 0:.2f} req/s ({(summary['slo_attainment'] or 0):.1%} within SLO "
                      + ", ".join(f"{k}<={v}s" for k, v in summary["slo"].items()) + ")")
-    lines.append(f"{'metric (ms)':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
+    lines.append(f"{f'metric ({unit})':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for name in names:
         s = summary[name]
         lines.append(f"{name:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}")
     return "\n".join(lines)

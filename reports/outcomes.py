@@ -10,7 +10,8 @@ The buffer holds only the requests that finished while an earlier one was still 
 Columns (vLLM's serving-benchmark definitions; times in seconds from the first arrival):
 request_id, arrival_s, prompt_tokens, output_tokens, status, first_scheduled_s, first_token_s,
 finish_s, num_preemptions, prefix_hit_tokens, reject_reason, ttft_s, e2e_s, tpot_s,
-scheduling_delay_s. A missing time is NaN.
+scheduling_delay_s. A missing time is NaN. Goodput counts the finished requests within every limit of the SLO
+(sim.config.SLO: ttft, tpot, e2e, scheduling delay and tbt, a request's longest gap between tokens).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", 
                    "first_token_s", "finish_s", "num_preemptions", "prefix_hit_tokens", "reject_reason",
                    "ttft_s", "e2e_s", "tpot_s", "scheduling_delay_s")
 LATENCIES = ("ttft", "tpot", "e2e", "scheduling_delay")  # per finished request; ITL is per token gap
+SLO_METRICS = {"delay": "scheduling_delay", "tbt": "tbt"}  # an SLO key's metric, where the names differ
 BATCH_ROWS = 65536  # outcomes per batch (a row group of the Parquet table)
 GAP_BATCH = 1 << 20  # inter-token gaps sketched at a time
 FINISHED = "finished"
@@ -61,9 +63,10 @@ class RequestOutcomes:
 
     def add(self, position: int, request, gaps: np.ndarray | None = None) -> None:
         """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order."""
+        longest_gap = float(gaps.max()) if gaps is not None and len(gaps) else None  # for a tbt SLO
         row = (request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
                request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
-               request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "")
+               request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "", longest_gap)
         if position != self._next_position:
             self._pending[position] = (row, gaps)
             return
@@ -91,17 +94,18 @@ class RequestOutcomes:
     def _flush(self) -> None:
         if not self._rows:
             return
-        columns = dict(zip(REQUEST_COLUMNS, zip(*self._rows)))
+        columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s"), zip(*self._rows)))
         self._rows = []
         arrival = np.array(columns["arrival_s"], dtype=np.float64)
         output = np.array(columns["output_tokens"], dtype=np.int64)
         times = {name: np.array(columns[name], dtype=np.float64)  # None -> NaN
-                 for name in ("first_scheduled_s", "first_token_s", "finish_s")}
+                 for name in ("first_scheduled_s", "first_token_s", "finish_s", "longest_gap_s")}
         ttft = times["first_token_s"] - arrival
         e2e = times["finish_s"] - arrival
         with np.errstate(divide="ignore", invalid="ignore"):
             tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
-        latencies = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "scheduling_delay": times["first_scheduled_s"] - arrival}
+        latencies = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "scheduling_delay": times["first_scheduled_s"] - arrival,
+                     "tbt": times.pop("longest_gap_s")}
         if self.writer is not None:
             table = {name: columns[name] for name in REQUEST_COLUMNS[:11]}
             table.update(arrival_s=arrival, output_tokens=output, **times)
@@ -124,11 +128,9 @@ class RequestOutcomes:
             self.sketches[name].add(latencies[name][done])
         self._sketch_gaps()
         good = done.copy()
-        for name in ("ttft", "tpot", "e2e"):
-            limit = getattr(self.slo, name)
-            if limit is not None:
-                values = latencies[name]
-                good &= np.isnan(values) | (values <= limit)  # TPOT is undefined for one-token outputs
+        for name, limit in self.slo.limits().items():
+            values = latencies[SLO_METRICS.get(name, name)]
+            good &= np.isnan(values) | (values <= limit)  # TPOT and TBT are undefined for one-token outputs
         self.num_good += int(good.sum())
         for reason in np.array(columns["reject_reason"], dtype=object)[status == REJECTED].tolist():
             self.num_rejected += 1
@@ -143,10 +145,10 @@ class RequestOutcomes:
         if self.writer is not None:
             self.writer.close()
 
-    @property
-    def duration_s(self) -> float:
-        """First arrival to last finish (0 when nothing finished)."""
-        return self.last_finish_s - self.first_arrival_s if self.num_completed else 0.0
+    def duration_s(self, start_s: float | None = None) -> float:
+        """`start_s` (default: the first arrival) to the last finish; 0 when nothing finished."""
+        start = self.first_arrival_s if start_s is None else start_s
+        return self.last_finish_s - start if self.num_completed else 0.0
 
     def reject_reason_counts(self) -> dict[str, int]:
         """Rejections by reason, most frequent first, as pandas' value_counts orders them."""

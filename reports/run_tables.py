@@ -27,12 +27,12 @@ CSV_CHUNK_ROWS = 65536
 
 
 class TableWriter:
-    """Writes `folder/NAME.FORMAT` batch by batch; the first batch fixes the columns and their types."""
+    """Writes a table to `path` batch by batch; the first batch fixes the columns and their types."""
 
-    def __init__(self, folder: str | Path, name: str, fmt: str = "parquet"):
+    def __init__(self, path: str | Path, fmt: str = "parquet"):
         if fmt not in FORMATS:
             raise ServesimError(f"unknown table format {fmt!r}; choose one of {', '.join(FORMATS)}")
-        self.path = Path(folder) / f"{name}.{fmt}"
+        self.path = Path(path)
         self.format = fmt
         self.num_rows = 0
         self._names: list[str] | None = None
@@ -112,7 +112,7 @@ def _arrow(values):
 def write_table(folder: str | Path, name: str, columns: dict, fmt: str = "parquet",
                 chunk_rows: int = 1 << 20) -> Path:
     """Write a whole table (columns of equal length) in row groups of `chunk_rows`."""
-    writer = TableWriter(folder, name, fmt)
+    writer = TableWriter(Path(folder) / f"{name}.{fmt}", fmt)
     try:
         num_rows = len(next(iter(columns.values())))
         for start in range(0, max(num_rows, 1), chunk_rows):

@@ -33,7 +33,7 @@ def result():
 
 
 def test_requests_csv_is_pandas_to_csv_of_the_whole_table(result, tmp_path):
-    outcomes_from_result(result, writer=TableWriter(tmp_path, "requests", "csv"))
+    outcomes_from_result(result, writer=TableWriter(tmp_path / "requests.csv", "csv"))
     requests_table(result).to_csv(tmp_path / "pandas.csv", index=False)
     assert (tmp_path / "requests.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
 
@@ -41,8 +41,8 @@ def test_requests_csv_is_pandas_to_csv_of_the_whole_table(result, tmp_path):
 def test_outcomes_in_any_finishing_order_give_the_same_table_and_sketches(result, tmp_path):
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
-    in_order = outcomes_from_result(result, writer=TableWriter(tmp_path / "a", "requests", "parquet"))
-    shuffled = RequestOutcomes(writer=TableWriter(tmp_path / "b", "requests", "parquet"), batch_rows=7)
+    in_order = outcomes_from_result(result, writer=TableWriter(tmp_path / "a" / "requests.parquet", "parquet"))
+    shuffled = RequestOutcomes(writer=TableWriter(tmp_path / "b" / "requests.parquet", "parquet"), batch_rows=7)
     order = np.random.default_rng(1).permutation(len(result.requests))
     for position in order.tolist():
         r = result.requests[position]
@@ -62,7 +62,7 @@ def test_summary_figures_are_those_of_the_whole_table(result):
     frame = requests_table(result)
     done = frame[frame["status"] == "finished"]
     assert outcomes.num_completed == len(done) and outcomes.num_rejected == len(frame) - len(done)
-    assert outcomes.duration_s == float(done["finish_s"].max() - frame["arrival_s"].min())
+    assert outcomes.duration_s() == float(done["finish_s"].max() - frame["arrival_s"].min())
     assert outcomes.total_output_tokens == done["output_tokens"].sum()
     ttft = done["ttft_s"].to_numpy()
     assert outcomes.sketches["ttft"].stats()["p90"] == float(np.percentile(ttft, 90))
@@ -121,7 +121,8 @@ def test_a_streamed_replay_writes_the_files_of_an_in_memory_one(tmp_path, steps,
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_model_len=2600),
                             cache=CacheConfig(num_blocks=400), slo=SLO(ttft=1.0))
     streamed = replay_to(tmp_path / "streamed", trace, resolve(options), steps, requests, step_batch_rows=37)
-    kept = write_run(tmp_path / "kept", replay(trace, options), options, trace, steps, requests, step_batch_rows=37)
+    kept = write_run(tmp_path / "kept", replay(trace, options), options, trace, steps=steps, requests=requests,
+                     step_batch_rows=37)
     assert streamed == kept and streamed["preemptions"] > 0 and streamed["rejected"] > 0
     names = sorted(p.name for p in (tmp_path / "kept").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "streamed").iterdir())

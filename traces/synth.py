@@ -38,9 +38,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sim.errors import ServesimError
+from traces.formats import MAX_SPAN_S, MAX_TOKENS
 from traces.trace import Trace
 
 ARRIVALS = ("poisson", "gamma")
+MAX_REQUESTS = 100_000_000  # 100 M requests take ~3 GB of columns; more is a typo
 CHUNK_REQUESTS = 1 << 20
 DAY_S = 86_400.0
 
@@ -66,6 +68,9 @@ class Lengths:
         counts = params if kind != "zipf" else params[1:]
         if any(c < 1 or c != int(c) for c in counts):
             raise ServesimError(f"{option}: {text!r}: token counts must be whole numbers of at least 1")
+        if any(c > MAX_TOKENS for c in counts):
+            raise ServesimError(f"{option}: {text!r}: more tokens than any model takes (at most 2**31 = "
+                                f"{MAX_TOKENS:,})")
         if kind != "fixed" and counts[0] > counts[1]:
             raise ServesimError(f"{option}: {text!r}: LO must not be above HI")
         if kind == "zipf" and not params[0] > 0:
@@ -109,24 +114,34 @@ class SynthConfig:
     diurnal_period_s: float = DAY_S
 
     def __post_init__(self) -> None:
+        # One check at a time: a later one may divide by a value an earlier one rules out.
         checks = [
-            (self.num_requests >= 1, f"--num-requests must be at least 1, got {self.num_requests}"),
-            (self.rate > 0 and np.isfinite(self.rate), f"--rate must be a positive number, got {self.rate}"),
-            (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}"),
-            (self.cv > 0 and np.isfinite(self.cv), f"--cv must be a positive number, got {self.cv}"),
-            (self.arrival == "gamma" or self.cv == 1.0, "--cv applies to gamma arrivals (--arrival gamma)"),
-            (self.think_time_s >= 0, f"--think-time must not be negative, got {self.think_time_s}"),
-            (self.hash_block_tokens >= 1, f"--hash-block-tokens must be at least 1, got {self.hash_block_tokens}"),
-            (self.system_prompt_tokens >= 0 and self.system_prompt_tokens % self.hash_block_tokens == 0,
-             (f"--system-prompt-tokens must be a multiple of --hash-block-tokens ({self.hash_block_tokens}), "
-             f"got {self.system_prompt_tokens}")),
-            (self.seed >= 0, f"--seed must not be negative, got {self.seed}"),
-            (self.lengths_from is None or len(self.lengths_from) > 0, "--lengths-from: the trace is empty"),
-            (0 <= self.diurnal < 1, f"--diurnal must be at least 0 and below 1, got {self.diurnal}"),
-            (self.diurnal_period_s > 0 and np.isfinite(self.diurnal_period_s),
-             f"--diurnal-period must be a positive number of seconds, got {self.diurnal_period_s}"),
+            lambda: (self.num_requests >= 1, f"--num-requests must be at least 1, got {self.num_requests}"),
+            lambda: (self.num_requests <= MAX_REQUESTS,
+                     f"--num-requests must be at most {MAX_REQUESTS:,}, got {self.num_requests}"),
+            lambda: (self.rate > 0 and np.isfinite(self.rate), f"--rate must be a positive number, got {self.rate}"),
+            lambda: (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}"),
+            lambda: (self.cv > 0 and np.isfinite(self.cv), f"--cv must be a positive number, got {self.cv}"),
+            lambda: (self.arrival == "gamma" or self.cv == 1.0, "--cv applies to gamma arrivals (--arrival gamma)"),
+            lambda: (self.think_time_s >= 0, f"--think-time must not be negative, got {self.think_time_s}"),
+            lambda: (self.think_time_s <= MAX_SPAN_S,
+                     f"--think-time must be at most {MAX_SPAN_S:g} s, got {self.think_time_s}"),
+            lambda: (self.hash_block_tokens >= 1,
+                     f"--hash-block-tokens must be at least 1, got {self.hash_block_tokens}"),
+            lambda: (self.hash_block_tokens <= MAX_TOKENS,
+                     f"--hash-block-tokens must be at most 2**31, got {self.hash_block_tokens}"),
+            lambda: (0 <= self.system_prompt_tokens <= MAX_TOKENS
+                     and self.system_prompt_tokens % self.hash_block_tokens == 0,
+                     (f"--system-prompt-tokens must be a multiple of --hash-block-tokens ({self.hash_block_tokens}) "
+                     f"up to 2**31, got {self.system_prompt_tokens}")),
+            lambda: (self.seed >= 0, f"--seed must not be negative, got {self.seed}"),
+            lambda: (self.lengths_from is None or len(self.lengths_from) > 0, "--lengths-from: the trace is empty"),
+            lambda: (0 <= self.diurnal < 1, f"--diurnal must be at least 0 and below 1, got {self.diurnal}"),
+            lambda: (self.diurnal_period_s > 0 and np.isfinite(self.diurnal_period_s),
+                     f"--diurnal-period must be a positive number of seconds, got {self.diurnal_period_s}"),
         ]
-        for ok, message in checks:
+        for check in checks:
+            ok, message = check()
             if not ok:
                 raise ServesimError(message)
 
@@ -218,6 +233,9 @@ class _Requests:
                          [self.hash_ids[j] for j in positions] if self.hash_ids else [])
 
     def trace(self, config: SynthConfig, is_multi_turn: bool, has_hashes: bool) -> Trace:
+        if not (np.isfinite(self.arrival).all() and self.arrival.max() <= MAX_SPAN_S):  # beyond any real trace's span
+            raise ServesimError(f"the trace would span {self.arrival.max():.3g} s, more than {MAX_SPAN_S:g} s: raise "
+                                f"--rate or lower --think-time")
         order = np.argsort(self.arrival, kind="stable")
         positions = order.tolist()
         return Trace(self.arrival[order], self.prompt[order], self.output[order],
@@ -266,6 +284,9 @@ def _chunk(config: SynthConfig, k: int, n: int, state: dict, has_hashes: bool) -
                 t += think[i]
                 context += int(output[i - 1])
             context += int(user[i])
+            if context > MAX_TOKENS:
+                raise ServesimError(f"session {s}'s turn {turn + 1} has {context:,} prompt tokens, more than any "
+                                    f"model takes (2**31): fewer --turns or shorter lengths")
             arrival[i], prompt[i] = t, context
             request_ids.append(f"s{s}-t{turn + 1}")
             # Keep the ids of everything already in the conversation; new ids for the rest.
@@ -278,7 +299,7 @@ def _chunk(config: SynthConfig, k: int, n: int, state: dict, has_hashes: bool) -
     return _Requests(arrival, prompt, output.astype(np.int64), request_ids, hash_ids, float(starts[0]))
 
 
-def write_synthetic(config: SynthConfig, out) -> tuple[int, float]:
+def write_synthetic(config: SynthConfig, out, compress: bool | None = None) -> tuple[int, float]:
     """Write the trace as canonical CSV chunk by chunk; returns (requests, span in seconds)."""
     from traces.writers import write_canonical_chunks
 
@@ -289,4 +310,4 @@ def write_synthetic(config: SynthConfig, out) -> tuple[int, float]:
             span[0] = float(chunk.arrival_s[-1])
             yield chunk
 
-    return write_canonical_chunks(chunks(), out), span[0]
+    return write_canonical_chunks(chunks(), out, compress=compress), span[0]

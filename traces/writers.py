@@ -15,37 +15,37 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.errors import ServesimError
-from traces.readers import CHUNK_ROWS
+from traces.formats import CHUNK_ROWS
 from traces.trace import Trace
 
 
-def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS) -> None:
-    handle = _open(Path(out))
-    with handle:
+def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS, *,
+                    compress: bool | None = None) -> None:
+    """`compress` gzips the file (default: when `out` ends in .gz). An OSError (a full disk) is left
+    to the caller: the CLI writes into `sim.app.outputs.atomic_path`, which keeps the old file."""
+    out = Path(out)
+    if compress is None:
+        compress = out.suffix == ".gz"
+    opener = gzip.open if compress else open
+    with opener(out, "wt", encoding="utf-8", newline="") as handle:
         for start in range(0, max(len(trace), 1), chunk_rows):
             _frame(trace, start, start + chunk_rows).to_csv(handle, header=start == 0, index=False,
                                                             lineterminator="\n")
 
 
-def write_canonical_chunks(chunks, out: str | Path) -> int:
+def write_canonical_chunks(chunks, out: str | Path, *, compress: bool | None = None) -> int:
     """Write traces one after another (a large trace made in pieces, all with the same columns) as
-    one canonical CSV; returns the rows written."""
-    handle = _open(Path(out))
+    one canonical CSV, as write_canonical does; returns the rows written."""
+    out = Path(out)
+    if compress is None:
+        compress = out.suffix == ".gz"
+    opener = gzip.open if compress else open
     num_rows = 0
-    with handle:
+    with opener(out, "wt", encoding="utf-8", newline="") as handle:
         for chunk in chunks:
             _frame(chunk, 0, len(chunk)).to_csv(handle, header=num_rows == 0, index=False, lineterminator="\n")
             num_rows += len(chunk)
     return num_rows
-
-
-def _open(out: Path):
-    try:
-        return gzip.open(out, "wt", encoding="utf-8", newline="") if out.suffix == ".gz" else \
-            open(out, "w", encoding="utf-8", newline="")
-    except OSError as e:
-        raise ServesimError(f"{out}: cannot write: {e.strerror}") from None
 
 
 def _frame(trace: Trace, start: int, end: int) -> pd.DataFrame:

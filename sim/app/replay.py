@@ -1,7 +1,7 @@
 """One replay: trace + options -> simulated requests and steps -> a run folder.
 
-`replay` keeps every request and token time in memory (tests, sweeps, compare); `replay_to` writes
-the run folder as the replay goes and keeps only what is in flight (`sim replay`)."""
+`replay` keeps every request and token time in memory (tests, sweeps, compare, bench); `replay_to`
+writes the run folder as the replay goes and keeps only what is in flight (`sim replay`)."""
 
 from __future__ import annotations
 
@@ -46,16 +46,19 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
     return simulate(engine, TraceArrivals(requests, engine))
 
 
-def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, steps: str = "parquet",
-              requests: str = "csv", step_batch_rows: int = BATCH_ROWS) -> dict:
-    """Write an in-memory result's run folder (the tables, summary.json, digest.json, report.html);
-    return the summary. `steps`: parquet, csv or none; `requests`: csv or parquet; the steps table
-    is written in row groups of `step_batch_rows`."""
+def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,
+              start_s: float | None = None, steps: str = "parquet", requests: str = "csv",
+              step_batch_rows: int = BATCH_ROWS) -> dict:
+    """Write an in-memory result's run folder (the requests and steps tables, summary.json,
+    digest.json, report.html) whole or not at all; return the summary. `extra`: more summary
+    entries (sim bench's); `start_s`: see reports.metrics.summarize; `steps`: parquet, csv or none;
+    `requests`: csv or parquet; the steps table is written in row groups of `step_batch_rows`."""
     from sim.app.run_folder import write_run_folder
 
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
-    return write_run_folder(out, result, run_options(plan, trace), plan.options.slo, steps, requests, step_batch_rows)
+    return write_run_folder(out, result, run_options(plan, trace), plan.options.slo, steps, requests,
+                            step_batch_rows, {**(extra or {}), **plan_entries(plan)}, start_s)
 
 
 def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", requests: str = "csv",
@@ -67,13 +70,17 @@ def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", re
     from sim.app.run_folder import RunFolder
 
     folder = RunFolder(out, run_options(plan, trace), plan.options.slo, steps, requests)
-    log = StepLog(sink=folder.on_steps, spill_rows=step_batch_rows)
-    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), None, plan.max_model_len,
-                    fast_forward=fast_forward, progress=progress, steps=log)
-    result = simulate(engine, TraceArrivals(request_stream(trace), engine,
-                                            lambda position, r: folder.on_request(position, r, r.token_times)))
-    log.spill()
-    return folder.finish(result)
+    try:
+        log = StepLog(sink=folder.on_steps, spill_rows=step_batch_rows)
+        engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), None, plan.max_model_len,
+                        fast_forward=fast_forward, progress=progress, steps=log)
+        result = simulate(engine, TraceArrivals(request_stream(trace), engine,
+                                                lambda position, r: folder.on_request(position, r, r.token_times)))
+        log.spill()
+    except BaseException:
+        folder.abort()
+        raise
+    return folder.finish(result, plan_entries(plan))
 
 
 def request_stream(trace: Trace) -> RequestStream:
@@ -98,3 +105,12 @@ def run_options(plan: RunPlan, trace: Trace) -> dict:
     if trace.transforms:
         options["trace_transforms"] = trace.transforms
     return options
+
+
+def plan_entries(plan: RunPlan) -> dict:
+    """The summary's entries about the plan: the KV cache, the model and (for the datasheet cost
+    model) the hardware."""
+    entries = {"kv_cache": plan.kv_cache(), "model": plan.model.describe()}
+    if plan.options.backend == "costmodel" and plan.options.profile is None:
+        entries["hardware"] = plan.hardware.as_dict()
+    return entries
