@@ -16,8 +16,8 @@ Columns:
 
 - sim s, cpu s: wall and CPU seconds of the simulation alone (the trace read, the output not timed);
 - x real: simulated seconds per wall second of simulation;
-- e2e s, e2e MB: the whole `sim replay ... --quiet` as a user runs it (start-up, reading, simulating,
-  every output file), in a subprocess, and that process's peak memory (RSS);
+- e2e s, e2e cpu, e2e MB: the whole `sim replay ... --quiet` as a user runs it (start-up, reading,
+  simulating, every output file), in a subprocess: its wall and CPU seconds and peak memory (RSS);
 - ref s: a fixed pure-Python loop timed in the same process just before the simulation. The machine
   is shared: compare figures across runs relative to it.
 """
@@ -103,7 +103,10 @@ def parse_config(text: str) -> tuple[str, float, bool]:
 
 def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool) -> dict:
     """One replay in this process: wall and CPU seconds of the simulation (the trace read is not timed)."""
-    from sim.app.replay import ReplayOptions, replay
+    try:
+        from sim.app.replay import ReplayOptions, replay
+    except ImportError:  # a checkout from before the application layer moved to sim/app
+        from sim.replay import ReplayOptions, replay
     from sim.config import SchedulerConfig
     from traces import read_trace
     from traces.transforms import scale_rate
@@ -123,7 +126,8 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
 def end_to_end(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool) -> dict:
     """`sim replay` as a user runs it, in its own process: wall seconds and peak RSS."""
     with tempfile.TemporaryDirectory(prefix="replay_speed_") as out:
-        cmd = [sys.executable, "-m", "sim.app.cli", "replay", trace_path, "--policy", policy, "--rate-scale", f"{rate:g}",
+        cli = "sim.app.cli" if (ROOT / "sim" / "app" / "cli.py").exists() else "sim.cli"
+        cmd = [sys.executable, "-m", cli, "replay", trace_path, "--policy", policy, "--rate-scale", f"{rate:g}",
                "--model", model, "--hardware", hardware, "--max-num-batched-tokens", str(BUDGET),
                "--out", out, "--quiet"] + ([] if fast_forward else ["--no-fast-forward"])
         started = time.perf_counter()
@@ -135,7 +139,7 @@ def end_to_end(trace_path: str, policy: str, rate: float, model: str, hardware: 
         process.stderr.close()
         if process.returncode:
             sys.exit(f"replay_speed: {' '.join(cmd)} failed ({process.returncode}):\n{stderr}")
-    return {"e2e_s": wall, "e2e_rss_mb": usage.ru_maxrss / 1024}
+    return {"e2e_s": wall, "e2e_cpu_s": usage.ru_utime + usage.ru_stime, "e2e_rss_mb": usage.ru_maxrss / 1024}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -175,7 +179,7 @@ def main() -> None:
         say(f"note: {note}")
     if table:
         print(f"{'config':<17}{'sim s':>8}{'cpu s':>8}{'ref s':>7}{'simulated':>11}{'x real':>8}{'steps':>9}"
-              f"{'RSS MB':>8}{'e2e s':>8}{'e2e MB':>8}")
+              f"{'RSS MB':>8}{'e2e s':>8}{'e2e cpu':>8}{'e2e MB':>8}")
     for config in args.only or CONFIGS:
         policy, rate, is_mooncake = parse_config(config)
         trace = mooncake if is_mooncake else azure
@@ -197,7 +201,8 @@ def main() -> None:
             row.update({key: best(runs, key) for key in row if key.endswith(("_s", "_mb")) and key != "simulated_s"})
             print(json.dumps(row), flush=True)
             continue
-        e2e = "" if args.no_e2e else f"{best(runs, 'e2e_s'):>8.2f}{best(runs, 'e2e_rss_mb'):>8.0f}"
+        e2e = "" if args.no_e2e else \
+            f"{best(runs, 'e2e_s'):>8.2f}{best(runs, 'e2e_cpu_s'):>8.2f}{best(runs, 'e2e_rss_mb'):>8.0f}"
         print(f"{label:<17}{sim_s:>8.2f}{best(runs, 'cpu_s'):>8.2f}{best(runs, 'ref_s'):>7.2f}{simulated:>11.0f}"
               f"{simulated / sim_s:>8.0f}{runs[0]['steps']:>9}{best(runs, 'rss_mb'):>8.0f}" + e2e, flush=True)
 
