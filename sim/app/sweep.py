@@ -221,7 +221,7 @@ def require_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
+        raise ServesimError("pyarrow is missing (a servesim dependency): pip install pyarrow") from None
 
 
 # A sweep.
