@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.costmodel import FEATURES, Calibration, step_aggregates, step_features
+from backends.calibrated import FEATURES, Calibration, step_features
+from backends.costmodel import step_aggregates
 from sim.errors import ServesimError
 
 PROFILE_FORMAT = "servesim-profile"

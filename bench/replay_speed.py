@@ -25,8 +25,8 @@ CONFIGS = [("decode-first", 1.0), ("prefill-first", 1.0), ("chunked", 1.0), ("ch
 
 def one(trace_path: str, policy: str, rate: float, fast_forward: bool) -> dict:
     """One replay in this process: its wall and CPU seconds (the trace read is not timed)."""
+    from sim.app.replay import ReplayOptions, replay
     from sim.config import SchedulerConfig
-    from sim.replay import ReplayOptions, replay
     from traces import read_trace
     from traces.transforms import scale_rate
 

@@ -41,7 +41,7 @@ _TEMPLATE = {"layout": {"plot_bgcolor": "#f5f6f8", "paper_bgcolor": "white", "fo
 # Entry points.
 
 def write_run_report(out: Path, result, requests: pd.DataFrame, summary: dict) -> None:
-    """digest.json and report.html of one replay (called by sim.replay.write_run)."""
+    """digest.json and report.html of one replay (called by sim.app.replay.write_run)."""
     digest = run_digest(result, requests)
     (out / "digest.json").write_text(json.dumps(_nulls(digest)) + "\n")
     (out / "report.html").write_text(run_report_html(summary, digest))
@@ -57,7 +57,7 @@ def run_report_html(summary: dict, digest: dict | None) -> str:
 
 def write_report(directory: str | Path) -> Path:
     """Write DIR/report.html for whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
-    from sim.sweep import RESULTS, read_table
+    from reports.tables import RESULTS, read_table
 
     d = Path(directory)
     if not d.is_dir():

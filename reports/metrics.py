@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from sim.config import SLO
-from sim.engine import STEP_COLUMNS, SimResult
+from sim.engine import SimResult
 from sim.request import Status
+from sim.step_log import STEP_COLUMNS
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
 
@@ -51,7 +52,7 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
     a contiguous run of `token_times`; a gap that crosses from one request to the next is dropped,
     and the requests that emitted nothing (rejected) have only missing times."""
     gaps = np.diff(result.token_times)
-    crossing = np.array([r.token_offset for r in result.requests[1:]], dtype=np.int64) - 1
+    crossing = result.token_offsets[1:] - 1
     keep = np.ones(len(gaps), dtype=bool)
     keep[crossing[crossing >= 0]] = False
     gaps = gaps[keep]

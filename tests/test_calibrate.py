@@ -8,15 +8,18 @@ import json
 import numpy as np
 import pytest
 
-from backends.costmodel import FEATURES, Calibration, CostModelBackend, Efficiencies, step_features
-from backends.presets import get_model
+from backends.calibrated import FEATURES, CalibratedCostModel, Calibration, step_features
+from backends.calibration import SETTLE_RUNS, calibrate, make_grid, measure, shape_batch
+from backends.costmodel import make_cost_model
+from backends.presets import get_hardware, get_model
 from backends.profile import fit_calibration, load_profile, nnls, pad, predict, save_profile
+from backends.roofline import Efficiencies, RooflineCostModel
+from sim.app.cli import main
+from sim.app.plan import resolve
+from sim.app.replay import ReplayOptions, replay
 from sim.batch import Batch
-from sim.calibrate import SETTLE_RUNS, calibrate, make_grid, measure, shape_batch
-from sim.cli import main
 from sim.config import CacheConfig
 from sim.errors import ServesimError
-from sim.replay import ReplayOptions, replay
 from tests.helpers import make_trace
 
 
@@ -27,10 +30,11 @@ class StandInBackend:
     name = "stand-in"
     supports_fast_forward = False
     device = "cpu"
+    device_name = "a stand-in"
     dtype = "float32"
 
     def __init__(self, model: str, noise: float = 0.02, num_blocks: int = 100_000, block_size: int = 16, seed: int = 0):
-        self.costmodel = CostModelBackend(model, "H100-SXM", Efficiencies(0.45, 0.35, 0.6, 2e-3))
+        self.costmodel = RooflineCostModel(get_model(model), get_hardware("H100-SXM"), Efficiencies(0.45, 0.35, 0.6, 2e-3))
         self.noise, self.num_blocks, self.block_size = noise, num_blocks, block_size
         self.rng = np.random.default_rng(seed)
         self.num_executed = 0
@@ -147,10 +151,10 @@ def test_fit_needs_enough_positive_points():
 
 @pytest.mark.parametrize("model,grid,cal", TRUTHS)
 def test_calibrated_step_is_the_same_alone_and_inside_a_decode_run(model, grid, cal):
-    cm = CostModelBackend(model, None, calibration=cal)
+    cm = CalibratedCostModel(get_model(model), cal)
     assert cm.supports_fast_forward
     contexts = np.array([5, 17, 300, 1000])
-    run = cm.decode_run_seconds(contexts, 6)
+    run = cm.decode_run(contexts.tolist(), 6)[0]
     for j in range(6):
         batch = Batch()
         for i, ctx in enumerate(contexts.tolist()):
@@ -165,7 +169,7 @@ def test_calibrated_step_is_the_same_alone_and_inside_a_decode_run(model, grid, 
 
 def test_calibrated_step_is_the_fitted_sum():
     cal = Calibration((1e-12, 2e-12, 3e-12, 3e-11, 5e-11, 7e-11, 4e-6, 5e-5, 6e-5, 1e-3), 0.0, 4, cache_bytes=1000.0)
-    cm = CostModelBackend("tiny", "H200", calibration=cal)
+    cm = make_cost_model("tiny", "H200", cal)
     batch = Batch()
     batch.add("a", 0, 10, [0], needs_logits=True)  # a 10-token prompt
     batch.add("b", 7, 1, [1], needs_logits=True, is_decode=True)  # a decode at context 8
@@ -192,7 +196,7 @@ def test_calibration_rejects_bad_coefficients():
     with pytest.raises(ServesimError, match="cache_bytes"):
         Calibration((0.0,) * 10, cache_bytes=0.0)
     with pytest.raises(ServesimError, match="hardware preset or a calibrated profile"):
-        CostModelBackend("tiny", None)
+        make_cost_model("tiny", None)
 
 
 # Calibrate against a stand-in backend; profiles.
@@ -261,7 +265,7 @@ def test_profile_of_another_model_is_refused(standin_profile, tmp_path, capsys):
     with pytest.raises(ServesimError, match="calibrated for model 'tiny'.*not for 'Llama-3.1-8B'"):
         load_profile(path, "Llama-3.1-8B")
     with pytest.raises(ServesimError, match="calibrated for model 'tiny'"):
-        ReplayOptions(model="Qwen3-0.6B", profile=str(path))
+        resolve(ReplayOptions(model="Qwen3-0.6B", profile=str(path)))  # options resolve once, in plan.resolve
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
     assert main(["replay", str(trace), "--model", "Llama-3.1-8B", "--profile", str(path), "--quiet",
@@ -323,7 +327,7 @@ def test_thread_clock_leaves_out_time_the_thread_does_not_run():
     import time as time_module
 
     from backends import StepResult
-    from sim.calibrate import ThreadClock, with_clock
+    from backends.real.timing import ThreadClock, with_clock
 
     class Sleepy(StandInBackend):
         def execute(self, batch):
@@ -344,7 +348,7 @@ def test_thread_clock_leaves_out_time_the_thread_does_not_run():
 
 
 def test_each_measured_run_follows_its_replay_predecessor_fastest_shape_first():
-    from sim.calibrate import Shape, predecessor
+    from backends.calibration import Shape, predecessor
 
     mixed = Shape("mixed", (1, 1, 32), (10, 20, 40), (True, True, False), (True, True, False))
     assert predecessor(mixed) == Shape("decode", (1, 1), (10, 20), (True, True), (True, True))

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
 SAMPLE = str(AZURE_CONV_SAMPLE)

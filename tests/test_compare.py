@@ -9,12 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from backends.costmodel import CostModelBackend
+from backends.calibrated import CalibratedCostModel
+from backends.calibration import calibrate
+from backends.costmodel import CostModel
+from backends.presets import get_model
 from backends.profile import load_profile, save_profile
-from sim.calibrate import calibrate
-from sim.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison
+from sim.app.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison
+from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
-from sim.replay import ReplayOptions, replay
 from tests.helpers import make_trace
 from tests.test_calibrate import StandInBackend
 
@@ -23,7 +25,7 @@ ROWS = [(0.002 * i, 40 + 37 * i, 3 + (5 * i) % 11) for i in range(16)]
 
 
 class CountingPredictor:
-    def __init__(self, costmodel: CostModelBackend):
+    def __init__(self, costmodel: CostModel):
         self.costmodel, self.batches = costmodel, []
 
     def execute(self, batch):
@@ -48,7 +50,7 @@ def test_step_join_is_exact(setup):
     _, path, measured_options, predicted_options = setup
     trace = make_trace(ROWS)
     standin = StandInBackend("tiny", num_blocks=256, seed=3)
-    predictor = CountingPredictor(CostModelBackend("tiny", None, calibration=load_profile(path).calibration))
+    predictor = CountingPredictor(CalibratedCostModel(get_model("tiny"), load_profile(path).calibration))
     recorder = PredictingBackend(standin, predictor)
     result = replay(trace, measured_options, backend=recorder)
     steps = join_steps(result, recorder)
@@ -118,7 +120,7 @@ def test_compare_refuses_different_kv_caches(setup):
 
 
 def test_compare_needs_a_profile(tmp_path, capsys):
-    from sim.cli import main
+    from sim.app.cli import main
 
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
@@ -129,7 +131,7 @@ def test_compare_needs_a_profile(tmp_path, capsys):
 def test_cpu_round_trip_calibrate_then_compare_on_tiny(tmp_path, capsys):
     """The real backend on the CPU: `sim calibrate` (small grid), then `sim compare` with its profile."""
     pytest.importorskip("torch")
-    from sim.cli import main
+    from sim.app.cli import main
 
     profile = tmp_path / "tiny-cpu.json"
     assert main(["calibrate", "--model", "tiny", "--device", "cpu", "--grid", "small", "--warmup", "1",

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from backends.costmodel import CostModelBackend, Efficiencies
 from backends.presets import MODELS, derive_num_blocks, get_hardware, get_model, num_parameters
+from backends.roofline import Efficiencies, RooflineCostModel
 from sim.batch import Batch
 from sim.errors import ServesimError
 
@@ -24,7 +24,7 @@ def test_parameter_counts_match_the_published_sizes():
 
 
 def test_small_decode_is_memory_bound_on_weights():
-    be = CostModelBackend("Llama-3.1-8B", "H100-SXM", Efficiencies(memory=1.0, step_overhead_s=0.0))
+    be = RooflineCostModel(get_model("Llama-3.1-8B"), get_hardware("H100-SXM"), Efficiencies(memory=1.0, step_overhead_s=0.0))
     seconds = be.execute(decode_batch(1, 16)).seconds
     m = MODELS["Llama-3.1-8B"]
     # Every weight is read once, except the embedding table (one row per token).
@@ -34,7 +34,7 @@ def test_small_decode_is_memory_bound_on_weights():
 
 
 def test_large_prefill_is_compute_bound():
-    be = CostModelBackend("Llama-3.1-8B", "H100-SXM", Efficiencies(gemm=1.0, attention=1.0, step_overhead_s=0.0))
+    be = RooflineCostModel(get_model("Llama-3.1-8B"), get_hardware("H100-SXM"), Efficiencies(gemm=1.0, attention=1.0, step_overhead_s=0.0))
     b = Batch()
     b.add("p", 0, 8192, [], needs_logits=True)
     flops = 2 * 8192 * (num_parameters(MODELS["Llama-3.1-8B"]) - 2 * 128256 * 4096)
@@ -42,16 +42,16 @@ def test_large_prefill_is_compute_bound():
 
 
 def test_attention_grows_with_each_requests_own_context():
-    be = CostModelBackend("Llama-3.1-8B", "H200")
+    be = RooflineCostModel(get_model("Llama-3.1-8B"), get_hardware("H200"))
     short = be.execute(decode_batch(64, 512)).breakdown["attention"]
     long = be.execute(decode_batch(64, 8192)).breakdown["attention"]
     assert long == pytest.approx(16 * short, rel=0.01)
 
 
 def test_decode_run_equals_step_by_step():
-    be = CostModelBackend("Qwen3-8B", "A100-80GB")
+    be = RooflineCostModel(get_model("Qwen3-8B"), get_hardware("A100-80GB"))
     contexts = np.array([17, 300, 4096, 1])
-    run = be.decode_run_seconds(contexts, 5)
+    run = be.decode_run(contexts.tolist(), 5)[0]
     for j in range(5):
         b = Batch()
         for i, c in enumerate(contexts):

@@ -9,8 +9,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from backends.real import RealBackend  # noqa: E402
 from backends.real.weights import hf_state_dict  # noqa: E402
+from sim.app.cli import main  # noqa: E402
 from sim.batch import Batch  # noqa: E402
-from sim.cli import main  # noqa: E402
 from sim.errors import ServesimError  # noqa: E402
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -16,7 +16,7 @@ import pytest
 
 from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, timeline
 from reports.html import _cdf_figure, _throughput_figure, report_html, run_report_html
-from sim.cli import main
+from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
 SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "60"]
@@ -93,7 +93,7 @@ def test_sweep_report_has_cdfs_per_policy_with_a_menu_and_throughput_curves(tmp_
     assert_self_contained(text)
     assert figure_ids(text) == ["figure-latency-cdfs", "figure-throughput-against-latency-across-rates",
                                 "figure-step-timeline"]
-    from sim.sweep import read_table
+    from sim.app.sweep import read_table
 
     rows = read_table(out / "results.parquet")[0]
     first_seed = rows[rows["seed"] == 0]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends import StepResult
 from backends.presets import activation_reserve_bytes, get_model, num_parameters
+from sim.backend import StepResult
 from sim.batch import Batch
 from sim.errors import ServesimError
+from sim.tokens import TokenSpec
 
 try:
     import torch
@@ -40,6 +41,18 @@ def _cpu_available_bytes() -> int:
     import os
 
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def _cuda_free_bytes(device: "torch.device") -> tuple[int, int]:
@@ -126,7 +139,9 @@ class RealBackend:
         self.num_blocks = num_blocks
         self.kv_caches = kv_cache.allocate(self.cfg, num_blocks + num_scratch, block_size, self.dtype, self.device)
         self.ops = triton_ops() if is_cuda else TORCH_OPS
-        self.runner = ModelRunner(self.model, self.ops, self.kv_caches, block_size, self.device)
+        self.runner = ModelRunner(self.model, self.ops, self.kv_caches, block_size, self.device,
+                                  TokenSpec(seed, self.cfg.vocab_size))
+        self.device_name = torch.cuda.get_device_name(self.device) if is_cuda else _cpu_name()
         self._warm_up()
         self.cuda_graph_error: str | None = None  # why decode steps run eagerly although graphs were asked for
         if use_graphs:

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sim.errors import ServesimError
-from traces.cli import add_trace_options, apply_trace_options
+from traces.cli import add_trace_options
 
 DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
 
@@ -30,7 +30,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     from policies import POLICIES
 
     add_trace_options(p)  # --format, --model-filter and the workload transforms
-    p.add_argument("--policy", default="chunked", help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked)")
+    p.add_argument("--policy", default="chunked",
+                   help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked), or your own as "
+                        "path/to/file.py:ClassName or package.module:ClassName (see the README)")
     p.add_argument("--model", default="Llama-3.1-8B", help=f"model preset: {', '.join(MODELS)} (default: Llama-3.1-8B)")
     p.add_argument("--hardware", default="H100-SXM", help=f"hardware preset: {', '.join(HARDWARE)} (default: H100-SXM)")
     p.add_argument("--backend", default="costmodel",
@@ -64,11 +66,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
+    from sim.app.options import ReplayOptions
     from sim.config import SLO, CacheConfig, SchedulerConfig
-    from sim.replay import ReplayOptions
 
-    if args.seed < 0:
-        raise ServesimError(f"--seed must not be negative, got {args.seed}")
     return ReplayOptions(
         scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len),
         cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
@@ -88,47 +88,23 @@ def _new_run_dir(policy: str) -> Path:
     return out
 
 
-class Progress:
-    """A one-line progress report on a terminal, at most a few times a second."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.last = 0.0
-        self.started = time.monotonic()
-
-    def __call__(self, now_s: float, finished: int, total: int) -> None:
-        wall = time.monotonic()
-        if not self.enabled or wall - self.last < 0.25:
-            return
-        self.last = wall
-        sys.stderr.write(f"\r  simulated {now_s:9.1f} s  {finished}/{total} requests finished  "
-                         f"({wall - self.started:.1f} s)")
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.enabled and self.last:
-            sys.stderr.write("\r" + " " * 78 + "\r")
-
-
 def cmd_replay(args: argparse.Namespace) -> int:
     from reports.metrics import format_summary
-    from sim.replay import make_backend, replay, with_backend_blocks, write_run
-    from traces import read_trace
+    from sim.app.plan import resolve
+    from sim.app.progress import Progress
+    from sim.app.replay import replay, write_run
+    from traces.cli import load_trace
 
     options = options_from_args(args)
-    trace = read_trace(args.trace, args.format, model_filter=args.model_filter)
-    trace = apply_trace_options(trace, args, options.max_model_len)
-    for warning in trace.warnings:
-        print(f"sim: warning: {warning}", file=sys.stderr)
+    plan = resolve(options)
+    trace = load_trace(args.trace, args, plan.max_model_len)
     out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
-    progress = Progress(enabled=sys.stderr.isatty() and not args.quiet)
+    progress = Progress.for_replay(len(trace), quiet=args.quiet)
     started = time.perf_counter()
-    backend = make_backend(options)
-    options = with_backend_blocks(options, backend)  # the real backend sizes its own KV cache
-    result = replay(trace, options, backend=backend, progress=progress, fast_forward=not args.no_fast_forward)
-    progress.done()
+    result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
+    progress.close()
     wall = time.perf_counter() - started
-    summary = write_run(out, result, options, trace)
+    summary = write_run(out, result, plan, trace)
     if not args.quiet:
         where = f"{options.device} (real, measured)" if options.backend == "real" else f"{options.hardware} (costmodel)"
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {where}"
@@ -197,7 +173,7 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = ["sim.calibrate", "sim.compare", "traces.cli", "sim.sweep_cli", "reports.cli"]
+COMMAND_MODULES: list[str] = ["sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli", "reports.cli"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-import threading
-import time
 from pathlib import Path
 
+from sim.app.progress import Progress
 from sim.errors import ServesimError
 
 GRID_HELP = {
@@ -23,7 +22,7 @@ GRID_HELP = {
 
 
 def register(sub) -> None:
-    from sim.cli import DEFAULT_TRACE_HELP, add_replay_options
+    from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
 
     p = sub.add_parser(
         "sweep", conflict_handler="resolve", help="replay every point of a grid of options into one results table",
@@ -66,7 +65,7 @@ def register(sub) -> None:
 
 def _add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
     """Re-declare the sweepable replay options as comma-separated lists (keeping their defaults)."""
-    from sim.sweep import AXES
+    from sim.app.sweep import AXES
 
     for name in AXES:
         if name == "rate_scale" and not with_rate_scale:
@@ -80,7 +79,7 @@ def _add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None
 
 
 def _add_run_options(p: argparse.ArgumentParser, what: str) -> None:
-    from sim.sweep import EXECUTORS
+    from sim.app.sweep import EXECUTORS
 
     p.add_argument("--out", default=None, metavar="DIR",
                    help=f"folder of the {what} (default: a new folder under runs/)")
@@ -109,19 +108,17 @@ def _load(args: argparse.Namespace, max_model_len: int | None):
 
 
 def _point_options(args: argparse.Namespace, values: dict):
-    from sim.cli import options_from_args
+    from sim.app.cli import options_from_args
 
     ns = argparse.Namespace(**vars(args))
     for name, value in values.items():
         setattr(ns, name, value)
     ns.rate_scale = None  # applied to the trace per point, not by the options
-    options = options_from_args(ns)
-    options.num_blocks()  # a model that does not fit the hardware fails here, before anything runs
-    return options
+    return options_from_args(ns)
 
 
 def _grid(args: argparse.Namespace, names) -> dict[str, tuple]:
-    from sim.sweep import parse_axis
+    from sim.app.sweep import parse_axis
 
     axes = {name: parse_axis(name, getattr(args, name)) for name in names}
     num_points = 1
@@ -140,93 +137,56 @@ def _check_executor(args: argparse.Namespace) -> None:
 
 
 def _out_dir(args: argparse.Namespace, what: str) -> Path:
-    from sim.cli import _new_run_dir
+    from sim.app.cli import _new_run_dir
 
     return Path(args.out) if args.out else _new_run_dir(what)
 
 
-class ProgressBar:
-    """`[#####.....] 12/108 points  1 failed  1:02 elapsed  ETA 4:10` on a terminal's stderr, redrawn
-    when a point finishes and every second in between (points can take minutes)."""
-
-    def __init__(self, total: int, done: int, enabled: bool, unit: str = "points"):
-        self.total, self.initial, self.num_done, self.enabled, self.unit = total, done, done, enabled, unit
-        self.failed = 0
-        self.started = time.monotonic()
-        self.shown = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        if enabled:
-            if total:
-                self.draw(done)
-            threading.Thread(target=self._tick, daemon=True).start()
-
-    def __call__(self, row: dict, done: int, total: int) -> None:
-        self.failed += row["status"] != "ok"
-        self.total = total
-        self.draw(done)
-
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
-            if self.total:
-                self.draw(self.num_done)
-
-    def draw(self, done: int) -> None:
-        if not self.enabled:
-            return
-        self.num_done = done
-        elapsed = time.monotonic() - self.started
-        new = done - self.initial
-        eta = _clock(elapsed / new * (self.total - done)) if new > 0 else "--:--"
-        width = 30
-        filled = int(width * done / self.total) if self.total else width
-        failed = f"  {self.failed} failed" if self.failed else ""
-        with self._lock:
-            sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {self.unit}{failed}  "
-                             f"{_clock(elapsed)} elapsed  ETA {eta}  ")
-            sys.stderr.flush()
-            self.shown = True
-
-    def done(self) -> None:
-        self._stop.set()
-        with self._lock:
-            if self.shown:
-                sys.stderr.write("\n")
-                self.shown = False
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+def _on_row(bar):
+    """A sweep's callback for each finished point: count failures, redraw."""
+    def on_row(row: dict, done: int, total: int) -> None:
+        if row["status"] != "ok":
+            bar.fail()
+        bar.total = total
+        bar.update(done, force=True)
+    return on_row
 
 
 # sim sweep
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from reports.html import write_report
-    from sim.sweep import (AXES, RESULTS, ResultsTable, grid_order, identity, make_point, require_pyarrow, sweep,
-                           trace_checksum)
+    from sim.app.sweep import (
+        AXES,
+        RESULTS,
+        ResultsTable,
+        grid_order,
+        identity,
+        make_point,
+        require_pyarrow,
+        sweep,
+        trace_checksum,
+    )
 
     require_pyarrow()
     _check_executor(args)
     axes = _grid(args, AXES)
     points = [make_point(dict(zip(axes, values)), lambda v: _point_options(args, v))
               for values in itertools.product(*axes.values())]
-    trace = _load(args, min(point.options.max_model_len for point in points))
+    trace = _load(args, min(point.max_model_len for point in points))
     out = _out_dir(args, "sweep")
     table = ResultsTable(out / RESULTS, identity(trace_checksum(trace), axes, points[0].options), args.resume,
                          grid_order(points))
     num_done = sum(table.is_done(point.key) for point in points)
-    bar = ProgressBar(len(points), num_done, enabled=sys.stderr.isatty() and not args.quiet)
+    bar = Progress(len(points), "points", sys.stderr.isatty() and not args.quiet, done=num_done, ticking=True)
     try:
-        result = sweep(trace, points, table, args.executor, args.jobs, args.address, on_row=bar)
+        result = sweep(trace, points, table, args.executor, args.jobs, args.address, on_row=_on_row(bar))
     except KeyboardInterrupt:
-        bar.done()
+        bar.close()
         print(f"sim: interrupted; {len(table.rows)} finished points are in {out / RESULTS}; "
               "continue with the same command and --resume", file=sys.stderr)
         raise
-    bar.done()
+    bar.close()
     report = write_report(out)
     if not args.quiet:
         print(format_sweep(result.frame))
@@ -247,7 +207,7 @@ def _report_failures(frame) -> int:
 
 def format_sweep(frame) -> str:
     """Mean over seeds of the key metrics, one line per point of the other axes."""
-    from sim.sweep import AXES
+    from sim.app.sweep import AXES
 
     ok = frame[frame["status"] == "ok"] if len(frame) else frame
     if not len(ok):
@@ -278,8 +238,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from reports.html import write_report
-    from sim.capacity import CapacitySLO, RateSearch, search_all
-    from sim.sweep import AXES, ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
+    from sim.app.capacity import CapacitySLO, RateSearch, search_all
+    from sim.app.plan import resolve
+    from sim.app.sweep import AXES, ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
 
     require_pyarrow()
     _check_executor(args)
@@ -291,7 +252,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     replay_args = argparse.Namespace(**vars(args))
     replay_args.slo = None  # --slo here is the capacity criterion, not replay's goodput SLO
     options = [_point_options(replay_args, config) for config in configs]
-    trace = _load(args, min(o.max_model_len for o in options))
+    # A model that does not fit the hardware, or any other unusable option, fails here, before anything runs.
+    max_model_len = min(resolve(o, build_backend=False).max_model_len for o in options)
+    trace = _load(args, max_model_len)
     out = _out_dir(args, "capacity")
     config_index = {tuple(config[n] for n in names): i for i, config in enumerate(configs)}
 
@@ -299,7 +262,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return (config_index.get(tuple(row.get(n) for n in names), len(configs)), row.get("rate_scale") or 0.0)
 
     table = ResultsTable(out / "probes.parquet", identity(trace_checksum(trace), axes, options[0]), args.resume, order)
-    bar = ProgressBar(0, 0, enabled=sys.stderr.isatty() and not args.quiet, unit="probes this round")
+    bar = Progress(0, "probes this round", sys.stderr.isatty() and not args.quiet, ticking=True)
+    on_row = _on_row(bar)
 
     def make_probe(i: int, scale: float):
         return make_point(dict(configs[i], rate_scale=scale), lambda v: options[i])
@@ -307,21 +271,21 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     def run_probes(points) -> dict:
         todo = [point for point in points if not table.is_done(point.key)]
         bar.total, bar.initial = len(todo), 0
-        bar.draw(0)
+        bar.update(0, force=True)
         for done, row in enumerate(run_rows(trace, todo, args.executor, args.jobs, args.address), 1):
             table.add(row)
-            bar(row, done, len(todo))
+            on_row(row, done, len(todo))
         return {point.key: table.rows[point.key] for point in points}
 
     try:
         outcomes = search_all(list(range(len(configs))), make_probe, run_probes, slo.is_met,
                               lambda: RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance))
     except KeyboardInterrupt:
-        bar.done()
+        bar.close()
         print(f"sim: interrupted; the finished probes are in {out / 'probes.parquet'}; "
               "continue with the same command and --resume", file=sys.stderr)
         raise
-    bar.done()
+    bar.close()
     rows = []
     for config, (search, probes) in zip(configs, outcomes):
         at = probes.get(search.passed) if search.passed is not None else None

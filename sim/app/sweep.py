@@ -30,12 +30,13 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
+from reports.tables import METADATA_KEY, RESULTS, read_table  # noqa: F401 (RESULTS, read_table: for callers)
+from sim.app.options import ReplayOptions
+from sim.app.plan import resolve
+from sim.app.replay import replay
 from sim.errors import ServesimError
-from sim.replay import ReplayOptions, replay
 from traces.trace import Trace
 
-RESULTS = "results.parquet"
-METADATA_KEY = b"servesim.sweep"
 EXECUTORS = ("process", "ray")
 
 # Axes a grid can sweep: the option's name (as in ReplayOptions and the table) and its type.
@@ -84,6 +85,8 @@ class Point:
     options: ReplayOptions
     rate_scale: float
     values: tuple  # the axis values, in AXES order
+    resolved: dict  # the options as the run uses them (RunPlan.as_dict)
+    max_model_len: int
 
 
 def point_key(values: dict) -> str:
@@ -91,9 +94,12 @@ def point_key(values: dict) -> str:
 
 
 def make_point(values: dict, make_options: Callable[[dict], ReplayOptions]) -> Point:
-    """`make_options` turns axis values into ReplayOptions (the CLI passes options_from_args)."""
-    return Point(point_key(values), make_options(values), float(values["rate_scale"]),
-                 tuple(values[name] for name in AXES))
+    """`make_options` turns axis values into ReplayOptions (the CLI passes options_from_args). The
+    options are resolved here, without building a backend, so a point that cannot run fails at once."""
+    options = make_options(values)
+    plan = resolve(options, build_backend=False)
+    return Point(point_key(values), options, float(values["rate_scale"]), tuple(values[name] for name in AXES),
+                 plan.as_dict(), plan.max_model_len)
 
 
 def trace_checksum(trace: Trace) -> str:
@@ -136,14 +142,15 @@ def run_point(trace: Trace, point: Point) -> dict:
     from traces.transforms import scale_rate
 
     started = time.perf_counter()
-    options = dict(flat_options(point.options.as_dict()), trace=trace.source, rate_scale=point.rate_scale)
+    options = dict(flat_options(point.resolved), trace=trace.source, rate_scale=point.rate_scale)
     row: dict = {"point": point.key, "status": "ok", "error": ""}
     try:
+        plan = resolve(point.options)
         scaled = scale_rate(trace, point.rate_scale)
-        result = replay(scaled, point.options)
+        result = replay(scaled, plan)
         requests = requests_table(result)
-        opts = dict(point.options.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
-        summary = summarize(result, requests, point.options.slo, opts)
+        opts = dict(plan.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
+        summary = summarize(result, requests, plan.options.slo, opts)
         row.update(summary_row(summary, run_digest(result, requests)))
         row["request_rate"] = len(scaled) / scaled.duration_s if scaled.duration_s > 0 else None
     except Exception as e:  # recorded in the table; the sweep goes on
@@ -158,7 +165,7 @@ def error_row(point: Point, trace: Trace, message: str) -> dict:
     from reports.digest import flat_options
 
     return {"point": point.key, "status": "error", "error": message,
-            **flat_options(point.options.as_dict()), "trace": trace.source, "rate_scale": point.rate_scale}
+            **flat_options(point.resolved), "trace": trace.source, "rate_scale": point.rate_scale}
 
 
 def default_jobs() -> int:
@@ -302,31 +309,6 @@ def _plain(value):
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
-
-
-def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
-    """A sweep or probe table and the identity stored with it."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
-    path = Path(path)
-    try:
-        # One read of the whole file: the writer may replace it meanwhile, and two opens could see two files.
-        table = pq.read_table(pa.BufferReader(path.read_bytes()))
-    except FileNotFoundError:
-        raise ServesimError(f"{path}: no such file") from None
-    except Exception as e:
-        raise ServesimError(f"{path}: not a readable Parquet table ({type(e).__name__}: {e})") from None
-    metadata = table.schema.metadata or {}
-    if METADATA_KEY not in metadata:
-        raise ServesimError(f"{path}: not a servesim results table (no sweep metadata)")
-    frame = table.to_pandas()
-    for column in frame.columns:  # list columns come back as numpy arrays; rows hold plain lists
-        if frame[column].dtype == object:
-            frame[column] = [v.tolist() if hasattr(v, "tolist") else v for v in frame[column]]
-    return frame, json.loads(metadata[METADATA_KEY])
 
 
 def require_pyarrow() -> None:

@@ -1,0 +1,63 @@
+"""One replay: trace + options -> simulated requests and steps -> a run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from sim.app.options import ReplayOptions
+from sim.app.plan import RunPlan, resolve
+from sim.arrivals import TraceArrivals, simulate
+from sim.engine import Engine, SimResult, TokenTimes
+from sim.jsonable import jsonable
+from sim.request import Request
+from traces.trace import Trace
+
+__all__ = ["ReplayOptions", "make_requests", "replay", "write_run"]
+
+
+def make_requests(trace: Trace) -> list[Request]:
+    """The trace's requests, in trace order."""
+    ids = trace.ids()
+    hash_ids = trace.hash_ids
+    arrival = trace.arrival_s.tolist()
+    prompt = trace.prompt_tokens.tolist()
+    output = trace.output_tokens.tolist()
+    return [
+        Request(i, ids[i], arrival[i], prompt[i], output[i],
+                hash_ids=None if hash_ids is None else hash_ids[i], hash_block_tokens=trace.hash_block_tokens)
+        for i in range(len(trace))
+    ]
+
+
+def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
+           progress: Callable[[float, int], None] | None = None, fast_forward: bool = True) -> SimResult:
+    """Simulate the trace. `fast_forward=False` steps every decode step one by one (same answers,
+    slower; see sim/fast_forward.py)."""
+    plan = options if isinstance(options, RunPlan) else resolve(options, backend)
+    requests = sorted(make_requests(trace), key=lambda r: (r.arrival_s, r.index))  # arrival order, ties in trace order
+    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
+                    plan.max_model_len, fast_forward=fast_forward, progress=progress)
+    return simulate(engine, TraceArrivals(requests, engine))
+
+
+def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace) -> dict:
+    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary."""
+    if not isinstance(plan, RunPlan):
+        plan = resolve(plan, build_backend=False)
+    from reports.html import write_run_report
+    from reports.metrics import requests_table, steps_table, summarize, write_numeric_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    requests = requests_table(result)
+    opts = plan.as_dict()
+    opts["trace"] = trace.source
+    if trace.transforms:
+        opts["trace_transforms"] = trace.transforms
+    summary = summarize(result, requests, plan.options.slo, opts)
+    requests.to_csv(out / "requests.csv", index=False)
+    write_numeric_csv(steps_table(result), out / "steps.csv")
+    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
+    write_run_report(out, result, requests, jsonable(summary))  # downsampled: cheap even for 500k steps
+    return summary
