@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends import StepResult
 from backends.opmodel import OperatorModel
+from sim.backend import StepResult
 from sim.batch import Batch
 
 
 class OpTableBackend:
     name = "costmodel"  # a cost model: it predicts, it does not run the batch
+    num_blocks = None  # the run's KV plan decides
     supports_fast_forward = True
 
-    def __init__(self, op_model: OperatorModel, profile_name: str | None = None):
+    def __init__(self, op_model: OperatorModel, device: str = "gpu", profile_name: str | None = None):
         self.ops = op_model
+        self.device = device  # the system the tables were measured on
+        self.dtype = {"bf16": "bfloat16", "fp8": "float8"}[op_model.dtype]
         self.profile_name = profile_name
 
     def _parts(self, q_list: list[int], computed_list: list[int], num_logits: int) -> dict:

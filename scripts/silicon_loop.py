@@ -28,10 +28,11 @@ from backends.opderive import derive, per_gpu_heads
 from backends.opmodel import OperatorModel, StepOverhead
 from backends.optables import load_tables, systems_in
 from backends.presets import get_hardware, get_model, num_parameters
-from policies import POLICIES
+from policies import load_policy
+from sim.arrivals import TraceArrivals, simulate
 from sim.block_manager import BlockManager
 from sim.config import SchedulerConfig
-from sim.engine import Engine
+from sim.engine import Engine, TokenTimes
 from sim.request import Request
 
 DATA = Path(__file__).resolve().parents[1] / ".." / ".." / "shared" / "gpu-data" / "aiconfigurator"
@@ -48,11 +49,13 @@ API_FIXED_S = 1e-3
 API_PER_PROMPT_TOKEN_S = 2e-6
 
 
-class ClosedLoopEngine(Engine):
-    """C clients send at 0 and then each when its previous request finishes; a request reaches
-    the engine after the API server (a FIFO single server) has processed it."""
+class ClosedLoop(TraceArrivals):
+    """C clients send at 0 and then each when its previous request ends; a request reaches the
+    engine after the API server (a FIFO single server) has processed it."""
 
-    def __init__(self, requests, concurrency, api_seconds, *args, **kwargs):
+    reacts_to_finishes = True
+
+    def __init__(self, requests, concurrency, api_seconds, engine):
         """`api_seconds(num_prompt_tokens)`: the API server's time for one request."""
         self.sent_s = {}
         self._api_free = 0.0
@@ -61,20 +64,18 @@ class ClosedLoopEngine(Engine):
             r.arrival_s = math.inf
         for r in requests[:concurrency]:
             r.arrival_s = self._through_api(r, 0.0)
-        super().__init__(requests, *args, **kwargs)
+        super().__init__(requests, engine)
         self._released = min(concurrency, len(requests))
-        self.policy.finish_may_admit = lambda state: self._released < len(self.requests) or bool(state.waiting)
 
     def _through_api(self, r, sent: float) -> float:
         self.sent_s[r.index] = sent
         self._api_free = max(self._api_free, sent) + self._api_seconds(r.num_prompt_tokens)
         return self._api_free
 
-    def _finish(self, r, now):
-        super()._finish(r, now)
+    def on_done(self, request, now):
         if self._released < len(self.requests):
             nxt = self.requests[self._released]
-            nxt.arrival_s = self._through_api(nxt, now)
+            nxt.arrival_s = self._through_api(nxt, now if now is not None else nxt.arrival_s)
             self._released += 1
 
 
@@ -91,7 +92,7 @@ def approx_num_blocks(model: dict, hardware: dict, tp: int, dtype: str, block_si
     return int(available // (block_size * per_token))
 
 
-def simulate(op_model: OperatorModel, num_blocks: int, isl: int, osl: int, concurrency: int,
+def run_benchmark(op_model: OperatorModel, num_blocks: int, isl: int, osl: int, concurrency: int,
              num_prompts: int, range_ratio: float, seed: int = 0) -> dict:
     """One benchmark as vLLM's benchmark_serving.py runs it with --random-range-ratio r: prompt and
     output lengths uniform integers in [int(r x len), len] (sample_random_requests)."""
@@ -100,13 +101,13 @@ def simulate(op_model: OperatorModel, num_blocks: int, isl: int, osl: int, concu
     isls = rng.integers(int(isl * range_ratio), isl + 1, size=num_prompts).tolist()
     osls = rng.integers(max(int(osl * range_ratio), 1), osl + 1, size=num_prompts).tolist()
     requests = [Request(i, f"r{i}", 0.0, a, b) for i, (a, b) in enumerate(zip(isls, osls))]
-    engine = ClosedLoopEngine(requests, concurrency, lambda n: API_FIXED_S + API_PER_PROMPT_TOKEN_S * n,
-                              POLICIES["chunked"](scheduler), OpTableBackend(op_model),
-                              BlockManager(num_blocks, 16, True), max_model_len=isl + osl)
-    result = engine.run()
+    engine = Engine(load_policy("chunked")(scheduler), OpTableBackend(op_model), BlockManager(num_blocks, 16, True),
+                    TokenTimes(requests), max_model_len=isl + osl)
+    workload = ClosedLoop(requests, concurrency, lambda n: API_FIXED_S + API_PER_PROMPT_TOKEN_S * n, engine)
+    result = simulate(engine, workload)
     done = [r for r in result.requests if r.finish_s is not None]
     ttft = np.array([r.first_token_s - r.arrival_s for r in done])
-    client = np.array([r.first_token_s - engine.sent_s[r.index] for r in done])
+    client = np.array([r.first_token_s - workload.sent_s[r.index] for r in done])
     tpot = np.array([(r.finish_s - r.first_token_s) / (r.max_tokens - 1) for r in done if r.max_tokens > 1])
     return {"ttft_engine_ms": 1e3 * ttft.mean(), "ttft_client_ms": 1e3 * client.mean(), "tpot_ms": 1e3 * tpot.mean(),
             "num_preemptions": result.num_preemptions, "num_steps": len(result.steps)}
@@ -169,7 +170,7 @@ def main() -> None:
         op_model, num_blocks = models[key]
         c, isl, osl = int(row["concurrency"]), int(row["isl"]), int(row["osl"])
         start = time.time()
-        sim = simulate(op_model, num_blocks, isl, osl, c, args.prompts_per_client * c, args.range_ratio)
+        sim = run_benchmark(op_model, num_blocks, isl, osl, c, args.prompts_per_client * c, args.range_ratio)
         ttft = sim["ttft_client_ms"]
         out.append({"id": row["id"], "system": system, "backend": row["backend"], "model": name, "tp": tp,
                     "dtype": dtype, "isl": isl, "osl": osl, "concurrency": c,
