@@ -25,7 +25,8 @@ A step of t tokens (q tokens per request, contexts c after the step) costs, summ
   and an all-gather);
 - the LM head: a bf16 GEMM at m = the logits rows;
 - elementwise kernels, each the table's kernel floor plus its bytes over the table's achieved HBM
-  bandwidth: per layer two fused add+RMSNorm, RoPE, the KV-cache write, SiLU-and-mul (and under
+  bandwidth: per layer two fused add+RMSNorm, RoPE, the KV-cache write, SiLU-and-mul (Qwen3's
+  q/k norms, and under
   fp8 the attention output's quantization; the other activation quantizations are fused into
   the norms and SiLU by vLLM's compilation passes); per step the embedding gather, the final
   norm and the sampler (three passes over fp32 logits);
@@ -161,6 +162,9 @@ class OperatorModel:
                      + 2 * self.kv_heads * hd * (b + kv_bytes)  # K and V into the paged cache
                      + 3 * i * b)  # SiLU-and-mul: read gate and up, write
         kernels = 5
+        if m.get("qk_norm"):  # Qwen3: an RMSNorm on every query and key head, read and write
+            per_token += 2 * (self.heads + self.kv_heads) * hd * b
+            kernels += 1
         if self.dtype == "fp8":
             per_token += self.heads * hd * (b + 1)  # the attention output's quantization
             kernels += 1

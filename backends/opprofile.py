@@ -30,6 +30,18 @@ PROFILE_VERSION = 1
 KIND = "operator-tables"
 MODEL_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "vocab_size")
+OPTIONAL_FIELDS = {"qk_norm": False}
+
+
+def model_shape(model) -> dict:
+    """The fields the operator model reads, from a ModelConfig or a preset's dict."""
+    get = model.get if isinstance(model, dict) else (lambda k, d=None: getattr(model, k, d))
+    missing = [k for k in MODEL_FIELDS if get(k) is None]
+    if missing:
+        raise ServesimError(f"the model lacks {', '.join(missing)}")
+    shape = {k: int(get(k)) for k in MODEL_FIELDS}
+    shape.update({k: bool(get(k, default)) for k, default in OPTIONAL_FIELDS.items()})
+    return shape
 ORIGIN = ("NVIDIA AIConfigurator operator tables (github.com/ai-dynamo/aiconfigurator, "
           "aic-core/src/aiconfigurator_core/systems/data), Apache License 2.0")
 # vLLM 0.24 schedules asynchronously by default (SchedulerConfig.async_scheduling, vllm/config/
@@ -81,7 +93,7 @@ class OpProfile:
     def to_json(self) -> dict:
         co = self.client_overhead
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "kind": KIND, "model": self.model,
-                "model_config": {k: self.model_config[k] for k in MODEL_FIELDS}, "hardware": self.hardware,
+                "model_config": model_shape(self.model_config), "hardware": self.hardware,
                 "tp": self.tp, "dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype, "created": self.created,
                 "source": self.source,
                 "step_overhead": {"seconds": self.step_overhead.seconds, "source": self.step_overhead.source},
@@ -90,18 +102,16 @@ class OpProfile:
                 "operators": self.operators}
 
 
-def build_profile(tables: TableSet, model_name: str, model: dict, hardware: str | None = None, tp: int = 1,
+def build_profile(tables: TableSet, model_name: str, model, hardware: str | None = None, tp: int = 1,
                   dtype: str = "bf16", kv_cache_dtype: str = "bf16", nvlink_bytes_per_s: float | None = None,
                   step_overhead: StepOverhead = DEFAULT_STEP_OVERHEAD,
                   client_overhead: ClientOverhead = ClientOverhead()) -> OpProfile:
-    missing = [k for k in MODEL_FIELDS if k not in model]
-    if missing:
-        raise ServesimError(f"model {model_name!r} lacks {', '.join(missing)}")
-    operators = derive(tables, model, tp, dtype, kv_cache_dtype, nvlink_bytes_per_s)
+    shape = model_shape(model)
+    operators = derive(tables, shape, tp, dtype, kv_cache_dtype, nvlink_bytes_per_s)
     source = dict(tables.source, origin=ORIGIN)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return OpProfile(model_name, {k: model[k] for k in MODEL_FIELDS}, hardware, tp, dtype, kv_cache_dtype, source,
-                     operators, step_overhead, client_overhead, created)
+    return OpProfile(model_name, shape, hardware, tp, dtype, kv_cache_dtype, source, operators, step_overhead,
+                     client_overhead, created)
 
 
 def save_op_profile(profile: OpProfile, path: str | Path) -> None:
@@ -121,7 +131,7 @@ def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
                             f"version {PROFILE_VERSION}, kind {KIND})")
     try:
         so, co = data["step_overhead"], data["client_overhead"]
-        profile = OpProfile(str(data["model"]), {k: int(data["model_config"][k]) for k in MODEL_FIELDS},
+        profile = OpProfile(str(data["model"]), model_shape(data["model_config"]),
                             data.get("hardware"), int(data["tp"]), str(data["dtype"]), str(data["kv_cache_dtype"]),
                             dict(data["source"]), dict(data["operators"]),
                             StepOverhead(float(so["seconds"]), str(so["source"])),
