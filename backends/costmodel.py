@@ -67,15 +67,17 @@ def batch_aggregates(num_scheduled: list[int], num_computed: list[int], num_logi
 
 
 def run_aggregates(contexts: list[int], num_steps: int,
-                   active_steps: list[int] | None) -> StepAggregates:
+                   active_steps: list[int] | None) -> tuple[StepAggregates, list[tuple[int, int, int]]]:
     """Aggregates of `num_steps` decode-only steps of the same requests, whose contexts (after the
     first step) are `contexts` and grow by one token per step; request i takes part in the first
-    `active_steps[i]` steps only (None: all). Fields that vary are [num_steps] int64 arrays."""
+    `active_steps[i]` steps only (None: all). Fields that vary are [num_steps] int64 arrays. Also
+    the segments (start, end, requests running) of steps with the same number of requests."""
     steps = np.arange(num_steps, dtype=np.int64)
     n = len(contexts)
     if active_steps is None or min(active_steps) >= num_steps:
         sum_c = sum(contexts) + n * steps
-        return StepAggregates(n, n, n, n, sum_c, sum_c, sum_c, max(contexts, default=0) + steps, sum_c)
+        return StepAggregates(n, n, n, n, sum_c, sum_c, sum_c, max(contexts, default=0) + steps, sum_c), \
+            [(0, num_steps, n)]
     # Requests leave as they finish: step j has those with active_steps > j. The steps split into
     # segments, one per number of requests left, filled from the last one back.
     leavers = sorted((a, c) for a, c in zip(active_steps, contexts) if a < num_steps)
@@ -85,19 +87,21 @@ def run_aggregates(contexts: list[int], num_steps: int,
     base_sum = np.empty(num_steps, dtype=np.int64)
     base_max = np.empty(num_steps, dtype=np.int64)
     end = num_steps
+    segments = []
     running, left_max = len(staying), max(staying, default=0)
     for leave, c in reversed([(0, 0)] + leavers):
         if leave < end:
             num_running[leave:end] = running
             base_sum[leave:end] = left_sum
             base_max[leave:end] = left_max
+            segments.append((leave, end, running))
             end = leave
         running += 1
         left_sum += c
         left_max = max(left_max, c)
     sum_c = base_sum + num_running * steps
     return StepAggregates(num_running, num_running, num_running, num_running, sum_c, sum_c, sum_c, base_max + steps,
-                          sum_c)
+                          sum_c), segments
 
 
 class CostModel:
@@ -151,13 +155,14 @@ class CostModel:
     def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
         """See sim.backend.DecodeRunBackend. A part that is the same for every step may be a float."""
         contexts = context_lens if isinstance(context_lens, list) else [int(c) for c in context_lens]
-        agg = run_aggregates(contexts, num_steps, active_steps)
-        if isinstance(agg.num_tokens, int):
-            dense = self._dense(agg.num_tokens, agg.num_logits)
+        agg, segments = run_aggregates(contexts, num_steps, active_steps)
+        if len(segments) == 1:
+            dense = self._dense(segments[0][2], segments[0][2])
         else:  # everything but attention depends on the number of requests still running alone
-            counts, where = np.unique(agg.num_tokens, return_inverse=True)
-            table = np.array([self._dense(int(n), int(n)) for n in counts])  # [counts, parts]
-            dense = tuple(table[where, k] for k in range(table.shape[1]))
+            dense = tuple(np.empty(num_steps) for _ in self._dense(1, 1))
+            for start, end, running in segments:
+                for column, value in zip(dense, self._dense(running, running)):
+                    column[start:end] = value
         parts = self.parts(agg, [], dense)
         return self.total(parts), parts
 

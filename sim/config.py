@@ -12,6 +12,12 @@ def _require(condition: bool, message: str) -> None:
         raise ServesimError(message)
 
 
+def check_block_size(block_size: int) -> None:
+    """KV blocks hold a power of two of tokens (the kernels' tiles and vLLM's sizes are)."""
+    _require(isinstance(block_size, int) and block_size >= 1 and block_size & (block_size - 1) == 0,
+             f"--block-size must be a power of two, got {block_size}")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     policy: str = "chunked"  # a name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy)
@@ -46,11 +52,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        bs = self.block_size
-        _require(
-            isinstance(bs, int) and bs >= 1 and bs & (bs - 1) == 0,
-            f"--block-size must be a power of two, got {bs}",
-        )
+        check_block_size(self.block_size)
         _require(
             self.num_blocks is None or self.num_blocks >= 1,
             f"--num-blocks must be at least 1, got {self.num_blocks}",

@@ -93,13 +93,23 @@ def test_compare_writes_every_error_figure_and_the_report(setup):
         assert (out / name).is_file(), name
     data = json.loads((out / "compare.json").read_text())
     errors = data["errors"]
+    # Each step-level figure is the statistic of |predicted - measured| / measured over that kind of step.
+    steps = comparison.steps
     for kind in ("all", "prefill", "decode", "mixed"):
-        for stat in ("median_ape", "p90_ape", "max_ape"):
-            assert math.isfinite(errors[f"step_{kind}_{stat}"]) and errors[f"step_{kind}_{stat}"] >= 0
+        ape = (steps if kind == "all" else steps[steps["kind"] == kind])["ape"].to_numpy()
+        assert len(ape) > 0, kind
+        assert errors[f"step_{kind}_median_ape"] == pytest.approx(np.median(ape), rel=1e-12)
+        assert errors[f"step_{kind}_p90_ape"] == pytest.approx(np.quantile(ape, 0.9), rel=1e-12)
+        assert errors[f"step_{kind}_max_ape"] == pytest.approx(ape.max(), rel=1e-12)
+    # Each end-to-end figure is (predicted - measured) / measured of the two runs' summaries.
+    measured = json.loads((out / "measured" / "summary.json").read_text())
+    predicted = json.loads((out / "predicted" / "summary.json").read_text())
     for metric in ("ttft", "tpot", "itl", "e2e"):
         for p in ("p50", "p90", "p99"):
-            assert math.isfinite(errors[f"{metric}_{p}_rel_error"])
-    assert math.isfinite(errors["request_throughput_rel_error"]) and math.isfinite(errors["output_throughput_rel_error"])
+            want = (predicted[metric][p] - measured[metric][p]) / measured[metric][p]
+            assert errors[f"{metric}_{p}_rel_error"] == pytest.approx(want, rel=1e-9)
+    for name in ("request_throughput", "output_throughput"):
+        assert errors[f"{name}_rel_error"] == pytest.approx((predicted[name] - measured[name]) / measured[name], rel=1e-9)
     assert data["step_error"]["all"]["count"] == len(comparison.steps) == len(comparison.measured.steps)
     assert errors == figures["errors"]
     # The stand-in is the datasheet roofline with 2% noise: the calibrated model predicts it closely.

@@ -37,8 +37,20 @@ def test_large_prefill_is_compute_bound():
     be = RooflineCostModel(get_model("Llama-3.1-8B"), get_hardware("H100-SXM"), Efficiencies(gemm=1.0, attention=1.0, step_overhead_s=0.0))
     b = Batch()
     b.add("p", 0, 8192, [], needs_logits=True)
-    flops = 2 * 8192 * (num_parameters(MODELS["Llama-3.1-8B"]) - 2 * 128256 * 4096)
-    assert be.execute(b).seconds > flops / 989.4e12
+    parts = be.execute(b).breakdown
+    peak = 989.4e12
+    # Every layer's matmuls at full speed: 2 FLOPs per weight per token (the weights of the layers are the
+    # parameters but the embedding table, the LM head and the norms).
+    h, i, layers, nh, nkv, hd = 4096, 14336, 32, 32, 8, 128
+    layer_weights = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * i
+    assert parts["linear"] == pytest.approx(2 * 8192 * layers * layer_weights / peak, rel=1e-12)
+    # Causal attention of one 8192-token prompt: 4 * heads * head_dim FLOPs per query-key pair, 8192 * 8193 / 2 pairs.
+    assert parts["attention"] == pytest.approx(layers * 4 * nh * hd * (8192 * 8193 // 2) / peak, rel=1e-12)
+    # The LM head on the one logits row is memory-bound: its weights and the row, fp32 logits out.
+    assert parts["lm_head"] == pytest.approx(((h * 128256 + h) * 2 + 128256 * 4) / (3.35e12 * 0.85), rel=1e-12)
+    assert be.execute(b).seconds == pytest.approx(sum(parts.values()), rel=1e-12)
+    assert 2 * 8192 * layers * layer_weights == pytest.approx(
+        2 * 8192 * (num_parameters(MODELS["Llama-3.1-8B"]) - 2 * 128256 * 4096), rel=1e-4)  # norms aside
 
 
 def test_attention_grows_with_each_requests_own_context():

@@ -12,7 +12,8 @@ FORMAT_HELP = ("trace format: canonical, azure (2023 and 2024), mooncake, burstg
                "(default: detected from the header or extension)")
 
 
-def _whole(text: str) -> int:
+def whole_number(text: str) -> int:
+    """argparse type for counts (of every command); their ranges are checked where they are used."""
     try:
         return int(text)
     except ValueError:
@@ -34,7 +35,7 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-window", default=None, metavar="START:END",
                    help="keep requests arriving in [START, END) seconds from the first arrival; either may be "
                         "empty (e.g. 600:1200 or :300)")
-    p.add_argument("--limit", type=_whole, default=None, metavar="N", help="keep the first N requests")
+    p.add_argument("--limit", type=whole_number, default=None, metavar="N", help="keep the first N requests")
     p.add_argument("--rate-scale", type=_number, default=None, metavar="X",
                    help="divide arrival times by X (2 doubles the request rate)")
     p.add_argument("--target-rate", type=_number, default=None, metavar="R",
@@ -117,7 +118,7 @@ def register(subparsers) -> None:
                                    "and prefix-sharing ratio (after the transforms given).")
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     add_trace_options(p)
-    p.add_argument("--max-model-len", type=_whole, default=None, metavar="N", help="for --on-too-long truncate")
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_stats)
 
@@ -128,7 +129,7 @@ def register(subparsers) -> None:
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     p.add_argument("out", help="canonical CSV to write")
     add_trace_options(p)
-    p.add_argument("--max-model-len", type=_whole, default=None, metavar="N", help="for --on-too-long truncate")
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("synth", help="write a seeded synthetic trace",
@@ -136,7 +137,7 @@ def register(subparsers) -> None:
                                    "uniform:LO:HI or zipf:S:LO:HI. Multi-turn sessions (--turns) share their "
                                    "conversation prefix through hash ids.")
     p.add_argument("out", help="canonical CSV to write")
-    p.add_argument("--num-requests", type=_whole, default=1000, metavar="N", help="requests in all (default: 1000)")
+    p.add_argument("--num-requests", type=whole_number, default=1000, metavar="N", help="requests in all (default: 1000)")
     p.add_argument("--rate", type=_number, default=1.0, metavar="R",
                    help="sessions started per second; requests per second with one turn (default: 1)")
     p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson",
@@ -153,10 +154,10 @@ def register(subparsers) -> None:
     p.add_argument("--turns", default="fixed:1", metavar="DIST", help="requests per session (default: fixed:1)")
     p.add_argument("--think-time", type=_number, default=10.0, metavar="S",
                    help="mean seconds between a session's turns, exponential (default: 10)")
-    p.add_argument("--system-prompt-tokens", type=_whole, default=0, metavar="N",
+    p.add_argument("--system-prompt-tokens", type=whole_number, default=0, metavar="N",
                    help="a prefix every request shares, a multiple of --hash-block-tokens (default: 0)")
-    p.add_argument("--hash-block-tokens", type=_whole, default=16, metavar="N",
+    p.add_argument("--hash-block-tokens", type=whole_number, default=16, metavar="N",
                    help="tokens per prefix hash id (default: 16)")
-    p.add_argument("--seed", type=_whole, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=whole_number, default=0, help="random seed (default: 0)")
     p.set_defaults(func=cmd_synth, time_window=None, limit=None, rate_scale=None, target_rate=None,
                    on_too_long="reject")

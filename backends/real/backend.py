@@ -8,6 +8,7 @@ import numpy as np
 from backends.presets import activation_reserve_bytes, get_model, num_parameters
 from sim.backend import StepResult
 from sim.batch import Batch
+from sim.config import check_block_size
 from sim.errors import ServesimError
 from sim.tokens import TokenSpec
 
@@ -83,8 +84,7 @@ class RealBackend:
         choice). One by default: a toy model gains nothing from more, and its measured step times
         then stay steady when other processes share the cores. `cuda_graphs`: replay decode-only
         steps of up to `max_num_seqs` requests from captured CUDA graphs (GPU only)."""
-        if block_size < 1 or block_size & (block_size - 1):
-            raise ServesimError(f"--block-size must be a power of two, got {block_size}")
+        check_block_size(block_size)
         if num_blocks is not None and num_blocks < 1:
             raise ServesimError(f"--num-blocks must be at least 1, got {num_blocks}")
         self.model_name = model

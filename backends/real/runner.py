@@ -83,7 +83,8 @@ class ModelRunner:
                                                                                        flat.logits_indices)
 
     def logits(self, flat: FlatBatch) -> torch.Tensor:
-        """[num_logits, vocab] fp32 for one flattened step (used by the tests and `execute`)."""
+        """[num_logits, vocab] fp32 for one flattened step, for the tests (`execute` runs the same stage,
+        forward and LM head, timing each part, and samples)."""
         input_ids, positions, meta, logits_indices = self.stage(flat)
         hidden = self.model(self.ops, input_ids, positions, meta, self.kv_caches, logits_indices)
         return self.model.logits(hidden)

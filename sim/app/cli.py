@@ -10,18 +10,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sim.errors import ServesimError
-from traces.cli import add_trace_options
+from traces.cli import add_trace_options, whole_number
 
 DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
-
-
-def _whole_number(text: str) -> int:
-    """argparse type for counts; their ranges are checked where the configs are built."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    return value
 
 
 def add_replay_options(p: argparse.ArgumentParser) -> None:
@@ -42,22 +33,22 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="DIR",
                    help="the real backend's weights: a local safetensors folder with Hugging Face tensor names "
                         "matching --model (default: random weights, seeded by --seed)")
-    p.add_argument("--max-num-batched-tokens", type=_whole_number, default=2048, metavar="N",
+    p.add_argument("--max-num-batched-tokens", type=whole_number, default=2048, metavar="N",
                    help="token budget of one step (default: 2048)")
-    p.add_argument("--max-num-seqs", type=_whole_number, default=256, metavar="N",
+    p.add_argument("--max-num-seqs", type=whole_number, default=256, metavar="N",
                    help="most requests running at once (default: 256)")
-    p.add_argument("--max-model-len", type=_whole_number, default=None, metavar="N",
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N",
                    help="longest prompt + output accepted; longer requests are rejected "
                         "(default: the model's max_position_embeddings)")
-    p.add_argument("--block-size", type=_whole_number, default=16, metavar="N",
+    p.add_argument("--block-size", type=whole_number, default=16, metavar="N",
                    help="tokens per KV block, a power of two (default: 16)")
-    p.add_argument("--num-blocks", type=_whole_number, default=None, metavar="N",
+    p.add_argument("--num-blocks", type=whole_number, default=None, metavar="N",
                    help="KV blocks in the cache (default: derived from the hardware's memory minus weights "
                         "and an activation reserve)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                    help="fraction of device memory for weights, activations and KV cache (default: 0.9)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
-    p.add_argument("--seed", type=_whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
+    p.add_argument("--seed", type=whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
     p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S",
                    help="service-level objectives in seconds, for goodput")
     p.add_argument("--profile", default=None, metavar="PROFILE.json",

@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
+from reports.axes import AXES
 from reports.tables import METADATA_KEY, RESULTS, read_table  # noqa: F401 (RESULTS, read_table: for callers)
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve
@@ -39,16 +40,6 @@ from traces.trace import Trace
 
 EXECUTORS = ("process", "ray")
 
-# Axes a grid can sweep: the option's name (as in ReplayOptions and the table) and its type.
-AXES: dict[str, type] = {
-    "policy": str,
-    "model": str,
-    "hardware": str,
-    "max_num_batched_tokens": int,
-    "max_num_seqs": int,
-    "rate_scale": float,
-    "seed": int,
-}
 
 
 def parse_axis(name: str, text: str) -> tuple:

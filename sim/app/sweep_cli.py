@@ -7,6 +7,7 @@ import itertools
 import sys
 from pathlib import Path
 
+from reports.axes import axis_name
 from sim.app.progress import Progress
 from sim.errors import ServesimError
 
@@ -65,7 +66,7 @@ def register(sub) -> None:
 
 def _add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
     """Re-declare the sweepable replay options as comma-separated lists (keeping their defaults)."""
-    from sim.app.sweep import AXES
+    from reports.axes import AXES
 
     for name in AXES:
         if name == "rate_scale" and not with_rate_scale:
@@ -155,9 +156,9 @@ def _on_row(bar):
 # sim sweep
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from reports.axes import AXES
     from reports.html import write_report
     from sim.app.sweep import (
-        AXES,
         RESULTS,
         ResultsTable,
         grid_order,
@@ -207,7 +208,7 @@ def _report_failures(frame) -> int:
 
 def format_sweep(frame) -> str:
     """Mean over seeds of the key metrics, one line per point of the other axes."""
-    from sim.app.sweep import AXES
+    from reports.axes import AXES
 
     ok = frame[frame["status"] == "ok"] if len(frame) else frame
     if not len(ok):
@@ -216,8 +217,7 @@ def format_sweep(frame) -> str:
     columns = [("request_throughput", "req/s", 1), ("ttft_p50", "p50 TTFT", 1e3), ("ttft_p99", "p99 TTFT", 1e3),
                ("itl_p99", "p99 TBT", 1e3), ("scheduling_delay_p50", "p50 delay", 1e3), ("e2e_p99", "p99 E2E", 1e3)]
     means = ok.groupby(keys, sort=False)[[c for c, _, _ in columns]].mean().reset_index()
-    names = {"max_num_batched_tokens": "budget", "max_num_seqs": "seqs", "rate_scale": "rate x"}
-    head = "".join(f"{names.get(k, k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
+    head = "".join(f"{axis_name(k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
     lines = [head + "   (latencies in ms)"]
     for _, row in means.iterrows():
         line = "".join(f"{row[k]!s:>14}" if not isinstance(row[k], float) else f"{row[k]:>14g}" for k in keys)
@@ -237,10 +237,11 @@ def _cell(value: float) -> str:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from reports.axes import AXES
     from reports.html import write_report
     from sim.app.capacity import CapacitySLO, RateSearch, search_all
     from sim.app.plan import resolve
-    from sim.app.sweep import AXES, ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
+    from sim.app.sweep import ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
 
     require_pyarrow()
     _check_executor(args)
@@ -318,9 +319,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def format_capacity(capacity, keys: list[str], slo) -> str:
-    names = {"max_num_batched_tokens": "budget", "max_num_seqs": "seqs"}
     measured = [f"{key}_at_capacity" for key in slo.limits()]
-    head = ("".join(f"{names.get(k, k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
+    head = ("".join(f"{axis_name(k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
             + "".join(f"{k.removesuffix('_at_capacity') + ' ms':>12}" for k in measured) + f"{'probes':>8}  status")
     lines = [f"capacity: {slo.describe()}", head]
     for _, row in capacity.iterrows():
