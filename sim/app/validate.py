@@ -144,8 +144,9 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead)
     result = simulate(engine, workload)
     done = [r for r in result.requests if r.finish_s is not None]
-    if len(done) < n:
-        raise ServesimError(f"{n - len(done)} of {n} requests were rejected: {done and '' or requests[0].reject_reason}")
+    rejected = [r for r in result.requests if r.reject_reason is not None]
+    if rejected:
+        raise ServesimError(f"{len(rejected)} of {n} requests rejected: {rejected[0].reject_reason}")
     ttft = np.mean([r.first_token_s - workload.sent_s[r.index] for r in done])
     ttft_engine = np.mean([r.first_token_s - r.arrival_s for r in done])
     tpot = np.mean([(r.finish_s - r.first_token_s) / (r.max_tokens - 1) for r in done if r.max_tokens > 1])
