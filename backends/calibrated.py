@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.costmodel import CostModel, StepAggregates, step_aggregates
-from backends.shapes import gemm_shapes
+from backends.model_config import ModelConfig
 from sim.errors import ServesimError
 
 # The terms of a calibrated step: GEMM FLOPs (a memory-bound GEMM counts its bytes x the ridge
@@ -23,25 +23,25 @@ FEATURES = ("linear_flops", "attention_flops", "attention_dense_flops", "kv_read
             "kv_read_padded_excess_bytes", "num_tokens", "num_requests", "num_prefill_chunks", "constant")
 
 
-def linear_flops(model: dict, num_tokens, num_logits, dtype_bytes: int, ridge_flops_per_byte: float):
+def linear_flops(model: ModelConfig, num_tokens, num_logits, dtype_bytes: int, ridge_flops_per_byte: float):
     """The GEMM term: every layer's matmuls over the step's tokens and the LM head over its logits
     rows, each max(FLOPs, ridge x bytes). Ints or arrays."""
     b, r, t, n = dtype_bytes, ridge_flops_per_byte, num_tokens, num_logits
-    h, v = model["hidden_size"], model["vocab_size"]
+    h, v = model.hidden_size, model.vocab_size
     linear = 0.0
-    for k_in, n_out in gemm_shapes(model):
+    for _, k_in, n_out in model.gemms():
         linear = linear + np.maximum(2.0 * t * k_in * n_out, r * (k_in * n_out + t * (k_in + n_out)) * b)
     # The LM head runs (and reads its weights) only when some row needs logits.
     lm_head = np.where(n > 0, np.maximum(2.0 * n * h * v, r * ((h * v + n * h) * b + n * v * 4)), 0.0)
-    return model["num_hidden_layers"] * linear + lm_head
+    return model.num_hidden_layers * linear + lm_head
 
 
-def calibrated_terms(model: dict, agg: StepAggregates, dtype_bytes: int, linear,
+def calibrated_terms(model: ModelConfig, agg: StepAggregates, dtype_bytes: int, linear,
                      cache_bytes: float | None = None) -> tuple:
     """The values of `FEATURES` but the first (`linear`, given), from a step's aggregates. The same
     expressions serve the fit, single steps and decode runs, so they agree exactly."""
-    layers, hd = model["num_hidden_layers"], model["head_dim"]
-    nh, nkv = model["num_attention_heads"], model["num_key_value_heads"]
+    layers, hd = model.num_hidden_layers, model.head_dim
+    nh, nkv = model.num_attention_heads, model.num_key_value_heads
     flops_per_key = layers * 4.0 * nh * hd  # QK^T and PV, per query-key pair
     token_kv_bytes = 2.0 * nkv * hd * dtype_bytes  # K and V of one cached token in one layer
     padded = token_kv_bytes * (agg.num_decodes * agg.max_decode_context)  # per layer
@@ -85,7 +85,7 @@ class Calibration:
         return dict(zip(FEATURES, self.coefficients))
 
 
-def step_features(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, dtype_bytes: int = 2,
+def step_features(model: ModelConfig, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, dtype_bytes: int = 2,
                   ridge_flops_per_byte: float = 0.0, cache_bytes: float | None = None) -> np.ndarray:
     """The calibrated model's terms, [steps, len(FEATURES)]. q, c: [steps, requests] query and context
     lengths (zero-padded); num_logits: [steps]. Each row depends only on its own step."""
@@ -98,7 +98,7 @@ def step_features(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndar
 
 
 class CalibratedCostModel(CostModel):
-    def __init__(self, model: dict, calibration: Calibration, device_name: str = "calibrated profile"):
+    def __init__(self, model: ModelConfig, calibration: Calibration, device_name: str = "calibrated profile"):
         super().__init__(model, calibration.dtype_bytes, device_name)
         self.calibration = calibration
 

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from backends.presets import get_model
+from backends.model_config import ModelConfig
 from backends.profile import Profile, fit_calibration, fit_report, pad
 from sim.batch import Batch
 from sim.errors import ServesimError
@@ -212,7 +212,7 @@ def fit_measurements(model: str, raw: pd.DataFrame, dtype_bytes: int):
     c = pad([list(map(int, s.split())) for s in shapes["context_lens"]])
     num_logits = shapes["num_logits"].to_numpy()
     seconds = shapes["seconds"].to_numpy(dtype=np.float64)
-    m = get_model(model)
+    m = ModelConfig.from_preset(model)
     calibration = fit_calibration(m, q, c, num_logits, seconds, dtype_bytes)
     report = fit_report(m, q, c, num_logits, seconds, calibration, dtype_bytes)
     # How much a shape's own repeats disagree: the floor under any model's error on single steps.
@@ -245,15 +245,15 @@ def calibrate(backend, model: str, grid: str = "full", warmup: int = 2, repeats:
               progress=None) -> tuple[Profile, pd.DataFrame]:
     """Measure `grid` on `backend` (a Backend with block_size and num_blocks) and fit a profile.
     `progress`, if given, is told the number of measured runs (`total`) and each one done (update)."""
-    m = get_model(model)
-    shapes = make_grid(grid, m["max_position_embeddings"])
+    m = ModelConfig.from_preset(model)
+    shapes = make_grid(grid, m.max_position_embeddings)
     fitting = [s for s in shapes if s.num_blocks(backend.block_size) <= backend.num_blocks]
     if len(fitting) < len(shapes) // 2:
         raise ServesimError(f"only {len(fitting)} of the {len(shapes)} shapes of grid {grid!r} fit in "
                             f"{backend.num_blocks} KV blocks; give more with --num-blocks")
     if progress is not None:
         progress.total = len(fitting) * repeats
-    raw = measure(backend, fitting, m["vocab_size"], warmup, repeats, seed, progress)
+    raw = measure(backend, fitting, m.vocab_size, warmup, repeats, seed, progress)
     dtype = str(backend.dtype).removeprefix("torch.")
     calibration, report = fit_measurements(model, raw, DTYPE_BYTES.get(dtype, 2))
     profile = Profile(
@@ -272,7 +272,7 @@ def default_grid(device: str) -> str:
 
 def grid_num_blocks(model: str, grid: str, block_size: int) -> int:
     """KV blocks for the largest shape of the grid: what a CPU calibration allocates."""
-    shapes = make_grid(grid, get_model(model)["max_position_embeddings"])
+    shapes = make_grid(grid, ModelConfig.from_preset(model).max_position_embeddings)
     return max(s.num_blocks(block_size) for s in shapes)
 
 

@@ -113,7 +113,8 @@ class CostModel:
     supports_fast_forward = True
     decodes_from_sums = True  # whether a decode's attention is a function of the decodes' summed contexts
 
-    def __init__(self, model: dict, dtype_bytes: int, device_name: str):
+    def __init__(self, model, dtype_bytes: int, device_name: str):
+        """`model`: a ModelConfig (backends/model_config.py)."""
         self.model = model
         self.dtype_bytes = dtype_bytes
         self.dtype = {1: "float8", 2: "bfloat16", 4: "float32"}[dtype_bytes]
@@ -167,16 +168,16 @@ class CostModel:
         return self.total(parts), parts
 
 
-def make_cost_model(model: str, hardware: str | None, calibration=None) -> CostModel:
-    """The calibrated model when a calibration is given, else the datasheet roofline."""
-    from backends.presets import get_hardware, get_model
-
+def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str = "bf16",
+                    kv_cache_dtype: str = "auto") -> CostModel:
+    """The calibrated model when a calibration is given, else the datasheet roofline. `model` is a
+    ModelConfig, `hardware` a Hardware (or None with a calibration)."""
     if calibration is None and hardware is None:
         raise ServesimError("the cost model needs a hardware preset or a calibrated profile")
     if calibration is not None:
         from backends.calibrated import CalibratedCostModel
 
-        return CalibratedCostModel(get_model(model), calibration)
+        return CalibratedCostModel(model, calibration)
     from backends.roofline import RooflineCostModel
 
-    return RooflineCostModel(get_model(model), get_hardware(hardware))
+    return RooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype)

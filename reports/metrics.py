@@ -4,7 +4,7 @@
 - TPOT: (E2E - TTFT) / (output tokens - 1), for requests with more than one output token.
 - ITL: every gap between consecutive tokens of a request, all requests pooled.
 - Scheduling delay: arrival to the first step that scheduled the request.
-- Throughputs divide by the duration: first arrival to last finish.
+- Throughputs divide by the duration: first arrival (or the benchmark's start) to last finish.
 - Goodput: completed requests meeting every SLO, per second of duration.
 Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does).
 """
@@ -91,10 +91,13 @@ def _stats(values: np.ndarray) -> dict[str, float | None]:
     return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict) -> dict:
+def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict, start_s: float | None = None) -> dict:
+    """`start_s`: when the duration starts (a benchmark's start, as vLLM's bench times it); None: the
+    first arrival."""
     done = requests[requests["status"] == Status.FINISHED.value]
     rejected = requests[requests["status"] == Status.REJECTED.value]
-    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
+    start = float(requests["arrival_s"].min()) if start_s is None else start_s
+    duration = float(done["finish_s"].max() - start) if len(done) else 0.0
     output_tokens = int(done["output_tokens"].sum())
     prompt_tokens = int(done["prompt_tokens"].sum())
 

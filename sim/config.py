@@ -47,7 +47,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
-    num_blocks: int | None = None  # None: derived from the hardware's memory
+    num_blocks: int | None = None  # vLLM's num_gpu_blocks_override (--num-gpu-blocks); None: derived as vLLM does
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
 
@@ -55,7 +55,7 @@ class CacheConfig:
         check_block_size(self.block_size)
         _require(
             self.num_blocks is None or self.num_blocks >= 1,
-            f"--num-blocks must be at least 1, got {self.num_blocks}",
+            f"--num-gpu-blocks must be at least 1, got {self.num_blocks}",
         )
         _require(
             0.0 < self.gpu_memory_utilization <= 1.0,

@@ -12,7 +12,7 @@ import pytest
 from backends.calibrated import CalibratedCostModel
 from backends.calibration import calibrate
 from backends.costmodel import CostModel
-from backends.presets import get_model
+from backends.model_config import ModelConfig
 from backends.profile import load_profile, save_profile
 from sim.app.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison
 from sim.app.replay import ReplayOptions, replay
@@ -50,7 +50,7 @@ def test_step_join_is_exact(setup):
     _, path, measured_options, predicted_options = setup
     trace = make_trace(ROWS)
     standin = StandInBackend("tiny", num_blocks=256, seed=3)
-    predictor = CountingPredictor(CalibratedCostModel(get_model("tiny"), load_profile(path).calibration))
+    predictor = CountingPredictor(CalibratedCostModel(ModelConfig.from_preset("tiny"), load_profile(path).calibration))
     recorder = PredictingBackend(standin, predictor)
     result = replay(trace, measured_options, backend=recorder)
     steps = join_steps(result, recorder)

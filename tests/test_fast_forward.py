@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.calibrated import FEATURES, CalibratedCostModel, Calibration
-from backends.presets import get_hardware, get_model
+from backends.hardware import HARDWARE
+from backends.model_config import ModelConfig
 from backends.roofline import RooflineCostModel
 from policies import POLICIES
 from sim.app.replay import ReplayOptions, replay
@@ -28,8 +29,8 @@ CALIBRATION = Calibration(tuple(1e-3 / (10.0 ** (3 + i)) for i in range(len(FEAT
 def compare(trace, options, hardware="H100-SXM", calibrated=False):
     def backend():
         if calibrated:
-            return CalibratedCostModel(get_model(options.model), CALIBRATION)
-        return RooflineCostModel(get_model(options.model), get_hardware(hardware))
+            return CalibratedCostModel(ModelConfig.from_preset(options.model), CALIBRATION)
+        return RooflineCostModel(ModelConfig.from_preset(options.model), HARDWARE[hardware])
 
     results = [replay(trace, options, backend=backend(), fast_forward=ff) for ff in (True, False)]
     fast, slow = results

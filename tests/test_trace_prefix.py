@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from backends.presets import get_model
+from backends.model_config import ModelConfig
 from sim.app.cli import main
 from sim.app.replay import ReplayOptions, make_requests, replay, write_run
 from sim.config import CacheConfig, SchedulerConfig
@@ -57,7 +57,7 @@ def test_hash_blocks_larger_than_kv_blocks():
 def test_shared_hash_ids_give_identical_token_prefixes():
     trace = read_trace(MOONCAKE_SAMPLE)
     requests = make_requests(trace)
-    spec = TokenSpec(0, get_model("Qwen3-0.6B")["vocab_size"])
+    spec = TokenSpec(0, ModelConfig.from_preset("Qwen3-0.6B").vocab_size)
     first = [tuple(h[:1].tolist()) for h in trace.hash_ids]
     i = next(k for k in range(len(first)) if first.count(first[k]) > 1)
     j = next(k for k in range(i + 1, len(first)) if first[k] == first[i])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.presets import activation_reserve_bytes, get_model, num_parameters
+from backends.kv_capacity import activation_peak_bytes
 from sim.backend import StepResult
 from sim.batch import Batch
 from sim.config import check_block_size
@@ -17,9 +17,9 @@ try:
 except ImportError:  # the one-line error names the extra to install
     raise ServesimError("the real backend needs torch (and triton on a GPU): pip install -e '.[real]'") from None
 
+from backends.model_config import ModelConfig
 from backends.real import kv_cache
-from backends.real.config import ModelConfig
-from backends.real.model import Decoder
+from backends.real.model import Decoder, check_runnable
 from backends.real.ops import TORCH_OPS, triton_ops
 from backends.real.runner import ModelRunner
 from backends.real.weights import init_random, load_safetensors
@@ -76,8 +76,8 @@ class RealBackend:
     name = "real"
     supports_fast_forward = False  # every step is executed: sampled tokens feed the next one
 
-    def __init__(self, model: str, device: str = "cpu", block_size: int = 16, num_blocks: int | None = None,
-                 seed: int = 0, weights: str | None = None, gpu_memory_utilization: float = 0.9, *,
+    def __init__(self, model: str | ModelConfig, device: str = "cpu", block_size: int = 16,
+                 num_blocks: int | None = None, seed: int = 0, weights: str | None = None, gpu_memory_utilization: float = 0.9, *,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, cpu_threads: int | None = 1,
                  cuda_graphs: bool = True):
         """`cpu_threads`: torch's intra-op threads on the CPU (process-wide; None keeps torch's own
@@ -87,18 +87,18 @@ class RealBackend:
         check_block_size(block_size)
         if num_blocks is not None and num_blocks < 1:
             raise ServesimError(f"--num-blocks must be at least 1, got {num_blocks}")
-        self.model_name = model
-        self.cfg = ModelConfig.from_preset(model)
+        self.cfg = model if isinstance(model, ModelConfig) else ModelConfig.from_preset(model)
+        self.model_name = self.cfg.name
+        check_runnable(self.cfg)
         self.device = _device(device)
         if self.device.type == "cpu" and cpu_threads is not None:
             torch.set_num_threads(cpu_threads)
         self.block_size = block_size
         is_cuda = self.device.type == "cuda"
         self.dtype = torch.bfloat16 if is_cuda else torch.float32
-        preset = get_model(model)
         element = torch.empty(0, dtype=self.dtype).element_size()
-        weight_bytes = num_parameters(preset) * element
-        reserve = activation_reserve_bytes(preset, max_num_batched_tokens, max_num_seqs)
+        weight_bytes = self.cfg.num_parameters * element
+        reserve = activation_peak_bytes(self.cfg, max_num_batched_tokens, max_num_seqs)  # vLLM's profile run's
         where = torch.cuda.get_device_name(self.device) if is_cuda else "this machine's memory"
 
         if is_cuda:
@@ -108,7 +108,7 @@ class RealBackend:
             usable = _cpu_available_bytes() * gpu_memory_utilization
         if weight_bytes + reserve > usable:
             raise ServesimError(
-                f"model {model} is too large for {where}: {_gib(weight_bytes)} of weights and "
+                f"model {self.model_name} is too large for {where}: {_gib(weight_bytes)} of weights and "
                 f"{_gib(reserve)} of activations, {_gib(max(usable, 0))} usable; choose a smaller model "
                 f"(see `sim models`)")
 

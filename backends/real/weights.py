@@ -7,12 +7,11 @@ name maps to a row range of a fused parameter.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from backends.real.config import ModelConfig
+from backends.model_config import ModelConfig, hf_fields, read_config_json
 from backends.real.model import Decoder
 from sim.errors import ServesimError
 
@@ -80,27 +79,16 @@ def _open_safetensors():
 
 
 def _check_config(folder: Path, cfg: ModelConfig) -> None:
-    path = folder / "config.json"
-    if not path.exists():
+    """A folder's config.json, read as `--model` reads one (either RoPE layout), must describe the
+    model the weights are loaded into: the fields it states must agree."""
+    if not (folder / "config.json").exists():
         return
-    try:
-        hf = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ServesimError(f"{path}: cannot read it as JSON ({e})") from None
-    if "head_dim" not in hf and "hidden_size" in hf and "num_attention_heads" in hf:
-        hf["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
-    for field in _CONFIG_FIELDS:
-        if field in hf and hf[field] != getattr(cfg, field):
+    where, raw = read_config_json(folder)
+    stated = hf_fields(raw, where)
+    for field in (*_CONFIG_FIELDS, "rope_theta", "rope_scaling"):
+        if field in stated and stated[field] != getattr(cfg, field):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
-                                f"{field} = {hf[field]}, the preset {getattr(cfg, field)}")
-    if "rope_theta" in hf and hf["rope_theta"] != cfg.rope_theta:
-        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
-                            f"rope_theta = {hf['rope_theta']}, the preset {cfg.rope_theta}")
-    scaling, ours = hf.get("rope_scaling"), cfg.rope_scaling
-    if (scaling is None) != (ours is None) or ours is not None and any(
-            scaling.get(key) != value for key, value in ours.items() if key != "rope_type"):
-        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
-                            f"rope_scaling = {scaling}, the preset {cfg.rope_scaling}")
+                                f"{field} = {stated[field]}, the model {getattr(cfg, field)}")
 
 
 @torch.no_grad()

@@ -17,15 +17,26 @@ DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/az
 
 def add_replay_options(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that replays a trace."""
-    from backends.presets import HARDWARE, MODELS
+    from backends.hardware import HARDWARE
+    from backends.presets import MODELS
     from policies import POLICIES
 
     add_trace_options(p)  # --format, --model-filter and the workload transforms
     p.add_argument("--policy", default="chunked",
                    help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked), or your own as "
                         "path/to/file.py:ClassName or package.module:ClassName (see the README)")
-    p.add_argument("--model", default="Llama-3.1-8B", help=f"model preset: {', '.join(MODELS)} (default: Llama-3.1-8B)")
-    p.add_argument("--hardware", default="H100-SXM", help=f"hardware preset: {', '.join(HARDWARE)} (default: H100-SXM)")
+    p.add_argument("--model", default="Llama-3.1-8B", metavar="NAME|CONFIG",
+                   help=f"model preset ({', '.join(MODELS)}) or a Hugging Face config.json, or a folder holding "
+                        "one: dense Llama, Mistral, Qwen2, Qwen3 (default: Llama-3.1-8B)")
+    p.add_argument("--hardware", default="H100-SXM", metavar="NAME|FILE.json",
+                   help=f"hardware preset ({', '.join(HARDWARE)}) or a JSON file with its fields (see the README; "
+                        "default: H100-SXM)")
+    p.add_argument("--tp", type=whole_number, default=1, metavar="N",
+                   help="tensor parallelism: GPUs per engine, joined by NVLink (default: 1)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"),
+                   help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak (default: bf16)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                   help="the KV cache's dtype: auto (bf16) or fp8, half the bytes per block (default: auto)")
     p.add_argument("--backend", default="costmodel",
                    help="step-time backend: costmodel (default) or real (runs every step through a real model)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -42,9 +53,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                         "(default: the model's max_position_embeddings)")
     p.add_argument("--block-size", type=whole_number, default=16, metavar="N",
                    help="tokens per KV block, a power of two (default: 16)")
-    p.add_argument("--num-blocks", type=whole_number, default=None, metavar="N",
-                   help="KV blocks in the cache (default: derived from the hardware's memory minus weights "
-                        "and an activation reserve)")
+    p.add_argument("--num-gpu-blocks", "--num-blocks", dest="num_blocks", type=whole_number, default=None,
+                   metavar="N", help="KV blocks per GPU, the figure a vLLM log prints (vLLM's "
+                                     "--num-gpu-blocks-override; default: derived as vLLM derives it, see the README)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                    help="fraction of device memory for weights, activations and KV cache (default: 0.9)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
@@ -63,13 +74,14 @@ def options_from_args(args: argparse.Namespace):
     return ReplayOptions(
         scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len),
         cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
-        model=args.model, hardware=args.hardware, backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
+        model=args.model, hardware=args.hardware, tp=args.tp, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+        backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
         device=args.device, weights=args.weights,
         profile=args.profile,
     )
 
 
-def _new_run_dir(policy: str) -> Path:
+def new_run_dir(policy: str) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     base = Path("runs") / f"{stamp}-{policy}"
     out, n = base, 1
@@ -89,7 +101,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     plan = resolve(options)
     trace = load_trace(args.trace, args, plan.max_model_len)
-    out = Path(args.out) if args.out else _new_run_dir(options.scheduler.policy)
+    out = Path(args.out) if args.out else new_run_dir(options.scheduler.policy)
     progress = Progress.for_replay(len(trace), quiet=args.quiet)
     started = time.perf_counter()
     result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
@@ -97,32 +109,48 @@ def cmd_replay(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     summary = write_run(out, result, plan, trace)
     if not args.quiet:
-        where = f"{options.device} (real, measured)" if options.backend == "real" else f"{options.hardware} (costmodel)"
-        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {where}"
-              + (f" with profile {options.profile}" if options.profile else ""))
+        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}")
         print(format_summary(summary))
         print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
     return 0
 
 
+def describe(plan) -> str:
+    """One line: the model, where it runs, and its KV cache."""
+    options = plan.options
+    if options.backend == "real":
+        where = f"{options.device} (real, measured)"
+    else:
+        gpus = f"{options.tp} x " if options.tp > 1 else ""
+        where = f"{gpus}{plan.hardware.name} (costmodel, {options.dtype}"
+        where += (", fp8 KV cache)" if options.kv_cache_dtype == "fp8" else ")")
+    text = f"{plan.model.name} on {where}, {plan.num_blocks} KV blocks"
+    return text + (f", profile {options.profile}" if options.profile else "")
+
+
 def cmd_models(args: argparse.Namespace) -> int:
-    from backends.presets import MODELS, kv_bytes_per_token, num_parameters
+    from backends.model_config import ModelConfig
+    from backends.presets import MODELS
 
     print(f"{'model':<16}{'params':>9}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>4}{'vocab':>8}{'KV/token':>11}")
-    for name, m in MODELS.items():
-        print(f"{name:<16}{num_parameters(m) / 1e9:>8.2f}B{m['num_hidden_layers']:>8}{m['hidden_size']:>8}"
-              f"{m['num_attention_heads']:>7}{m['num_key_value_heads']:>4}{m['vocab_size']:>8}"
-              f"{kv_bytes_per_token(m) / 1024:>8.0f} KiB")
+    for name in MODELS:
+        m = ModelConfig.from_preset(name)
+        print(f"{name:<16}{m.num_parameters / 1e9:>8.2f}B{m.num_hidden_layers:>8}{m.hidden_size:>8}"
+              f"{m.num_attention_heads:>7}{m.num_key_value_heads:>4}{m.vocab_size:>8}"
+              f"{m.kv_bytes_per_token() / 1024:>8.0f} KiB")
     return 0
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
-    from backends.presets import HARDWARE
+    from backends.hardware import HARDWARE
 
-    print(f"{'hardware':<12}{'bf16 TFLOP/s':>14}{'HBM TB/s':>10}{'memory GiB':>12}  description")
+    print(f"{'hardware':<12}{'bf16 TFLOP/s':>14}{'fp8 TFLOP/s':>13}{'HBM TB/s':>10}{'memory GiB':>12}"
+          f"{'NVLink GB/s':>13}  description")
     for name, h in HARDWARE.items():
-        print(f"{name:<12}{h['peak_flops'] / 1e12:>14.1f}{h['memory_bandwidth'] / 1e12:>10.2f}"
-              f"{h['memory_bytes'] / 2**30:>12.1f}  {h['description']}")
+        fp8 = "-" if h.peak_fp8_flops is None else f"{h.peak_fp8_flops / 1e12:.1f}"
+        nvlink = "-" if h.nvlink_bandwidth is None else f"{h.nvlink_bandwidth / 1e9:.0f}"
+        print(f"{name:<12}{h.peak_bf16_flops / 1e12:>14.1f}{fp8:>13}{h.memory_bandwidth / 1e12:>10.2f}"
+              f"{h.memory_bytes / 2**30:>12.1f}{nvlink:>13}  {h.description}")
     return 0
 
 
@@ -164,7 +192,8 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = ["sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli", "reports.cli"]
+COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli",
+                               "reports.cli"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,8 +42,10 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
     return simulate(engine, TraceArrivals(requests, engine))
 
 
-def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace) -> dict:
-    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary."""
+def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,
+              start_s: float | None = None) -> dict:
+    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary.
+    `extra`: more summary entries (sim bench's); `start_s`: see reports.metrics.summarize."""
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
     from reports.html import write_run_report
@@ -55,7 +57,12 @@ def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace
     opts["trace"] = trace.source
     if trace.transforms:
         opts["trace_transforms"] = trace.transforms
-    summary = summarize(result, requests, plan.options.slo, opts)
+    summary = summarize(result, requests, plan.options.slo, opts, start_s)
+    summary.update(extra or {})
+    summary["kv_cache"] = plan.kv_cache()
+    summary["model"] = plan.model.describe()
+    if plan.options.backend == "costmodel" and plan.options.profile is None:
+        summary["hardware"] = plan.hardware.as_dict()
     requests.to_csv(out / "requests.csv", index=False)
     write_numeric_csv(steps_table(result), out / "steps.csv")
     (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")

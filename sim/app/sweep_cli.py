@@ -138,9 +138,9 @@ def _check_executor(args: argparse.Namespace) -> None:
 
 
 def _out_dir(args: argparse.Namespace, what: str) -> Path:
-    from sim.app.cli import _new_run_dir
+    from sim.app.cli import new_run_dir
 
-    return Path(args.out) if args.out else _new_run_dir(what)
+    return Path(args.out) if args.out else new_run_dir(what)
 
 
 def _on_row(bar):
