@@ -31,7 +31,7 @@ def scatter_figure(rows: pd.DataFrame) -> dict | None:
         measured, predicted = rows[f"measured_{metric}_ms"], rows[f"predicted_{metric}_ms"]
         lo, hi = 0.8 * min(measured.min(), predicted.min()), 1.25 * max(measured.max(), predicted.max())
         for j, (label, g) in enumerate(groups):
-            text = [f"{r.id}<br>TP {r.tp}, {r.isl}/{r.osl}, C {r.concurrency}<br>error {r[f'{metric}_error_pct']:+.1f}%"
+            text = [f"{r.id}<br>TP {r.tp}, {r.isl}/{r.osl}, C {r.concurrency}<br>error {getattr(r, f'{metric}_error_pct'):+.1f}%"
                     for r in g.itertuples()]
             data.append({"type": "scatter", "mode": "markers", "name": label, "legendgroup": label,
                          "showlegend": i == 0, "x": g[f"measured_{metric}_ms"].tolist(),
