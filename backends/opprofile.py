@@ -115,9 +115,13 @@ def build_profile(tables: TableSet, model_name: str, model, hardware: str | None
 
 
 def save_op_profile(profile: OpProfile, path: str | Path) -> None:
+    """One key per line, the operator curves compact (a committed profile stays ~15 KB)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+    data = profile.to_json()
+    operators = data.pop("operators")
+    head = json.dumps(data, indent=1)
+    path.write_text(head[:-2] + ',\n "operators": ' + json.dumps(operators, separators=(",", ":")) + "\n}\n")
 
 
 def is_op_profile(data: dict) -> bool:

@@ -62,9 +62,11 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
     p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S",
                    help="service-level objectives in seconds, for goodput")
-    p.add_argument("--profile", default=None, metavar="PROFILE.json",
-                   help="calibrated cost-model profile from `sim calibrate` (e.g. profiles/tiny-cpu.json); "
-                        "step times then come from it, whatever --hardware says")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json|roofline",
+                   help="cost-model profile from `sim calibrate` (fitted, e.g. profiles/tiny-cpu.json, or derived "
+                        "from operator tables with --from-ops); roofline: the datasheet roofline (default: the "
+                        "operator-table profile in profiles/ops/ matching the model, hardware, --tp and dtypes, "
+                        "else the roofline)")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -193,7 +195,7 @@ def _command_modules():
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
 COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli",
-                               "reports.cli"]
+                               "reports.cli", "sim.app.validate_cli"]
 
 
 def main(argv: list[str] | None = None) -> int:
