@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, replace
 from backends.hardware import Hardware, resolve_hardware
 from backends.kv_capacity import KVCapacity, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
-from policies import Policy, load_policy
 from backends.opprofile import is_op_profile, op_profile_from_json
+from policies import Policy, load_policy
 from sim.app.opprofiles import ROOFLINE, check_matches, matching_profile, read_profile_json
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
