@@ -54,8 +54,12 @@ class Protocol:
     prompts_per_client: int = 10
     max_num_batched_tokens: int = 8192
     seed: int = 0
+    kv_cache_dtype: str = "auto"  # the rows do not say; vLLM's default is auto (the activations' bf16)
+    async_scheduling: bool = True  # vLLM's default since 0.14 (and InferenceMAX's --async-scheduling)
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
             raise ServesimError(f"--range-ratio must be in (0, 1], got {self.range_ratio}")
         if self.prompts_per_client < 1:
@@ -71,13 +75,31 @@ class Protocol:
 class ThroughApiServer(ClosedLoop):
     """vLLM's benchmark client in front of vLLM's API server: a request is sent when it has a slot,
     and reaches the engine once the API server (one request at a time, in send order) has taken
-    `client.seconds(prompt tokens)` over it. `sent_s` keeps the sends, where client TTFT starts."""
+    `client.seconds(prompt tokens)` over it. `sent_s` keeps the sends, where client TTFT starts.
 
-    def __init__(self, requests, created_s, concurrency, engine, client: ClientOverhead):
+    With `async_scheduling` the engine core schedules step k + 1 while the GPU runs step k
+    (vllm/v1/core/sched/async_scheduler.py, AsyncScheduler; vllm/v1/engine/core.py,
+    step_with_batch_queue): a request that arrives during step k is first seen when step k + 2 is
+    scheduled, at the start of step k + 1, so it waits one step more than with synchronous
+    scheduling. An idle engine has nothing in flight and sees an arrival at once."""
+
+    def __init__(self, requests, created_s, concurrency, engine, client: ClientOverhead,
+                 async_scheduling: bool = True):
         super().__init__(requests, created_s, concurrency, engine)
         self.client = client
+        self.async_scheduling = async_scheduling
         self.sent_s: dict[int, float] = {}
         self._server_free_s = 0.0
+        self._last_schedule_s = 0.0  # when the engine last asked for arrivals (scheduled a step)
+
+    def deliver(self, now: float) -> None:
+        pipelined = self.async_scheduling and bool(self.engine.state.running)
+        horizon = self._last_schedule_s if pipelined else now
+        self._last_schedule_s = now
+        self._now = now
+        self._catch_up(now)
+        while self._sent and self._sent[0].arrival_s <= horizon:
+            self.engine.submit(self._sent.pop(0))
 
     def _send(self, at: float) -> None:
         super()._send(at)
@@ -136,12 +158,13 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", max(protocol.max_num_batched_tokens, c), c, isl + osl),
         cache=CacheConfig(enable_prefix_caching=False), model=row["model_source"],
-        hardware=SYSTEM_HARDWARE[row["system"]], tp=profile.tp, dtype=profile.dtype, seed=protocol.seed)
+        hardware=SYSTEM_HARDWARE[row["system"]], tp=profile.tp, dtype=profile.dtype,
+        kv_cache_dtype=protocol.kv_cache_dtype, seed=protocol.seed)
     plan = resolve(options, backend=OpTableBackend(profile.op_model(), device=profile.source["system"]))
     isls, osls = protocol.lengths(isl, osl, n)
     requests = [Request(i, f"validate-{i}", 0.0, a, b) for i, (a, b) in enumerate(zip(isls, osls))]
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
-    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead)
+    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, protocol.async_scheduling)
     result = simulate(engine, workload)
     done = [r for r in result.requests if r.finish_s is not None]
     rejected = [r for r in result.requests if r.reject_reason is not None]
@@ -196,8 +219,9 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                         tables[row["system"]] = load_tables(ops_dir, row["system"])
                     hardware = resolve_hardware(SYSTEM_HARDWARE[row["system"]])
                     model = resolve_model(row["model_source"])
+                    kv = "bf16" if protocol.kv_cache_dtype == "auto" else protocol.kv_cache_dtype
                     profiles[key] = build_profile(tables[row["system"]], model.name, model, hardware.name, key[2],
-                                                  dtype, nvlink_bytes_per_s=hardware.nvlink_bandwidth)
+                                                  dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth)
                 prediction = predict_row(row, profiles[key], protocol)
             except ServesimError as e:
                 reason = str(e)
