@@ -112,3 +112,27 @@ def test_validate_on_a_cut_of_the_shared_measurements(tmp_path):
     rows = pd.read_csv(out / "validate.csv")
     vllm = rows[rows["backend"] == "vllm"]
     assert (vllm["tpot_error_pct"].abs() < 10).all() and (vllm["ttft_error_pct"].abs() < 30).all()
+
+
+@pytest.mark.parametrize("async_scheduling,ttft", [(False, 1.0), (True, 2.0)])
+def test_async_scheduling_makes_a_new_request_wait_one_step_more(async_scheduling, ttft):
+    """Steps of 1 s, two clients. a (3 tokens) and b (5 tokens) prefill in [0, 1]; a's third token
+    ends it at 3 and c is sent then. Synchronously c joins the step starting at 3 (first token at
+    4); asynchronously the step [3, 4] was scheduled at 2, so c first runs in [4, 5]."""
+    from backends.opprofile import ClientOverhead
+    from policies import load_policy
+    from sim.app.validate import ThroughApiServer
+    from sim.arrivals import simulate
+    from sim.block_manager import BlockManager
+    from sim.config import SchedulerConfig
+    from sim.engine import Engine, TokenTimes
+    from sim.request import Request
+    from tests.helpers import ConstantBackend
+
+    requests = [Request(0, "a", 0.0, 4, 3), Request(1, "b", 0.0, 4, 5), Request(2, "c", 0.0, 4, 2)]
+    engine = Engine(load_policy("chunked")(SchedulerConfig()), ConstantBackend(1.0), BlockManager(64, 16, False),
+                    TokenTimes(requests), 100)
+    workload = ThroughApiServer(requests, [0.0] * 3, 2, engine, ClientOverhead(0.0, 0.0), async_scheduling)
+    simulate(engine, workload)
+    assert [r.first_token_s for r in requests[:2]] == [1.0, 1.0] and requests[0].finish_s == 3.0
+    assert workload.sent_s[2] == 3.0 and requests[2].first_token_s - workload.sent_s[2] == ttft
