@@ -41,11 +41,10 @@ from sim.jsonable import jsonable
 
 # Entry points.
 
-def write_run_report(out: Path, result, requests: pd.DataFrame, summary: dict) -> None:
-    """digest.json and report.html of one replay (called by sim.app.replay.write_run)."""
+def run_report_files(result, requests: pd.DataFrame, summary: dict) -> dict[str, str]:
+    """digest.json and report.html of one replay, by file name (sim.app.replay writes them)."""
     digest = run_digest(result, requests)
-    (out / "digest.json").write_text(json.dumps(jsonable(digest)) + "\n")
-    (out / "report.html").write_text(run_report_html(summary, digest))
+    return {"digest.json": json.dumps(jsonable(digest)) + "\n", "report.html": run_report_html(summary, digest)}
 
 
 def run_report_html(summary: dict, digest: dict | None) -> str:
@@ -56,8 +55,8 @@ def run_report_html(summary: dict, digest: dict | None) -> str:
     return report_html(pd.DataFrame([summary_row(summary, digest)]), title=title, subtitle=subtitle)
 
 
-def write_report(directory: str | Path) -> Path:
-    """Write DIR/report.html for whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
+def folder_report_html(directory: str | Path) -> str:
+    """The report.html of whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
     from reports.tables import RESULTS, read_table
 
     d = Path(directory)
@@ -66,25 +65,24 @@ def write_report(directory: str | Path) -> Path:
     capacity = pd.read_csv(d / "capacity.csv") if (d / "capacity.csv").exists() else None
     if (d / RESULTS).exists():  # a sweep, and the capacity search run into the same folder if any
         rows, _ = read_table(d / RESULTS)
-        text = report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
+        return report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
                            subtitle=_grid_description(rows))
-    elif capacity is not None:
+    if capacity is not None:
         rows, _ = read_table(d / "probes.parquet")
-        text = report_html(rows, capacity=capacity, at_capacity=True, title=f"Capacity on {_trace_name(rows)}",
+        return report_html(rows, capacity=capacity, at_capacity=True, title=f"Capacity on {_trace_name(rows)}",
                            subtitle=f"SLO: {capacity['slo'].iloc[0]}" if len(capacity) else "")
-    elif (d / "summary.json").exists():
+    if (d / "summary.json").exists():
         summary, digest = _read_run(d)
-        text = run_report_html(summary, digest)
-    else:
-        runs = sorted(p.parent for p in d.glob("*/summary.json"))
-        if not runs:
-            raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; "
-                                "nothing to report")
-        rows = pd.DataFrame([summary_row(*_read_run(run)) | {"run": run.name} for run in runs])
-        text = report_html(rows, title=f"{len(runs)} runs in {d}", label_column="run")
-    out = d / "report.html"
-    out.write_text(text)
-    return out
+        if digest is None:
+            raise ServesimError(f"{d}: holds summary.json but neither digest.json nor requests.csv and steps.csv, "
+                                "so there is nothing to draw; replay the trace again into a new folder")
+        return run_report_html(summary, digest)
+    runs = sorted(p.parent for p in d.glob("*/summary.json"))
+    if not runs:
+        raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; "
+                            "nothing to report")
+    rows = pd.DataFrame([summary_row(*_read_run(run)) | {"run": run.name} for run in runs])
+    return report_html(rows, title=f"{len(runs)} run{'s' * (len(runs) != 1)} in {d}", label_column="run")
 
 
 def _read_run(d: Path) -> tuple[dict, dict | None]:
@@ -147,7 +145,10 @@ def _page(title: str, subtitle: str, plotly_js: str, sections: list[str]) -> str
              "h1{font-size:22px;margin-bottom:2px}h2{font-size:18px;margin-top:28px}"
              ".sub{color:#666;margin-bottom:12px}.note{color:#666;font-size:13px}"
              "table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-bottom:1px solid #ddd;"
-             "text-align:right}th{background:#f4f4f4}td.t,th.t{text-align:left}.err{color:#b00}")
+             "text-align:right}th{background:#f4f4f4;vertical-align:bottom}td.t,th.t{text-align:left}"
+             ".err{color:#b00;text-align:left;min-width:16em;max-width:40em;overflow-wrap:anywhere}"
+             # A table wider than the page scrolls inside its box; the page itself never does.
+             ".wide{overflow-x:auto;max-width:100%}")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'<style>{style}</style><script type="text/javascript">{plotly_js}</script></head><body>'
             f'<h1>{html.escape(title)}</h1><div class="sub">{html.escape(subtitle)}</div>'
@@ -190,7 +191,7 @@ def _rows_table(rows: pd.DataFrame, swept: list[str], label_column: str | None) 
         if has_errors:
             cells += f'<td class="t err">{html.escape(str(row.get("error") or ""))}</td>'
         body.append(f"<tr>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f"<div class=\"wide\"><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
 def _stats_table(row) -> str:
@@ -218,10 +219,14 @@ def _is_nan(value) -> bool:
 def _capacity_table(capacity: pd.DataFrame) -> str:
     columns = [c for c in capacity.columns if c not in ("point", "slo", "trace")
                and not (c in AXES and c != "policy" and capacity[c].astype(str).nunique() == 1)]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt_cell(row[c]))}</td>" for c in columns) + "</tr>"
-                   for _, row in capacity.iterrows())
-    return f"<table><tr>{head}</tr>{body}</table>"
+    head = "".join(f"<th>{html.escape(c.replace('_', ' '))}</th>" for c in columns)  # names wrap at spaces
+    body = "".join("<tr>" + "".join(f'<td{_cell_class(c)}>{html.escape(_fmt_cell(row[c]))}</td>' for c in columns)
+                   + "</tr>" for _, row in capacity.iterrows())
+    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _cell_class(column: str) -> str:
+    return ' class="err"' if column == "error" else ' class="t"' if column in ("policy", "status") else ""
 
 
 # Helpers.

@@ -59,6 +59,28 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
     return gaps[~np.isnan(gaps)]
 
 
+def longest_token_gaps(result: SimResult) -> np.ndarray:
+    """Each request's longest gap between consecutive tokens (NaN with fewer than two tokens), in
+    request order: what a time-between-tokens SLO holds a request to."""
+    num_tokens = np.array([r.max_tokens for r in result.requests], dtype=np.int64)
+    longest = np.full(len(num_tokens), np.nan)
+    multi = np.flatnonzero(num_tokens > 1)
+    if not len(multi):
+        return longest
+    gaps = np.diff(result.token_times)
+    starts = np.asarray(result.token_offsets[:len(num_tokens)], dtype=np.int64)[multi]
+    ends = starts + num_tokens[multi] - 1
+    marks = np.zeros(len(gaps) + 1, dtype=np.int64)
+    np.add.at(marks, starts, 1)
+    np.add.at(marks, ends, -1)
+    inside = np.cumsum(marks)[:-1] > 0
+    masked = np.where(inside, gaps, -np.inf)
+    with np.errstate(invalid="ignore"):
+        reduced = np.fmax.reduceat(masked, starts)  # each from its start up to the next start
+    longest[multi] = np.where(np.isfinite(reduced), reduced, np.nan)  # a rejected request has no times
+    return longest
+
+
 def steps_table(result: SimResult) -> pd.DataFrame:
     columns = result.steps.columns()
     frame = pd.DataFrame({"step": np.arange(len(result.steps))})
@@ -127,12 +149,14 @@ def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict
     summary["scheduling_delay"] = _stats(done["scheduling_delay_s"].to_numpy())
     if slo.is_set:
         good = np.ones(len(done), dtype=bool)
-        for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_s")):
-            limit = getattr(slo, name)
-            if limit is not None:
-                values = done[column].to_numpy()
-                good &= np.isnan(values) | (values <= limit)  # TPOT is undefined for one-token outputs
-        summary["slo"] = {k: v for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2e", slo.e2e)) if v is not None}
+        columns = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "delay": "scheduling_delay_s"}
+        for name, limit in slo.limits().items():
+            if name == "tbt":
+                values = longest_token_gaps(result)[done.index.to_numpy()]
+            else:
+                values = done[columns[name]].to_numpy()
+            good &= np.isnan(values) | (values <= limit)  # TPOT and TBT are undefined for one-token outputs
+        summary["slo"] = slo.limits()
         summary["goodput"] = per_s(int(good.sum()))
         summary["slo_attainment"] = float(good.mean()) if len(done) else None
     if len(rejected):
@@ -142,10 +166,19 @@ def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict
     return summary
 
 
+def latency_unit(values) -> tuple[str, float]:
+    """ms for a table of latencies, or s once one reaches 100 s (an hour reads 3600.0 s, not 3600000.0 ms)."""
+    finite = [abs(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return ("s", 1.0) if finite and max(finite) >= 100 else ("ms", 1e3)
+
+
 def format_summary(summary: dict) -> str:
     """A short table for the terminal."""
+    names = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
+    unit, scale = latency_unit([summary[n][q] for n in names for q in ("mean", "p50", "p90", "p99")])
+
     def ms(x: float | None) -> str:
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:10.1f}"
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:10.1f}"
 
     lines = [
         f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
@@ -158,8 +191,8 @@ def format_summary(summary: dict) -> str:
     if "goodput" in summary:
         lines.append(f"goodput {summary['goodput'] or 0:.2f} req/s ({(summary['slo_attainment'] or 0):.1%} within SLO "
                      + ", ".join(f"{k}<={v}s" for k, v in summary["slo"].items()) + ")")
-    lines.append(f"{'metric (ms)':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
+    lines.append(f"{f'metric ({unit})':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for name in names:
         s = summary[name]
         lines.append(f"{name:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}")
     return "\n".join(lines)

@@ -15,6 +15,22 @@ METADATA_KEY = b"servesim.sweep"  # the schema metadata key holding the table's 
 
 def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """A sweep or probe table and the identity stored with it."""
+    table, identity = _read_arrow(path)
+    frame = table.to_pandas()
+    for column in frame.columns:  # list columns come back as numpy arrays; rows hold plain lists
+        if frame[column].dtype == object:
+            frame[column] = [v.tolist() if hasattr(v, "tolist") else v for v in frame[column]]
+    return frame, identity
+
+
+def read_rows(path: str | Path) -> tuple[list[dict], dict]:
+    """The table's rows as plain dicts, each value as written (an int stays an int beside a
+    missing value, which pandas would turn into a float), and the identity."""
+    table, identity = _read_arrow(path)
+    return table.to_pylist(), identity
+
+
+def _read_arrow(path: str | Path):
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -31,8 +47,4 @@ def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
     metadata = table.schema.metadata or {}
     if METADATA_KEY not in metadata:
         raise ServesimError(f"{path}: not a servesim results table (no sweep metadata)")
-    frame = table.to_pandas()
-    for column in frame.columns:  # list columns come back as numpy arrays; rows hold plain lists
-        if frame[column].dtype == object:
-            frame[column] = [v.tolist() if hasattr(v, "tolist") else v for v in frame[column]]
-    return frame, json.loads(metadata[METADATA_KEY])
+    return table, json.loads(metadata[METADATA_KEY])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.errors import ServesimError
@@ -44,6 +45,12 @@ class SchedulerConfig:
         )
 
 
+# The block manager keeps a few Python objects per KV block (~60 bytes): 2**25 blocks take ~2 GB of
+# host memory. A larger cache (1e11 blocks) would fail with MemoryError long after the command started
+# (sim.app.plan.resolve refuses it, once the real backend has had its say about its own memory).
+MAX_NUM_BLOCKS = 2**25
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
@@ -63,38 +70,62 @@ class CacheConfig:
         )
 
 
+# --slo keys, the same for replay's goodput and capacity's criterion: each limits one latency.
+SLO_KEYS = ("tbt", "ttft", "tpot", "e2e", "delay")  # tbt: time between tokens; delay: scheduling delay
+SLO_ALIASES = {"itl": "tbt", "scheduling_delay": "delay", "e2el": "e2e"}
+
+
+def parse_slo(text: str) -> dict[str, float | None]:
+    """'tbt=0.1,ttft=2' -> {'tbt': 0.1, 'ttft': 2.0} (seconds); KEY=none lifts a limit. A key given
+    twice, an unknown key or a value that is not a positive number is a one-line error."""
+    values: dict[str, float | None] = {}
+    for part in text.split(","):
+        key, sep, raw = part.partition("=")
+        key = key.strip().lower()
+        key = SLO_ALIASES.get(key, key)
+        _require(sep == "=" and key in SLO_KEYS,
+                 f"--slo: cannot read {part.strip()!r}; expected KEY=SECONDS with KEY one of {', '.join(SLO_KEYS)}")
+        _require(key not in values, f"--slo: {key} is given twice")
+        if raw.strip().lower() == "none":
+            values[key] = None
+            continue
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise ServesimError(f"--slo: {key} value {raw.strip()!r} is not a number") from None
+        _require(math.isfinite(values[key]) and values[key] > 0,
+                 f"--slo {key} must be a positive number of seconds, got {raw.strip()}")
+    return values
+
+
 @dataclass(frozen=True)
 class SLO:
-    """Service-level objectives for goodput, in seconds; None means not constrained."""
+    """Service-level objectives for goodput, in seconds; None means not constrained. A request
+    meets them when its TTFT, TPOT, E2E latency, scheduling delay and every gap between its
+    tokens (tbt) are within their limits."""
 
     ttft: float | None = None
     tpot: float | None = None
     e2e: float | None = None
+    tbt: float | None = None
+    delay: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft", "tpot", "e2e"):
+        for name in SLO_KEYS:
             value = getattr(self, name)
             _require(value is None or value > 0, f"--slo {name} must be positive, got {value}")
 
     @property
     def is_set(self) -> bool:
-        return any(v is not None for v in (self.ttft, self.tpot, self.e2e))
+        return any(getattr(self, name) is not None for name in SLO_KEYS)
+
+    def limits(self) -> dict[str, float]:
+        """The limits that are set, in SLO_KEYS order."""
+        return {name: getattr(self, name) for name in SLO_KEYS if getattr(self, name) is not None}
 
     @classmethod
-    def parse(cls, text: str | None) -> "SLO":
-        """Parse 'ttft=0.5,tpot=0.05' (seconds)."""
+    def parse(cls, text: str | None) -> SLO:
+        """Parse 'ttft=0.5,tpot=0.05' (seconds); the keys are those of SLO_KEYS."""
         if not text:
             return cls()
-        values: dict[str, float] = {}
-        for part in text.split(","):
-            key, sep, raw = part.partition("=")
-            key = key.strip().lower()
-            if key == "e2el":
-                key = "e2e"
-            _require(sep == "=" and key in ("ttft", "tpot", "e2e"),
-                     f"--slo: cannot read {part!r}; expected ttft=SECONDS,tpot=SECONDS,e2e=SECONDS")
-            try:
-                values[key] = float(raw)
-            except ValueError:
-                raise ServesimError(f"--slo: {key} value {raw!r} is not a number") from None
-        return cls(**values)
+        return cls(**parse_slo(text))

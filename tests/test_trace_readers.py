@@ -184,7 +184,6 @@ BAD = [
     ("canonical", "arrival_s,prompt_tokens\n0,10\n", "{p}:1: missing column 'output_tokens'"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,-4,2\n", "{p}:3: prompt_tokens must not be negative, got -4"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n\n1,2.5,2\n", "{p}:4: prompt_tokens must be a whole number, got 2.5"),
-    ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,0,2\n", "{p}:3: prompt_tokens must be a whole number of at least 1"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\nnan,1,2\n", "{p}:3: arrival_s is not a number: 'nan'"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\ninf,1,2\n", "{p}:3: arrival_s must be finite"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,10,2,7\n", "{p}:3: expected 3 fields as in the header, saw 4"),

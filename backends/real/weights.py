@@ -78,6 +78,14 @@ def _open_safetensors():
     return safe_open
 
 
+def _open_file(safe_open, path: Path):
+    """One safetensors file; a corrupt one (bad header, cut short) is a user error naming it."""
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as e:  # safetensors raises its own SafetensorError, or OSError
+        raise ServesimError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+
+
 def _check_config(folder: Path, cfg: ModelConfig) -> None:
     """A folder's config.json, read as `--model` reads one (either RoPE layout), must describe the
     model the weights are loaded into: the fields it states must agree."""
@@ -105,8 +113,8 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
     _check_config(folder, cfg)
     safe_open = _open_safetensors()
     layout = hf_layout(model)
-    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-    where = {name: h for h in handles for name in h.keys()}
+    handles = {f: _open_file(safe_open, f) for f in files}
+    where = {name: (h, f) for f, h in handles.items() for name in h.keys()}
     missing = [n for n in layout if n not in where]
     unexpected = [n for n in where if n not in layout and not n.endswith(_IGNORED_SUFFIXES)
                   and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
@@ -116,7 +124,11 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: it {what} "
                                 f"{names[0]}{more}")
     for name, (param, start, end) in layout.items():
-        tensor = where[name].get_tensor(name)
+        handle, file = where[name]
+        try:
+            tensor = handle.get_tensor(name)
+        except Exception as e:  # safetensors' own error type: a header that lies about the data
+            raise ServesimError(f"{file}: cannot read tensor {name} ({type(e).__name__}: {e})") from None
         expected = (end - start, *param.shape[1:])
         if tuple(tensor.shape) != expected:
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: {name} has shape "

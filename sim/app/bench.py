@@ -108,7 +108,8 @@ TRACE_OPTIONS = ("format", "model_filter", "time_window", "limit", "rate_scale",
 def cmd_bench(args: argparse.Namespace) -> int:
     from reports.bench_table import format_bench_table
     from sim.app.cli import describe as describe_plan
-    from sim.app.cli import new_run_dir, options_from_args
+    from sim.app.cli import options_from_args, run_stamp, warn
+    from sim.app.outputs import open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
 
@@ -116,14 +117,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if getattr(args, name, None) is not None:
             raise ServesimError(f"--{name.replace('_', '-')} shapes a trace; sim bench makes its own requests")
     spec = BenchSpec(args.concurrency, args.input_len, args.output_len, args.num_prompts, args.request_rate)
-    plan = resolve(options_from_args(args))
-    out = Path(args.out) if args.out else new_run_dir("bench")
-    progress = Progress.for_replay(spec.num_prompts, quiet=args.quiet)
-    started = time.perf_counter()
-    result, _ = run_bench(spec, plan, progress=progress, fast_forward=not args.no_fast_forward)
-    progress.close()
-    wall = time.perf_counter() - started
-    summary = write_bench(out, result, plan, spec)
+    options = options_from_args(args)
+    # The run folder is claimed (made, locked, refused if it holds a run) before any work.
+    with open_run_folder(args.out, f"{run_stamp()}-bench", overwrite=args.overwrite,
+                         discard_on_failure=True) as folder:
+        warn(folder.took_over)
+        plan = resolve(options)
+        out = folder.folder
+        progress = Progress.for_replay(spec.num_prompts, quiet=args.quiet)
+        started = time.perf_counter()
+        result, _ = run_bench(spec, plan, progress=progress, fast_forward=not args.no_fast_forward)
+        progress.close()
+        wall = time.perf_counter() - started
+        summary = write_bench(out, result, plan, spec)
     if not args.quiet:
         print(f"sim bench {describe(spec)}: {describe_plan(plan)}")
         print(format_bench_table(summary, spec.concurrency,
@@ -150,6 +156,7 @@ def register(sub) -> None:
                    help="requests created per second, on a Poisson schedule (default: inf, all at once)")
     add_replay_options(p)
     p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a run")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--no-fast-forward", action="store_true",
                    help="simulate every decode step one by one (same results, slower; for checking)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from backends.calibration import GRIDS, calibrate, default_grid, format_profile, grid_num_blocks
 from backends.presets import get_model
 from backends.profile import save_profile
+from sim.app.outputs import atomic_path, check_file_destination
 from sim.app.progress import Progress
 from sim.errors import ServesimError
 
@@ -35,6 +36,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".json":
         raise ServesimError(f"--out {out}: a profile is a .json file")
+    csv = out.with_suffix(".csv")
+    for path in (out, csv):  # checked before the measuring, which takes minutes
+        check_file_destination(path)
+        if path.exists() and not args.overwrite:
+            raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose another --out "
+                                "(profiles/tiny-cpu.json is the bundled profile the tests use)")
     get_model(args.model)
     grid = args.grid or default_grid(args.device)
     num_blocks = args.num_blocks
@@ -49,9 +56,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                              progress=bar)
     bar.close()
     profile = replace(profile, grid={**profile.grid, "clock": args.clock})
-    save_profile(profile, out)
-    csv = out.with_suffix(".csv")
-    raw.to_csv(csv, index=False)
+    with atomic_path(out) as temp:
+        save_profile(profile, temp)
+    with atomic_path(csv) as temp:
+        raw.to_csv(temp, index=False)
     if not args.quiet:
         print(format_profile(profile))
         print(f"measured {len(raw)} steps in {time.perf_counter() - started:.1f} s; wrote {out} and {csv}")
@@ -81,7 +89,9 @@ def register(subparsers) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                    help="with --from-ops: KV cache (default: auto, bf16)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the real backend's device (default: cpu)")
-    p.add_argument("--out", required=True, help="profile to write, e.g. profiles/tiny-cpu.json")
+    p.add_argument("--out", required=True, help="profile to write, e.g. profiles/my-cpu.json (and its raw "
+                                                "measurements beside it, my-cpu.csv)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out (and its .csv) if they exist")
     p.add_argument("--grid", default=None, choices=list(GRIDS),
                    help="grid of shapes (default: cpu on a CPU, full on a GPU; small for a quick look)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured runs per shape (default: 2)")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from sim.errors import ServesimError
 from traces.cli import add_trace_options, whole_number
@@ -60,8 +60,10 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                    help="fraction of device memory for weights, activations and KV cache (default: 0.9)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument("--seed", type=whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
-    p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S",
-                   help="service-level objectives in seconds, for goodput")
+    p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S,tbt=S,delay=S",
+                   help="service-level objectives in seconds, for goodput: a request counts when its TTFT, TPOT, "
+                        "E2E latency, every gap between its tokens (tbt) and its scheduling delay are within "
+                        "those given (the keys of sim capacity's --slo)")
     p.add_argument("--profile", default=None, metavar="PROFILE.json|roofline",
                    help="cost-model profile from `sim calibrate` (fitted, e.g. profiles/tiny-cpu.json, or derived "
                         "from operator tables with --from-ops); roofline: the datasheet roofline (default: the "
@@ -83,33 +85,38 @@ def options_from_args(args: argparse.Namespace):
     )
 
 
-def new_run_dir(policy: str) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{stamp}-{policy}"
-    out, n = base, 1
-    while out.exists():
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return out
+def run_stamp() -> str:
+    """The start of a default run folder's name: UTC date and time."""
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def warn(message: str | None) -> None:
+    if message:
+        print(f"sim: warning: {message}", file=sys.stderr)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from reports.metrics import format_summary
+    from sim.app.outputs import open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
     from sim.app.replay import replay, write_run
     from traces.cli import load_trace
 
     options = options_from_args(args)
-    plan = resolve(options)
-    trace = load_trace(args.trace, args, plan.max_model_len)
-    out = Path(args.out) if args.out else new_run_dir(options.scheduler.policy)
-    progress = Progress.for_replay(len(trace), quiet=args.quiet)
-    started = time.perf_counter()
-    result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
-    progress.close()
-    wall = time.perf_counter() - started
-    summary = write_run(out, result, plan, trace)
+    # The run folder is claimed (made, locked, refused if it holds a run) before any work.
+    with open_run_folder(args.out, f"{run_stamp()}-{options.scheduler.policy}", overwrite=args.overwrite,
+                         discard_on_failure=True) as folder:
+        warn(folder.took_over)
+        plan = resolve(options)
+        trace = load_trace(args.trace, args, plan.max_model_len)
+        progress = Progress.for_replay(len(trace), quiet=args.quiet)
+        started = time.perf_counter()
+        result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
+        progress.close()
+        wall = time.perf_counter() - started
+        out = folder.folder
+        summary = write_run(out, result, plan, trace)
     if not args.quiet:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}")
         print(format_summary(summary))
@@ -134,12 +141,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     from backends.model_config import ModelConfig
     from backends.presets import MODELS
 
-    print(f"{'model':<16}{'params':>9}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>4}{'vocab':>8}{'KV/token':>11}")
+    print(f"{'model':<16}{'params':>9}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>4}{'vocab':>8}{'KV/token':>11}"
+          f"{'max len':>9}")
     for name in MODELS:
         m = ModelConfig.from_preset(name)
         print(f"{name:<16}{m.num_parameters / 1e9:>8.2f}B{m.num_hidden_layers:>8}{m.hidden_size:>8}"
               f"{m.num_attention_heads:>7}{m.num_key_value_heads:>4}{m.vocab_size:>8}"
-              f"{m.kv_bytes_per_token() / 1024:>8.0f} KiB")
+              f"{m.kv_bytes_per_token() / 1024:>8.0f} KiB{m.max_position_embeddings:>9}")
+    print("max len: the longest prompt + output (max_position_embeddings), the default --max-model-len")
     return 0
 
 
@@ -169,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"Vidur CSV, gzip too; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a run")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--no-fast-forward", action="store_true",
                    help="simulate every decode step one by one (same results, slower; for checking)")
@@ -194,15 +204,21 @@ def _command_modules():
 
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
-COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.compare", "traces.cli", "sim.app.sweep_cli",
-                               "reports.cli", "sim.app.validate_cli"]
+COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.compare", "sim.app.trace_cli",
+                             "sim.app.sweep_cli", "sim.app.capacity_cli", "sim.app.report", "sim.app.validate_cli"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sim.app.workers import Terminated, terminate_on_sigterm
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
     try:
         return args.func(args)
+    except Terminated:
+        print("sim: terminated", file=sys.stderr)
+        return 143
     except ServesimError as e:
         print(f"sim: error: {e}", file=sys.stderr)
         return 2
@@ -218,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sim: internal error: {type(e).__name__}: {e} (set SERVESIM_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import pandas as pd
 from backends.profile import ape_stats, load_profile
 from reports.compare_page import STEP_KINDS, write_compare_report
 from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_path, atomic_write_text, open_run_folder
 from sim.app.plan import RunPlan, resolve
 from sim.app.replay import replay, write_run
 from sim.backend import StepResult
@@ -177,28 +178,36 @@ def format_comparison(figures: dict) -> str:
 def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured: ReplayOptions | RunPlan,
                      predicted: ReplayOptions | RunPlan, info: dict) -> dict:
     """measured/ and predicted/ run folders, steps.csv, compare.json and report.html; returns the figures."""
-    out.mkdir(parents=True, exist_ok=True)
-    measured_summary = write_run(out / "measured", comparison.measured, measured, trace)
+    measured_summary = write_run(out / "measured", comparison.measured, measured, trace)  # makes `out` too
     predicted_summary = write_run(out / "predicted", comparison.predicted, predicted, trace)
-    comparison.steps.to_csv(out / "steps.csv", index=False)
+    with atomic_path(out / "steps.csv") as temp:
+        comparison.steps.to_csv(temp, index=False)
     figures = error_figures(comparison.steps, measured_summary, predicted_summary)
-    (out / "compare.json").write_text(json.dumps(jsonable({**info, **figures}), indent=2) + "\n")
-    write_compare_report(out / "report.html", comparison.steps,
-                         {"measured": comparison.measured, "predicted": comparison.predicted}, figures,
-                 f"servesim compare: {info.get('model')} on {info.get('device')}, {info.get('policy')}, "
-                         f"{Path(str(info.get('trace'))).name}")
+    atomic_write_text(out / "compare.json", json.dumps(jsonable({**info, **figures}), indent=2) + "\n")
+    with atomic_path(out / "report.html") as temp:
+        write_compare_report(temp, comparison.steps,
+                             {"measured": comparison.measured, "predicted": comparison.predicted}, figures,
+                             f"servesim compare: {info.get('model')} on {info.get('device')}, {info.get('policy')}, "
+                             f"{Path(str(info.get('trace'))).name}")
     return figures
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from backends.real.timing import with_clock
-    from sim.app.cli import options_from_args
-    from sim.app.progress import Progress
-    from traces.cli import load_trace
+    from sim.app.cli import options_from_args, warn
 
     if args.profile is None:
         raise ServesimError("sim compare needs --profile (make one with `sim calibrate`)")
     options = options_from_args(args)
+    with open_run_folder(args.out, "compare", overwrite=args.overwrite, discard_on_failure=True) as folder:
+        warn(folder.took_over)
+        return _compare(args, options, folder.folder)
+
+
+def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> int:
+    from backends.real.timing import with_clock
+    from sim.app.progress import Progress
+    from traces.cli import load_trace
+
     measured = resolve(replace(options, backend="real", profile=None))
     measured = replace(measured, backend=with_clock(measured.backend, args.clock))
     # Both runs plan with the KV blocks the real backend allocated.
@@ -214,7 +223,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     comparison = compare(trace, measured, predicted, progress=progress)
     progress.close()
-    out = Path(args.out)
     device = str(measured.backend.device)
     info = {"trace": trace.source, "policy": options.scheduler.policy, "model": options.model, "device": device,
             "profile": args.profile, "profile_device_name": profile.device_name,
@@ -241,6 +249,7 @@ def register(subparsers) -> None:
     p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     p.add_argument("--out", required=True, help="folder to write")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a comparison")
     p.add_argument("--clock", default="wall", choices=("wall", "thread"),
                    help="how the real backend's steps are timed: wall (its own timing, default) or thread (the "
                         "calling thread's CPU time, for a CPU shared with other processes; --device cpu only)")

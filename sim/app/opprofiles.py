@@ -69,10 +69,12 @@ def cmd_from_ops(args) -> int:
     from backends.model_config import resolve_model
     from backends.opprofile import build_profile, save_op_profile
     from backends.optables import load_tables
+    from sim.app.outputs import check_file_destination
 
     out = Path(args.out)
     if out.suffix != ".json":
         raise ServesimError(f"--out {out}: a profile is a .json file")
+    check_file_destination(out, (args.from_ops,))
     if args.system is None:
         raise ServesimError("--from-ops needs --system, the tables' system name (e.g. h100_sxm)")
     model = resolve_model(args.model)

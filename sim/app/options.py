@@ -47,6 +47,9 @@ class ReplayOptions:
             raise ServesimError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.device not in ("cpu", "cuda"):
             raise ServesimError(f"unknown device {self.device!r}; choose cpu or cuda")
+        if self.device != "cpu" and self.backend != "real":
+            raise ServesimError(f"--device {self.device} is the real backend's; it does not apply to --backend "
+                                f"{self.backend} (whose hardware is --hardware)")
         if self.weights is not None and self.backend != "real":
             raise ServesimError(f"--weights loads the real backend's model; it does not apply to --backend {self.backend}")
         if self.profile is not None and self.backend != "costmodel":

@@ -23,6 +23,7 @@ from sim.app.opprofiles import ROOFLINE, check_matches, matching_profile, read_p
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
 from sim.block_manager import BlockManager
+from sim.config import MAX_NUM_BLOCKS
 from sim.errors import ServesimError
 from sim.tokens import TokenSpec
 
@@ -110,6 +111,10 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         else:
             backend = make_backend(options, model, hardware, calibration)
     cache, scheduler = options.cache, options.scheduler
+    if cache.num_blocks is not None and cache.num_blocks > MAX_NUM_BLOCKS:
+        raise ServesimError(f"--num-blocks {cache.num_blocks} is more KV blocks than servesim can simulate (at most "
+                            f"{MAX_NUM_BLOCKS:,}; each takes about 60 bytes of host memory); a larger --block-size "
+                            "needs fewer")
     kv = None
     if backend is not None and backend.num_blocks is not None:
         num_blocks = backend.num_blocks  # the real backend's cache: hand out exactly its block ids
@@ -119,7 +124,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                          tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
                          max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks)
-        num_blocks = kv.num_gpu_blocks
+        # A tiny model on a big GPU with 1-token blocks would derive 5e8 blocks; no trace fills 2**25.
+        num_blocks = min(kv.num_gpu_blocks, MAX_NUM_BLOCKS)
     return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
                    TokenSpec(options.seed, model.vocab_size))
 

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
 from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_path
 from sim.app.plan import RunPlan, resolve
 from sim.arrivals import TraceArrivals, simulate
 from sim.engine import Engine, SimResult, TokenTimes
+from sim.errors import ServesimError
 from sim.jsonable import jsonable
 from sim.request import Request
 from traces.trace import Trace
 
 __all__ = ["ReplayOptions", "make_requests", "replay", "write_run"]
+
+RUN_FILES = ("requests.csv", "steps.csv", "summary.json", "digest.json", "report.html")
 
 
 def make_requests(trace: Trace) -> list[Request]:
@@ -45,13 +50,17 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
 def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,
               start_s: float | None = None) -> dict:
     """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary.
-    `extra`: more summary entries (sim bench's); `start_s`: see reports.metrics.summarize."""
+    `extra`: more summary entries (sim bench's); `start_s`: see reports.metrics.summarize. The run is
+    written whole or not at all (temporary files renamed into place together)."""
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
-    from reports.html import write_run_report
+    from reports.html import run_report_files
     from reports.metrics import requests_table, steps_table, summarize, write_numeric_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ServesimError(f"{out}: cannot make the folder ({e.strerror or e})") from None
     requests = requests_table(result)
     opts = plan.as_dict()
     opts["trace"] = trace.source
@@ -63,8 +72,19 @@ def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace
     summary["model"] = plan.model.describe()
     if plan.options.backend == "costmodel" and plan.options.profile is None:
         summary["hardware"] = plan.hardware.as_dict()
-    requests.to_csv(out / "requests.csv", index=False)
-    write_numeric_csv(steps_table(result), out / "steps.csv")
-    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2) + "\n")
-    write_run_report(out, result, requests, jsonable(summary))  # downsampled: cheap even for 500k steps
+    texts = {"summary.json": json.dumps(jsonable(summary), indent=2) + "\n",
+             **run_report_files(result, requests, jsonable(summary))}  # downsampled: cheap even for 500k steps
+    # Every file is written to its temporary name first and renamed only when all are written, so a
+    # full disk leaves the folder as it was (an --overwrite'n run is not half replaced).
+    writers = {"requests.csv": lambda path: requests.to_csv(path, index=False),
+               "steps.csv": lambda path: write_numeric_csv(steps_table(result), path),
+               **{name: (lambda path, text=text: path.write_text(text)) for name, text in texts.items()}}
+    with ExitStack() as files:
+        temp = {name: files.enter_context(atomic_path(out / name)) for name in RUN_FILES}
+        for name in RUN_FILES:
+            try:
+                writers[name](temp[name])
+            except OSError as e:
+                raise ServesimError(f"{out / name}: cannot write ({e.strerror or e}); the run folder is as it "
+                                    "was") from None
     return summary

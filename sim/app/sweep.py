@@ -5,9 +5,9 @@
       -> rows (options, summary metrics, latency quantile sketches, a binned step timeline)
       -> DIR/results.parquet, rewritten atomically after every finished point
 
-The table carries the sweep's identity (trace checksum, grid, fixed options) in its Parquet
-metadata, so `--resume` refuses a table from other options and runs only the points it lacks
-(or that failed). Points run on local processes or on Ray; rows are sorted by grid order, so
+The table (sim/app/results_table.py) carries the sweep's identity (trace checksum, grid, fixed
+options) in its Parquet metadata, so `--resume` refuses a table from other options and runs only
+the points it lacks (or that failed). Points run on local processes or on Ray; rows are sorted by grid order, so
 the table is the same whatever the executor.
 
 pyarrow is imported only here; Ray only in `_ray_rows`.
@@ -16,25 +16,24 @@ pyarrow is imported only here; Ray only in `_ray_rows`.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import multiprocessing
 import os
-import signal
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from reports.axes import AXES
-from reports.tables import METADATA_KEY, RESULTS, read_table  # noqa: F401 (RESULTS, read_table: for callers)
+from reports.tables import RESULTS, read_table  # noqa: F401 (RESULTS, read_table: for callers)
+from sim.app import workers
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve
 from sim.app.replay import replay
+from sim.app.results_table import ResultsTable  # noqa: F401 (for callers)
+from sim.app.results_table import identity as table_identity
 from sim.errors import ServesimError
 from traces.trace import Trace
 
@@ -105,23 +104,7 @@ def trace_checksum(trace: Trace) -> str:
 
 def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions) -> dict:
     """What makes two tables comparable: the trace's content, the grid, and every fixed option."""
-    from dataclasses import asdict
-
-    from reports.digest import flat_options
-
-    fixed = {k: v for k, v in flat_options(asdict(options)).items() if k not in AXES}
-    return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
-
-
-def _difference(stored: dict, current: dict) -> str:
-    if stored.get("trace_sha256") != current["trace_sha256"]:
-        return "a different trace file (its contents differ)"
-    for section, label in (("axes", "grid"), ("fixed", "option")):
-        old, new = stored.get(section, {}), current[section]
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                return f"{label} {key} = {old.get(key)!r} there, {new.get(key)!r} here"
-    return "other options"
+    return table_identity(trace_sha256, axes, options, AXES)
 
 
 # Running one point.
@@ -185,13 +168,10 @@ def run_rows(trace: Trace, points: list[Point], executor: str = "process", jobs:
         yield from _process_rows(trace, points, min(jobs, len(points)))
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-
 def _process_rows(trace: Trace, points: list[Point], jobs: int) -> Iterator[dict]:
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
-    futures = {pool.submit(run_point, trace, point): point for point in points}
+    """Points on local processes that die with this one (sim/app/workers.py)."""
+    executor = workers.pool(jobs)
+    futures = {executor.submit(run_point, trace, point): point for point in points}
     try:
         for future in as_completed(futures):
             try:
@@ -199,11 +179,7 @@ def _process_rows(trace: Trace, points: list[Point], jobs: int) -> Iterator[dict
             except Exception as e:  # the worker process died (killed, out of memory)
                 yield error_row(futures[future], trace, f"worker failed: {type(e).__name__}: {e}")
     finally:
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:  # stop the points still running (after an interrupt)
-            if process.is_alive():
-                process.terminate()
+        workers.stop(executor)  # the points still running (after an interrupt)
 
 
 def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None) -> Iterator[dict]:
@@ -217,7 +193,8 @@ def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None)
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+                # "local": a new Ray instance of this process's own, never a cluster left running on this machine.
+                ray.init(address="local", num_cpus=jobs, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ServesimError(f"cannot start Ray{' at ' + address if address else ''}: {e}") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
@@ -237,69 +214,6 @@ def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None)
             ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
-
-
-# The results table.
-
-class ResultsTable:
-    """A Parquet table of rows keyed by point, rewritten whole after each new row.
-
-    Parquet cannot be appended to in place, and a file killed mid-write has no footer; writing a
-    temporary file and renaming it over the old one means the table on disk is always whole."""
-
-    def __init__(self, path: Path, identity: dict, resume: bool, order: Callable[[dict], tuple]):
-        self.path = path
-        self.identity = identity
-        self.order = order
-        self.rows: dict[str, dict] = {}
-        if path.exists():
-            if not resume:
-                raise ServesimError(f"{path} already exists: pass --resume to continue that run, "
-                                    "or choose another --out")
-            frame, stored = read_table(path)
-            if stored != identity:
-                raise ServesimError(f"{path} holds results of other options ({_difference(stored, identity)}); "
-                                    "resume with the same options, or choose another --out")
-            self.rows = {row["point"]: row for row in frame.to_dict("records")}
-
-    def is_done(self, key: str) -> bool:
-        row = self.rows.get(key)
-        return row is not None and row["status"] == "ok"
-
-    def add(self, row: dict) -> None:
-        self.rows[row["point"]] = row
-        self.write()
-
-    def sorted_rows(self) -> list[dict]:
-        return sorted(self.rows.values(), key=self.order)
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.sorted_rows())
-
-    def write(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        rows = self.sorted_rows()
-        columns: dict[str, None] = {}
-        for row in sorted(rows, key=lambda r: r["status"] != "ok"):  # a full row decides the column order
-            columns.update(dict.fromkeys(row))
-        table = pa.table({name: [_plain(row.get(name)) for row in rows] for name in columns})
-        metadata = {METADATA_KEY: json.dumps(self.identity, sort_keys=True).encode()}
-        table = table.replace_schema_metadata(metadata)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        pq.write_table(table, temporary)
-        os.replace(temporary, self.path)
-
-
-def _plain(value):
-    """Parquet-friendly: numpy scalars and arrays to Python, NaN stays a float."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
 
 
 def require_pyarrow() -> None:

@@ -33,6 +33,7 @@ from backends.opbackend import OpTableBackend
 from backends.opprofile import ClientOverhead, build_profile
 from backends.optables import load_tables, systems_in
 from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_write_text
 from sim.app.plan import resolve
 from sim.arrivals import ClosedLoop, simulate
 from sim.config import CacheConfig, SchedulerConfig
@@ -247,9 +248,9 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
     summary = summarize(rows, skipped)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(out_dir / "validate.csv", index=False)
-    (out_dir / "validate.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out_dir / "validate.csv", rows.to_csv(index=False))
+    atomic_write_text(out_dir / "validate.json", json.dumps(summary, indent=2) + "\n")
     from reports.validate_report import validate_report_html
 
-    (out_dir / "report.html").write_text(validate_report_html(rows, summary, protocol, Path(measured_csv).name))
+    atomic_write_text(out_dir / "report.html", validate_report_html(rows, summary, protocol, Path(measured_csv).name))
     return summary

@@ -19,7 +19,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if show:
             print(f"\r{done} simulated, {skipped} skipped of {total} rows", end="", file=sys.stderr, flush=True)
 
-    summary = validate(args.measured, args.ops, args.out, args.models, protocol, progress)
+    from sim.app.outputs import claim_folder
+
+    with claim_folder(args.out, overwrite=args.overwrite):  # checked and locked before any work
+        summary = validate(args.measured, args.ops, args.out, args.models, protocol, progress)
     if show:
         print(file=sys.stderr)
     if not args.quiet:
@@ -50,6 +53,7 @@ def register(sub) -> None:
                    help="Hugging Face-style folders DIR/ORG/NAME/config.json for the rows' model_path (default: "
                         "presets, by name)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files")
     p.add_argument("--range-ratio", type=float, default=0.8, metavar="R",
                    help="prompt and output lengths uniform in [R x ISL, ISL] and [R x OSL, OSL] (default: 0.8, "
                         "InferenceMAX's client; 1: fixed lengths)")
