@@ -189,7 +189,7 @@ def test_models_hardware_and_deployments_from_files(tmp_path, capsys):
     runs = {}
     for name, extra in (("preset", []), ("files", ["--model", str(folder), "--hardware", str(gpu)]),
                         ("tp2", ["--tp", "2"]), ("fp8", ["--dtype", "fp8", "--kv-cache-dtype", "fp8"])):
-        assert run_cli("replay", trace, "--out", tmp_path / name, "--quiet", *extra) == 0
+        assert run_cli("replay", trace, "--out", tmp_path / name, "--quiet", "--profile", "roofline", *extra) == 0
         runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
     assert runs["files"]["ttft"] == runs["preset"]["ttft"] and runs["files"]["e2e"] == runs["preset"]["e2e"]
     assert runs["files"]["kv_cache"]["num_gpu_blocks"] == runs["preset"]["kv_cache"]["num_gpu_blocks"] == 27829

@@ -64,9 +64,11 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                    help="service-level objectives in seconds, for goodput: a request counts when its TTFT, TPOT, "
                         "E2E latency, every gap between its tokens (tbt) and its scheduling delay are within "
                         "those given (the keys of sim capacity's --slo)")
-    p.add_argument("--profile", default=None, metavar="PROFILE.json",
-                   help="calibrated cost-model profile from `sim calibrate` (e.g. profiles/tiny-cpu.json); "
-                        "step times then come from it, whatever --hardware says")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json|roofline",
+                   help="cost-model profile from `sim calibrate` (fitted, e.g. profiles/tiny-cpu.json, or derived "
+                        "from operator tables with --from-ops); roofline: the datasheet roofline (default: the "
+                        "operator-table profile in profiles/ops/ matching the model, hardware, --tp and dtypes, "
+                        "else the roofline)")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -208,7 +210,7 @@ def _command_modules():
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
 COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.compare", "sim.app.trace_cli",
-                             "sim.app.sweep_cli", "sim.app.capacity_cli", "sim.app.report"]
+                             "sim.app.sweep_cli", "sim.app.capacity_cli", "sim.app.report", "sim.app.validate_cli"]
 
 
 def main(argv: list[str] | None = None) -> int:
