@@ -129,7 +129,7 @@ def flat_options(options: dict) -> dict:
     flat: dict = {}
     for key, value in options.items():
         if isinstance(value, dict):
-            for inner, v in value.items():
+            for inner, v in flat_options(value).items():  # a cluster's pools nest one level deeper
                 flat[inner if key in ("scheduler", "cache") else f"{key}_{inner}"] = v
         else:
             flat[key] = value
@@ -143,6 +143,12 @@ def summary_row(summary: dict, digest: dict | None) -> dict:
         if key in METRICS:
             for stat in STATS:
                 row[f"{key}_{stat}"] = value[stat]
+        elif key == "replicas":  # a cluster's load per replica: one list per figure
+            for name in value[0]:
+                row[f"replica_{name}"] = [replica[name] for replica in value]
+        elif isinstance(value, dict) and key not in ("options", "slo", "reject_reasons"):  # kv_transfer_s
+            for stat, v in value.items():
+                row[f"{key}_{stat}"] = v
         elif key not in ("options", "slo", "reject_reasons"):
             row[key] = value
     if digest is not None:

@@ -150,6 +150,24 @@ def timeline_figure(rows: pd.DataFrame, swept: list[str], label_column: str | No
     return {"data": traces, "layout": layout}
 
 
+ROLE_COLORS = {"colocated": "#2ca02c", "prefill": "#d62728", "decode": "#1f77b4"}
+
+
+def replica_figure(row) -> dict:
+    """A cluster's load per replica (summary_row's replica_* lists), one bar per replica."""
+    panels = (("replica_requests", "requests", 1), ("replica_busy_fraction", "busy %", 100),
+              ("replica_mean_kv_usage", "mean KV usage %", 100), ("replica_prefix_cache_hit_rate", "prefix hit %", 100))
+    layout = _grid(1, 4, [title for _, title, _ in panels], gap_x=0.05)
+    names = [f"{r} {role}" if role != "colocated" else str(r)
+             for r, role in zip(row["replica_replica"], row["replica_role"])]
+    colors = [ROLE_COLORS.get(role, OTHER_COLORS[0]) for role in row["replica_role"]]
+    traces = [{"type": "bar", "x": names, "y": [v * scale for v in row[key]], "marker": {"color": colors},
+               "showlegend": False, "hovertemplate": "replica %{x}: %{y:.4g}<extra>" + title + "</extra>", **_axes(i)}
+              for i, (key, title, scale) in enumerate(panels)]
+    layout.update(height=320, margin={"t": 40, "b": 40})
+    return {"data": traces, "layout": layout}
+
+
 def _menu(labels: list[str], trace_groups: list[int]) -> list[dict]:
     """A dropdown showing one group of traces at a time (none when there is one group)."""
     if len(labels) <= 1:

@@ -32,6 +32,8 @@ from reports.figures import (
     cdf_figure,
     first_seed,
     fmt,
+    is_list,
+    replica_figure,
     seed_note,
     throughput_figure,
     timeline_figure,
@@ -133,6 +135,10 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
                                  "Steps binned by start time; each bin shows the mean per step."))
     if has_capacity:
         sections.append(f"<h2>Capacity</h2>{_capacity_table(capacity)}")
+    if len(rows) == 1 and is_list(rows.iloc[0].get("replica_requests")):
+        sections.append(_section("Load per replica", replica_figure(rows.iloc[0]),
+                                 "Requests routed to each replica, the fraction of the time it is busy, its mean "
+                                 "KV usage while busy, and its prefix-cache hit rate."))
     if len(rows) == 1 and len(ok) == 1:
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:

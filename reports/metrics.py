@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from reports import cluster
 from reports.outcomes import RequestOutcomes
+from sim.cluster import ClusterResult
 from sim.engine import SimResult
 from sim.step_log import STEP_COLUMNS
 
@@ -51,7 +53,15 @@ def requests_table(result: SimResult):
     multi = frame["output_tokens"] > 1
     frame["tpot_s"] = ((frame["e2e_s"] - frame["ttft_s"]) / (frame["output_tokens"] - 1)).where(multi)
     frame["scheduling_delay_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
+    if is_cluster(result):
+        for name, values in cluster.request_columns(result).items():
+            frame[name] = values
     return frame
+
+
+def is_cluster(result: SimResult) -> bool:
+    """A run of more than one replica (one replica's files are a lone engine's)."""
+    return isinstance(result, ClusterResult) and len(result.replicas) > 1
 
 
 def inter_token_latencies(result: SimResult) -> np.ndarray:
@@ -95,8 +105,12 @@ def steps_table(result: SimResult):
 
 
 def steps_columns(result: SimResult) -> dict[str, np.ndarray]:
-    """The steps table of an in-memory result as columns (see step_table_columns)."""
-    return step_table_columns(result.steps.columns())
+    """The steps table of an in-memory result as columns (see step_table_columns); a cluster's
+    steps say which replica ran each."""
+    columns = step_table_columns(result.steps.columns())
+    if is_cluster(result):
+        columns = {"step": columns.pop("step"), "replica": result.steps.replica, **columns}
+    return columns
 
 
 def step_table_columns(log_columns: dict[str, np.ndarray], first_step: int = 0) -> dict[str, np.ndarray]:
@@ -117,6 +131,16 @@ def write_numeric_csv(frame, path, chunk_rows: int = 65536) -> None:
     path = Path(path)
     write_table(path.parent, path.name.removesuffix(".csv"), {name: frame[name].to_numpy() for name in frame.columns},
                 "csv", chunk_rows)
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    """Mean and exact percentiles of a small array (the KV transfers of a cluster run)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
 def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start_s: float | None = None) -> dict:
@@ -155,6 +179,8 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start
         summary["slo_attainment"] = outcomes.num_good / completed if completed else None
     if outcomes.num_rejected:
         summary["reject_reasons"] = outcomes.reject_reason_counts()
+    if is_cluster(result):
+        summary.update(cluster.summary(result, _stats))
     summary["options"] = options
     return summary
 
@@ -184,6 +210,7 @@ def format_summary(summary: dict) -> str:
     if "goodput" in summary:
         lines.append(f"goodput {summary['goodput'] or 0:.2f} req/s ({(summary['slo_attainment'] or 0):.1%} within SLO "
                      + ", ".join(f"{k}<={v}s" for k, v in summary["slo"].items()) + ")")
+    lines.extend(cluster.format_replicas(summary))
     lines.append(f"{f'metric ({unit})':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for name in names:
         s = summary[name]

@@ -40,8 +40,11 @@ class RequestOutcomes:
     """Collects outcomes; `writer` (optional) receives the requests table batch by batch."""
 
     def __init__(self, slo: SLO | None = None, writer: TableWriter | None = None, batch_rows: int = BATCH_ROWS,
-                 exact_limit: int = EXACT_LIMIT):
+                 exact_limit: int = EXACT_LIMIT, extra_columns: tuple[str, ...] = ()):
+        """`extra_columns`: more columns of the requests table, after the standard ones (a cluster's
+        replica of each request), their values given to `add`."""
         self.slo = slo or SLO()
+        self.extra_columns = extra_columns
         self.writer = writer
         self.batch_rows = batch_rows
         self.sketches = {name: StreamingQuantiles(exact_limit) for name in LATENCIES}
@@ -61,12 +64,14 @@ class RequestOutcomes:
         self._gaps: list[np.ndarray] = []  # inter-token gaps of the rows taken, not yet sketched
         self._num_gaps = 0
 
-    def add(self, position: int, request, gaps: np.ndarray | None = None) -> None:
-        """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order."""
+    def add(self, position: int, request, gaps: np.ndarray | None = None, extra: tuple = ()) -> None:
+        """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order;
+        `extra`: its values of `extra_columns`."""
         longest_gap = float(gaps.max()) if gaps is not None and len(gaps) else None  # for a tbt SLO
         row = (request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
                request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
-               request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "", longest_gap)
+               request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "", longest_gap,
+               *extra)
         if position != self._next_position:
             self._pending[position] = (row, gaps)
             return
@@ -94,7 +99,7 @@ class RequestOutcomes:
     def _flush(self) -> None:
         if not self._rows:
             return
-        columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s"), zip(*self._rows)))
+        columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s", *self.extra_columns), zip(*self._rows)))
         self._rows = []
         arrival = np.array(columns["arrival_s"], dtype=np.float64)
         output = np.array(columns["output_tokens"], dtype=np.int64)
@@ -110,6 +115,7 @@ class RequestOutcomes:
             table = {name: columns[name] for name in REQUEST_COLUMNS[:11]}
             table.update(arrival_s=arrival, output_tokens=output, **times)
             table.update({f"{name}_s": latencies[name] for name in ("ttft", "e2e", "tpot", "scheduling_delay")})
+            table.update({name: np.asarray(columns[name]) for name in self.extra_columns})
             self.writer.write(table)
         self._count(columns, arrival, output, times["finish_s"], latencies)
 

@@ -5,7 +5,8 @@ does. `ClosedLoop` is `vllm bench serve --max-concurrency C`: at most C requests
 next sent when one ends. A workload hands the engine every request that has arrived by the start of each step
 (`deliver`), wakes the engine when it sleeps with nothing to do, and hears of every request that
 ends (`on_done`), so that a closed-loop workload can send the next one. Fast-forward reads
-`next_arrival_s` and `reacts_to_finishes` to know where a run of decode steps must stop.
+`next_arrival_s`, `next_observation_s` and `reacts_to_finishes` to know where a run of decode
+steps must stop.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ class TraceArrivals:
             self._window = self._arrival_s[i:i + WINDOW].tolist()
             j = 0
         return self._window[j]
+
+    @property
+    def next_observation_s(self) -> float:
+        """The next instant at which something outside the engine reads its state (a cluster's
+        router does, at every arrival); fast-forward ends its runs before it. Nothing reads a
+        lone engine."""
+        return math.inf
 
     def deliver(self, now: float) -> None:
         """Hand the engine every request that has arrived by `now`."""
@@ -162,6 +170,8 @@ class ClosedLoop:
         if self._next < len(self.requests) and self.num_in_flight < self.concurrency:
             return self.created_s[self._next]
         return math.inf
+
+    next_observation_s = math.inf  # nothing outside reads a lone engine (TraceArrivals.next_observation_s)
 
     def deliver(self, now: float) -> None:
         self._now = now

@@ -79,6 +79,19 @@ class BlockManager:
             blocks.pop()
         return blocks
 
+    def num_cached_blocks(self, request: Request) -> int:
+        """Leading full blocks of the request's prompt that the cache holds now (what a router
+        may ask of a replica; unlike `cached_prefix`, a fully cached prompt counts whole)."""
+        if not self.enable_prefix_caching or request.hash_ids is None:
+            return 0
+        num = 0
+        hash_to_block = self.hash_to_block
+        for h in request.prompt_block_hashes(self.block_size):
+            if h not in hash_to_block:
+                break
+            num += 1
+        return num
+
     def can_allocate(self, cached_blocks: list[int], num_new_tokens: int) -> bool:
         num_new = self.blocks_for(len(cached_blocks) * self.block_size + num_new_tokens) - len(cached_blocks)
         num_taken_from_free = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)

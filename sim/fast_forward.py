@@ -6,6 +6,9 @@ follow are the same batch with every context one token longer, for as long as:
 
 - no request arrives (a step starting at or after the workload's next arrival is scheduled
   normally),
+- nothing outside reads the engine's state meanwhile: a run's steps end before the workload's
+  `next_observation_s` (a cluster's router reads every replica at each arrival), so what it reads
+  is what step-by-step simulation would show,
 - the free blocks cover the blocks the contexts grow into (taken in the order step-by-step
   scheduling would take them; blocks that finishing requests free are not counted on),
 - no request finishes, unless its freed slot and blocks could not let a waiting request in
@@ -76,11 +79,16 @@ class FastForward:
         workload = engine.workload
         through_finishes = not (engine.policy.finish_may_admit(engine.state) or workload.reacts_to_finishes)
         max_steps = min(max(remaining) if through_finishes else min(remaining), MAX_RUN_STEPS)
-        next_arrival = workload.next_arrival_s
-        if next_arrival < np.inf and self._last_decode_step_s:
+        next_arrival, next_observation = workload.next_arrival_s, workload.next_observation_s
+        next_event = min(next_arrival, next_observation)
+        last_s = self._last_decode_step_s
+        if next_event < np.inf and last_s:
             # Cost only about as many steps as fit before the next arrival, judging by the last
-            # decode step's length (a guess: a short one merely ends this run early).
-            max_steps = min(max_steps, int(1.25 * (next_arrival - now) / self._last_decode_step_s) + 2)
+            # decode step's length (a guess: a short one merely ends this run early), and none
+            # when clearly fewer than two fit (a guess too: a missed run is stepped one by one).
+            if next_arrival - now < 0.9 * last_s or next_observation - now < 1.8 * last_s:
+                return None
+            max_steps = min(max_steps, int(1.25 * (next_event - now) / last_s) + 2)
         if max_steps < 2:
             return None
 
@@ -94,6 +102,8 @@ class FastForward:
         ends = ends.cumsum()[1:]
         # A step starting at or after the next arrival is scheduled normally.
         num_steps = min(max_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
+        if next_observation < np.inf:  # every step ends before it
+            num_steps = min(num_steps, int(ends.searchsorted(next_observation, side="left")))
         if num_steps < 2:
             return None
 

@@ -20,6 +20,7 @@ from sim import tokens
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    TRANSFERRING = "transferring"  # prefilled; its KV blocks are on their way to a decode replica
     FINISHED = "finished"
     REJECTED = "rejected"
 

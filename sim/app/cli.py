@@ -69,9 +69,35 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                         "from operator tables with --from-ops); roofline: the datasheet roofline (default: the "
                         "operator-table profile in profiles/ops/ matching the model, hardware, --tp and dtypes, "
                         "else the roofline)")
+    add_cluster_options(p)
+
+
+def add_cluster_options(p: argparse.ArgumentParser) -> None:
+    from policies.routers import ROUTERS
+    from sim.app.cluster_options import POOL_OPTIONS
+
+    g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (see the README)")
+    g.add_argument("--replicas", type=whole_number, default=1, metavar="N",
+                   help="colocated replicas, each an engine with its own policy and KV cache (default: 1)")
+    g.add_argument("--router", default="round-robin",
+                   help=f"which replica takes each request: {', '.join(ROUTERS)} (default: round-robin), or your "
+                        "own as path/to/file.py:ClassName")
+    g.add_argument("--prefill-replicas", type=whole_number, default=0, metavar="P",
+                   help="disaggregated: replicas that prefill and emit the first token")
+    g.add_argument("--decode-replicas", type=whole_number, default=0, metavar="D",
+                   help="disaggregated: replicas that decode once a request's KV blocks have arrived")
+    g.add_argument("--kv-transfer-bandwidth", type=float, default=None, metavar="GB/S",
+                   help="KV link bandwidth per transfer (default: 450 GB/s, NVLink-class, when the pools' GPUs fit "
+                        "in one 8-GPU node; 50 GB/s, RDMA-class, across nodes)")
+    g.add_argument("--kv-transfer-latency", type=float, default=None, metavar="S",
+                   help="KV link setup time per transfer (default: 5e-6 s inside a node, 2e-5 s across nodes)")
+    for pool in ("prefill", "decode"):
+        g.add_argument(f"--{pool}-options", default="", metavar="KEY=VALUE,...",
+                       help=f"the {pool} pool's own settings, KEY one of {', '.join(POOL_OPTIONS)}")
 
 
 def options_from_args(args: argparse.Namespace):
+    from sim.app.cluster_options import ClusterOptions
     from sim.app.options import ReplayOptions
     from sim.config import SLO, CacheConfig, SchedulerConfig
 
@@ -82,6 +108,9 @@ def options_from_args(args: argparse.Namespace):
         backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
         device=args.device, weights=args.weights,
         profile=args.profile,
+        cluster=ClusterOptions(args.replicas, args.router, args.prefill_replicas, args.decode_replicas,
+                               args.kv_transfer_bandwidth, args.kv_transfer_latency, args.prefill_options,
+                               args.decode_options),
     )
 
 
@@ -100,7 +129,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from sim.app.outputs import open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
-    from sim.app.replay import replay_to
+    from sim.app.replay import replay, replay_to, write_run
     from traces.cli import load_trace
 
     options = options_from_args(args)
@@ -113,15 +142,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
         progress = Progress.for_replay(len(trace), quiet=args.quiet)
         started = time.perf_counter()
         out = folder.folder
-        summary = replay_to(out, trace, plan, steps=args.steps, requests=args.requests, progress=progress,
-                            fast_forward=not args.no_fast_forward)
+        if plan.options.cluster.is_single:  # streamed, in bounded memory
+            summary = replay_to(out, trace, plan, steps=args.steps, requests=args.requests, progress=progress,
+                                fast_forward=not args.no_fast_forward)
+        else:  # a cluster's run is kept in memory, then written
+            result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
+            summary = write_run(out, result, plan, trace, steps=args.steps, requests=args.requests)
         progress.close()
         wall = time.perf_counter() - started
     if not args.quiet:
-        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}")
+        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}"
+              + _cluster_words(plan))
         print(format_summary(summary))
         print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
     return 0
+
+
+def _cluster_words(plan) -> str:
+    cluster = plan.options.cluster
+    if cluster.is_single:
+        return ""
+    if cluster.is_disaggregated:
+        link = plan.kv_link()
+        return (f", {cluster.num_prefill_replicas} prefill + {cluster.num_decode_replicas} decode replicas "
+                f"({cluster.router}), KV link {link.bandwidth_gb_s:g} GB/s + {link.latency_s:g} s")
+    return f", {cluster.num_replicas} replicas ({cluster.router})"
 
 
 def describe(plan) -> str:

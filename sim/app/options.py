@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.app.cluster_options import ClusterOptions
 from sim.config import SLO, CacheConfig, SchedulerConfig
 from sim.errors import ServesimError
 
@@ -27,6 +28,7 @@ class ReplayOptions:
     # A cost-model profile (sim calibrate: fitted, or --from-ops operator tables); "roofline": the
     # datasheet roofline; None: the committed operator-table profile matching the run, else the roofline.
     profile: str | None = None
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)  # one replica by default
 
     def __post_init__(self) -> None:
         """Checks of the values alone; what they name (model, hardware, policy, profile) is looked
@@ -52,5 +54,7 @@ class ReplayOptions:
                                 f"{self.backend} (whose hardware is --hardware)")
         if self.weights is not None and self.backend != "real":
             raise ServesimError(f"--weights loads the real backend's model; it does not apply to --backend {self.backend}")
+        if self.backend == "real" and not self.cluster.is_single:
+            raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
         if self.profile is not None and self.backend != "costmodel":
             raise ServesimError(f"--profile calibrates the cost model; it does not apply to --backend {self.backend}")

@@ -19,6 +19,7 @@ from backends.kv_capacity import KVCapacity, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
 from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
+from policies.routers import load_router
 from sim.app.opprofiles import ROOFLINE, check_matches, matching_profile, read_profile_json
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
@@ -39,6 +40,8 @@ class RunPlan:
     kv: KVCapacity | None  # how num_blocks was derived; None: the real backend sized its own cache
     backend: Backend | None  # None for a plan checked without building its backend
     token_spec: TokenSpec
+    router: type | None = None  # the cluster's router class (policies/routers.py)
+    pools: tuple["RunPlan", ...] = ()  # disaggregated: the prefill pool's plan and the decode pool's
 
     @property
     def scheduler(self):
@@ -55,11 +58,31 @@ class RunPlan:
         cache = self.options.cache
         return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
 
+    def make_router(self, pool: int = 0):
+        """A router for one pool of the cluster (pool 0: the colocated or prefill replicas, 1:
+        the decode replicas), seeded from --seed and the pool."""
+        return self.router(self.options.seed + pool)
+
+    def kv_link(self):
+        """A disaggregated cluster's KV link (sim/app/cluster_options.py), by the GPUs of its pools."""
+        cluster = self.options.cluster
+        prefill, decode = self.pools
+        num_gpus = cluster.num_prefill_replicas * prefill.options.tp + cluster.num_decode_replicas * decode.options.tp
+        return cluster.kv_link(num_gpus)
+
     def as_dict(self) -> dict:
-        """The options as the run used them (summary.json, sweep rows)."""
+        """The options as the run used them (summary.json, sweep rows). A lone engine's leave the
+        cluster out, so its files are those of servesim before clusters."""
         d = asdict(self.options)
         d["scheduler"]["max_model_len"] = self.max_model_len
         d["cache"]["num_blocks"] = self.num_blocks
+        cluster = d.pop("cluster")
+        if not self.options.cluster.is_single:
+            d["cluster"] = cluster
+            for role, pool in zip(("prefill", "decode"), self.pools):
+                resolved = pool.as_dict()
+                cluster[role] = {key: resolved[key] for key in ("scheduler", "cache", "hardware", "tp", "dtype",
+                                                                "kv_cache_dtype", "profile")}
         return d
 
     def kv_cache(self) -> dict:
@@ -72,6 +95,7 @@ class RunPlan:
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
     check everything but build no backend (sweeps check every point before running any)."""
+    given = options
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
     model.check_tp(options.tp)
@@ -126,8 +150,14 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks)
         # A tiny model on a big GPU with 1-token blocks would derive 5e8 blocks; no trace fills 2**25.
         num_blocks = min(kv.num_gpu_blocks, MAX_NUM_BLOCKS)
+    cluster = options.cluster
+    router = load_router(cluster.router)
+    pools = ()
+    if cluster.is_disaggregated:
+        # Each pool resolves from the options as given: its own hardware, TP or dtype picks its own default profile.
+        pools = tuple(resolve(cluster.pool(given, role), backend, build_backend) for role in ("prefill", "decode"))
     return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
-                   TokenSpec(options.seed, model.vocab_size))
+                   TokenSpec(options.seed, model.vocab_size), router, pools)
 
 
 def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware, calibration=None) -> Backend:

@@ -13,12 +13,14 @@ import numpy as np
 from sim.app.options import ReplayOptions
 from sim.app.plan import RunPlan, resolve
 from sim.arrivals import RequestStream, TraceArrivals, simulate
+from sim.cluster import Cluster
+from sim.disagg import DisaggregatedCluster, PrefillEngine
 from sim.engine import Engine, SimResult, TokenTimes
 from sim.request import Request
 from sim.step_log import BATCH_ROWS, StepLog
 from traces.trace import Trace
 
-__all__ = ["ReplayOptions", "make_requests", "replay", "replay_to", "write_run"]
+__all__ = ["ReplayOptions", "make_cluster", "make_requests", "replay", "replay_to", "write_run"]
 
 
 def make_requests(trace: Trace) -> list[Request]:
@@ -41,9 +43,38 @@ def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
     slower; see sim/fast_forward.py)."""
     plan = options if isinstance(options, RunPlan) else resolve(options, backend)
     requests = sorted(make_requests(trace), key=lambda r: (r.arrival_s, r.index))  # arrival order, ties in trace order
+    if not plan.options.cluster.is_single:
+        return make_cluster(plan, requests, fast_forward, progress).run()
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
                     plan.max_model_len, fast_forward=fast_forward, progress=progress)
     return simulate(engine, TraceArrivals(requests, engine))
+
+
+def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = True,
+                 progress: Callable[[float, int], None] | None = None) -> Cluster:
+    """The plan's replicas, each an engine with its own policy, KV cache and step log, behind its
+    router. The replicas of a pool share the pool's backend: the cost model keeps no state between
+    steps."""
+    token_times = TokenTimes(requests)
+    cluster = plan.options.cluster
+
+    def engine(pool: RunPlan, engine_class=Engine) -> Engine:
+        return engine_class(pool.make_policy(), pool.backend, pool.make_block_manager(), token_times,
+                            pool.max_model_len, fast_forward=fast_forward)
+
+    if not cluster.is_disaggregated:
+        built = Cluster(requests, token_times, plan.make_router(), progress)
+        for _ in range(cluster.num_replicas):
+            built.add_replica(engine(plan))
+        return built
+    prefill, decode = plan.pools
+    built = DisaggregatedCluster(requests, token_times, plan.make_router(0), plan.make_router(1), plan.kv_link(),
+                                 prefill.model.kv_bytes_per_token(kv_cache_dtype=prefill.options.kv_cache_dtype), progress)
+    for _ in range(cluster.num_prefill_replicas):
+        built.add_prefill_replica(engine(prefill, PrefillEngine))
+    for _ in range(cluster.num_decode_replicas):
+        built.add_decode_replica(engine(decode))
+    return built
 
 
 def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,

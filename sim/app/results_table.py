@@ -31,7 +31,10 @@ def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions, 
     """What makes two tables comparable: the trace's content, the grid, and every fixed option."""
     from reports.digest import flat_options
 
-    fixed = {k: v for k, v in flat_options(asdict(options)).items() if k not in sweep_axes}
+    described = asdict(options)
+    if options.cluster.is_single:  # as tables were before clusters, so they still resume
+        del described["cluster"]
+    fixed = {k: v for k, v in flat_options(described).items() if k not in sweep_axes}
     return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
 
 

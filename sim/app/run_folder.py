@@ -32,9 +32,11 @@ TABLE_FORMATS = ("parquet", "csv")
 
 
 class RunFolder:
-    def __init__(self, out: Path, options: dict, slo, steps: str = "parquet", requests: str = "csv"):
+    def __init__(self, out: Path, options: dict, slo, steps: str = "parquet", requests: str = "csv",
+                 request_columns: tuple[str, ...] = ()):
         """`options`: the run's options as the summary records them; `steps`: parquet, csv or none;
-        `requests`: csv or parquet."""
+        `requests`: csv or parquet; `request_columns`: more columns of the requests table (a
+        cluster's), their values given to on_request."""
         if steps not in (*TABLE_FORMATS, "none"):
             raise ServesimError(f"--steps must be parquet, csv or none, got {steps!r}")
         if requests not in TABLE_FORMATS:
@@ -48,28 +50,34 @@ class RunFolder:
         self._requests_name, self._steps_name = f"requests.{requests}", f"steps.{steps}"
         self._written = {self._requests_name, self._steps_name}
         self._files = ExitStack()  # the temporary files, renamed into place when all are written
-        self.outcomes = RequestOutcomes(slo, TableWriter(self._temp(f"requests.{requests}"), requests))
+        self.outcomes = RequestOutcomes(slo, TableWriter(self._temp(f"requests.{requests}"), requests),
+                                        extra_columns=request_columns)
         self.steps_writer = TableWriter(self._temp(f"steps.{steps}"), steps) if steps != "none" else None
         self.timeline = StepTimeline(TIMELINE)
 
     def _temp(self, name: str) -> Path:
         return self._files.enter_context(atomic_path(self.out / name))
 
-    def on_request(self, position: int, request: Request, token_times) -> None:
-        """A request ended; `position`: its place in arrival order; `token_times`: its tokens' times."""
+    def on_request(self, position: int, request: Request, token_times, extra: tuple = ()) -> None:
+        """A request ended; `position`: its place in arrival order; `token_times`: its tokens' times;
+        `extra`: its values of the extra request columns."""
         gaps = None
         if request.finish_s is not None and token_times is not None and len(token_times) > 1:
             gaps = np.diff(np.asarray(token_times, dtype=np.float64))
         try:
-            self.outcomes.add(position, request, gaps)
+            self.outcomes.add(position, request, gaps, extra)
         except OSError as e:
             raise self._cannot_write(self._requests_name, e) from None
 
-    def on_steps(self, log_columns: dict[str, np.ndarray], first_step: int) -> None:
-        """A batch of steps from the step log (its arrays are valid during this call only)."""
+    def on_steps(self, log_columns: dict[str, np.ndarray], first_step: int, replica: np.ndarray | None = None) -> None:
+        """A batch of steps from the step log (its arrays are valid during this call only); `replica`:
+        which replica ran each (a cluster's steps)."""
         if self.steps_writer is not None:
+            table = step_table_columns(log_columns, first_step)
+            if replica is not None:
+                table = {"step": table.pop("step"), "replica": replica, **table}
             try:
-                self.steps_writer.write(step_table_columns(log_columns, first_step))
+                self.steps_writer.write(table)
             except OSError as e:
                 raise self._cannot_write(self._steps_name, e) from None
         self.timeline.add(log_columns["start_s"], log_columns)
@@ -114,13 +122,22 @@ def write_run_folder(out: Path, result: SimResult, options: dict, slo, steps: st
                      requests: str = "csv", spill_rows: int = BATCH_ROWS, extra: dict | None = None,
                      start_s: float | None = None) -> dict:
     """The run folder of an in-memory result (every request and token time kept)."""
-    folder = RunFolder(out, options, slo, steps, requests)
+    from reports import cluster
+    from reports.metrics import is_cluster
+
+    clustered = is_cluster(result)
+    request_columns = cluster.request_columns(result) if clustered else {}
+    folder = RunFolder(out, options, slo, steps, requests, tuple(request_columns))
     try:
         for position, r in enumerate(result.requests):
-            folder.on_request(position, r, result.tokens_of(position))
+            folder.on_request(position, r, result.tokens_of(position),
+                              tuple(values[position] for values in request_columns.values()))
         columns = result.steps.columns()
+        replica = result.steps.replica if clustered else None
         for start in range(0, len(result.steps), spill_rows):  # the batches a streamed replay's step log makes
-            folder.on_steps({name: values[start:start + spill_rows] for name, values in columns.items()}, start)
+            end = start + spill_rows
+            folder.on_steps({name: values[start:end] for name, values in columns.items()}, start,
+                            None if replica is None else replica[start:end])
     except BaseException:
         folder.abort()
         raise

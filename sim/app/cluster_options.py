@@ -1,0 +1,137 @@
+"""The shape of a cluster, as the user gave it: colocated replicas behind a router, or a prefill
+pool and a decode pool with a KV link between them, each pool with its own options.
+
+KV link defaults, by where the pools sit (a replica has `--tp` GPUs; a node holds `GPUS_PER_NODE`):
+
+- inside one node, NVLink-class: 450 GB/s one way (NVLink 4 on H100/H200 SXM: 900 GB/s both ways
+  together, NVIDIA's datasheet) and 5 us to set a transfer up;
+- across nodes, RDMA-class: 50 GB/s (one 400 Gb/s InfiniBand NDR or RoCE NIC per GPU, as a DGX
+  H100 has) and 20 us (a one-sided RDMA write's few microseconds plus the transfer engine's
+  bookkeeping).
+
+Both are assumptions; `--kv-transfer-bandwidth` and `--kv-transfer-latency` override them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from sim.disagg import KVLink
+from sim.errors import ServesimError
+
+if TYPE_CHECKING:
+    from sim.app.options import ReplayOptions
+
+GPUS_PER_NODE = 8
+NVLINK_BANDWIDTH_GB_S, NVLINK_LATENCY_S = 450.0, 5e-6
+RDMA_BANDWIDTH_GB_S, RDMA_LATENCY_S = 50.0, 2e-5
+
+# What a pool may set for itself (--prefill-options / --decode-options KEY=VALUE,...), named as the
+# replay flags are: the options part that holds it, its field, its type.
+POOL_OPTIONS: dict[str, tuple[str | None, str, type]] = {
+    "policy": ("scheduler", "policy", str),
+    "max-num-batched-tokens": ("scheduler", "max_num_batched_tokens", int),
+    "max-num-seqs": ("scheduler", "max_num_seqs", int),
+    "num-gpu-blocks": ("cache", "num_blocks", int),
+    "num-blocks": ("cache", "num_blocks", int),  # the replay flag's other name
+    "block-size": ("cache", "block_size", int),
+    "gpu-memory-utilization": ("cache", "gpu_memory_utilization", float),
+    "hardware": (None, "hardware", str),
+    "tp": (None, "tp", int),
+    "dtype": (None, "dtype", str),
+    "kv-cache-dtype": (None, "kv_cache_dtype", str),
+    "profile": (None, "profile", str),
+}
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ServesimError(message)
+
+
+def parse_pool_options(text: str, flag: str) -> tuple[tuple[str, object], ...]:
+    """'policy=prefill-first,max-num-batched-tokens=8192' -> (('policy', 'prefill-first'), ...)."""
+    pairs: dict[str, object] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, raw = part.partition("=")
+        key = key.strip().replace("_", "-")
+        _require(sep == "=" and key in POOL_OPTIONS,
+                 f"{flag}: cannot read {part!r}; expected KEY=VALUE with KEY one of {', '.join(POOL_OPTIONS)}")
+        _require(key not in pairs, f"{flag}: {key} is given twice")
+        kind = POOL_OPTIONS[key][2]
+        try:
+            pairs[key] = kind(raw.strip())
+        except ValueError:
+            raise ServesimError(f"{flag}: {key} value {raw.strip()!r} is not {'a whole number' if kind is int else 'a number'}") \
+                from None
+    return tuple(pairs.items())
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    num_replicas: int = 1
+    router: str = "round-robin"
+    num_prefill_replicas: int = 0
+    num_decode_replicas: int = 0
+    kv_transfer_bandwidth_gb_s: float | None = None  # None: by where the pools sit (module docstring)
+    kv_transfer_latency_s: float | None = None
+    prefill_options: str = ""  # KEY=VALUE,... for the prefill pool (POOL_OPTIONS)
+    decode_options: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.num_replicas >= 1, f"--replicas must be at least 1, got {self.num_replicas}")
+        p, d = self.num_prefill_replicas, self.num_decode_replicas
+        _require(p >= 0 and d >= 0, f"--prefill-replicas and --decode-replicas must be at least 0, got {p} and {d}")
+        _require((p == 0) == (d == 0),
+                 f"disaggregation needs both pools: got --prefill-replicas {p} and --decode-replicas {d}")
+        _require(not (p and self.num_replicas > 1),
+                 f"--replicas {self.num_replicas} counts colocated replicas; with --prefill-replicas and "
+                 "--decode-replicas leave it out")
+        if not p:
+            _require(self.kv_transfer_bandwidth_gb_s is None and self.kv_transfer_latency_s is None
+                     and not self.prefill_options and not self.decode_options,
+                     "--kv-transfer-*, --prefill-options and --decode-options apply only with "
+                     "--prefill-replicas and --decode-replicas")
+        parse_pool_options(self.prefill_options, "--prefill-options")
+        parse_pool_options(self.decode_options, "--decode-options")
+        self.kv_link()  # KVLink checks its figures
+
+    @property
+    def is_disaggregated(self) -> bool:
+        return self.num_prefill_replicas > 0
+
+    @property
+    def total_replicas(self) -> int:
+        return self.num_prefill_replicas + self.num_decode_replicas if self.is_disaggregated else self.num_replicas
+
+    @property
+    def is_single(self) -> bool:
+        """One colocated replica: exactly a lone engine, and the same files."""
+        return not self.is_disaggregated and self.num_replicas == 1
+
+    def kv_link(self, num_gpus: int | None = None) -> KVLink:
+        """The link, its defaults by whether the cluster's `num_gpus` (default: one per replica)
+        fit in one node."""
+        inside_a_node = (num_gpus or self.total_replicas) <= GPUS_PER_NODE
+        bandwidth = self.kv_transfer_bandwidth_gb_s
+        latency = self.kv_transfer_latency_s
+        if bandwidth is None:
+            bandwidth = NVLINK_BANDWIDTH_GB_S if inside_a_node else RDMA_BANDWIDTH_GB_S
+        if latency is None:
+            latency = NVLINK_LATENCY_S if inside_a_node else RDMA_LATENCY_S
+        return KVLink(bandwidth, latency)
+
+    def pool(self, base: "ReplayOptions", role: str) -> "ReplayOptions":
+        """The options of one pool's replicas: `base` with the pool's own settings, as a lone engine's."""
+        text, flag = (self.prefill_options, "--prefill-options") if role == "prefill" else \
+            (self.decode_options, "--decode-options")
+        top: dict = {"cluster": ClusterOptions()}
+        parts: dict[str, dict] = {"scheduler": {}, "cache": {}}
+        for key, value in parse_pool_options(text, flag):
+            part, name, _ = POOL_OPTIONS[key]
+            (top if part is None else parts[part])[name] = value
+        if role == "decode":
+            parts["cache"]["enable_prefix_caching"] = False  # decode replicas hold transferred KV only
+        return replace(base, scheduler=replace(base.scheduler, **parts["scheduler"]),
+                       cache=replace(base.cache, **parts["cache"]), **top)

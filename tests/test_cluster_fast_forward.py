@@ -1,0 +1,97 @@
+"""Fast-forward never changes a cluster's answers: per replica, a run of decode steps ends before
+the next arrival routed anywhere and before the next transfer that can reach it, so replays with
+it and step by step give the same requests, tokens, routes, transfers and steps tables."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.hardware import HARDWARE
+from backends.model_config import ModelConfig
+from backends.roofline import RooflineCostModel
+from policies import POLICIES
+from policies.routers import ROUTERS
+from sim.app.cluster_options import ClusterOptions
+from sim.app.options import ReplayOptions
+from sim.app.replay import replay
+from sim.config import CacheConfig, SchedulerConfig
+from tests.helpers import make_trace
+
+
+def compare(trace, options):
+    fast, slow = (replay(trace, options, fast_forward=ff,
+                         backend=RooflineCostModel(ModelConfig.from_preset(options.model), HARDWARE[options.hardware]))
+                  for ff in (True, False))
+    assert np.array_equal(fast.token_times, slow.token_times, equal_nan=True)
+    for a, b in zip(fast.requests, slow.requests):
+        assert (a.status, a.num_output_tokens, a.num_preemptions, a.num_prefix_hit_tokens, a.first_scheduled_s) == \
+               (b.status, b.num_output_tokens, b.num_preemptions, b.num_prefix_hit_tokens, b.first_scheduled_s)
+    assert np.array_equal(fast.replica_of, slow.replica_of)
+    if fast.transfers is not None:
+        for key, values in fast.transfers.items():
+            assert np.array_equal(values, slow.transfers[key], equal_nan=True), key
+    fc, sc = fast.steps.columns(), slow.steps.columns()
+    assert fc.keys() == sc.keys()
+    for key in fc:
+        assert np.array_equal(fc[key], sc[key], equal_nan=True), key
+    assert np.array_equal(fast.steps.replica, slow.steps.replica)
+    assert fast.end_s == slow.end_s
+    return fast, slow
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.tuples(st.floats(0, 0.3), st.integers(1, 2000), st.integers(1, 80),
+                            st.sampled_from([[], [0], [0, 1], [2, 3]])), min_size=1, max_size=14),
+    shape=st.one_of(st.tuples(st.integers(2, 4), st.just(0), st.just(0)),
+                    st.tuples(st.just(1), st.integers(1, 2), st.integers(1, 3))),
+    router=st.sampled_from(sorted(ROUTERS)),
+    policy=st.sampled_from(sorted(POLICIES)),
+    block_size=st.sampled_from([1, 4, 16]),
+    num_blocks=st.integers(8, 200),
+    max_num_seqs=st.integers(1, 8),
+    budget=st.integers(8, 512),
+    caching=st.booleans(),
+    link_s=st.sampled_from([1e-5, 1e-3, 2e-2]),
+)
+def test_fast_forward_gives_a_cluster_the_same_answers(rows, shape, router, policy, block_size, num_blocks,
+                                                       max_num_seqs, budget, caching, link_s):
+    trace = make_trace([(a, p, o) for a, p, o, _ in rows],
+                       hash_ids=[np.resize(np.array(h + [50 + i]), -(-p // 16)) for i, (_, p, _, h) in enumerate(rows)],
+                       hash_block_tokens=16)
+    n, p, d = shape
+    cluster = ClusterOptions(num_replicas=n, router=router, num_prefill_replicas=p, num_decode_replicas=d,
+                             kv_transfer_latency_s=link_s if p else None)
+    options = ReplayOptions(
+        scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs),
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching),
+        model="Qwen3-0.6B", cluster=cluster)
+    compare(trace, options)
+
+
+def test_fast_forward_on_the_bundled_sample_is_identical_and_faster():
+    from traces import AZURE_CONV_SAMPLE, read_trace
+    from traces.trace import Trace
+
+    full = read_trace(AZURE_CONV_SAMPLE)
+    n = 400
+    trace = Trace(full.arrival_s[:n], full.prompt_tokens[:n], full.output_tokens[:n], source="sample")
+    for cluster in (ClusterOptions(num_replicas=3, router="least-requests"),
+                    ClusterOptions(num_prefill_replicas=1, num_decode_replicas=2)):
+        options = ReplayOptions(cache=CacheConfig(num_blocks=3000), cluster=cluster)
+        fast, slow = compare(trace, options)
+        assert len(fast.steps) == len(slow.steps) > 5000
+
+
+def test_a_run_ends_before_an_arrival_that_the_router_reads():
+    # Two long decodes, one per replica, opening blocks as they go; later arrivals go to the replica
+    # with less KV in use at that instant. A run that went on past an arrival would show the router
+    # its blocks as they were when the run began (these arrival times caught it).
+    for arrival_s in (0.02, 0.04, 0.06, 0.09):
+        trace = make_trace([(0.0, 32, 300), (0.0, 40, 300), (arrival_s, 10, 5), (arrival_s + 0.001, 10, 5)])
+        options = ReplayOptions(cache=CacheConfig(block_size=16, num_blocks=100), model="Qwen3-0.6B",
+                                cluster=ClusterOptions(num_replicas=2, router="least-kv"))
+        fast, _ = compare(trace, options)
+        assert fast.replica_of.tolist()[:2] == [0, 1]
