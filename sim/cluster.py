@@ -168,7 +168,7 @@ class ClusterSteps:
             parts = [c[k] if k in c else np.full(len(log), np.nan) for c, log in zip(columns, logs)]
             self._columns[k] = np.concatenate(parts)[order]
         self._num_steps = len(starts)
-        self.breakdown_keys = [k for log in logs for k in log.breakdown_keys]
+        self.breakdown_keys = list(dict.fromkeys(k for log in logs for k in log.breakdown_keys))
 
     def __len__(self) -> int:
         return self._num_steps
