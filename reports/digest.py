@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from reports.metrics import METRICS, inter_token_latencies
-from sim.engine import SimResult
+from reports.metrics import METRICS
+from reports.outcomes import RequestOutcomes
 from sim.request import Status
 
 QUANTILES = np.unique(np.round(np.r_[np.arange(0.0, 99.0, 1.0), np.arange(99.0, 100.0, 0.1), 99.95, 99.99, 100.0], 2))
@@ -99,8 +99,26 @@ def make_digest(requests: pd.DataFrame, itl: np.ndarray | None, steps: dict[str,
     return digest
 
 
-def run_digest(result: SimResult, requests: pd.DataFrame) -> dict:
-    return make_digest(requests, inter_token_latencies(result), result.steps.columns())
+def run_digest(outcomes: RequestOutcomes, step_timeline: dict) -> dict:
+    """The digest of a replay from its streamed outcomes and its step timeline (`timeline` of its
+    steps, or reports.timeline.StepTimeline's). Each sketch is quantile_sketch's while the metric's
+    values were kept exactly, else read from the streaming sketch (within its relative accuracy)."""
+    digest: dict = {"quantiles": QUANTILES.tolist()}
+    for name in METRICS:
+        sketch = outcomes.itl if name == "itl" else outcomes.sketches[name]
+        if not sketch.count:
+            digest[name] = None
+        elif sketch.is_exact:
+            digest[name] = quantile_sketch(sketch.values())
+        else:
+            digest[name] = sketch.percentiles(QUANTILES).tolist()
+    digest["timeline"] = step_timeline
+    return digest
+
+
+def steps_timeline(steps: dict[str, np.ndarray]) -> dict:
+    """The timeline of a run's whole step columns (start_s and TIMELINE)."""
+    return timeline(steps["start_s"], {name: steps[name] for name in TIMELINE})
 
 
 def flat_options(options: dict) -> dict:

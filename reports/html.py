@@ -26,7 +26,7 @@ import pandas as pd
 from reports.axes import AXES
 from reports.axes import axis_name as _axis_name
 from reports.axes import format_axis as _fmt_axis
-from reports.digest import TIMELINE, make_digest, run_digest, summary_row
+from reports.digest import TIMELINE, make_digest, summary_row
 from reports.figures import (
     capacity_figure,
     cdf_figure,
@@ -38,14 +38,14 @@ from reports.figures import (
     throughput_figure,
     timeline_figure,
 )
+from reports.run_tables import find_table, read_run_table
 from sim.errors import ServesimError
 from sim.jsonable import jsonable
 
 # Entry points.
 
-def run_report_files(result, requests: pd.DataFrame, summary: dict) -> dict[str, str]:
-    """digest.json and report.html of one replay, by file name (sim.app.replay writes them)."""
-    digest = run_digest(result, requests)
+def run_report_files(summary: dict, digest: dict) -> dict[str, str]:
+    """digest.json and report.html of one replay, by file name (sim.app.run_folder writes them)."""
     return {"digest.json": json.dumps(jsonable(digest)) + "\n", "report.html": run_report_html(summary, digest)}
 
 
@@ -76,7 +76,7 @@ def folder_report_html(directory: str | Path) -> str:
     if (d / "summary.json").exists():
         summary, digest = _read_run(d)
         if digest is None:
-            raise ServesimError(f"{d}: holds summary.json but neither digest.json nor requests.csv and steps.csv, "
+            raise ServesimError(f"{d}: holds summary.json but neither digest.json nor the requests and steps tables, "
                                 "so there is nothing to draw; replay the trace again into a new folder")
         return run_report_html(summary, digest)
     runs = sorted(p.parent for p in d.glob("*/summary.json"))
@@ -92,9 +92,9 @@ def _read_run(d: Path) -> tuple[dict, dict | None]:
         summary = json.loads((d / "summary.json").read_text())
         if (d / "digest.json").exists():
             return summary, json.loads((d / "digest.json").read_text())
-        if (d / "requests.csv").exists() and (d / "steps.csv").exists():  # a run from before digest.json
-            steps = pd.read_csv(d / "steps.csv")
-            return summary, make_digest(pd.read_csv(d / "requests.csv"), None,
+        if find_table(d, "requests") and find_table(d, "steps"):  # a run from before digest.json
+            steps = read_run_table(d, "steps", ["start_s", *TIMELINE])
+            return summary, make_digest(read_run_table(d, "requests"), None,
                                         {name: steps[name].to_numpy() for name in ("start_s", *TIMELINE)})
     except (OSError, ValueError, KeyError) as e:
         raise ServesimError(f"{d}: cannot read the run ({type(e).__name__}: {e})") from None

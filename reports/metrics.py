@@ -6,27 +6,34 @@
 - Scheduling delay: arrival to the first step that scheduled the request.
 - Throughputs divide by the duration: first arrival (or the benchmark's start) to last finish.
 - Goodput: completed requests meeting every SLO, per second of duration.
-Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does).
+Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does); they come from the
+streaming sketches of reports.quantiles, exact while a metric has at most EXACT_LIMIT values.
+
+The summary is built from streamed outcomes (reports.outcomes); the whole-table helpers below
+(requests_table, steps_table, inter_token_latencies, longest_token_gaps) serve in-memory results
+(tests, sim compare, sim bench). pandas is imported only by those.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from reports import cluster
+from reports.outcomes import RequestOutcomes
 from sim.cluster import ClusterResult
-from sim.config import SLO
 from sim.engine import SimResult
-from sim.request import Status
 from sim.step_log import STEP_COLUMNS
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
 
 
-def requests_table(result: SimResult) -> pd.DataFrame:
+def requests_table(result: SimResult):
+    """Every request of an in-memory result as a DataFrame (the columns of reports.outcomes)."""
+    import pandas as pd
+
     rows = result.requests
     frame = pd.DataFrame({
         "request_id": [r.request_id for r in rows],
@@ -46,13 +53,13 @@ def requests_table(result: SimResult) -> pd.DataFrame:
     multi = frame["output_tokens"] > 1
     frame["tpot_s"] = ((frame["e2e_s"] - frame["ttft_s"]) / (frame["output_tokens"] - 1)).where(multi)
     frame["scheduling_delay_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
-    if _is_cluster(result):
+    if is_cluster(result):
         for name, values in cluster.request_columns(result).items():
             frame[name] = values
     return frame
 
 
-def _is_cluster(result: SimResult) -> bool:
+def is_cluster(result: SimResult) -> bool:
     """A run of more than one replica (one replica's files are a lone engine's)."""
     return isinstance(result, ClusterResult) and len(result.replicas) > 1
 
@@ -91,32 +98,43 @@ def longest_token_gaps(result: SimResult) -> np.ndarray:
     return longest
 
 
-def steps_table(result: SimResult) -> pd.DataFrame:
-    columns = result.steps.columns()
-    frame = pd.DataFrame({"step": np.arange(len(result.steps))})
-    if _is_cluster(result):
-        frame["replica"] = result.steps.replica
-    for name, values in columns.items():
-        frame[name if name in STEP_COLUMNS else f"{name}_s"] = values
-    return frame
+def steps_table(result: SimResult):
+    import pandas as pd
+
+    return pd.DataFrame(steps_columns(result))
 
 
-def write_numeric_csv(frame: pd.DataFrame, path, chunk_rows: int = 65536) -> None:
-    """`frame.to_csv(path, index=False)` for a table of numbers, byte for byte, about twice as
-    fast (the steps table of an hour's replay has half a million rows): each value is written as
-    Python's repr, as pandas does. Tables with a missing value or text go through pandas."""
-    columns = [frame[name].to_numpy() for name in frame.columns]
-    if any(c.dtype.kind not in "iuf" or (c.dtype.kind == "f" and np.isnan(c).any()) for c in columns):
-        frame.to_csv(path, index=False)
-        return
-    with open(path, "w", newline="") as f:
-        f.write(",".join(frame.columns) + "\n")
-        for start in range(0, len(frame), chunk_rows):
-            texts = [map(repr, c[start:start + chunk_rows].tolist()) for c in columns]
-            f.writelines(",".join(row) + "\n" for row in zip(*texts))
+def steps_columns(result: SimResult) -> dict[str, np.ndarray]:
+    """The steps table of an in-memory result as columns (see step_table_columns); a cluster's
+    steps say which replica ran each."""
+    columns = step_table_columns(result.steps.columns())
+    if is_cluster(result):
+        columns = {"step": columns.pop("step"), "replica": result.steps.replica, **columns}
+    return columns
+
+
+def step_table_columns(log_columns: dict[str, np.ndarray], first_step: int = 0) -> dict[str, np.ndarray]:
+    """Steps from the step log as the steps table's columns: step, STEP_COLUMNS, then the backend's
+    breakdown keys with `_s`."""
+    num_steps = len(log_columns["start_s"])
+    columns = {"step": np.arange(first_step, first_step + num_steps)}
+    for name, values in log_columns.items():
+        columns[name if name in STEP_COLUMNS else f"{name}_s"] = values
+    return columns
+
+
+def write_numeric_csv(frame, path, chunk_rows: int = 65536) -> None:
+    """`frame.to_csv(path, index=False)`, byte for byte, about twice as fast for a table of numbers
+    (see reports.run_tables)."""
+    from reports.run_tables import write_table
+
+    path = Path(path)
+    write_table(path.parent, path.name.removesuffix(".csv"), {name: frame[name].to_numpy() for name in frame.columns},
+                "csv", chunk_rows)
 
 
 def _stats(values: np.ndarray) -> dict[str, float | None]:
+    """Mean and exact percentiles of a small array (the KV transfers of a cluster run)."""
     values = np.asarray(values, dtype=np.float64)
     values = values[~np.isnan(values)]
     if len(values) == 0:
@@ -125,57 +143,44 @@ def _stats(values: np.ndarray) -> dict[str, float | None]:
     return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict, start_s: float | None = None) -> dict:
-    """`start_s`: when the duration starts (a benchmark's start, as vLLM's bench times it); None: the
+def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start_s: float | None = None) -> dict:
+    """The run summary from the engine's totals (`result`) and the streamed request outcomes.
+    Percentiles are exact while each metric has at most reports.quantiles.EXACT_LIMIT values.
+    `start_s`: when the duration starts (a benchmark's start, as vLLM's bench times it); None: the
     first arrival."""
-    done = requests[requests["status"] == Status.FINISHED.value]
-    rejected = requests[requests["status"] == Status.REJECTED.value]
-    start = float(requests["arrival_s"].min()) if start_s is None else start_s
-    duration = float(done["finish_s"].max() - start) if len(done) else 0.0
-    output_tokens = int(done["output_tokens"].sum())
-    prompt_tokens = int(done["prompt_tokens"].sum())
+    duration = outcomes.duration_s(start_s)
 
     def per_s(x: float) -> float | None:
         return x / duration if duration > 0 else None
 
+    completed = outcomes.num_completed
     summary: dict = {
-        "num_requests": int(len(requests)),
-        "completed": int(len(done)),
-        "rejected": int(len(rejected)),
+        "num_requests": outcomes.num_requests,
+        "completed": completed,
+        "rejected": outcomes.num_rejected,
         "preemptions": int(result.num_preemptions),
         "duration_s": duration,
         "simulated_s": float(result.end_s),
-        "num_steps": int(len(result.steps)),
-        "total_prompt_tokens": prompt_tokens,
-        "total_output_tokens": output_tokens,
-        "request_throughput": per_s(len(done)),
-        "output_throughput": per_s(output_tokens),
-        "total_token_throughput": per_s(prompt_tokens + output_tokens),
+        "num_steps": len(result.steps),
+        "total_prompt_tokens": outcomes.total_prompt_tokens,
+        "total_output_tokens": outcomes.total_output_tokens,
+        "request_throughput": per_s(completed),
+        "output_throughput": per_s(outcomes.total_output_tokens),
+        "total_token_throughput": per_s(outcomes.total_prompt_tokens + outcomes.total_output_tokens),
         "prefix_cache_hit_rate": (result.num_prefix_hit_tokens / result.num_prefix_queried_tokens
                                   if result.num_prefix_queried_tokens else 0.0),
     }
-    summary["ttft"] = _stats(done["ttft_s"].to_numpy())
-    summary["tpot"] = _stats(done["tpot_s"].to_numpy())
-    summary["itl"] = _stats(inter_token_latencies(result))
-    summary["e2e"] = _stats(done["e2e_s"].to_numpy())
-    summary["scheduling_delay"] = _stats(done["scheduling_delay_s"].to_numpy())
+    for name in METRICS:
+        summary[name] = (outcomes.itl if name == "itl" else outcomes.sketches[name]).stats()
+    slo = outcomes.slo
     if slo.is_set:
-        good = np.ones(len(done), dtype=bool)
-        columns = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "delay": "scheduling_delay_s"}
-        for name, limit in slo.limits().items():
-            if name == "tbt":
-                values = longest_token_gaps(result)[done.index.to_numpy()]
-            else:
-                values = done[columns[name]].to_numpy()
-            good &= np.isnan(values) | (values <= limit)  # TPOT and TBT are undefined for one-token outputs
         summary["slo"] = slo.limits()
-        summary["goodput"] = per_s(int(good.sum()))
-        summary["slo_attainment"] = float(good.mean()) if len(done) else None
-    if _is_cluster(result):
+        summary["goodput"] = per_s(outcomes.num_good)
+        summary["slo_attainment"] = outcomes.num_good / completed if completed else None
+    if outcomes.num_rejected:
+        summary["reject_reasons"] = outcomes.reject_reason_counts()
+    if is_cluster(result):
         summary.update(cluster.summary(result, _stats))
-    if len(rejected):
-        summary["reject_reasons"] = {k: int(v) for k, v in
-                                     rejected["reject_reason"].str.replace(r"\d+", "N", regex=True).value_counts().items()}
     summary["options"] = options
     return summary
 

@@ -35,7 +35,7 @@ def _read_arrow(path: str | Path):
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
+        raise ServesimError("pyarrow is missing (a servesim dependency): pip install pyarrow") from None
     path = Path(path)
     try:
         # One read of the whole file: the writer may replace it meanwhile, and two opens could see two files.

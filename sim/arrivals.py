@@ -12,32 +12,71 @@ steps must stop.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from sim.engine import Engine, SimResult, delay_to
 from sim.request import Request
 
 
+class RequestStream:
+    """Requests made one by one as they arrive: `arrival_s` [n] ascending, `make(i)` builds the
+    i-th. A replay of millions of requests then holds only the requests in flight."""
+
+    def __init__(self, arrival_s: np.ndarray, make: Callable[[int], Request]):
+        self.arrival_s = arrival_s
+        self.make = make
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+WINDOW = 1 << 16  # arrival times of a RequestStream read as Python floats this many at a time
+
+
 class TraceArrivals:
-    """Requests enter at their arrival times (sorted by time, then trace order)."""
+    """Requests enter at their arrival times (sorted by time, then trace order): a list of
+    requests, or a RequestStream. `on_done(position, request)`, if given, hears of every request
+    that ends (finished or rejected) with its place in arrival order."""
 
     reacts_to_finishes = False  # an open loop sends nothing when a request ends
 
-    def __init__(self, requests: list[Request], engine: Engine):
-        self.requests = requests
+    def __init__(self, requests: list[Request] | RequestStream, engine: Engine,
+                 on_done: Callable[[int, Request], None] | None = None):
+        if isinstance(requests, RequestStream):
+            self.requests = None  # not kept
+            self._arrival_s, self._make = requests.arrival_s, requests.make
+            self._window = self._arrival_s[:WINDOW].tolist()
+        else:
+            self.requests = requests
+            self._make = requests.__getitem__
+            self._window = [r.arrival_s for r in requests]
+        self._num_requests = len(requests)
+        self._window_start = 0  # the request whose arrival time is _window[0]
         self.engine = engine
         engine.workload = self
-        self._next = 0  # index into self.requests of the next request to arrive
+        self._listener = on_done
+        self._positions: dict[Request, int] = {}  # requests in the engine -> their place, for the listener
+        self._next = 0  # the next request to arrive
         self._engine_idle: simpy.Event | None = None  # what the arrivals process waits on meanwhile
 
     @property
     def is_exhausted(self) -> bool:
-        return self._next == len(self.requests)
+        return self._next == self._num_requests
 
     @property
     def next_arrival_s(self) -> float:
-        return self.requests[self._next].arrival_s if self._next < len(self.requests) else math.inf
+        return self._arrival(self._next) if self._next < self._num_requests else math.inf
+
+    def _arrival(self, i: int) -> float:
+        j = i - self._window_start
+        if j >= len(self._window):  # a RequestStream's next window
+            self._window_start = i
+            self._window = self._arrival_s[i:i + WINDOW].tolist()
+            j = 0
+        return self._window[j]
 
     @property
     def next_observation_s(self) -> float:
@@ -48,10 +87,13 @@ class TraceArrivals:
 
     def deliver(self, now: float) -> None:
         """Hand the engine every request that has arrived by `now`."""
-        requests, submit = self.requests, self.engine.submit
-        while self._next < len(requests) and requests[self._next].arrival_s <= now:
-            submit(requests[self._next])
+        submit, make, positions = self.engine.submit, self._make, self._positions
+        while self._next < self._num_requests and self._arrival(self._next) <= now:
+            r = make(self._next)
+            if self._listener is not None:
+                positions[r] = self._next
             self._next += 1
+            submit(r)
 
     def engine_idle(self, engine: Engine) -> None:
         if self._engine_idle is not None and not self._engine_idle.triggered:
@@ -59,6 +101,8 @@ class TraceArrivals:
 
     def on_done(self, request: Request, now: float | None) -> None:
         """A request finished at `now` (None: it was rejected)."""
+        if self._listener is not None:
+            self._listener(self._positions.pop(request), request)
 
     def process(self, env: simpy.Environment):
         """Wake the engine when it is idle and the next request arrives. A busy engine takes the

@@ -39,8 +39,13 @@ def delay_to(now: float, when: float) -> float:
 
 
 class TokenTimes:
-    """Every emitted token's time, request after request: request r's tokens are at
-    `offsets[i]:offsets[i] + r.max_tokens`, where i is r's place in `requests`."""
+    """Every emitted token's time, request after request, kept after the requests end: request r's
+    tokens are at `offsets[i]:offsets[i] + r.max_tokens`, where i is r's place in `requests`.
+
+    While a request is in the engine its token times are a list (`Request.token_times`); when it
+    finishes they are stored here. Without a TokenTimes (a streamed replay) the list is dropped when
+    the request ends, after the workload has heard of the end (`on_done`), so memory holds the token
+    times of the requests in flight only."""
 
     def __init__(self, requests: list[Request]):
         self.requests = requests
@@ -49,6 +54,11 @@ class TokenTimes:
         self.offsets = offsets[:-1]
         self.times = np.full(int(offsets[-1]), np.nan)
         self._offset_of = dict(zip([r.index for r in requests], self.offsets.tolist()))
+
+    def store(self, request: Request) -> None:
+        """Keep a finished request's token times."""
+        start = self._offset_of[request.index]
+        self.times[start:start + len(request.token_times)] = request.token_times
 
     def offset(self, request: Request) -> int:
         return self._offset_of[request.index]
@@ -59,11 +69,14 @@ class TokenTimes:
 
 
 class SimResult:
-    def __init__(self, requests: list[Request], token_times: TokenTimes, steps: StepLog, end_s: float,
+    """What a run leaves: its steps and totals; with a TokenTimes, every request and token time too
+    (a streamed replay keeps neither: its requests went to the workload's listener as they ended)."""
+
+    def __init__(self, requests: list[Request] | None, token_times: TokenTimes | None, steps: StepLog, end_s: float,
                  num_preemptions: int, num_prefix_queried_tokens: int, num_prefix_hit_tokens: int):
         self.requests = requests  # in arrival order
-        self.token_times = token_times.times  # every emitted token's time, request after request
-        self.token_offsets = token_times.offsets  # requests[i]'s tokens start at token_offsets[i]
+        self.token_times = None if token_times is None else token_times.times  # request after request
+        self.token_offsets = None if token_times is None else token_times.offsets  # requests[i]'s first token
         self.steps = steps
         self.end_s = end_s
         self.num_preemptions = num_preemptions
@@ -77,9 +90,9 @@ class SimResult:
 
 
 class Engine:
-    def __init__(self, policy, backend: Backend, block_manager: BlockManager, token_times: TokenTimes,
+    def __init__(self, policy, backend: Backend, block_manager: BlockManager, token_times: TokenTimes | None,
                  max_model_len: int, fast_forward: bool = True,
-                 progress: Callable[[float, int], None] | None = None):
+                 progress: Callable[[float, int], None] | None = None, steps: StepLog | None = None):
         self.policy = policy
         self.backend = backend
         self.block_manager = block_manager
@@ -87,7 +100,7 @@ class Engine:
         self.max_model_len = max_model_len
         self.progress = progress
         self.state = EngineState(block_manager)
-        self.steps = StepLog()
+        self.steps = steps if steps is not None else StepLog()
         self.num_finished = 0
         self.workload = None  # set by the workload that feeds this engine (sim/arrivals.py)
         self.fast_forward = None
@@ -189,9 +202,7 @@ class Engine:
         """After a step: advance computed tokens; a request that caught up emits a token; finished
         requests free their blocks."""
         sampled = result.sampled_token_ids
-        offset = self.token_times.offset
         logits_row = 0
-        emitted = []  # indices into the token times of the tokens emitted now
         finished = []
         for r, num_tokens, needs_logits in zip(batch.requests, batch.num_scheduled_tokens, batch.needs_logits):
             if needs_logits and sampled is not None:
@@ -202,13 +213,14 @@ class Engine:
             num_output = r.num_output_tokens
             if num_computed != r.num_prompt_tokens + num_output:
                 continue  # a partial prefill chunk emits nothing
-            emitted.append(offset(r) + num_output)
-            if not num_output:
+            if num_output:
+                r.token_times.append(now)
+            else:
                 r.first_token_s = now
+                r.token_times = [now]
             r.num_output_tokens = num_output + 1
             if num_output + 1 == r.max_tokens:
                 finished.append(r)
-        self.token_times.times[emitted] = now
         for r in finished:
             self.finish(r, now)
         if finished:
@@ -220,4 +232,7 @@ class Engine:
         self.block_manager.free(r)
         r.drop_block_hashes()
         self.num_finished += 1
+        if self.token_times is not None:
+            self.token_times.store(r)
         self.workload.on_done(r, now)
+        r.token_times = None

@@ -25,6 +25,7 @@ step-by-step simulation (tests/test_fast_forward.py checks it).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -110,11 +111,14 @@ class FastForward:
         # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
         # finishing requests free are not counted on, so the run never preempts.
         bs = engine.block_manager.block_size
+        first_open = [[] for _ in range(bs + 1)]  # batch indices by the first step (1..bs) that opens a block
+        for i, c in enumerate(num_computed):
+            first_open[-c % bs or bs].append(i)
         opens = []  # (step, batch index) of every block opened, in the order they are taken
-        for i, (c, rem) in enumerate(zip(num_computed, remaining)):
-            for j in range(-c % bs or bs, min(num_steps, rem), bs):
-                opens.append((j, i))
-        opens.sort()
+        for j in range(1, num_steps):
+            for i in first_open[(j - 1) % bs + 1]:
+                if remaining[i] > j:  # it still decodes at step j
+                    opens.append((j, i))
         free = engine.block_manager.num_free_blocks
         if len(opens) > free:
             num_steps = opens[free][0]  # the step that would need one block too many
@@ -146,11 +150,10 @@ class FastForward:
         ends, k = run.ends, len(run.ends)
         reqs = batch.requests
         engine = self.engine
-        times, offset = engine.token_times.times, engine.token_times.offset
+        ends_list = ends.tolist()
         finishing = []
         for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
-            start = offset(r) + r.num_output_tokens
-            times[start:start + num] = ends[:num]
+            r.token_times.extend(ends_list if num == k else ends_list[:num])
             r.num_computed_tokens += num
             r.num_output_tokens += num
             if r.num_output_tokens == r.max_tokens:
@@ -160,14 +163,13 @@ class FastForward:
         # that finished in it, in batch order (freed blocks are the next ones taken).
         bm = engine.block_manager
         used = np.full(k, bm.num_used_blocks, dtype=np.int64)  # step 0's blocks were reserved by the policy
-        if run.opens:
-            used += np.bincount([j for j, _ in run.opens], minlength=k).cumsum()
+        open_steps = [j for j, _ in run.opens]
+        if open_steps:
+            used += np.bincount(open_steps, minlength=k).cumsum()
         freed = np.zeros(k + 1, dtype=np.int64)  # freed[j + 1]: blocks freed at the end of step j
         opens, taken = run.opens, 0
         for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
-            upto = taken
-            while upto < len(opens) and opens[upto][0] <= last_step:
-                upto += 1
+            upto = bisect_right(open_steps, last_step, lo=taken)
             if upto > taken:
                 for (_, j), block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
                     reqs[j].block_table.append(block)

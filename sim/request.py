@@ -51,6 +51,7 @@ class Request:
     num_prefix_hit_tokens: int = 0
     reject_reason: str | None = None
     sampled_token_ids: list[int] = field(default_factory=list)  # filled by a sampling backend
+    token_times: list[float] | None = None  # each emitted token's time, while it is in the engine
     _block_hashes: list[int] | None = None
 
     @property

@@ -2,12 +2,19 @@
 
 A single step writes one row; a fast-forwarded run of steps writes a slice. Columns are the
 engine's (`STEP_COLUMNS`) plus the backend's own breakdown keys (seconds per part of the step).
+
+With a `sink`, the log hands its rows over in batches of `spill_rows` steps (the last one, shorter,
+at `spill()`), so a replay of millions of steps holds only the latest ones: the sink gets each
+batch as columns, and its first step's number. Without one it keeps every step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+BATCH_ROWS = 1 << 18  # steps per batch handed to a sink (a row group of the steps table)
 STEP_COLUMNS = ("start_s", "seconds", "num_prefill_tokens", "num_decode_tokens", "num_requests",
                 "num_kv_blocks_used", "num_waiting", "num_preemptions")
 
@@ -16,7 +23,11 @@ class StepLog:
     """Per-step columns in growable numpy arrays: a single step writes one row, a run of steps a
     slice (a scalar fills the slice). The breakdown keys are the backend's own."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: Callable[[dict[str, np.ndarray], int], None] | None = None,
+                 spill_rows: int = BATCH_ROWS) -> None:
+        self.sink = sink
+        self.spill_rows = spill_rows
+        self.num_spilled = 0  # steps already handed to the sink
         self._capacity = 1024
         self._num_steps = 0
         self._columns: dict[str, np.ndarray] = {
@@ -25,7 +36,27 @@ class StepLog:
         self._breakdown: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
-        return self._num_steps
+        """Steps logged, spilled ones included."""
+        return self.num_spilled + self._num_steps
+
+    def spill(self, whole_batches: bool = False) -> None:
+        """Hand the rows held to the sink and forget them; with `whole_batches`, only whole batches
+        of `spill_rows` rows (so batch sizes do not depend on how the steps were logged)."""
+        n = self._num_steps
+        if whole_batches:
+            n -= n % self.spill_rows
+        if not n:
+            return
+        for start in range(0, n, self.spill_rows):
+            end = min(start + self.spill_rows, n)
+            self.sink({name: values[start:end] for name, values in self.columns().items()}, self.num_spilled)
+            self.num_spilled += end - start
+        left = self._num_steps - n
+        for table, blank in ((self._columns, 0), (self._breakdown, np.nan)):
+            for values in table.values():
+                values[:left] = values[n:n + left]
+                values[left:self._num_steps] = blank  # as new: a column left out of `extend` stays blank
+        self._num_steps = left
 
     def _reserve(self, num_rows: int) -> None:
         needed = self._num_steps + num_rows
@@ -59,6 +90,8 @@ class StepLog:
             else:
                 column[i] = value
         self._num_steps = i + 1
+        if self.sink is not None and self._num_steps >= self.spill_rows:
+            self.spill(whole_batches=True)
 
     def extend(self, num_rows: int, columns: dict, breakdown: dict) -> None:
         """Write `num_rows` steps; each value is a scalar (the same for every row) or an array. A
@@ -78,9 +111,11 @@ class StepLog:
             else:
                 column[start:end] = value
         self._num_steps = end
+        if self.sink is not None and end >= self.spill_rows:
+            self.spill(whole_batches=True)
 
     def columns(self) -> dict[str, np.ndarray]:
-        """Every column (the breakdown keys too) as one array of length len(self)."""
+        """Every column (the breakdown keys too) of the steps held (all of them without a sink)."""
         n = self._num_steps
         out = {name: values[:n] for name, values in self._columns.items()}
         out.update({key: values[:n] for key, values in self._breakdown.items()})
@@ -90,7 +125,7 @@ class StepLog:
     def breakdown_keys(self) -> list[str]:
         return list(self._breakdown)
 
-    def __getattr__(self, name: str) -> np.ndarray:
+    def __getattr__(self, name: str) -> np.ndarray:  # a column of the steps held
         if name in STEP_COLUMNS:
             return self._columns[name][:self._num_steps]
         raise AttributeError(name)

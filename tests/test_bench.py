@@ -46,7 +46,7 @@ def test_the_cli_writes_a_run_folder_and_vllms_table(tmp_path, capsys):
                                 "request_rate": None}
     assert summary["completed"] == 4 and summary["peak_concurrent_requests"] == 2
     assert summary["kv_cache"]["source"] == "derived" and summary["prefix_cache_hit_rate"] == 0.0
-    assert (out / "requests.csv").exists() and (out / "steps.csv").exists() and (out / "report.html").exists()
+    assert (out / "requests.csv").exists() and (out / "steps.parquet").exists() and (out / "report.html").exists()
     # A trace's options do not apply.
     assert main(["bench", "--concurrency", "2", "--input-len", "8", "--output-len", "2", "--num-prompts", "2",
                  "--limit", "3", "--out", str(tmp_path / "c")]) == 2

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from reports.run_tables import read_run_table
 from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
@@ -29,7 +30,7 @@ def test_replay_bundled_sample(policy, tmp_path, capsys):
     assert "ttft" in printed and "p99" in printed
     summary = json.loads((out / "summary.json").read_text())
     requests = pd.read_csv(out / "requests.csv")
-    steps = pd.read_csv(out / "steps.csv")
+    steps = read_run_table(out, "steps")  # steps.parquet
     assert summary["completed"] == len(requests) == 1445 and summary["rejected"] == 0
     for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
         s = summary[name]
@@ -49,7 +50,7 @@ def test_same_seed_gives_byte_identical_files(tmp_path):
     for name in ("a", "b"):
         assert run_cli("replay", SAMPLE, "--out", tmp_path / name, "--quiet", "--seed", 3) == 0
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert {"requests.csv", "steps.csv", "summary.json", "report.html"} <= set(files)
+    assert {"requests.csv", "steps.parquet", "summary.json", "digest.json", "report.html"} <= set(files)
     assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
     for f in files:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
@@ -58,7 +59,7 @@ def test_same_seed_gives_byte_identical_files(tmp_path):
 def test_no_fast_forward_gives_the_same_files(tmp_path):
     for name, extra in (("fast", []), ("slow", ["--no-fast-forward"])):
         assert run_cli("replay", SAMPLE, "--out", tmp_path / name, "--quiet", "--policy", "prefill-first", *extra) == 0
-    for f in ("requests.csv", "steps.csv", "summary.json"):
+    for f in ("requests.csv", "steps.parquet", "summary.json", "digest.json"):
         assert (tmp_path / "fast" / f).read_bytes() == (tmp_path / "slow" / f).read_bytes(), f
 
 
@@ -188,7 +189,7 @@ def test_models_hardware_and_deployments_from_files(tmp_path, capsys):
     runs = {}
     for name, extra in (("preset", []), ("files", ["--model", str(folder), "--hardware", str(gpu)]),
                         ("tp2", ["--tp", "2"]), ("fp8", ["--dtype", "fp8", "--kv-cache-dtype", "fp8"])):
-        assert run_cli("replay", trace, "--out", tmp_path / name, "--quiet", *extra) == 0
+        assert run_cli("replay", trace, "--out", tmp_path / name, "--quiet", "--profile", "roofline", *extra) == 0
         runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
     assert runs["files"]["ttft"] == runs["preset"]["ttft"] and runs["files"]["e2e"] == runs["preset"]["e2e"]
     assert runs["files"]["kv_cache"]["num_gpu_blocks"] == runs["preset"]["kv_cache"]["num_gpu_blocks"] == 27829

@@ -156,7 +156,7 @@ def test_one_replica_through_the_cluster_writes_a_lone_engines_files_byte_for_by
     assert len(through_cluster.replicas) == 1
     for name, result in (("lone", lone), ("cluster", through_cluster)):
         write_run(tmp_path / name, result, plan, trace)
-    for file in ("requests.csv", "steps.csv", "summary.json", "digest.json", "report.html"):
+    for file in ("requests.csv", "steps.parquet", "summary.json", "digest.json", "report.html"):
         assert filecmp.cmp(tmp_path / "lone" / file, tmp_path / "cluster" / file, shallow=False), file
     assert "cluster" not in json.loads((tmp_path / "lone" / "summary.json").read_text())["options"]
 
@@ -175,7 +175,7 @@ def test_sim_replay_of_a_disaggregated_cluster_writes_which_replica_did_what(tmp
     assert [r["role"] for r in summary["replicas"]] == ["prefill", "decode", "decode"]
     assert [r["requests"] for r in summary["replicas"]] == [100, 50, 50]  # 100 requests, all with 2+ tokens
     assert summary["num_kv_transfers"] == 100 and summary["kv_transfer_s"]["p99"] > 5e-6
-    steps = pd.read_csv(out / "steps.csv")
+    steps = pd.read_parquet(out / "steps.parquet")
     assert list(steps.columns[:2]) == ["step", "replica"] and set(steps["replica"]) == {0, 1, 2}
     assert (steps[steps["replica"] == 0]["num_decode_tokens"] == 0).all()
     requests = pd.read_csv(out / "requests.csv")

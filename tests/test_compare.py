@@ -89,7 +89,7 @@ def test_compare_writes_every_error_figure_and_the_report(setup):
     figures = write_comparison(out, comparison, trace, measured_options, predicted_options,
                                {"model": "tiny", "device": "cpu", "policy": "chunked", "trace": "test"})
     for name in ("compare.json", "steps.csv", "report.html", "measured/summary.json", "predicted/summary.json",
-                 "measured/steps.csv", "predicted/requests.csv"):
+                 "measured/steps.parquet", "predicted/requests.csv"):
         assert (out / name).is_file(), name
     data = json.loads((out / "compare.json").read_text())
     errors = data["errors"]

@@ -100,21 +100,25 @@ def test_full_disk_mid_sweep_keeps_the_table_whole_and_resume_completes(tmp_path
     pd.testing.assert_frame_equal(comparable(read_table(out / RESULTS)[0]), comparable(uninterrupted))
 
 
-def _fill_disk_at_steps_csv(monkeypatch):
-    import reports.metrics
+def _fill_disk_at_steps_table(monkeypatch):
+    from reports.run_tables import TableWriter
 
-    def write_numeric_csv(frame, path, chunk_rows=65536):
-        Path(path).write_text("step,start_s\n0,0.0\n")  # a part of the file, then the disk is full
-        raise ENOSPC
+    write = TableWriter.write
 
-    monkeypatch.setattr(reports.metrics, "write_numeric_csv", write_numeric_csv)
+    def write_steps(self, columns):
+        if "step" in columns:  # the steps table: a part of the file, then the disk is full
+            self.path.write_bytes(b"PAR1")
+            raise ENOSPC
+        write(self, columns)
+
+    monkeypatch.setattr(TableWriter, "write", write_steps)
 
 
 def test_full_disk_during_a_replay_leaves_no_part_of_a_run(tmp_path, monkeypatch, capsys):
-    _fill_disk_at_steps_csv(monkeypatch)
+    _fill_disk_at_steps_table(monkeypatch)
     run = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", run, "--quiet") == 2
-    assert error_line(capsys) == (f"sim: error: {run / 'steps.csv'}: cannot write (No space left on device); the "
+    assert error_line(capsys) == (f"sim: error: {run / 'steps.parquet'}: cannot write (No space left on device); the "
                                   "run folder is as it was")
     assert not run.exists()  # it made the folder; a part of a run is no run
     monkeypatch.chdir(tmp_path)
@@ -126,7 +130,7 @@ def test_full_disk_during_replay_overwrite_keeps_the_old_run(tmp_path, monkeypat
     run = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    _fill_disk_at_steps_csv(monkeypatch)
+    _fill_disk_at_steps_table(monkeypatch)
     assert sim("replay", *SMALL, "--policy", "prefill-first", "--out", run, "--overwrite", "--quiet") == 2
     capsys.readouterr()
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # not one file of the new run
@@ -229,7 +233,7 @@ def test_replays_started_in_the_same_second_get_two_folders(tmp_path):
     assert len(folders) == 3
     for folder in folders:
         assert sorted(p.name for p in folder.iterdir()) == ["digest.json", "report.html", "requests.csv",
-                                                           "steps.csv", "summary.json"]
+                                                           "steps.parquet", "summary.json"]
 
 
 # Workers die with their parent.

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from backends.real import RealBackend  # noqa: E402
 from backends.real.reference import dense_logits  # noqa: E402
+from reports.run_tables import read_run_table  # noqa: E402
 from sim.app.cli import main  # noqa: E402
 from sim.app.replay import ReplayOptions, replay  # noqa: E402
 from sim.config import CacheConfig, SchedulerConfig  # noqa: E402
@@ -33,7 +34,7 @@ def test_cli_real_replay_on_cpu(trace_file, tmp_path, capsys):
                "--max-num-batched-tokens", "32", "--max-num-seqs", "4", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert "real" in capsys.readouterr().out
-    steps = pd.read_csv(out / "steps.csv")
+    steps = read_run_table(out, "steps")
     requests = pd.read_csv(out / "requests.csv")
     assert (requests["status"] == "finished").all()
     assert (steps["seconds"] > 0).all()
@@ -41,7 +42,7 @@ def test_cli_real_replay_on_cpu(trace_file, tmp_path, capsys):
     # The same base columns as a cost-model run; the breakdown columns are the backend's own.
     rc = main(["replay", str(trace_file), "--model", "tiny", "--max-num-batched-tokens", "32",
                "--max-num-seqs", "4", "--out", str(tmp_path / "cm"), "--quiet"])
-    cm = pd.read_csv(tmp_path / "cm" / "steps.csv")
+    cm = read_run_table(tmp_path / "cm", "steps")
     base = [c for c in cm.columns if c not in ("linear_s", "attention_s", "kv_write_s", "elementwise_s",
                                                 "lm_head_s", "overhead_s")]
     assert list(steps.columns[:len(base)]) == base

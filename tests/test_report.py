@@ -18,6 +18,7 @@ from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, 
 from reports.figures import cdf_figure as _cdf_figure
 from reports.figures import throughput_figure as _throughput_figure
 from reports.html import report_html, run_report_html
+from reports.run_tables import read_run_table
 from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
@@ -60,7 +61,7 @@ def test_every_replay_writes_a_report(run_dir):
     p99 = list(QUANTILES).index(99.0)
     for metric in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
         assert digest[metric][p99] == pytest.approx(summary[metric]["p99"])
-    steps = pd.read_csv(run_dir / "steps.csv")
+    steps = read_run_table(run_dir, "steps")
     assert len(digest["timeline"]["start_s"]) == min(NUM_TIMELINE_BINS, len(steps))
 
 

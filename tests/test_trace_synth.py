@@ -8,7 +8,14 @@ import pytest
 from sim.errors import ServesimError
 from traces import read_trace
 from traces.stats import prefix_sharing_ratio, trace_stats
-from traces.synth import Lengths, SynthConfig, arrival_times, synthesize
+from traces.synth import (
+    Lengths,
+    SynthConfig,
+    arrival_times,
+    diurnal_times,
+    synthesize,
+    synthesize_chunks,
+)
 from traces.trace import Trace
 
 
@@ -118,3 +125,66 @@ def test_prefix_sharing_ratio_by_hand():
     assert stats["requests"] == 4 and stats["span_s"] == 3 and stats["mean_rate"] == 4 / 3
     assert stats["interarrival_cv"] == 0.0
     assert stats["prompt_tokens"]["max"] == 10 and stats["prompt_tokens"]["p50"] == 7.0
+
+
+def test_diurnal_mapping_by_hand():
+    # A = 0.5, period 4 s: the cumulative rate is t - (0.5 * 4 / (2 pi)) sin(pi t / 2). At t = 1 it is
+    # 1 - 1/pi, at t = 2 exactly 2 (half a period: the mean rate), at t = 4 exactly 4.
+    u = np.array([0.0, 1 - 1 / np.pi, 2.0, 4.0])
+    assert diurnal_times(u, 0.5, 4.0) == pytest.approx([0.0, 1.0, 2.0, 4.0], abs=1e-12)
+    assert diurnal_times(u, 0.0, 4.0) is u
+
+
+def test_diurnal_arrivals_follow_the_daily_rate():
+    # 200,000 requests over about 2 days at A = 0.5: the night quarter (around t = 0 mod a day)
+    # has rate 1 - 0.5 * mean(cos) over it, the day quarter 1 + the same.
+    config = SynthConfig(num_requests=200_000, rate=200_000 / (2 * 86_400), diurnal=0.5, seed=4)
+    t = synthesize(config).arrival_s
+    phase = (t % 86_400) / 86_400
+    night = ((phase < 0.125) | (phase >= 0.875)).sum()
+    day = ((phase >= 0.375) & (phase < 0.625)).sum()
+    # Over a quarter period centred on the trough, mean of cos is (2 sqrt 2) / pi = 0.9003.
+    expected = (1 - 0.5 * 0.9003) / (1 + 0.5 * 0.9003)
+    assert night / day == pytest.approx(expected, rel=0.03)
+    assert (np.diff(t) >= 0).all() and t[0] == 0
+
+
+@pytest.mark.parametrize("turns,system", [("fixed:1", 0), ("uniform:1:5", 32)])
+def test_chunks_come_in_arrival_order_and_keep_sessions_whole(turns, system):
+    config = SynthConfig(num_requests=5000, rate=3, turns=Lengths.parse(turns), think_time_s=20.0,
+                         system_prompt_tokens=system, diurnal=0.3, diurnal_period_s=600.0, seed=9)
+    chunks = list(synthesize_chunks(config, chunk_requests=700))
+    assert len(chunks) > 7  # held-back turns move between chunks
+    arrival = np.concatenate([c.arrival_s for c in chunks])
+    assert len(arrival) == 5000 and (np.diff(arrival) >= 0).all()
+    if system:
+        ids = [i for c in chunks for i in c.request_ids]
+        hashes = dict(zip(ids, (h for c in chunks for h in c.hash_ids)))
+        assert len(set(ids)) == 5000
+        for rid, h in hashes.items():
+            session, turn = rid.rsplit("-t", 1)
+            assert h[:2].tolist() == [0, 1]  # the system prompt: 32 tokens, 2 blocks of 16
+            if int(turn) > 1:  # a later turn repeats the whole earlier conversation's ids
+                earlier = hashes[f"{session}-t{int(turn) - 1}"]
+                assert h[:len(earlier)].tolist() == earlier.tolist()
+    # Up to CHUNK_REQUESTS requests, the trace is the first chunk itself.
+    whole = synthesize(config)
+    assert len(list(synthesize_chunks(config))) == 1 and whole.arrival_s.tolist() == sorted(whole.arrival_s.tolist())
+
+
+def test_bad_diurnal():
+    with pytest.raises(ServesimError, match="--diurnal must be at least 0 and below 1"):
+        SynthConfig(diurnal=1.0)
+    with pytest.raises(ServesimError, match="--diurnal-period must be a positive"):
+        SynthConfig(diurnal=0.5, diurnal_period_s=0)
+
+
+def test_synth_command_writes_a_diurnal_trace_in_chunks(tmp_path, capsys):
+    from sim.app.cli import main
+
+    out = tmp_path / "week.csv"
+    assert main(["trace", "synth", str(out), "--num-requests", "3000", "--rate", "0.025", "--diurnal", "0.5"]) == 0
+    trace = read_trace(out)
+    assert f"wrote 3,000 synthetic requests over {trace.duration_s:,.1f} s" in capsys.readouterr().out
+    assert trace.duration_s > 86_400 and trace.request_ids is None and trace.hash_ids is None
+    assert main(["trace", "synth", str(out), "--diurnal", "1.5"]) == 2

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from reports.metrics import format_summary, requests_table, summarize
+from reports.outcomes import outcomes_from_result
 from sim.app.capacity import CapacitySLO
 from sim.app.cli import main
 from sim.app.options import ReplayOptions
@@ -143,7 +144,7 @@ def test_goodput_with_tbt_and_delay_limits():
     requests = requests_table(result)
     assert requests["scheduling_delay_s"].tolist() == pytest.approx([0.0, 0.3])
     for text, attainment in (("tbt=0.11", 1.0), ("tbt=0.09", 0.0), ("delay=0.2", 0.5), ("tbt=0.11,delay=0.31", 1.0)):
-        summary = summarize(result, requests, SLO.parse(text), {})
+        summary = summarize(result, outcomes_from_result(result, SLO.parse(text)), {})
         assert summary["slo_attainment"] == attainment, text
         assert summary["goodput"] == pytest.approx(2 * attainment / 0.6), text
 
@@ -177,12 +178,12 @@ def test_models_shows_each_models_max_length(capsys):
 def test_report_of_a_folder_holding_only_summary_json_is_exit_2(tmp_path, capsys):
     run = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
-    for name in ("digest.json", "requests.csv", "steps.csv", "report.html"):
+    for name in ("digest.json", "requests.csv", "steps.parquet", "report.html"):
         (run / name).unlink()
     assert sim("report", run) == 2
-    assert one_error_line(capsys) == (f"{run}: holds summary.json but neither digest.json nor requests.csv and "
-                                      "steps.csv, so there is nothing to draw; replay the trace again into a new "
-                                      "folder")
+    assert one_error_line(capsys) == (f"{run}: holds summary.json but neither digest.json nor the requests and "
+                                      "steps tables, so there is nothing to draw; replay the trace again into a "
+                                      "new folder")
     assert not (run / "report.html").exists()
 
 

@@ -12,6 +12,7 @@ import pytest
 from policies import POLICIES, load_policy
 from policies.base import Policy
 from policies.chunked import ChunkedPolicy
+from reports.run_tables import read_run_table
 from sim.app.cli import main
 from sim.errors import ServesimError
 
@@ -65,7 +66,7 @@ def test_fast_forward_cannot_change_a_user_policys_answers(tmp_path):
     for flag in ([], ["--no-fast-forward"]):
         out = tmp_path / f"run{len(tables)}"
         assert main(["replay", str(trace), "--policy", SPEC, "--out", str(out), "--quiet", *flag]) == 0
-        tables.append((pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv")))
+        tables.append((pd.read_csv(out / "requests.csv"), read_run_table(out, "steps")))
     (fast_requests, fast_steps), (slow_requests, slow_steps) = tables
     pd.testing.assert_frame_equal(fast_requests, slow_requests)
     pd.testing.assert_frame_equal(fast_steps, slow_steps)

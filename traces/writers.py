@@ -33,6 +33,21 @@ def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS,
                                                             lineterminator="\n")
 
 
+def write_canonical_chunks(chunks, out: str | Path, *, compress: bool | None = None) -> int:
+    """Write traces one after another (a large trace made in pieces, all with the same columns) as
+    one canonical CSV, as write_canonical does; returns the rows written."""
+    out = Path(out)
+    if compress is None:
+        compress = out.suffix == ".gz"
+    opener = gzip.open if compress else open
+    num_rows = 0
+    with opener(out, "wt", encoding="utf-8", newline="") as handle:
+        for chunk in chunks:
+            _frame(chunk, 0, len(chunk)).to_csv(handle, header=num_rows == 0, index=False, lineterminator="\n")
+            num_rows += len(chunk)
+    return num_rows
+
+
 def _frame(trace: Trace, start: int, end: int) -> pd.DataFrame:
     columns = {
         "arrival_s": trace.arrival_s[start:end],

@@ -29,6 +29,10 @@ def real_backend(model: str, device: str, block_size: int, num_blocks: int | Non
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.from_ops is not None:
+        from sim.app.opprofiles import cmd_from_ops
+
+        return cmd_from_ops(args)
     out = Path(args.out)
     if out.suffix != ".json":
         raise ServesimError(f"--out {out}: a profile is a .json file")
@@ -64,11 +68,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "calibrate", help="measure batch shapes on the real backend and fit a cost-model profile",
+        "calibrate", help="fit a cost-model profile on the real backend, or derive one from operator tables",
         description="Run a grid of batch shapes (decode, prefill chunks, mixed) on the real backend, keep the "
                     "median of the repeats, fit the cost model's coefficients and write a profile (JSON) and "
-                    "the raw measurements (CSV beside it). Use the profile with `sim replay --profile`.")
-    p.add_argument("--model", required=True, help="model preset (see `sim models`)")
+                    "the raw measurements (CSV beside it). With --from-ops DIR, derive the profile instead from "
+                    "a folder of AIConfigurator operator tables measured on a GPU (no backend runs). Use the "
+                    "profile with `sim replay/sweep/capacity/bench --profile`.")
+    p.add_argument("--model", required=True, help="model preset (see `sim models`); with --from-ops also a "
+                                                  "Hugging Face config.json or a folder holding one")
+    p.add_argument("--from-ops", default=None, metavar="DIR",
+                   help="derive the profile from operator tables in DIR (<system>__<framework>-<version>__"
+                        "{gemm,context_attention,generation_attention,custom_allreduce}_perf.parquet or .csv)")
+    p.add_argument("--system", default=None, help="with --from-ops: the tables' system, e.g. h100_sxm")
+    p.add_argument("--framework", default="vllm", help="with --from-ops: the tables' framework (default: vllm)")
+    p.add_argument("--hardware", default=None, metavar="NAME|FILE.json",
+                   help="with --from-ops: the GPU the tables were measured on (its NVLink bandwidth prices "
+                        "large all-reduces; needed for --tp > 1)")
+    p.add_argument("--tp", type=int, default=1, metavar="N", help="with --from-ops: tensor parallelism (default: 1)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"), help="with --from-ops: weights (default: bf16)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                   help="with --from-ops: KV cache (default: auto, bf16)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the real backend's device (default: cpu)")
     p.add_argument("--out", required=True, help="profile to write, e.g. profiles/my-cpu.json (and its raw "
                                                 "measurements beside it, my-cpu.csv)")

@@ -64,9 +64,11 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                    help="service-level objectives in seconds, for goodput: a request counts when its TTFT, TPOT, "
                         "E2E latency, every gap between its tokens (tbt) and its scheduling delay are within "
                         "those given (the keys of sim capacity's --slo)")
-    p.add_argument("--profile", default=None, metavar="PROFILE.json",
-                   help="calibrated cost-model profile from `sim calibrate` (e.g. profiles/tiny-cpu.json); "
-                        "step times then come from it, whatever --hardware says")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json|roofline",
+                   help="cost-model profile from `sim calibrate` (fitted, e.g. profiles/tiny-cpu.json, or derived "
+                        "from operator tables with --from-ops); roofline: the datasheet roofline (default: the "
+                        "operator-table profile in profiles/ops/ matching the model, hardware, --tp and dtypes, "
+                        "else the roofline)")
     add_cluster_options(p)
 
 
@@ -127,7 +129,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from sim.app.outputs import open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
-    from sim.app.replay import replay, write_run
+    from sim.app.replay import replay, replay_to, write_run
     from traces.cli import load_trace
 
     options = options_from_args(args)
@@ -139,11 +141,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace, args, plan.max_model_len)
         progress = Progress.for_replay(len(trace), quiet=args.quiet)
         started = time.perf_counter()
-        result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
+        out = folder.folder
+        if plan.options.cluster.is_single:  # streamed, in bounded memory
+            summary = replay_to(out, trace, plan, steps=args.steps, requests=args.requests, progress=progress,
+                                fast_forward=not args.no_fast_forward)
+        else:  # a cluster's run is kept in memory, then written
+            result = replay(trace, plan, progress=progress, fast_forward=not args.no_fast_forward)
+            summary = write_run(out, result, plan, trace, steps=args.steps, requests=args.requests)
         progress.close()
         wall = time.perf_counter() - started
-        out = folder.folder
-        summary = write_run(out, result, plan, trace)
     if not args.quiet:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}"
               + _cluster_words(plan))
@@ -211,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("replay", help="replay a trace through one policy",
-                       description="Replay a trace through one scheduling policy and write requests.csv, "
-                                   "steps.csv and summary.json into a run folder.")
+                       description="Replay a trace through one scheduling policy and write the requests and "
+                                   "steps tables (requests.csv, steps.parquet), summary.json, digest.json and "
+                                   "report.html into a run folder.")
     p.add_argument("trace", help="trace file: canonical CSV, Azure 2023/2024, Mooncake JSONL, BurstGPT or "
                                    f"Vidur CSV, gzip too; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
@@ -221,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--no-fast-forward", action="store_true",
                    help="simulate every decode step one by one (same results, slower; for checking)")
+    p.add_argument("--steps", choices=("parquet", "csv", "none"), default="parquet",
+                   help="the per-step table: steps.parquet (default), steps.csv, or none")
+    p.add_argument("--requests", choices=("csv", "parquet"), default="csv",
+                   help="the per-request table: requests.csv (default) or requests.parquet")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("models", help="list the model presets")
@@ -244,7 +255,7 @@ def _command_modules():
 
 # Modules adding subcommands (each defines `register(subparsers)`), in the order `sim --help` lists them.
 COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.compare", "sim.app.trace_cli",
-                             "sim.app.sweep_cli", "sim.app.capacity_cli", "sim.app.report"]
+                             "sim.app.sweep_cli", "sim.app.capacity_cli", "sim.app.report", "sim.app.validate_cli"]
 
 
 def main(argv: list[str] | None = None) -> int:

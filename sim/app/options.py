@@ -25,7 +25,9 @@ class ReplayOptions:
     slo: SLO = field(default_factory=SLO)
     device: str = "cpu"  # the real backend's device: cpu or cuda
     weights: str | None = None  # the real backend's safetensors folder; None: random weights
-    profile: str | None = None  # a calibrated cost-model profile (sim calibrate); None: datasheet roofline
+    # A cost-model profile (sim calibrate: fitted, or --from-ops operator tables); "roofline": the
+    # datasheet roofline; None: the committed operator-table profile matching the run, else the roofline.
+    profile: str | None = None
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # one replica by default
 
     def __post_init__(self) -> None:
@@ -40,10 +42,9 @@ class ReplayOptions:
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose auto or fp8")
         deployment = (self.tp, self.dtype, self.kv_cache_dtype) != (1, "bf16", "auto")
-        if deployment and (self.backend == "real" or self.profile is not None):
-            what = "the real backend runs one device in its own dtype" if self.backend == "real" else \
-                "a calibrated profile was measured on one device in its own dtype"
-            raise ServesimError(f"--tp, --dtype fp8 and --kv-cache-dtype fp8 price the datasheet roofline; {what}")
+        if deployment and self.backend == "real":  # a fitted profile's limits are checked by sim.app.plan
+            raise ServesimError("--tp, --dtype fp8 and --kv-cache-dtype fp8 are priced by the cost model; the real "
+                                "backend runs one device in its own dtype")
         if self.backend not in BACKENDS:
             raise ServesimError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.device not in ("cpu", "cuda"):

@@ -4,19 +4,23 @@
 (a preset or a JSON file), loads the policy class and the profile, builds the backend, and settles
 the KV cache plan: the backend's own cache where it has one (the real backend), else the blocks
 vLLM would allocate (backends/kv_capacity.py; `--num-gpu-blocks` replaces the figure as vLLM's
-num_gpu_blocks_override does). Everything downstream (the replay, sweeps, capacity search, compare,
+num_gpu_blocks_override does). The cost model is the profile given (`--profile roofline`: the
+datasheet roofline), else the committed operator-table profile matching the run (sim/app/opprofiles.py),
+else the roofline. Everything downstream (the replay, sweeps, capacity search, compare,
 bench) receives the `RunPlan`, never the raw options.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from backends.hardware import Hardware, resolve_hardware
 from backends.kv_capacity import KVCapacity, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
+from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
 from policies.routers import load_router
+from sim.app.opprofiles import ROOFLINE, check_matches, matching_profile, read_profile_json
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
 from sim.block_manager import BlockManager
@@ -91,6 +95,7 @@ class RunPlan:
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
     check everything but build no backend (sweeps check every point before running any)."""
+    given = options
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
     model.check_tp(options.tp)
@@ -101,13 +106,34 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         raise ServesimError(f"--max-model-len {max_model_len} is more than {model.name}'s "
                             f"max_position_embeddings ({limit})")
     policy = load_policy(options.scheduler.policy)
-    calibration = None
-    if options.profile is not None:
-        from backends.profile import load_profile
+    calibration, op_profile = None, None
+    if options.backend == "costmodel" and options.profile != ROOFLINE:
+        if options.profile is not None:
+            data = read_profile_json(options.profile)
+            if is_op_profile(data):
+                op_profile = op_profile_from_json(data, options.profile)
+                check_matches(op_profile, options.profile, model, hardware, options.tp, options.dtype,
+                              options.kv_cache_dtype)
+            else:
+                from backends.profile import load_profile
 
-        calibration = load_profile(options.profile, model.name).calibration  # refuses another model's
+                if (options.tp, options.dtype, options.kv_cache_dtype) != (1, "bf16", "auto"):
+                    raise ServesimError("--tp, --dtype fp8 and --kv-cache-dtype fp8 need the roofline or an "
+                                        "operator-table profile; a fitted profile was measured on one device in its "
+                                        "own dtype")
+                calibration = load_profile(options.profile, model.name).calibration  # refuses another model's
+        else:
+            found = matching_profile(model, hardware, options.tp, options.dtype, options.kv_cache_dtype)
+            if found is not None:  # the committed operator-table profile of this deployment
+                op_profile, path = found
+                options = replace(options, profile=str(path))
     if backend is None and build_backend:
-        backend = make_backend(options, model, hardware, calibration)
+        if op_profile is not None:
+            from backends.opbackend import OpTableBackend
+
+            backend = OpTableBackend(op_profile.op_model(), device=hardware.name, profile_name=options.profile)
+        else:
+            backend = make_backend(options, model, hardware, calibration)
     cache, scheduler = options.cache, options.scheduler
     if cache.num_blocks is not None and cache.num_blocks > MAX_NUM_BLOCKS:
         raise ServesimError(f"--num-blocks {cache.num_blocks} is more KV blocks than servesim can simulate (at most "
@@ -128,7 +154,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     router = load_router(cluster.router)
     pools = ()
     if cluster.is_disaggregated:
-        pools = tuple(resolve(cluster.pool(options, role), backend, build_backend) for role in ("prefill", "decode"))
+        # Each pool resolves from the options as given: its own hardware, TP or dtype picks its own default profile.
+        pools = tuple(resolve(cluster.pool(given, role), backend, build_backend) for role in ("prefill", "decode"))
     return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
                    TokenSpec(options.seed, model.vocab_size), router, pools)
 

@@ -3,7 +3,8 @@
     label [#########.....................] 12/108 points  1 failed  simulated 63.0 s  0:02 elapsed  ETA 0:16
 
 It redraws at most a few times a second; with `ticking` it also redraws every second between
-updates (sweep points can take minutes).
+updates (sweep points can take minutes). With `show_after_s` it stays hidden until the work has
+taken that long (a replay's bar appears only on replays longer than a few seconds).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ def clock(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, unit: str, enabled: bool, label: str = "", done: int = 0, ticking: bool = False):
+    def __init__(self, total: int, unit: str, enabled: bool, label: str = "", done: int = 0, ticking: bool = False,
+                 show_after_s: float = 0.0):
         self.total, self.unit, self.enabled, self.label = total, unit, enabled, label
+        self.show_after_s = show_after_s
         self.initial = self.num_done = done
         self.num_failed = 0
         self.detail = ""
@@ -34,15 +37,16 @@ class Progress:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if enabled:
-            if total:
+            if total and not show_after_s:
                 self.update(done, force=True)
             if ticking:
                 threading.Thread(target=self._tick, daemon=True).start()
 
     @classmethod
     def for_replay(cls, num_requests: int, quiet: bool) -> "Progress":
-        """A replay's bar: requests finished and simulated time (the engine calls it every 4,096 steps)."""
-        return cls(num_requests, "requests finished", enabled=sys.stderr.isatty() and not quiet)
+        """A replay's bar: requests finished and simulated time (the engine calls it every 4,096 steps),
+        shown once the replay has run for 2 s."""
+        return cls(num_requests, "requests finished", enabled=sys.stderr.isatty() and not quiet, show_after_s=2.0)
 
     def __call__(self, now_s: float, num_finished: int) -> None:
         """The engine's progress callback."""
@@ -54,6 +58,8 @@ class Progress:
             self.detail = detail
         now = time.monotonic()
         if not self.enabled or (not force and now - self._last < 0.25 and done < self.total):
+            return
+        if not force and now - self.started < self.show_after_s:
             return
         self._last = now
         self._draw(now)

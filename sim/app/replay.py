@@ -1,27 +1,26 @@
-"""One replay: trace + options -> simulated requests and steps -> a run folder."""
+"""One replay: trace + options -> simulated requests and steps -> a run folder.
+
+`replay` keeps every request and token time in memory (tests, sweeps, compare, bench); `replay_to`
+writes the run folder as the replay goes and keeps only what is in flight (`sim replay`)."""
 
 from __future__ import annotations
 
-import json
-from contextlib import ExitStack
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+
+import numpy as np
 
 from sim.app.options import ReplayOptions
-from sim.app.outputs import atomic_path
 from sim.app.plan import RunPlan, resolve
-from sim.arrivals import TraceArrivals, simulate
+from sim.arrivals import RequestStream, TraceArrivals, simulate
 from sim.cluster import Cluster
 from sim.disagg import DisaggregatedCluster, PrefillEngine
 from sim.engine import Engine, SimResult, TokenTimes
-from sim.errors import ServesimError
-from sim.jsonable import jsonable
 from sim.request import Request
+from sim.step_log import BATCH_ROWS, StepLog
 from traces.trace import Trace
 
-__all__ = ["ReplayOptions", "make_cluster", "make_requests", "replay", "write_run"]
-
-RUN_FILES = ("requests.csv", "steps.csv", "summary.json", "digest.json", "report.html")
+__all__ = ["ReplayOptions", "make_cluster", "make_requests", "replay", "replay_to", "write_run"]
 
 
 def make_requests(trace: Trace) -> list[Request]:
@@ -79,43 +78,70 @@ def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = Tr
 
 
 def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,
-              start_s: float | None = None) -> dict:
-    """Write requests.csv, steps.csv, summary.json, digest.json and report.html; return the summary.
-    `extra`: more summary entries (sim bench's); `start_s`: see reports.metrics.summarize. The run is
-    written whole or not at all (temporary files renamed into place together)."""
+              start_s: float | None = None, steps: str = "parquet", requests: str = "csv",
+              step_batch_rows: int = BATCH_ROWS) -> dict:
+    """Write an in-memory result's run folder (the requests and steps tables, summary.json,
+    digest.json, report.html) whole or not at all; return the summary. `extra`: more summary
+    entries (sim bench's); `start_s`: see reports.metrics.summarize; `steps`: parquet, csv or none;
+    `requests`: csv or parquet; the steps table is written in row groups of `step_batch_rows`."""
+    from sim.app.run_folder import write_run_folder
+
     if not isinstance(plan, RunPlan):
         plan = resolve(plan, build_backend=False)
-    from reports.html import run_report_files
-    from reports.metrics import requests_table, steps_table, summarize, write_numeric_csv
+    return write_run_folder(out, result, run_options(plan, trace), plan.options.slo, steps, requests,
+                            step_batch_rows, {**(extra or {}), **plan_entries(plan)}, start_s)
 
+
+def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", requests: str = "csv",
+              progress: Callable[[float, int], None] | None = None, fast_forward: bool = True,
+              step_batch_rows: int = BATCH_ROWS) -> dict:
+    """Replay the trace and write its run folder as the replay goes, in bounded memory: requests are
+    made as they arrive, their outcomes written and sketched as they end, the steps written in
+    batches. The same files as `write_run(out, replay(...))`; returns the summary."""
+    from sim.app.run_folder import RunFolder
+
+    folder = RunFolder(out, run_options(plan, trace), plan.options.slo, steps, requests)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ServesimError(f"{out}: cannot make the folder ({e.strerror or e})") from None
-    requests = requests_table(result)
-    opts = plan.as_dict()
-    opts["trace"] = trace.source
+        log = StepLog(sink=folder.on_steps, spill_rows=step_batch_rows)
+        engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), None, plan.max_model_len,
+                        fast_forward=fast_forward, progress=progress, steps=log)
+        result = simulate(engine, TraceArrivals(request_stream(trace), engine,
+                                                lambda position, r: folder.on_request(position, r, r.token_times)))
+        log.spill()
+    except BaseException:
+        folder.abort()
+        raise
+    return folder.finish(result, plan_entries(plan))
+
+
+def request_stream(trace: Trace) -> RequestStream:
+    """The trace's requests in arrival order (ties in trace order), each made when it arrives."""
+    arrival = trace.arrival_s
+    order = None if bool((arrival[1:] >= arrival[:-1]).all()) else np.argsort(arrival, kind="stable")
+    ids, hash_ids, block_tokens = trace.request_ids, trace.hash_ids, trace.hash_block_tokens
+    prompt, output = trace.prompt_tokens, trace.output_tokens
+
+    def make(i: int) -> Request:
+        j = i if order is None else int(order[i])
+        return Request(j, str(j) if ids is None else ids[j], float(arrival[j]), int(prompt[j]), int(output[j]),
+                       hash_ids=None if hash_ids is None else hash_ids[j], hash_block_tokens=block_tokens)
+
+    return RequestStream(arrival if order is None else arrival[order], make)
+
+
+def run_options(plan: RunPlan, trace: Trace) -> dict:
+    """The options a run's summary records: the plan's, the trace and its transforms."""
+    options = plan.as_dict()
+    options["trace"] = trace.source
     if trace.transforms:
-        opts["trace_transforms"] = trace.transforms
-    summary = summarize(result, requests, plan.options.slo, opts, start_s)
-    summary.update(extra or {})
-    summary["kv_cache"] = plan.kv_cache()
-    summary["model"] = plan.model.describe()
+        options["trace_transforms"] = trace.transforms
+    return options
+
+
+def plan_entries(plan: RunPlan) -> dict:
+    """The summary's entries about the plan: the KV cache, the model and (for the datasheet cost
+    model) the hardware."""
+    entries = {"kv_cache": plan.kv_cache(), "model": plan.model.describe()}
     if plan.options.backend == "costmodel" and plan.options.profile is None:
-        summary["hardware"] = plan.hardware.as_dict()
-    texts = {"summary.json": json.dumps(jsonable(summary), indent=2) + "\n",
-             **run_report_files(result, requests, jsonable(summary))}  # downsampled: cheap even for 500k steps
-    # Every file is written to its temporary name first and renamed only when all are written, so a
-    # full disk leaves the folder as it was (an --overwrite'n run is not half replaced).
-    writers = {"requests.csv": lambda path: requests.to_csv(path, index=False),
-               "steps.csv": lambda path: write_numeric_csv(steps_table(result), path),
-               **{name: (lambda path, text=text: path.write_text(text)) for name, text in texts.items()}}
-    with ExitStack() as files:
-        temp = {name: files.enter_context(atomic_path(out / name)) for name in RUN_FILES}
-        for name in RUN_FILES:
-            try:
-                writers[name](temp[name])
-            except OSError as e:
-                raise ServesimError(f"{out / name}: cannot write ({e.strerror or e}); the run folder is as it "
-                                    "was") from None
-    return summary
+        entries["hardware"] = plan.hardware.as_dict()
+    return entries

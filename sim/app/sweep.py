@@ -111,8 +111,9 @@ def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions) 
 
 def run_point(trace: Trace, point: Point) -> dict:
     """Replay one point; a failure becomes a row with status 'error' and its message."""
-    from reports.digest import flat_options, run_digest, summary_row
-    from reports.metrics import requests_table, summarize
+    from reports.digest import flat_options, run_digest, steps_timeline, summary_row
+    from reports.metrics import steps_columns, summarize
+    from reports.outcomes import outcomes_from_result
     from traces.transforms import scale_rate
 
     started = time.perf_counter()
@@ -122,10 +123,10 @@ def run_point(trace: Trace, point: Point) -> dict:
         plan = resolve(point.options)
         scaled = scale_rate(trace, point.rate_scale)
         result = replay(scaled, plan)
-        requests = requests_table(result)
+        outcomes = outcomes_from_result(result, plan.options.slo)
         opts = dict(plan.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
-        summary = summarize(result, requests, plan.options.slo, opts)
-        row.update(summary_row(summary, run_digest(result, requests)))
+        summary = summarize(result, outcomes, opts)
+        row.update(summary_row(summary, run_digest(outcomes, steps_timeline(steps_columns(result)))))
         row["request_rate"] = len(scaled) / scaled.duration_s if scaled.duration_s > 0 else None
     except Exception as e:  # recorded in the table; the sweep goes on
         row.update(options)
@@ -220,7 +221,7 @@ def require_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
+        raise ServesimError("pyarrow is missing (a servesim dependency): pip install pyarrow") from None
 
 
 # A sweep.

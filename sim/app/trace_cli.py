@@ -38,7 +38,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from traces.synth import Lengths, SynthConfig, synthesize
+    from traces.synth import Lengths, SynthConfig, write_synthetic
 
     out = check_file_destination(args.out, inputs=(args.lengths_from,) if args.lengths_from else ())
     lengths_from = None
@@ -51,10 +51,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
         prompt=Lengths.parse(args.prompt_len, "--prompt-len"), output=Lengths.parse(args.output_len, "--output-len"),
         turns=Lengths.parse(args.turns, "--turns"), think_time_s=args.think_time,
         system_prompt_tokens=args.system_prompt_tokens, hash_block_tokens=args.hash_block_tokens, seed=args.seed,
-        lengths_from=lengths_from)
-    trace = synthesize(config)
-    write_trace(trace, out)
-    print(f"wrote {len(trace):,} synthetic requests over {trace.duration_s:,.1f} s to {args.out}")
+        lengths_from=lengths_from, diurnal=args.diurnal, diurnal_period_s=args.diurnal_period)
+    with atomic_path(out) as temp:  # written in chunks as they are made: ten million requests fit
+        num_requests, span_s = write_synthetic(config, temp, compress=out.suffix == ".gz")
+    print(f"wrote {num_requests:,} synthetic requests over {span_s:,.1f} s to {args.out}")
     return 0
 
 
@@ -117,6 +117,11 @@ def register(subparsers) -> None:
                    help="a prefix every request shares, a multiple of --hash-block-tokens (default: 0)")
     p.add_argument("--hash-block-tokens", type=whole_number, default=16, metavar="N",
                    help="tokens per prefix hash id (default: 16)")
+    p.add_argument("--diurnal", type=number, default=0.0, metavar="A",
+                   help="daily rate pattern: sessions start at rate * (1 - A cos(2 pi t / period)), lowest at "
+                        "t = 0, highest half a period later; 0 <= A < 1 (default: 0, a constant rate)")
+    p.add_argument("--diurnal-period", type=number, default=86400.0, metavar="S",
+                   help="period of the --diurnal pattern in seconds (default: 86400, a day)")
     p.add_argument("--seed", type=whole_number, default=0, help="random seed (default: 0)")
     p.set_defaults(func=cmd_synth, time_window=None, limit=None, rate_scale=None, target_rate=None,
                    on_too_long="reject")

@@ -1,0 +1,73 @@
+"""The operator-table backend: a step's time is the sum of measured operator times.
+
+It answers the engine as the cost-model backend does (`execute`, `decode_run`, `breakdown`,
+`step_seconds`), from an `OperatorModel` (backends/opmodel.py) built from a profile written by
+`sim calibrate --from-ops` (backends/opprofile.py). Decode-only runs are costed in one
+vectorised call whose every step has exactly the seconds `execute` gives that step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.opmodel import OperatorModel
+from sim.backend import StepResult
+from sim.batch import Batch
+
+
+class OpTableBackend:
+    name = "costmodel"  # a cost model: it predicts, it does not run the batch
+    num_blocks = None  # the run's KV plan decides
+    supports_fast_forward = True
+
+    def __init__(self, op_model: OperatorModel, device: str = "gpu", profile_name: str | None = None):
+        self.ops = op_model
+        self.device = device  # the system the tables were measured on
+        self.dtype = {"bf16": "bfloat16", "fp8": "float8"}[op_model.dtype]
+        self.profile_name = profile_name
+
+    def _parts(self, q_list: list[int], computed_list: list[int], num_logits: int) -> dict:
+        c_list = [c + q for q, c in zip(q_list, computed_list)]
+        return self.ops.step_parts(q_list, c_list, num_logits)
+
+    def _total(self, parts: dict):
+        return self.ops.total(parts)
+
+    def execute(self, batch: Batch) -> StepResult:
+        parts = self._parts(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits))
+        return StepResult(float(self._total(parts)), {k: float(v) for k, v in parts.items()})
+
+    def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
+        """Seconds and parts of `num_steps` decode-only steps of the same requests, whose contexts
+        after the first step are `context_lens` and grow by one token per step; request i takes
+        part in the first `active_steps[i]` steps only (default: all)."""
+        contexts = np.asarray(context_lens, dtype=np.int64)
+        steps = np.arange(num_steps, dtype=np.int64)
+        if active_steps is None:
+            active = np.full(len(contexts), num_steps, dtype=np.int64)
+        else:
+            active = np.minimum(np.asarray(active_steps, dtype=np.int64), num_steps)
+        # Step j has the requests with active > j: their number and the sum of their contexts.
+        order = np.argsort(active, kind="stable")
+        leave = active[order]
+        left_before = np.searchsorted(leave, steps, side="right")  # requests gone by step j
+        num_running = len(contexts) - left_before
+        tail_sums = np.concatenate([np.cumsum(contexts[order][::-1])[::-1], [0]])
+        sum_c = tail_sums[left_before] + num_running * steps
+        parts = self.ops.decode_steps(num_running, sum_c)
+        return self._total(parts), parts
+
+    def decode_run_seconds(self, context_lens, num_steps: int) -> np.ndarray:
+        return self.decode_run(context_lens, num_steps)[0]
+
+    def breakdown(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> dict[str, np.ndarray]:
+        """Seconds per part for each row: q, c [steps, requests] query and context lengths
+        (zero-padded), num_logits [steps]."""
+        rows = []
+        for q_row, c_row, m in zip(np.asarray(q).tolist(), np.asarray(c).tolist(), np.asarray(num_logits).tolist()):
+            pairs = [(qi, ci - qi) for qi, ci in zip(q_row, c_row) if qi > 0]
+            rows.append(self._parts([p[0] for p in pairs], [p[1] for p in pairs], int(m)))
+        return {k: np.array([float(r[k]) for r in rows]) for k in (rows[0] if rows else {})}
+
+    def step_seconds(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
+        return self._total(self.breakdown(q, c, num_logits))

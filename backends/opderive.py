@@ -1,0 +1,243 @@
+"""One model's operator curves, derived from a system's operator tables (backends/optables.py).
+
+What a profile stores (`derive` returns it, plain JSON data): for the model's per-GPU shapes at
+tensor-parallel degree `tp` and GEMM dtype `dtype`,
+
+- GEMMs: one time curve over the table's m grid for each of QKV, O, gate-up, down (dtype's rows)
+  and the LM head (bf16 rows: vLLM does not quantize lm_head). A shape off the grid is
+  interpolated between the neighbouring grid n and k, log-log (bilinear in log n, log k of log
+  time, at every grid m); a dimension past the grid's largest is split into equal parts that
+  are on it (p GEMMs of n / p: the same FLOPs and weight bytes) and one below the smallest is
+  clamped to it; both are noted in `notes`.
+- attention: the context (prefill) grid over batch x isl and the generation (decode) grid over
+  batch x KV length, for the model's per-GPU heads, KV heads, head_dim and KV-cache dtype.
+  The tables are triangular (few cells with batch x length past ~128k tokens); missing cells
+  are the column's largest measured batch scaled linearly in batch (independent sequences on a
+  full GPU), marked in `measured`. A head count absent from the tables is interpolated linearly
+  in heads between the nearest present counts with the same KV heads and head_dim (noted).
+- all-reduce: the time curve over message bytes for `tp` GPUs, CUDA-graph and eager kernels, up
+  to 8 MiB (vLLM's custom all-reduce limit); past it vLLM uses symmetric memory or NCCL, priced by
+  the operator model from the NVLink bandwidth (stored here too).
+- memory: HBM bandwidth achieved by the table's own memory-bound GEMMs (the median of bf16
+  GEMMs at m = 1 with the largest weights: bytes / time) and the kernel floor (the table's
+  shortest GEMM): elementwise kernels are priced from these two, not from a datasheet.
+
+The generation table's `step` is the number of cached tokens before the decoded one, so the
+KV length a decode attends is step + 1 (AIConfigurator's collector, collector/vllm/collect_attn.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from backends.interp import fill_rows_by_scaling
+from backends.optables import GEMM_DTYPES, KERNELS, KV_DTYPES, TableSet
+from sim.errors import ServesimError
+
+GEMM_OPS = ("qkv", "o", "gate_up", "down")
+MiB = 2**20
+# vLLM's custom all-reduce takes messages below 8 MiB (CustomAllreduce(max_size=8192 * 1024),
+# vllm/distributed/device_communicators/custom_all_reduce.py; on Hopper with symmetric memory
+# the limit is min(8 MiB, CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"][tp]) = 256 KiB at tp = 8, and torch's
+# symmetric-memory all-reduce takes 256 KiB..64 MiB, all_reduce_utils.py). The tables measure the
+# custom kernel only: it prices every message up to 8 MiB (for tp = 8 past 256 KiB it stands in for
+# symmetric memory, which no table measures); larger messages (symmetric memory, NCCL) are priced
+# from the NVLink bandwidth.
+TABLE_ALLREDUCE_MAX_BYTES = 8 * MiB
+VOCAB_PADDING = 64  # vLLM pads the vocabulary to a multiple of 64 (vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE)
+
+
+def per_gpu_heads(model: dict, tp: int) -> tuple[int, int]:
+    """(query heads, KV heads) on one GPU. KV heads fewer than tp are replicated, one per GPU
+    (vLLM's QKVParallelLinear, vllm/model_executor/layers/linear.py)."""
+    nh, nkv = model["num_attention_heads"], model["num_key_value_heads"]
+    if nh % tp:
+        raise ServesimError(f"--tp {tp} does not divide the model's {nh} attention heads")
+    if (nkv % tp) if nkv >= tp else (tp % nkv):
+        raise ServesimError(f"--tp {tp} and the model's {nkv} KV heads: one must divide the other")
+    return nh // tp, max(1, nkv // tp)
+
+
+def gemm_shapes(model: dict, tp: int) -> dict[str, tuple[int, int]]:
+    """(n, k) = (out, in) features of each GEMM on one GPU at tensor-parallel degree tp."""
+    h, i, hd = model["hidden_size"], model["intermediate_size"], model["head_dim"]
+    if i % tp:
+        raise ServesimError(f"--tp {tp} does not divide the model's intermediate_size {i}")
+    nh, nkv = per_gpu_heads(model, tp)
+    vocab = -(-model["vocab_size"] // VOCAB_PADDING) * VOCAB_PADDING
+    return {"qkv": ((nh + 2 * nkv) * hd, h), "o": (h, nh * hd), "gate_up": (2 * i // tp, h),
+            "down": (h, i // tp), "lm_head": (-(-vocab // tp), h)}
+
+
+def _axis(value: int, grid: np.ndarray, name: str, notes: list) -> tuple[int, float, list]:
+    """How to reach `value` on an axis of the GEMM grid: (parts, value per part, [(grid value,
+    log-space weight)])."""
+    parts = 1
+    if value > grid[-1]:
+        parts = math.ceil(value / grid[-1])
+        notes.append(f"GEMM {name} = {value} is past the table's largest ({int(grid[-1])}): "
+                     f"priced as {parts} GEMMs of {name} = {value / parts:g}")
+    per_part = value / parts
+    if per_part < grid[0]:
+        notes.append(f"GEMM {name} = {value} is below the table's smallest ({int(grid[0])}): clamped to it")
+        per_part = float(grid[0])
+    i = int(np.searchsorted(grid, per_part, side="right") - 1)
+    if grid[i] == per_part:
+        return parts, per_part, [(int(grid[i]), 1.0)]
+    w = math.log(per_part / grid[i]) / math.log(grid[i + 1] / grid[i])
+    return parts, per_part, [(int(grid[i]), 1.0 - w), (int(grid[i + 1]), w)]
+
+
+def gemm_curve(rows: pd.DataFrame, n: int, k: int, what: str, notes: list) -> tuple[np.ndarray, np.ndarray]:
+    """(m grid, seconds) of an n x k GEMM from one dtype's rows: bilinear in (log n, log k) of log
+    time at every m the neighbouring grid shapes share."""
+    ns, ks = np.sort(rows["n"].unique()), np.sort(rows["k"].unique())
+    parts_n, _, wn = _axis(n, ns, f"{what} n", notes)
+    parts_k, _, wk = _axis(k, ks, f"{what} k", notes)
+    curves = []
+    for gn, a in wn:
+        for gk, b in wk:
+            cell = rows[(rows["n"] == gn) & (rows["k"] == gk)]
+            if cell.empty:
+                raise ServesimError(f"the GEMM table has no rows for n = {gn}, k = {gk} (needed for {what})")
+            curves.append((a * b, cell.groupby("m")["seconds"].mean()))
+    ms = sorted(set.intersection(*(set(c.index) for _, c in curves)))
+    log_t = sum(w * np.log(c.loc[ms].to_numpy()) for w, c in curves)
+    if len(curves) == 1:  # on the grid: the measured times themselves
+        seconds = curves[0][1].loc[ms].to_numpy()
+    else:
+        seconds = np.exp(log_t)
+    return np.asarray(ms, dtype=np.int64), seconds * (parts_n * parts_k)
+
+
+def derive_gemms(tables: TableSet, model: dict, tp: int, dtype: str, notes: list) -> dict:
+    if dtype not in GEMM_DTYPES:
+        raise ServesimError(f"unknown dtype {dtype!r}; choose bf16 or fp8")
+    out = {}
+    for op, (n, k) in gemm_shapes(model, tp).items():
+        op_dtype = "bf16" if op == "lm_head" else dtype
+        kernel = KERNELS[("gemm", op_dtype)]
+        g = tables.gemm
+        rows = g[(g["gemm_dtype"] == GEMM_DTYPES[op_dtype]) & (g["kernel_source"] == kernel)]
+        if rows.empty:
+            raise ServesimError(f"{tables.files['gemm']}: no {GEMM_DTYPES[op_dtype]} GEMM rows of kernel {kernel} "
+                                f"for {tables.system}")
+        ms, seconds = gemm_curve(rows, n, k, op, notes)
+        out[op] = {"n": n, "k": k, "dtype": op_dtype, "kernel": kernel, "m": ms.tolist(), "seconds": seconds.tolist()}
+    grids = {tuple(v["m"]) for v in out.values()}
+    if len(grids) != 1:
+        raise ServesimError(f"{tables.files['gemm']}: the GEMM shapes of this model have different m grids")
+    return out
+
+
+def _attention_rows(frame: pd.DataFrame, heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> pd.DataFrame:
+    return frame[(frame["kernel_source"] == KERNELS[("attention", None)]) & (frame["window_size"] == 0)
+                 & (frame["kv_cache_dtype"] == KV_DTYPES[kv_dtype]) & (frame["head_dim"] == head_dim)
+                 & (frame["num_heads"] == heads) & (frame["num_key_value_heads"] == kv_heads)]
+
+
+def _attention_grid(frame: pd.DataFrame, length: str, offset: int) -> tuple[list, list, np.ndarray]:
+    piv = frame.groupby(["batch_size", length])["seconds"].mean().unstack(length).sort_index()
+    piv = piv.reindex(sorted(piv.columns), axis=1)
+    return piv.index.tolist(), [int(c) + offset for c in piv.columns], piv.to_numpy()
+
+
+def derive_attention(tables: TableSet, model: dict, tp: int, kv_dtype: str, notes: list) -> dict:
+    """Context and generation attention grids for the model's per-GPU head configuration."""
+    if kv_dtype not in KV_DTYPES:
+        raise ServesimError(f"unknown KV-cache dtype {kv_dtype!r}; choose bf16 or fp8")
+    heads, kv_heads = per_gpu_heads(model, tp)
+    hd = model["head_dim"]
+    out = {}
+    for kind, length, offset in (("context", "isl", 0), ("generation", "step", 1)):
+        frame = getattr(tables, f"{kind}_attention")
+        rows = _attention_rows(frame, heads, kv_heads, hd, kv_dtype)
+        if not rows.empty:
+            batch, lengths, grid = _attention_grid(rows, length, offset)
+        else:
+            batch, lengths, grid = _between_head_counts(frame, heads, kv_heads, hd, kv_dtype, length, offset, kind, notes,
+                                                        tables)
+        full, filled = fill_rows_by_scaling(np.asarray(batch, dtype=np.float64), grid)
+        out[kind] = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": hd, "kv_cache_dtype": kv_dtype,
+                     "kernel": KERNELS[("attention", None)], "batch": batch,
+                     "isl" if kind == "context" else "kv_len": lengths,
+                     "seconds": full.tolist(), "measured": (~filled).tolist()}
+    return out
+
+
+def _between_head_counts(frame, heads, kv_heads, hd, kv_dtype, length, offset, kind, notes, tables):
+    """A grid for a head count the tables lack: linear in heads between the nearest present ones
+    (same KV heads, head_dim, KV dtype), on the cells both have."""
+    k = frame[(frame["kernel_source"] == KERNELS[("attention", None)]) & (frame["window_size"] == 0)
+              & (frame["kv_cache_dtype"] == KV_DTYPES[kv_dtype]) & (frame["head_dim"] == hd)
+              & (frame["num_key_value_heads"] == kv_heads)]
+    present = sorted(k["num_heads"].unique())
+    below = [h for h in present if h < heads]
+    above = [h for h in present if h > heads]
+    if not below or not above:
+        have = sorted({(int(a), int(b)) for a, b in frame[frame["head_dim"] == hd][["num_heads",
+                                                                                    "num_key_value_heads"]].values})
+        raise ServesimError(f"{tables.files[kind + '_attention']}: no {kind} attention rows for {heads} heads, "
+                            f"{kv_heads} KV heads, head_dim {hd}, KV cache {kv_dtype} on {tables.system}, nor head "
+                            f"counts on both sides to interpolate; (heads, KV heads) there: {have}")
+    lo, hi = below[-1], above[0]
+    b0, l0, g0 = _attention_grid(k[k["num_heads"] == lo], length, offset)
+    b1, l1, g1 = _attention_grid(k[k["num_heads"] == hi], length, offset)
+    batch = [b for b in b0 if b in b1]
+    lengths = [x for x in l0 if x in l1]
+    g0 = pd.DataFrame(g0, index=b0, columns=l0).loc[batch, lengths].to_numpy()
+    g1 = pd.DataFrame(g1, index=b1, columns=l1).loc[batch, lengths].to_numpy()
+    w = (heads - lo) / (hi - lo)
+    notes.append(f"{kind} attention: no rows for {heads} heads; linear between {lo} and {hi} heads")
+    return batch, lengths, (1 - w) * g0 + w * g1
+
+
+def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None) -> dict | None:
+    """The all-reduce curves for tp GPUs up to vLLM's custom all-reduce limit, and the NVLink
+    bandwidth (bytes/s per GPU per direction) that prices larger messages."""
+    if tp == 1:
+        return None
+    if nvlink_bytes_per_s is None or not nvlink_bytes_per_s > 0:
+        raise ServesimError(f"--tp {tp} needs the hardware's NVLink bandwidth (for messages past vLLM's custom "
+                            "all-reduce); give a --hardware that has one")
+    a = tables.custom_allreduce
+    rows = a[a["num_gpus"] == tp]
+    if rows.empty:
+        have = ", ".join(str(int(x)) for x in sorted(a["num_gpus"].unique()))
+        raise ServesimError(f"{tables.files['custom_allreduce']}: no all-reduce rows for {tp} GPUs on "
+                            f"{tables.system} (GPUs there: {have}); choose --tp among them")
+    out = {"num_gpus": tp, "table_max_bytes": TABLE_ALLREDUCE_MAX_BYTES,
+           "nvlink_bytes_per_s": float(nvlink_bytes_per_s)}
+    for mode in ("graph", "eager"):
+        kernel = KERNELS[("allreduce", mode)]
+        curve = rows[rows["kernel_source"] == kernel].groupby("message_size")["seconds"].mean().sort_index()
+        if curve.empty:
+            raise ServesimError(f"{tables.files['custom_allreduce']}: no {kernel} rows for {tp} GPUs")
+        out[mode] = {"kernel": kernel, "message_bytes": [int(x) for x in curve.index], "seconds": curve.tolist()}
+    return out
+
+
+def derive_memory(tables: TableSet) -> dict:
+    g = tables.gemm
+    rows = g[(g["gemm_dtype"] == "bfloat16") & (g["m"] == 1)]
+    if rows.empty:
+        raise ServesimError(f"{tables.files['gemm']}: no bf16 GEMM at m = 1 to measure the memory bandwidth from")
+    weight_bytes = rows["n"] * rows["k"] * 2
+    big = rows[weight_bytes >= weight_bytes.max() / 4]
+    bandwidth = float(np.median(big["n"] * big["k"] * 2 / big["seconds"]))
+    return {"bandwidth_bytes_per_s": bandwidth, "kernel_floor_s": float(g["seconds"].min()),
+            "how": "bandwidth: median weight bytes / time of the bf16 GEMMs at m = 1 with at least a quarter "
+                   "of the largest one's weights; kernel floor: the shortest GEMM in the table"}
+
+
+def derive(tables: TableSet, model: dict, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "bf16",
+           nvlink_bytes_per_s: float | None = None) -> dict:
+    """Everything the operator model needs for one model, TP degree and dtype (see the module doc)."""
+    notes: list[str] = []
+    return {"gemm": derive_gemms(tables, model, tp, dtype, notes),
+            "attention": derive_attention(tables, model, tp, kv_cache_dtype, notes),
+            "allreduce": derive_allreduce(tables, tp, nvlink_bytes_per_s), "memory": derive_memory(tables),
+            "notes": notes}

@@ -1,0 +1,230 @@
+"""Step time as the sum of measured operator times (curves from backends/opderive.py).
+
+A step of t tokens (q tokens per request, contexts c after the step) costs, summed over layers:
+
+- GEMMs: QKV, O, gate-up, down at m = t padded to vLLM's CUDA-graph size (a step of at most
+  512 tokens runs a captured graph of the next capture size up: [1, 2, 4] + range(8, 256, 8) +
+  range(256, 513, 16), vllm/config/compilation.py, CompilationConfig; 512 is min(2 x max_num_seqs,
+  512) with vLLM's default max_num_seqs of 1024 on H100/H200, vllm/config/vllm.py, _set_cudagraph_sizes);
+- attention, one FlashAttention varlen call per layer for the whole batch
+  (vllm/v1/attention/backends/flash_attn.py, FlashAttentionImpl.forward):
+  * the decodes (q = 1): the generation table at (number of decodes, their mean KV length). Decode
+    attention is memory-bound, time ~ batch x length, so the mean is exact where the table is
+    linear; scripts/optables_loo.py measures the error of this choice on the table itself;
+  * the prefill chunks (q > 1) on top of c - q cached tokens: the context table (measured without
+    a cached prefix) at the same number of sequences and the *equivalent* prompt length, the isl
+    whose causal query-key pairs isl (isl + 1) / 2 equal the chunks' mean pairs
+    q (c - q) + q (q + 1) / 2; and at least the generation table's time to read their mean
+    context's K/V (a short chunk on a long prefix is memory-bound like a decode);
+  * a step with both pays the call's fixed floor once (the smallest measured decode call);
+- all-reduces under TP: two per layer and one after the vocab-parallel embedding, each of
+  m x hidden x 2 bytes (vLLM's RowParallelLinear and VocabParallelEmbedding), the graph kernel
+  for steps inside a CUDA graph and the eager one past it, up to 8 MiB; larger messages at the
+  NVLink bandwidth (a ring moves 2 (n - 1) / n of the message per GPU); the logits' all-gather
+  (LogitsProcessor) as an all-reduce of half its bytes (a ring all-reduce is a reduce-scatter
+  and an all-gather);
+- the LM head: a bf16 GEMM at m = the logits rows;
+- elementwise kernels, each the table's kernel floor plus its bytes over the table's achieved HBM
+  bandwidth: per layer two fused add+RMSNorm, RoPE, the KV-cache write, SiLU-and-mul (Qwen3's
+  q/k norms, and under
+  fp8 the attention output's quantization; the other activation quantizations are fused into
+  the norms and SiLU by vLLM's compilation passes); per step the embedding gather, the final
+  norm and the sampler (three passes over fp32 logits);
+- a fixed per-step overhead (`StepOverhead`; where its value comes from is stated there).
+
+Every function takes numpy arrays and works element by element, so a run of decode-only steps
+is costed in one call with exactly the values single steps get (the engine's fast-forward relies on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.interp import interp_loglog, interp_loglog_2d
+from backends.opderive import GEMM_OPS, per_gpu_heads
+from sim.errors import ServesimError
+
+CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)), dtype=np.int64)
+SAMPLER_PASSES = 3  # reads of the fp32 logits by the sampler: softmax/log-softmax, top-p/top-k, the draw
+
+
+@dataclass(frozen=True)
+class StepOverhead:
+    """Time per step that no operator table measures: the engine core's CPU work between forward
+    passes (schedule, prepare inputs, update states) while the GPU waits."""
+
+    seconds: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.seconds) and self.seconds >= 0):
+            raise ServesimError(f"the per-step overhead must be >= 0 s, got {self.seconds}")
+
+
+def padded_tokens(t):
+    """Tokens a step's dense layers run on: the CUDA-graph size for t <= 512, else t."""
+    t = np.asarray(t, dtype=np.int64)
+    i = np.minimum(np.searchsorted(CUDA_GRAPH_SIZES, t, side="left"), len(CUDA_GRAPH_SIZES) - 1)
+    return np.where(t <= CUDA_GRAPH_SIZES[-1], CUDA_GRAPH_SIZES[i], t)
+
+
+class OperatorModel:
+    """Seconds per part of a step, from one model's derived operator curves."""
+
+    def __init__(self, derived: dict, model: dict, tp: int, dtype: str, kv_cache_dtype: str,
+                 overhead: StepOverhead):
+        self.model, self.tp, self.dtype, self.kv_cache_dtype = model, tp, dtype, kv_cache_dtype
+        self.overhead = overhead
+        self.layers = model["num_hidden_layers"]
+        self.heads, self.kv_heads = per_gpu_heads(model, tp)
+        self._gemms = {op: (np.asarray(v["m"], dtype=np.float64), np.asarray(v["seconds"]))
+                       for op, v in derived["gemm"].items()}
+        self.vocab_per_gpu = derived["gemm"]["lm_head"]["n"]
+        ctx, gen = derived["attention"]["context"], derived["attention"]["generation"]
+        self._ctx = (np.asarray(ctx["batch"], dtype=np.float64), np.asarray(ctx["isl"], dtype=np.float64),
+                     np.asarray(ctx["seconds"]))
+        self._gen = (np.asarray(gen["batch"], dtype=np.float64), np.asarray(gen["kv_len"], dtype=np.float64),
+                     np.asarray(gen["seconds"]))
+        self.attention_floor_s = float(self._gen[2][0, 0])
+        ar = derived["allreduce"]
+        self._allreduce = None if ar is None else {
+            mode: (np.asarray(ar[mode]["message_bytes"], dtype=np.float64), np.asarray(ar[mode]["seconds"]))
+            for mode in ("graph", "eager")}
+        if ar is not None:
+            self._table_max_bytes = float(ar["table_max_bytes"])
+            # A ring all-reduce moves 2 (n - 1) / n of the message through each GPU's link.
+            self._nvlink_s_per_byte = 2.0 * (tp - 1) / tp / ar["nvlink_bytes_per_s"]
+        if (ar is None) != (tp == 1):
+            raise ServesimError(f"the derived curves are for {1 if ar is None else ar['num_gpus']} GPU(s), not --tp {tp}")
+        mem = derived["memory"]
+        self.bandwidth = mem["bandwidth_bytes_per_s"]
+        self.kernel_floor_s = mem["kernel_floor_s"]
+        self._layer_bytes_per_token, self._layer_kernels = self._elementwise_per_layer()
+        self.extrapolated = 0  # operator lookups past a table's grid (scaled by work), counted
+
+    # Operators. Every argument may be an array; results have its shape.
+
+    def _lookup(self, curve, x, power: float = 1.0):
+        t, scaled = interp_loglog(x, *curve, power=power)
+        self.extrapolated += int(np.count_nonzero(scaled))
+        return t
+
+    def gemms(self, m):
+        """One layer's QKV, O, gate-up and down GEMMs at m tokens."""
+        total = 0.0
+        for op in GEMM_OPS:
+            total = total + self._lookup(self._gemms[op], m)
+        return total
+
+    def lm_head(self, num_logits):
+        n = np.asarray(num_logits, dtype=np.float64)
+        return np.where(n > 0, self._lookup(self._gemms["lm_head"], np.maximum(n, 1.0)), 0.0)
+
+    def allreduce(self, message_bytes, graph):
+        """One all-reduce: the table's custom all-reduce up to 8 MiB (see backends/opderive.py); past
+        it the NVLink ring time, never less than the table's at 8 MiB (vLLM leaves the custom
+        kernel there for faster ones, not slower)."""
+        size = np.asarray(message_bytes, dtype=np.float64)
+        if self._allreduce is None:
+            return np.zeros_like(size)
+        custom = np.minimum(size, self._table_max_bytes)
+        table = np.where(graph, self._lookup(self._allreduce["graph"], custom),
+                         self._lookup(self._allreduce["eager"], custom))
+        return np.where(size > self._table_max_bytes, np.maximum(table, size * self._nvlink_s_per_byte), table)
+
+    def decode_attention(self, num_decodes, mean_kv_len):
+        """One layer's attention of `num_decodes` decodes at a mean KV length (0 decodes: 0)."""
+        b = np.asarray(num_decodes, dtype=np.float64)
+        t, scaled = interp_loglog_2d(np.maximum(b, 1.0), mean_kv_len, *self._gen)
+        self.extrapolated += int(np.count_nonzero(scaled & (b > 0)))
+        return np.where(b > 0, t, 0.0)
+
+    def prefill_attention(self, q: list[int], c: list[int]) -> float:
+        """One layer's attention of prefill chunks: q new tokens each, c tokens of context after the step."""
+        if not q:
+            return 0.0
+        pairs = sum(qi * (ci - qi) + qi * (qi + 1) / 2 for qi, ci in zip(q, c)) / len(q)
+        isl = (np.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0
+        t, scaled = interp_loglog_2d(float(len(q)), isl, *self._ctx, power_b=2.0)
+        self.extrapolated += int(scaled)
+        read = self.decode_attention(len(q), sum(c) / len(q))
+        return float(max(t, read))
+
+    def _elementwise_per_layer(self) -> tuple[float, int]:
+        """Bytes per token and number of kernels of one layer's elementwise work."""
+        m, b = self.model, 2  # activations are bf16
+        h, hd, i = m["hidden_size"], m["head_dim"], m["intermediate_size"] // self.tp
+        kv_bytes = 1 if self.kv_cache_dtype == "fp8" else 2
+        per_token = (2 * 4 * h * b  # two fused add+RMSNorm: read x and residual, write both
+                     + 2 * (self.heads + self.kv_heads) * hd * b  # RoPE on q and k, read and write
+                     + 2 * self.kv_heads * hd * (b + kv_bytes)  # K and V into the paged cache
+                     + 3 * i * b)  # SiLU-and-mul: read gate and up, write
+        kernels = 5
+        if m.get("qk_norm"):  # Qwen3: an RMSNorm on every query and key head, read and write
+            per_token += 2 * (self.heads + self.kv_heads) * hd * b
+            kernels += 1
+        if self.dtype == "fp8":
+            per_token += self.heads * hd * (b + 1)  # the attention output's quantization
+            kernels += 1
+        return per_token, kernels
+
+    def elementwise(self, m, num_logits):
+        m = np.asarray(m, dtype=np.float64)
+        n = np.asarray(num_logits, dtype=np.float64)
+        h = self.model["hidden_size"]
+        floor, bw = self.kernel_floor_s, self.bandwidth
+        layers = self.layers * (self._layer_kernels * floor + m * self._layer_bytes_per_token / bw)
+        embed_and_norm = 2 * floor + m * (2 * h * 2 + 4 * h * 2) / bw
+        sampler = np.where(n > 0, SAMPLER_PASSES * (floor + n * self.vocab_per_gpu * self.tp * 4 / bw), 0.0)
+        return layers + embed_and_norm + sampler
+
+    # Steps.
+
+    def dense_parts(self, num_tokens, num_logits) -> dict:
+        """Everything of a step but attention and the overhead, per step (arrays broadcast)."""
+        t = np.asarray(num_tokens, dtype=np.int64)
+        m = padded_tokens(t).astype(np.float64)
+        graph = t <= CUDA_GRAPH_SIZES[-1]
+        h = self.model["hidden_size"]
+        allreduce = (2 * self.layers + 1) * self.allreduce(m * h * 2, graph)
+        if self._allreduce is not None:
+            logits_bytes = np.asarray(num_logits, dtype=np.float64) * self.vocab_per_gpu * self.tp * 2
+            allreduce = allreduce + np.where(logits_bytes > 0, self.allreduce(np.maximum(logits_bytes / 2, 1.0),
+                                                                              False), 0.0)
+        return {"gemm": self.layers * self.gemms(m), "lm_head": self.lm_head(num_logits), "allreduce": allreduce,
+                "elementwise": self.elementwise(m, num_logits)}
+
+    def attention(self, decode_attention, prefill_attention=0.0):
+        """All layers' attention from one layer's decode and prefill parts (a single call pays its
+        floor once)."""
+        both = np.minimum(np.minimum(decode_attention, prefill_attention), self.attention_floor_s)
+        shared = np.where((np.asarray(decode_attention) > 0) & (np.asarray(prefill_attention) > 0), both, 0.0)
+        return self.layers * (decode_attention + prefill_attention - shared)
+
+    def step_parts(self, q: list[int], c: list[int], num_logits: int) -> dict:
+        """Seconds per part of one step: q tokens per request, c their contexts after the step."""
+        dec = [ci for qi, ci in zip(q, c) if qi == 1]
+        pre = [(qi, ci) for qi, ci in zip(q, c) if qi > 1]
+        parts = self.dense_parts(np.array([sum(q)]), np.array([num_logits]))
+        decode = self.decode_attention(np.array([len(dec)]), np.array([sum(dec) / len(dec) if dec else 1.0]))
+        prefill = self.prefill_attention([p[0] for p in pre], [p[1] for p in pre])
+        parts["attention"] = self.attention(decode, prefill)
+        parts["overhead"] = self.overhead.seconds
+        return {k: float(v[0]) if np.ndim(v) else float(v) for k, v in parts.items()}
+
+    def decode_steps(self, num_decodes, sum_context) -> dict:
+        """Parts of decode-only steps (arrays, one entry per step): num_decodes requests, each with
+        q = 1, whose contexts after the step sum to sum_context."""
+        n = np.asarray(num_decodes, dtype=np.int64)
+        parts = self.dense_parts(n, n)
+        mean = np.asarray(sum_context, dtype=np.float64) / np.maximum(n, 1)
+        parts["attention"] = self.attention(self.decode_attention(n, mean))
+        parts["overhead"] = self.overhead.seconds
+        return parts
+
+    def total(self, parts: dict):
+        """The step's seconds: its parts in a fixed order."""
+        return (parts["gemm"] + parts["lm_head"] + parts["allreduce"] + parts["elementwise"] + parts["attention"]
+                + parts["overhead"])

@@ -1,0 +1,162 @@
+"""Operator-table profiles: what `sim calibrate --from-ops` derives, stored as one JSON file.
+
+    {"format": "servesim-profile", "version": 1, "kind": "operator-tables",
+     "model": "Llama-3.1-8B", "model_config": {hidden_size, ...}, "hardware": "H100-SXM",
+     "tp": 1, "dtype": "bf16", "kv_cache_dtype": "bf16", "created": "...",
+     "source": {"system": "h100_sxm", "framework": "vllm", "framework_version": "0.24.0", "device": ...,
+                "files": {...}, "origin": "..."},
+     "step_overhead": {"seconds": 0.0, "source": "..."},
+     "client_overhead": {"fixed_s": ..., "per_prompt_token_s": ..., "source": "..."},
+     "operators": {"gemm": ..., "attention": ..., "allreduce": ..., "memory": ..., "notes": [...]}}
+
+`operators` is backends/opderive.py's output: the model's curves, not the raw tables. A loaded
+profile builds the same `OperatorModel` as the tables did, so it gives the same step times.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from backends.opderive import derive
+from backends.opmodel import OperatorModel, StepOverhead
+from backends.optables import TableSet
+from sim.errors import ServesimError
+
+PROFILE_FORMAT = "servesim-profile"
+PROFILE_VERSION = 1
+KIND = "operator-tables"
+MODEL_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size")
+OPTIONAL_FIELDS = {"qk_norm": False}
+
+
+def model_shape(model) -> dict:
+    """The fields the operator model reads, from a ModelConfig or a preset's dict."""
+    get = model.get if isinstance(model, dict) else (lambda k, d=None: getattr(model, k, d))
+    missing = [k for k in MODEL_FIELDS if get(k) is None]
+    if missing:
+        raise ServesimError(f"the model lacks {', '.join(missing)}")
+    shape = {k: int(get(k)) for k in MODEL_FIELDS}
+    shape.update({k: bool(get(k, default)) for k, default in OPTIONAL_FIELDS.items()})
+    return shape
+ORIGIN = ("NVIDIA AIConfigurator operator tables (github.com/ai-dynamo/aiconfigurator, "
+          "aic-core/src/aiconfigurator_core/systems/data), Apache License 2.0")
+# vLLM 0.24 schedules asynchronously by default (SchedulerConfig.async_scheduling, vllm/config/
+# scheduler.py; on by default since vllm-project/vllm#27614): the engine core prepares step
+# k + 1 while the GPU runs step k, so its CPU work does not add to the step.
+DEFAULT_STEP_OVERHEAD = StepOverhead(0.0, "vLLM >= 0.14 schedules asynchronously (vllm/config/scheduler.py, "
+                                          "async_scheduling; vllm-project/vllm#27614): CPU work overlaps the GPU")
+
+
+@dataclass(frozen=True)
+class ClientOverhead:
+    """What a benchmark client's TTFT adds to the engine's: vLLM's API server handles requests one
+    at a time (one asyncio process) before the engine core sees them: a fixed part (HTTP,
+    validation, handing the request over) and the prompt's tokenisation."""
+
+    fixed_s: float = 1e-3  # a stated estimate
+    per_prompt_token_s: float = 2e-6  # ~500k tokens/s on one core (source below)
+    source: str = ("fixed: a stated 1 ms estimate; tokenisation: ~500k tokens/s on one CPU core, measured in "
+                   "andyluo7.github.io/llm/amd/mi300x/vllm/lmcache/performance/2026/05/14/"
+                   "cpu-gpu-codesign-agentic-inference-mi300x/")
+
+    def __post_init__(self) -> None:
+        if not (self.fixed_s >= 0 and self.per_prompt_token_s >= 0):
+            raise ServesimError(f"client overheads must be >= 0, got {self.fixed_s} s and "
+                                f"{self.per_prompt_token_s} s per prompt token")
+
+    def seconds(self, num_prompt_tokens: int) -> float:
+        return self.fixed_s + self.per_prompt_token_s * num_prompt_tokens
+
+
+@dataclass(frozen=True)
+class OpProfile:
+    model: str
+    model_config: dict
+    hardware: str | None
+    tp: int
+    dtype: str
+    kv_cache_dtype: str
+    source: dict
+    operators: dict
+    step_overhead: StepOverhead = DEFAULT_STEP_OVERHEAD
+    client_overhead: ClientOverhead = ClientOverhead()
+    created: str = ""
+
+    def op_model(self) -> OperatorModel:
+        return OperatorModel(self.operators, self.model_config, self.tp, self.dtype, self.kv_cache_dtype,
+                             self.step_overhead)
+
+    def to_json(self) -> dict:
+        co = self.client_overhead
+        return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "kind": KIND, "model": self.model,
+                "model_config": model_shape(self.model_config), "hardware": self.hardware,
+                "tp": self.tp, "dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype, "created": self.created,
+                "source": self.source,
+                "step_overhead": {"seconds": self.step_overhead.seconds, "source": self.step_overhead.source},
+                "client_overhead": {"fixed_s": co.fixed_s, "per_prompt_token_s": co.per_prompt_token_s,
+                                    "source": co.source},
+                "operators": self.operators}
+
+
+def build_profile(tables: TableSet, model_name: str, model, hardware: str | None = None, tp: int = 1,
+                  dtype: str = "bf16", kv_cache_dtype: str = "bf16", nvlink_bytes_per_s: float | None = None,
+                  step_overhead: StepOverhead = DEFAULT_STEP_OVERHEAD,
+                  client_overhead: ClientOverhead = ClientOverhead()) -> OpProfile:
+    shape = model_shape(model)
+    operators = derive(tables, shape, tp, dtype, kv_cache_dtype, nvlink_bytes_per_s)
+    source = dict(tables.source, origin=ORIGIN)
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return OpProfile(model_name, shape, hardware, tp, dtype, kv_cache_dtype, source, operators, step_overhead,
+                     client_overhead, created)
+
+
+def save_op_profile(profile: OpProfile, path: str | Path) -> None:
+    """One key per line, the operator curves compact (a committed profile stays ~15 KB)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = profile.to_json()
+    operators = data.pop("operators")
+    head = json.dumps(data, indent=1)
+    path.write_text(head[:-2] + ',\n "operators": ' + json.dumps(operators, separators=(",", ":")) + "\n}\n")
+
+
+def is_op_profile(data: dict) -> bool:
+    return isinstance(data, dict) and data.get("kind") == KIND
+
+
+def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
+    """An `OpProfile` from a profile's parsed JSON; `path` names it in errors."""
+    if data.get("format") != PROFILE_FORMAT or data.get("version") != PROFILE_VERSION or not is_op_profile(data):
+        raise ServesimError(f"{path}: not a servesim operator-table profile (format {PROFILE_FORMAT}, "
+                            f"version {PROFILE_VERSION}, kind {KIND})")
+    try:
+        so, co = data["step_overhead"], data["client_overhead"]
+        profile = OpProfile(str(data["model"]), model_shape(data["model_config"]),
+                            data.get("hardware"), int(data["tp"]), str(data["dtype"]), str(data["kv_cache_dtype"]),
+                            dict(data["source"]), dict(data["operators"]),
+                            StepOverhead(float(so["seconds"]), str(so["source"])),
+                            ClientOverhead(float(co["fixed_s"]), float(co["per_prompt_token_s"]), str(co["source"])),
+                            str(data.get("created", "")))
+        profile.op_model()  # refuses curves that do not fit the model, TP or dtype
+    except KeyError as e:
+        raise ServesimError(f"{path}: the profile has no field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ServesimError(f"{path}: a profile field has the wrong type ({e})") from None
+    except ServesimError as e:
+        raise ServesimError(f"{path}: {e}") from None
+    return profile
+
+
+def load_op_profile(path: str | Path) -> OpProfile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ServesimError(f"{path}: no such profile (make one with `sim calibrate --from-ops`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ServesimError(f"{path}: cannot read the profile: {e}") from None
+    return op_profile_from_json(data, path)

@@ -1,0 +1,178 @@
+"""Per-request outcomes, streamed: the requests table written in batches, the summary's counters and
+latency sketches updated as requests leave the engine, so memory does not grow with the trace.
+
+A replay reports each request once, when it finishes or is rejected, with its position in the
+trace's arrival order (and, if it finished, its inter-token gaps). Requests finish out of order;
+a reorder buffer holds each outcome until every earlier position has been reported, so the table
+and the sketches see the requests in arrival order, exactly as a table built at the end would.
+The buffer holds only the requests that finished while an earlier one was still in the engine.
+
+Columns (vLLM's serving-benchmark definitions; times in seconds from the first arrival):
+request_id, arrival_s, prompt_tokens, output_tokens, status, first_scheduled_s, first_token_s,
+finish_s, num_preemptions, prefix_hit_tokens, reject_reason, ttft_s, e2e_s, tpot_s,
+scheduling_delay_s. A missing time is NaN. Goodput counts the finished requests within every limit of the SLO
+(sim.config.SLO: ttft, tpot, e2e, scheduling delay and tbt, a request's longest gap between tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from reports.quantiles import EXACT_LIMIT, StreamingQuantiles
+from reports.run_tables import TableWriter
+from sim.config import SLO
+
+REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "status", "first_scheduled_s",
+                   "first_token_s", "finish_s", "num_preemptions", "prefix_hit_tokens", "reject_reason",
+                   "ttft_s", "e2e_s", "tpot_s", "scheduling_delay_s")
+LATENCIES = ("ttft", "tpot", "e2e", "scheduling_delay")  # per finished request; ITL is per token gap
+SLO_METRICS = {"delay": "scheduling_delay", "tbt": "tbt"}  # an SLO key's metric, where the names differ
+BATCH_ROWS = 65536  # outcomes per batch (a row group of the Parquet table)
+GAP_BATCH = 1 << 20  # inter-token gaps sketched at a time
+FINISHED = "finished"
+REJECTED = "rejected"
+
+
+class RequestOutcomes:
+    """Collects outcomes; `writer` (optional) receives the requests table batch by batch."""
+
+    def __init__(self, slo: SLO | None = None, writer: TableWriter | None = None, batch_rows: int = BATCH_ROWS,
+                 exact_limit: int = EXACT_LIMIT, extra_columns: tuple[str, ...] = ()):
+        """`extra_columns`: more columns of the requests table, after the standard ones (a cluster's
+        replica of each request), their values given to `add`."""
+        self.slo = slo or SLO()
+        self.extra_columns = extra_columns
+        self.writer = writer
+        self.batch_rows = batch_rows
+        self.sketches = {name: StreamingQuantiles(exact_limit) for name in LATENCIES}
+        self.itl = StreamingQuantiles(exact_limit)
+        self.num_requests = 0
+        self.num_completed = 0
+        self.num_rejected = 0
+        self.num_good = 0  # completed within every SLO
+        self.total_prompt_tokens = 0  # of completed requests
+        self.total_output_tokens = 0
+        self.first_arrival_s = math.inf
+        self.last_finish_s = -math.inf  # of completed requests
+        self.reject_reasons: dict[str, int] = {}  # digits replaced by N, in order of first appearance
+        self._pending: dict[int, tuple] = {}  # position -> (row, gaps), waiting for earlier positions
+        self._next_position = 0
+        self._rows: list[tuple] = []
+        self._gaps: list[np.ndarray] = []  # inter-token gaps of the rows taken, not yet sketched
+        self._num_gaps = 0
+
+    def add(self, position: int, request, gaps: np.ndarray | None = None, extra: tuple = ()) -> None:
+        """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order;
+        `extra`: its values of `extra_columns`."""
+        longest_gap = float(gaps.max()) if gaps is not None and len(gaps) else None  # for a tbt SLO
+        row = (request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
+               request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
+               request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "", longest_gap,
+               *extra)
+        if position != self._next_position:
+            self._pending[position] = (row, gaps)
+            return
+        self._take(row, gaps)
+        pending = self._pending
+        while self._next_position in pending:
+            self._take(*pending.pop(self._next_position))
+
+    def _take(self, row: tuple, gaps: np.ndarray | None) -> None:
+        self._rows.append(row)
+        if gaps is not None and len(gaps):
+            self._gaps.append(gaps)
+            self._num_gaps += len(gaps)
+            if self._num_gaps >= GAP_BATCH:
+                self._sketch_gaps()
+        self._next_position += 1
+        if len(self._rows) >= self.batch_rows:
+            self._flush()
+
+    def _sketch_gaps(self) -> None:
+        if self._gaps:
+            self.itl.add(np.concatenate(self._gaps))
+            self._gaps, self._num_gaps = [], 0
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s", *self.extra_columns), zip(*self._rows)))
+        self._rows = []
+        arrival = np.array(columns["arrival_s"], dtype=np.float64)
+        output = np.array(columns["output_tokens"], dtype=np.int64)
+        times = {name: np.array(columns[name], dtype=np.float64)  # None -> NaN
+                 for name in ("first_scheduled_s", "first_token_s", "finish_s", "longest_gap_s")}
+        ttft = times["first_token_s"] - arrival
+        e2e = times["finish_s"] - arrival
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+        latencies = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "scheduling_delay": times["first_scheduled_s"] - arrival,
+                     "tbt": times.pop("longest_gap_s")}
+        if self.writer is not None:
+            table = {name: columns[name] for name in REQUEST_COLUMNS[:11]}
+            table.update(arrival_s=arrival, output_tokens=output, **times)
+            table.update({f"{name}_s": latencies[name] for name in ("ttft", "e2e", "tpot", "scheduling_delay")})
+            table.update({name: np.asarray(columns[name]) for name in self.extra_columns})
+            self.writer.write(table)
+        self._count(columns, arrival, output, times["finish_s"], latencies)
+
+    def _count(self, columns: dict, arrival: np.ndarray, output: np.ndarray, finish: np.ndarray,
+               latencies: dict[str, np.ndarray]) -> None:
+        status = np.array(columns["status"])
+        done = status == FINISHED
+        self.num_requests += len(status)
+        self.num_completed += int(done.sum())
+        self.first_arrival_s = min(self.first_arrival_s, float(arrival.min()))
+        if done.any():
+            self.last_finish_s = max(self.last_finish_s, float(finish[done].max()))
+        self.total_output_tokens += int(output[done].sum())
+        self.total_prompt_tokens += int(np.array(columns["prompt_tokens"], dtype=np.int64)[done].sum())
+        for name in LATENCIES:
+            self.sketches[name].add(latencies[name][done])
+        self._sketch_gaps()
+        good = done.copy()
+        for name, limit in self.slo.limits().items():
+            values = latencies[SLO_METRICS.get(name, name)]
+            good &= np.isnan(values) | (values <= limit)  # TPOT and TBT are undefined for one-token outputs
+        self.num_good += int(good.sum())
+        for reason in np.array(columns["reject_reason"], dtype=object)[status == REJECTED].tolist():
+            self.num_rejected += 1
+            key = re.sub(r"\d+", "N", reason)
+            self.reject_reasons[key] = self.reject_reasons.get(key, 0) + 1
+
+    def close(self) -> None:
+        """Write what is left; every position from 0 up must have been reported."""
+        if self._pending:
+            raise RuntimeError(f"internal error: request outcomes missing before position {min(self._pending)}")
+        self._flush()
+        if self.writer is not None:
+            self.writer.close()
+
+    def duration_s(self, start_s: float | None = None) -> float:
+        """`start_s` (default: the first arrival) to the last finish; 0 when nothing finished."""
+        start = self.first_arrival_s if start_s is None else start_s
+        return self.last_finish_s - start if self.num_completed else 0.0
+
+    def reject_reason_counts(self) -> dict[str, int]:
+        """Rejections by reason, most frequent first, as pandas' value_counts orders them."""
+        if not self.reject_reasons:
+            return {}
+        import pandas as pd
+
+        counts = pd.Series(self.reject_reasons, dtype=np.int64).sort_values(ascending=False)
+        return {k: int(v) for k, v in counts.items()}
+
+
+def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None) -> RequestOutcomes:
+    """The outcomes of a finished in-memory replay (`SimResult`, with every token time)."""
+    outcomes = RequestOutcomes(slo, writer)
+    for position, r in enumerate(result.requests):
+        gaps = None
+        if r.finish_s is not None and r.max_tokens > 1:
+            gaps = np.diff(result.tokens_of(position))
+        outcomes.add(position, r, gaps)
+    outcomes.close()
+    return outcomes

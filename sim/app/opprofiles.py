@@ -1,0 +1,110 @@
+"""Which cost model a run uses: `--profile roofline`, a profile file, or the committed operator-table
+profile that matches the run; and `sim calibrate --from-ops`, which writes such profiles.
+
+Committed operator-table profiles live in profiles/ops/, one per (hardware, model, TP, dtype, KV
+dtype), named `<hardware>__<model>__tp<N>__<dtype>__kv-<kv dtype>.json`. A run without --profile
+whose model (by its shapes), hardware, --tp, --dtype and --kv-cache-dtype match one of them uses
+it, and summary.json names it (options.profile); `--profile roofline` forces the datasheet roofline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from backends.opprofile import OpProfile, is_op_profile, model_shape, op_profile_from_json
+from sim.errors import ServesimError
+
+ROOFLINE = "roofline"
+OPS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "ops"
+
+
+def kv_name(kv_cache_dtype: str) -> str:
+    """The KV dtype a profile names: the run's `auto` is bf16."""
+    return "bf16" if kv_cache_dtype == "auto" else kv_cache_dtype
+
+
+def profile_file_name(hardware: str, model: str, tp: int, dtype: str, kv_cache_dtype: str) -> str:
+    return f"{hardware}__{model}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}.json"
+
+
+def read_profile_json(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ServesimError(f"{path}: no such profile (make one with `sim calibrate`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ServesimError(f"{path}: cannot read the profile: {e}") from None
+
+
+def check_matches(profile: OpProfile, path, model, hardware, tp: int, dtype: str, kv_cache_dtype: str) -> None:
+    """Refuse an operator-table profile derived for another model shape, GPU, TP degree or dtype."""
+    wanted = {"tp": tp, "dtype": dtype, "kv_cache_dtype": kv_name(kv_cache_dtype)}
+    for field, value in wanted.items():
+        if getattr(profile, field) != value:
+            raise ServesimError(f"{path} was derived for {field} {getattr(profile, field)}, not {value}; derive one "
+                                f"with `sim calibrate --from-ops ... --{field.replace('_', '-')} {value}`")
+    if profile.model_config != model_shape(model):
+        raise ServesimError(f"{path} was derived for model {profile.model}, whose shapes differ from {model.name}'s")
+    if profile.hardware is not None and profile.hardware != hardware.name:
+        raise ServesimError(f"{path} was derived from {profile.source.get('system')} tables for {profile.hardware}, "
+                            f"not {hardware.name}")
+
+
+def matching_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
+                     folder: Path = OPS_DIR) -> tuple[OpProfile, Path] | None:
+    """The committed operator-table profile for this deployment, if there is one."""
+    pattern = profile_file_name(hardware.name, "*", tp, dtype, kv_cache_dtype)
+    for path in sorted(folder.glob(pattern)):
+        data = read_profile_json(path)
+        if is_op_profile(data) and {k: data["model_config"].get(k) for k in model_shape(model)} == model_shape(model):
+            return op_profile_from_json(data, path), path
+    return None
+
+
+def cmd_from_ops(args) -> int:
+    """`sim calibrate --from-ops DIR --system S --model M [--hardware H] [--tp N] [--dtype D] --out P`."""
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+    from backends.opprofile import build_profile, save_op_profile
+    from backends.optables import load_tables
+    from sim.app.outputs import check_file_destination
+
+    out = Path(args.out)
+    if out.suffix != ".json":
+        raise ServesimError(f"--out {out}: a profile is a .json file")
+    check_file_destination(out, (args.from_ops,))
+    if args.system is None:
+        raise ServesimError("--from-ops needs --system, the tables' system name (e.g. h100_sxm)")
+    model = resolve_model(args.model)
+    hardware = resolve_hardware(args.hardware) if args.hardware else None
+    if args.tp > 1 and hardware is None:
+        raise ServesimError(f"--tp {args.tp} needs --hardware (its NVLink bandwidth prices the large all-reduces)")
+    tables = load_tables(args.from_ops, args.system, args.framework)
+    profile = build_profile(tables, model.name, model, None if hardware is None else hardware.name, args.tp,
+                            args.dtype, kv_name(args.kv_cache_dtype),
+                            nvlink_bytes_per_s=None if hardware is None else hardware.nvlink_bandwidth)
+    save_op_profile(profile, out)
+    if not args.quiet:
+        print(format_op_profile(profile))
+        print(f"wrote {out}")
+    return 0
+
+
+def format_op_profile(profile: OpProfile) -> str:
+    """A few lines: what the profile is and some of its step times."""
+    import numpy as np
+
+    src = profile.source
+    ops = profile.op_model()
+    lines = [f"{profile.model} on {src['system']} ({src['device']}), {src['framework']} {src['framework_version']} "
+             f"tables: TP {profile.tp}, {profile.dtype} weights, {profile.kv_cache_dtype} KV cache"]
+    for batch in (1, 8, 64):
+        seconds = ops.total(ops.decode_steps(np.array([batch]), np.array([batch * 2048])))[0]
+        lines.append(f"  decode step, {batch} requests at 2048 tokens: {seconds * 1e3:.2f} ms")
+    for tokens in (512, 2048, 8192):
+        parts = ops.step_parts([tokens], [tokens], 1)
+        lines.append(f"  prefill step of {tokens} tokens: {sum(parts.values()) * 1e3:.2f} ms")
+    lines += [f"  note: {note}" for note in profile.operators["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""`sim validate MEASURED.csv --ops DIR [--models DIR] --out DIR`: measured deployments against servesim.
+
+MEASURED.csv has the columns of AIConfigurator's silicon file (../shared/gpu-data/aiconfigurator/
+silicon_llama3.1.csv): one row per benchmark of a real deployment. For every row servesim can
+express (aggregated serving, pp_size 1, bf16 or fp8 weights, a system with operator tables in DIR,
+a model it can read) it builds the operator-table profile of (system, model, TP, precision) once,
+simulates the row's closed-loop benchmark and compares mean TTFT and TPOT. A row it cannot
+express is skipped with its reason, never guessed.
+
+The benchmark, as the rows were measured (InferenceMAX's client, github.com/InferenceMAX,
+`benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts 10 x C
+--max-concurrency C --request-rate inf --ignore-eos`, and its vLLM server flags
+`--max-num-seqs C --max-num-batched-tokens 8192 --no-enable-prefix-caching`): 10 x C requests,
+all created at once, C in flight; prompt and output lengths uniform integers in
+[int(0.8 x ISL), ISL] and [int(0.8 x OSL), OSL] (its `sample_random_requests`); the row's
+`batch_size` is C unless its `silicon_data_source` says `silicon_concurrency=` (trusted, as the
+file's SOURCES.md says). TTFT is client-side, as the benchmark measured it: a request passes the
+API server (one at a time, the profile's `client_overhead`) before the engine sees it, and its TTFT
+counts from its send. TPOT is (E2E - TTFT) / (output - 1), the mean over requests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from backends.opbackend import OpTableBackend
+from backends.opprofile import ClientOverhead, build_profile
+from backends.optables import load_tables, systems_in
+from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_write_text
+from sim.app.plan import resolve
+from sim.arrivals import ClosedLoop, simulate
+from sim.config import CacheConfig, SchedulerConfig
+from sim.engine import Engine, TokenTimes
+from sim.errors import ServesimError
+from sim.request import Request
+
+REQUIRED = ("id", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",
+            "batch_size", "tp_size", "pp_size", "silicon_ttft_ms", "silicon_tpot_ms")
+SYSTEM_HARDWARE = {"h100_sxm": "H100-SXM", "h200_sxm": "H200"}  # operator-table systems -> hardware presets
+GROUP = ("system", "model", "backend", "backend_version", "precision")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How the measured benchmarks were run (see the module docstring)."""
+
+    range_ratio: float = 0.8
+    prompts_per_client: int = 10
+    max_num_batched_tokens: int = 8192
+    seed: int = 0
+    kv_cache_dtype: str = "auto"  # the rows do not say; vLLM's default is auto (the activations' bf16)
+    async_scheduling: bool = True  # vLLM's default since 0.14 (and InferenceMAX's --async-scheduling)
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose auto or fp8")
+        if not 0.0 < self.range_ratio <= 1.0:
+            raise ServesimError(f"--range-ratio must be in (0, 1], got {self.range_ratio}")
+        if self.prompts_per_client < 1:
+            raise ServesimError(f"--prompts-per-client must be at least 1, got {self.prompts_per_client}")
+
+    def lengths(self, isl: int, osl: int, num_prompts: int) -> tuple[list[int], list[int]]:
+        rng = np.random.default_rng(self.seed)
+        isls = rng.integers(max(int(isl * self.range_ratio), 1), isl + 1, size=num_prompts)
+        osls = rng.integers(max(int(osl * self.range_ratio), 1), osl + 1, size=num_prompts)
+        return isls.tolist(), osls.tolist()
+
+
+class ThroughApiServer(ClosedLoop):
+    """vLLM's benchmark client in front of vLLM's API server: a request is sent when it has a slot,
+    and reaches the engine once the API server (one request at a time, in send order) has taken
+    `client.seconds(prompt tokens)` over it. `sent_s` keeps the sends, where client TTFT starts.
+
+    With `async_scheduling` the engine core schedules step k + 1 while the GPU runs step k
+    (vllm/v1/core/sched/async_scheduler.py, AsyncScheduler; vllm/v1/engine/core.py,
+    step_with_batch_queue): a request that arrives during step k is first seen when step k + 2 is
+    scheduled, at the start of step k + 1, so it waits one step more than with synchronous
+    scheduling. An idle engine has nothing in flight and sees an arrival at once."""
+
+    def __init__(self, requests, created_s, concurrency, engine, client: ClientOverhead,
+                 async_scheduling: bool = True):
+        super().__init__(requests, created_s, concurrency, engine)
+        self.client = client
+        self.async_scheduling = async_scheduling
+        self.sent_s: dict[int, float] = {}
+        self._server_free_s = 0.0
+        self._last_schedule_s = 0.0  # when the engine last asked for arrivals (scheduled a step)
+
+    def deliver(self, now: float) -> None:
+        pipelined = self.async_scheduling and bool(self.engine.state.running)
+        horizon = self._last_schedule_s if pipelined else now
+        self._last_schedule_s = now
+        self._now = now
+        self._catch_up(now)
+        while self._sent and self._sent[0].arrival_s <= horizon:
+            self.engine.submit(self._sent.pop(0))
+
+    def _send(self, at: float) -> None:
+        super()._send(at)
+        r = self._sent[-1]
+        self.sent_s[r.index] = at
+        self._server_free_s = max(self._server_free_s, at) + self.client.seconds(r.num_prompt_tokens)
+        r.arrival_s = self._server_free_s
+
+
+def read_measured(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in ("isl", "osl", "batch_size")})
+    except (OSError, ValueError) as e:
+        raise ServesimError(f"{path}: cannot read the measured deployments: {e}") from None
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise ServesimError(f"{path}: lacks column(s) {', '.join(missing)}")
+    source = frame.get("silicon_data_source", pd.Series([""] * len(frame))).astype(str)
+    stated = source.str.extract(r"silicon_concurrency=(\d+)")[0]
+    frame["concurrency"] = np.where(stated.notna(), pd.to_numeric(stated, errors="coerce"), frame["batch_size"])
+    return frame
+
+
+def model_source(model_path: str, models_dir: str | Path | None) -> str | None:
+    """A config.json folder under --models for `model_path`, else the preset its name names
+    (org and -Instruct / -FP8 suffixes dropped), else None."""
+    from backends.presets import MODELS
+
+    if models_dir is not None and (Path(models_dir) / model_path / "config.json").is_file():
+        return str(Path(models_dir) / model_path)
+    name = re.sub(r"(-instruct|-fp8)+$", "", model_path.split("/")[-1], flags=re.IGNORECASE)
+    return next((p for p in MODELS if p.lower() == name.lower()), None)
+
+
+def skip_reason(row, systems: list[str], models_dir) -> str | None:
+    if str(row["mode"]) != "agg":
+        return f"mode {row['mode']}: disaggregated serving (prefill and decode workers) is not simulated"
+    if int(row["pp_size"]) != 1:
+        return f"pipeline parallelism (pp_size {row['pp_size']}) is not simulated"
+    if str(row["precision"]) not in ("", "fp8", "bf16"):
+        return f"precision {row['precision']}: no operator tables for it"
+    if row["system"] not in systems:
+        return f"no operator tables for system {row['system']} (tables for {', '.join(systems) or 'none'})"
+    if row["system"] not in SYSTEM_HARDWARE:
+        return f"no hardware preset for system {row['system']}"
+    if model_source(str(row["model_path"]), models_dir) is None:
+        return f"no config for {row['model_path']}: give --models DIR holding {row['model_path']}/config.json"
+    return None
+
+
+def predict_row(row, profile, protocol: Protocol) -> dict:
+    """Simulate one measured benchmark with an operator-table profile."""
+    c, isl, osl = int(row["concurrency"]), int(row["isl"]), int(row["osl"])
+    n = protocol.prompts_per_client * c
+    options = ReplayOptions(
+        scheduler=SchedulerConfig("chunked", max(protocol.max_num_batched_tokens, c), c, isl + osl),
+        cache=CacheConfig(enable_prefix_caching=False), model=row["model_source"],
+        hardware=SYSTEM_HARDWARE[row["system"]], tp=profile.tp, dtype=profile.dtype,
+        kv_cache_dtype=protocol.kv_cache_dtype, seed=protocol.seed)
+    plan = resolve(options, backend=OpTableBackend(profile.op_model(), device=profile.source["system"]))
+    isls, osls = protocol.lengths(isl, osl, n)
+    requests = [Request(i, f"validate-{i}", 0.0, a, b) for i, (a, b) in enumerate(zip(isls, osls))]
+    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
+    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, protocol.async_scheduling)
+    result = simulate(engine, workload)
+    done = [r for r in result.requests if r.finish_s is not None]
+    rejected = [r for r in result.requests if r.reject_reason is not None]
+    if rejected:
+        raise ServesimError(f"{len(rejected)} of {n} requests rejected: {rejected[0].reject_reason}")
+    ttft = np.mean([r.first_token_s - workload.sent_s[r.index] for r in done])
+    ttft_engine = np.mean([r.first_token_s - r.arrival_s for r in done])
+    tpot = np.mean([(r.finish_s - r.first_token_s) / (r.max_tokens - 1) for r in done if r.max_tokens > 1])
+    return {"predicted_ttft_ms": 1e3 * ttft, "predicted_tpot_ms": 1e3 * tpot,
+            "predicted_engine_ttft_ms": 1e3 * ttft_engine, "num_gpu_blocks": plan.num_blocks,
+            "num_preemptions": result.num_preemptions}
+
+
+def mape(measured, predicted) -> float:
+    measured, predicted = np.asarray(measured, dtype=float), np.asarray(predicted, dtype=float)
+    return float(np.mean(np.abs(predicted / measured - 1.0)) * 100.0)
+
+
+def summarize(rows: pd.DataFrame, skipped: list[dict]) -> dict:
+    """validate.json: per group and over all rows, MAPE in percent."""
+    groups = []
+    if len(rows):
+        for key, g in rows.groupby(list(GROUP), sort=True):
+            groups.append({**dict(zip(GROUP, key)), "rows": len(g),
+                           "ttft_mape": mape(g["measured_ttft_ms"], g["predicted_ttft_ms"]),
+                           "tpot_mape": mape(g["measured_tpot_ms"], g["predicted_tpot_ms"])})
+    overall = {"rows": len(rows),
+               "ttft_mape": mape(rows["measured_ttft_ms"], rows["predicted_ttft_ms"]) if len(rows) else None,
+               "tpot_mape": mape(rows["measured_tpot_ms"], rows["predicted_tpot_ms"]) if len(rows) else None}
+    return {"groups": groups, "all": overall, "skipped": skipped}
+
+
+def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol = Protocol(),
+             progress=None) -> dict:
+    """Run every expressible row; write validate.csv, validate.json and report.html to out_dir."""
+    frame = read_measured(measured_csv)
+    systems = systems_in(ops_dir)
+    tables, profiles, out, skipped = {}, {}, [], []
+    for i, row in frame.iterrows():
+        reason = skip_reason(row, systems, models_dir)
+        if reason is None:
+            row = row.copy()
+            row["model_source"] = model_source(str(row["model_path"]), models_dir)
+            dtype = "fp8" if row["precision"] == "fp8" else "bf16"
+            key = (row["system"], row["model_source"], int(row["tp_size"]), dtype)
+            try:
+                if key not in profiles:
+                    from backends.hardware import resolve_hardware
+                    from backends.model_config import resolve_model
+
+                    if row["system"] not in tables:
+                        tables[row["system"]] = load_tables(ops_dir, row["system"])
+                    hardware = resolve_hardware(SYSTEM_HARDWARE[row["system"]])
+                    model = resolve_model(row["model_source"])
+                    kv = "bf16" if protocol.kv_cache_dtype == "auto" else protocol.kv_cache_dtype
+                    profiles[key] = build_profile(tables[row["system"]], model.name, model, hardware.name, key[2],
+                                                  dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth)
+                prediction = predict_row(row, profiles[key], protocol)
+            except ServesimError as e:
+                reason = str(e)
+        if reason is not None:
+            skipped.append({"id": str(row["id"]), "reason": reason})
+            continue
+        measured_ttft, measured_tpot = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
+        out.append({"id": row["id"], **{g: row[g] if g != "model" else row["model_path"] for g in GROUP},
+                    "tp": int(row["tp_size"]), "isl": int(row["isl"]), "osl": int(row["osl"]),
+                    "concurrency": int(row["concurrency"]), "measured_ttft_ms": measured_ttft,
+                    "predicted_ttft_ms": prediction["predicted_ttft_ms"],
+                    "ttft_error_pct": 100 * (prediction["predicted_ttft_ms"] / measured_ttft - 1),
+                    "measured_tpot_ms": measured_tpot, "predicted_tpot_ms": prediction["predicted_tpot_ms"],
+                    "tpot_error_pct": 100 * (prediction["predicted_tpot_ms"] / measured_tpot - 1),
+                    "predicted_engine_ttft_ms": prediction["predicted_engine_ttft_ms"],
+                    "num_gpu_blocks": prediction["num_gpu_blocks"], "num_preemptions": prediction["num_preemptions"]})
+        if progress is not None:
+            progress(len(out), len(skipped), len(frame))
+    rows = pd.DataFrame(out, columns=["id", *GROUP, "tp", "isl", "osl", "concurrency", "measured_ttft_ms",
+                                      "predicted_ttft_ms", "ttft_error_pct", "measured_tpot_ms", "predicted_tpot_ms",
+                                      "tpot_error_pct", "predicted_engine_ttft_ms", "num_gpu_blocks",
+                                      "num_preemptions"])
+    summary = summarize(rows, skipped)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "validate.csv", rows.to_csv(index=False))
+    atomic_write_text(out_dir / "validate.json", json.dumps(summary, indent=2) + "\n")
+    from reports.validate_report import validate_report_html
+
+    atomic_write_text(out_dir / "report.html", validate_report_html(rows, summary, protocol, Path(measured_csv).name))
+    return summary

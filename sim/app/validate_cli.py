@@ -1,0 +1,71 @@
+"""`sim validate`: its command line (the work is sim/app/validate.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from sim.app.validate import Protocol, validate
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    protocol = Protocol(args.range_ratio, args.prompts_per_client, args.max_num_batched_tokens, args.seed,
+                        args.kv_cache_dtype, not args.sync_scheduling)
+    started = time.perf_counter()
+    show = sys.stderr.isatty() and not args.quiet
+
+    def progress(done: int, skipped: int, total: int) -> None:
+        if show:
+            print(f"\r{done} simulated, {skipped} skipped of {total} rows", end="", file=sys.stderr, flush=True)
+
+    from sim.app.outputs import claim_folder
+
+    with claim_folder(args.out, overwrite=args.overwrite):  # checked and locked before any work
+        summary = validate(args.measured, args.ops, args.out, args.models, protocol, progress)
+    if show:
+        print(file=sys.stderr)
+    if not args.quiet:
+        print(f"{'system':<10}{'model':<36}{'backend':<9}{'version':<13}{'precision':<10}{'rows':>5}"
+              f"{'TTFT MAPE':>11}{'TPOT MAPE':>11}")
+        for g in summary["groups"]:
+            print(f"{g['system']:<10}{g['model']:<36}{g['backend']:<9}{g['backend_version']:<13}"
+                  f"{g['precision'] or '-':<10}{g['rows']:>5}{g['ttft_mape']:>10.1f}%{g['tpot_mape']:>10.1f}%")
+        a = summary["all"]
+        if a["rows"]:
+            print(f"{'all':<78}{a['rows']:>5}{a['ttft_mape']:>10.1f}%{a['tpot_mape']:>10.1f}%")
+        print(f"{len(summary['skipped'])} rows skipped (reasons in validate.json); "
+              f"{time.perf_counter() - started:.0f} s; wrote {args.out}/")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "validate", help="simulate measured deployments and compare TTFT and TPOT",
+        description="For every row of MEASURED.csv (AIConfigurator's silicon format) that servesim can express, "
+                    "derive the operator-table profile of its system, model, TP and precision from --ops, "
+                    "simulate its closed-loop benchmark and compare mean TTFT (client-side) and TPOT. Writes "
+                    "validate.csv, validate.json and report.html to --out.")
+    p.add_argument("measured", metavar="MEASURED.csv", help="measured deployments, e.g. "
+                                                            "../shared/gpu-data/aiconfigurator/silicon_llama3.1.csv")
+    p.add_argument("--ops", required=True, metavar="DIR", help="folder of operator tables (see sim calibrate --from-ops)")
+    p.add_argument("--models", default=None, metavar="DIR",
+                   help="Hugging Face-style folders DIR/ORG/NAME/config.json for the rows' model_path (default: "
+                        "presets, by name)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files")
+    p.add_argument("--range-ratio", type=float, default=0.8, metavar="R",
+                   help="prompt and output lengths uniform in [R x ISL, ISL] and [R x OSL, OSL] (default: 0.8, "
+                        "InferenceMAX's client; 1: fixed lengths)")
+    p.add_argument("--prompts-per-client", type=int, default=10, metavar="K",
+                   help="requests per benchmark: K x concurrency (default: 10, as InferenceMAX)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N",
+                   help="the servers' token budget per step (default: 8192, vLLM's on H100/H200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the lengths (default: 0)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                   help="the deployments' KV cache, which the rows do not state (default: auto, bf16)")
+    p.add_argument("--sync-scheduling", action="store_true",
+                   help="schedule each step after the last ends (vLLM before 0.14 without --async-scheduling); "
+                        "default: asynchronous, a new request waits one step more")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=cmd_validate)

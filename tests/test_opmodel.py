@@ -1,0 +1,201 @@
+"""Operator-table cost model on synthetic tables: interpolation, derivation, step sums, decode runs,
+profiles and errors (no GPU data needed; see tests/optables_fixture.py for the closed forms)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.interp import fill_rows_by_scaling, interp_loglog, interp_loglog_2d
+from backends.opbackend import OpTableBackend
+from backends.opderive import derive, gemm_shapes
+from backends.opmodel import OperatorModel, StepOverhead, padded_tokens
+from backends.opprofile import build_profile, load_op_profile, save_op_profile
+from backends.optables import load_tables
+from sim.batch import Batch
+from sim.errors import ServesimError
+from tests.optables_fixture import (
+    TINY,
+    ar_ms,
+    ctx_ms,
+    gemm_ms,
+    gen_ms,
+    table_set,
+    write_tables,
+)
+
+NVLINK = 450e9
+grids = st.lists(st.floats(1.0, 1e6), min_size=2, max_size=8, unique=True).map(sorted)
+
+
+@settings(max_examples=40, deadline=None)
+@given(grids, st.data())
+def test_interp_exact_on_grid_and_monotone_between(xs, data):
+    xs = np.array(xs)
+    ys = np.array(data.draw(st.lists(st.floats(1e-6, 1.0), min_size=len(xs), max_size=len(xs))))
+    t, scaled = interp_loglog(xs, xs, ys)
+    assert np.array_equal(t, ys) and not scaled.any()
+    i = data.draw(st.integers(0, len(xs) - 2))
+    between = np.geomspace(xs[i], xs[i + 1], 7)
+    t, _ = interp_loglog(between, xs, ys)
+    lo, hi = min(ys[i], ys[i + 1]), max(ys[i], ys[i + 1])
+    assert np.all((t >= lo * (1 - 1e-12)) & (t <= hi * (1 + 1e-12)))
+    steps = np.diff(t)
+    assert np.all(steps >= -1e-15) or np.all(steps <= 1e-15)
+
+
+def test_interp_worked_example_and_scaling_past_the_grid():
+    xs, ys = np.array([1.0, 100.0]), np.array([1.0, 10.0])
+    t, scaled = interp_loglog(np.array([10.0, 200.0, 0.5]), xs, ys, power=2.0)
+    assert t[0] == pytest.approx(10 ** 0.5, rel=1e-12)  # half-way in log x: the geometric mean
+    assert t[1] == 40.0 and t[2] == 1.0  # 10 x (200 / 100)^2; clamped below
+    assert scaled.tolist() == [False, True, True]
+
+
+def test_interp_2d_exact_on_grid_points():
+    xa, xb = np.array([1.0, 2.0, 4.0]), np.array([10.0, 100.0])
+    grid = np.array([[1.0, 3.0], [2.0, 5.0], [4.0, 9.0]])
+    a, b = np.meshgrid(xa, xb, indexing="ij")
+    t, scaled = interp_loglog_2d(a, b, xa, xb, grid)
+    assert np.array_equal(t, grid) and not scaled.any()
+    t, scaled = interp_loglog_2d(8.0, 100.0, xa, xb, grid, power_a=1.0)
+    assert t == 18.0 and scaled  # twice the batch of the last row
+
+
+def test_missing_cells_are_the_last_measured_row_scaled():
+    grid = np.array([[1.0, 2.0], [2.0, np.nan], [np.nan, np.nan]])
+    full, filled = fill_rows_by_scaling(np.array([1.0, 2.0, 4.0]), grid)
+    assert full.tolist() == [[1.0, 2.0], [2.0, 4.0], [4.0, 8.0]]
+    assert filled.tolist() == [[False, False], [False, True], [True, True]]
+
+
+def test_derived_gemm_curves_are_the_tables_rows_on_the_grid():
+    d = derive(table_set(), TINY)
+    for op, (n, k) in gemm_shapes(TINY, 1).items():
+        curve = d["gemm"][op]
+        expected = [gemm_ms(m, n, k) * 1e-3 for m in curve["m"]]
+        assert curve["seconds"] == expected  # exactly: on the grid nothing is recomputed
+
+
+def test_off_grid_shapes_interpolate_between_neighbours_and_split_past_the_grid():
+    model = dict(TINY, intermediate_size=181)  # gate-up n = 362: between 256 and 512
+    d = derive(table_set(), model)
+    m0 = d["gemm"]["gate_up"]["m"].index(1)
+    t0, t1 = gemm_ms(1, 256, 128) * 1e-3, gemm_ms(1, 512, 128) * 1e-3
+    w = math.log(362 / 256) / math.log(2)
+    assert d["gemm"]["gate_up"]["seconds"][m0] == pytest.approx(t0 * (t1 / t0) ** w, rel=1e-12)
+    big = derive(table_set(), dict(TINY, vocab_size=1536))  # LM head n = 1536: three GEMMs of 512
+    assert big["gemm"]["lm_head"]["seconds"][m0] == pytest.approx(3 * gemm_ms(1, 512, 128) * 1e-3, rel=1e-12)
+    assert any("lm_head n = 1536" in note for note in big["notes"])
+
+
+def op_model(tp=1, dtype="bf16", overhead=0.0):
+    derived = derive(table_set(), TINY, tp, dtype, nvlink_bytes_per_s=NVLINK)
+    return OperatorModel(derived, TINY, tp, dtype, "bf16", StepOverhead(overhead, "test"))
+
+
+def test_decode_step_is_the_sum_of_its_operators():
+    ops = op_model(overhead=1e-3)
+    parts = ops.step_parts([1, 1], [16, 16], 2)  # two decodes at KV length 16: table step 15
+    m = 2  # padded_tokens(2) == 2
+    gemms = sum(gemm_ms(m, n, k) for op, (n, k) in gemm_shapes(TINY, 1).items() if op != "lm_head")
+    assert parts["gemm"] == pytest.approx(2 * gemms * 1e-3, rel=1e-12)
+    assert parts["lm_head"] == pytest.approx(gemm_ms(2, 512, 128) * 1e-3, rel=1e-12)
+    assert parts["attention"] == pytest.approx(2 * gen_ms(2, 15) * 1e-3, rel=1e-12)
+    assert parts["allreduce"] == 0.0 and parts["overhead"] == 1e-3
+
+
+def test_prefill_chunk_is_priced_at_the_equivalent_prompt_length():
+    ops = op_model()
+    # 200 new tokens on 50 cached: 200 * 50 + 200 * 201 / 2 = 30100 query-key pairs = isl 244.86...
+    parts = ops.step_parts([200], [250], 1)
+    isl = (math.sqrt(8 * 30100 + 1) - 1) / 2
+    t0, t1 = ctx_ms(1, 64), ctx_ms(1, 256)
+    w = math.log(isl / 64) / math.log(4)
+    assert parts["attention"] == pytest.approx(2 * t0 * (t1 / t0) ** w * 1e-3, rel=1e-12)
+    # Two new tokens on 250 cached cost at least a decode reading those 252 tokens' K/V.
+    parts = ops.step_parts([2], [252], 1)
+    assert parts["attention"] == 2 * ops.decode_attention(1, 252.0)
+
+
+def test_tp2_halves_the_shapes_and_adds_the_tables_all_reduces():
+    assert gemm_shapes(TINY, 2) == {"qkv": (128, 128), "o": (128, 64), "gate_up": (256, 128), "down": (128, 128),
+                                    "lm_head": (256, 128)}
+    ops = op_model(tp=2)
+    parts = ops.step_parts([1] * 4, [16] * 4, 4)
+    # Two per layer and one for the embedding, 4 tokens x 128 x 2 bytes, in a CUDA graph; then
+    # the logits' all-gather, eager, as an all-reduce of half of 4 x 512 x 2 bytes.
+    expected = (2 * 2 + 1) * ar_ms(4 * 128 * 2) + ar_ms(4 * 512, graph=False)
+    assert parts["allreduce"] == pytest.approx(expected * 1e-3, rel=1e-12)
+    big = ops.allreduce(np.array([64 * 2**20]), np.array([False]))  # past 8 MiB: the NVLink ring
+    assert big[0] == pytest.approx(max(ar_ms(8 * 2**20, graph=False) * 1e-3, 64 * 2**20 / NVLINK), rel=1e-12)
+
+
+def test_fp8_uses_the_fp8_rows_except_the_lm_head():
+    d = derive(table_set(), TINY, dtype="fp8")
+    n, k = gemm_shapes(TINY, 1)["qkv"]
+    assert d["gemm"]["qkv"]["seconds"] == [gemm_ms(m, n, k, "fp8") * 1e-3 for m in d["gemm"]["qkv"]["m"]]
+    assert d["gemm"]["lm_head"]["dtype"] == "bf16"
+    assert d["gemm"]["lm_head"]["seconds"][0] == gemm_ms(1, 512, 128) * 1e-3
+
+
+def test_cuda_graph_padding():
+    assert padded_tokens(np.array([1, 3, 9, 255, 257, 512, 513])).tolist() == [1, 4, 16, 256, 272, 512, 513]
+
+
+def decode_batch(contexts, step):
+    b = Batch()
+    for i, c in enumerate(contexts):
+        b.add(str(i), c + step - 1, 1, [], needs_logits=True, is_decode=True)
+    return b
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=12), st.integers(2, 30), st.data(), st.sampled_from([1, 2]))
+def test_decode_run_equals_step_by_step(contexts, num_steps, data, tp):
+    be = OpTableBackend(op_model(tp=tp, overhead=2e-4))
+    active = data.draw(st.lists(st.integers(1, num_steps + 5), min_size=len(contexts), max_size=len(contexts)))
+    active[0] = num_steps + 5  # someone runs to the end
+    seconds, parts = be.decode_run(contexts, num_steps, active)
+    for j in range(num_steps):
+        running = [c for c, a in zip(contexts, active) if a > j]
+        result = be.execute(decode_batch(running, j))
+        assert result.seconds == seconds[j]  # exactly: the engine's fast-forward relies on it
+        for key, value in result.breakdown.items():
+            assert value == (parts[key][j] if np.ndim(parts[key]) else parts[key])
+
+
+def test_profile_round_trip_gives_the_same_step_times(tmp_path):
+    profile = build_profile(table_set(), "tiny", TINY, tp=2, nvlink_bytes_per_s=NVLINK)
+    save_op_profile(profile, tmp_path / "p.json")
+    loaded = load_op_profile(tmp_path / "p.json")
+    a, b = OpTableBackend(profile.op_model()), OpTableBackend(loaded.op_model())
+    q, c = np.array([[1, 1, 40], [1, 0, 0]]), np.array([[30, 900, 100], [7, 0, 0]])
+    assert np.array_equal(a.step_seconds(q, c, np.array([3, 1])), b.step_seconds(q, c, np.array([3, 1])))
+    assert loaded.source["system"] == "tiny_gpu" and loaded.source["framework_version"] == "0.24.0"
+
+
+def test_tables_load_from_csv_and_errors_name_the_file(tmp_path):
+    write_tables(tmp_path)
+    tables = load_tables(tmp_path, "tiny_gpu")
+    assert tables.device == "Synthetic GPU" and len(tables.gemm) == 2 * 8 * 16
+    with pytest.raises(ServesimError, match=r"no operator tables for h100_sxm .*tiny_gpu \(vllm-0\.24\.0\)"):
+        load_tables(tmp_path, "h100_sxm")
+    path = tmp_path / "tiny_gpu__vllm-0.24.0__gemm_perf.csv"
+    frame = __import__("pandas").read_csv(path).drop(columns=["m", "latency"])
+    frame.to_csv(path, index=False)
+    with pytest.raises(ServesimError, match=r"gemm_perf\.csv: the gemm table lacks column\(s\) m, latency"):
+        load_tables(tmp_path, "tiny_gpu")
+
+
+def test_unpriceable_configurations_are_refused():
+    with pytest.raises(ServesimError, match="does not divide the model's 4 attention heads"):
+        derive(table_set(), dict(TINY, intermediate_size=384), tp=3)
+    with pytest.raises(ServesimError, match="no all-reduce rows for 4 GPUs"):
+        derive(table_set(), dict(TINY, num_attention_heads=8, num_key_value_heads=4), tp=4, nvlink_bytes_per_s=NVLINK)
+    with pytest.raises(ServesimError, match="no context attention rows for 8 heads"):
+        derive(table_set(), dict(TINY, num_attention_heads=8, num_key_value_heads=2))

@@ -1,0 +1,170 @@
+"""Streamed request outcomes and run tables: the same table and summary as built at the end,
+whatever order requests finish in; Parquet and CSV tables read back to the same values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reports.metrics import inter_token_latencies, requests_table
+from reports.outcomes import REQUEST_COLUMNS, RequestOutcomes, outcomes_from_result
+from reports.run_tables import TableWriter, read_run_table, write_table
+from sim.app.cli import main
+from sim.app.replay import ReplayOptions, replay
+from sim.config import SLO, CacheConfig, SchedulerConfig
+from traces import AZURE_CONV_SAMPLE, read_trace
+from traces.transforms import apply
+
+
+@pytest.fixture(scope="module")
+def result():
+    """A replay with a rejection, one-token outputs and preemptions (a cache too small for 120 requests)."""
+    trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=120, max_model_len=None)
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_model_len=2600),
+                            cache=CacheConfig(num_blocks=400))
+    run = replay(trace, options)
+    assert run.num_preemptions > 0 and {r.status.value for r in run.requests} == {"finished", "rejected"}
+    return run
+
+
+def test_requests_csv_is_pandas_to_csv_of_the_whole_table(result, tmp_path):
+    outcomes_from_result(result, writer=TableWriter(tmp_path / "requests.csv", "csv"))
+    requests_table(result).to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "requests.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_outcomes_in_any_finishing_order_give_the_same_table_and_sketches(result, tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    in_order = outcomes_from_result(result, writer=TableWriter(tmp_path / "a" / "requests.parquet", "parquet"))
+    shuffled = RequestOutcomes(writer=TableWriter(tmp_path / "b" / "requests.parquet", "parquet"), batch_rows=7)
+    order = np.random.default_rng(1).permutation(len(result.requests))
+    for position in order.tolist():
+        r = result.requests[position]
+        gaps = np.diff(result.tokens_of(position)) if r.finish_s is not None else None
+        shuffled.add(position, r, gaps)
+    shuffled.close()
+    a, b = read_run_table(tmp_path / "a", "requests"), read_run_table(tmp_path / "b", "requests")
+    pd.testing.assert_frame_equal(a, b)
+    assert list(a.columns) == list(REQUEST_COLUMNS)
+    for name in ("ttft", "tpot", "e2e", "scheduling_delay"):
+        assert np.array_equal(in_order.sketches[name].values(), shuffled.sketches[name].values())
+    assert np.array_equal(shuffled.itl.values(), inter_token_latencies(result))
+
+
+def test_summary_figures_are_those_of_the_whole_table(result):
+    outcomes = outcomes_from_result(result, SLO(ttft=2.0, tpot=0.05))
+    frame = requests_table(result)
+    done = frame[frame["status"] == "finished"]
+    assert outcomes.num_completed == len(done) and outcomes.num_rejected == len(frame) - len(done)
+    assert outcomes.duration_s() == float(done["finish_s"].max() - frame["arrival_s"].min())
+    assert outcomes.total_output_tokens == done["output_tokens"].sum()
+    ttft = done["ttft_s"].to_numpy()
+    assert outcomes.sketches["ttft"].stats()["p90"] == float(np.percentile(ttft, 90))
+    tpot = done["tpot_s"].to_numpy()
+    good = (ttft <= 2.0) & (np.isnan(tpot) | (tpot <= 0.05))
+    assert outcomes.num_good == good.sum()
+    reasons = frame.loc[frame["status"] == "rejected", "reject_reason"].str.replace(r"\d+", "N", regex=True)
+    assert outcomes.reject_reason_counts() == reasons.value_counts().to_dict()
+
+
+def test_a_missing_outcome_is_an_error():
+    outcomes = RequestOutcomes()
+    outcomes.add(1, type("R", (), {"request_id": "x", "arrival_s": 0.0, "num_prompt_tokens": 1, "max_tokens": 1,
+                                   "status": type("S", (), {"value": "finished"}), "first_scheduled_s": 0.0,
+                                   "first_token_s": 0.1, "finish_s": 0.1, "num_preemptions": 0,
+                                   "num_prefix_hit_tokens": 0, "reject_reason": None})())
+    with pytest.raises(RuntimeError, match="missing before position 1"):
+        outcomes.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))), st.integers(-5, 10**12),
+                          st.sampled_from(["", "a,b", 'say "hi"', "plain"])), min_size=1, max_size=30),
+       st.integers(1, 8))
+def test_csv_batches_are_pandas_to_csv_byte_for_byte(tmp_path_factory, rows, chunk_rows):
+    folder = tmp_path_factory.mktemp("t")
+    columns = {"x": np.array([r[0] for r in rows]), "n": np.array([r[1] for r in rows], dtype=np.int64),
+               "text": [r[2] for r in rows]}
+    write_table(folder, "t", columns, "csv", chunk_rows=chunk_rows)
+    pd.DataFrame(columns).to_csv(folder / "pandas.csv", index=False)
+    assert (folder / "t.csv").read_bytes() == (folder / "pandas.csv").read_bytes()
+    write_table(folder, "t", columns, "parquet", chunk_rows=chunk_rows)
+    back = read_run_table(folder, "t")  # Parquet first
+    assert back["n"].tolist() == columns["n"].tolist() and back["text"].tolist() == columns["text"]
+    assert np.array_equal(back["x"].to_numpy(), columns["x"], equal_nan=True)
+
+
+def test_steps_table_formats(tmp_path):
+    sample = [str(AZURE_CONV_SAMPLE), "--limit", "40", "--quiet"]
+    for fmt in ("parquet", "csv", "none"):
+        assert main(["replay", *sample, "--out", str(tmp_path / fmt), "--steps", fmt, "--requests", "parquet"]) == 0
+    parquet, csv = read_run_table(tmp_path / "parquet", "steps"), pd.read_csv(tmp_path / "csv" / "steps.csv")
+    assert len(parquet) == json.loads((tmp_path / "parquet" / "summary.json").read_text())["num_steps"]
+    pd.testing.assert_frame_equal(parquet, csv, check_dtype=False)
+    assert not (tmp_path / "none" / "steps.parquet").exists() and not (tmp_path / "none" / "steps.csv").exists()
+    assert (tmp_path / "none" / "digest.json").read_bytes() == (tmp_path / "csv" / "digest.json").read_bytes()
+    assert len(read_run_table(tmp_path / "none", "requests")) == 40  # requests.parquet
+
+
+@pytest.mark.parametrize("steps,requests", [("parquet", "csv"), ("csv", "parquet")])
+def test_a_streamed_replay_writes_the_files_of_an_in_memory_one(tmp_path, steps, requests):
+    from sim.app.plan import resolve
+    from sim.app.replay import replay_to, write_run
+
+    trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=150, max_model_len=None)
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_model_len=2600),
+                            cache=CacheConfig(num_blocks=400), slo=SLO(ttft=1.0))
+    streamed = replay_to(tmp_path / "streamed", trace, resolve(options), steps, requests, step_batch_rows=37)
+    kept = write_run(tmp_path / "kept", replay(trace, options), options, trace, steps=steps, requests=requests,
+                     step_batch_rows=37)
+    assert streamed == kept and streamed["preemptions"] > 0 and streamed["rejected"] > 0
+    names = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "streamed").iterdir())
+    for name in names:
+        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "kept" / name).read_bytes(), name
+    assert len(read_run_table(tmp_path / "streamed", "steps")) == streamed["num_steps"] > 37
+
+
+def test_the_step_timeline_is_exact_then_binned():
+    from reports.digest import timeline
+    from reports.timeline import StepTimeline
+
+    starts = np.arange(1000.0)  # steps at whole seconds; value = start
+    exact, binned = StepTimeline(("x",)), StepTimeline(("x",), exact_steps=300)
+    for part in np.array_split(starts, 7):
+        exact.add(part, {"x": part})
+        binned.add(part, {"x": part})
+    assert exact.timeline(10) == timeline(starts, {"x": starts}, 10)
+    assert binned._kept is None and binned.num_steps == 1000
+    # Bins of 99.9 s: every step is at least 0.1 s past a bin edge, more than one fine bin
+    # (2 x 999 s / 65536), so each lands in its own bin: bin k holds the steps 100k .. 100k + 99
+    # (the first 0 .. 99, the last 900 .. 999), whose mean is 100k + 49.5.
+    got = binned.timeline(10)
+    assert got["start_s"] == pytest.approx([99.9 * k for k in range(10)])
+    assert got["x"] == pytest.approx([100 * k + 49.5 for k in range(10)])
+
+
+def test_a_step_log_with_a_sink_hands_over_whole_batches_of_the_same_rows():
+    from sim.step_log import StepLog
+
+    rng = np.random.default_rng(3)
+    kept, batches = StepLog(), []
+    spilled = StepLog(sink=lambda columns, first: batches.append((first, {k: v.copy() for k, v in columns.items()})),
+                      spill_rows=10)
+    for single in (rng.random(40) < 0.5).tolist():
+        for log in (kept, spilled):
+            if single:
+                log.append((1.0, 0.5, 3, 4, 5, 6, 7, 0), {"attention": 0.25})
+            else:  # a run: num_prefill_tokens and num_preemptions left out, so they stay 0
+                log.extend(7, {"start_s": np.arange(7.0), "seconds": 0.5, "num_decode_tokens": 2}, {"attention": 0.125})
+    spilled.spill()
+    assert len(spilled) == len(kept) and [first for first, _ in batches] == list(range(0, len(kept), 10))
+    assert all(len(b["start_s"]) == 10 for _, b in batches[:-1])
+    for name, values in kept.columns().items():
+        assert np.array_equal(np.concatenate([b[name] for _, b in batches]), values), name
