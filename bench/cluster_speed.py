@@ -1,7 +1,7 @@
 """Cluster replay speed: the whole Azure LLM inference 2023 conversation trace (19,366 requests,
-about an hour) on 1, 4 and 16 replicas (Llama-3.1-8B on H100-SXM, chunked, budget 2048), with the
-trace as it is and at N times its rate (each replica then carries about the hour's load). Each
-configuration runs in its own process.
+about an hour) on 1, 4 and 16 replicas (Llama-3.1-8B on H100-SXM with the datasheet roofline,
+chunked, budget 2048), with the trace as it is and at N times its rate (each replica then carries
+about the hour's load). Each configuration runs in its own process.
 
     python bench/cluster_speed.py [--trace FILE] [--router NAME] [--no-fast-forward] [--repeat N]
 
@@ -49,7 +49,7 @@ def one(trace_path: str, replicas: int, rate: float, router: str, fast_forward: 
 
     trace = scale_rate(read_trace(trace_path), rate)
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048),
-                            model="Llama-3.1-8B", hardware="H100-SXM",
+                            model="Llama-3.1-8B", hardware="H100-SXM", profile="roofline",
                             cluster=ClusterOptions(num_replicas=replicas, router=router))
     reference_s = reference_loop()
     started, cpu_started = time.perf_counter(), time.process_time()
