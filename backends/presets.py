@@ -1,34 +1,13 @@
-"""Hardware and model presets: plain data, no classes.
+"""Model presets: plain data, no classes.
 
-Model presets carry the Hugging Face `config.json` fields that decide a decoder step's cost
-and shapes. Hardware presets carry dense bf16 peak FLOP/s, HBM bandwidth and memory size
-(the total that nvidia-smi reports).
+Each carries the Hugging Face `config.json` fields that decide a decoder step's cost and shapes;
+`backends.model_config.ModelConfig.from_preset` reads one, and every shape and size is worked out
+there. Hardware presets live in backends/hardware.py.
 """
 
 from __future__ import annotations
 
 from sim.errors import ServesimError
-
-HARDWARE: dict[str, dict] = {
-    "A100-80GB": {
-        "peak_flops": 312e12,  # dense bf16
-        "memory_bandwidth": 2.039e12,  # bytes/s, SXM4 HBM2e
-        "memory_bytes": 81920 * 2**20,
-        "description": "NVIDIA A100 SXM4 80GB",
-    },
-    "H100-SXM": {
-        "peak_flops": 989.4e12,
-        "memory_bandwidth": 3.35e12,
-        "memory_bytes": 81559 * 2**20,
-        "description": "NVIDIA H100 SXM5 80GB",
-    },
-    "H200": {
-        "peak_flops": 989.4e12,
-        "memory_bandwidth": 4.8e12,
-        "memory_bytes": 143771 * 2**20,
-        "description": "NVIDIA H200 SXM 141GB",
-    },
-}
 
 MODELS: dict[str, dict] = {
     "Llama-3.1-8B": {
@@ -127,50 +106,3 @@ def get_model(name: str) -> dict:
     if name not in MODELS:
         raise ServesimError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} (see `sim models`)")
     return MODELS[name]
-
-
-def get_hardware(name: str) -> dict:
-    if name not in HARDWARE:
-        raise ServesimError(
-            f"unknown hardware {name!r}; choose one of {', '.join(HARDWARE)} (see `sim hardware`)"
-        )
-    return HARDWARE[name]
-
-
-def num_parameters(model: dict) -> int:
-    """Parameters of the decoder: embeddings, attention, MLP, norms and the LM head."""
-    h, i, hd = model["hidden_size"], model["intermediate_size"], model["head_dim"]
-    nh, nkv, v = model["num_attention_heads"], model["num_key_value_heads"], model["vocab_size"]
-    per_layer = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * i + 2 * h
-    if model["qk_norm"]:
-        per_layer += 2 * hd
-    embeddings = v * h * (1 if model["tie_word_embeddings"] else 2)
-    return model["num_hidden_layers"] * per_layer + embeddings + h
-
-
-def kv_bytes_per_token(model: dict, dtype_bytes: int = 2) -> int:
-    """K and V of one token over all layers."""
-    return 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * dtype_bytes
-
-
-def activation_reserve_bytes(model: dict, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """A bound on the memory one step needs beyond weights and KV cache: the fp32 working set of a
-    full token budget through the widest layer, plus fp32 logits for every running request."""
-    h, i = model["hidden_size"], model["intermediate_size"]
-    return max_num_batched_tokens * (4 * h + 2 * i) * 4 + max_num_seqs * model["vocab_size"] * 4
-
-
-def derive_num_blocks(model: dict, hardware: dict, block_size: int, gpu_memory_utilization: float,
-                      max_num_batched_tokens: int, max_num_seqs: int, dtype_bytes: int = 2) -> int:
-    """KV blocks that fit in the device's memory share after weights and the activation reserve."""
-    weights = num_parameters(model) * dtype_bytes
-    reserve = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs)
-    available = hardware["memory_bytes"] * gpu_memory_utilization - weights - reserve
-    num_blocks = int(available // (block_size * kv_bytes_per_token(model, dtype_bytes)))
-    if num_blocks < 1:
-        raise ServesimError(
-            f"the model's weights ({weights / 2**30:.1f} GiB) and activation reserve ({reserve / 2**30:.1f} GiB) "
-            f"do not fit in {gpu_memory_utilization:.0%} of {hardware['description']} "
-            f"({hardware['memory_bytes'] / 2**30:.1f} GiB); choose bigger hardware or a smaller model"
-        )
-    return num_blocks

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.costmodel import FEATURES, Calibration, step_aggregates, step_features
+from backends.calibrated import FEATURES, Calibration, step_features
+from backends.costmodel import step_aggregates
+from backends.model_config import ModelConfig
 from sim.errors import ServesimError
 
 PROFILE_FORMAT = "servesim-profile"
@@ -191,7 +193,7 @@ def _search(loss, grid: np.ndarray, num_golden: int = 30) -> float:
     return float(value) if best < losses[i] else float(grid[i])
 
 
-def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, seconds: np.ndarray,
+def fit_calibration(model: ModelConfig, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, seconds: np.ndarray,
                     dtype_bytes: int = 2, ridges: np.ndarray = RIDGES,
                     cache_sizes: np.ndarray = CACHE_SIZES) -> Calibration:
     """The calibration that best predicts `seconds` of the steps given by q, c: [points, requests] and
@@ -210,7 +212,7 @@ def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.nd
     cache: float | None = None
     # A knee only where enough points lie past it (a knee past all but one would fit that one exactly).
     agg = step_aggregates(q, c, num_logits)
-    padded = 2.0 * model["num_key_value_heads"] * model["head_dim"] * dtype_bytes * agg.num_decodes * agg.max_decode_context
+    padded = 2.0 * model.num_key_value_heads * model.head_dim * dtype_bytes * agg.num_decodes * agg.max_decode_context
     enough = max(len(FEATURES), len(seconds) // 10)
     cache_sizes = cache_sizes[cache_sizes < np.sort(padded)[-enough]] if len(padded) >= enough else cache_sizes[:0]
     if len(cache_sizes):
@@ -227,13 +229,13 @@ def fit_calibration(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.nd
     return Calibration(tuple(float(v) for v in x), ridge, dtype_bytes, cache)
 
 
-def predict(model: dict, calibration: Calibration, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
+def predict(model: ModelConfig, calibration: Calibration, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
     terms = step_features(model, q, c, num_logits, calibration.dtype_bytes, calibration.ridge_flops_per_byte,
                           calibration.cache_bytes)
     return terms @ np.asarray(calibration.coefficients)
 
 
-def fit_report(model: dict, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, seconds: np.ndarray,
+def fit_report(model: ModelConfig, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray, seconds: np.ndarray,
                calibration: Calibration, dtype_bytes: int = 2, num_folds: int = 5, seed: int = 0) -> dict:
     """The fit's own error: on the points it was fitted to, and k-fold cross-validated (each point
     predicted by a fit that did not see it)."""

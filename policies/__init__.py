@@ -1,13 +1,22 @@
-"""Scheduling policies. A new policy is one class and one entry here."""
+"""Scheduling policies. A new policy is one class and one entry here; a user's own policy loads
+from a file or module without editing servesim (`--policy path/to/file.py:ClassName`)."""
 
+from policies.base import Policy
 from policies.chunked import ChunkedPolicy
 from policies.decode_first import DecodeFirstPolicy
 from policies.prefill_first import PrefillFirstPolicy
+from sim.plugins import load_class
 
-POLICIES = {
+POLICIES: dict[str, type[Policy]] = {
     "decode-first": DecodeFirstPolicy,
     "prefill-first": PrefillFirstPolicy,
     "chunked": ChunkedPolicy,
 }
 
-__all__ = ["POLICIES"]
+
+def load_policy(spec: str) -> type[Policy]:
+    """A built-in policy by name, or a user's `FILE.py:Class` / `module:Class` (a `Policy` subclass)."""
+    return load_class(spec, POLICIES, Policy, "policy")
+
+
+__all__ = ["POLICIES", "Policy", "load_policy"]

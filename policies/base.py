@@ -9,9 +9,40 @@ from sim.config import SchedulerConfig
 from sim.request import Request, Status
 from sim.state import EngineState
 
+# Methods that decide admission or the decodes of a step: a subclass overriding any of them
+# changes what fast-forward relies on (see `Policy`).
+SCHEDULING_METHODS = ("schedule", "finish_may_admit", "_try_admit", "_admit_whole_prompts", "_schedule_decodes",
+                      "_schedule_all_decodes", "_schedule_running", "_victim", "_split_running")
+
 
 class Policy:
+    """A scheduling policy: `schedule(state, now)` returns this step's batch, reserving its KV blocks.
+
+    What a policy may read: `state.waiting`, `state.running` and their requests' token state
+    (`num_prompt_tokens`, `num_computed_tokens`, `num_output_tokens`, `max_tokens`, `arrival_s`,
+    ...), `state.block_manager`'s `can_*` queries, `state.step_index`, `now` and `self.config`.
+    What it changes, only through this class's helpers: admission (`_try_admit`), block
+    reservations (`_schedule_running`, `_schedule_decodes`) and preemption (`_preempt`). It must
+    not touch the backend, the clock, the step log, or a request's timeline fields.
+
+    Fast-forward. `supports_fast_forward = True` is a promise the engine relies on to skip steps
+    (sim/fast_forward.py): whenever this policy has scheduled a decode-only step of every running
+    request without preempting, then until the next arrival, and as long as the free blocks cover
+    the decodes' growth, it would schedule exactly the same requests one decode token each and
+    admit no waiting request, whatever `now` is; and after a running request finishes, a waiting
+    request could be admitted only where `finish_may_admit(state)` says so. The three built-in
+    policies make it. The base class does not, and a subclass that overrides any method of
+    `SCHEDULING_METHODS` loses an inherited promise unless it sets `supports_fast_forward` again
+    in its own class body: a policy that admits by waiting time, say, must not make it.
+    """
+
     name = ""
+    supports_fast_forward = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "supports_fast_forward" not in cls.__dict__ and any(m in cls.__dict__ for m in SCHEDULING_METHODS):
+            cls.supports_fast_forward = False
 
     def __init__(self, config: SchedulerConfig):
         self.config = config
@@ -19,6 +50,12 @@ class Policy:
     def schedule(self, state: EngineState, now: float) -> Batch:
         """Choose this step's requests and token counts, reserving their KV blocks."""
         raise NotImplementedError
+
+    def retry_s(self, state: EngineState, now: float) -> float | None:
+        """When `schedule` returned an empty batch (it may only do so with no request running),
+        the time to try again; None: at the next arrival. The built-in policies always schedule
+        something when there is work."""
+        return None
 
     def finish_may_admit(self, state: EngineState) -> bool:
         """Whether a request finishing (freeing its slot and blocks) could let a waiting request
@@ -61,22 +98,15 @@ class Policy:
         step = state.step_index
         for request in decoders:
             request.last_scheduled_step = step
-        n = len(decoders)
-        batch.requests.extend(decoders)
-        batch.num_computed_tokens.extend([r.num_computed_tokens for r in decoders])
-        batch.num_scheduled_tokens.extend([1] * n)
-        batch.needs_logits.extend([True] * n)
-        batch.is_decode.extend([True] * n)
+        batch.add_decodes(decoders)
         return False
 
     @staticmethod
     def _split_running(state: EngineState) -> tuple[list[Request], list[Request]]:
-        """The running requests that are decoding, and the others (prefilling), in order.
-        (`Request.is_decoding`, inlined: this runs on every step.)"""
+        """The running requests that are decoding, and the others (prefilling), in order."""
         decoders, others = [], []
         for r in state.running:
-            g = r.num_output_tokens
-            (decoders if g and r.num_computed_tokens == r.num_prompt_tokens + g - 1 else others).append(r)
+            (decoders if r.is_decoding else others).append(r)
         return decoders, others
 
     def _victim(self, state: EngineState) -> Request:

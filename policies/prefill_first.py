@@ -14,6 +14,7 @@ from sim.state import EngineState
 
 class PrefillFirstPolicy(Policy):
     name = "prefill-first"
+    supports_fast_forward = True  # the promise of policies/base.py: admission only as finish_may_admit says
 
     def schedule(self, state: EngineState, now: float) -> Batch:
         batch = Batch()

@@ -26,7 +26,6 @@ QUANTILES = np.unique(np.round(np.r_[np.arange(0.0, 99.0, 1.0), np.arange(99.0, 
 NUM_TIMELINE_BINS = 240
 EXACT_LIMIT = 200_000  # sketches of more values than this read their body from a sample
 TIMELINE = ("num_prefill_tokens", "num_decode_tokens", "num_kv_blocks_used", "num_waiting")
-SKETCHED = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
 STATS = ("mean", "p50", "p90", "p99")
 
 
@@ -91,7 +90,7 @@ def make_digest(requests: pd.DataFrame, itl: np.ndarray | None, steps: dict[str,
     when unknown); `steps` maps start_s and the TIMELINE columns to per-step arrays."""
     done = requests[requests["status"] == Status.FINISHED.value]
     digest: dict = {"quantiles": QUANTILES.tolist()}
-    for name in SKETCHED:
+    for name in METRICS:
         if name == "itl":
             digest[name] = None if itl is None else quantile_sketch(itl)
         else:
@@ -129,7 +128,7 @@ def summary_row(summary: dict, digest: dict | None) -> dict:
         elif key not in ("options", "slo", "reject_reasons"):
             row[key] = value
     if digest is not None:
-        for name in SKETCHED:
+        for name in METRICS:
             row[f"{name}_quantiles"] = digest[name]
         for name, values in digest["timeline"].items():
             row[f"timeline_{name}"] = values

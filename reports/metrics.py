@@ -4,7 +4,7 @@
 - TPOT: (E2E - TTFT) / (output tokens - 1), for requests with more than one output token.
 - ITL: every gap between consecutive tokens of a request, all requests pooled.
 - Scheduling delay: arrival to the first step that scheduled the request.
-- Throughputs divide by the duration: first arrival to last finish.
+- Throughputs divide by the duration: first arrival (or the benchmark's start) to last finish.
 - Goodput: completed requests meeting every SLO, per second of duration.
 Percentiles interpolate linearly (numpy's default, as vLLM's benchmark does).
 """
@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from sim.config import SLO
-from sim.engine import STEP_COLUMNS, SimResult
+from sim.engine import SimResult
 from sim.request import Status
+from sim.step_log import STEP_COLUMNS
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
 
@@ -51,11 +52,33 @@ def inter_token_latencies(result: SimResult) -> np.ndarray:
     a contiguous run of `token_times`; a gap that crosses from one request to the next is dropped,
     and the requests that emitted nothing (rejected) have only missing times."""
     gaps = np.diff(result.token_times)
-    crossing = np.array([r.token_offset for r in result.requests[1:]], dtype=np.int64) - 1
+    crossing = result.token_offsets[1:] - 1
     keep = np.ones(len(gaps), dtype=bool)
     keep[crossing[crossing >= 0]] = False
     gaps = gaps[keep]
     return gaps[~np.isnan(gaps)]
+
+
+def longest_token_gaps(result: SimResult) -> np.ndarray:
+    """Each request's longest gap between consecutive tokens (NaN with fewer than two tokens), in
+    request order: what a time-between-tokens SLO holds a request to."""
+    num_tokens = np.array([r.max_tokens for r in result.requests], dtype=np.int64)
+    longest = np.full(len(num_tokens), np.nan)
+    multi = np.flatnonzero(num_tokens > 1)
+    if not len(multi):
+        return longest
+    gaps = np.diff(result.token_times)
+    starts = np.asarray(result.token_offsets[:len(num_tokens)], dtype=np.int64)[multi]
+    ends = starts + num_tokens[multi] - 1
+    marks = np.zeros(len(gaps) + 1, dtype=np.int64)
+    np.add.at(marks, starts, 1)
+    np.add.at(marks, ends, -1)
+    inside = np.cumsum(marks)[:-1] > 0
+    masked = np.where(inside, gaps, -np.inf)
+    with np.errstate(invalid="ignore"):
+        reduced = np.fmax.reduceat(masked, starts)  # each from its start up to the next start
+    longest[multi] = np.where(np.isfinite(reduced), reduced, np.nan)  # a rejected request has no times
+    return longest
 
 
 def steps_table(result: SimResult) -> pd.DataFrame:
@@ -90,10 +113,13 @@ def _stats(values: np.ndarray) -> dict[str, float | None]:
     return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict) -> dict:
+def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict, start_s: float | None = None) -> dict:
+    """`start_s`: when the duration starts (a benchmark's start, as vLLM's bench times it); None: the
+    first arrival."""
     done = requests[requests["status"] == Status.FINISHED.value]
     rejected = requests[requests["status"] == Status.REJECTED.value]
-    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
+    start = float(requests["arrival_s"].min()) if start_s is None else start_s
+    duration = float(done["finish_s"].max() - start) if len(done) else 0.0
     output_tokens = int(done["output_tokens"].sum())
     prompt_tokens = int(done["prompt_tokens"].sum())
 
@@ -123,12 +149,14 @@ def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict
     summary["scheduling_delay"] = _stats(done["scheduling_delay_s"].to_numpy())
     if slo.is_set:
         good = np.ones(len(done), dtype=bool)
-        for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_s")):
-            limit = getattr(slo, name)
-            if limit is not None:
-                values = done[column].to_numpy()
-                good &= np.isnan(values) | (values <= limit)  # TPOT is undefined for one-token outputs
-        summary["slo"] = {k: v for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2e", slo.e2e)) if v is not None}
+        columns = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "delay": "scheduling_delay_s"}
+        for name, limit in slo.limits().items():
+            if name == "tbt":
+                values = longest_token_gaps(result)[done.index.to_numpy()]
+            else:
+                values = done[columns[name]].to_numpy()
+            good &= np.isnan(values) | (values <= limit)  # TPOT and TBT are undefined for one-token outputs
+        summary["slo"] = slo.limits()
         summary["goodput"] = per_s(int(good.sum()))
         summary["slo_attainment"] = float(good.mean()) if len(done) else None
     if len(rejected):
@@ -138,10 +166,19 @@ def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict
     return summary
 
 
+def latency_unit(values) -> tuple[str, float]:
+    """ms for a table of latencies, or s once one reaches 100 s (an hour reads 3600.0 s, not 3600000.0 ms)."""
+    finite = [abs(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return ("s", 1.0) if finite and max(finite) >= 100 else ("ms", 1e3)
+
+
 def format_summary(summary: dict) -> str:
     """A short table for the terminal."""
+    names = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
+    unit, scale = latency_unit([summary[n][q] for n in names for q in ("mean", "p50", "p90", "p99")])
+
     def ms(x: float | None) -> str:
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:10.1f}"
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:10.1f}"
 
     lines = [
         f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
@@ -154,8 +191,8 @@ def format_summary(summary: dict) -> str:
     if "goodput" in summary:
         lines.append(f"goodput {summary['goodput'] or 0:.2f} req/s ({(summary['slo_attainment'] or 0):.1%} within SLO "
                      + ", ".join(f"{k}<={v}s" for k, v in summary["slo"].items()) + ")")
-    lines.append(f"{'metric (ms)':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for name in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
+    lines.append(f"{f'metric ({unit})':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for name in names:
         s = summary[name]
         lines.append(f"{name:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}")
     return "\n".join(lines)

@@ -15,6 +15,6 @@ LIMIT=${LIMIT:-200}
 OUT=${OUT:-runs/compare-h200-llama-3.1-8b}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-"$SIM" calibrate --model "$MODEL" --device cuda --grid full --warmup 2 --repeats 5 --out "$PROFILE"
+"$SIM" calibrate --model "$MODEL" --device cuda --grid full --warmup 2 --repeats 5 --out "$PROFILE" --overwrite
 "$SIM" compare traces/samples/azure_conv_2023_first5min.csv --limit "$LIMIT" --policy chunked \
-    --model "$MODEL" --device cuda --profile "$PROFILE" --out "$OUT"
+    --model "$MODEL" --device cuda --profile "$PROFILE" --out "$OUT" --overwrite

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    from backends.presets import HARDWARE, get_hardware, get_model
+    from backends.hardware import HARDWARE, resolve_hardware
+    from backends.presets import get_model
 
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: cannot tell the hardware preset of {torch.cuda.get_device_name()}; pass --hardware "
               f"({', '.join(HARDWARE)})", file=sys.stderr)
         return 2
-    hw = get_hardware(hardware_name)
+    hw = resolve_hardware(hardware_name)
     preset = get_model(model_name)
     batch_sizes = _ints(args.batch_sizes, "1,4" if args.dry_run else "1,8,32,64,128,256")
     contexts = _ints(args.contexts, "32,64" if args.dry_run else "512,2048,8192")
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     where = "CPU (dry run: Triton interpreted, numbers mean nothing)" if args.dry_run else \
         torch.cuda.get_device_name()
     report(f"# gpu_check: {model_name} on {where}, torch {torch.__version__}")
-    report(f"rooflines from the {hardware_name} preset: {hw['peak_flops'] / 1e12:.0f} TFLOP/s dense bf16, "
-           f"{hw['memory_bandwidth'] / 1e12:.2f} TB/s HBM")
+    report(f"rooflines from the {hardware_name} preset: {hw.peak_bf16_flops / 1e12:.0f} TFLOP/s dense bf16, "
+           f"{hw.memory_bandwidth / 1e12:.2f} TB/s HBM")
     report()
     started = time.perf_counter()
     ok = check_kernels(torch, preset, device, report)
@@ -250,8 +251,10 @@ class SyntheticTokens:
 
 
 class Bench:
-    def __init__(self, torch, backend, preset: dict, hw: dict, repeats: int):
-        from backends.presets import kv_bytes_per_token, num_parameters
+    def __init__(self, torch, backend, preset: dict, hw, repeats: int):
+        from backends.model_config import ModelConfig
+
+        config = ModelConfig.from_fields("preset", preset)
 
         self.torch, self.backend, self.preset, self.hw, self.repeats = torch, backend, preset, hw, repeats
         self.tokens = SyntheticTokens(preset["vocab_size"])
@@ -259,9 +262,9 @@ class Bench:
         self.capacity = backend.num_blocks * backend.block_size
         h, v = preset["hidden_size"], preset["vocab_size"]
         embedding = 0 if preset["tie_word_embeddings"] else v * h
-        self.matmul_params = num_parameters(preset) - embedding  # every weight a step reads (LM head included)
+        self.matmul_params = config.num_parameters - embedding  # every weight a step reads (LM head included)
         self.linear_params = self.matmul_params - v * h  # per-token matmuls, without the LM head
-        self.kv_bytes_per_token = kv_bytes_per_token(preset, 2)
+        self.kv_bytes_per_token = config.kv_bytes_per_token()
         self.bytes_per_param = 2
 
     def batch(self, decodes: int, context: int, chunk: int = 0, chunk_context: int = 0):
@@ -326,7 +329,7 @@ class Bench:
 
     def memory_floor(self, kv_tokens: int) -> float:
         return (self.matmul_params * self.bytes_per_param + kv_tokens * self.kv_bytes_per_token) / \
-            self.hw["memory_bandwidth"]
+            self.hw.memory_bandwidth
 
     def decode_table(self, batch_sizes: list[int], contexts: list[int], report: Report) -> None:
         p = self.preset
@@ -350,7 +353,7 @@ class Bench:
                 attn_bytes = b * c * 2 * p["num_key_value_heads"] * p["head_dim"] * 2 \
                     + 2 * b * p["num_attention_heads"] * p["head_dim"] * 2
                 bandwidth = attn_bytes / attn
-                share = bandwidth / self.hw["memory_bandwidth"]
+                share = bandwidth / self.hw.memory_bandwidth
                 attn_target = ("ok" if share >= 0.6 else "MISS") if b >= 64 and c >= 2048 else "-"
                 report(f"| {b} | {c} | {seconds * 1e3:.3f} | {floor * 1e3:.3f} | {seconds / floor:.2f} | "
                        f"{'ok' if seconds <= 1.5 * floor else 'MISS'} | {attn * 1e6:.1f} | {bandwidth / 1e12:.2f} | "
@@ -371,7 +374,7 @@ class Bench:
                     continue
                 seconds = self.time_step(self.batch(b, c, chunk, cached))
                 flops = self.flops([1] * b + [chunk], [c] * b + [cached + chunk], b + 1)
-                floor = max(flops / self.hw["peak_flops"], self.memory_floor(b * c + cached + chunk))
+                floor = max(flops / self.hw.peak_bf16_flops, self.memory_floor(b * c + cached + chunk))
                 report(f"| {b} | {c} | {chunk} | {seconds * 1e3:.3f} | {floor * 1e3:.3f} | {seconds / floor:.2f} | "
                        f"{flops / seconds / 1e12:.0f} |")
         report()
@@ -385,8 +388,8 @@ class Bench:
             return
         seconds = self.time_step(self.batch(0, 1, budget, 0))
         flops = self.flops([budget], [budget], 1)
-        floor = max(flops / self.hw["peak_flops"], self.memory_floor(budget))
-        share = flops / seconds / self.hw["peak_flops"]
+        floor = max(flops / self.hw.peak_bf16_flops, self.memory_floor(budget))
+        share = flops / seconds / self.hw.peak_bf16_flops
         report(f"| {budget} | {seconds * 1e3:.3f} | {floor * 1e3:.3f} | {flops / seconds / 1e12:.0f} | {share:.0%} | "
                f"{'ok' if share >= 0.5 else 'MISS'} |")
 

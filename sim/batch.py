@@ -17,7 +17,7 @@ K/V goes to slot `block_table[pos // block_size] * block_size + pos % block_size
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +32,11 @@ class FlatBatch(NamedTuple):
     logits_indices: np.ndarray  # [num_logits] int64, rows that get a next-token distribution
 
 
+@runtime_checkable
+class TokenSource(Protocol):
+    def token_ids(self, start: int, end: int) -> np.ndarray: ...
+
+
 class _Entry:
     """A scheduled request given by hand (tests, calibration grids): what a `Request` provides."""
 
@@ -40,11 +45,13 @@ class _Entry:
     def __init__(self, request_id: str, block_table: list[int], token_source: Any):
         self.request_id, self.block_table, self.token_source = request_id, block_table, token_source
 
-    def token_ids(self, start: int, end: int) -> np.ndarray:
+    def token_ids(self, start: int, end: int, spec=None) -> np.ndarray:
         src = self.token_source
         if src is None:
             raise ValueError(f"request {self.request_id!r} was added to the batch without token ids")
-        return src.token_ids(start, end) if hasattr(src, "token_ids") else np.asarray(src[start:end], dtype=np.int64)
+        if isinstance(src, TokenSource):
+            return src.token_ids(start, end)
+        return np.asarray(src[start:end], dtype=np.int64)
 
 
 @dataclass
@@ -72,6 +79,15 @@ class Batch:
         self.needs_logits.append(needs_logits)
         self.is_decode.append(is_decode)
 
+    def add_decodes(self, requests: list) -> None:
+        """Add decoding requests, one token each (the token each sampled last), in bulk."""
+        n = len(requests)
+        self.requests.extend(requests)
+        self.num_computed_tokens.extend([r.num_computed_tokens for r in requests])
+        self.num_scheduled_tokens.extend([1] * n)
+        self.needs_logits.extend([True] * n)
+        self.is_decode.extend([True] * n)
+
     @property
     def request_ids(self) -> list[str]:
         return [r.request_id for r in self.requests]
@@ -96,8 +112,10 @@ class Batch:
     def num_prefill_tokens(self) -> int:
         return self.num_tokens - self.num_decode_tokens
 
-    def flatten(self, block_size: int) -> FlatBatch:
-        """The seven arrays of the step, built with vectorised numpy (no loop over tokens)."""
+    def flatten(self, block_size: int, token_spec=None) -> FlatBatch:
+        """The seven arrays of the step, built with vectorised numpy (no loop over tokens).
+        `token_spec` (sim.tokens.TokenSpec) synthesises the ids of scheduler requests' tokens;
+        requests added by hand carry their own."""
         num_reqs = len(self)
         num_scheduled = np.asarray(self.num_scheduled_tokens, dtype=np.int64)
         num_computed = np.asarray(self.num_computed_tokens, dtype=np.int64)
@@ -121,7 +139,7 @@ class Batch:
                         + positions % block_size)
 
         input_ids = np.concatenate([
-            r.token_ids(c, c + n) for r, c, n in zip(self.requests, self.num_computed_tokens, self.num_scheduled_tokens)
+            r.token_ids(c, c + n, token_spec) for r, c, n in zip(self.requests, self.num_computed_tokens, self.num_scheduled_tokens)
         ]) if num_reqs else np.zeros(0, dtype=np.int64)
 
         logits_indices = (query_start_loc[1:] - 1)[np.asarray(self.needs_logits, dtype=bool)].astype(np.int64)

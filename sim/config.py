@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.errors import ServesimError
@@ -12,20 +13,21 @@ def _require(condition: bool, message: str) -> None:
         raise ServesimError(message)
 
 
+def check_block_size(block_size: int) -> None:
+    """KV blocks hold a power of two of tokens (the kernels' tiles and vLLM's sizes are)."""
+    _require(isinstance(block_size, int) and block_size >= 1 and block_size & (block_size - 1) == 0,
+             f"--block-size must be a power of two, got {block_size}")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    policy: str = "chunked"
+    policy: str = "chunked"  # a name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy)
     max_num_batched_tokens: int = 2048  # the token budget of one step
     max_num_seqs: int = 256  # requests running at once
     max_model_len: int | None = None  # prompt + output limit; None means the model's own limit
 
     def __post_init__(self) -> None:
-        from policies import POLICIES
-
-        _require(
-            self.policy in POLICIES,
-            f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}",
-        )
+        _require(bool(self.policy), "--policy must not be empty")
         _require(
             self.max_num_batched_tokens >= 1,
             f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}",
@@ -43,22 +45,24 @@ class SchedulerConfig:
         )
 
 
+# The block manager keeps a few Python objects per KV block (~60 bytes): 2**25 blocks take ~2 GB of
+# host memory. A larger cache (1e11 blocks) would fail with MemoryError long after the command started
+# (sim.app.plan.resolve refuses it, once the real backend has had its say about its own memory).
+MAX_NUM_BLOCKS = 2**25
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
-    num_blocks: int | None = None  # None: derived from the hardware's memory
+    num_blocks: int | None = None  # vLLM's num_gpu_blocks_override (--num-gpu-blocks); None: derived as vLLM does
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        bs = self.block_size
-        _require(
-            isinstance(bs, int) and bs >= 1 and bs & (bs - 1) == 0,
-            f"--block-size must be a power of two, got {bs}",
-        )
+        check_block_size(self.block_size)
         _require(
             self.num_blocks is None or self.num_blocks >= 1,
-            f"--num-blocks must be at least 1, got {self.num_blocks}",
+            f"--num-gpu-blocks must be at least 1, got {self.num_blocks}",
         )
         _require(
             0.0 < self.gpu_memory_utilization <= 1.0,
@@ -66,38 +70,62 @@ class CacheConfig:
         )
 
 
+# --slo keys, the same for replay's goodput and capacity's criterion: each limits one latency.
+SLO_KEYS = ("tbt", "ttft", "tpot", "e2e", "delay")  # tbt: time between tokens; delay: scheduling delay
+SLO_ALIASES = {"itl": "tbt", "scheduling_delay": "delay", "e2el": "e2e"}
+
+
+def parse_slo(text: str) -> dict[str, float | None]:
+    """'tbt=0.1,ttft=2' -> {'tbt': 0.1, 'ttft': 2.0} (seconds); KEY=none lifts a limit. A key given
+    twice, an unknown key or a value that is not a positive number is a one-line error."""
+    values: dict[str, float | None] = {}
+    for part in text.split(","):
+        key, sep, raw = part.partition("=")
+        key = key.strip().lower()
+        key = SLO_ALIASES.get(key, key)
+        _require(sep == "=" and key in SLO_KEYS,
+                 f"--slo: cannot read {part.strip()!r}; expected KEY=SECONDS with KEY one of {', '.join(SLO_KEYS)}")
+        _require(key not in values, f"--slo: {key} is given twice")
+        if raw.strip().lower() == "none":
+            values[key] = None
+            continue
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise ServesimError(f"--slo: {key} value {raw.strip()!r} is not a number") from None
+        _require(math.isfinite(values[key]) and values[key] > 0,
+                 f"--slo {key} must be a positive number of seconds, got {raw.strip()}")
+    return values
+
+
 @dataclass(frozen=True)
 class SLO:
-    """Service-level objectives for goodput, in seconds; None means not constrained."""
+    """Service-level objectives for goodput, in seconds; None means not constrained. A request
+    meets them when its TTFT, TPOT, E2E latency, scheduling delay and every gap between its
+    tokens (tbt) are within their limits."""
 
     ttft: float | None = None
     tpot: float | None = None
     e2e: float | None = None
+    tbt: float | None = None
+    delay: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft", "tpot", "e2e"):
+        for name in SLO_KEYS:
             value = getattr(self, name)
             _require(value is None or value > 0, f"--slo {name} must be positive, got {value}")
 
     @property
     def is_set(self) -> bool:
-        return any(v is not None for v in (self.ttft, self.tpot, self.e2e))
+        return any(getattr(self, name) is not None for name in SLO_KEYS)
+
+    def limits(self) -> dict[str, float]:
+        """The limits that are set, in SLO_KEYS order."""
+        return {name: getattr(self, name) for name in SLO_KEYS if getattr(self, name) is not None}
 
     @classmethod
-    def parse(cls, text: str | None) -> "SLO":
-        """Parse 'ttft=0.5,tpot=0.05' (seconds)."""
+    def parse(cls, text: str | None) -> SLO:
+        """Parse 'ttft=0.5,tpot=0.05' (seconds); the keys are those of SLO_KEYS."""
         if not text:
             return cls()
-        values: dict[str, float] = {}
-        for part in text.split(","):
-            key, sep, raw = part.partition("=")
-            key = key.strip().lower()
-            if key == "e2el":
-                key = "e2e"
-            _require(sep == "=" and key in ("ttft", "tpot", "e2e"),
-                     f"--slo: cannot read {part!r}; expected ttft=SECONDS,tpot=SECONDS,e2e=SECONDS")
-            try:
-                values[key] = float(raw)
-            except ValueError:
-                raise ServesimError(f"--slo: {key} value {raw!r} is not a number") from None
-        return cls(**values)
+        return cls(**parse_slo(text))

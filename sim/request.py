@@ -32,9 +32,7 @@ class Request:
     num_prompt_tokens: int
     max_tokens: int  # output tokens to generate (vLLM's SamplingParams.max_tokens); exact: EOS is ignored
     hash_ids: np.ndarray | None = None  # prefix-block hash ids from the trace, if any
-    hash_block_tokens: int = 512  # tokens covered by one hash id
-    token_seed: int = 0
-    vocab_size: int = 32000
+    hash_block_tokens: int = 512  # tokens covered by one hash id (the trace's unit)
 
     # Token state: changed only by the policy (scheduling) and the engine (postprocess).
     status: Status = Status.WAITING
@@ -42,7 +40,7 @@ class Request:
     num_output_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading blocks of block_table registered in the prefix cache
-    last_scheduled_step: int = -1  # the engine step that last scheduled it
+    last_scheduled_step: int | None = None  # the engine step that last scheduled it; None: never
 
     # Timeline and counters.
     first_scheduled_s: float | None = None
@@ -51,7 +49,6 @@ class Request:
     num_preemptions: int = 0
     num_prefix_hit_tokens: int = 0
     reject_reason: str | None = None
-    token_offset: int = 0  # where its token times start in the engine's buffer
     sampled_token_ids: list[int] = field(default_factory=list)  # filled by a sampling backend
     _block_hashes: list[int] | None = None
 
@@ -102,17 +99,18 @@ class Request:
         """Forget the prefix keys (a finished request needs them no more; they are recomputed if asked)."""
         self._block_hashes = None
 
-    def token_ids(self, start: int, end: int) -> np.ndarray:
-        """Ids of the known tokens at positions [start, end)."""
+    def token_ids(self, start: int, end: int, spec: tokens.TokenSpec) -> np.ndarray:
+        """Ids of the known tokens at positions [start, end): synthesised from `spec` (the run's
+        seed and the model's vocabulary), except those a sampling backend really produced."""
         p = self.num_prompt_tokens
         parts = []
         if start < p:
-            parts.append(tokens.prompt_token_ids(self.token_seed, self.index, self.hash_ids,
-                                                 self.hash_block_tokens, start, min(end, p), self.vocab_size))
+            parts.append(tokens.prompt_token_ids(spec.seed, self.index, self.hash_ids,
+                                                 self.hash_block_tokens, start, min(end, p), spec.vocab_size))
         if end > p:
             a, b = max(start, p) - p, end - p
             if self.sampled_token_ids:
                 parts.append(np.asarray(self.sampled_token_ids[a:b], dtype=np.int64))
             else:
-                parts.append(tokens.output_token_ids(self.token_seed, self.index, a, b, self.vocab_size))
+                parts.append(tokens.output_token_ids(spec.seed, self.index, a, b, spec.vocab_size))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -8,11 +8,22 @@ and the offset inside the block: requests sharing leading hash ids share identic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """What synthesised token ids depend on besides the request: the run's seed and the model's
+    vocabulary size. Backends that need token ids (the real one) hold it; requests do not."""
+
+    seed: int = 0
+    vocab_size: int = 32000
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

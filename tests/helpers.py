@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends import StepResult
+from sim.backend import StepResult
 from traces.trace import Trace
 
 
@@ -21,6 +21,9 @@ class ConstantBackend:
     """Every step takes the same time; records every batch it executes."""
 
     name = "constant"
+    device = device_name = "cpu"
+    dtype = "float32"
+    num_blocks = None  # the run's KV plan decides
     supports_fast_forward = False
 
     def __init__(self, seconds: float = 1.0, on_execute=None):

@@ -8,15 +8,19 @@ import json
 import numpy as np
 import pytest
 
-from backends.costmodel import FEATURES, Calibration, CostModelBackend, Efficiencies, step_features
-from backends.presets import get_model
+from backends.calibrated import FEATURES, CalibratedCostModel, Calibration, step_features
+from backends.calibration import SETTLE_RUNS, calibrate, make_grid, measure, shape_batch
+from backends.costmodel import make_cost_model
+from backends.hardware import HARDWARE
+from backends.model_config import ModelConfig
 from backends.profile import fit_calibration, load_profile, nnls, pad, predict, save_profile
+from backends.roofline import Efficiencies, RooflineCostModel
+from sim.app.cli import main
+from sim.app.plan import resolve
+from sim.app.replay import ReplayOptions, replay
 from sim.batch import Batch
-from sim.calibrate import SETTLE_RUNS, calibrate, make_grid, measure, shape_batch
-from sim.cli import main
 from sim.config import CacheConfig
 from sim.errors import ServesimError
-from sim.replay import ReplayOptions, replay
 from tests.helpers import make_trace
 
 
@@ -27,10 +31,11 @@ class StandInBackend:
     name = "stand-in"
     supports_fast_forward = False
     device = "cpu"
+    device_name = "a stand-in"
     dtype = "float32"
 
     def __init__(self, model: str, noise: float = 0.02, num_blocks: int = 100_000, block_size: int = 16, seed: int = 0):
-        self.costmodel = CostModelBackend(model, "H100-SXM", Efficiencies(0.45, 0.35, 0.6, 2e-3))
+        self.costmodel = RooflineCostModel(ModelConfig.from_preset(model), HARDWARE["H100-SXM"], Efficiencies(0.45, 0.35, 0.6, 2e-3))
         self.noise, self.num_blocks, self.block_size = noise, num_blocks, block_size
         self.rng = np.random.default_rng(seed)
         self.num_executed = 0
@@ -44,7 +49,7 @@ class StandInBackend:
 
 
 def grid_arrays(model: str, grid: str = "full"):
-    shapes = make_grid(grid, get_model(model)["max_position_embeddings"])
+    shapes = make_grid(grid, ModelConfig.from_preset(model).max_position_embeddings)
     q = pad([s.query_lens for s in shapes])
     c = pad([s.context_lens for s in shapes])
     return q, c, np.array([sum(s.needs_logits) for s in shapes])
@@ -88,7 +93,7 @@ TRUTHS = [
 
 @pytest.mark.parametrize("model,grid,truth", TRUTHS)
 def test_fit_recovers_known_coefficients_exactly_without_noise(model, grid, truth):
-    m = get_model(model)
+    m = ModelConfig.from_preset(model)
     q, c, n = grid_arrays(model, grid)
     exact = predict(m, truth, q, c, n)
     fit = fit_calibration(m, q, c, n, exact, truth.dtype_bytes)
@@ -104,7 +109,7 @@ def test_fit_recovers_known_coefficients_exactly_without_noise(model, grid, trut
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("model,grid,truth", TRUTHS)
 def test_fit_recovers_known_coefficients_with_noise(model, grid, truth, seed):
-    m = get_model(model)
+    m = ModelConfig.from_preset(model)
     q, c, n = grid_arrays(model, grid)
     exact = predict(m, truth, q, c, n)
     seconds = exact * (1 + 0.01 * np.random.default_rng(seed).standard_normal(len(q)))
@@ -125,7 +130,7 @@ def test_fit_recovers_known_coefficients_with_noise(model, grid, truth, seed):
 
 
 def test_fit_recovers_a_zero_coefficient():
-    model = get_model("Llama-3.1-8B")
+    model = ModelConfig.from_preset("Llama-3.1-8B")
     q, c, n = grid_arrays("Llama-3.1-8B")
     truth = TRUTHS[0][2]
     fit = fit_calibration(model, q, c, n, predict(model, truth, q, c, n))
@@ -135,7 +140,7 @@ def test_fit_recovers_a_zero_coefficient():
 
 
 def test_fit_needs_enough_positive_points():
-    model = get_model("tiny")
+    model = ModelConfig.from_preset("tiny")
     q, c, n = grid_arrays("tiny", "small")
     with pytest.raises(ServesimError, match="at least 10"):
         fit_calibration(model, q[:5], c[:5], n[:5], np.ones(5))
@@ -147,10 +152,10 @@ def test_fit_needs_enough_positive_points():
 
 @pytest.mark.parametrize("model,grid,cal", TRUTHS)
 def test_calibrated_step_is_the_same_alone_and_inside_a_decode_run(model, grid, cal):
-    cm = CostModelBackend(model, None, calibration=cal)
+    cm = CalibratedCostModel(ModelConfig.from_preset(model), cal)
     assert cm.supports_fast_forward
     contexts = np.array([5, 17, 300, 1000])
-    run = cm.decode_run_seconds(contexts, 6)
+    run = cm.decode_run(contexts.tolist(), 6)[0]
     for j in range(6):
         batch = Batch()
         for i, ctx in enumerate(contexts.tolist()):
@@ -159,20 +164,21 @@ def test_calibrated_step_is_the_same_alone_and_inside_a_decode_run(model, grid, 
         assert result.seconds == run[j]
         assert sum(result.breakdown.values()) == pytest.approx(result.seconds, rel=1e-12)
         q = np.ones((1, len(contexts)), dtype=np.int64)
-        assert result.seconds == pytest.approx(float(predict(get_model(model), cal, q, q * 0 + contexts + j,
+        assert result.seconds == pytest.approx(float(predict(ModelConfig.from_preset(model), cal, q, q * 0 + contexts + j,
                                                              np.array([len(contexts)]))[0]), rel=1e-12)
 
 
 def test_calibrated_step_is_the_fitted_sum():
     cal = Calibration((1e-12, 2e-12, 3e-12, 3e-11, 5e-11, 7e-11, 4e-6, 5e-5, 6e-5, 1e-3), 0.0, 4, cache_bytes=1000.0)
-    cm = CostModelBackend("tiny", "H200", calibration=cal)
+    cm = make_cost_model(ModelConfig.from_preset("tiny"), HARDWARE["H200"], cal)
     batch = Batch()
     batch.add("a", 0, 10, [0], needs_logits=True)  # a 10-token prompt
     batch.add("b", 7, 1, [1], needs_logits=True, is_decode=True)  # a decode at context 8
     batch.add("c", 2, 1, [2], needs_logits=True, is_decode=True)  # a decode at context 3
     layers, h, i, nh, nkv, hd, v = 2, 64, 128, 4, 2, 16, 512
-    assert get_model("tiny") == {**get_model("tiny"), "hidden_size": h, "intermediate_size": i, "num_hidden_layers": 2,
-                                 "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd, "vocab_size": v}
+    tiny = ModelConfig.from_preset("tiny")
+    assert (tiny.hidden_size, tiny.intermediate_size, tiny.num_hidden_layers, tiny.num_attention_heads,
+            tiny.num_key_value_heads, tiny.head_dim, tiny.vocab_size) == (h, i, layers, nh, nkv, hd, v)
     gemm = sum(2 * 12 * k * n for k, n in [(h, (nh + 2 * nkv) * hd), (nh * hd, h), (h, 2 * i), (i, h)])
     features = [layers * gemm + 2 * 3 * h * v,
                 layers * 4 * nh * hd * ((10 * 10 - 10 * 9 / 2) + 8 + 3),  # causal
@@ -192,7 +198,7 @@ def test_calibration_rejects_bad_coefficients():
     with pytest.raises(ServesimError, match="cache_bytes"):
         Calibration((0.0,) * 10, cache_bytes=0.0)
     with pytest.raises(ServesimError, match="hardware preset or a calibrated profile"):
-        CostModelBackend("tiny", None)
+        make_cost_model(ModelConfig.from_preset("tiny"), None)
 
 
 # Calibrate against a stand-in backend; profiles.
@@ -209,7 +215,7 @@ def standin_profile(tmp_path_factory):
 
 def test_calibrate_measures_every_shape_with_warmup_and_repeats(standin_profile):
     _, profile, raw, backend = standin_profile
-    shapes = make_grid("small", get_model("tiny")["max_position_embeddings"])
+    shapes = make_grid("small", ModelConfig.from_preset("tiny").max_position_embeddings)
     assert profile.grid["num_shapes"] == len(shapes) and profile.grid["num_skipped"] == 0
     assert len(raw) == 3 * len(shapes) and backend.num_executed == (1 + (SETTLE_RUNS + 1) * 3) * len(shapes)
     assert sorted(set(raw["kind"])) == ["decode", "mixed", "prefill"]
@@ -261,7 +267,7 @@ def test_profile_of_another_model_is_refused(standin_profile, tmp_path, capsys):
     with pytest.raises(ServesimError, match="calibrated for model 'tiny'.*not for 'Llama-3.1-8B'"):
         load_profile(path, "Llama-3.1-8B")
     with pytest.raises(ServesimError, match="calibrated for model 'tiny'"):
-        ReplayOptions(model="Qwen3-0.6B", profile=str(path))
+        resolve(ReplayOptions(model="Qwen3-0.6B", profile=str(path)))  # options resolve once, in plan.resolve
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
     assert main(["replay", str(trace), "--model", "Llama-3.1-8B", "--profile", str(path), "--quiet",
@@ -292,7 +298,7 @@ def test_replay_with_a_profile_predicts_with_it(standin_profile, tmp_path):
     options = ReplayOptions(model="tiny", hardware="H200", profile=str(path), cache=CacheConfig(num_blocks=64))
     result = replay(trace, options)
     # The first step is the whole 100-token prompt: one request, 100 tokens, one logits row.
-    first = predict(get_model("tiny"), profile.calibration, np.array([[100]]), np.array([[100]]), np.array([1]))
+    first = predict(ModelConfig.from_preset("tiny"), profile.calibration, np.array([[100]]), np.array([[100]]), np.array([1]))
     assert result.steps.seconds[0] == pytest.approx(float(first[0]), rel=1e-12)
     # The profile alone sets the step time: any --hardware gives the same run.
     other = replay(trace, ReplayOptions(model="tiny", hardware="A100-80GB", profile=str(path), cache=options.cache))
@@ -323,7 +329,7 @@ def test_thread_clock_leaves_out_time_the_thread_does_not_run():
     import time as time_module
 
     from backends import StepResult
-    from sim.calibrate import ThreadClock, with_clock
+    from backends.real.timing import ThreadClock, with_clock
 
     class Sleepy(StandInBackend):
         def execute(self, batch):
@@ -344,7 +350,7 @@ def test_thread_clock_leaves_out_time_the_thread_does_not_run():
 
 
 def test_each_measured_run_follows_its_replay_predecessor_fastest_shape_first():
-    from sim.calibrate import Shape, predecessor
+    from backends.calibration import Shape, predecessor
 
     mixed = Shape("mixed", (1, 1, 32), (10, 20, 40), (True, True, False), (True, True, False))
     assert predecessor(mixed) == Shape("decode", (1, 1), (10, 20), (True, True), (True, True))

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from reports.digest import QUANTILES
-from sim.capacity import CapacitySLO, RateSearch, find_capacity
-from sim.cli import main
+from sim.app.capacity import CapacitySLO, RateSearch, find_capacity
+from sim.app.cli import main
 from sim.errors import ServesimError
 
 pytest.importorskip("pyarrow")
@@ -86,8 +86,8 @@ def test_bad_quantiles_and_bounds():
 
 def _service_seconds(prompt_tokens: int) -> float:
     """The time of one step that prefills one whole prompt (the cost model is deterministic)."""
+    from sim.app.replay import ReplayOptions, replay
     from sim.config import CacheConfig, SchedulerConfig
-    from sim.replay import ReplayOptions, replay
     from tests.helpers import make_trace
 
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", prompt_tokens, 1),

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
 SAMPLE = str(AZURE_CONV_SAMPLE)
@@ -173,3 +173,55 @@ def test_numeric_csv_writer_matches_pandas(tmp_path):
     write_numeric_csv(frame, tmp_path / "fast.csv")
     frame.to_csv(tmp_path / "pandas.csv", index=False)
     assert (tmp_path / "fast.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_models_hardware_and_deployments_from_files(tmp_path, capsys):
+    from tests.test_model_config import LLAMA_31_8B, transformers5
+
+    trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0.0,300,20\n0.1,200,30\n")
+    folder = tmp_path / "Llama-3.1-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(transformers5(LLAMA_31_8B)))
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"peak_bf16_flops": 989.4e12, "peak_fp8_flops": 1978.9e12, "memory_bandwidth": 3.35e12,
+                               "memory_bytes": 81082 * 2**20, "nvlink_bandwidth": 450e9}))
+    runs = {}
+    for name, extra in (("preset", []), ("files", ["--model", str(folder), "--hardware", str(gpu)]),
+                        ("tp2", ["--tp", "2"]), ("fp8", ["--dtype", "fp8", "--kv-cache-dtype", "fp8"])):
+        assert run_cli("replay", trace, "--out", tmp_path / name, "--quiet", *extra) == 0
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["files"]["ttft"] == runs["preset"]["ttft"] and runs["files"]["e2e"] == runs["preset"]["e2e"]
+    assert runs["files"]["kv_cache"]["num_gpu_blocks"] == runs["preset"]["kv_cache"]["num_gpu_blocks"] == 27829
+    assert runs["tp2"]["kv_cache"]["num_gpu_blocks"] > 2 * 27829  # half the KV heads and weights per GPU
+    assert runs["fp8"]["kv_cache"]["block_bytes"] * 2 == runs["preset"]["kv_cache"]["block_bytes"]
+    assert runs["tp2"]["tpot"]["mean"] < runs["preset"]["tpot"]["mean"]
+    assert run_cli("replay", trace, "--out", tmp_path / "o", "--quiet", "--num-gpu-blocks", "500") == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["kv_cache"]["num_gpu_blocks"] == 500 and summary["kv_cache"]["source"] == "--num-gpu-blocks"
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"num_local_experts": 8}, "num_local_experts = 8: mixture-of-experts models are not supported"),
+    ({"sliding_window": 4096}, "sliding_window = 4096: sliding-window attention is not supported"),
+    ({"kv_lora_rank": 512}, "kv_lora_rank = 512: multi-head latent attention is not supported"),
+])
+def test_an_unsupported_config_is_exit_2(tmp_path, capsys, change, fragment):
+    from tests.test_model_config import MISTRAL_7B_V03
+
+    trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
+    (tmp_path / "config.json").write_text(json.dumps({**MISTRAL_7B_V03, **change}))
+    expect_error(capsys, ["replay", trace, "--model", str(tmp_path), "--out", tmp_path / "o"], fragment,
+                 str(tmp_path / "config.json"))
+    expect_error(capsys, ["bench", "--concurrency", "1", "--input-len", "8", "--output-len", "2", "--num-prompts",
+                          "1", "--model", str(tmp_path / "config.json"), "--out", tmp_path / "b"], fragment)
+
+
+def test_deployment_options_are_checked(tmp_path, capsys):
+    trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
+    expect_error(capsys, ["replay", trace, "--tp", "3"], "--tp 3 does not split model Llama-3.1-8B")
+    expect_error(capsys, ["replay", trace, "--tp", "0"], "--tp must be a whole number >= 1")
+    expect_error(capsys, ["replay", trace, "--hardware", str(tmp_path / "nope.json")], "nope.json")
+    expect_error(capsys, ["replay", trace, "--model", "Llama-3.1-70B", "--tp", "2", "--max-model-len", "131072"],
+                 "cannot hold one request of --max-model-len 131072")
+    expect_error(capsys, ["replay", trace, "--model", "tiny", "--backend", "real", "--tp", "2"],
+                 "the real backend runs one device")

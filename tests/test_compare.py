@@ -9,12 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from backends.costmodel import CostModelBackend
+from backends.calibrated import CalibratedCostModel
+from backends.calibration import calibrate
+from backends.costmodel import CostModel
+from backends.model_config import ModelConfig
 from backends.profile import load_profile, save_profile
-from sim.calibrate import calibrate
-from sim.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison
+from sim.app.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison
+from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
-from sim.replay import ReplayOptions, replay
 from tests.helpers import make_trace
 from tests.test_calibrate import StandInBackend
 
@@ -23,7 +25,7 @@ ROWS = [(0.002 * i, 40 + 37 * i, 3 + (5 * i) % 11) for i in range(16)]
 
 
 class CountingPredictor:
-    def __init__(self, costmodel: CostModelBackend):
+    def __init__(self, costmodel: CostModel):
         self.costmodel, self.batches = costmodel, []
 
     def execute(self, batch):
@@ -48,7 +50,7 @@ def test_step_join_is_exact(setup):
     _, path, measured_options, predicted_options = setup
     trace = make_trace(ROWS)
     standin = StandInBackend("tiny", num_blocks=256, seed=3)
-    predictor = CountingPredictor(CostModelBackend("tiny", None, calibration=load_profile(path).calibration))
+    predictor = CountingPredictor(CalibratedCostModel(ModelConfig.from_preset("tiny"), load_profile(path).calibration))
     recorder = PredictingBackend(standin, predictor)
     result = replay(trace, measured_options, backend=recorder)
     steps = join_steps(result, recorder)
@@ -91,13 +93,23 @@ def test_compare_writes_every_error_figure_and_the_report(setup):
         assert (out / name).is_file(), name
     data = json.loads((out / "compare.json").read_text())
     errors = data["errors"]
+    # Each step-level figure is the statistic of |predicted - measured| / measured over that kind of step.
+    steps = comparison.steps
     for kind in ("all", "prefill", "decode", "mixed"):
-        for stat in ("median_ape", "p90_ape", "max_ape"):
-            assert math.isfinite(errors[f"step_{kind}_{stat}"]) and errors[f"step_{kind}_{stat}"] >= 0
+        ape = (steps if kind == "all" else steps[steps["kind"] == kind])["ape"].to_numpy()
+        assert len(ape) > 0, kind
+        assert errors[f"step_{kind}_median_ape"] == pytest.approx(np.median(ape), rel=1e-12)
+        assert errors[f"step_{kind}_p90_ape"] == pytest.approx(np.quantile(ape, 0.9), rel=1e-12)
+        assert errors[f"step_{kind}_max_ape"] == pytest.approx(ape.max(), rel=1e-12)
+    # Each end-to-end figure is (predicted - measured) / measured of the two runs' summaries.
+    measured = json.loads((out / "measured" / "summary.json").read_text())
+    predicted = json.loads((out / "predicted" / "summary.json").read_text())
     for metric in ("ttft", "tpot", "itl", "e2e"):
         for p in ("p50", "p90", "p99"):
-            assert math.isfinite(errors[f"{metric}_{p}_rel_error"])
-    assert math.isfinite(errors["request_throughput_rel_error"]) and math.isfinite(errors["output_throughput_rel_error"])
+            want = (predicted[metric][p] - measured[metric][p]) / measured[metric][p]
+            assert errors[f"{metric}_{p}_rel_error"] == pytest.approx(want, rel=1e-9)
+    for name in ("request_throughput", "output_throughput"):
+        assert errors[f"{name}_rel_error"] == pytest.approx((predicted[name] - measured[name]) / measured[name], rel=1e-9)
     assert data["step_error"]["all"]["count"] == len(comparison.steps) == len(comparison.measured.steps)
     assert errors == figures["errors"]
     # The stand-in is the datasheet roofline with 2% noise: the calibrated model predicts it closely.
@@ -118,7 +130,7 @@ def test_compare_refuses_different_kv_caches(setup):
 
 
 def test_compare_needs_a_profile(tmp_path, capsys):
-    from sim.cli import main
+    from sim.app.cli import main
 
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
@@ -129,7 +141,7 @@ def test_compare_needs_a_profile(tmp_path, capsys):
 def test_cpu_round_trip_calibrate_then_compare_on_tiny(tmp_path, capsys):
     """The real backend on the CPU: `sim calibrate` (small grid), then `sim compare` with its profile."""
     pytest.importorskip("torch")
-    from sim.cli import main
+    from sim.app.cli import main
 
     profile = tmp_path / "tiny-cpu.json"
     assert main(["calibrate", "--model", "tiny", "--device", "cpu", "--grid", "small", "--warmup", "1",

@@ -10,10 +10,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.costmodel import FEATURES, Calibration, CostModelBackend
+from backends.calibrated import FEATURES, CalibratedCostModel, Calibration
+from backends.hardware import HARDWARE
+from backends.model_config import ModelConfig
+from backends.roofline import RooflineCostModel
 from policies import POLICIES
+from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
-from sim.replay import ReplayOptions, replay
 from tests.helpers import make_trace
 
 TOLERANCE_S = 1e-9
@@ -26,8 +29,8 @@ CALIBRATION = Calibration(tuple(1e-3 / (10.0 ** (3 + i)) for i in range(len(FEAT
 def compare(trace, options, hardware="H100-SXM", calibrated=False):
     def backend():
         if calibrated:
-            return CostModelBackend(options.model, None, calibration=CALIBRATION)
-        return CostModelBackend(options.model, hardware)
+            return CalibratedCostModel(ModelConfig.from_preset(options.model), CALIBRATION)
+        return RooflineCostModel(ModelConfig.from_preset(options.model), HARDWARE[hardware])
 
     results = [replay(trace, options, backend=backend(), fast_forward=ff) for ff in (True, False)]
     fast, slow = results

@@ -7,10 +7,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from policies import POLICIES
+from sim.app.replay import make_requests
+from sim.arrivals import TraceArrivals
+from sim.arrivals import simulate as run_engine
 from sim.block_manager import BlockManager
 from sim.config import SchedulerConfig
-from sim.engine import Engine
-from sim.replay import ReplayOptions, make_requests
+from sim.engine import Engine, TokenTimes
 from sim.request import Status
 from tests.helpers import ConstantBackend, make_trace
 
@@ -76,13 +78,13 @@ def simulate(rows, cfg, check=True):
     trace.hash_ids = [np.resize(np.asarray(h + [100 + i], dtype=np.int64), -(-p // 4))
                       for i, (h, (_, p, _, _)) in enumerate(zip([r[3] for r in rows], rows))]
     sched = SchedulerConfig(cfg["policy"], cfg["max_num_seqs"] + cfg["extra_budget"], cfg["max_num_seqs"])
-    options = ReplayOptions(scheduler=sched, model="Llama-3.1-8B")
     policy = POLICIES[sched.policy](sched)
     if check:
         policy = CheckedPolicy(policy, sched)
     bm = BlockManager(cfg["num_blocks"], cfg["block_size"], cfg["prefix_caching"])
-    engine = Engine(make_requests(trace, options), policy, ConstantBackend(0.25), bm, max_model_len=10_000)
-    return engine.run(), bm
+    requests = sorted(make_requests(trace), key=lambda r: (r.arrival_s, r.index))
+    engine = Engine(policy, ConstantBackend(0.25), bm, TokenTimes(requests), max_model_len=10_000)
+    return run_engine(engine, TraceArrivals(requests, engine)), bm
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -91,14 +93,14 @@ def test_invariants(rows, cfg):
     result, bm = simulate(rows, cfg)
     event(f"preemptions: {result.num_preemptions > 0}")
     event(f"prefix hits: {result.num_prefix_hit_tokens > 0}")
-    for r in result.requests:
+    for i, r in enumerate(result.requests):
         if bm.blocks_for(r.max_kv_tokens) > bm.num_blocks:
             assert r.status is Status.REJECTED and "KV blocks" in r.reject_reason
             continue
         # Every admitted request finishes with exactly its output tokens, preempted or not.
         assert r.status is Status.FINISHED
         assert r.num_output_tokens == r.max_tokens
-        times = result.token_times[r.token_offset:r.token_offset + r.max_tokens]
+        times = result.tokens_of(i)
         assert not np.isnan(times).any() and (np.diff(times) > 0).all()
         assert r.arrival_s <= r.first_scheduled_s < r.first_token_s == times[0] and r.finish_s == times[-1]
         assert not r.block_table

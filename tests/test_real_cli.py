@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 from backends.real import RealBackend  # noqa: E402
 from backends.real.reference import dense_logits  # noqa: E402
-from sim.cli import main  # noqa: E402
+from sim.app.cli import main  # noqa: E402
+from sim.app.replay import ReplayOptions, replay  # noqa: E402
 from sim.config import CacheConfig, SchedulerConfig  # noqa: E402
-from sim.replay import ReplayOptions, replay  # noqa: E402
 from sim.request import Status  # noqa: E402
 from traces import read_trace  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_generated_tokens_are_the_models_greedy_continuation(trace_file):
     for r in result.requests:
         assert r.status is Status.FINISHED
         assert len(r.sampled_token_ids) == r.max_tokens
-        ids = r.token_ids(0, r.num_prompt_tokens + r.max_tokens)
+        ids = r.token_ids(0, r.num_prompt_tokens + r.max_tokens, backend.runner.token_spec)
         logits = dense_logits(backend.model, ids[:-1])
         want = logits[r.num_prompt_tokens - 1:].argmax(-1).tolist()
         assert r.sampled_token_ids == want, r.request_id
@@ -83,7 +83,7 @@ def test_without_torch_the_real_backend_names_the_pip_extra(trace_file, tmp_path
     from pathlib import Path
 
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from sim.cli import main\n"
+            "from sim.app.cli import main\n"
             f"sys.exit(main(['replay', {str(trace_file)!r}, '--backend', 'real', '--model', 'tiny', "
             f"'--out', {str(tmp_path / 'o')!r}, '--quiet']))\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
@@ -106,6 +106,6 @@ def test_prefix_cache_hits_read_the_blocks_another_request_wrote(tmp_path):
     result = replay(read_trace(path), options, backend=backend)
     assert result.num_prefix_hit_tokens >= 24 + 16
     for r in result.requests:
-        ids = r.token_ids(0, r.num_prompt_tokens + r.max_tokens)
+        ids = r.token_ids(0, r.num_prompt_tokens + r.max_tokens, backend.runner.token_spec)
         want = dense_logits(backend.model, ids[:-1])[r.num_prompt_tokens - 1:].argmax(-1).tolist()
         assert r.sampled_token_ids == want, r.request_id

@@ -124,8 +124,8 @@ def _backend(block_size):
 
 
 def test_llama3_rope_scaling_stretches_only_long_wavelengths():
+    from backends.model_config import ModelConfig
     from backends.presets import MODELS
-    from backends.real.config import ModelConfig
 
     scaling = MODELS["Llama-3.1-8B"]["rope_scaling"]
     assert ModelConfig.from_preset("Llama-3.1-8B").rope_scaling == scaling

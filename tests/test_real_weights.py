@@ -9,8 +9,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from backends.real import RealBackend  # noqa: E402
 from backends.real.weights import hf_state_dict  # noqa: E402
+from sim.app.cli import main  # noqa: E402
 from sim.batch import Batch  # noqa: E402
-from sim.cli import main  # noqa: E402
 from sim.errors import ServesimError  # noqa: E402
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -91,3 +91,21 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     # --weights belongs to the real backend.
     rc = main(["replay", str(trace), "--weights", str(tmp_path), "--out", str(tmp_path / "o"), "--quiet"])
     assert rc == 2 and "does not apply to --backend costmodel" in capsys.readouterr().err
+
+
+def test_config_check_reads_both_rope_layouts(tmp_path):
+    from backends.model_config import ModelConfig
+    from backends.real.weights import _check_config
+    from tests.test_model_config import LLAMA_31_8B, transformers5
+
+    llama = ModelConfig.from_preset("Llama-3.1-8B")
+    for name, config in (("hub", LLAMA_31_8B), ("t5", transformers5(LLAMA_31_8B))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        _check_config(tmp_path / name, llama)  # a correct Llama-3.1-8B folder, either layout
+    wrong = transformers5(LLAMA_31_8B)
+    wrong["rope_parameters"]["rope_theta"] = 10000.0
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "wrong" / "config.json").write_text(json.dumps(wrong))
+    with pytest.raises(ServesimError, match="rope_theta = 10000.0, the model 500000.0"):
+        _check_config(tmp_path / "wrong", llama)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.app.cli import main
+from sim.app.sweep import RESULTS, make_point, parse_axis, read_table, run_rows
 from sim.errors import ServesimError
-from sim.sweep import RESULTS, make_point, parse_axis, read_table, run_rows
 from traces import AZURE_CONV_SAMPLE
 
 pytest.importorskip("pyarrow")
@@ -61,7 +61,7 @@ def test_small_sweep_gives_the_full_grid_in_grid_order(uninterrupted):
 
 def test_killed_sweep_resumes_to_the_same_table(uninterrupted, tmp_path):
     out = tmp_path / "killed"
-    command = [sys.executable, "-m", "sim.cli", "sweep", *SMALL, *GRID, "--seed", "0,1", "--out", str(out),
+    command = [sys.executable, "-m", "sim.app.cli", "sweep", *SMALL, *GRID, "--seed", "0,1", "--out", str(out),
                "--jobs", "1", "--quiet"]
     process = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
@@ -121,16 +121,16 @@ def test_bad_grids_are_one_line_errors(tmp_path, capsys, args, fragment):
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
-    import sim.sweep
+    import sim.app.sweep
 
-    real_replay = sim.sweep.replay
+    real_replay = sim.app.sweep.replay
 
     def replay(trace, options, **kwargs):
         if options.scheduler.max_num_batched_tokens == 512:
             raise ValueError("boom at 512")
         return real_replay(trace, options, **kwargs)
 
-    monkeypatch.setattr(sim.sweep, "replay", replay)  # --jobs 1 runs points in this process
+    monkeypatch.setattr(sim.app.sweep, "replay", replay)  # --jobs 1 runs points in this process
     out = tmp_path / "s"
     assert sweep("--max-num-batched-tokens", "256,512,1024", "--out", out, "--jobs", 1, "--quiet") == 1
     assert "1 of 3 points failed" in capsys.readouterr().err
@@ -140,7 +140,7 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch
     assert frame["policy"].iloc[1] == "chunked" and pd.isna(frame["ttft_p50"].iloc[1])
     assert (out / "report.html").exists()
     # --resume runs only the failed point again.
-    monkeypatch.setattr(sim.sweep, "replay", real_replay)
+    monkeypatch.setattr(sim.app.sweep, "replay", real_replay)
     before = frame.set_index("point")["wall_s"]
     assert sweep("--max-num-batched-tokens", "256,512,1024", "--out", out, "--jobs", 1, "--quiet", "--resume") == 0
     after = read_table(out / RESULTS)[0].set_index("point")
@@ -158,7 +158,7 @@ def test_parse_axis():
 
 
 def _points(policies=("prefill-first", "chunked"), scales=(1.0, 3.0)):
-    from sim.replay import ReplayOptions
+    from sim.app.replay import ReplayOptions
     from sim.config import SchedulerConfig
 
     points = []
@@ -206,13 +206,16 @@ def test_ray_missing_is_a_clear_error(monkeypatch):
 
 
 def test_progress_bar_shows_points_failures_and_an_eta(capsys):
-    from sim.sweep_cli import ProgressBar
+    from sim.app.progress import Progress
+    from sim.app.sweep_cli import _on_row
 
-    bar = ProgressBar(total=4, done=1, enabled=True)  # one point was done before a resume
-    bar({"status": "ok"}, 2, 4)
-    bar({"status": "error"}, 3, 4)
-    bar.done()
+    bar = Progress(4, "points", enabled=True, done=1)  # one point was done before a resume
+    on_row = _on_row(bar)
+    on_row({"status": "ok"}, 2, 4)
+    on_row({"status": "error"}, 3, 4)
+    bar.close()
     lines = capsys.readouterr().err.split("\r")
     assert lines[1].startswith("  [#######.......................] 1/4 points  0:00 elapsed  ETA --:--")
     assert "3/4 points  1 failed  0:0" in lines[-1] and "elapsed  ETA 0:0" in lines[-1]
-    assert ProgressBar(total=4, done=0, enabled=False).shown is False
+    Progress(4, "points", enabled=False).update(2)
+    assert capsys.readouterr().err == ""

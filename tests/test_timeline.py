@@ -9,8 +9,8 @@ Token budget 8, block size 4, plenty of blocks.
 import numpy as np
 import pytest
 
+from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
-from sim.replay import ReplayOptions, replay
 from tests.helpers import ConstantBackend, make_trace
 
 TRACE = [(0.0, 4, 3), (0.5, 6, 2), (0.5, 3, 1)]
@@ -21,8 +21,7 @@ def run(policy):
                             cache=CacheConfig(block_size=4, num_blocks=64))
     backend = ConstantBackend(1.0)
     result = replay(make_trace(TRACE), options, backend=backend)
-    tokens = {r.request_id: result.token_times[r.token_offset:r.token_offset + r.max_tokens].tolist()
-              for r in result.requests}
+    tokens = {r.request_id: result.tokens_of(i).tolist() for i, r in enumerate(result.requests)}
     steps = list(zip(result.steps.start_s, result.steps.num_prefill_tokens, result.steps.num_decode_tokens))
     return result, tokens, steps
 

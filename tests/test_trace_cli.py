@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.app.cli import main
 from tests.test_trace_readers import BURSTGPT
 from traces import AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE, read_trace
 from traces.stats import trace_stats

@@ -7,9 +7,11 @@ import json
 
 import numpy as np
 
-from sim.cli import main
+from backends.model_config import ModelConfig
+from sim.app.cli import main
+from sim.app.replay import ReplayOptions, make_requests, replay, write_run
 from sim.config import CacheConfig, SchedulerConfig
-from sim.replay import ReplayOptions, make_requests, replay, write_run
+from sim.tokens import TokenSpec
 from tests.helpers import ConstantBackend, make_trace
 from traces import MOONCAKE_SAMPLE, read_trace
 
@@ -54,7 +56,8 @@ def test_hash_blocks_larger_than_kv_blocks():
 
 def test_shared_hash_ids_give_identical_token_prefixes():
     trace = read_trace(MOONCAKE_SAMPLE)
-    requests = make_requests(trace, ReplayOptions(model="Qwen3-0.6B"))
+    requests = make_requests(trace)
+    spec = TokenSpec(0, ModelConfig.from_preset("Qwen3-0.6B").vocab_size)
     first = [tuple(h[:1].tolist()) for h in trace.hash_ids]
     i = next(k for k in range(len(first)) if first.count(first[k]) > 1)
     j = next(k for k in range(i + 1, len(first)) if first[k] == first[i])
@@ -62,11 +65,11 @@ def test_shared_hash_ids_give_identical_token_prefixes():
     shared = int(np.argmax(np.append(a[:len(b)] != b[:len(a)], True)))  # leading ids in common
     n = min(shared * 512, trace.prompt_tokens[i], trace.prompt_tokens[j])
     assert n >= 512
-    assert np.array_equal(requests[i].token_ids(0, n), requests[j].token_ids(0, n))
+    assert np.array_equal(requests[i].token_ids(0, n, spec), requests[j].token_ids(0, n, spec))
     end = min(trace.prompt_tokens[i], trace.prompt_tokens[j])
     if n < end:  # the first block after the shared prefix differs
         k = min(n + 512, end)
-        assert not np.array_equal(requests[i].token_ids(n, k), requests[j].token_ids(n, k))
+        assert not np.array_equal(requests[i].token_ids(n, k, spec), requests[j].token_ids(n, k, spec))
 
 
 def test_replay_mooncake_cut_hits_the_prefix_cache_and_lowers_ttft(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.cli import main
+from sim.app.cli import main
 from tests.test_trace_readers import BURSTGPT, VIDUR, same_requests
 from traces import AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE, read_trace
 from traces.trace import Trace

@@ -7,9 +7,17 @@ import pytest
 
 from sim.errors import ServesimError
 from traces import transforms
-from traces.transforms import (apply, limit, mean_rate, parse_time_window, scale_rate, target_rate, time_window,
-                               truncate_too_long)
 from traces.trace import Trace
+from traces.transforms import (
+    apply,
+    limit,
+    mean_rate,
+    parse_time_window,
+    scale_rate,
+    target_rate,
+    time_window,
+    truncate_too_long,
+)
 
 
 def trace(arrival=(0.0, 1.0, 2.0, 4.0), prompt=(100, 600, 1030, 20), output=(10, 10, 500, 1), hash_ids=None):

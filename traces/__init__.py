@@ -9,4 +9,4 @@ SAMPLES = Path(__file__).parent / "samples"
 AZURE_CONV_SAMPLE = SAMPLES / "azure_conv_2023_first5min.csv"
 MOONCAKE_SAMPLE = SAMPLES / "mooncake_synthetic_last200.jsonl"
 
-__all__ = ["Trace", "read_trace", "FORMATS", "SAMPLES", "AZURE_CONV_SAMPLE", "MOONCAKE_SAMPLE"]
+__all__ = ["AZURE_CONV_SAMPLE", "FORMATS", "MOONCAKE_SAMPLE", "SAMPLES", "Trace", "read_trace"]

@@ -1,7 +1,7 @@
 """What a trace looks like: size, span, rate, burstiness, lengths and prefix sharing.
 
-Definitions as in shared/traces/raw/SOURCES.md: the mean rate is rows divided by the span (last
-minus first arrival); percentiles interpolate linearly (numpy's default).
+Definitions: the mean rate is rows divided by the span (last minus first arrival); percentiles
+interpolate linearly (numpy's default).
 """
 
 from __future__ import annotations

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.errors import ServesimError
+from traces.formats import MAX_SPAN_S, MAX_TOKENS
 from traces.trace import Trace
 
 ARRIVALS = ("poisson", "gamma")
+MAX_REQUESTS = 100_000_000  # 100 M requests take ~3 GB of columns; more is a typo
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Lengths:
     params: tuple[float, ...]
 
     @classmethod
-    def parse(cls, text: str, option: str = "length") -> "Lengths":
+    def parse(cls, text: str, option: str = "length") -> Lengths:
         kind, *parts = text.strip().split(":")
         arity = {"fixed": 1, "uniform": 2, "zipf": 3}
         if kind not in arity or len(parts) != arity[kind]:
@@ -46,6 +48,9 @@ class Lengths:
         counts = params if kind != "zipf" else params[1:]
         if any(c < 1 or c != int(c) for c in counts):
             raise ServesimError(f"{option}: {text!r}: token counts must be whole numbers of at least 1")
+        if any(c > MAX_TOKENS for c in counts):
+            raise ServesimError(f"{option}: {text!r}: more tokens than any model takes (at most 2**31 = "
+                                f"{MAX_TOKENS:,})")
         if kind != "fixed" and counts[0] > counts[1]:
             raise ServesimError(f"{option}: {text!r}: LO must not be above HI")
         if kind == "zipf" and not params[0] > 0:
@@ -83,21 +88,31 @@ class SynthConfig:
     lengths_from: Trace | None = field(default=None, compare=False)  # resample (prompt, output) pairs
 
     def __post_init__(self) -> None:
+        # One check at a time: a later one may divide by a value an earlier one rules out.
         checks = [
-            (self.num_requests >= 1, f"--num-requests must be at least 1, got {self.num_requests}"),
-            (self.rate > 0 and np.isfinite(self.rate), f"--rate must be a positive number, got {self.rate}"),
-            (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}"),
-            (self.cv > 0 and np.isfinite(self.cv), f"--cv must be a positive number, got {self.cv}"),
-            (self.arrival == "gamma" or self.cv == 1.0, "--cv applies to gamma arrivals (--arrival gamma)"),
-            (self.think_time_s >= 0, f"--think-time must not be negative, got {self.think_time_s}"),
-            (self.hash_block_tokens >= 1, f"--hash-block-tokens must be at least 1, got {self.hash_block_tokens}"),
-            (self.system_prompt_tokens >= 0 and self.system_prompt_tokens % self.hash_block_tokens == 0,
-             f"--system-prompt-tokens must be a multiple of --hash-block-tokens ({self.hash_block_tokens}), "
-             f"got {self.system_prompt_tokens}"),
-            (self.seed >= 0, f"--seed must not be negative, got {self.seed}"),
-            (self.lengths_from is None or len(self.lengths_from) > 0, "--lengths-from: the trace is empty"),
+            lambda: (self.num_requests >= 1, f"--num-requests must be at least 1, got {self.num_requests}"),
+            lambda: (self.num_requests <= MAX_REQUESTS,
+                     f"--num-requests must be at most {MAX_REQUESTS:,}, got {self.num_requests}"),
+            lambda: (self.rate > 0 and np.isfinite(self.rate), f"--rate must be a positive number, got {self.rate}"),
+            lambda: (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}"),
+            lambda: (self.cv > 0 and np.isfinite(self.cv), f"--cv must be a positive number, got {self.cv}"),
+            lambda: (self.arrival == "gamma" or self.cv == 1.0, "--cv applies to gamma arrivals (--arrival gamma)"),
+            lambda: (self.think_time_s >= 0, f"--think-time must not be negative, got {self.think_time_s}"),
+            lambda: (self.think_time_s <= MAX_SPAN_S,
+                     f"--think-time must be at most {MAX_SPAN_S:g} s, got {self.think_time_s}"),
+            lambda: (self.hash_block_tokens >= 1,
+                     f"--hash-block-tokens must be at least 1, got {self.hash_block_tokens}"),
+            lambda: (self.hash_block_tokens <= MAX_TOKENS,
+                     f"--hash-block-tokens must be at most 2**31, got {self.hash_block_tokens}"),
+            lambda: (0 <= self.system_prompt_tokens <= MAX_TOKENS
+                     and self.system_prompt_tokens % self.hash_block_tokens == 0,
+                     (f"--system-prompt-tokens must be a multiple of --hash-block-tokens ({self.hash_block_tokens}) "
+                     f"up to 2**31, got {self.system_prompt_tokens}")),
+            lambda: (self.seed >= 0, f"--seed must not be negative, got {self.seed}"),
+            lambda: (self.lengths_from is None or len(self.lengths_from) > 0, "--lengths-from: the trace is empty"),
         ]
-        for ok, message in checks:
+        for check in checks:
+            ok, message = check()
             if not ok:
                 raise ServesimError(message)
 
@@ -146,6 +161,9 @@ def synthesize(config: SynthConfig) -> Trace:
                 t += think[i]
                 context += int(output[i - 1])
             context += int(user[i])
+            if context > MAX_TOKENS:
+                raise ServesimError(f"session {s}'s turn {k + 1} has {context:,} prompt tokens, more than any model "
+                                    f"takes (2**31): fewer --turns or shorter lengths")
             arrival[i], prompt[i] = t, context
             request_ids.append(f"s{s}-t{k + 1}")
             if has_hashes:
@@ -155,6 +173,9 @@ def synthesize(config: SynthConfig) -> Trace:
                 next_id += num_new
                 hash_ids.append(ids)
             i += 1
+    if not (np.isfinite(arrival).all() and arrival.max() <= MAX_SPAN_S):  # beyond any real trace's span
+        raise ServesimError(f"the trace would span {arrival.max():.3g} s, more than {MAX_SPAN_S:g} s: raise --rate "
+                            f"or lower --think-time")
     order = np.argsort(arrival, kind="stable")
     positions = order.tolist()
     return Trace(arrival[order] - arrival[order][0], prompt[order], output.astype(np.int64)[order],

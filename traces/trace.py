@@ -37,7 +37,7 @@ class Trace:
     def ids(self) -> list[str]:
         return self.request_ids if self.request_ids is not None else [str(i) for i in range(len(self))]
 
-    def take(self, index: np.ndarray) -> "Trace":
+    def take(self, index: np.ndarray) -> Trace:
         """The requests at `index` (positions or a boolean mask), arrivals kept as they are."""
         index = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index, dtype=np.int64)
         positions = index.tolist()

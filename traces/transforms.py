@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from sim.errors import ServesimError
+from traces.formats import MAX_SPAN_S
 from traces.trace import Trace
 
 TOO_LONG = ("reject", "truncate")
@@ -27,6 +28,9 @@ def mean_rate(trace: Trace) -> float:
 def scale_rate(trace: Trace, factor: float) -> Trace:
     """Arrival times divided by `factor`: 2 doubles the rate, 0.5 halves it."""
     factor = _positive(factor, "--rate-scale must be a positive number")
+    if trace.duration_s / factor > MAX_SPAN_S:
+        raise ServesimError(f"rate scale {factor:g} stretches the trace's {trace.duration_s:g} s to "
+                            f"{trace.duration_s / factor:.3g} s, more than {MAX_SPAN_S:g} s")
     return replace(trace, arrival_s=trace.arrival_s / factor)
 
 

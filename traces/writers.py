@@ -15,19 +15,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.errors import ServesimError
-from traces.readers import CHUNK_ROWS
+from traces.formats import CHUNK_ROWS
 from traces.trace import Trace
 
 
-def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS) -> None:
+def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS, *,
+                    compress: bool | None = None) -> None:
+    """`compress` gzips the file (default: when `out` ends in .gz). An OSError (a full disk) is left
+    to the caller: the CLI writes into `sim.app.outputs.atomic_path`, which keeps the old file."""
     out = Path(out)
-    try:
-        handle = gzip.open(out, "wt", encoding="utf-8", newline="") if out.suffix == ".gz" else \
-            open(out, "w", encoding="utf-8", newline="")
-    except OSError as e:
-        raise ServesimError(f"{out}: cannot write: {e.strerror}") from None
-    with handle:
+    if compress is None:
+        compress = out.suffix == ".gz"
+    opener = gzip.open if compress else open
+    with opener(out, "wt", encoding="utf-8", newline="") as handle:
         for start in range(0, max(len(trace), 1), chunk_rows):
             _frame(trace, start, start + chunk_rows).to_csv(handle, header=start == 0, index=False,
                                                             lineterminator="\n")

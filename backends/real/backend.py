@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends import StepResult
-from backends.presets import activation_reserve_bytes, get_model, num_parameters
+from backends.kv_capacity import activation_peak_bytes
+from sim.backend import StepResult
 from sim.batch import Batch
+from sim.config import check_block_size
 from sim.errors import ServesimError
+from sim.tokens import TokenSpec
 
 try:
     import torch
 except ImportError:  # the one-line error names the extra to install
     raise ServesimError("the real backend needs torch (and triton on a GPU): pip install -e '.[real]'") from None
 
+from backends.model_config import ModelConfig
 from backends.real import kv_cache
-from backends.real.config import ModelConfig
-from backends.real.model import Decoder
+from backends.real.model import Decoder, check_runnable
 from backends.real.ops import TORCH_OPS, triton_ops
 from backends.real.runner import ModelRunner
 from backends.real.weights import init_random, load_safetensors
@@ -42,6 +44,18 @@ def _cpu_available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def _cuda_free_bytes(device: "torch.device") -> tuple[int, int]:
     """(free, total) device memory, counting what this process's allocator holds unused as free
     (a backend built after another one was dropped finds that memory again)."""
@@ -62,30 +76,29 @@ class RealBackend:
     name = "real"
     supports_fast_forward = False  # every step is executed: sampled tokens feed the next one
 
-    def __init__(self, model: str, device: str = "cpu", block_size: int = 16, num_blocks: int | None = None,
-                 seed: int = 0, weights: str | None = None, gpu_memory_utilization: float = 0.9, *,
+    def __init__(self, model: str | ModelConfig, device: str = "cpu", block_size: int = 16,
+                 num_blocks: int | None = None, seed: int = 0, weights: str | None = None, gpu_memory_utilization: float = 0.9, *,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, cpu_threads: int | None = 1,
                  cuda_graphs: bool = True):
         """`cpu_threads`: torch's intra-op threads on the CPU (process-wide; None keeps torch's own
         choice). One by default: a toy model gains nothing from more, and its measured step times
         then stay steady when other processes share the cores. `cuda_graphs`: replay decode-only
         steps of up to `max_num_seqs` requests from captured CUDA graphs (GPU only)."""
-        if block_size < 1 or block_size & (block_size - 1):
-            raise ServesimError(f"--block-size must be a power of two, got {block_size}")
+        check_block_size(block_size)
         if num_blocks is not None and num_blocks < 1:
             raise ServesimError(f"--num-blocks must be at least 1, got {num_blocks}")
-        self.model_name = model
-        self.cfg = ModelConfig.from_preset(model)
+        self.cfg = model if isinstance(model, ModelConfig) else ModelConfig.from_preset(model)
+        self.model_name = self.cfg.name
+        check_runnable(self.cfg)
         self.device = _device(device)
         if self.device.type == "cpu" and cpu_threads is not None:
             torch.set_num_threads(cpu_threads)
         self.block_size = block_size
         is_cuda = self.device.type == "cuda"
         self.dtype = torch.bfloat16 if is_cuda else torch.float32
-        preset = get_model(model)
         element = torch.empty(0, dtype=self.dtype).element_size()
-        weight_bytes = num_parameters(preset) * element
-        reserve = activation_reserve_bytes(preset, max_num_batched_tokens, max_num_seqs)
+        weight_bytes = self.cfg.num_parameters * element
+        reserve = activation_peak_bytes(self.cfg, max_num_batched_tokens, max_num_seqs)  # vLLM's profile run's
         where = torch.cuda.get_device_name(self.device) if is_cuda else "this machine's memory"
 
         if is_cuda:
@@ -95,7 +108,7 @@ class RealBackend:
             usable = _cpu_available_bytes() * gpu_memory_utilization
         if weight_bytes + reserve > usable:
             raise ServesimError(
-                f"model {model} is too large for {where}: {_gib(weight_bytes)} of weights and "
+                f"model {self.model_name} is too large for {where}: {_gib(weight_bytes)} of weights and "
                 f"{_gib(reserve)} of activations, {_gib(max(usable, 0))} usable; choose a smaller model "
                 f"(see `sim models`)")
 
@@ -126,7 +139,9 @@ class RealBackend:
         self.num_blocks = num_blocks
         self.kv_caches = kv_cache.allocate(self.cfg, num_blocks + num_scratch, block_size, self.dtype, self.device)
         self.ops = triton_ops() if is_cuda else TORCH_OPS
-        self.runner = ModelRunner(self.model, self.ops, self.kv_caches, block_size, self.device)
+        self.runner = ModelRunner(self.model, self.ops, self.kv_caches, block_size, self.device,
+                                  TokenSpec(seed, self.cfg.vocab_size))
+        self.device_name = torch.cuda.get_device_name(self.device) if is_cuda else _cpu_name()
         self._warm_up()
         self.cuda_graph_error: str | None = None  # why decode steps run eagerly although graphs were asked for
         if use_graphs:

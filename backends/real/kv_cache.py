@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.real.config import ModelConfig
+from backends.model_config import ModelConfig
 
 # On the CPU the cache is a toy: at most this much, unless --num-blocks asks for more.
 CPU_DEFAULT_CACHE_BYTES = 1 << 30

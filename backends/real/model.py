@@ -12,9 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.real.config import ModelConfig
+from backends.model_config import ModelConfig
 from backends.real.ops import Ops
 from backends.real.reference import AttentionMetadata, rope_cos_sin
+from sim.errors import ServesimError
+
+
+def check_runnable(cfg: ModelConfig) -> None:
+    """The decoder below has no biases and knows plain RoPE and Llama 3.1's scaling only."""
+    rope_type = None if cfg.rope_scaling is None else cfg.rope_scaling.get("rope_type")
+    if rope_type not in (None, "llama3"):
+        raise ServesimError(f"model {cfg.name}: the real backend supports plain RoPE and rope_type llama3, "
+                            f"not {rope_type!r}")
+    if cfg.qkv_bias:
+        raise ServesimError(f"model {cfg.name}: the real backend's decoder has no q/k/v biases ({cfg.architecture})")
 
 
 class DecoderLayer(nn.Module):

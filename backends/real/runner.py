@@ -20,6 +20,7 @@ from backends.real.model import Decoder
 from backends.real.ops import Ops
 from backends.real.reference import AttentionMetadata
 from sim.batch import Batch, FlatBatch
+from sim.tokens import TokenSpec
 
 
 class StagedInputs:
@@ -54,8 +55,9 @@ class StagedInputs:
 
 class ModelRunner:
     def __init__(self, model: Decoder, ops: Ops, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device):
+                 block_size: int, device: torch.device, token_spec: TokenSpec | None = None):
         self.model = model
+        self.token_spec = token_spec  # synthesises the token ids of scheduler requests
         self.ops = ops
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -81,7 +83,8 @@ class ModelRunner:
                                                                                        flat.logits_indices)
 
     def logits(self, flat: FlatBatch) -> torch.Tensor:
-        """[num_logits, vocab] fp32 for one flattened step (used by the tests and `execute`)."""
+        """[num_logits, vocab] fp32 for one flattened step, for the tests (`execute` runs the same stage,
+        forward and LM head, timing each part, and samples)."""
         input_ids, positions, meta, logits_indices = self.stage(flat)
         hidden = self.model(self.ops, input_ids, positions, meta, self.kv_caches, logits_indices)
         return self.model.logits(hidden)
@@ -92,7 +95,7 @@ class ModelRunner:
 
     def _execute_cpu(self, batch: Batch) -> tuple[np.ndarray, dict[str, float]]:
         t0 = time.perf_counter()
-        input_ids, positions, meta, logits_indices = self.stage(batch.flatten(self.block_size))
+        input_ids, positions, meta, logits_indices = self.stage(batch.flatten(self.block_size, self.token_spec))
         t1 = time.perf_counter()
         hidden = self.model(self.ops, input_ids, positions, meta, self.kv_caches, logits_indices)
         logits = self.model.logits(hidden)
@@ -104,7 +107,7 @@ class ModelRunner:
     def _execute_cuda(self, batch: Batch) -> tuple[np.ndarray, dict[str, float]]:
         start, staged, forwarded, sampled_ev = self._events
         t0 = time.perf_counter()
-        flat = batch.flatten(self.block_size)
+        flat = batch.flatten(self.block_size, self.token_spec)
         size = self.graphs.size_for(flat) if self.graphs is not None else None
         host_s = time.perf_counter() - t0
         start.record()

@@ -7,12 +7,11 @@ name maps to a row range of a fused parameter.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from backends.real.config import ModelConfig
+from backends.model_config import ModelConfig, hf_fields, read_config_json
 from backends.real.model import Decoder
 from sim.errors import ServesimError
 
@@ -79,28 +78,25 @@ def _open_safetensors():
     return safe_open
 
 
-def _check_config(folder: Path, cfg: ModelConfig) -> None:
-    path = folder / "config.json"
-    if not path.exists():
-        return
+def _open_file(safe_open, path: Path):
+    """One safetensors file; a corrupt one (bad header, cut short) is a user error naming it."""
     try:
-        hf = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ServesimError(f"{path}: cannot read it as JSON ({e})") from None
-    if "head_dim" not in hf and "hidden_size" in hf and "num_attention_heads" in hf:
-        hf["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
-    for field in _CONFIG_FIELDS:
-        if field in hf and hf[field] != getattr(cfg, field):
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as e:  # safetensors raises its own SafetensorError, or OSError
+        raise ServesimError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+
+
+def _check_config(folder: Path, cfg: ModelConfig) -> None:
+    """A folder's config.json, read as `--model` reads one (either RoPE layout), must describe the
+    model the weights are loaded into: the fields it states must agree."""
+    if not (folder / "config.json").exists():
+        return
+    where, raw = read_config_json(folder)
+    stated = hf_fields(raw, where)
+    for field in (*_CONFIG_FIELDS, "rope_theta", "rope_scaling"):
+        if field in stated and stated[field] != getattr(cfg, field):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
-                                f"{field} = {hf[field]}, the preset {getattr(cfg, field)}")
-    if "rope_theta" in hf and hf["rope_theta"] != cfg.rope_theta:
-        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
-                            f"rope_theta = {hf['rope_theta']}, the preset {cfg.rope_theta}")
-    scaling, ours = hf.get("rope_scaling"), cfg.rope_scaling
-    if (scaling is None) != (ours is None) or ours is not None and any(
-            scaling.get(key) != value for key, value in ours.items() if key != "rope_type"):
-        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
-                            f"rope_scaling = {scaling}, the preset {cfg.rope_scaling}")
+                                f"{field} = {stated[field]}, the model {getattr(cfg, field)}")
 
 
 @torch.no_grad()
@@ -117,8 +113,8 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
     _check_config(folder, cfg)
     safe_open = _open_safetensors()
     layout = hf_layout(model)
-    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-    where = {name: h for h in handles for name in h.keys()}
+    handles = {f: _open_file(safe_open, f) for f in files}
+    where = {name: (h, f) for f, h in handles.items() for name in h.keys()}
     missing = [n for n in layout if n not in where]
     unexpected = [n for n in where if n not in layout and not n.endswith(_IGNORED_SUFFIXES)
                   and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
@@ -128,7 +124,11 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: it {what} "
                                 f"{names[0]}{more}")
     for name, (param, start, end) in layout.items():
-        tensor = where[name].get_tensor(name)
+        handle, file = where[name]
+        try:
+            tensor = handle.get_tensor(name)
+        except Exception as e:  # safetensors' own error type: a header that lies about the data
+            raise ServesimError(f"{file}: cannot read tensor {name} ({type(e).__name__}: {e})") from None
         expected = (end - start, *param.shape[1:])
         if tuple(tensor.shape) != expected:
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: {name} has shape "

@@ -1,4 +1,5 @@
-"""`sim calibrate`: measure a grid of batch shapes on the real backend and fit a cost-model profile.
+"""Calibration: measure a grid of batch shapes on the real backend and fit a cost-model profile
+(the command is sim/app/calibrate.py).
 
 The grid covers what the policies schedule:
 
@@ -20,21 +21,17 @@ the profile (one row per measured run).
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import platform
 import sys
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from backends import StepResult
-from backends.presets import get_model
-from backends.profile import Profile, fit_calibration, fit_report, pad, save_profile
+from backends.model_config import ModelConfig
+from backends.profile import Profile, fit_calibration, fit_report, pad
 from sim.batch import Batch
 from sim.errors import ServesimError
 
@@ -155,33 +152,10 @@ def shape_batch(shape: Shape, block_size: int, num_blocks: int, vocab_size: int,
     return batch
 
 
-class ProgressBar:
-    """`[#####.....] 45/110 runs  12.3 s` on stderr, redrawn at most a few times a second."""
-
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.label, self.enabled = total, label, enabled
-        self.started = time.monotonic()
-        self.last = 0.0
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last < 0.2 and done < self.total):
-            return
-        self.last = now
-        width = 30
-        filled = width * done // max(self.total, 1)
-        sys.stderr.write(f"\r  {self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
-                         f"runs  {now - self.started:.1f} s")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-
-
 def measure(backend, shapes: list[Shape], vocab_size: int, warmup: int = 2, repeats: int = 5, seed: int = 0,
-            progress: ProgressBar | None = None) -> pd.DataFrame:
+            progress=None) -> pd.DataFrame:
     """Run every shape `warmup` times, then `repeats` rounds over all shapes; one row per measured run.
+    `progress`, if given, has update(num_runs_done).
 
     A round goes through the shapes from the fastest to the slowest (by their last warm-up), and
     each measured run directly follows `SETTLE_RUNS` unmeasured runs of its `predecessor`, the
@@ -238,7 +212,7 @@ def fit_measurements(model: str, raw: pd.DataFrame, dtype_bytes: int):
     c = pad([list(map(int, s.split())) for s in shapes["context_lens"]])
     num_logits = shapes["num_logits"].to_numpy()
     seconds = shapes["seconds"].to_numpy(dtype=np.float64)
-    m = get_model(model)
+    m = ModelConfig.from_preset(model)
     calibration = fit_calibration(m, q, c, num_logits, seconds, dtype_bytes)
     report = fit_report(m, q, c, num_logits, seconds, calibration, dtype_bytes)
     # How much a shape's own repeats disagree: the floor under any model's error on single steps.
@@ -267,40 +241,24 @@ def software_versions() -> dict[str, str]:
     return versions
 
 
-def device_name(backend) -> str:
-    if getattr(backend, "device_name", None):
-        return str(backend.device_name)
-    device = str(getattr(backend, "device", "cpu"))
-    if device.startswith("cuda"):
-        import torch  # only reached with the real backend, which has loaded it already
-
-        return torch.cuda.get_device_name(torch.device(device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
 def calibrate(backend, model: str, grid: str = "full", warmup: int = 2, repeats: int = 5, seed: int = 0,
-              progress: bool = False) -> tuple[Profile, pd.DataFrame]:
-    """Measure `grid` on `backend` (anything with execute, block_size, num_blocks) and fit a profile."""
-    m = get_model(model)
-    shapes = make_grid(grid, m["max_position_embeddings"])
+              progress=None) -> tuple[Profile, pd.DataFrame]:
+    """Measure `grid` on `backend` (a Backend with block_size and num_blocks) and fit a profile.
+    `progress`, if given, is told the number of measured runs (`total`) and each one done (update)."""
+    m = ModelConfig.from_preset(model)
+    shapes = make_grid(grid, m.max_position_embeddings)
     fitting = [s for s in shapes if s.num_blocks(backend.block_size) <= backend.num_blocks]
     if len(fitting) < len(shapes) // 2:
         raise ServesimError(f"only {len(fitting)} of the {len(shapes)} shapes of grid {grid!r} fit in "
                             f"{backend.num_blocks} KV blocks; give more with --num-blocks")
-    bar = ProgressBar(len(fitting) * repeats, f"calibrating {model} on {getattr(backend, 'device', 'cpu')}", progress)
-    raw = measure(backend, fitting, m["vocab_size"], warmup, repeats, seed, bar)
-    bar.close()
-    dtype = str(getattr(backend, "dtype", "bfloat16")).removeprefix("torch.")
+    if progress is not None:
+        progress.total = len(fitting) * repeats
+    raw = measure(backend, fitting, m.vocab_size, warmup, repeats, seed, progress)
+    dtype = str(backend.dtype).removeprefix("torch.")
     calibration, report = fit_measurements(model, raw, DTYPE_BYTES.get(dtype, 2))
     profile = Profile(
-        model=model, calibration=calibration, device=str(getattr(backend, "device", "cpu")),
-        device_name=device_name(backend), dtype=dtype, block_size=int(backend.block_size),
+        model=model, calibration=calibration, device=str(backend.device),
+        device_name=backend.device_name, dtype=dtype, block_size=int(backend.block_size),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
         fit=report, grid={"name": grid, "num_shapes": len(fitting), "num_skipped": len(shapes) - len(fitting),
                           "warmup": warmup, "repeats": repeats, "seed": seed},
@@ -314,7 +272,7 @@ def default_grid(device: str) -> str:
 
 def grid_num_blocks(model: str, grid: str, block_size: int) -> int:
     """KV blocks for the largest shape of the grid: what a CPU calibration allocates."""
-    shapes = make_grid(grid, get_model(model)["max_position_embeddings"])
+    shapes = make_grid(grid, ModelConfig.from_preset(model).max_position_embeddings)
     return max(s.num_blocks(block_size) for s in shapes)
 
 
@@ -337,94 +295,3 @@ def format_profile(profile: Profile) -> str:
             s = fit[name]
             lines.append(f"  {name:<24}{pct(s['median_ape']):>8}{pct(s['p90_ape']):>8}{pct(s['max_ape']):>8}")
     return "\n".join(lines)
-
-
-def real_backend(model: str, device: str, block_size: int, num_blocks: int | None, seed: int,
-                 weights: str | None):
-    try:
-        from backends.real import RealBackend
-    except ImportError as e:
-        raise ServesimError(f"the real backend cannot load ({e}); install it with `pip install -e .[real]`") from None
-    return RealBackend(model, device=device, block_size=block_size, num_blocks=num_blocks, seed=seed, weights=weights)
-
-
-CLOCKS = ("wall", "thread")
-
-
-class ThreadClock:
-    """A CPU backend's steps timed by the calling thread's CPU time (`time.thread_time`) instead of
-    the wall clock: on a shared machine, time the thread spends descheduled for other processes
-    then does not count. Valid for the real backend's CPU path, which runs single-threaded in the
-    calling thread. The backend's own breakdown is scaled to add up to the new total."""
-
-    supports_fast_forward = False
-
-    def __init__(self, backend):
-        if str(getattr(backend, "device", "cpu")) != "cpu":
-            raise ServesimError("--clock thread times the CPU path; use --clock wall on a GPU")
-        self.backend = backend
-        self.name, self.device, self.dtype = backend.name, backend.device, getattr(backend, "dtype", None)
-        self.block_size, self.num_blocks = backend.block_size, backend.num_blocks
-
-    def execute(self, batch: Batch) -> StepResult:
-        start = time.thread_time()
-        result = self.backend.execute(batch)
-        seconds = time.thread_time() - start
-        scale = seconds / result.seconds if result.seconds > 0 else 0.0
-        return StepResult(seconds, {k: v * scale for k, v in result.breakdown.items()}, result.sampled_token_ids)
-
-
-def with_clock(backend, clock: str):
-    if clock not in CLOCKS:
-        raise ServesimError(f"unknown --clock {clock!r}; choose one of {', '.join(CLOCKS)}")
-    return ThreadClock(backend) if clock == "thread" else backend
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.suffix != ".json":
-        raise ServesimError(f"--out {out}: a profile is a .json file")
-    get_model(args.model)
-    grid = args.grid or default_grid(args.device)
-    num_blocks = args.num_blocks
-    if num_blocks is None and not args.device.startswith("cuda"):
-        num_blocks = grid_num_blocks(args.model, grid, args.block_size)
-    backend = real_backend(args.model, args.device, args.block_size, num_blocks, args.seed, args.weights)
-    started = time.perf_counter()
-    profile, raw = calibrate(with_clock(backend, args.clock), args.model, grid, args.warmup, args.repeats, args.seed,
-                             progress=sys.stderr.isatty() and not args.quiet)
-    profile = replace(profile, grid={**profile.grid, "clock": args.clock})
-    save_profile(profile, out)
-    csv = out.with_suffix(".csv")
-    raw.to_csv(csv, index=False)
-    if not args.quiet:
-        print(format_profile(profile))
-        print(f"measured {len(raw)} steps in {time.perf_counter() - started:.1f} s; wrote {out} and {csv}")
-    return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "calibrate", help="measure batch shapes on the real backend and fit a cost-model profile",
-        description="Run a grid of batch shapes (decode, prefill chunks, mixed) on the real backend, keep the "
-                    "median of the repeats, fit the cost model's coefficients and write a profile (JSON) and "
-                    "the raw measurements (CSV beside it). Use the profile with `sim replay --profile`.")
-    p.add_argument("--model", required=True, help="model preset (see `sim models`)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the real backend's device (default: cpu)")
-    p.add_argument("--out", required=True, help="profile to write, e.g. profiles/tiny-cpu.json")
-    p.add_argument("--grid", default=None, choices=list(GRIDS),
-                   help="grid of shapes (default: cpu on a CPU, full on a GPU; small for a quick look)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured runs per shape (default: 2)")
-    p.add_argument("--repeats", type=int, default=5, metavar="N",
-                   help="measured runs per shape; the median is fitted (default: 5)")
-    p.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block (default: 16)")
-    p.add_argument("--num-blocks", type=int, default=None, metavar="N",
-                   help="KV blocks to allocate (default: on a CPU, what the largest shape needs; on a GPU, "
-                        "derived from its memory); shapes that need more are skipped")
-    p.add_argument("--weights", default=None, help="local safetensors weights (default: random, seeded)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, token ids and block ids (default: 0)")
-    p.add_argument("--clock", default="wall", choices=CLOCKS,
-                   help="wall: the backend's own timing (default); thread: the CPU time of the calling thread, "
-                        "for a CPU shared with other processes (--device cpu only)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
-    p.set_defaults(func=cmd_calibrate)

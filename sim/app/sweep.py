@@ -5,9 +5,9 @@
       -> rows (options, summary metrics, latency quantile sketches, a binned step timeline)
       -> DIR/results.parquet, rewritten atomically after every finished point
 
-The table carries the sweep's identity (trace checksum, grid, fixed options) in its Parquet
-metadata, so `--resume` refuses a table from other options and runs only the points it lacks
-(or that failed). Points run on local processes or on Ray; rows are sorted by grid order, so
+The table (sim/app/results_table.py) carries the sweep's identity (trace checksum, grid, fixed
+options) in its Parquet metadata, so `--resume` refuses a table from other options and runs only
+the points it lacks (or that failed). Points run on local processes or on Ray; rows are sorted by grid order, so
 the table is the same whatever the executor.
 
 pyarrow is imported only here; Ray only in `_ray_rows`.
@@ -16,38 +16,29 @@ pyarrow is imported only here; Ray only in `_ray_rows`.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import multiprocessing
 import os
-import signal
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
+from reports.axes import AXES
+from reports.tables import RESULTS, read_table  # noqa: F401 (RESULTS, read_table: for callers)
+from sim.app import workers
+from sim.app.options import ReplayOptions
+from sim.app.plan import resolve
+from sim.app.replay import replay
+from sim.app.results_table import ResultsTable  # noqa: F401 (for callers)
+from sim.app.results_table import identity as table_identity
 from sim.errors import ServesimError
-from sim.replay import ReplayOptions, replay
 from traces.trace import Trace
 
-RESULTS = "results.parquet"
-METADATA_KEY = b"servesim.sweep"
 EXECUTORS = ("process", "ray")
 
-# Axes a grid can sweep: the option's name (as in ReplayOptions and the table) and its type.
-AXES: dict[str, type] = {
-    "policy": str,
-    "model": str,
-    "hardware": str,
-    "max_num_batched_tokens": int,
-    "max_num_seqs": int,
-    "rate_scale": float,
-    "seed": int,
-}
 
 
 def parse_axis(name: str, text: str) -> tuple:
@@ -84,6 +75,8 @@ class Point:
     options: ReplayOptions
     rate_scale: float
     values: tuple  # the axis values, in AXES order
+    resolved: dict  # the options as the run uses them (RunPlan.as_dict)
+    max_model_len: int
 
 
 def point_key(values: dict) -> str:
@@ -91,9 +84,12 @@ def point_key(values: dict) -> str:
 
 
 def make_point(values: dict, make_options: Callable[[dict], ReplayOptions]) -> Point:
-    """`make_options` turns axis values into ReplayOptions (the CLI passes options_from_args)."""
-    return Point(point_key(values), make_options(values), float(values["rate_scale"]),
-                 tuple(values[name] for name in AXES))
+    """`make_options` turns axis values into ReplayOptions (the CLI passes options_from_args). The
+    options are resolved here, without building a backend, so a point that cannot run fails at once."""
+    options = make_options(values)
+    plan = resolve(options, build_backend=False)
+    return Point(point_key(values), options, float(values["rate_scale"]), tuple(values[name] for name in AXES),
+                 plan.as_dict(), plan.max_model_len)
 
 
 def trace_checksum(trace: Trace) -> str:
@@ -108,23 +104,7 @@ def trace_checksum(trace: Trace) -> str:
 
 def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions) -> dict:
     """What makes two tables comparable: the trace's content, the grid, and every fixed option."""
-    from dataclasses import asdict
-
-    from reports.digest import flat_options
-
-    fixed = {k: v for k, v in flat_options(asdict(options)).items() if k not in AXES}
-    return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
-
-
-def _difference(stored: dict, current: dict) -> str:
-    if stored.get("trace_sha256") != current["trace_sha256"]:
-        return "a different trace file (its contents differ)"
-    for section, label in (("axes", "grid"), ("fixed", "option")):
-        old, new = stored.get(section, {}), current[section]
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                return f"{label} {key} = {old.get(key)!r} there, {new.get(key)!r} here"
-    return "other options"
+    return table_identity(trace_sha256, axes, options, AXES)
 
 
 # Running one point.
@@ -136,14 +116,15 @@ def run_point(trace: Trace, point: Point) -> dict:
     from traces.transforms import scale_rate
 
     started = time.perf_counter()
-    options = dict(flat_options(point.options.as_dict()), trace=trace.source, rate_scale=point.rate_scale)
+    options = dict(flat_options(point.resolved), trace=trace.source, rate_scale=point.rate_scale)
     row: dict = {"point": point.key, "status": "ok", "error": ""}
     try:
+        plan = resolve(point.options)
         scaled = scale_rate(trace, point.rate_scale)
-        result = replay(scaled, point.options)
+        result = replay(scaled, plan)
         requests = requests_table(result)
-        opts = dict(point.options.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
-        summary = summarize(result, requests, point.options.slo, opts)
+        opts = dict(plan.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
+        summary = summarize(result, requests, plan.options.slo, opts)
         row.update(summary_row(summary, run_digest(result, requests)))
         row["request_rate"] = len(scaled) / scaled.duration_s if scaled.duration_s > 0 else None
     except Exception as e:  # recorded in the table; the sweep goes on
@@ -158,7 +139,7 @@ def error_row(point: Point, trace: Trace, message: str) -> dict:
     from reports.digest import flat_options
 
     return {"point": point.key, "status": "error", "error": message,
-            **flat_options(point.options.as_dict()), "trace": trace.source, "rate_scale": point.rate_scale}
+            **flat_options(point.resolved), "trace": trace.source, "rate_scale": point.rate_scale}
 
 
 def default_jobs() -> int:
@@ -187,13 +168,10 @@ def run_rows(trace: Trace, points: list[Point], executor: str = "process", jobs:
         yield from _process_rows(trace, points, min(jobs, len(points)))
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-
 def _process_rows(trace: Trace, points: list[Point], jobs: int) -> Iterator[dict]:
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
-    futures = {pool.submit(run_point, trace, point): point for point in points}
+    """Points on local processes that die with this one (sim/app/workers.py)."""
+    executor = workers.pool(jobs)
+    futures = {executor.submit(run_point, trace, point): point for point in points}
     try:
         for future in as_completed(futures):
             try:
@@ -201,11 +179,7 @@ def _process_rows(trace: Trace, points: list[Point], jobs: int) -> Iterator[dict
             except Exception as e:  # the worker process died (killed, out of memory)
                 yield error_row(futures[future], trace, f"worker failed: {type(e).__name__}: {e}")
     finally:
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:  # stop the points still running (after an interrupt)
-            if process.is_alive():
-                process.terminate()
+        workers.stop(executor)  # the points still running (after an interrupt)
 
 
 def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None) -> Iterator[dict]:
@@ -219,7 +193,8 @@ def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None)
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+                # "local": a new Ray instance of this process's own, never a cluster left running on this machine.
+                ray.init(address="local", num_cpus=jobs, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ServesimError(f"cannot start Ray{' at ' + address if address else ''}: {e}") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
@@ -239,94 +214,6 @@ def _ray_rows(trace: Trace, points: list[Point], jobs: int, address: str | None)
             ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
-
-
-# The results table.
-
-class ResultsTable:
-    """A Parquet table of rows keyed by point, rewritten whole after each new row.
-
-    Parquet cannot be appended to in place, and a file killed mid-write has no footer; writing a
-    temporary file and renaming it over the old one means the table on disk is always whole."""
-
-    def __init__(self, path: Path, identity: dict, resume: bool, order: Callable[[dict], tuple]):
-        self.path = path
-        self.identity = identity
-        self.order = order
-        self.rows: dict[str, dict] = {}
-        if path.exists():
-            if not resume:
-                raise ServesimError(f"{path} already exists: pass --resume to continue that run, "
-                                    "or choose another --out")
-            frame, stored = read_table(path)
-            if stored != identity:
-                raise ServesimError(f"{path} holds results of other options ({_difference(stored, identity)}); "
-                                    "resume with the same options, or choose another --out")
-            self.rows = {row["point"]: row for row in frame.to_dict("records")}
-
-    def is_done(self, key: str) -> bool:
-        row = self.rows.get(key)
-        return row is not None and row["status"] == "ok"
-
-    def add(self, row: dict) -> None:
-        self.rows[row["point"]] = row
-        self.write()
-
-    def sorted_rows(self) -> list[dict]:
-        return sorted(self.rows.values(), key=self.order)
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.sorted_rows())
-
-    def write(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        rows = self.sorted_rows()
-        columns: dict[str, None] = {}
-        for row in sorted(rows, key=lambda r: r["status"] != "ok"):  # a full row decides the column order
-            columns.update(dict.fromkeys(row))
-        table = pa.table({name: [_plain(row.get(name)) for row in rows] for name in columns})
-        metadata = {METADATA_KEY: json.dumps(self.identity, sort_keys=True).encode()}
-        table = table.replace_schema_metadata(metadata)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        pq.write_table(table, temporary)
-        os.replace(temporary, self.path)
-
-
-def _plain(value):
-    """Parquet-friendly: numpy scalars and arrays to Python, NaN stays a float."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
-def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
-    """A sweep or probe table and the identity stored with it."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ServesimError("sweeps need pyarrow: pip install 'servesim[sweep]'") from None
-    path = Path(path)
-    try:
-        # One read of the whole file: the writer may replace it meanwhile, and two opens could see two files.
-        table = pq.read_table(pa.BufferReader(path.read_bytes()))
-    except FileNotFoundError:
-        raise ServesimError(f"{path}: no such file") from None
-    except Exception as e:
-        raise ServesimError(f"{path}: not a readable Parquet table ({type(e).__name__}: {e})") from None
-    metadata = table.schema.metadata or {}
-    if METADATA_KEY not in metadata:
-        raise ServesimError(f"{path}: not a servesim results table (no sweep metadata)")
-    frame = table.to_pandas()
-    for column in frame.columns:  # list columns come back as numpy arrays; rows hold plain lists
-        if frame[column].dtype == object:
-            frame[column] = [v.tolist() if hasattr(v, "tolist") else v for v in frame[column]]
-    return frame, json.loads(metadata[METADATA_KEY])
 
 
 def require_pyarrow() -> None:

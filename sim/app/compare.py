@@ -14,7 +14,6 @@ signed relative error (predicted - measured) / measured of each metric.
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import sys
 import time
@@ -24,18 +23,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from backends import StepResult
 from backends.profile import ape_stats, load_profile
+from reports.compare_page import STEP_KINDS, write_compare_report
+from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_path, atomic_write_text, open_run_folder
+from sim.app.plan import RunPlan, resolve
+from sim.app.replay import replay, write_run
+from sim.backend import StepResult
 from sim.batch import Batch
 from sim.engine import SimResult
 from sim.errors import ServesimError
-from sim.replay import ReplayOptions, make_backend, replay, write_run
+from sim.jsonable import jsonable
 from traces.trace import Trace
 
-STEP_KINDS = ("prefill", "decode", "mixed")
 METRICS = tuple(f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p90", "p99")) + (
     "request_throughput", "output_throughput", "total_token_throughput", "duration_s")
-# The issue's targets: step-level median <= 5% and p90 <= 15%; p50 and p99 TTFT and TPOT within 10%.
+# What a calibrated profile should reach on its own device, marked in the report: step-level median error
+# <= 5% and p90 <= 15%; p50 and p99 TTFT and TPOT within 10% of the measured run.
 TARGETS = {"step_all_median_ape": 0.05, "step_all_p90_ape": 0.15, "ttft_p50_rel_error": 0.10,
            "ttft_p99_rel_error": 0.10, "tpot_p50_rel_error": 0.10, "tpot_p99_rel_error": 0.10}
 
@@ -54,7 +58,8 @@ class PredictingBackend:
 
     def __init__(self, measured, predictor):
         self.measured, self.predictor = measured, predictor
-        self.name = measured.name
+        self.name, self.device, self.dtype = measured.name, measured.device, measured.dtype
+        self.num_blocks = measured.num_blocks
         self.kinds: list[str] = []
         self.measured_s: list[float] = []
         self.predicted_s: list[float] = []
@@ -89,19 +94,23 @@ def join_steps(result: SimResult, recorder: PredictingBackend) -> pd.DataFrame:
     return frame
 
 
-def compare(trace: Trace, measured_options: ReplayOptions, predicted_options: ReplayOptions,
+def compare(trace: Trace, measured: ReplayOptions | RunPlan, predicted: ReplayOptions | RunPlan,
             measured_backend=None, progress=None) -> Comparison:
-    """Replay with the measured backend (made from `measured_options` unless given), predicting each
-    step; then replay with the cost model of `predicted_options`."""
-    if predicted_options.backend != "costmodel":
+    """Replay with the measured run's backend (`measured_backend`, or the plan's), predicting each
+    step with the predicted run's cost model; then replay with the cost model alone."""
+    if not isinstance(measured, RunPlan):
+        measured = resolve(measured, measured_backend)
+    if not isinstance(predicted, RunPlan):
+        predicted = resolve(predicted)
+    if predicted.options.backend != "costmodel":
         raise ServesimError("the predicted run needs the cost-model backend")
-    if measured_options.cache.num_blocks != predicted_options.cache.num_blocks:
+    if measured.num_blocks != predicted.num_blocks:
         raise ServesimError("the measured and predicted runs must have the same number of KV blocks")
-    recorder = PredictingBackend(measured_backend or make_backend(measured_options), make_backend(predicted_options))
-    measured = replay(trace, measured_options, backend=recorder, progress=progress)
-    steps = join_steps(measured, recorder)
-    predicted = replay(trace, predicted_options)
-    return Comparison(measured, predicted, steps)
+    recorder = PredictingBackend(measured.backend, predicted.backend)
+    measured_result = replay(trace, replace(measured, backend=recorder), progress=progress)
+    steps = join_steps(measured_result, recorder)
+    predicted_result = replay(trace, predicted)
+    return Comparison(measured_result, predicted_result, steps)
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -166,114 +175,60 @@ def format_comparison(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def _cdf(values: np.ndarray, num_points: int = 1000) -> tuple[np.ndarray, np.ndarray]:
-    values = np.sort(np.asarray(values, dtype=np.float64)[~np.isnan(values)])
-    if len(values) == 0:
-        return values, values
-    fraction = np.linspace(0, 1, min(num_points, len(values)))
-    return np.quantile(values, fraction), fraction
-
-
-def write_report(path: Path, comparison: Comparison, figures: dict, title: str) -> None:
-    """A self-contained HTML page (plotly.js inline): the error table, a predicted-vs-measured scatter
-    of the step times and overlaid CDFs of the request metrics."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from reports.metrics import inter_token_latencies, requests_table
-
-    steps = comparison.steps
-    scatter = go.Figure()
-    for kind in STEP_KINDS:
-        rows = steps[steps["kind"] == kind]
-        scatter.add_trace(go.Scattergl(x=rows["measured_s"] * 1e3, y=rows["predicted_s"] * 1e3, mode="markers",
-                                       name=f"{kind} ({len(rows)})", marker={"size": 4, "opacity": 0.6}))
-    if len(steps):
-        lo = float(min(steps["measured_s"].min(), steps["predicted_s"].min())) * 1e3
-        hi = float(max(steps["measured_s"].max(), steps["predicted_s"].max())) * 1e3
-        scatter.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="predicted = measured",
-                                     line={"dash": "dash", "color": "gray"}))
-    scatter.update_layout(title="Step time: predicted vs measured (same batches)", height=560,
-                          xaxis={"title": "measured (ms)", "type": "log"},
-                          yaxis={"title": "predicted (ms)", "type": "log"})
-
-    runs = {"measured": comparison.measured, "predicted": comparison.predicted}
-    tables = {name: requests_table(result) for name, result in runs.items()}
-    cdfs = make_subplots(rows=2, cols=2, subplot_titles=("TTFT", "TPOT", "ITL", "E2E latency"))
-    colors = {"measured": "#1f77b4", "predicted": "#d62728"}
-    for i, metric in enumerate(("ttft", "tpot", "itl", "e2e")):
-        for name, result in runs.items():
-            frame = tables[name][tables[name]["status"] == "finished"]
-            values = inter_token_latencies(result) if metric == "itl" else frame[f"{metric}_s"].to_numpy()
-            x, y = _cdf(values * 1e3)
-            cdfs.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, legendgroup=name, showlegend=i == 0,
-                                      line={"color": colors[name]}), row=i // 2 + 1, col=i % 2 + 1)
-        cdfs.update_xaxes(title_text="ms", row=i // 2 + 1, col=i % 2 + 1)
-    cdfs.update_layout(title="Request metrics: measured run vs independent cost-model run (CDF)", height=720)
-
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{'-' if v is None else f'{100 * v:+.2f}%'}</td></tr>"
-                   for k, v in figures["errors"].items())
-    body = (f"<h1>{html.escape(title)}</h1>"
-            + scatter.to_html(full_html=False, include_plotlyjs=True)
-            + cdfs.to_html(full_html=False, include_plotlyjs=False)
-            + f"<h2>Error figures</h2><table>{rows}</table>")
-    path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                    "<style>body{font-family:sans-serif;margin:2em}td{padding:2px 12px}</style></head>"
-                    f"<body>{body}</body></html>\n")
-
-
-def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured_options: ReplayOptions,
-                     predicted_options: ReplayOptions, info: dict) -> dict:
+def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured: ReplayOptions | RunPlan,
+                     predicted: ReplayOptions | RunPlan, info: dict) -> dict:
     """measured/ and predicted/ run folders, steps.csv, compare.json and report.html; returns the figures."""
-    from sim.replay import _jsonable
-
-    out.mkdir(parents=True, exist_ok=True)
-    measured_summary = write_run(out / "measured", comparison.measured, measured_options, trace)
-    predicted_summary = write_run(out / "predicted", comparison.predicted, predicted_options, trace)
-    comparison.steps.to_csv(out / "steps.csv", index=False)
+    measured_summary = write_run(out / "measured", comparison.measured, measured, trace)  # makes `out` too
+    predicted_summary = write_run(out / "predicted", comparison.predicted, predicted, trace)
+    with atomic_path(out / "steps.csv") as temp:
+        comparison.steps.to_csv(temp, index=False)
     figures = error_figures(comparison.steps, measured_summary, predicted_summary)
-    (out / "compare.json").write_text(json.dumps(_jsonable({**info, **figures}), indent=2) + "\n")
-    write_report(out / "report.html", comparison, figures,
-                 f"servesim compare: {info.get('model')} on {info.get('device')}, {info.get('policy')}, "
-                 f"{Path(str(info.get('trace'))).name}")
+    atomic_write_text(out / "compare.json", json.dumps(jsonable({**info, **figures}), indent=2) + "\n")
+    with atomic_path(out / "report.html") as temp:
+        write_compare_report(temp, comparison.steps,
+                             {"measured": comparison.measured, "predicted": comparison.predicted}, figures,
+                             f"servesim compare: {info.get('model')} on {info.get('device')}, {info.get('policy')}, "
+                             f"{Path(str(info.get('trace'))).name}")
     return figures
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from sim.calibrate import with_clock
-    from sim.cli import Progress, options_from_args
-    from traces import read_trace
-    from traces.cli import apply_trace_options
+    from sim.app.cli import options_from_args, warn
 
     if args.profile is None:
         raise ServesimError("sim compare needs --profile (make one with `sim calibrate`)")
     options = options_from_args(args)
+    with open_run_folder(args.out, "compare", overwrite=args.overwrite, discard_on_failure=True) as folder:
+        warn(folder.took_over)
+        return _compare(args, options, folder.folder)
+
+
+def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> int:
+    from backends.real.timing import with_clock
+    from sim.app.progress import Progress
+    from traces.cli import load_trace
+
+    measured = resolve(replace(options, backend="real", profile=None))
+    measured = replace(measured, backend=with_clock(measured.backend, args.clock))
+    # Both runs plan with the KV blocks the real backend allocated.
+    cache = replace(options.cache, num_blocks=measured.num_blocks)
+    predicted = resolve(replace(options, backend="costmodel", weights=None, cache=cache))
     profile = load_profile(args.profile, options.model)
-    trace = read_trace(args.trace, args.format, model_filter=args.model_filter)
-    trace = apply_trace_options(trace, args, options.max_model_len)
-    for warning in trace.warnings:
-        print(f"sim: warning: {warning}", file=sys.stderr)
-    measured_options = replace(options, backend="real", profile=None)
-    measured_backend = with_clock(make_backend(measured_options), args.clock)
+    trace = load_trace(args.trace, args, predicted.max_model_len)
     profile_clock = profile.grid.get("clock", "wall")
     if profile_clock != args.clock:
         print(f"sim: warning: {args.profile} was measured with --clock {profile_clock}, this run with "
               f"--clock {args.clock}", file=sys.stderr)
-    # Both runs plan with the KV blocks the real backend allocated.
-    cache = replace(options.cache, num_blocks=int(measured_backend.num_blocks))
-    measured_options = replace(measured_options, cache=cache)
-    predicted_options = replace(options, backend="costmodel", weights=None, cache=cache)
-    progress = Progress(enabled=sys.stderr.isatty() and not args.quiet)
+    progress = Progress.for_replay(len(trace), quiet=args.quiet)
     started = time.perf_counter()
-    comparison = compare(trace, measured_options, predicted_options, measured_backend, progress)
-    progress.done()
-    out = Path(args.out)
-    device = str(getattr(measured_backend, "device", "cpu"))
+    comparison = compare(trace, measured, predicted, progress=progress)
+    progress.close()
+    device = str(measured.backend.device)
     info = {"trace": trace.source, "policy": options.scheduler.policy, "model": options.model, "device": device,
             "profile": args.profile, "profile_device_name": profile.device_name,
             "profile_repeat_noise": profile.fit.get("repeat_noise"), "clock": args.clock, "num_requests": len(trace),
-            "num_blocks": cache.num_blocks, "wall_s": time.perf_counter() - started}
-    figures = write_comparison(out, comparison, trace, measured_options, predicted_options, info)
+            "num_blocks": measured.num_blocks, "wall_s": time.perf_counter() - started}
+    figures = write_comparison(out, comparison, trace, measured, predicted, info)
     if not args.quiet:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {device}, "
               f"profile {args.profile}")
@@ -283,7 +238,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from sim.cli import DEFAULT_TRACE_HELP, add_replay_options
+    from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
 
     p = subparsers.add_parser(
         "compare", help="replay with the real backend and the calibrated cost model; report their errors",
@@ -294,6 +249,7 @@ def register(subparsers) -> None:
     p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     p.add_argument("--out", required=True, help="folder to write")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a comparison")
     p.add_argument("--clock", default="wall", choices=("wall", "thread"),
                    help="how the real backend's steps are timed: wall (its own timing, default) or thread (the "
                         "calling thread's CPU time, for a CPU shared with other processes; --device cpu only)")

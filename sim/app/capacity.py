@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from sim.config import parse_slo
 from sim.errors import ServesimError
 
-# SLO keys: the metric each limits, and the quantile option that applies.
+# SLO keys (sim.config.SLO_KEYS, the same as replay's --slo): the metric each limits.
 SLO_METRICS = {"tbt": "itl", "ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "delay": "scheduling_delay"}
-SLO_ALIASES = {"itl": "tbt", "scheduling_delay": "delay", "e2el": "e2e"}
 
 
 @dataclass(frozen=True)
@@ -59,22 +59,7 @@ class CapacitySLO:
         if not text or not text.strip():
             raise ServesimError("sim capacity needs --slo, e.g. --slo tbt=0.1 (P99 time between tokens "
                                 "<= 100 ms; the median scheduling delay <= 2 s is added by default)")
-        values: dict[str, float | None] = {}
-        for part in text.split(","):
-            key, sep, raw = part.partition("=")
-            key = key.strip().lower()
-            key = SLO_ALIASES.get(key, key)
-            if sep != "=" or key not in SLO_METRICS:
-                raise ServesimError(f"--slo: cannot read {part.strip()!r}; expected KEY=SECONDS with KEY one of "
-                                    f"{', '.join(SLO_METRICS)}")
-            if key == "delay" and raw.strip().lower() == "none":
-                values[key] = None
-                continue
-            try:
-                values[key] = float(raw)
-            except ValueError:
-                raise ServesimError(f"--slo: {key} value {raw.strip()!r} is not a number") from None
-        return cls(**values, quantile=quantile, delay_quantile=delay_quantile)
+        return cls(**parse_slo(text), quantile=quantile, delay_quantile=delay_quantile)
 
     def limits(self) -> dict[str, tuple[float, float]]:
         """key -> (limit in seconds, quantile), for the limits that are set."""

@@ -1,0 +1,114 @@
+"""One GPU's datasheet figures, from a preset or a JSON file (`--hardware NAME|FILE.json`).
+
+A hardware file is one JSON object with these fields (numbers in base units):
+
+    {"peak_bf16_flops": 989.4e12,      dense bf16 tensor-core FLOP/s
+     "peak_fp8_flops": 1978.9e12,      dense fp8 FLOP/s; null: no fp8 tensor cores (fp8 weights are
+                                       then dequantised and multiplied at the bf16 peak, as vLLM's
+                                       weight-only fp8 does on Ampere)
+     "memory_bandwidth": 3.35e12,      HBM bytes/s
+     "memory_bytes": 85020000000,      device memory as CUDA reports it (cudaMemGetInfo's total,
+                                       torch.cuda.get_device_properties().total_memory): what vLLM
+                                       multiplies by --gpu-memory-utilization. nvidia-smi shows a
+                                       few hundred MiB more.
+     "nvlink_bandwidth": 450e9,        bytes/s one GPU sends to the others in one direction (the
+                                       datasheet's NVLink figure counts both directions: half of
+                                       it); null: no NVLink, --tp 1 only
+     "description": "..."}             optional
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from sim.errors import ServesimError
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_bf16_flops: float
+    peak_fp8_flops: float | None
+    memory_bandwidth: float
+    memory_bytes: int
+    nvlink_bandwidth: float | None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("peak_bf16_flops", "peak_fp8_flops", "memory_bandwidth", "memory_bytes", "nvlink_bandwidth"):
+            value = getattr(self, field)
+            if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth"):
+                continue
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value > 0):
+                raise ServesimError(f"hardware {self.name}: {field} must be a positive number, got {value!r}")
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Dense tensor-core FLOP/s for GEMMs whose weights are in `dtype` (bf16 or fp8)."""
+        if dtype == "fp8" and self.peak_fp8_flops is not None:
+            return self.peak_fp8_flops
+        return self.peak_bf16_flops
+
+    def check_tp(self, tp: int) -> None:
+        if tp > 1 and self.nvlink_bandwidth is None:
+            raise ServesimError(f"--tp {tp} needs an NVLink bandwidth; hardware {self.name} has nvlink_bandwidth "
+                                "null")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Hardware:
+        p = Path(path)
+        try:
+            raw = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ServesimError(f"{p}: cannot read it as a hardware JSON file ({e})") from None
+        if not isinstance(raw, dict):
+            raise ServesimError(f"{p}: a hardware file is one JSON object")
+        names = [f.name for f in fields(cls) if f.name != "name"]
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise ServesimError(f"{p}: unknown field {unknown[0]!r}; a hardware file has {', '.join(names)}")
+        missing = [n for n in names if n not in raw and n != "description"]
+        if missing:
+            raise ServesimError(f"{p}: no {missing[0]} in it (null where the GPU has none: peak_fp8_flops, "
+                                "nvlink_bandwidth)")
+        if not isinstance(raw.get("description", ""), str):
+            raise ServesimError(f"{p}: description must be text")
+        memory = raw["memory_bytes"]
+        if isinstance(memory, float) and memory.is_integer():
+            raw["memory_bytes"] = int(memory)
+        try:
+            return cls(name=p.stem, **raw)
+        except ServesimError as e:
+            raise ServesimError(f"{p}: {e}") from None
+
+
+# Datasheet figures. Sources: NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: 312 TFLOP/s dense
+# bf16, 2,039 GB/s HBM2e, NVLink 600 GB/s; no fp8), NVIDIA H100 Tensor Core GPU datasheet (SXM5:
+# 989.4 TFLOP/s dense bf16 and 1,978.9 dense fp8 (the datasheet's 1,979 and 3,958 are with
+# sparsity), 3.35 TB/s HBM3, NVLink 900 GB/s), NVIDIA H200 product brief (SXM: same tensor cores
+# as the H100, 4.8 TB/s HBM3e, NVLink 900 GB/s). Memory as CUDA reports it, from
+# torch.cuda.get_device_properties printouts: H100 80GB HBM3 81082 MiB (vLLM logs "79.18 GiB"),
+# H200 143156 MiB, A100-SXM4-80GB 81920 MiB.
+HARDWARE: dict[str, Hardware] = {
+    "A100-80GB": Hardware("A100-80GB", 312e12, None, 2.039e12, 81920 * MIB, 300e9, "NVIDIA A100 SXM4 80GB"),
+    "H100-SXM": Hardware("H100-SXM", 989.4e12, 1978.9e12, 3.35e12, 81082 * MIB, 450e9, "NVIDIA H100 SXM5 80GB"),
+    "H200": Hardware("H200", 989.4e12, 1978.9e12, 4.8e12, 143156 * MIB, 450e9, "NVIDIA H200 SXM 141GB"),
+}
+
+
+def resolve_hardware(name_or_path: str) -> Hardware:
+    """A preset's name, or a path to a hardware JSON file."""
+    if name_or_path in HARDWARE:
+        return HARDWARE[name_or_path]
+    if name_or_path.endswith(".json") or Path(name_or_path).exists():
+        return Hardware.from_json(name_or_path)
+    raise ServesimError(f"unknown hardware {name_or_path!r}: not a preset ({', '.join(HARDWARE)}; see "
+                        "`sim hardware`) and no such JSON file")

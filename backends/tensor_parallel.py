@@ -1,0 +1,65 @@
+"""The roofline's terms for one GPU of a tensor-parallel engine, in weights of either precision.
+
+A GEMM takes max(FLOPs / (peak x efficiency), bytes / effective bandwidth): its FLOPs at the peak
+of its weights' dtype (fp8 weights use the fp8 tensor cores where the GPU has them) and its bytes
+the weights (one byte each in fp8, two in bf16) plus the bf16 activations read and written.
+
+Under tensor parallelism of degree T each GPU runs its shard of every GEMM (`ModelConfig.gemms`)
+and two all-reduces per layer join the shards: after attention's O projection and after the
+MLP's down projection (vLLM's RowParallelLinear, vllm/model_executor/layers/linear.py), each
+over the step's [tokens, hidden] bf16 activations. Without measured tables an all-reduce is
+priced as a ring over NVLink, 2 (T - 1) / T x bytes / bandwidth, plus a fixed latency.
+ALLREDUCE_LATENCY_S: vLLM's custom all-reduce inside CUDA graphs takes 4.2 - 4.9 microseconds
+for messages up to 32 KiB on H100 SXM at TP 2 and 4 (AIConfigurator's measurements inside vLLM
+0.24, ../shared/gpu-data/aiconfigurator/h100_sxm__vllm-0.24.0__custom_allreduce_perf.parquet).
+
+Every function takes ints or numpy arrays of token counts (one per step) alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.hardware import Hardware
+from backends.model_config import DTYPE_BYTES, Gemm, ModelConfig
+
+ACTIVATION_BYTES = 2  # bf16 activations, whatever the weights' dtype
+ALLREDUCE_LATENCY_S = 5e-6
+
+
+def gemm_seconds(num_tokens, gemm: Gemm, dtype: str, flops_s: float, bytes_s: float):
+    """One GEMM of `num_tokens` rows: `flops_s` is the achieved FLOP/s for the weights' dtype,
+    `bytes_s` the achieved memory bandwidth."""
+    t = num_tokens
+    flops = 2.0 * t * gemm.k * gemm.n
+    num_bytes = gemm.k * gemm.n * DTYPE_BYTES[dtype] + t * (gemm.k + gemm.n) * ACTIVATION_BYTES
+    return np.maximum(flops / flops_s, num_bytes / bytes_s)
+
+
+def layer_gemms_seconds(model: ModelConfig, num_tokens, tp: int, dtype: str, hardware: Hardware,
+                        gemm_efficiency: float, memory_efficiency: float):
+    """Every layer's QKV, O, gate-up and down GEMMs on one GPU, summed over the layers."""
+    flops_s = hardware.peak_flops(dtype) * gemm_efficiency
+    bytes_s = hardware.memory_bandwidth * memory_efficiency
+    total = 0.0
+    for gemm in model.gemms(tp):
+        total = total + gemm_seconds(num_tokens, gemm, dtype, flops_s, bytes_s)
+    return model.num_hidden_layers * total
+
+
+def ring_allreduce_seconds(message_bytes, tp: int, bandwidth: float, latency_s: float = ALLREDUCE_LATENCY_S):
+    """One all-reduce of `message_bytes` among `tp` GPUs as a ring: each GPU sends and receives
+    2 (T - 1) / T of the message. Zero on one GPU."""
+    if tp == 1:
+        return 0.0 * message_bytes
+    return 2.0 * (tp - 1) / tp * message_bytes / bandwidth + latency_s
+
+
+def tp_allreduce_seconds(model: ModelConfig, num_tokens, tp: int, hardware: Hardware, efficiency: float = 1.0):
+    """The step's all-reduces: two per layer, each of [tokens, hidden] bf16 activations."""
+    if tp == 1:
+        return 0.0 * num_tokens
+    hardware.check_tp(tp)
+    message = num_tokens * model.hidden_size * ACTIVATION_BYTES
+    one = ring_allreduce_seconds(message, tp, hardware.nvlink_bandwidth * efficiency)
+    return 2 * model.num_hidden_layers * one

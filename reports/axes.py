@@ -1,0 +1,29 @@
+"""The axes a sweep can vary: their names (as in the options and the tables), their types, and
+how tables and pages label them."""
+
+from __future__ import annotations
+
+AXES: dict[str, type] = {
+    "policy": str,
+    "model": str,
+    "hardware": str,
+    "max_num_batched_tokens": int,
+    "max_num_seqs": int,
+    "rate_scale": float,
+    "seed": int,
+}
+SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs", "rate_scale": "rate"}
+
+
+def axis_name(axis: str) -> str:
+    """'budget' for max_num_batched_tokens; other axes by their own name."""
+    return SHORT_NAMES.get(axis, axis)
+
+
+def format_axis(axis: str, value) -> str:
+    """A value with its axis: 'budget 256', 'rate ×2', 'seed 1'; a policy, model or hardware alone."""
+    if axis == "rate_scale":
+        return f"rate ×{float(value):g}"
+    if axis in SHORT_NAMES or axis == "seed":
+        return f"{axis_name(axis)} {value}"
+    return str(value)

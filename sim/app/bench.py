@@ -1,0 +1,163 @@
+"""`sim bench`: a closed-loop benchmark, as `vllm bench serve --max-concurrency C` runs one.
+
+N prompts of exactly I tokens (random token ids: no two share a prefix, so the prefix cache never
+hits), each asking for exactly O output tokens (vLLM's bench sends ignore_eos). With an infinite
+--request-rate every request is created at once; with a rate R they are created on a Poisson
+schedule: exponential gaps from --seed, rescaled so the last is created at N / R, as
+vllm/benchmarks/serve.py `get_request` does. A created request waits, in creation order, for one of
+C slots and is sent when it has one; a request's slot is freed when it finishes (sim/arrivals.py,
+`ClosedLoop`).
+
+What is measured, as vLLM's client measures it (serve.py, `benchmark` and `calculate_metrics`):
+TTFT and E2E from the moment a request is sent (not from its creation: the wait for a slot is
+the client's queue, reported apart by vLLM), TPOT = (E2E - TTFT) / (O - 1), ITL every gap
+between tokens, throughputs over the benchmark's duration from its start (t = 0) to the last
+finish. The first wave (C requests sent together at t = 0, all prefilling at once) is measured
+and counted, as vLLM counts it. Warm-up: vLLM first sends one test request (the first prompt) and
+--num-warmups requests (default 0), and counts neither; servesim starts the benchmark on an idle
+engine with an empty KV cache and sends no warm-up. (vLLM's test request leaves the first prompt
+in the prefix cache, so its request 0 finds its prompt cached; here it does not.) Time between a
+request's last token and the client's next send (HTTP, detokenisation) is zero here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.app.plan import RunPlan
+from sim.arrivals import ClosedLoop, simulate
+from sim.engine import Engine, SimResult, TokenTimes
+from sim.errors import ServesimError
+from sim.request import Request
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    concurrency: int
+    input_len: int
+    output_len: int
+    num_prompts: int
+    request_rate: float = math.inf  # requests per second; inf: all created at once
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "input_len", "output_len", "num_prompts"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ServesimError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
+        if not self.request_rate > 0:
+            raise ServesimError(f"--request-rate must be positive (inf: all at once), got {self.request_rate}")
+
+    def created_s(self, seed: int) -> list[float]:
+        """When each request is created (before it waits for a slot)."""
+        n = self.num_prompts
+        if math.isinf(self.request_rate):
+            return [0.0] * n
+        gaps = np.random.default_rng(seed).exponential(1.0 / self.request_rate, n)
+        times = np.cumsum(gaps)
+        return (times * (n / self.request_rate / times[-1])).tolist()
+
+    def requests(self) -> list[Request]:
+        return [Request(i, f"bench-{i}", 0.0, self.input_len, self.output_len) for i in range(self.num_prompts)]
+
+    def as_dict(self) -> dict:
+        return {"concurrency": self.concurrency, "input_len": self.input_len, "output_len": self.output_len,
+                "num_prompts": self.num_prompts,
+                "request_rate": None if math.isinf(self.request_rate) else self.request_rate}
+
+
+def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool = True) -> tuple[SimResult, ClosedLoop]:
+    requests = spec.requests()
+    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
+                    plan.max_model_len, fast_forward=fast_forward, progress=progress)
+    workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine)
+    return simulate(engine, workload), workload
+
+
+def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) -> dict:
+    """The run folder of `sim replay` (its trace: the requests as sent), with the bench's settings and
+    peak concurrency in summary.json."""
+    from reports.bench_table import peak_concurrency
+    from sim.app.replay import write_run
+    from traces.trace import Trace
+
+    rows = result.requests
+    sent = [r for r in rows if r.finish_s is not None]
+    trace = Trace(np.array([r.arrival_s for r in rows]), np.array([r.num_prompt_tokens for r in rows]),
+                  np.array([r.max_tokens for r in rows]), source=f"sim bench {describe(spec)}")
+    extra = {"bench": spec.as_dict(),
+             "peak_concurrent_requests": peak_concurrency([r.arrival_s for r in sent], [r.finish_s for r in sent])}
+    return write_run(out, result, plan, trace, extra=extra, start_s=0.0)
+
+
+def describe(spec: BenchSpec) -> str:
+    rate = "inf" if math.isinf(spec.request_rate) else f"{spec.request_rate:g}"
+    return (f"--concurrency {spec.concurrency} --input-len {spec.input_len} --output-len {spec.output_len} "
+            f"--num-prompts {spec.num_prompts} --request-rate {rate}")
+
+
+TRACE_OPTIONS = ("format", "model_filter", "time_window", "limit", "rate_scale", "target_rate")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from reports.bench_table import format_bench_table
+    from sim.app.cli import describe as describe_plan
+    from sim.app.cli import options_from_args, run_stamp, warn
+    from sim.app.outputs import open_run_folder
+    from sim.app.plan import resolve
+    from sim.app.progress import Progress
+
+    for name in TRACE_OPTIONS:
+        if getattr(args, name, None) is not None:
+            raise ServesimError(f"--{name.replace('_', '-')} shapes a trace; sim bench makes its own requests")
+    spec = BenchSpec(args.concurrency, args.input_len, args.output_len, args.num_prompts, args.request_rate)
+    options = options_from_args(args)
+    # The run folder is claimed (made, locked, refused if it holds a run) before any work.
+    with open_run_folder(args.out, f"{run_stamp()}-bench", overwrite=args.overwrite,
+                         discard_on_failure=True) as folder:
+        warn(folder.took_over)
+        plan = resolve(options)
+        out = folder.folder
+        progress = Progress.for_replay(spec.num_prompts, quiet=args.quiet)
+        started = time.perf_counter()
+        result, _ = run_bench(spec, plan, progress=progress, fast_forward=not args.no_fast_forward)
+        progress.close()
+        wall = time.perf_counter() - started
+        summary = write_bench(out, result, plan, spec)
+    if not args.quiet:
+        print(f"sim bench {describe(spec)}: {describe_plan(plan)}")
+        print(format_bench_table(summary, spec.concurrency,
+                                 None if math.isinf(spec.request_rate) else spec.request_rate))
+        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/",
+              file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    from sim.app.cli import add_replay_options, whole_number
+
+    p = sub.add_parser(
+        "bench", help="a closed-loop benchmark, as vllm bench serve --max-concurrency runs it",
+        description="C clients send N fixed-length prompts of random tokens, each its next when its previous "
+                    "one finishes (with --request-rate, sends are also paced by a Poisson process), and the "
+                    "run is reported as vllm bench serve reports it. Writes a run folder like sim replay.")
+    p.add_argument("--concurrency", type=whole_number, required=True, metavar="C",
+                   help="most requests in flight (vllm bench's --max-concurrency)")
+    p.add_argument("--input-len", type=whole_number, required=True, metavar="I", help="prompt tokens per request")
+    p.add_argument("--output-len", type=whole_number, required=True, metavar="O", help="output tokens per request")
+    p.add_argument("--num-prompts", type=whole_number, required=True, metavar="N", help="requests sent in all")
+    p.add_argument("--request-rate", type=float, default=math.inf, metavar="R",
+                   help="requests created per second, on a Poisson schedule (default: inf, all at once)")
+    add_replay_options(p)
+    p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
+    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a run")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("--no-fast-forward", action="store_true",
+                   help="simulate every decode step one by one (same results, slower; for checking)")
+    p.set_defaults(func=cmd_bench)

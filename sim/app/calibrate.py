@@ -1,0 +1,91 @@
+"""`sim calibrate`: measure a grid of batch shapes on the real backend and fit a cost-model profile
+(the measuring and fitting are backends/calibration.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from backends.calibration import GRIDS, calibrate, default_grid, format_profile, grid_num_blocks
+from backends.presets import get_model
+from backends.profile import save_profile
+from sim.app.outputs import atomic_path, check_file_destination
+from sim.app.progress import Progress
+from sim.errors import ServesimError
+
+CLOCKS = ("wall", "thread")
+
+
+def real_backend(model: str, device: str, block_size: int, num_blocks: int | None, seed: int,
+                 weights: str | None):
+    try:
+        from backends.real import RealBackend
+    except ImportError as e:
+        raise ServesimError(f"the real backend cannot load ({e}); install it with `pip install -e .[real]`") from None
+    return RealBackend(model, device=device, block_size=block_size, num_blocks=num_blocks, seed=seed, weights=weights)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.suffix != ".json":
+        raise ServesimError(f"--out {out}: a profile is a .json file")
+    csv = out.with_suffix(".csv")
+    for path in (out, csv):  # checked before the measuring, which takes minutes
+        check_file_destination(path)
+        if path.exists() and not args.overwrite:
+            raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose another --out "
+                                "(profiles/tiny-cpu.json is the bundled profile the tests use)")
+    get_model(args.model)
+    grid = args.grid or default_grid(args.device)
+    num_blocks = args.num_blocks
+    if num_blocks is None and not args.device.startswith("cuda"):
+        num_blocks = grid_num_blocks(args.model, grid, args.block_size)
+    backend = real_backend(args.model, args.device, args.block_size, num_blocks, args.seed, args.weights)
+    from backends.real.timing import with_clock
+
+    started = time.perf_counter()
+    bar = Progress(0, "runs", sys.stderr.isatty() and not args.quiet, label=f"calibrating {args.model} on {args.device}")
+    profile, raw = calibrate(with_clock(backend, args.clock), args.model, grid, args.warmup, args.repeats, args.seed,
+                             progress=bar)
+    bar.close()
+    profile = replace(profile, grid={**profile.grid, "clock": args.clock})
+    with atomic_path(out) as temp:
+        save_profile(profile, temp)
+    with atomic_path(csv) as temp:
+        raw.to_csv(temp, index=False)
+    if not args.quiet:
+        print(format_profile(profile))
+        print(f"measured {len(raw)} steps in {time.perf_counter() - started:.1f} s; wrote {out} and {csv}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure batch shapes on the real backend and fit a cost-model profile",
+        description="Run a grid of batch shapes (decode, prefill chunks, mixed) on the real backend, keep the "
+                    "median of the repeats, fit the cost model's coefficients and write a profile (JSON) and "
+                    "the raw measurements (CSV beside it). Use the profile with `sim replay --profile`.")
+    p.add_argument("--model", required=True, help="model preset (see `sim models`)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the real backend's device (default: cpu)")
+    p.add_argument("--out", required=True, help="profile to write, e.g. profiles/my-cpu.json (and its raw "
+                                                "measurements beside it, my-cpu.csv)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out (and its .csv) if they exist")
+    p.add_argument("--grid", default=None, choices=list(GRIDS),
+                   help="grid of shapes (default: cpu on a CPU, full on a GPU; small for a quick look)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured runs per shape (default: 2)")
+    p.add_argument("--repeats", type=int, default=5, metavar="N",
+                   help="measured runs per shape; the median is fitted (default: 5)")
+    p.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block (default: 16)")
+    p.add_argument("--num-blocks", type=int, default=None, metavar="N",
+                   help="KV blocks to allocate (default: on a CPU, what the largest shape needs; on a GPU, "
+                        "derived from its memory); shapes that need more are skipped")
+    p.add_argument("--weights", default=None, help="local safetensors weights (default: random, seeded)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, token ids and block ids (default: 0)")
+    p.add_argument("--clock", default="wall", choices=CLOCKS,
+                   help="wall: the backend's own timing (default); thread: the CPU time of the calling thread, "
+                        "for a CPU shared with other processes (--device cpu only)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=cmd_calibrate)

@@ -1,0 +1,171 @@
+"""`sim capacity`: the highest request rate meeting the SLOs, per configuration (the search is
+sim/app/capacity.py; probes are sweep points, run as `sim sweep` runs them)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+from reports.axes import axis_name
+from sim.app.progress import Progress
+from sim.app.sweep_cli import (
+    _on_row,
+    add_grid_options,
+    add_run_options,
+    check_executor,
+    check_table_folder,
+    load_sweep_trace,
+    open_folder,
+    parse_grid,
+    point_options,
+)
+from sim.app.workers import Terminated
+from sim.errors import ServesimError
+
+
+def register(sub) -> None:
+    from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
+
+    p = sub.add_parser(
+        "capacity", conflict_handler="resolve",
+        help="find the highest request rate meeting the SLOs, per policy and budget",
+        description="Binary search over the rate scale for the highest request rate that meets the SLOs, for "
+                    "every combination of the listed options. Default criterion (Sarathi-Serve): P99 time "
+                    "between tokens within --slo tbt and median scheduling delay <= 2 s. Probes are kept in "
+                    "DIR/probes.parquet; capacities in DIR/capacity.csv; a report in DIR/report.html.")
+    p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
+    add_replay_options(p)
+    add_grid_options(p, with_rate_scale=False)
+    p.add_argument("--slo", default=None, metavar="tbt=S[,ttft=S,tpot=S,e2e=S,delay=S]",
+                   help="limits in seconds: tbt (time between tokens), ttft, tpot, e2e at --quantile, and delay "
+                        "(scheduling delay, default 2; delay=none drops it) at --delay-quantile")
+    p.add_argument("--quantile", type=float, default=0.99, metavar="Q",
+                   help="quantile of tbt, ttft, tpot and e2e held to the SLO (default: 0.99)")
+    p.add_argument("--delay-quantile", type=float, default=0.5, metavar="Q",
+                   help="quantile of the scheduling delay held to its limit (default: 0.5, the median)")
+    p.add_argument("--min-rate-scale", type=float, default=1 / 64, metavar="X",
+                   help="lowest rate scale tried (default: 1/64)")
+    p.add_argument("--max-rate-scale", type=float, default=64.0, metavar="X",
+                   help="highest rate scale tried (default: 64)")
+    p.add_argument("--tolerance", type=float, default=0.02, metavar="F",
+                   help="stop when the highest passing and lowest failing scale are within this fraction "
+                        "(default: 0.02)")
+    add_run_options(p, "capacity")
+    p.set_defaults(func=cmd_capacity)
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from reports.axes import AXES
+    from sim.app.capacity import CapacitySLO, RateSearch, search_all
+    from sim.app.outputs import atomic_path
+    from sim.app.plan import resolve
+    from sim.app.report import write_report
+    from sim.app.results_table import PROBES
+    from sim.app.sweep import ResultsTable, identity, make_point, require_pyarrow, run_rows, trace_checksum
+
+    require_pyarrow()
+    check_executor(args)
+    if args.rate_scale is not None:
+        raise ServesimError("--rate-scale does not apply to sim capacity, which searches the rate scale "
+                            "itself (between --min-rate-scale and --max-rate-scale)")
+    slo = CapacitySLO.parse(args.slo, args.quantile, args.delay_quantile)
+    RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance)  # checks the bounds
+    names = [name for name in AXES if name != "rate_scale"]
+    axes = parse_grid(args, names)
+    configs = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    replay_args = argparse.Namespace(**vars(args))
+    replay_args.slo = None  # --slo here is the capacity criterion, not replay's goodput SLO
+    options = [point_options(replay_args, config) for config in configs]
+    # A model that does not fit the hardware, or any other unusable option, fails here, before anything runs.
+    max_model_len = min(resolve(o, build_backend=False).max_model_len for o in options)
+    with open_folder(args, "capacity") as folder:
+        out = folder.folder
+        trace = load_sweep_trace(args, max_model_len)
+        config_index = {tuple(config[n] for n in names): i for i, config in enumerate(configs)}
+
+        def order(row: dict) -> tuple:
+            return (config_index.get(tuple(row.get(n) for n in names), len(configs)), row.get("rate_scale") or 0.0)
+
+        table_identity = identity(trace_checksum(trace), axes, options[0])
+        check_table_folder(out, PROBES, table_identity, trace, args.overwrite)
+        table = ResultsTable(out / PROBES, table_identity, args.resume, order, overwrite=args.overwrite)
+        bar = Progress(0, "probes this round", sys.stderr.isatty() and not args.quiet, ticking=True)
+        on_row = _on_row(bar)
+
+        def make_probe(i: int, scale: float):
+            return make_point(dict(configs[i], rate_scale=scale), lambda v: options[i])
+
+        def run_probes(points) -> dict:
+            todo = [point for point in points if not table.is_done(point.key)]
+            bar.total, bar.initial = len(todo), 0
+            bar.update(0, force=True)
+            for done, row in enumerate(run_rows(trace, todo, args.executor, args.jobs, args.address), 1):
+                table.add(row)
+                on_row(row, done, len(todo))
+            return {point.key: table.rows[point.key] for point in points}
+
+        try:
+            outcomes = search_all(list(range(len(configs))), make_probe, run_probes, slo.is_met,
+                                  lambda: RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance))
+        except (KeyboardInterrupt, Terminated):
+            bar.close()
+            print(f"sim: interrupted; the finished probes are in {out / PROBES}; "
+                  "continue with the same command and --resume", file=sys.stderr)
+            raise
+        bar.close()
+        capacity = pd.DataFrame([_capacity_row(config, search, probes, slo)
+                                 for config, (search, probes) in zip(configs, outcomes)])
+        with atomic_path(out / "capacity.csv") as temp:
+            capacity.to_csv(temp, index=False)
+        report = write_report(out)
+    if not args.quiet:
+        print(format_capacity(capacity, [n for n in names if len(axes[n]) > 1] or ["policy"], slo))
+        print(f"wrote {out / 'capacity.csv'}, {out / PROBES} and {report}")
+    errors = capacity[capacity["status"] == "error"]
+    if len(errors):
+        print(f"sim: {len(errors)} searches stopped on a failing probe (first: {errors.iloc[0]['error']})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _capacity_row(config: dict, search, probes: dict, slo) -> dict:
+    at = probes.get(search.passed) if search.passed is not None else None
+    measured = slo.measure(at) if at is not None else {}
+    return {
+        **config,
+        "capacity_rate_scale": search.passed,
+        "capacity_request_rate": at.get("request_rate") if at is not None else None,
+        "request_throughput": at.get("request_throughput") if at is not None else None,
+        **{f"{key}_at_capacity": value for key, value in measured.items()},
+        "lowest_failing_rate_scale": search.failed,
+        "num_probes": len(search.probes),
+        "status": search.status,
+        "error": search.error or "",
+        "slo": slo.describe(),
+        "point": at["point"] if at is not None else None,
+    }
+
+
+def format_capacity(capacity, keys: list[str], slo) -> str:
+    from reports.metrics import latency_unit
+
+    measured = [f"{key}_at_capacity" for key in slo.limits()]
+    unit, scale = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
+    head = ("".join(f"{axis_name(k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
+            + "".join(f"{k.removesuffix('_at_capacity') + ' ' + unit:>12}" for k in measured) + f"{'probes':>8}  status")
+    lines = [f"capacity: {slo.describe()}", head]
+    for _, row in capacity.iterrows():
+        line = "".join(f"{row[k]!s:>14}" for k in keys)
+        scale, rate = row["capacity_rate_scale"], row["capacity_request_rate"]
+        line += f"{scale:>9.3g}" if scale == scale and scale is not None else f"{'-':>9}"
+        line += f"{rate:>9.2f}" if rate == rate and rate is not None else f"{'-':>9}"
+        for k in measured:
+            value = row.get(k)
+            line += f"{value * scale:>12.1f}" if value is not None and value == value else f"{'-':>12}"
+        line += f"{row['num_probes']:>8}  {row['status']}"
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,351 @@
+"""Outputs that are never lost: destinations checked before any work, files written whole or
+not at all, run folders never overwritten unawares, one writer per folder.
+
+    check_folder_destination / check_file_destination   at command start, before the work
+    atomic_path / atomic_write_bytes / atomic_write_text  a unique temporary file in the destination
+                                                          folder, fsynced, renamed into place
+    make_run_folder                                      a new folder, its name unique (mkdir, no exist_ok)
+    open_run_folder                                      --out claimed, or a new folder under runs/
+    claim_folder                                         an --out folder, locked, refused if it holds a
+                                                          run (unless --overwrite or --resume)
+    FolderLock                                           the lock file holding pid and host
+    check_not_input                                      an output is none of the command's inputs
+
+A rename within one folder is atomic on POSIX file systems, so a reader (or a crash) sees either
+the old file or the new one, never a part. Every problem is a `ServesimError` naming the path.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Self
+
+from sim.errors import ServesimError
+
+LOCK_NAME = "servesim.lock"
+TEMP_SUFFIX = ".tmp"
+
+
+# Destinations, checked at command start.
+
+def check_folder_destination(path: str | Path) -> Path:
+    """A folder the command will write into (made if missing): no file in the way, writable."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise ServesimError(f"{path}: is a file, not a folder")
+        _probe(path)
+        return path
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ServesimError(f"{ancestor}: is a file, so the folder {path} cannot be made")
+    _probe(ancestor)
+    return path
+
+
+def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = ()) -> Path:
+    """A file the command will write: its folder exists and is writable, and it is none of `inputs`."""
+    path = Path(path)
+    if path.is_dir():
+        raise ServesimError(f"{path}: is a folder; name a file to write")
+    folder = path.parent
+    if not folder.exists():
+        raise ServesimError(f"{folder}: no such folder (for {path})")
+    if not folder.is_dir():
+        raise ServesimError(f"{folder}: is a file, so {path} cannot be written")
+    check_not_input(path, inputs)
+    _probe(folder)
+    return path
+
+
+def check_not_input(output: str | Path, inputs: tuple[str | Path, ...]) -> None:
+    """Refuse an output that is one of the inputs (by any path: links, `./`, another spelling)."""
+    for source in inputs:
+        try:
+            same = os.path.samefile(output, source)
+        except OSError:  # either one does not exist (yet)
+            continue
+        if same:
+            raise ServesimError(f"{output}: is the input {source}; writing it would destroy it: "
+                                f"name another output")
+
+
+def _probe(folder: Path) -> None:
+    """Create and remove a file in `folder`: the one sure test that it can be written (root
+    passes permission bits, not a read-only mount)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".servesim-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise ServesimError(f"{folder}: cannot write there ({e.strerror or e})") from None
+
+
+# Writing a file whole.
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write; on leaving the block it is fsynced and renamed
+    onto `path`. If the block fails (a full disk, an interrupt), the temporary file is removed
+    and `path` keeps what it held."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise ServesimError(f"{path}: cannot write ({e.strerror or e})") from None
+    temp = Path(name)
+    try:
+        yield temp
+        _fsync(temp)
+        os.chmod(temp, _mode_for(path))
+        os.replace(temp, path)
+        _fsync_folder(path.parent)
+    except BaseException as e:
+        try:
+            temp.unlink()
+        except FileNotFoundError:
+            pass
+        if isinstance(e, OSError):
+            kept = "the file there is unchanged" if existed else "nothing was written"
+            raise ServesimError(f"{path}: cannot write ({e.strerror or e}); {kept}") from None
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as temp:
+        fd = os.open(temp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (a folder's entries are data too)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a folder; the rename stands anyway
+        pass
+    finally:
+        os.close(fd)
+
+
+def _mode_for(path: Path) -> int:
+    """The replaced file's permissions, or those a plain open() would give (mkstemp gives 0600)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+# Run folders.
+
+def make_run_folder(parent: str | Path, name: str) -> Path:
+    """A new folder `parent/name` (or name-2, name-3, ...), made by this call and no other:
+    mkdir fails on an existing folder, so two commands started in the same second get two."""
+    parent = Path(parent)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            folder = parent / (name if n == 1 else f"{name}-{n}")
+            try:
+                folder.mkdir()
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise ServesimError(f"{parent}: cannot make a run folder there ({e.strerror or e})") from None
+    raise ServesimError(f"{parent}: 10,000 folders named {name}-N exist already; choose an --out")
+
+
+def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = False,
+                 hint: str = "pass --overwrite to replace it, or choose another --out") -> FolderLock:
+    """Make (or take) the folder `path` and lock it. A folder already holding files is refused,
+    naming a few, unless `overwrite` or `resume`; the check is made under the lock, so two
+    commands cannot both find it empty."""
+    path = check_folder_destination(path)
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ServesimError(f"{path}: cannot make the folder ({e.strerror or e})") from None
+    lock = FolderLock(path).acquire()
+    lock.created = created
+    if not (overwrite or resume):
+        held = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
+        if held:
+            lock.release()
+            shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+            raise ServesimError(f"{path}: already holds a run ({shown}); {hint}")
+    return lock
+
+
+def open_run_folder(out: str | Path | None, default_name: str, *, parent: str | Path = "runs",
+                    overwrite: bool = False, resume: bool = False, discard_on_failure: bool = False,
+                    hint: str = "pass --overwrite to replace it, or choose another --out") -> FolderLock:
+    """The locked folder a command writes: `out` claimed (claim_folder), or a new one under
+    `parent` named after `default_name` (made now, so that no other command can take it). Use it
+    as a context manager: a folder this call made is removed again if the command fails, when
+    empty, or whatever it holds with `discard_on_failure`."""
+    if out is not None:
+        lock = claim_folder(out, overwrite=overwrite, resume=resume, hint=hint)
+    else:
+        check_folder_destination(parent)
+        lock = FolderLock(make_run_folder(parent, safe_name(default_name))).acquire()
+        lock.created = True
+    lock.discard_on_failure = discard_on_failure
+    return lock
+
+
+def safe_name(text: str) -> str:
+    """A folder name from free text (a policy may be 'path/to/file.py:Class')."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("._") or "run"
+
+
+# One writer per folder.
+
+class FolderLock:
+    """`folder/servesim.lock`, holding the pid and host of the command writing the folder.
+
+    The file is held with flock(2), which the kernel lets go when the process ends, however it
+    ends (SIGKILL too): a lock file nobody holds was left by a dead process, and is taken over
+    (`took_over` says whose it was, for a warning). A lock file from another host is never taken
+    over: its process cannot be seen from here. On release the file is removed."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self.fd: int | None = None
+        self.took_over: str | None = None
+        self.created = False  # whether the command made the folder (removed again if it fails)
+        self.discard_on_failure = False  # remove what it holds too (a replay), not only when empty (a sweep)
+
+    def acquire(self) -> FolderLock:
+        for _ in range(100):  # another process may remove the file between our open and our flock
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise ServesimError(f"{self.path}: cannot make the lock file ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _describe(_read_holder(fd))
+                os.close(fd)
+                raise ServesimError(f"{self.folder}: in use by {holder} (lock file {self.path}); wait for it "
+                                    "to finish, or write to another folder") from None
+            except OSError as e:
+                os.close(fd)
+                raise ServesimError(f"{self.path}: cannot lock ({e.strerror or e})") from None
+            if not _is_file_at(fd, self.path):  # its holder removed it as we opened it: open anew
+                os.close(fd)
+                continue
+            previous = _read_holder(fd)
+            if previous is not None:
+                if previous.get("host") != socket.gethostname():
+                    os.close(fd)
+                    raise ServesimError(f"{self.folder}: locked by {_describe(previous)} (lock file {self.path}); "
+                                        "it cannot be checked from this host: if that run is gone, delete the "
+                                        "lock file")
+                self.took_over = (f"{self.folder}: took over the lock left by {_describe(previous)}, which "
+                                  "is no longer running")
+            info = {"pid": os.getpid(), "host": socket.gethostname(),
+                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "command": " ".join(["sim", *sys.argv[1:]])[:200]}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+            os.fsync(fd)
+            self.fd = fd
+            return self
+        raise ServesimError(f"{self.path}: cannot lock: the lock file keeps being replaced")
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            if _is_file_at(fd, self.path):
+                os.unlink(self.path)
+        finally:
+            os.close(fd)  # lets go of the flock
+
+    def __enter__(self) -> Self:
+        if self.fd is None:
+            self.acquire()
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.release()
+        if kind is not None and self.created:  # the command failed in a folder it made
+            if self.discard_on_failure:
+                shutil.rmtree(self.folder, ignore_errors=True)  # a part of a run is no run
+            else:
+                try:
+                    self.folder.rmdir()  # only if nothing was written into it (a sweep keeps its rows)
+                except OSError:
+                    pass
+
+
+def _is_file_at(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _read_holder(fd: int) -> dict | None:
+    """The lock file's pid and host, None when it is empty (a new file)."""
+    try:
+        raw = os.pread(fd, 4096, 0)
+    except OSError:
+        return {}
+    if not raw.strip():
+        return None
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _describe(info: dict | None) -> str:
+    if not info:
+        return "another command (its lock file names no process)"
+    since = f", since {info['started']}" if info.get("started") else ""
+    command = f" `{info['command']}`" if info.get("command") else ""
+    return f"pid {info.get('pid')} on host {info.get('host')}{since}{command}"

@@ -1,0 +1,120 @@
+"""Options resolved, once, into what a run runs on.
+
+`resolve(options)` looks up the model (a preset or a Hugging Face config.json) and the hardware
+(a preset or a JSON file), loads the policy class and the profile, builds the backend, and settles
+the KV cache plan: the backend's own cache where it has one (the real backend), else the blocks
+vLLM would allocate (backends/kv_capacity.py; `--num-gpu-blocks` replaces the figure as vLLM's
+num_gpu_blocks_override does). Everything downstream (the replay, sweeps, capacity search, compare,
+bench) receives the `RunPlan`, never the raw options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from backends.hardware import Hardware, resolve_hardware
+from backends.kv_capacity import KVCapacity, kv_capacity
+from backends.model_config import ModelConfig, resolve_model
+from policies import Policy, load_policy
+from sim.app.options import ReplayOptions
+from sim.backend import Backend
+from sim.block_manager import BlockManager
+from sim.config import MAX_NUM_BLOCKS
+from sim.errors import ServesimError
+from sim.tokens import TokenSpec
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    options: ReplayOptions
+    model: ModelConfig
+    hardware: Hardware
+    policy: type[Policy]
+    max_model_len: int
+    num_blocks: int  # KV blocks of the cache
+    kv: KVCapacity | None  # how num_blocks was derived; None: the real backend sized its own cache
+    backend: Backend | None  # None for a plan checked without building its backend
+    token_spec: TokenSpec
+
+    @property
+    def scheduler(self):
+        return self.options.scheduler
+
+    @property
+    def cache(self):
+        return self.options.cache
+
+    def make_policy(self) -> Policy:
+        return self.policy(self.options.scheduler)
+
+    def make_block_manager(self) -> BlockManager:
+        cache = self.options.cache
+        return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
+
+    def as_dict(self) -> dict:
+        """The options as the run used them (summary.json, sweep rows)."""
+        d = asdict(self.options)
+        d["scheduler"]["max_model_len"] = self.max_model_len
+        d["cache"]["num_blocks"] = self.num_blocks
+        return d
+
+    def kv_cache(self) -> dict:
+        """The KV blocks used and how they were derived (summary.json)."""
+        if self.kv is None:
+            return {"num_gpu_blocks": self.num_blocks, "source": "the real backend's own allocation"}
+        return self.kv.as_dict()
+
+
+def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
+    """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
+    check everything but build no backend (sweeps check every point before running any)."""
+    model = resolve_model(options.model)
+    hardware = resolve_hardware(options.hardware)
+    model.check_tp(options.tp)
+    hardware.check_tp(options.tp)
+    limit = model.max_position_embeddings
+    max_model_len = options.scheduler.max_model_len
+    if max_model_len is not None and max_model_len > limit:
+        raise ServesimError(f"--max-model-len {max_model_len} is more than {model.name}'s "
+                            f"max_position_embeddings ({limit})")
+    policy = load_policy(options.scheduler.policy)
+    calibration = None
+    if options.profile is not None:
+        from backends.profile import load_profile
+
+        calibration = load_profile(options.profile, model.name).calibration  # refuses another model's
+    if backend is None and build_backend:
+        backend = make_backend(options, model, hardware, calibration)
+    cache, scheduler = options.cache, options.scheduler
+    if cache.num_blocks is not None and cache.num_blocks > MAX_NUM_BLOCKS:
+        raise ServesimError(f"--num-blocks {cache.num_blocks} is more KV blocks than servesim can simulate (at most "
+                            f"{MAX_NUM_BLOCKS:,}; each takes about 60 bytes of host memory); a larger --block-size "
+                            "needs fewer")
+    kv = None
+    if backend is not None and backend.num_blocks is not None:
+        num_blocks = backend.num_blocks  # the real backend's cache: hand out exactly its block ids
+    else:
+        kv = kv_capacity(model, hardware, block_size=cache.block_size,
+                         gpu_memory_utilization=cache.gpu_memory_utilization,
+                         max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
+                         tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
+                         max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks)
+        # A tiny model on a big GPU with 1-token blocks would derive 5e8 blocks; no trace fills 2**25.
+        num_blocks = min(kv.num_gpu_blocks, MAX_NUM_BLOCKS)
+    return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
+                   TokenSpec(options.seed, model.vocab_size))
+
+
+def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware, calibration=None) -> Backend:
+    if options.backend == "real":
+        from backends.real import RealBackend
+
+        return RealBackend(model, device=options.device, block_size=options.cache.block_size,
+                           num_blocks=options.cache.num_blocks, seed=options.seed, weights=options.weights,
+                           gpu_memory_utilization=options.cache.gpu_memory_utilization,
+                           max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
+                           max_num_seqs=options.scheduler.max_num_seqs)
+    from backends.costmodel import make_cost_model
+
+    return make_cost_model(model, hardware, calibration, tp=options.tp, dtype=options.dtype,
+                           kv_cache_dtype=options.kv_cache_dtype)

@@ -1,0 +1,134 @@
+"""The table of a sweep (results.parquet) or a capacity search (probes.parquet): rows keyed by
+point, rewritten whole after each new row, with the table's identity (the trace's content, the
+grid, every fixed option) in its Parquet metadata.
+
+A folder holds the tables of one trace and one grid: a sweep and a capacity search may share a
+folder only when their requests, fixed options and axes (but the rate scale, which a capacity
+search searches) agree, so that `sim report` never draws two workloads as one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from reports.tables import METADATA_KEY, RESULTS, read_rows, read_table
+from sim.app.options import ReplayOptions
+from sim.app.outputs import atomic_path
+from sim.errors import ServesimError
+
+PROBES = "probes.parquet"  # a capacity search's table (its capacities are in capacity.csv)
+KINDS = {RESULTS: "sweep", PROBES: "capacity search"}
+DERIVED = {PROBES: ("capacity.csv",)}  # files drawn from a table, removed with it
+
+
+def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions, sweep_axes) -> dict:
+    """What makes two tables comparable: the trace's content, the grid, and every fixed option."""
+    from reports.digest import flat_options
+
+    fixed = {k: v for k, v in flat_options(asdict(options)).items() if k not in sweep_axes}
+    return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
+
+
+def difference(stored: dict, current: dict, skip_axes: tuple[str, ...] = ()) -> str | None:
+    """How two identities differ, in words; None when they agree (on all but `skip_axes`)."""
+    if stored.get("trace_sha256") != current["trace_sha256"]:
+        return "a different trace (its requests differ)"
+    for section, label in (("axes", "grid"), ("fixed", "option")):
+        old, new = stored.get(section, {}), current[section]
+        for key in sorted(set(old) | set(new)):
+            if key not in skip_axes and old.get(key) != new.get(key):
+                return f"{label} {key} = {old.get(key)!r} there, {new.get(key)!r} here"
+    return None
+
+
+def check_folder(folder: Path, name: str, current: dict, trace_source: str, overwrite: bool) -> list[str]:
+    """Refuse (or with `overwrite`, remove) the other kind of table in `folder` when it is of another
+    trace or grid; returns warnings for what was removed."""
+    removed = []
+    for other, kind in KINDS.items():
+        path = folder / other
+        if other == name or not path.exists():
+            continue
+        frame, stored = read_table(path)
+        differs = difference(stored, current, skip_axes=("rate_scale",))
+        if differs is None:
+            continue
+        theirs = sorted(set(frame["trace"].dropna().astype(str))) if "trace" in frame else []
+        described = f"{KINDS[name]} of {trace_source}"
+        if not overwrite:
+            rows = f"{len(frame)} row{'s' * (len(frame) != 1)}"
+            raise ServesimError(f"{folder}: holds a {kind} ({other}, {rows} of {', '.join(theirs) or '?'}) "
+                                f"that this {described} would be reported with, but it has {differs}; choose "
+                                "another --out, or pass --overwrite to remove it")
+        for stale in (other, *DERIVED.get(other, ())):
+            (folder / stale).unlink(missing_ok=True)
+            removed.append(f"{folder / stale}: removed (--overwrite): a {kind} with {differs}")
+    return removed
+
+
+class ResultsTable:
+    """A Parquet table of rows keyed by point, rewritten whole after each new row.
+
+    Parquet cannot be appended to in place, and a file killed mid-write has no footer: each
+    rewrite goes to a temporary file of its own, renamed over the old table, so the table on
+    disk is always whole (sim.app.outputs.atomic_path)."""
+
+    def __init__(self, path: Path, identity: dict, resume: bool, order: Callable[[dict], tuple],
+                 overwrite: bool = False):
+        self.path = path
+        self.identity = identity
+        self.order = order
+        self.rows: dict[str, dict] = {}
+        if path.exists() and not overwrite:
+            if not resume:
+                raise ServesimError(f"{path} already exists: pass --resume to continue that run, "
+                                    "--overwrite to start again, or choose another --out")
+            rows, stored = read_rows(path)
+            differs = difference(stored, identity)
+            if differs is not None:
+                raise ServesimError(f"{path} holds results of other options ({differs}); resume with the same "
+                                    "options, or choose another --out")
+            self.rows = {row["point"]: row for row in rows}
+
+    def is_done(self, key: str) -> bool:
+        row = self.rows.get(key)
+        return row is not None and row["status"] == "ok"
+
+    def add(self, row: dict) -> None:
+        self.rows[row["point"]] = row
+        self.write()
+
+    def sorted_rows(self) -> list[dict]:
+        return sorted(self.rows.values(), key=self.order)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.sorted_rows())
+
+    def write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = self.sorted_rows()
+        columns: dict[str, None] = {}
+        for row in sorted(rows, key=lambda r: r["status"] != "ok"):  # a full row decides the column order
+            columns.update(dict.fromkeys(row))
+        table = pa.table({name: [_plain(row.get(name)) for row in rows] for name in columns})
+        metadata = {METADATA_KEY: json.dumps(self.identity, sort_keys=True).encode()}
+        table = table.replace_schema_metadata(metadata)
+        with atomic_path(self.path) as temporary:
+            pq.write_table(table, temporary)
+
+
+def _plain(value):
+    """Parquet-friendly: numpy scalars and arrays to Python, NaN stays a float."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value

@@ -1,0 +1,232 @@
+"""`sim sweep`: many replays of one trace, on local processes or Ray; and the options, folder and
+point building it shares with `sim capacity` (sim/app/capacity_cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+from reports.axes import axis_name
+from sim.app.progress import Progress
+from sim.app.workers import Terminated
+from sim.errors import ServesimError
+
+GRID_HELP = {
+    "policy": "scheduling policies",
+    "model": "model presets",
+    "hardware": "hardware presets",
+    "max_num_batched_tokens": "token budgets of one step",
+    "max_num_seqs": "most requests running at once",
+    "rate_scale": "rate scales: arrival times divided by each (2 doubles the request rate)",
+    "seed": "seeds of the synthetic token ids",
+}
+
+
+def register(sub) -> None:
+    from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
+
+    p = sub.add_parser(
+        "sweep", conflict_handler="resolve", help="replay every point of a grid of options into one results table",
+        description="Replay the trace at every point of the product of the listed options. Each finished point "
+                    "is a row (options + summary metrics) of DIR/results.parquet; --resume continues an "
+                    "interrupted sweep. Writes DIR/report.html at the end.")
+    p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
+    add_replay_options(p)
+    add_grid_options(p, with_rate_scale=True)
+    add_run_options(p, "sweep")
+    p.set_defaults(func=cmd_sweep)
+
+
+def add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
+    """Re-declare the sweepable replay options as comma-separated lists (keeping their defaults)."""
+    from reports.axes import AXES
+
+    for name in AXES:
+        if name == "rate_scale" and not with_rate_scale:
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = "1" if name == "rate_scale" else str(p.get_default(name))
+        p.add_argument(flag, default=default, metavar="A,B,...",
+                       help=f"{GRID_HELP[name]}, comma-separated (default: {default})")
+    if not with_rate_scale:
+        p.set_defaults(rate_scale=None)
+
+
+def add_run_options(p: argparse.ArgumentParser, what: str) -> None:
+    from sim.app.sweep import EXECUTORS
+
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"folder of the {what} (default: a new folder under runs/)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run in --out: keep its finished points, run the rest "
+                        "(and the failed ones) again")
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"start the {what} again in --out, replacing what it holds")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="points run at once (default: the number of CPUs); 1 runs them in this process")
+    p.add_argument("--executor", default="process", choices=EXECUTORS,
+                   help="where points run: local processes (default) or a Ray cluster (pip install "
+                        "'servesim[ray]')")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="Ray cluster to join (e.g. ray://head:10001 or auto); default: start Ray on this machine")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+
+
+# Building points from the command line.
+
+def load_sweep_trace(args: argparse.Namespace, max_model_len: int | None):
+    """The trace with every transform but the rate scale, which each point applies itself."""
+    from traces.cli import load_trace
+
+    plain = argparse.Namespace(**vars(args))
+    plain.rate_scale = None
+    return load_trace(args.trace, plain, max_model_len)
+
+
+def point_options(args: argparse.Namespace, values: dict):
+    from sim.app.cli import options_from_args
+
+    ns = argparse.Namespace(**vars(args))
+    for name, value in values.items():
+        setattr(ns, name, value)
+    ns.rate_scale = None  # applied to the trace per point, not by the options
+    return options_from_args(ns)
+
+
+def parse_grid(args: argparse.Namespace, names) -> dict[str, tuple]:
+    from sim.app.sweep import parse_axis
+
+    axes = {name: parse_axis(name, getattr(args, name)) for name in names}
+    num_points = 1
+    for values in axes.values():
+        num_points *= len(values)
+    if num_points > 100_000:
+        raise ServesimError(f"the grid has {num_points} points; that is more than 100000")
+    return axes
+
+
+def check_executor(args: argparse.Namespace) -> None:
+    if args.jobs is not None and args.jobs < 1:
+        raise ServesimError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.address and args.executor != "ray":
+        raise ServesimError("--address is the Ray cluster's; it needs --executor ray")
+    if args.resume and args.overwrite:
+        raise ServesimError("give --resume or --overwrite, not both")
+
+
+def open_folder(args: argparse.Namespace, what: str):
+    """The locked run folder (sim.app.outputs.open_run_folder), claimed before any work."""
+    from sim.app.cli import run_stamp, warn
+    from sim.app.outputs import open_run_folder
+
+    if args.resume and args.out is None:
+        raise ServesimError("--resume continues the run in --out; name it")
+    folder = open_run_folder(args.out, f"{run_stamp()}-{what}", overwrite=args.overwrite, resume=args.resume,
+                             hint="pass --resume to continue it, --overwrite to start again, or choose another --out")
+    warn(folder.took_over)
+    return folder
+
+
+def check_table_folder(out: Path, name: str, identity: dict, trace, overwrite: bool) -> None:
+    from sim.app.cli import warn
+    from sim.app.results_table import check_folder
+
+    for message in check_folder(out, name, identity, trace.source, overwrite):
+        warn(message)
+
+
+def _on_row(bar):
+    """A sweep's callback for each finished point: count failures, redraw."""
+    def on_row(row: dict, done: int, total: int) -> None:
+        if row["status"] != "ok":
+            bar.fail()
+        bar.total = total
+        bar.update(done, force=True)
+    return on_row
+
+
+# sim sweep
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from reports.axes import AXES
+    from sim.app.report import write_report
+    from sim.app.sweep import (
+        RESULTS,
+        ResultsTable,
+        grid_order,
+        identity,
+        make_point,
+        require_pyarrow,
+        sweep,
+        trace_checksum,
+    )
+
+    require_pyarrow()
+    check_executor(args)
+    axes = parse_grid(args, AXES)
+    points = [make_point(dict(zip(axes, values)), lambda v: point_options(args, v))
+              for values in itertools.product(*axes.values())]
+    with open_folder(args, "sweep") as folder:
+        out = folder.folder
+        trace = load_sweep_trace(args, min(point.max_model_len for point in points))
+        table_identity = identity(trace_checksum(trace), axes, points[0].options)
+        check_table_folder(out, RESULTS, table_identity, trace, args.overwrite)
+        table = ResultsTable(out / RESULTS, table_identity, args.resume, grid_order(points), overwrite=args.overwrite)
+        num_done = sum(table.is_done(point.key) for point in points)
+        bar = Progress(len(points), "points", sys.stderr.isatty() and not args.quiet, done=num_done, ticking=True)
+        try:
+            result = sweep(trace, points, table, args.executor, args.jobs, args.address, on_row=_on_row(bar))
+        except (KeyboardInterrupt, Terminated):
+            bar.close()
+            print(f"sim: interrupted; {len(table.rows)} finished points are in {out / RESULTS}; "
+                  "continue with the same command and --resume", file=sys.stderr)
+            raise
+        bar.close()
+        report = write_report(out)
+    if not args.quiet:
+        print(format_sweep(result.frame))
+        print(f"{len(points)} points ({len(points) - result.num_run} already done), {result.num_failed} failed; "
+              f"wrote {out / RESULTS} and {report}")
+    return _report_failures(result.frame)
+
+
+def _report_failures(frame) -> int:
+    failed = frame[frame["status"] != "ok"] if len(frame) else frame
+    if not len(failed):
+        return 0
+    first = failed.iloc[0]
+    print(f"sim: {len(failed)} of {len(frame)} points failed (first: {first['point']}: {first['error']}); "
+          "the error column has each message; --resume runs them again", file=sys.stderr)
+    return 1
+
+
+def format_sweep(frame) -> str:
+    """Mean over seeds of the key metrics, one line per point of the other axes."""
+    from reports.axes import AXES
+    from reports.metrics import latency_unit
+
+    ok = frame[frame["status"] == "ok"] if len(frame) else frame
+    if not len(ok):
+        return "no point finished"
+    keys = [a for a in AXES if a != "seed" and ok[a].astype(str).nunique() > 1] or ["policy"]
+    latencies = ("ttft_p50", "ttft_p99", "itl_p99", "scheduling_delay_p50", "e2e_p99")
+    means = ok.groupby(keys, sort=False)[["request_throughput", *latencies]].mean().reset_index()
+    unit, scale = latency_unit(means[list(latencies)].to_numpy().ravel().tolist())
+    columns = [("request_throughput", "req/s", 1), ("ttft_p50", "p50 TTFT", scale), ("ttft_p99", "p99 TTFT", scale),
+               ("itl_p99", "p99 TBT", scale), ("scheduling_delay_p50", "p50 delay", scale),
+               ("e2e_p99", "p99 E2E", scale)]
+    head = "".join(f"{axis_name(k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
+    lines = [head + f"   (latencies in {unit})"]
+    for _, row in means.iterrows():
+        line = "".join(f"{row[k]!s:>14}" if not isinstance(row[k], float) else f"{row[k]:>14g}" for k in keys)
+        line += "".join(_cell(row[c] * scale) for c, _, scale in columns)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _cell(value: float) -> str:
+    if value != value:
+        return f"{'-':>11}"
+    return f"{value:>11.1f}" if abs(value) < 1e6 else f"{value:>11.3g}"

@@ -1,0 +1,122 @@
+"""`sim trace stats|convert|synth`: a trace's statistics, a trace written as canonical CSV, a
+synthetic trace. Outputs are checked before any work and written whole (sim.app.outputs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sim.app.outputs import atomic_path, check_file_destination
+from sim.errors import ServesimError
+from traces.cli import add_trace_options, load_trace, number, whole_number
+
+
+def _check_max_model_len(args: argparse.Namespace) -> None:
+    if args.max_model_len is not None and args.on_too_long != "truncate":
+        raise ServesimError("--max-model-len applies here with --on-too-long truncate (a replay rejects "
+                            "requests that are too long; these commands keep them unless told to truncate)")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from traces.stats import format_stats, trace_stats
+
+    _check_max_model_len(args)
+    stats = trace_stats(load_trace(args.file, args, args.max_model_len))
+    print(json.dumps(stats, indent=2) if args.json else format_stats(stats))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    _check_max_model_len(args)
+    out = check_file_destination(args.out, inputs=(args.file,))  # before the work, never over the input
+    trace = load_trace(args.file, args, args.max_model_len)
+    write_trace(trace, out)
+    hashes = "with" if trace.hash_ids is not None else "without"
+    print(f"wrote {len(trace):,} requests ({trace.format}, {hashes} prefix hash ids) to {args.out}")
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from traces.synth import Lengths, SynthConfig, synthesize
+
+    out = check_file_destination(args.out, inputs=(args.lengths_from,) if args.lengths_from else ())
+    lengths_from = None
+    if args.lengths_from is not None:
+        lengths_from = load_trace(args.lengths_from, args, None)
+    elif args.format is not None or args.model_filter is not None:
+        raise ServesimError("--format and --model-filter apply to the --lengths-from trace")
+    config = SynthConfig(
+        num_requests=args.num_requests, rate=args.rate, arrival=args.arrival, cv=args.cv,
+        prompt=Lengths.parse(args.prompt_len, "--prompt-len"), output=Lengths.parse(args.output_len, "--output-len"),
+        turns=Lengths.parse(args.turns, "--turns"), think_time_s=args.think_time,
+        system_prompt_tokens=args.system_prompt_tokens, hash_block_tokens=args.hash_block_tokens, seed=args.seed,
+        lengths_from=lengths_from)
+    trace = synthesize(config)
+    write_trace(trace, out)
+    print(f"wrote {len(trace):,} synthetic requests over {trace.duration_s:,.1f} s to {args.out}")
+    return 0
+
+
+def write_trace(trace, out: Path) -> None:
+    """Canonical CSV, written whole or not at all (a temporary file renamed into place)."""
+    from traces.writers import write_canonical
+
+    with atomic_path(out) as temp:
+        write_canonical(trace, temp, compress=out.suffix == ".gz")
+
+
+def register(subparsers) -> None:
+    trace = subparsers.add_parser("trace", help="inspect, convert and synthesise traces",
+                                  description="Inspect, convert and synthesise request traces.")
+    sub = trace.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    p = sub.add_parser("stats", help="rows, span, rate, burstiness, length percentiles, prefix sharing",
+                       description="Print a trace's size, span, mean rate, inter-arrival CV, length percentiles "
+                                   "and prefix-sharing ratio (after the transforms given).")
+    p.add_argument("file", help="trace file (any supported format, gzip too)")
+    add_trace_options(p)
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("convert", help="write a trace as canonical CSV (keeping prefix hash ids)",
+                       description="Read a trace in any supported format, apply the transforms given, and "
+                                   "write canonical CSV: arrival_s,prompt_tokens,output_tokens[,request_id]"
+                                   "[,hash_ids,hash_block_tokens]. OUT ending in .gz is compressed.")
+    p.add_argument("file", help="trace file (any supported format, gzip too)")
+    p.add_argument("out", help="canonical CSV to write")
+    add_trace_options(p)
+    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("synth", help="write a seeded synthetic trace",
+                       description="Write a seeded synthetic trace as canonical CSV. Lengths are fixed:N, "
+                                   "uniform:LO:HI or zipf:S:LO:HI. Multi-turn sessions (--turns) share their "
+                                   "conversation prefix through hash ids.")
+    p.add_argument("out", help="canonical CSV to write")
+    p.add_argument("--num-requests", type=whole_number, default=1000, metavar="N", help="requests in all (default: 1000)")
+    p.add_argument("--rate", type=number, default=1.0, metavar="R",
+                   help="sessions started per second; requests per second with one turn (default: 1)")
+    p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson",
+                   help="arrival process (default: poisson)")
+    p.add_argument("--cv", type=number, default=1.0, metavar="CV",
+                   help="gamma arrivals: coefficient of variation of inter-arrival times, >1 is burstier")
+    p.add_argument("--prompt-len", default="fixed:512", metavar="DIST",
+                   help="new prompt tokens per request (per turn) (default: fixed:512)")
+    p.add_argument("--output-len", default="fixed:128", metavar="DIST", help="output tokens (default: fixed:128)")
+    p.add_argument("--lengths-from", default=None, metavar="TRACE",
+                   help="resample (prompt, output) pairs from this trace instead of --prompt-len/--output-len")
+    p.add_argument("--format", default=None, metavar="NAME", help="format of the --lengths-from trace")
+    p.add_argument("--model-filter", default=None, metavar="MODEL", help="BurstGPT --lengths-from: one model")
+    p.add_argument("--turns", default="fixed:1", metavar="DIST", help="requests per session (default: fixed:1)")
+    p.add_argument("--think-time", type=number, default=10.0, metavar="S",
+                   help="mean seconds between a session's turns, exponential (default: 10)")
+    p.add_argument("--system-prompt-tokens", type=whole_number, default=0, metavar="N",
+                   help="a prefix every request shares, a multiple of --hash-block-tokens (default: 0)")
+    p.add_argument("--hash-block-tokens", type=whole_number, default=16, metavar="N",
+                   help="tokens per prefix hash id (default: 16)")
+    p.add_argument("--seed", type=whole_number, default=0, help="random seed (default: 0)")
+    p.set_defaults(func=cmd_synth, time_window=None, limit=None, rate_scale=None, target_rate=None,
+                   on_too_long="reject")

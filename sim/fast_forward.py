@@ -1,0 +1,173 @@
+"""Fast-forward over runs of decode-only steps.
+
+Most steps of a long replay are decode-only steps of the same requests. Once the policy has
+scheduled such a step (every running request decodes, nothing was preempted), the steps that
+follow are the same batch with every context one token longer, for as long as:
+
+- no request arrives (a step starting at or after the workload's next arrival is scheduled
+  normally),
+- the free blocks cover the blocks the contexts grow into (taken in the order step-by-step
+  scheduling would take them; blocks that finishing requests free are not counted on),
+- no request finishes, unless its freed slot and blocks could not let a waiting request in
+  (`Policy.finish_may_admit`) and the workload sends nothing when a request finishes (a closed
+  loop does): then the others decode on without it.
+
+This is a promise about the policy: that, meanwhile, it would schedule exactly the same decodes
+and admit no one. A policy makes it by setting `supports_fast_forward = True` (see
+policies/base.py); for any other policy the engine steps one by one. The backend makes its own
+promise: `decode_run` costs each step of the run exactly as `execute` would. So the engine costs
+the whole run in one call and advances the clock once; the answers are exactly those of
+step-by-step simulation (tests/test_fast_forward.py checks it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from sim.batch import Batch
+from sim.request import Status
+
+if TYPE_CHECKING:
+    from sim.engine import Engine
+
+MAX_RUN_STEPS = 4096  # bounds the arrays of one run
+
+
+class DecodeRun(NamedTuple):
+    """A planned run of decode-only steps."""
+
+    ends: np.ndarray  # [steps] end time of each step
+    seconds: np.ndarray  # [steps]
+    parts: dict  # the backend's breakdown: per key a float (every step) or a [steps] array
+    opens: list[tuple[int, int]]  # (step, batch index) of each block opened, in the order taken
+    active_steps: list[int]  # per request, the steps it takes part in (it finishes in the last, or runs on)
+
+
+class FastForward:
+    """Plans, executes and logs the runs of one engine."""
+
+    def __init__(self, engine: "Engine"):
+        self.engine = engine
+        self._last_decode_step_s = 0.0  # sizes the next decode run
+
+    def execute(self, env, batch: Batch, run: DecodeRun):
+        """The run's part of the engine's SimPy process: move the clock to its end, then apply it."""
+        start, num_waiting = env.now, len(self.engine.state.waiting)
+        end = float(run.ends[-1])
+        if env.now + (end - env.now) == end:
+            yield env.timeout(end - env.now)
+        else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
+            for seconds in run.seconds.tolist():
+                yield env.timeout(seconds)
+        self._log(batch, start, num_waiting, run, self._advance(batch, run))
+
+    def plan(self, batch: Batch, now: float) -> DecodeRun | None:
+        """The run of decode steps starting with `batch` (already scheduled), or None when it
+        would be a single step."""
+        reqs = batch.requests
+        num_computed = batch.num_computed_tokens
+        remaining = [r.max_tokens - r.num_output_tokens for r in reqs]
+        # Past a finish the same requests keep decoding unless the freed slot or blocks could let
+        # a waiting request in.
+        engine = self.engine
+        workload = engine.workload
+        through_finishes = not (engine.policy.finish_may_admit(engine.state) or workload.reacts_to_finishes)
+        max_steps = min(max(remaining) if through_finishes else min(remaining), MAX_RUN_STEPS)
+        next_arrival = workload.next_arrival_s
+        if next_arrival < np.inf and self._last_decode_step_s:
+            # Cost only about as many steps as fit before the next arrival, judging by the last
+            # decode step's length (a guess: a short one merely ends this run early).
+            max_steps = min(max_steps, int(1.25 * (next_arrival - now) / self._last_decode_step_s) + 2)
+        if max_steps < 2:
+            return None
+
+        contexts = [c + 1 for c in num_computed]
+        seconds, parts = engine.backend.decode_run(contexts, max_steps, remaining)
+        self._last_decode_step_s = float(seconds[-1])
+        # The clock adds the steps one after another, as step-by-step simulation does.
+        ends = np.empty(max_steps + 1)
+        ends[0] = now
+        ends[1:] = seconds
+        ends = ends.cumsum()[1:]
+        # A step starting at or after the next arrival is scheduled normally.
+        num_steps = min(max_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
+        if num_steps < 2:
+            return None
+
+        # Blocks: step j >= 1 computes position num_computed + j, which opens a block when it is a
+        # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
+        # finishing requests free are not counted on, so the run never preempts.
+        bs = engine.block_manager.block_size
+        opens = []  # (step, batch index) of every block opened, in the order they are taken
+        for i, (c, rem) in enumerate(zip(num_computed, remaining)):
+            for j in range(-c % bs or bs, min(num_steps, rem), bs):
+                opens.append((j, i))
+        opens.sort()
+        free = engine.block_manager.num_free_blocks
+        if len(opens) > free:
+            num_steps = opens[free][0]  # the step that would need one block too many
+            if num_steps < 2:
+                return None
+            opens = [o for o in opens[:free] if o[0] < num_steps]
+        if num_steps < max_steps:
+            ends, seconds = ends[:num_steps], seconds[:num_steps]
+            parts = {k: v[:num_steps] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
+        return DecodeRun(ends, seconds, parts, opens, [min(rem, num_steps) for rem in remaining])
+
+    def _log(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
+              num_used_blocks: np.ndarray) -> None:
+        k = len(run.seconds)
+        starts = np.empty(k)
+        starts[0] = now
+        starts[1:] = run.ends[:-1]
+        n = len(batch)
+        num_running = n
+        if min(run.active_steps) < k:  # some finish before the last step
+            num_running = n - np.searchsorted(sorted(run.active_steps), np.arange(k), side="right")
+        self.engine.steps.extend(k, {
+            "start_s": starts, "seconds": run.seconds, "num_decode_tokens": num_running,
+            "num_requests": num_running, "num_kv_blocks_used": num_used_blocks, "num_waiting": num_waiting,
+        }, run.parts)  # no prefill tokens, no preemptions
+
+    def _advance(self, batch: Batch, run: DecodeRun) -> np.ndarray:
+        """Apply the run's tokens, blocks and finishes; returns the blocks in use at each step."""
+        ends, k = run.ends, len(run.ends)
+        reqs = batch.requests
+        engine = self.engine
+        times, offset = engine.token_times.times, engine.token_times.offset
+        finishing = []
+        for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
+            start = offset(r) + r.num_output_tokens
+            times[start:start + num] = ends[:num]
+            r.num_computed_tokens += num
+            r.num_output_tokens += num
+            if r.num_output_tokens == r.max_tokens:
+                finishing.append((num - 1, i))
+        # Hand out new blocks and free finished requests' blocks in the order step-by-step
+        # simulation would: each step's new blocks in batch order, then at its end the requests
+        # that finished in it, in batch order (freed blocks are the next ones taken).
+        bm = engine.block_manager
+        used = np.full(k, bm.num_used_blocks, dtype=np.int64)  # step 0's blocks were reserved by the policy
+        if run.opens:
+            used += np.bincount([j for j, _ in run.opens], minlength=k).cumsum()
+        freed = np.zeros(k + 1, dtype=np.int64)  # freed[j + 1]: blocks freed at the end of step j
+        opens, taken = run.opens, 0
+        for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
+            upto = taken
+            while upto < len(opens) and opens[upto][0] <= last_step:
+                upto += 1
+            if upto > taken:
+                for (_, j), block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
+                    reqs[j].block_table.append(block)
+                taken = upto
+            if i is not None:
+                before = bm.num_used_blocks
+                engine.finish(reqs[i], float(ends[last_step]))
+                freed[last_step + 1] += before - bm.num_used_blocks
+        if finishing:
+            used -= freed[:k].cumsum()
+            engine.state.running = [r for r in engine.state.running if r.status is Status.RUNNING]
+        engine.state.step_index += k
+        return used

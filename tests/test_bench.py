@@ -1,0 +1,82 @@
+"""sim bench: the closed loop of vllm bench serve --max-concurrency, by hand and by property."""
+
+import json
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reports.bench_table import peak_concurrency
+from sim.app.bench import BenchSpec, run_bench
+from sim.app.cli import main
+from sim.app.options import ReplayOptions
+from sim.app.plan import resolve
+from sim.config import CacheConfig, SchedulerConfig
+from tests.helpers import ConstantBackend
+
+
+def plan_for(backend=None, num_blocks=None, **kw):
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", 2048, 256), cache=CacheConfig(16, num_blocks), **kw)
+    return resolve(options, backend)
+
+
+def test_one_client_with_a_constant_step_by_hand():
+    # C = 1, each step 0.25 s, 100-token prompts in one prefill step, 5 output tokens: a request's
+    # prefill step emits its first token (TTFT 0.25 s), four decode steps follow (E2E 1.25 s), and
+    # the next request is sent at the finish.
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3), plan_for(ConstantBackend(0.25)))
+    rows = result.requests
+    assert [r.arrival_s for r in rows] == [0.0, 1.25, 2.5]
+    assert [r.first_token_s - r.arrival_s for r in rows] == [0.25] * 3
+    assert [r.finish_s - r.arrival_s for r in rows] == [1.25] * 3
+    assert [(r.finish_s - r.first_token_s) / 4 for r in rows] == [0.25] * 3  # TPOT
+    assert loop.max_in_flight == 1 and result.end_s == 3.75
+
+
+def test_the_cli_writes_a_run_folder_and_vllms_table(tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "4", "--num-prompts", "4",
+                 "--model", "tiny", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "============ Serving Benchmark Result ============" in text
+    assert "Successful requests:                     4" in text and "Maximum request concurrency:             2" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["bench"] == {"concurrency": 2, "input_len": 64, "output_len": 4, "num_prompts": 4,
+                                "request_rate": None}
+    assert summary["completed"] == 4 and summary["peak_concurrent_requests"] == 2
+    assert summary["kv_cache"]["source"] == "derived" and summary["prefix_cache_hit_rate"] == 0.0
+    assert (out / "requests.csv").exists() and (out / "steps.csv").exists() and (out / "report.html").exists()
+    # A trace's options do not apply.
+    assert main(["bench", "--concurrency", "2", "--input-len", "8", "--output-len", "2", "--num-prompts", "2",
+                 "--limit", "3", "--out", str(tmp_path / "c")]) == 2
+    assert "sim bench makes its own requests" in capsys.readouterr().err
+
+
+@settings(max_examples=25, deadline=None)
+@given(concurrency=st.integers(1, 6), num_prompts=st.integers(1, 20), input_len=st.integers(1, 300),
+       output_len=st.integers(1, 12), rate=st.sampled_from([math.inf, 0.5, 4.0, 50.0]), seed=st.integers(0, 3))
+def test_the_closed_loop_keeps_c_in_flight_and_sends_exactly_n(concurrency, num_prompts, input_len, output_len,
+                                                                rate, seed):
+    spec = BenchSpec(concurrency, input_len, output_len, num_prompts, rate)
+    result, loop = run_bench(spec, plan_for(ConstantBackend(0.125), num_blocks=64, seed=seed))
+    rows = result.requests
+    assert len(rows) == num_prompts and all(r.finish_s is not None for r in rows)  # every prompt sent, once
+    assert loop.max_in_flight <= concurrency
+    assert peak_concurrency([r.arrival_s for r in rows], [r.finish_s for r in rows]) <= concurrency
+    created = spec.created_s(seed)
+    assert all(r.arrival_s >= c for r, c in zip(rows, created))  # never sent before it is created
+    assert [r.arrival_s for r in rows] == sorted(r.arrival_s for r in rows)  # sent in creation order
+    if math.isinf(rate):
+        assert [r.arrival_s for r in rows[:concurrency]] == [0.0] * min(concurrency, num_prompts)  # the first wave
+    else:
+        assert abs(created[-1] - num_prompts / rate) <= 1e-12 * created[-1]  # vLLM rescales the Poisson schedule to end at N / R
+    for r, c in zip(rows, created):  # a request waits only for a slot, freed by a finish
+        assert r.arrival_s == c or r.arrival_s in {q.finish_s for q in rows}
+
+
+def test_fast_forward_gives_the_same_bench():
+    spec = BenchSpec(8, 300, 40, 24, 20.0)
+    runs = [run_bench(spec, plan_for(model="Qwen3-0.6B", seed=1), fast_forward=ff)[0] for ff in (True, False)]
+    assert len(runs[0].steps) == len(runs[1].steps)
+    np.testing.assert_array_equal(runs[0].token_times, runs[1].token_times)

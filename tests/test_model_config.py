@@ -1,0 +1,170 @@
+"""Model shapes from presets and Hugging Face config files; the per-GPU arithmetic under TP and fp8."""
+
+import json
+
+import pytest
+
+from backends.model_config import Gemm, ModelConfig, resolve_model
+from backends.presets import MODELS
+from sim.errors import ServesimError
+
+# config.json files as the hub serves them (the fields that matter, and a few that do not).
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 128000, "hidden_act": "silu",
+    "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": False,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256}
+MISTRAL_7B_V03 = {
+    "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+    "tie_word_embeddings": False, "vocab_size": 32768}
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "head_dim": 128, "hidden_size": 4096,
+    "intermediate_size": 12288, "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False,
+    "use_sliding_window": False, "vocab_size": 151936}
+QWEN3_06B = {**QWEN3_8B, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+             "num_attention_heads": 16, "tie_word_embeddings": True}
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+    "max_position_embeddings": 32768, "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 131072, "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 152064}
+
+
+def write(tmp_path, config, name="model"):
+    folder = tmp_path / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def transformers5(config):
+    """The same config as transformers 5 saves it: RoPE settings in one rope_parameters object."""
+    out = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_scaling")}
+    out["rope_parameters"] = {"rope_theta": config["rope_theta"], **(config.get("rope_scaling") or {"rope_type": "default"})}
+    return out
+
+
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "vocab_size", "max_position_embeddings", "rope_theta", "rope_scaling", "rms_norm_eps",
+                "tie_word_embeddings", "qk_norm")
+
+
+@pytest.mark.parametrize("preset,config", [("Llama-3.1-8B", LLAMA_31_8B), ("Mistral-7B", MISTRAL_7B_V03),
+                                           ("Qwen3-8B", QWEN3_8B), ("Qwen3-0.6B", QWEN3_06B)])
+@pytest.mark.parametrize("layout", ["hub", "transformers5"])
+def test_a_config_of_each_family_is_its_preset(tmp_path, preset, config, layout):
+    folder = write(tmp_path, config if layout == "hub" else transformers5(config), preset)
+    read, ours = ModelConfig.from_hf(folder), ModelConfig.from_preset(preset)
+    assert {f: getattr(read, f) for f in SHAPE_FIELDS} == {f: getattr(ours, f) for f in SHAPE_FIELDS}
+    assert read.name == preset and read.architecture == config["architectures"][0]
+    for tp in (1, 2, 4):
+        assert read.gemms(tp) == ours.gemms(tp)
+        assert read.weight_bytes_per_gpu(tp) == ours.weight_bytes_per_gpu(tp)
+    assert ModelConfig.from_hf(folder / "config.json") == read  # the file itself, or its folder
+    assert resolve_model(str(folder)) == read and resolve_model(preset) == ours
+
+
+def test_preset_configs_keep_the_preset_values():
+    for name, fields in MODELS.items():
+        cfg = ModelConfig.from_preset(name)
+        assert {f: getattr(cfg, f) for f in fields} == fields
+
+
+def test_parameter_counts_match_the_published_sizes(tmp_path):
+    assert ModelConfig.from_preset("Llama-3.1-8B").num_parameters == 8_030_261_248
+    qwen25 = ModelConfig.from_hf(write(tmp_path, QWEN25_7B))
+    assert qwen25.qkv_bias and qwen25.num_key_value_heads == 4 and qwen25.head_dim == 128
+    assert qwen25.num_parameters == 7_615_616_512  # Qwen2.5-7B's 7.61B, q/k/v biases included
+
+
+def test_llama_weights_per_gpu_are_what_vllm_loads():
+    m = ModelConfig.from_preset("Llama-3.1-8B")
+    # 8,030,261,248 bf16 parameters and RoPE's cos/sin cache of 131072 x 128 bf16: vLLM's
+    # "Model loading took 14.9888 GiB".
+    assert m.weight_bytes_per_gpu() == 2 * 8_030_261_248 + 2 * 131072 * 128
+    assert round(m.weight_bytes_per_gpu() / 2**30, 4) == 14.9888
+
+
+def test_gqa_head_dim_and_qk_norm_are_read(tmp_path):
+    no_head_dim = {k: v for k, v in MISTRAL_7B_V03.items()}
+    cfg = ModelConfig.from_hf(write(tmp_path, {**no_head_dim, "num_key_value_heads": 4, "head_dim": None}))
+    assert cfg.head_dim == 4096 // 32 and cfg.num_queries_per_kv == 8 and not cfg.qk_norm
+    assert ModelConfig.from_hf(write(tmp_path, QWEN3_8B, "q")).qk_norm
+    without_kv = {k: v for k, v in LLAMA_31_8B.items() if k != "num_key_value_heads"}
+    assert ModelConfig.from_hf(write(tmp_path, without_kv, "mha")).num_key_value_heads == 32  # plain MHA
+
+
+def test_both_rope_layouts_read_alike_and_must_agree(tmp_path):
+    hub = ModelConfig.from_hf(write(tmp_path, LLAMA_31_8B, "hub"))
+    t5 = ModelConfig.from_hf(write(tmp_path, transformers5(LLAMA_31_8B), "t5"))
+    assert hub.rope_theta == t5.rope_theta == 500000.0 and hub.rope_scaling == t5.rope_scaling
+    assert t5.rope_scaling == MODELS["Llama-3.1-8B"]["rope_scaling"]
+    old = {**LLAMA_31_8B, "rope_scaling": {**{k: v for k, v in LLAMA_31_8B["rope_scaling"].items()
+                                              if k != "rope_type"}, "type": "llama3"}}
+    assert ModelConfig.from_hf(write(tmp_path, old, "old")).rope_scaling == hub.rope_scaling  # "type", older files
+    both = {**transformers5(LLAMA_31_8B), "rope_theta": 10000.0}
+    with pytest.raises(ServesimError, match="disagree"):
+        ModelConfig.from_hf(write(tmp_path, both, "both"))
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"num_local_experts": 8, "model_type": "mixtral"}, "num_local_experts"),
+    ({"num_experts": 128, "model_type": "qwen3_moe"}, "num_experts"),
+    ({"n_routed_experts": 256}, "n_routed_experts"),
+    ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank"),
+    ({"sliding_window": 4096}, "sliding_window = 4096"),  # Mistral-7B-v0.1
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+    ({"model_type": "gemma2"}, "model_type 'gemma2'"),
+    ({"hidden_size": None}, "no hidden_size"),
+    ({"num_hidden_layers": "32"}, "num_hidden_layers = '32'"),
+])
+def test_unpriceable_configs_are_refused_naming_file_and_field(tmp_path, change, field):
+    folder = write(tmp_path, {**MISTRAL_7B_V03, **change})
+    with pytest.raises(ServesimError) as e:
+        ModelConfig.from_hf(folder)
+    message = str(e.value)
+    assert field in message and str(folder / "config.json") in message and "\n" not in message
+
+
+def test_inactive_sliding_windows_are_accepted(tmp_path):
+    assert ModelConfig.from_hf(write(tmp_path, QWEN25_7B)).hidden_size == 3584  # use_sliding_window false
+    full = {**QWEN3_8B, "layer_types": ["full_attention"] * 36}
+    assert ModelConfig.from_hf(write(tmp_path, full, "full")).num_hidden_layers == 36
+
+
+def test_unknown_names_and_missing_files(tmp_path):
+    with pytest.raises(ServesimError, match="not a preset"):
+        resolve_model("Llama-9")
+    with pytest.raises(ServesimError, match="no such file"):
+        ModelConfig.from_hf(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ServesimError, match="cannot read it as JSON"):
+        ModelConfig.from_hf(tmp_path)
+
+
+def test_tp2_halves_the_per_gpu_gemms_and_kv():
+    m = ModelConfig.from_preset("Llama-3.1-8B")
+    assert m.gemms(1) == [Gemm("qkv", 4096, 6144), Gemm("o", 4096, 4096), Gemm("gate_up", 4096, 28672),
+                          Gemm("down", 14336, 4096)]
+    assert m.gemms(2) == [Gemm("qkv", 4096, 3072), Gemm("o", 2048, 4096), Gemm("gate_up", 4096, 14336),
+                          Gemm("down", 7168, 4096)]
+    assert m.kv_bytes_per_token(1) == 2 * 32 * 8 * 128 * 2 == 2 * m.kv_bytes_per_token(2)
+    # 8 KV heads on 16 GPUs: each keeps one (replicated), so 16 GPUs hold no less KV per token than 8.
+    assert m.num_kv_heads_per_gpu(16) == m.num_kv_heads_per_gpu(8) == 1
+    assert m.gemms(16)[0] == Gemm("qkv", 4096, (2 + 2) * 128)
+    with pytest.raises(ServesimError, match="--tp 3 does not split"):
+        m.gemms(3)
+
+
+def test_fp8_halves_the_weight_and_kv_bytes():
+    m = ModelConfig.from_preset("Qwen3-8B")
+    linear = m.num_hidden_layers * sum(g.k * g.n for g in m.gemms(1))
+    assert m.weight_bytes_per_gpu(1, "bf16") - m.weight_bytes_per_gpu(1, "fp8") == linear  # 2 bytes -> 1
+    assert m.kv_bytes_per_token(1, "fp8") * 2 == m.kv_bytes_per_token(1, "auto")
+    assert m.kv_bytes_per_token(2, "fp8") * 4 == m.kv_bytes_per_token(1, "auto")

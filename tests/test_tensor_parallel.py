@@ -1,0 +1,46 @@
+"""The roofline's tensor-parallel and fp8 terms."""
+
+import numpy as np
+import pytest
+
+from backends.hardware import HARDWARE
+from backends.model_config import ModelConfig
+from backends.tensor_parallel import (
+    layer_gemms_seconds,
+    ring_allreduce_seconds,
+    tp_allreduce_seconds,
+)
+
+LLAMA = ModelConfig.from_preset("Llama-3.1-8B")
+H100 = HARDWARE["H100-SXM"]
+
+
+def gemms(tokens, tp=1, dtype="bf16"):
+    return layer_gemms_seconds(LLAMA, tokens, tp, dtype, H100, gemm_efficiency=0.7, memory_efficiency=0.85)
+
+
+def test_tp2_halves_compute_bound_gemms_exactly_and_weight_reads_nearly():
+    assert gemms(8192, tp=2) == gemms(8192) / 2  # every GEMM's FLOPs halve
+    weights = 32 * sum(g.k * g.n for g in LLAMA.gemms(1)) * 2
+    activations = 32 * sum(g.k + g.n for g in LLAMA.gemms(1)) * 2
+    assert gemms(1) == pytest.approx((weights + activations) / (3.35e12 * 0.85), rel=1e-12)  # a decode reads weights
+    assert gemms(1, tp=2) == pytest.approx(gemms(1) / 2, rel=0.01)
+
+
+def test_fp8_halves_the_weight_reads_and_doubles_the_peak():
+    assert gemms(1, dtype="fp8") == pytest.approx(gemms(1) / 2, rel=0.01)
+    assert gemms(8192, dtype="fp8") == pytest.approx(gemms(8192) * 989.4 / 1978.9, rel=1e-12)
+    a100 = HARDWARE["A100-80GB"]  # no fp8 tensor cores: weight-only fp8, bf16 FLOP/s
+    big = layer_gemms_seconds(LLAMA, 8192, 1, "fp8", a100, 0.7, 0.85)
+    assert big == layer_gemms_seconds(LLAMA, 8192, 1, "bf16", a100, 0.7, 0.85)
+
+
+def test_two_ring_allreduces_per_layer():
+    message = 256 * 4096 * 2  # 256 tokens of bf16 hidden states
+    one = 2 * 1 / 2 * message / 450e9 + 5e-6
+    assert ring_allreduce_seconds(message, 2, 450e9) == one
+    assert tp_allreduce_seconds(LLAMA, 256, 2, H100) == 2 * 32 * one
+    assert tp_allreduce_seconds(LLAMA, 256, 1, H100) == 0.0
+    four = 2 * 3 / 4 * message / 450e9 + 5e-6
+    steps = tp_allreduce_seconds(LLAMA, np.array([256, 1]), 4, H100)  # arrays of steps too
+    assert steps[0] == 2 * 32 * four and steps[1] == 2 * 32 * (2 * 3 / 4 * 8192 / 450e9 + 5e-6)

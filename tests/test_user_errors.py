@@ -1,0 +1,258 @@
+"""Issue 13's user errors, each exit 2 with one line naming the value, and its smaller fixes:
+options that do not apply, --slo keys (the same in replay and capacity, none twice), hour-scale
+latencies in seconds, `sim models` max length, `sim report` on a summary alone and of one run,
+the capacity report within 1400 px, the README's calibrate example, bench/replay_speed.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports.metrics import format_summary, requests_table, summarize
+from sim.app.capacity import CapacitySLO
+from sim.app.cli import main
+from sim.app.options import ReplayOptions
+from sim.app.replay import replay
+from sim.config import SLO, SLO_KEYS, SchedulerConfig
+from tests.helpers import ConstantBackend, make_trace
+from traces import AZURE_CONV_SAMPLE
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "40"]
+
+
+def sim(*args) -> int:
+    return main([str(a) for a in args])
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("sim: error: ") and err.count("\n") == 1, err
+    return err.removeprefix("sim: error: ").rstrip("\n")
+
+
+# Exit 2, not "internal error".
+
+def test_replay_of_1e30_tokens_is_exit_2_naming_the_line(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,1e30,2\n")
+    assert sim("replay", trace, "--out", tmp_path / "run", "--quiet") == 2
+    assert one_error_line(capsys) == (f"{trace}:3: prompt_tokens is 1e+30, more tokens than any model takes "
+                                      "(at most 2**31 = 2,147,483,648)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_num_blocks_1e11_is_exit_2(tmp_path, capsys):
+    assert sim("replay", *SMALL, "--num-blocks", 10**11, "--out", tmp_path / "run") == 2
+    assert one_error_line(capsys) == ("--num-blocks 100000000000 is more KV blocks than servesim can simulate (at "
+                                      "most 33,554,432; each takes about 60 bytes of host memory); a larger "
+                                      "--block-size needs fewer")
+
+
+def test_a_corrupt_safetensors_file_is_exit_2_naming_it(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    assert sim("replay", *SMALL, "--limit", 2, "--model", "tiny", "--backend", "real", "--weights", weights,
+               "--out", tmp_path / "run", "--quiet") == 2
+    message = one_error_line(capsys)
+    assert message.startswith(f"{weights / 'model.safetensors'}: not a readable safetensors file ("), message
+
+
+def test_capacity_refuses_rate_scale(tmp_path, capsys):
+    assert sim("capacity", *SMALL, "--slo", "tbt=0.1", "--rate-scale", 100, "--out", tmp_path / "c") == 2
+    assert one_error_line(capsys) == ("--rate-scale does not apply to sim capacity, which searches the rate scale "
+                                      "itself (between --min-rate-scale and --max-rate-scale)")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["replay", *SMALL, "--device", "cuda"],
+     "--device cuda is the real backend's; it does not apply to --backend costmodel (whose hardware is --hardware)"),
+    (["trace", "stats", AZURE_CONV_SAMPLE, "--max-model-len", 100],
+     "--max-model-len applies here with --on-too-long truncate (a replay rejects requests that are too long; "
+     "these commands keep them unless told to truncate)"),
+])
+def test_options_that_do_not_apply_are_refused(tmp_path, capsys, args, message):
+    assert sim(*args, *(["--out", tmp_path / "o"] if args[0] == "replay" else [])) == 2
+    assert one_error_line(capsys) == message
+
+
+def test_capacity_of_another_trace_in_a_sweeps_folder_is_refused_naming_both(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "x"
+    assert sim("sweep", *SMALL, "--out", out, "--jobs", 1, "--quiet") == 0
+    capsys.readouterr()
+    args = ["capacity", AZURE_CONV_SAMPLE, "--limit", 20, "--slo", "tbt=0.1", "--max-rate-scale", 2, "--out", out,
+            "--jobs", 1, "--quiet"]
+    assert sim(*args) == 2
+    assert one_error_line(capsys).startswith(f"{out}: already holds a run (report.html, results.parquet); pass "
+                                             "--resume to continue it, --overwrite to start again")
+    assert sim(*args, "--resume") == 2
+    assert one_error_line(capsys) == (
+        f"{out}: holds a sweep (results.parquet, 1 row of {AZURE_CONV_SAMPLE}) that this capacity search of "
+        f"{AZURE_CONV_SAMPLE} would be reported with, but it has a different trace (its requests differ); choose "
+        "another --out, or pass --overwrite to remove it")
+    assert sim(*args, "--overwrite") == 0
+    err = capsys.readouterr().err
+    assert f"sim: warning: {out / 'results.parquet'}: removed (--overwrite): a sweep with a different trace" in err
+    assert sorted(p.name for p in out.iterdir()) == ["capacity.csv", "probes.parquet", "report.html"]
+
+
+def test_same_trace_sweep_and_capacity_share_a_folder(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "x"
+    assert sim("sweep", *SMALL, "--rate-scale", "1,2", "--out", out, "--jobs", 1, "--quiet") == 0
+    assert sim("capacity", *SMALL, "--slo", "tbt=0.1", "--max-rate-scale", 2, "--out", out, "--jobs", 1,
+               "--quiet", "--resume") == 0
+    assert {"results.parquet", "probes.parquet", "capacity.csv"} <= {p.name for p in out.iterdir()}
+
+
+# --slo: one set of keys, none twice.
+
+def test_slo_keys_are_the_same_in_replay_and_capacity():
+    for key in SLO_KEYS:
+        assert SLO.parse(f"{key}=1.5").limits() == {key: 1.5}
+        assert CapacitySLO.parse(f"{key}=1.5,delay=2" if key != "delay" else "delay=1.5").limits()[key][0] == 1.5
+    assert SLO.parse("itl=1,scheduling_delay=2,e2el=3").limits() == {"tbt": 1.0, "e2e": 3.0, "delay": 2.0}
+
+
+@pytest.mark.parametrize("command", [["replay", *SMALL], ["capacity", *SMALL]])
+def test_a_slo_key_given_twice_is_refused(tmp_path, capsys, command):
+    assert sim(*command, "--slo", "ttft=1,tbt=0.1,TTFT=2", "--out", tmp_path / "o") == 2
+    assert one_error_line(capsys) == "--slo: ttft is given twice"
+    assert sim(*command, "--slo", "tbt=0.1,itl=0.2", "--out", tmp_path / "o") == 2
+    assert one_error_line(capsys) == "--slo: tbt is given twice"
+
+
+def test_goodput_with_tbt_and_delay_limits():
+    # Two requests at t=0 (10 prompt, 3 output tokens), one at a time, 0.1 s per step: A's tokens at
+    # 0.1, 0.2, 0.3; B is first scheduled at 0.3 and its tokens come at 0.4, 0.5, 0.6. Both have gaps of
+    # 0.1 s; their scheduling delays are 0 and 0.3 s.
+    trace = make_trace([(0.0, 10, 3), (0.0, 10, 3)])
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", 64, 1), model="tiny")
+    result = replay(trace, options, backend=ConstantBackend(0.1))
+    requests = requests_table(result)
+    assert requests["scheduling_delay_s"].tolist() == pytest.approx([0.0, 0.3])
+    for text, attainment in (("tbt=0.11", 1.0), ("tbt=0.09", 0.0), ("delay=0.2", 0.5), ("tbt=0.11,delay=0.31", 1.0)):
+        summary = summarize(result, requests, SLO.parse(text), {})
+        assert summary["slo_attainment"] == attainment, text
+        assert summary["goodput"] == pytest.approx(2 * attainment / 0.6), text
+
+
+# What the terminal shows.
+
+def _summary(seconds: float) -> dict:
+    stats = {"mean": seconds, "p50": seconds, "p90": seconds, "p99": seconds}
+    return {"completed": 1, "rejected": 0, "preemptions": 0, "num_steps": 1, "duration_s": seconds,
+            "request_throughput": 1 / seconds, "output_throughput": 1.0, "total_token_throughput": 1.0,
+            "ttft": stats, "tpot": stats, "itl": stats, "e2e": stats, "scheduling_delay": stats}
+
+
+def test_hour_scale_latencies_are_printed_in_seconds():
+    text = format_summary(_summary(10355.372))
+    assert "metric (s)" in text and "   10355.4" in text and "10355372" not in text
+    text = format_summary(_summary(0.0421))
+    assert "metric (ms)" in text and "      42.1" in text
+
+
+def test_models_shows_each_models_max_length(capsys):
+    assert sim("models") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-2:] == ["max", "len"]
+    rows = {line.split()[0]: line.split()[-1] for line in lines[1:-1]}
+    assert rows["Llama-3.1-8B"] == "131072" and rows["Mistral-7B"] == "32768" and rows["tiny"] == "8192"
+
+
+# sim report.
+
+def test_report_of_a_folder_holding_only_summary_json_is_exit_2(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    for name in ("digest.json", "requests.csv", "steps.csv", "report.html"):
+        (run / name).unlink()
+    assert sim("report", run) == 2
+    assert one_error_line(capsys) == (f"{run}: holds summary.json but neither digest.json nor requests.csv and "
+                                      "steps.csv, so there is nothing to draw; replay the trace again into a new "
+                                      "folder")
+    assert not (run / "report.html").exists()
+
+
+def test_report_of_one_run_folder_says_1_run(tmp_path, capsys):
+    assert sim("replay", *SMALL, "--out", tmp_path / "runs" / "a", "--quiet") == 0
+    assert sim("report", tmp_path / "runs") == 0
+    title = re.search(r"<title>(.*?)</title>", (tmp_path / "runs" / "report.html").read_text()).group(1)
+    assert title == f"1 run in {tmp_path / 'runs'}"
+
+
+def _chromium() -> str | None:
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+WIDTH_PROBE = ("<script>window.addEventListener('load', () => setTimeout(() => document.body.setAttribute("
+               "'data-scroll-width', document.documentElement.scrollWidth), 500));</script></body>")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (apt-get install chromium)")
+def test_capacity_report_fits_1400_px(tmp_path):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "cap"
+    assert sim("capacity", *SMALL, "--policy", "prefill-first,chunked", "--max-num-batched-tokens", "256,1024",
+               "--slo", "tbt=0.1,ttft=5,tpot=0.2,e2e=30", "--max-rate-scale", 4, "--out", out, "--jobs", 1,
+               "--quiet") == 0
+    page = tmp_path / "probe.html"
+    page.write_text((out / "report.html").read_text().replace("</body>", WIDTH_PROBE))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as profile:
+        dom = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                              "--window-size=1400,900", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+                             capture_output=True, text=True, timeout=120)
+    width = int(re.search(r'data-scroll-width="(\d+)"', dom.stdout).group(1))
+    assert width <= 1400
+
+
+# Smaller things a user meets.
+
+def test_readme_calibrate_example_leaves_the_bundled_profile_alone(tmp_path, capsys):
+    readme = (ROOT / "README.md").read_text()
+    commands = [line for line in readme.splitlines() if "sim calibrate " in line and "--out" in line]
+    assert commands and not any("profiles/tiny-cpu.json" in c.split("--out", 1)[1].split()[0] for c in commands)
+    existing = tmp_path / "p.json"
+    existing.write_text("{}")
+    assert sim("calibrate", "--model", "tiny", "--out", existing) == 2
+    assert one_error_line(capsys) == (f"{existing}: exists; pass --overwrite to replace it, or choose another "
+                                      "--out (profiles/tiny-cpu.json is the bundled profile the tests use)")
+    assert existing.read_text() == "{}"
+
+
+def test_bench_replay_speed_without_arguments_uses_a_trace_it_has(tmp_path):
+    bench = ROOT / "bench" / "replay_speed.py"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    missing = subprocess.run([sys.executable, bench, "--trace", tmp_path / "nope.csv"], capture_output=True,
+                             text=True, env=env)
+    assert missing.returncode == 2 and missing.stderr.strip().endswith(f"--trace {tmp_path / 'nope.csv'}: no such file")
+    one = subprocess.run([sys.executable, bench, "--only", "chunked:1"], capture_output=True, text=True, env=env,
+                         check=True)
+    row = json.loads(one.stdout)
+    assert row["policy"] == "chunked" and row["finished"] > 0
+
+
+def test_replay_into_an_existing_run_folder_is_refused_unless_overwrite(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    assert sim("replay", *SMALL, "--policy", "prefill-first", "--out", run, "--quiet") == 2
+    assert one_error_line(capsys) == (f"{run}: already holds a run (digest.json, report.html, requests.csv, ...); "
+                                      "pass --overwrite to replace it, or choose another --out")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert sim("replay", *SMALL, "--policy", "prefill-first", "--out", run, "--overwrite", "--quiet") == 0
+    assert json.loads((run / "summary.json").read_text())["options"]["scheduler"]["policy"] == "prefill-first"

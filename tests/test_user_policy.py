@@ -1,0 +1,78 @@
+"""A user's own policy loads from a file without editing servesim, and fast-forward never
+changes its answers: a policy that does not declare the fast-forward promise is stepped one by
+one, so the request and step tables are identical with fast-forward on and off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from policies import POLICIES, load_policy
+from policies.base import Policy
+from policies.chunked import ChunkedPolicy
+from sim.app.cli import main
+from sim.errors import ServesimError
+
+PATIENT = Path(__file__).parent / "data" / "policies" / "patient.py"
+SPEC = f"{PATIENT}:PatientPolicy"
+
+
+def test_a_user_policy_loads_from_a_file_and_makes_no_fast_forward_promise():
+    cls = load_policy(SPEC)
+    assert issubclass(cls, Policy) and cls.name == "patient"
+    assert cls.supports_fast_forward is False
+    assert all(POLICIES[name].supports_fast_forward for name in POLICIES)
+
+
+def test_a_subclass_that_changes_scheduling_loses_an_inherited_promise():
+    class Waits(ChunkedPolicy):
+        def schedule(self, state, now):
+            return super().schedule(state, now)
+
+    class Declares(ChunkedPolicy):
+        supports_fast_forward = True
+
+        def schedule(self, state, now):
+            return super().schedule(state, now)
+
+    class Renamed(ChunkedPolicy):
+        name = "renamed"  # changes nothing the promise is about
+
+    assert Waits.supports_fast_forward is False
+    assert Declares.supports_fast_forward is True
+    assert Renamed.supports_fast_forward is True
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("nope", "unknown policy 'nope'"),
+    ("missing.py:X", "no such file: missing.py"),
+    (f"{PATIENT}:Nope", "has no class 'Nope'"),
+    ("pathlib:Path", "is not a subclass of policies.base.Policy"),
+    ("no_such_module_xyz:X", "cannot import module 'no_such_module_xyz'"),
+])
+def test_bad_policy_specs_are_one_line_errors(spec, message):
+    with pytest.raises(ServesimError, match=message.replace(".", r"\.")):
+        load_policy(spec)
+
+
+def test_fast_forward_cannot_change_a_user_policys_answers(tmp_path):
+    # Two requests: request 1 arrives while request 0 decodes, and is admitted only 0.05 s later.
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,400\n0.02,100,400\n")
+    tables = []
+    for flag in ([], ["--no-fast-forward"]):
+        out = tmp_path / f"run{len(tables)}"
+        assert main(["replay", str(trace), "--policy", SPEC, "--out", str(out), "--quiet", *flag]) == 0
+        tables.append((pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv")))
+    (fast_requests, fast_steps), (slow_requests, slow_steps) = tables
+    pd.testing.assert_frame_equal(fast_requests, slow_requests)
+    pd.testing.assert_frame_equal(fast_steps, slow_steps)
+    scheduled = fast_requests["first_scheduled_s"].tolist()
+    assert scheduled[0] == 0.05  # the engine slept until the policy's retry time
+    # Request 1 waited 0.05 s too: admitted at the first step start from 0.07 s on, mid-decode of request 0,
+    # not at the end of a fast-forwarded run of request 0's 400 decodes.
+    step_starts = fast_steps["start_s"].to_numpy()
+    assert scheduled[1] == step_starts[step_starts >= 0.07][0] < 0.08
+    assert len(fast_steps) == 404  # r0's prefill; 399 steps with r0's decodes (r1's prefill rides in the 4th); r1's last 4

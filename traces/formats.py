@@ -1,0 +1,75 @@
+"""The trace formats servesim reads: their names, their columns, how a file's first line tells
+which one it is, and the limits every reader holds a row to.
+
+| format    | first line                                                        | arrival          |
+|-----------|-------------------------------------------------------------------|------------------|
+| canonical | arrival_s,prompt_tokens,output_tokens[,request_id][,hash_ids,hash_block_tokens] | seconds |
+| azure     | TIMESTAMP,ContextTokens,GeneratedTokens (Azure 2023 and 2024)     | date and time    |
+| burstgpt  | Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type | seconds       |
+| vidur     | arrived_at,num_prefill_tokens,num_decode_tokens (Vidur/Splitwise) | seconds          |
+| mooncake  | JSON Lines: timestamp, input_length, output_length, hash_ids      | milliseconds     |
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from sim.errors import ServesimError
+
+CHUNK_ROWS = 250_000
+MOONCAKE_BLOCK_TOKENS = 512
+
+CANONICAL = ("arrival_s", "prompt_tokens", "output_tokens")
+AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT = ("Timestamp", "Model", "Request tokens", "Response tokens")
+VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+MOONCAKE = ("timestamp", "input_length", "output_length")
+CSV_COLUMNS = {"canonical": CANONICAL, "azure": AZURE, "burstgpt": BURSTGPT, "vidur": VIDUR}
+FORMATS = ("canonical", "azure", "mooncake", "burstgpt", "vidur")
+ALIASES = {"azure2023": "azure", "azure2024": "azure", "splitwise": "vidur", "jsonl": "mooncake"}
+# Columns kept as text (the others are left to pandas' fast numeric parsing).
+TEXT_COLUMNS = ("request_id", "hash_ids", "TIMESTAMP", "Model", "Log Type")
+
+# More tokens than any model's context holds (the longest are around 2**20): a larger count is a
+# typo or an overflow upstream, and past 2**63 it would wrap around in int64 arithmetic.
+MAX_TOKENS = 2**31
+# A trace spanning more than this (about 31.7 years) holds a wrong arrival, not a workload.
+MAX_SPAN_S = 1e9
+# A span beyond a year is possible but worth a look: the line of the last arrival is named.
+LONG_SPAN_S = 366 * 86400.0
+
+
+def format_name(fmt: str) -> str:
+    """A format named by the user, aliases resolved (azure2024 -> azure)."""
+    name = ALIASES.get(fmt.lower(), fmt.lower())
+    if name not in FORMATS:
+        raise ServesimError(f"unknown trace format {name!r}; choose one of {', '.join(FORMATS)}")
+    return name
+
+
+def detect_format(path: Path, first: str) -> str:
+    """The format of a file from its first non-blank line (a CSV header or a JSON object)."""
+    if first.lstrip().startswith("{") or suffix(path) in (".jsonl", ".json"):
+        return "mooncake"
+    names = set(header(first))
+    overlap = {fmt: len(set(columns) & names) for fmt, columns in CSV_COLUMNS.items()}
+    best = max(overlap, key=overlap.get)
+    if overlap[best]:
+        return best  # a missing column is named when the header is checked
+    expected = "; ".join(f"{fmt}: {','.join(cols)}" for fmt, cols in CSV_COLUMNS.items())
+    raise ServesimError(f"{path}:1: unknown trace format with columns {first.strip()!r}; expected {expected}, "
+                        f"or JSON Lines with {','.join(MOONCAKE)} (or name one with --format)")
+
+
+def suffix(path: Path) -> str:
+    """The extension that tells the format: 't.jsonl.gz' -> '.jsonl'."""
+    suffixes = path.suffixes
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    return suffixes[-1].lower() if suffixes else ""
+
+
+def header(line: str) -> list[str]:
+    """The column names of a CSV header line."""
+    return [name.strip() for name in next(csv.reader([line]))]

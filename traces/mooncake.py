@@ -1,0 +1,98 @@
+"""Mooncake's JSON Lines traces: one object per line with `timestamp` (milliseconds),
+`input_length`, `output_length` and `hash_ids`, one id per 512 prompt tokens."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import BinaryIO
+
+import numpy as np
+
+from sim.errors import ServesimError
+from traces.builder import TraceBuilder, check_hash_ids
+from traces.formats import MAX_TOKENS, MOONCAKE, MOONCAKE_BLOCK_TOKENS
+from traces.textfile import decode
+
+
+def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_line: int, chunk_rows: int) -> None:
+    path = builder.path
+    builder.hash_block_tokens = MOONCAKE_BLOCK_TOKENS
+    builder.arrival_per_s = 1e3
+    rows: list[tuple[float, int, int, int]] = []  # (timestamp_ms, prompt, output, line)
+    hashes: list[np.ndarray] = []
+    has_hashes: bool | None = None
+
+    def flush() -> None:
+        if rows:
+            arrival, prompt, output, lines = (np.array(col) for col in zip(*rows))
+            builder.add(arrival.astype(np.float64), prompt.astype(np.int64), output.astype(np.int64),
+                        lines.astype(np.int64), hash_ids=list(hashes) if has_hashes else None)
+            rows.clear()
+            hashes.clear()
+
+    def numbered_lines() -> Iterator[tuple[int, str]]:
+        yield first_line, first
+        for line_no, raw in enumerate(handle, start=first_line + 1):
+            yield line_no, decode(path, line_no, raw)
+
+    for line_no, text in numbered_lines():
+        text = text.strip()
+        if not text:
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ServesimError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(record, dict):
+            raise ServesimError(f"{where}: expected a JSON object with {', '.join(MOONCAKE)}, got {text[:40]!r}")
+        for name in MOONCAKE:
+            if name not in record:
+                raise ServesimError(f"{where}: missing field {name!r}")
+        timestamp_ms = _json_number(where, record, "timestamp")
+        prompt = _json_count(where, record, "input_length")
+        output = _json_count(where, record, "output_length")
+        if has_hashes is None:
+            has_hashes = "hash_ids" in record
+            builder.hash_ids = [] if has_hashes else None
+        if has_hashes:
+            ids = record.get("hash_ids")
+            if ids is None:
+                raise ServesimError(f"{where}: missing field 'hash_ids' (earlier lines have it)")
+            array = np.array(ids) if isinstance(ids, list) else None
+            if array is None or (len(array) and array.dtype.kind not in "iu"):
+                raise ServesimError(f"{where}: hash_ids must be a list of whole numbers, got {str(ids)[:40]}")
+            check_hash_ids(where, array, prompt, MOONCAKE_BLOCK_TOKENS, "input_length")
+        if prompt == 0 or output == 0:
+            name = "input_length" if prompt == 0 else "output_length"
+            builder.drop(f"0 {name}", np.array([True]), np.array([line_no]))
+            continue
+        if has_hashes:
+            hashes.append(array.astype(np.int64))
+        rows.append((timestamp_ms, prompt, output, line_no))
+        if len(rows) >= chunk_rows:
+            flush()
+    flush()
+
+
+def _json_number(where: str, record: dict, name: str) -> float:
+    value = record[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ServesimError(f"{where}: {name} must be a number, got {json.dumps(value)[:40]}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ServesimError(f"{where}: {name} must be finite, got {value}")
+    if value < 0:
+        raise ServesimError(f"{where}: {name} must not be negative, got {value}")
+    return value
+
+
+def _json_count(where: str, record: dict, name: str) -> int:
+    value = _json_number(where, record, name)
+    if value != int(value):
+        raise ServesimError(f"{where}: {name} must be a whole number, got {value}")
+    if value > MAX_TOKENS:
+        raise ServesimError(f"{where}: {name} is {value}, more tokens than any model takes "
+                            f"(at most 2**31 = {MAX_TOKENS:,})")
+    return int(value)

@@ -1,0 +1,156 @@
+"""Rows of the published CSV traces: Azure LLM inference 2023/2024, BurstGPT, Vidur/Splitwise.
+
+Rows these traces hold but a replay cannot use (BurstGPT's failed requests have 0 response
+tokens; a prompt or output of 0 tokens) are dropped, counted in `Trace.dropped` and warned about.
+
+Azure's TIMESTAMP is a date and time: the 2023 files give none a time zone, the 2024 files give
+every one `+00:00`. Stamps with a zone are converted to UTC. A file mixing stamps with and
+without a zone is refused (the zone-less ones could be in any zone); stamps whose UTC offsets
+differ are converted to UTC with a warning naming the first line whose offset changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import ServesimError
+from traces.builder import TraceBuilder
+from traces.csv_rows import Chunk
+
+# A UTC offset at the end of an ISO 8601 stamp (after its time): Z, +HH, +HHMM or +HH:MM.
+OFFSET = r"\d:\d\d(?::\d\d(?:[.,]\d*)?)?\s*([zZ]|[+-]\d\d(?::?\d\d)?)\s*$"
+
+
+class AzureRows:
+    def __init__(self, builder: TraceBuilder):
+        builder.arrival_per_s, builder.arrival_is_date = 1e9, True
+        self.builder = builder
+        self.first: tuple[bool, int, str] | None = None  # (has a zone, line, stamp) of the first row
+        self.offset: tuple[str, int, str] | None = None  # (UTC offset, line, stamp) of the first zoned row
+        self.warned = False
+
+    def add(self, chunk: Chunk) -> None:
+        stamps = chunk.text("TIMESTAMP")
+        try:  # one parse when the chunk has one offset, or none (every published file)
+            times = pd.to_datetime(stamps, format="ISO8601", errors="coerce")
+            is_mixed = False
+        except ValueError:  # pandas: "Mixed timezones detected"
+            times = pd.to_datetime(stamps, format="ISO8601", errors="coerce", utc=True)
+            is_mixed = True
+        bad = times.isna().to_numpy()
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} is not a date and time")
+        if is_mixed:
+            self._check_mixed(chunk, stamps)
+        else:
+            self._check_one_zone(chunk, stamps, times.dt.tz)
+        if times.dt.tz is not None:
+            times = times.dt.tz_convert("UTC").dt.tz_localize(None)
+        ns = times.to_numpy().astype("datetime64[ns]").astype(np.int64)
+        prompt = chunk.counts("ContextTokens")
+        output = chunk.counts("GeneratedTokens")
+        keep = self.builder.keep_nonzero(np.ones(len(ns), dtype=bool),
+                                         {"ContextTokens": prompt, "GeneratedTokens": output}, chunk.lines)
+        self.builder.add(ns, prompt, output, chunk.lines, keep=keep)
+
+    def finish(self) -> None:
+        pass
+
+    def _check_one_zone(self, chunk: Chunk, stamps: pd.Series, tz) -> None:
+        """Every stamp of the chunk has no zone (tz None), or the same offset."""
+        if self.first is None:
+            self.first = (tz is not None, int(chunk.lines[0]), stamps.iloc[0])
+        if (tz is not None) != self.first[0]:
+            self._refuse(chunk, stamps, 0)
+        if tz is not None:
+            self._check_offsets(chunk, stamps, np.full(len(stamps), _normal_offset(str(tz)), dtype=object))
+
+    def _check_mixed(self, chunk: Chunk, stamps: pd.Series) -> None:
+        """A chunk with several offsets, or stamps with and without a zone (rare: read row by row)."""
+        offsets = stamps.str.extract(OFFSET, expand=False)
+        zoned = offsets.notna().to_numpy()
+        if self.first is None:
+            self.first = (bool(zoned[0]), int(chunk.lines[0]), stamps.iloc[0])
+        differs = zoned != self.first[0]
+        if differs.any():
+            self._refuse(chunk, stamps, int(np.argmax(differs)))
+        self._check_offsets(chunk, stamps, offsets.map(_normal_offset).to_numpy(dtype=object))
+
+    def _refuse(self, chunk: Chunk, stamps: pd.Series, row: int) -> None:
+        has_zone, line, stamp = self.first
+        this, that = ("no time zone", "one") if has_zone else ("a time zone", "none")
+        raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} has {this}, but line {line}'s "
+                            f"{stamp!r} has {that}; a stamp without a zone could be in any zone: give every "
+                            f"stamp a zone (e.g. +00:00), or none")
+
+    def _check_offsets(self, chunk: Chunk, stamps: pd.Series, offsets: np.ndarray) -> None:
+        """Warn once, at the first stamp whose UTC offset differs from the first stamp's."""
+        if self.offset is None:
+            self.offset = (offsets[0], int(chunk.lines[0]), stamps.iloc[0])
+        first, line, stamp = self.offset
+        differs = offsets != first
+        if self.warned or not differs.any():
+            return
+        row = int(np.argmax(differs))
+        self.warned = True
+        self.builder.warnings.append(
+            f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} has UTC offset {offsets[row]}, line {line} "
+            f"({stamp!r}) has {first}; converted every stamp to UTC")
+
+
+def _normal_offset(text: str) -> str:
+    """'Z', 'UTC', '+02', '+0200', 'UTC+02:00' -> '+00:00' or '+02:00'."""
+    text = str(text).strip().removeprefix("UTC")
+    if text in ("", "z", "Z"):
+        return "+00:00"
+    digits = text[1:].replace(":", "")
+    return f"{text[0]}{digits[:2]}:{digits[2:4] or '00'}"
+
+
+class BurstGptRows:
+    def __init__(self, builder: TraceBuilder, model_filter: str | None):
+        self.builder = builder
+        self.model_filter = model_filter
+        self.models: set[str] = set()
+
+    def add(self, chunk: Chunk) -> None:
+        builder = self.builder
+        arrival = chunk.numbers("Timestamp")
+        prompt = chunk.counts("Request tokens")
+        output = chunk.counts("Response tokens")
+        keep = np.ones(len(arrival), dtype=bool)
+        if self.model_filter is not None:
+            model = chunk.text("Model")
+            self.models.update(model.unique().tolist())
+            other = (model.str.lower() != self.model_filter.lower()).to_numpy()
+            builder.drop(f"model other than {self.model_filter}", other, chunk.lines)
+            keep &= ~other
+        failed = keep & (output == 0)
+        builder.drop("0 Response tokens (failed)", failed, chunk.lines)
+        keep &= ~failed
+        keep = builder.keep_nonzero(keep, {"Request tokens": prompt}, chunk.lines)
+        builder.add(arrival, prompt, output, chunk.lines, keep=keep)
+
+    def finish(self) -> None:
+        builder, wanted = self.builder, self.model_filter
+        if wanted is not None and not builder.arrival and builder.dropped.get(f"model other than {wanted}"):
+            raise ServesimError(f"{builder.path}: no request of model {wanted!r}; the trace has "
+                                f"{', '.join(sorted(self.models))}")
+
+
+class VidurRows:
+    def __init__(self, builder: TraceBuilder):
+        self.builder = builder
+
+    def add(self, chunk: Chunk) -> None:
+        arrival = chunk.numbers("arrived_at")
+        prompt = chunk.counts("num_prefill_tokens")
+        output = chunk.counts("num_decode_tokens")
+        keep = self.builder.keep_nonzero(np.ones(len(arrival), dtype=bool),
+                                         {"num_prefill_tokens": prompt, "num_decode_tokens": output}, chunk.lines)
+        self.builder.add(arrival, prompt, output, chunk.lines, keep=keep)
+
+    def finish(self) -> None:
+        pass
