@@ -8,10 +8,12 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from backends import StepResult
 from sim import tokens
+from sim.app.options import ReplayOptions
+from sim.app.plan import resolve
+from sim.app.replay import make_requests, replay
+from sim.backend import StepResult
 from sim.config import CacheConfig, SchedulerConfig
-from sim.replay import ReplayOptions, make_requests, replay
 from tests.parity.vllm_driver import EngineSetup, StepTime, Timeline, TraceRequest
 from traces.trace import Trace
 
@@ -22,6 +24,9 @@ class StepTimeBackend:
     """A backend whose step takes `step_time(tokens scheduled, context lengths)` seconds."""
 
     name = "step-time"
+    device = "cpu"
+    dtype = "none"
+    num_blocks = None  # the run's --num-gpu-blocks decides
     supports_fast_forward = True
 
     def __init__(self, step_time: StepTime):
@@ -61,11 +66,11 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
 def vllm_requests(trace: Trace, setup: EngineSetup, priority=None) -> list[TraceRequest]:
     """The trace's requests with the very token ids servesim gives them: prompt ids from
     `Request.token_ids`, output ids from `sim.tokens.output_token_ids`."""
-    options = options_for(setup)
+    spec = resolve(options_for(setup), build_backend=False).token_spec  # the run's seed and vocabulary
     out = []
-    for r in make_requests(trace, options):
-        prompt = r.token_ids(0, r.num_prompt_tokens).tolist()
-        output = tokens.output_token_ids(r.token_seed, r.index, 0, r.max_tokens, r.vocab_size).tolist()
+    for r in make_requests(trace):
+        prompt = r.token_ids(0, r.num_prompt_tokens, spec).tolist()
+        output = tokens.output_token_ids(spec.seed, r.index, 0, r.max_tokens, spec.vocab_size).tolist()
         p = 0 if priority is None else int(priority[r.index])
         out.append(TraceRequest(r.arrival_s, tuple(prompt), tuple(output), p))
     return out
