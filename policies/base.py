@@ -67,7 +67,9 @@ class Policy:
     def _schedule_running(self, state: EngineState, batch: Batch, request: Request, num_tokens: int) -> bool:
         """Reserve blocks for `num_tokens` more tokens of a running request and add it to the batch,
         preempting the most recently admitted unscheduled requests while blocks run short.
-        Returns False when the request itself had to be preempted."""
+        Returns False when the request itself had to be preempted. Every preemption, of it or of
+        another request, is counted in `state.num_preemptions`: a caller compares that count to
+        know whether its step preempted."""
         bm = state.block_manager
         while not bm.can_append(request, num_tokens):
             victim = self._victim(state)
@@ -87,11 +89,11 @@ class Policy:
         bs = bm.block_size
         opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
         if len(opening) > bm.num_free_blocks:
-            preempted = False
+            num_preemptions = state.num_preemptions
             for request in decoders:
                 if request.status is Status.RUNNING:  # not preempted meanwhile
-                    preempted |= not self._schedule_running(state, batch, request, 1)
-            return preempted
+                    self._schedule_running(state, batch, request, 1)
+            return state.num_preemptions != num_preemptions
         if opening:
             for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
                 request.block_table.append(block)
@@ -172,12 +174,13 @@ class Policy:
     def _schedule_all_decodes(self, state: EngineState, batch: Batch) -> bool:
         """One token for every running request (with whole-prompt policies every running request
         is decoding). Returns True if any request was preempted."""
+        num_preemptions = state.num_preemptions
         decoders, others = self._split_running(state)
-        preempted = self._schedule_decodes(state, batch, decoders)
+        self._schedule_decodes(state, batch, decoders)
         for request in others:
             if request.status is Status.RUNNING:
-                preempted |= not self._schedule_running(state, batch, request, request.num_tokens_to_compute)
-        return preempted
+                self._schedule_running(state, batch, request, request.num_tokens_to_compute)
+        return state.num_preemptions != num_preemptions
 
     @staticmethod
     def _add(state: EngineState, batch: Batch, request: Request, num_tokens: int, is_decode: bool) -> None:

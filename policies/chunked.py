@@ -21,8 +21,9 @@ class ChunkedPolicy(Policy):
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         # Decodes first; budget >= max_num_seqs (checked in SchedulerConfig) leaves room for all.
+        num_preemptions = state.num_preemptions
         decoders, prefills = self._split_running(state)
-        preempted = self._schedule_decodes(state, batch, decoders)
+        self._schedule_decodes(state, batch, decoders)
         budget -= len(batch)
         # Then partially done prefills, chunked to the budget left.
         for request in prefills:
@@ -33,10 +34,9 @@ class ChunkedPolicy(Policy):
             num_tokens = min(request.num_tokens_to_compute, budget)
             if self._schedule_running(state, batch, request, num_tokens):
                 budget -= num_tokens
-            else:
-                preempted = True
-        # Then new requests, unless this step had to preempt.
-        if not preempted:
+        # Then new requests, unless this step had to preempt (any request: vLLM V1's Scheduler.schedule
+        # admits waiting requests only `if not preempted_reqs`).
+        if state.num_preemptions == num_preemptions:
             while state.waiting and budget > 0 and len(state.running) < self.config.max_num_seqs:
                 admitted = self._try_admit(state, batch, now, max_chunk=budget)
                 if not admitted:

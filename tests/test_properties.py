@@ -29,6 +29,8 @@ class CheckedPolicy:
         bm.check_invariants(state.running)  # blocks are conserved after every step
         decoding_before = [r for r in state.running if r.is_decoding]
         running_before = list(state.running)
+        preemptions_before = {id(r): r.num_preemptions for r in running_before}
+        num_preemptions = state.num_preemptions
         batch = self.inner.schedule(state, now)
         bm.check_invariants(state.running)
         self.num_steps += 1
@@ -42,6 +44,11 @@ class CheckedPolicy:
             # Nothing is scheduled past the prompt and the tokens generated so far.
             assert c + n <= r.num_tokens <= r.num_prompt_tokens + r.max_tokens - 1
             assert len(r.block_table) * bm.block_size >= c + n
+        # A step that preempted admits no waiting request, not even the one it preempted (vLLM V1
+        # admits only `if not preempted_reqs`; so do all three policies).
+        if state.num_preemptions != num_preemptions:
+            admitted = [r for r in batch.requests if preemptions_before.get(id(r)) != r.num_preemptions]
+            assert not admitted, f"step {state.step_index} preempted and admitted {[r.request_id for r in admitted]}"
         kinds = set(batch.is_decode)
         if self.name == "prefill-first":
             assert len(kinds) == 1  # never mixes prefill and decode
