@@ -132,14 +132,17 @@ class Policy:
     def _try_admit(self, state: EngineState, batch: Batch, now: float, max_chunk: int | None) -> int:
         """Admit the head of the waiting queue if its blocks fit. With `max_chunk` the prefill is
         chunked to it; without, the whole remaining prompt is scheduled. Returns tokens scheduled
-        (0 when it could not be admitted)."""
+        (0 when it could not be admitted).
+
+        With `reserve_full_isl` (the default) the blocks of the request's whole current sequence
+        must be free, not only those of its first chunk: vLLM 0.33's Scheduler.schedule passes
+        `full_sequence_must_fit=scheduler_reserve_full_isl` to KVCacheManager.allocate_slots."""
         request = state.waiting[0]
         bm = state.block_manager
         cached = bm.cached_prefix(request)
-        num_tokens = request.num_tokens - len(cached) * bm.block_size
-        if max_chunk is not None:
-            num_tokens = min(num_tokens, max_chunk)
-        if not bm.can_allocate(cached, num_tokens):
+        remaining = request.num_tokens - len(cached) * bm.block_size
+        num_tokens = remaining if max_chunk is None else min(remaining, max_chunk)
+        if not bm.can_allocate(cached, remaining if self.config.reserve_full_isl else num_tokens):
             return 0
         state.waiting.popleft()
         bm.allocate(request, cached, num_tokens)

@@ -25,6 +25,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # the token budget of one step
     max_num_seqs: int = 256  # requests running at once
     max_model_len: int | None = None  # prompt + output limit; None means the model's own limit
+    # Admit a waiting request only if blocks for its whole current sequence are free, not just its
+    # first chunk's (vLLM 0.33's scheduler_reserve_full_isl, default True).
+    reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         _require(bool(self.policy), "--policy must not be empty")

@@ -51,6 +51,10 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N",
                    help="longest prompt + output accepted; longer requests are rejected "
                         "(default: the model's max_position_embeddings)")
+    p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="admit a waiting request only if KV blocks for its whole prompt (and any tokens it "
+                        "generated before a preemption) are free, not just its first chunk's: vLLM's "
+                        "scheduler_reserve_full_isl (default: on)")
     p.add_argument("--block-size", type=whole_number, default=16, metavar="N",
                    help="tokens per KV block, a power of two (default: 16)")
     p.add_argument("--num-gpu-blocks", "--num-blocks", dest="num_blocks", type=whole_number, default=None,
@@ -74,7 +78,8 @@ def options_from_args(args: argparse.Namespace):
     from sim.config import SLO, CacheConfig, SchedulerConfig
 
     return ReplayOptions(
-        scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len),
+        scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len,
+                                  reserve_full_isl=args.reserve_full_isl),
         cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
         model=args.model, hardware=args.hardware, tp=args.tp, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
         backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
