@@ -26,5 +26,30 @@ def test_a_step_that_preempted_another_request_admits_no_one():
     # last free block; R0 computes position 16 at step 10 and finds none: it preempts R1, the most
     # recently admitted. vLLM admits no waiting request in that step, so R1 does not come straight
     # back in (servesim used to re-admit it with a 15-token chunk).
-    _, steps = run([(0.0, 7, 11), (0.0, 10, 13)], num_blocks=3, budget=16)
-    assert steps[:11] == [(16, 0, 0), (1, 1, 0)] + [(0, 2, 0)] * 8 + [(0, 1, 1)]
+    # R0 finishes at t=11. Step 11: R1 (19 tokens known) takes back its first block, which it filled
+    # before the preemption and which stayed cached, and recomputes 3 tokens (whole-sequence
+    # admission: 2 blocks, 1 of them its cached one, of 3 free).
+    result, steps = run([(0.0, 7, 11), (0.0, 10, 13)], num_blocks=3, budget=16)
+    assert steps == [(16, 0, 0), (1, 1, 0)] + [(0, 2, 0)] * 8 + [(0, 1, 1), (3, 0, 0)] + [(0, 1, 0)] * 3
+    assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(1.0, 11.0), (2.0, 15.0)]
+    assert [r.num_prefix_hit_tokens for r in result.requests] == [0, 16]
+    # The re-admission's hit is counted apart, as vLLM's PrefixCacheStats counts preempted requests.
+    assert (result.num_prefix_queried_tokens, result.num_prefix_hit_tokens) == (17, 0)
+
+
+def test_generated_blocks_are_cached_so_eviction_takes_another_prefix():
+    # Block size 4, 6 blocks, budget 16. D (prompt 8, hash ids [1, 2], output 1) and A (prompt 4,
+    # hash id [9], output 6) are prefilled at t=0 on blocks 0, 1 (D) and 2 (A). D finishes at
+    # t=1: its blocks join the free queue's tail (1 then 0). A decodes positions 4..8 on blocks 3
+    # and 4 and finishes at t=6; its full blocks 2 and 3 (3 holds generated tokens) join the
+    # tail after D's; block 4 (partly filled) goes to the head. B (12 tokens, its own) takes
+    # blocks 4, 5 and evicts the queue's first hashed block: D's block 1. E, sharing D's 8-token
+    # prefix, then hits D's block 0 only and computes 8 tokens. (Caching prompt blocks only, A's
+    # block 3 would have been free without a hash and taken first: E would have hit 8 tokens.)
+    rows = [(0.0, 8, 1), (0.0, 4, 6), (6.0, 12, 1), (6.5, 12, 1)]
+    hashes = [[1, 2], [9], [20, 21, 22], [1, 2, 7]]
+    result, steps = run(rows, num_blocks=6, budget=16, hash_ids=hashes, hash_block_tokens=4, block_size=4)
+    assert steps == [(12, 0, 0)] + [(0, 1, 0)] * 5 + [(12, 0, 0), (8, 0, 0)]
+    assert [r.finish_s for r in result.requests] == [1.0, 6.0, 7.0, 8.0]
+    assert [r.num_prefix_hit_tokens for r in result.requests] == [0, 0, 0, 4]
+    assert (result.num_prefix_queried_tokens, result.num_prefix_hit_tokens) == (36, 4)

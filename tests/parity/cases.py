@@ -79,6 +79,11 @@ def all_cases() -> list[Case]:
         Case("hand-shared-prefix", _trace([(0, 70, 3), (500, 80, 3)], hash_ids=[[1, 2, 3, 4, 5], [1, 2, 3, 4, 9]],
                                           hash_block_tokens=16),
              EngineSetup(max_num_batched_tokens=64, max_num_seqs=4)),
+        # A request's generated blocks are cached, so a later eviction takes another prefix's block
+        # (tests/test_vllm_v1_rules.py works it out by hand).
+        Case("hand-eviction-order", _trace([(0, 8, 1), (0, 4, 6), (6, 12, 1), (6.5, 12, 1)],
+                                           hash_ids=[[1, 2], [9], [20, 21, 22], [1, 2, 7]], hash_block_tokens=4),
+             EngineSetup(block_size=4, num_gpu_blocks=6, max_num_batched_tokens=16, max_num_seqs=4)),
     ]
     for seed in range(4):
         rows = bursty_rows(seed, 200, 800, 64)
