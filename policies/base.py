@@ -112,8 +112,15 @@ class Policy:
         return decoders, others
 
     def _victim(self, state: EngineState) -> Request:
+        """The running request to preempt among those not yet scheduled in this step: the most
+        recently admitted, or under `--scheduling-policy priority` the one with the largest
+        (priority, arrival), as vLLM picks (`chunked` follows vLLM further: see its docstring)."""
+        step = state.step_index
+        if self.config.scheduling_policy == "priority":
+            return max((r for r in state.running if r.last_scheduled_step != step),
+                       key=lambda r: (r.priority, r.arrival_s))
         for r in reversed(state.running):
-            if r.last_scheduled_step != state.step_index:
+            if r.last_scheduled_step != step:
                 return r
         raise AssertionError("no unscheduled running request to preempt")
 

@@ -78,15 +78,17 @@ class BlockManager:
         del plain[len(plain) - take:]
         if num_blocks > take:
             evict = self._free_cached.popitem
+            evicted = [evict(last=False)[0] for _ in range(num_blocks - take)]
             block_hash, hash_to_block, duplicates = self.block_hash, self.hash_to_block, self._duplicates
-            for _ in range(num_blocks - take):
-                block, _ = evict(last=False)
-                if duplicates and block_hash[block] in duplicates:
+            if duplicates:
+                for block in evicted:
                     self._unindex(block)
-                else:  # the only block with its hash (inlined _unindex: this runs for every eviction)
-                    del hash_to_block[block_hash[block]]
+            else:  # every hash has one block (_unindex in bulk: this runs for every eviction)
+                for key in [block_hash[b] for b in evicted]:
+                    del hash_to_block[key]
+                for block in evicted:
                     block_hash[block] = None
-                blocks.append(block)
+            blocks += evicted
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1

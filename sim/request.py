@@ -33,6 +33,7 @@ class Request:
     max_tokens: int  # output tokens to generate (vLLM's SamplingParams.max_tokens); exact: EOS is ignored
     hash_ids: np.ndarray | None = None  # prefix-block hash ids from the trace, if any
     hash_block_tokens: int = 512  # tokens covered by one hash id (the trace's unit)
+    priority: int = 0  # under --scheduling-policy priority, lower is served first (vLLM's)
 
     # Token state: changed only by the policy (scheduling) and the engine (postprocess).
     status: Status = Status.WAITING

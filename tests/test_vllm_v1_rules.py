@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
 from tests.helpers import ConstantBackend, make_trace
 
 
 def run(rows, num_blocks, budget, max_num_seqs=4, block_size=16, caching=True, hash_ids=None,
-        hash_block_tokens=16, **scheduler):
+        hash_block_tokens=16, priority=None, **scheduler):
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, **scheduler),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching))
-    result = replay(make_trace(rows, hash_ids, hash_block_tokens), options, backend=ConstantBackend(1.0))
+    trace = make_trace(rows, hash_ids, hash_block_tokens)
+    if priority is not None:
+        trace.priority = np.asarray(priority, dtype=np.int64)
+    result = replay(trace, options, backend=ConstantBackend(1.0))
     steps = list(zip(result.steps.num_prefill_tokens.tolist(), result.steps.num_decode_tokens.tolist(),
                      result.steps.num_preemptions.tolist()))
     return result, steps
@@ -53,3 +58,43 @@ def test_generated_blocks_are_cached_so_eviction_takes_another_prefix():
     assert [r.finish_s for r in result.requests] == [1.0, 6.0, 7.0, 8.0]
     assert [r.num_prefix_hit_tokens for r in result.requests] == [0, 0, 0, 4]
     assert (result.num_prefix_queried_tokens, result.num_prefix_hit_tokens) == (36, 4)
+
+
+def test_priority_preempts_the_lowest_priority_request_even_one_already_scheduled():
+    # Block size 4, 4 blocks, budget 16. A (prompt 1, output 8, priority 1) runs from t=0; B
+    # (prompt 4, output 8, priority 0) arrives at t=1 and is admitted behind it. B opens its second
+    # block at step 2, A at step 4: no block is free. At step 6 A is scheduled first (position 6
+    # fits its block), then B computes position 8 and needs a block: vLLM preempts the running
+    # request with the largest priority value, A, takes it back out of the step, and B gets
+    # A's partly filled block. A (7 tokens known) waits: its cached first block plus one more
+    # would need 2 free blocks while B holds 3 of 4. B finishes at t=9; A takes back its first
+    # block and recomputes 3 tokens.
+    rows = [(0.0, 1, 8), (1.0, 4, 8)]
+    result, steps = run(rows, num_blocks=4, budget=16, block_size=4, priority=[1, 0], scheduling_policy="priority")
+    assert steps == [(1, 0, 0), (4, 1, 0)] + [(0, 2, 0)] * 4 + [(0, 1, 1), (0, 1, 0), (0, 1, 0), (3, 0, 0),
+                                                                 (0, 1, 0)]
+    assert [(r.first_token_s, r.finish_s, r.num_preemptions) for r in result.requests] == [(1.0, 11.0, 1),
+                                                                                           (2.0, 9.0, 0)]
+    # First come, first served: B, the last admitted, preempts itself instead.
+    _, fcfs = run(rows, num_blocks=4, budget=16, block_size=4, priority=[1, 0])
+    assert fcfs[6] == (0, 1, 1) and fcfs[:6] == steps[:6] and fcfs != steps
+
+
+def test_priority_orders_the_waiting_queue_then_arrival():
+    # Budget 8: one 8-token prompt per step. Lower priority first, ties by arrival, then trace order.
+    rows = [(0.0, 8, 1), (0.0, 8, 1), (0.0, 8, 1), (0.5, 8, 1)]
+    result, _ = run(rows, num_blocks=64, budget=8, priority=[2, 1, 2, 0], scheduling_policy="priority")
+    # At t=0 three wait: 1 (priority 1) goes first; then at t=1 request 3 (priority 0) has arrived.
+    assert [r.finish_s for r in result.requests] == [3.0, 1.0, 4.0, 2.0]
+
+
+def test_long_prefill_token_threshold_caps_each_chunk_unless_one_request_is_left():
+    # Budget 16, threshold 4. Step 0: R0 and R1 get 4 tokens each. Step 1: R0 4 more, R1 its last
+    # 2 (its only token comes out: it finishes). Step 2: R0 is alone, so the cap is lifted: its
+    # last 6 prompt tokens. Step 3: R0 decodes.
+    rows = [(0.0, 14, 2), (0.0, 6, 1)]
+    result, steps = run(rows, num_blocks=64, budget=16, long_prefill_token_threshold=4)
+    assert steps == [(8, 0, 0), (6, 0, 0), (6, 0, 0), (0, 1, 0)]
+    assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(3.0, 4.0), (2.0, 2.0)]
+    _, uncapped = run(rows, num_blocks=64, budget=16)
+    assert uncapped == [(16, 0, 0), (4, 1, 0)]  # R1 gets the 2 tokens left, then its last 4

@@ -84,6 +84,15 @@ def all_cases() -> list[Case]:
         Case("hand-eviction-order", _trace([(0, 8, 1), (0, 4, 6), (6, 12, 1), (6.5, 12, 1)],
                                            hash_ids=[[1, 2], [9], [20, 21, 22], [1, 2, 7]], hash_block_tokens=4),
              EngineSetup(block_size=4, num_gpu_blocks=6, max_num_batched_tokens=16, max_num_seqs=4)),
+        # The tests/test_vllm_v1_rules.py timelines of priority preemption and the long-prefill cap.
+        Case("hand-priority-preempt", _trace([(0, 1, 8), (1, 4, 8)]),
+             EngineSetup(block_size=4, num_gpu_blocks=4, max_num_batched_tokens=16, max_num_seqs=4,
+                         scheduling_policy="priority"), priority=(1, 0)),
+        Case("hand-priority-order", _trace([(0, 8, 1), (0, 8, 1), (0, 8, 1), (0.5, 8, 1)]),
+             EngineSetup(max_num_batched_tokens=8, max_num_seqs=4, scheduling_policy="priority"),
+             priority=(2, 1, 2, 0)),
+        Case("hand-threshold", _trace([(0, 14, 2), (0, 6, 1)]),
+             EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, long_prefill_token_threshold=4)),
     ]
     for seed in range(4):
         rows = bursty_rows(seed, 200, 800, 64)
