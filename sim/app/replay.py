@@ -30,9 +30,11 @@ def make_requests(trace: Trace) -> list[Request]:
     arrival = trace.arrival_s.tolist()
     prompt = trace.prompt_tokens.tolist()
     output = trace.output_tokens.tolist()
+    priority = [0] * len(trace) if trace.priority is None else trace.priority.tolist()
     return [
         Request(i, ids[i], arrival[i], prompt[i], output[i],
-                hash_ids=None if hash_ids is None else hash_ids[i], hash_block_tokens=trace.hash_block_tokens)
+                hash_ids=None if hash_ids is None else hash_ids[i], hash_block_tokens=trace.hash_block_tokens,
+                priority=priority[i])
         for i in range(len(trace))
     ]
 
