@@ -139,6 +139,7 @@ def summarize(result: SimResult, requests: pd.DataFrame, slo: SLO, options: dict
         "request_throughput": per_s(len(done)),
         "output_throughput": per_s(output_tokens),
         "total_token_throughput": per_s(prompt_tokens + output_tokens),
+        # vLLM's PrefixCacheStats: cached tokens over looked-up tokens, at first admissions only.
         "prefix_cache_hit_rate": (result.num_prefix_hit_tokens / result.num_prefix_queried_tokens
                                   if result.num_prefix_queried_tokens else 0.0),
     }
