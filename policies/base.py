@@ -124,9 +124,10 @@ class Policy:
                 return r
         raise AssertionError("no unscheduled running request to preempt")
 
-    def _preempt(self, state: EngineState, request: Request) -> None:
-        """Preemption by recompute: drop its KV blocks; it restarts from the front of the queue."""
-        state.block_manager.free(request)
+    def _preempt(self, state: EngineState, request: Request, num_scheduled: int = 0) -> None:
+        """Preemption by recompute: drop its KV blocks; it restarts from the front of the queue.
+        `num_scheduled`: its tokens of this step, for a request preempted after it was scheduled."""
+        state.block_manager.free(request, preempted=True, num_scheduled=num_scheduled)
         request.num_computed_tokens = 0
         request.status = Status.WAITING
         request.num_preemptions += 1

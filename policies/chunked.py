@@ -75,11 +75,13 @@ class ChunkedPolicy(Policy):
             num_tokens = min(num_tokens, budget)
             while not bm.can_append(request, num_tokens):
                 victim = self._running_victim(running, request, priority)
+                num_scheduled = 0
                 if victim.last_scheduled_step == step and victim is not request:
-                    budget += batch.remove(victim)  # scheduled earlier in this step: taken back out
+                    num_scheduled = batch.remove(victim)  # scheduled earlier in this step: taken back out
+                    budget += num_scheduled
                 if running.index(victim) < i:
                     i -= 1
-                self._preempt(state, victim)
+                self._preempt(state, victim, num_scheduled)
                 if victim is request:
                     break
             else:

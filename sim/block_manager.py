@@ -6,7 +6,8 @@ Each rule, and where vLLM implements it:
   block without a hash goes to the head (reused first), a freed block with a hash to the tail
   (BlockPool.free_blocks: prepend_n / append_n). Blocks without a hash hold nothing anyone can
   reuse, so which of them is taken makes no difference: here they are a stack (`_free_plain`)
-  taken before the hashed ones, which are an LRU queue in freeing order (`_free_cached`).
+  taken before the hashed ones, which are an LRU queue in freeing order (`_lru`; a block a hit
+  takes out of it is skipped when it reaches the head, see `_lru_skip`).
 - A request's blocks are freed tail first, so its last blocks are evicted before its prefix
   (SingleTypeKVCacheManager.free: `reversed(...)`).
 - Taking a hashed free block evicts it: its hash leaves the index (BlockPool.get_new_blocks,
@@ -15,10 +16,13 @@ Each rule, and where vLLM implements it:
   block is already indexed; duplicates stay indexed and a lookup returns the one indexed first
   (BlockPool.cache_full_blocks, BlockHashToBlockMap.insert / get_one_block).
 - When: at scheduling, for the blocks this step's tokens fill (KVCacheManager.allocate_slots calls
-  cache_blocks with `min(num_computed + num_new, num_tokens)`). A block that only a decode fills
-  holds a generated token, which only its own request can ever look up (after a preemption);
-  such blocks are registered lazily, before the request's blocks are freed, which gives the
-  same index and the same free queue (a held block is never evicted).
+  cache_blocks with `min(num_computed + num_new, num_tokens)`). Blocks that may hold content
+  shared with other requests (prompt blocks with trace hashes) are indexed then. A block of the
+  request's own tokens (generated ones, or a prompt without trace hashes) can only ever be
+  looked up by its own request, after a preemption: it is given its hash lazily, when the
+  request's blocks are freed, which gives the same index and the same free queue (a held block
+  is never evicted). A finished request never comes back, so its own blocks go to the free
+  queue's tail, as vLLM's hashed blocks do, without entering the index.
 - A waiting request takes the longest run of cached full blocks from the start of its known
   tokens (prompt, and the tokens it generated before a preemption), at most `num_tokens - 1`
   tokens: a whole-prompt hit recomputes the last block to get logits for the last token
@@ -37,7 +41,7 @@ all usable (vLLM's `num_gpu_blocks` minus one).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 
 from sim.request import Request
 
@@ -52,7 +56,13 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}  # the block a lookup of a hash returns: the first indexed
         self._duplicates: dict[int, list[int]] = {}  # further blocks with the same hash, in indexing order
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() yields 0, 1, 2, ...
-        self._free_cached: OrderedDict[int, None] = OrderedDict()  # hashed free blocks, evicted first to last
+        # Hashed free blocks, evicted first to last. A hit takes a block out of the middle by counting
+        # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
+        self._lru: deque[int] = deque()
+        self._lru_skip = [0] * num_blocks
+        self._num_stale = 0  # sum of _lru_skip
+        self._num_lru = 0
+        self._num_lru_indexed = 0  # of which in the hash index (the others: finished requests' own blocks)
         self.num_queried_tokens = 0  # tokens looked up at first admissions (vLLM's PrefixCacheStats.queries)
         self.num_hit_tokens = 0  # of which found cached (PrefixCacheStats.hits)
         self.num_preempted_queried_tokens = 0  # the same at re-admissions after a preemption
@@ -60,7 +70,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_plain) + len(self._free_cached)
+        return len(self._free_plain) + self._num_lru
 
     @property
     def num_used_blocks(self) -> int:
@@ -77,28 +87,59 @@ class BlockManager:
         blocks = plain[:-take - 1:-1] if take else []
         del plain[len(plain) - take:]
         if num_blocks > take:
-            evict = self._free_cached.popitem
-            evicted = [evict(last=False)[0] for _ in range(num_blocks - take)]
-            block_hash, hash_to_block, duplicates = self.block_hash, self.hash_to_block, self._duplicates
-            if duplicates:
-                for block in evicted:
-                    self._unindex(block)
-            else:  # every hash has one block (_unindex in bulk: this runs for every eviction)
-                for key in [block_hash[b] for b in evicted]:
-                    del hash_to_block[key]
-                for block in evicted:
-                    block_hash[block] = None
+            num_evict = num_blocks - take
+            self._num_lru -= num_evict
+            popleft = self._lru.popleft
+            evicted = [popleft() for _ in range(num_evict)]
+            if self._num_stale:
+                evicted = self._without_stale(evicted, num_evict)
+            if self._num_lru_indexed:
+                block_hash, hash_to_block = self.block_hash, self.hash_to_block
+                num_indexed = 0
+                if self._duplicates:
+                    for block in evicted:
+                        num_indexed += block_hash[block] is not None
+                        self._unindex(block)
+                else:  # every hash has one block (_unindex inlined: this runs for every eviction)
+                    for block in evicted:
+                        key = block_hash[block]
+                        if key is not None:  # None: a finished request's own block, never indexed
+                            del hash_to_block[key]
+                            block_hash[block] = None
+                            num_indexed += 1
+                self._num_lru_indexed -= num_indexed
             blocks += evicted
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
         return blocks
 
+    def _without_stale(self, entries: list[int], num_live: int) -> list[int]:
+        """The live blocks among LRU entries just taken from the head, topped up to `num_live`."""
+        skip, popleft = self._lru_skip, self._lru.popleft
+        live = []
+        for block in entries:
+            if skip[block]:  # a stale entry: the block left the queue on a hit
+                skip[block] -= 1
+                self._num_stale -= 1
+            else:
+                live.append(block)
+        while len(live) < num_live:
+            block = popleft()
+            if skip[block]:
+                skip[block] -= 1
+                self._num_stale -= 1
+            else:
+                live.append(block)
+        return live
+
     # The hash index.
 
     def _unindex(self, block: int) -> None:
         key = self.block_hash[block]
         self.block_hash[block] = None
+        if key is None:  # a finished request's own block, never indexed
+            return
         duplicates = self._duplicates.get(key)
         if self.hash_to_block[key] == block:
             if duplicates:
@@ -167,10 +208,13 @@ class BlockManager:
 
     def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> None:
         """Give an admitted request its cached prefix and blocks for `num_new_tokens` more tokens."""
-        free_cached, ref_counts = self._free_cached, self.ref_counts
+        ref_counts, skip = self.ref_counts, self._lru_skip
         for block in cached_blocks:
-            if ref_counts[block] == 0:
-                del free_cached[block]
+            if ref_counts[block] == 0:  # out of the LRU queue
+                skip[block] += 1
+                self._num_stale += 1
+                self._num_lru -= 1
+                self._num_lru_indexed -= 1  # a hit is indexed
             ref_counts[block] += 1
         num_hit = len(cached_blocks) * self.block_size
         if self.enable_prefix_caching:
@@ -201,30 +245,69 @@ class BlockManager:
         if num_new > 0:
             table.extend(self.pop_free_blocks(num_new))
         if self.enable_prefix_caching:
-            self._register(request, num_after // self.block_size)
+            # Shared blocks now; the request's own blocks when it frees them (module docstring).
+            num_full = min(num_after // self.block_size, request.num_shared_blocks(self.block_size))
+            if num_full > request.num_hashed_blocks:
+                self._register(request, num_full)
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, preempted: bool = False, num_scheduled: int = 0) -> None:
         """Release a finished or preempted request's blocks, tail first: a block whose last user
-        leaves goes to the head of the free queue without a hash, to its tail with one."""
+        leaves goes to the head of the free queue without a hash, to its tail with one. The full
+        blocks not indexed yet hold its own tokens: a preempted request may find them again, so
+        they are indexed; a finished one's go to the tail unindexed (nobody can find them).
+        `num_scheduled`: tokens scheduled in this step for a request preempted after it was
+        scheduled (vLLM cached the blocks they fill when it scheduled them)."""
         ref_counts = self.ref_counts
         if not self.enable_prefix_caching:
             for block in request.block_table:
                 ref_counts[block] = 0
             self._free_plain.extend(reversed(request.block_table))
         else:
-            # Blocks only decodes filled are indexed now (see the module docstring).
-            self._register(request, request.num_computed_tokens // self.block_size)
-            block_hash, cached, plain = self.block_hash, self._free_cached, self._free_plain
-            for block in reversed(request.block_table):
+            table = request.block_table
+            num_full = (request.num_computed_tokens + num_scheduled) // self.block_size
+            if preempted:
+                self._register(request, num_full)
+            elif num_full > request.num_hashed_blocks:
+                shared = request.num_shared_blocks(self.block_size)
+                if shared > request.num_hashed_blocks:
+                    self._register(request, min(num_full, shared))
+            # Its hashed blocks are its first ones (indexed, or full blocks of its own): the rest
+            # are the partly filled tail.
+            num_full = max(num_full, request.num_hashed_blocks)
+            plain = self._free_plain
+            for block in reversed(table[num_full:]):
                 count = ref_counts[block] - 1
                 ref_counts[block] = count
                 if not count:
-                    if block_hash[block] is not None:
-                        cached[block] = None
-                    else:
-                        plain.append(block)
+                    plain.append(block)
+            hashed = []
+            for block in reversed(table[request.num_hashed_blocks:num_full]):  # its own, not indexed
+                count = ref_counts[block] - 1
+                ref_counts[block] = count
+                if not count:
+                    hashed.append(block)
+            num_own = len(hashed)
+            for block in reversed(table[:request.num_hashed_blocks]):  # indexed
+                count = ref_counts[block] - 1
+                ref_counts[block] = count
+                if not count:
+                    hashed.append(block)
+            self._lru.extend(hashed)
+            self._num_lru += len(hashed)
+            self._num_lru_indexed += len(hashed) - num_own
         request.block_table = []
         request.num_hashed_blocks = 0
+
+    def cached_free_blocks(self) -> list[int]:
+        """The hashed free blocks, in eviction order (the LRU queue without its stale entries)."""
+        skip = list(self._lru_skip)
+        live = []
+        for block in self._lru:
+            if skip[block]:
+                skip[block] -= 1
+            else:
+                live.append(block)
+        return live
 
     def check_invariants(self, running: list[Request]) -> None:
         """Blocks add up: free + used = total, reference counts match the block tables, and the
@@ -241,10 +324,13 @@ class BlockManager:
         assert all(self.block_hash[b] == h for h, b in indexed), "the hash index and the blocks' hashes disagree"
         assert all(blocks for blocks in self._duplicates.values()) and set(self._duplicates) <= set(self.hash_to_block)
         assert sum(h is not None for h in self.block_hash) == len(indexed), "a hashed block is not indexed"
-        free = set(self._free_plain) | set(self._free_cached)
+        lru = self.cached_free_blocks()
+        assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - len(lru)
+        assert self._num_lru_indexed == sum(self.block_hash[b] is not None for b in lru)
+        free = set(self._free_plain) | set(lru)
         assert len(free) == self.num_free_blocks, "a block is free twice"
         assert all(counts[b] == 0 for b in free), "a used block is also free"
         assert all(self.block_hash[b] is None for b in self._free_plain), "a hashed block in the plain pool"
-        assert all(self.block_hash[b] is not None for b in self._free_cached), "an unhashed block in the LRU queue"
+        # (The LRU queue may hold blocks without a hash: finished requests' own, never indexed.)
         for r in running:
             assert all(self.block_hash[b] is not None for b in r.block_table[:r.num_hashed_blocks])

@@ -93,9 +93,9 @@ def test_every_full_block_is_cached_and_a_preempted_request_hits_its_own():
         r.num_computed_tokens += 1
         r.num_output_tokens += 1
     assert r.num_computed_tokens == 10 and r.block_table == [0, 1, 2]
-    bm.free(r)  # as a preemption does: blocks 0 and 1 are full (8 of 10 computed tokens)
+    bm.free(r, preempted=True)  # blocks 0 and 1 are full (8 of 10 computed tokens)
     assert bm.hash_to_block == {r.block_hashes(4, 2)[0]: 0, r.block_hashes(4, 2)[1]: 1}
-    assert list(bm._free_cached) == [1, 0] and bm._free_plain[-1] == 2  # tail first; block 2 is reused first
+    assert bm.cached_free_blocks() == [1, 0] and bm._free_plain[-1] == 2  # tail first; block 2 is reused first
     r.num_computed_tokens = 0
     r.num_preemptions = 1
     # 11 tokens known: at most 10 may hit, so both full blocks do.
@@ -119,7 +119,7 @@ def test_duplicate_blocks_stay_indexed_and_the_first_is_found():
     assert bm.hash_to_block[key] == 1 and bm._duplicates[key] == [3]
     bm.free(b)
     bm.free(a)  # hashed blocks to the queue's tail in freeing order: b's 1, a's 3, then the shared 0
-    assert list(bm._free_cached) == [1, 3, 0]
+    assert bm.cached_free_blocks() == [1, 3, 0]
     x = req(2, 24)
     bm.allocate(x, [], 24)  # 6 blocks: the 5 without a hash, then evicts block 1: block 3 is found now
     assert bm.hash_to_block[key] == 3 and key not in bm._duplicates
