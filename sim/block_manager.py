@@ -194,7 +194,8 @@ class BlockManager:
             return 0
         num = 0
         hash_to_block = self.hash_to_block
-        for h in request.prompt_block_hashes(self.block_size):
+        num_shared = request.num_shared_blocks(self.block_size)  # the prompt's blocks other requests may hold
+        for h in request.block_hashes(self.block_size, num_shared)[:num_shared]:
             if h not in hash_to_block:
                 break
             num += 1
