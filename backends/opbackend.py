@@ -23,6 +23,7 @@ class OpTableBackend:
     def __init__(self, op_model: OperatorModel, device: str = "gpu", profile_name: str | None = None):
         self.ops = op_model
         self.device = device  # the system the tables were measured on
+        self.device_name = f"{device} (operator tables)"
         self.dtype = {"bf16": "bfloat16", "fp8": "float8"}[op_model.dtype]
         self.profile_name = profile_name
 

@@ -67,7 +67,9 @@ class Policy:
     def _schedule_running(self, state: EngineState, batch: Batch, request: Request, num_tokens: int) -> bool:
         """Reserve blocks for `num_tokens` more tokens of a running request and add it to the batch,
         preempting the most recently admitted unscheduled requests while blocks run short.
-        Returns False when the request itself had to be preempted."""
+        Returns False when the request itself had to be preempted. Every preemption, of it or of
+        another request, is counted in `state.num_preemptions`: a caller compares that count to
+        know whether its step preempted."""
         bm = state.block_manager
         while not bm.can_append(request, num_tokens):
             victim = self._victim(state)
@@ -87,11 +89,11 @@ class Policy:
         bs = bm.block_size
         opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
         if len(opening) > bm.num_free_blocks:
-            preempted = False
+            num_preemptions = state.num_preemptions
             for request in decoders:
                 if request.status is Status.RUNNING:  # not preempted meanwhile
-                    preempted |= not self._schedule_running(state, batch, request, 1)
-            return preempted
+                    self._schedule_running(state, batch, request, 1)
+            return state.num_preemptions != num_preemptions
         if opening:
             for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
                 request.block_table.append(block)
@@ -110,14 +112,22 @@ class Policy:
         return decoders, others
 
     def _victim(self, state: EngineState) -> Request:
+        """The running request to preempt among those not yet scheduled in this step: the most
+        recently admitted, or under `--scheduling-policy priority` the one with the largest
+        (priority, arrival), as vLLM picks (`chunked` follows vLLM further: see its docstring)."""
+        step = state.step_index
+        if self.config.scheduling_policy == "priority":
+            return max((r for r in state.running if r.last_scheduled_step != step),
+                       key=lambda r: (r.priority, r.arrival_s))
         for r in reversed(state.running):
-            if r.last_scheduled_step != state.step_index:
+            if r.last_scheduled_step != step:
                 return r
         raise AssertionError("no unscheduled running request to preempt")
 
-    def _preempt(self, state: EngineState, request: Request) -> None:
-        """Preemption by recompute: drop its KV blocks; it restarts from the front of the queue."""
-        state.block_manager.free(request)
+    def _preempt(self, state: EngineState, request: Request, num_scheduled: int = 0) -> None:
+        """Preemption by recompute: drop its KV blocks; it restarts from the front of the queue.
+        `num_scheduled`: its tokens of this step, for a request preempted after it was scheduled."""
+        state.block_manager.free(request, preempted=True, num_scheduled=num_scheduled)
         request.num_computed_tokens = 0
         request.status = Status.WAITING
         request.num_preemptions += 1
@@ -130,14 +140,17 @@ class Policy:
     def _try_admit(self, state: EngineState, batch: Batch, now: float, max_chunk: int | None) -> int:
         """Admit the head of the waiting queue if its blocks fit. With `max_chunk` the prefill is
         chunked to it; without, the whole remaining prompt is scheduled. Returns tokens scheduled
-        (0 when it could not be admitted)."""
+        (0 when it could not be admitted).
+
+        With `reserve_full_isl` (the default) the blocks of the request's whole current sequence
+        must be free, not only those of its first chunk: vLLM 0.33's Scheduler.schedule passes
+        `full_sequence_must_fit=scheduler_reserve_full_isl` to KVCacheManager.allocate_slots."""
         request = state.waiting[0]
         bm = state.block_manager
         cached = bm.cached_prefix(request)
-        num_tokens = request.num_tokens - len(cached) * bm.block_size
-        if max_chunk is not None:
-            num_tokens = min(num_tokens, max_chunk)
-        if not bm.can_allocate(cached, num_tokens):
+        remaining = request.num_tokens - len(cached) * bm.block_size
+        num_tokens = remaining if max_chunk is None else min(remaining, max_chunk)
+        if not bm.can_allocate(cached, remaining if self.config.reserve_full_isl else num_tokens):
             return 0
         state.waiting.popleft()
         bm.allocate(request, cached, num_tokens)
@@ -172,12 +185,13 @@ class Policy:
     def _schedule_all_decodes(self, state: EngineState, batch: Batch) -> bool:
         """One token for every running request (with whole-prompt policies every running request
         is decoding). Returns True if any request was preempted."""
+        num_preemptions = state.num_preemptions
         decoders, others = self._split_running(state)
-        preempted = self._schedule_decodes(state, batch, decoders)
+        self._schedule_decodes(state, batch, decoders)
         for request in others:
             if request.status is Status.RUNNING:
-                preempted |= not self._schedule_running(state, batch, request, request.num_tokens_to_compute)
-        return preempted
+                self._schedule_running(state, batch, request, request.num_tokens_to_compute)
+        return state.num_preemptions != num_preemptions
 
     @staticmethod
     def _add(state: EngineState, batch: Batch, request: Request, num_tokens: int, is_decode: bool) -> None:

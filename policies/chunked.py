@@ -1,15 +1,21 @@
-"""`chunked`: Sarathi-Serve stall-free batching, as vLLM V1 schedules.
+"""`chunked`: Sarathi-Serve stall-free batching, as vLLM V1 schedules (Scheduler.schedule in
+vllm/v1/core/sched/scheduler.py, version 0.33).
 
-Every running decode gets its token first, then partially done prefills continue, then new
-requests are admitted, each prefill chunked to the budget that remains. Steps mix prefill
-chunks and decodes. New requests are not admitted in a step that had to preempt.
+First the running requests, in the order they were admitted: each gets what it has left to
+compute (one token for a decode), capped by `long_prefill_token_threshold` and by the budget
+left. A request whose blocks do not fit preempts the most recently admitted running request
+(under `--scheduling-policy priority`, the running request with the largest priority value,
+latest arrival on a tie, even one scheduled earlier in the step, which is then taken back out)
+until it fits or preempted itself. Then, unless the step preempted, waiting requests are
+admitted in queue order, each prefill chunked to the budget left (and the threshold), while
+the blocks of its whole sequence fit (`reserve_full_isl`). Steps mix prefill chunks and decodes.
 """
 
 from __future__ import annotations
 
 from policies.base import Policy
 from sim.batch import Batch
-from sim.request import Status
+from sim.request import Request
 from sim.state import EngineState
 
 
@@ -19,27 +25,80 @@ class ChunkedPolicy(Policy):
 
     def schedule(self, state: EngineState, now: float) -> Batch:
         batch = Batch()
-        budget = self.config.max_num_batched_tokens
-        # Decodes first; budget >= max_num_seqs (checked in SchedulerConfig) leaves room for all.
-        decoders, prefills = self._split_running(state)
-        preempted = self._schedule_decodes(state, batch, decoders)
-        budget -= len(batch)
-        # Then partially done prefills, chunked to the budget left.
-        for request in prefills:
-            if budget == 0:
-                break
-            if request.status is not Status.RUNNING:
-                continue  # preempted to make room for an earlier request
-            num_tokens = min(request.num_tokens_to_compute, budget)
-            if self._schedule_running(state, batch, request, num_tokens):
-                budget -= num_tokens
-            else:
-                preempted = True
-        # Then new requests, unless this step had to preempt.
-        if not preempted:
-            while state.waiting and budget > 0 and len(state.running) < self.config.max_num_seqs:
-                admitted = self._try_admit(state, batch, now, max_chunk=budget)
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        # vLLM lifts the cap when a single request waits or runs: it has nobody to starve.
+        threshold = cfg.long_prefill_token_threshold if len(state.running) + len(state.waiting) > 1 else 0
+        num_preemptions = state.num_preemptions
+        budget = self._schedule_running_in_order(state, batch, budget, threshold)
+        # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).
+        if state.num_preemptions == num_preemptions:
+            chunk_cap = min(budget, threshold) if threshold else budget
+            while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
+                admitted = self._try_admit(state, batch, now, max_chunk=chunk_cap)
                 if not admitted:
                     break
                 budget -= admitted
+                chunk_cap = min(budget, threshold) if threshold else budget
         return batch
+
+    def _schedule_running_in_order(self, state: EngineState, batch: Batch, budget: int, threshold: int) -> int:
+        """The running requests' tokens, in running order; returns the budget left."""
+        running = state.running
+        bm = state.block_manager
+        priority = self.config.scheduling_policy == "priority"
+        # The leading decodes (all of them, most steps) first, as the loop below would schedule
+        # them but faster: _schedule_decodes takes their blocks in bulk, or one by one preempting
+        # from the end of the running list as vLLM does. Under priority only when their blocks fit
+        # (then nothing is preempted); else the loop does it all.
+        num_leading = 0
+        for r in running:  # Request.is_decoding, inlined: this runs on every step
+            g = r.num_output_tokens
+            if not (g and r.num_computed_tokens == r.num_prompt_tokens + g - 1):
+                break
+            num_leading += 1
+        i = 0
+        if num_leading:
+            decoders = running if num_leading == len(running) else running[:num_leading]
+            bs = bm.block_size
+            if not priority or sum(1 for r in decoders
+                                   if len(r.block_table) * bs <= r.num_computed_tokens) <= bm.num_free_blocks:
+                self._schedule_decodes(state, batch, decoders)
+                i = len(batch)  # the leading decodes still running, all scheduled
+                budget -= i
+        step = state.step_index
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_tokens = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_tokens:
+                num_tokens = threshold
+            num_tokens = min(num_tokens, budget)
+            while not bm.can_append(request, num_tokens):
+                victim = self._running_victim(running, request, priority)
+                num_scheduled = 0
+                if victim.last_scheduled_step == step and victim is not request:
+                    num_scheduled = batch.remove(victim)  # scheduled earlier in this step: taken back out
+                    budget += num_scheduled
+                if running.index(victim) < i:
+                    i -= 1
+                self._preempt(state, victim, num_scheduled)
+                if victim is request:
+                    break
+            else:
+                bm.append(request, num_tokens)
+                self._add(state, batch, request, num_tokens, request.is_decoding)
+                budget -= num_tokens
+                i += 1
+                continue
+            if not priority:
+                break  # everything after it was preempted first
+            # Under priority the requests after it rank higher and may still fit; `i` is theirs now.
+        return budget
+
+    @staticmethod
+    def _running_victim(running: list[Request], request: Request, priority: bool) -> Request:
+        """vLLM's choice: the last running request (FCFS), or the one with the largest (priority,
+        arrival) under priority, the first such in running order."""
+        if priority:
+            return max(running, key=lambda r: (r.priority, r.arrival_s))
+        return running[-1]

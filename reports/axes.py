@@ -9,10 +9,13 @@ AXES: dict[str, type] = {
     "hardware": str,
     "max_num_batched_tokens": int,
     "max_num_seqs": int,
+    "long_prefill_token_threshold": int,
+    "scheduling_policy": str,
     "rate_scale": float,
     "seed": int,
 }
-SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs", "rate_scale": "rate"}
+SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs", "rate_scale": "rate",
+               "long_prefill_token_threshold": "prefill cap", "scheduling_policy": "queue"}
 
 
 def axis_name(axis: str) -> str:

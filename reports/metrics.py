@@ -167,6 +167,7 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start
         "request_throughput": per_s(completed),
         "output_throughput": per_s(outcomes.total_output_tokens),
         "total_token_throughput": per_s(outcomes.total_prompt_tokens + outcomes.total_output_tokens),
+        # vLLM's PrefixCacheStats: cached tokens over looked-up tokens, at first admissions only.
         "prefix_cache_hit_rate": (result.num_prefix_hit_tokens / result.num_prefix_queried_tokens
                                   if result.num_prefix_queried_tokens else 0.0),
     }

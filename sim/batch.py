@@ -79,6 +79,16 @@ class Batch:
         self.needs_logits.append(needs_logits)
         self.is_decode.append(is_decode)
 
+    def remove(self, request: Any) -> int:
+        """Take a request back out of the batch (a request preempted after it was scheduled);
+        returns the tokens it had."""
+        i = next(k for k, r in enumerate(self.requests) if r is request)
+        num_tokens = self.num_scheduled_tokens[i]
+        for column in (self.requests, self.num_computed_tokens, self.num_scheduled_tokens, self.needs_logits,
+                       self.is_decode):
+            del column[i]
+        return num_tokens
+
     def add_decodes(self, requests: list) -> None:
         """Add decoding requests, one token each (the token each sampled last), in bulk."""
         n = len(requests)

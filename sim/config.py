@@ -19,12 +19,23 @@ def check_block_size(block_size: int) -> None:
              f"--block-size must be a power of two, got {block_size}")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     policy: str = "chunked"  # a name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy)
     max_num_batched_tokens: int = 2048  # the token budget of one step
     max_num_seqs: int = 256  # requests running at once
     max_model_len: int | None = None  # prompt + output limit; None means the model's own limit
+    # Admit a waiting request only if blocks for its whole current sequence are free, not just its
+    # first chunk's (vLLM 0.33's scheduler_reserve_full_isl, default True).
+    reserve_full_isl: bool = True
+    # Cap of a prefill's chunk per step, in tokens; 0: no cap (vLLM's long_prefill_token_threshold).
+    # vLLM lifts it in a step with only one request waiting or running.
+    long_prefill_token_threshold: int = 0
+    # fcfs: by arrival; priority: by the trace's priority (lower first), then arrival (vLLM's policy).
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         _require(bool(self.policy), "--policy must not be empty")
@@ -43,6 +54,10 @@ class SchedulerConfig:
             self.max_model_len is None or self.max_model_len >= 2,
             f"--max-model-len must be at least 2, got {self.max_model_len}",
         )
+        _require(isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
+                 f"--long-prefill-token-threshold must be a whole number >= 0, got {self.long_prefill_token_threshold}")
+        _require(self.scheduling_policy in SCHEDULING_POLICIES,
+                 f"unknown --scheduling-policy {self.scheduling_policy!r}; choose {' or '.join(SCHEDULING_POLICIES)}")
 
 
 # The block manager keeps a few Python objects per KV block (~60 bytes): 2**25 blocks take ~2 GB of

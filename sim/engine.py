@@ -99,7 +99,7 @@ class Engine:
         self.token_times = token_times
         self.max_model_len = max_model_len
         self.progress = progress
-        self.state = EngineState(block_manager)
+        self.state = EngineState(block_manager, priority=policy.config.scheduling_policy == "priority")
         self.steps = steps if steps is not None else StepLog()
         self.num_finished = 0
         self.workload = None  # set by the workload that feeds this engine (sim/arrivals.py)

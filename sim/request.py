@@ -34,6 +34,7 @@ class Request:
     max_tokens: int  # output tokens to generate (vLLM's SamplingParams.max_tokens); exact: EOS is ignored
     hash_ids: np.ndarray | None = None  # prefix-block hash ids from the trace, if any
     hash_block_tokens: int = 512  # tokens covered by one hash id (the trace's unit)
+    priority: int = 0  # under --scheduling-policy priority, lower is served first (vLLM's)
 
     # Token state: changed only by the policy (scheduling) and the engine (postprocess).
     status: Status = Status.WAITING
@@ -72,33 +73,43 @@ class Request:
         """KV slots the request needs at its longest: the last output token is never computed."""
         return self.num_prompt_tokens + self.max_tokens - 1
 
-    def prompt_block_hashes(self, block_size: int) -> list[int]:
-        """Keys of the prompt's full blocks, for requests whose trace gives prefix hashes: equal
-        keys mean equal token ids from the start of the prompt to the end of the block.
+    def num_shared_blocks(self, block_size: int) -> int:
+        """Leading full blocks whose content other requests may share: the prompt's full blocks
+        when the trace gives prefix hashes, none otherwise (its token ids are its own)."""
+        return self.num_prompt_tokens // block_size if self.hash_ids is not None else 0
 
-        A token's id is fixed by the hash id of the trace block it lies in and its offset there
-        (see `sim.tokens`). So a block's key mixes the chained hash of the trace's hash ids up to
-        the one it ends in with the offset where it ends.
+    def block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
+        """Keys of the first `num_blocks` (at least) full blocks of its tokens: equal keys mean
+        equal token ids from the start to the end of the block, as vLLM's chained block hashes.
+
+        A prompt token's id is fixed by the hash id of the trace block it lies in and its offset
+        there (see `sim.tokens`), so a shared block's key mixes the chained hash of the trace's
+        hash ids up to the one it ends in with the offset where it ends. Every other block holds
+        tokens of this request alone (a prompt without trace hashes, or generated tokens), so its
+        key is the request's and the block's number, negative so it meets no shared key.
         """
-        if self._block_hashes is None:
-            hashes: list[int] = []
-            num_blocks = self.num_prompt_tokens // block_size
-            if self.hash_ids is not None and num_blocks:
+        keys = self._block_hashes
+        if keys is None:
+            keys = []
+            num_shared = self.num_shared_blocks(block_size)
+            if num_shared:
                 h_tokens = self.hash_block_tokens
                 chain = []  # chain[j]: hash of hash ids 0..j
                 parent = 0
-                for hash_id in self.hash_ids[:(num_blocks * block_size - 1) // h_tokens + 1].tolist():
+                for hash_id in self.hash_ids[:(num_shared * block_size - 1) // h_tokens + 1].tolist():
                     parent = hash((parent, hash_id))
                     chain.append(parent)
-                last_token = np.arange(1, num_blocks + 1, dtype=np.int64) * block_size - 1
+                last_token = np.arange(1, num_shared + 1, dtype=np.int64) * block_size - 1
                 keys = tokens.hashed_ids(0, np.asarray(chain, dtype=np.int64)[last_token // h_tokens],
-                                         last_token % h_tokens, 1 << 62)
-                hashes = keys.tolist()
-            self._block_hashes = hashes
-        return self._block_hashes
+                                         last_token % h_tokens, 1 << 62).tolist()
+            self._block_hashes = keys
+        if len(keys) < num_blocks:
+            base = -((self.index + 1) << 32)
+            keys.extend(range(base - len(keys), base - num_blocks, -1))
+        return keys
 
     def drop_block_hashes(self) -> None:
-        """Forget the prefix keys (a finished request needs them no more; they are recomputed if asked)."""
+        """Forget the block keys (a finished request needs them no more; they are recomputed if asked)."""
         self._block_hashes = None
 
     def token_ids(self, start: int, end: int, spec: tokens.TokenSpec) -> np.ndarray:

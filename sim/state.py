@@ -2,16 +2,49 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Iterator
 
 from sim.block_manager import BlockManager
 from sim.request import Request
 
 
+class PriorityWaiting:
+    """The waiting queue under `--scheduling-policy priority`: the lowest priority value first,
+    then the earliest arrival, then trace order (vLLM's Request.__lt__: priority, arrival time,
+    request id). A preempted request goes back by the same order, not to the front
+    (vllm/v1/core/sched/request_queue.py, PriorityRequestQueue.prepend_request). It offers what
+    policies use of the FCFS deque: append, appendleft, popleft, [0], len and iteration."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+
+    def append(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.priority, request.arrival_s, request.index, request))
+
+    appendleft = append
+
+    def popleft(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def __getitem__(self, i: int) -> Request:
+        if i != 0:
+            raise IndexError("only the head of a priority queue can be looked at")
+        return self._heap[0][3]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (entry[3] for entry in sorted(self._heap))
+
+
 class EngineState:
-    def __init__(self, block_manager: BlockManager):
+    def __init__(self, block_manager: BlockManager, priority: bool = False):
         self.block_manager = block_manager
-        self.waiting: deque[Request] = deque()  # FCFS; preempted requests go to the front
+        # FCFS: preempted requests go to the front. With `priority`, by priority (PriorityWaiting).
+        self.waiting: deque[Request] | PriorityWaiting = PriorityWaiting() if priority else deque()
         self.running: list[Request] = []  # in admission order: the last is the most recently admitted
         self.step_index = 0  # the step being scheduled
         self.num_preemptions = 0

@@ -75,9 +75,53 @@ def test_freed_cached_blocks_are_reused_lru_and_plain_blocks_first():
     bm.check_invariants([x])
 
 
-def test_no_caching_without_hashes_or_when_off():
+def test_no_caching_when_off():
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
     a = req(0, 8, hash_ids=[1])
     bm.allocate(a, [], 8)
     assert bm.cached_prefix(req(1, 8, hash_ids=[1])) == []
     assert bm.hash_to_block == {}
+
+
+def test_every_full_block_is_cached_and_a_preempted_request_hits_its_own():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    r = req(0, 6, output=8)  # no trace hashes: its blocks are its own
+    bm.allocate(r, [], 6)
+    r.num_computed_tokens, r.num_output_tokens = 6, 1
+    for _ in range(4):  # four decodes: positions 6..9
+        bm.append(r, 1)
+        r.num_computed_tokens += 1
+        r.num_output_tokens += 1
+    assert r.num_computed_tokens == 10 and r.block_table == [0, 1, 2]
+    bm.free(r, preempted=True)  # blocks 0 and 1 are full (8 of 10 computed tokens)
+    assert bm.hash_to_block == {r.block_hashes(4, 2)[0]: 0, r.block_hashes(4, 2)[1]: 1}
+    assert bm.cached_free_blocks() == [1, 0] and bm._free_plain[-1] == 2  # tail first; block 2 is reused first
+    r.num_computed_tokens = 0
+    r.num_preemptions = 1
+    # 11 tokens known: at most 10 may hit, so both full blocks do.
+    assert bm.cached_prefix(r) == [0, 1]
+    bm.allocate(r, [0, 1], 3)
+    assert (bm.num_queried_tokens, bm.num_hit_tokens) == (6, 0)  # the first admission only
+    assert (bm.num_preempted_queried_tokens, bm.num_preempted_hit_tokens) == (11, 8)
+    bm.check_invariants([r])
+
+
+def test_duplicate_blocks_stay_indexed_and_the_first_is_found():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = req(0, 9, hash_ids=[1, 2])
+    b = req(1, 9, hash_ids=[1, 2])  # the same 8-token prefix
+    bm.allocate(a, [], 4)  # a's first chunk fills block 0
+    bm.allocate(b, bm.cached_prefix(b), 5)  # b hits block 0 and fills block 1 (tokens 4..7) itself
+    a.num_computed_tokens = 4
+    bm.append(a, 5)  # a fills its own copy of tokens 4..7: block 3, indexed after block 1
+    key = a.block_hashes(4, 2)[1]
+    assert b.block_table == [0, 1, 2] and a.block_table == [0, 3, 4]
+    assert bm.hash_to_block[key] == 1 and bm._duplicates[key] == [3]
+    bm.free(b)
+    bm.free(a)  # hashed blocks to the queue's tail in freeing order: b's 1, a's 3, then the shared 0
+    assert bm.cached_free_blocks() == [1, 3, 0]
+    x = req(2, 24)
+    bm.allocate(x, [], 24)  # 6 blocks: the 5 without a hash, then evicts block 1: block 3 is found now
+    assert bm.hash_to_block[key] == 3 and key not in bm._duplicates
+    assert bm.cached_prefix(req(3, 9, hash_ids=[1, 2])) == [0, 3]
+    bm.check_invariants([x])

@@ -82,7 +82,8 @@ def test_help_documents_every_option(capsys):
     text = capsys.readouterr().out
     for option in ("--policy", "--model", "--hardware", "--max-num-batched-tokens", "--max-num-seqs",
                    "--max-model-len", "--block-size", "--num-blocks", "--gpu-memory-utilization", "--seed",
-                   "--slo", "--out", "--no-prefix-caching"):
+                   "--slo", "--out", "--no-prefix-caching", "--reserve-full-isl", "--no-reserve-full-isl",
+                   "--long-prefill-token-threshold", "--scheduling-policy"):
         assert option in text
 
 
@@ -136,6 +137,8 @@ def test_unreadable_files(tmp_path, capsys):
     (["--max-model-len", "999999999"], "more than Llama-3.1-8B's max_position_embeddings"),
     (["--model", "Llama-3.1-70B"], "do not fit"),
     (["--backend", "magic"], "unknown backend 'magic'"),
+    (["--scheduling-policy", "lifo"], "unknown --scheduling-policy 'lifo'; choose fcfs or priority"),
+    (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be a whole number >= 0, got -1"),
 ])
 def test_nonsense_options(tmp_path, capsys, args, fragment):
     trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
@@ -226,3 +229,19 @@ def test_deployment_options_are_checked(tmp_path, capsys):
                  "cannot hold one request of --max-model-len 131072")
     expect_error(capsys, ["replay", trace, "--model", "tiny", "--backend", "real", "--tp", "2"],
                  "the real backend runs one device")
+
+
+def test_vllm_scheduler_options_reach_the_run(tmp_path):
+    # A priority column read from the trace; the options recorded in summary.json as the run used them.
+    trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens,priority\n0,100,5,1\n0,100,5,0\n")
+    out = tmp_path / "o"
+    assert run_cli("replay", trace, "--out", out, "--scheduling-policy", "priority", "--max-num-seqs", "1",
+                   "--max-num-batched-tokens", "64", "--long-prefill-token-threshold", "32",
+                   "--no-reserve-full-isl", "--quiet") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    scheduler = summary["options"]["scheduler"]
+    assert (scheduler["scheduling_policy"], scheduler["long_prefill_token_threshold"], scheduler["reserve_full_isl"]) \
+        == ("priority", 32, False)
+    rows = pd.read_csv(out / "requests.csv").set_index("request_id")
+    # One at a time: request 1 (priority 0) first, though both arrived at 0.
+    assert rows.loc[1, "ttft_s"] < rows.loc[0, "ttft_s"]

@@ -61,14 +61,21 @@ def compare(trace, options, hardware="H100-SXM", calibrated=False):
     budget=st.integers(8, 512),
     caching=st.booleans(),
     calibrated=st.booleans(),
+    v1_options=st.fixed_dictionaries({
+        "reserve_full_isl": st.booleans(),
+        "long_prefill_token_threshold": st.sampled_from([0, 0, 7, 64]),
+        "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
+    }),
 )
 def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_blocks, max_num_seqs, budget, caching,
-                                             calibrated):
+                                             calibrated, v1_options):
     trace = make_trace([(a, p, o) for a, p, o, _ in rows],
                        hash_ids=[np.resize(np.array(h + [50 + i]), -(-p // 16)) for i, (_, p, _, h) in enumerate(rows)],
                        hash_block_tokens=16)
+    trace.priority = np.arange(len(rows), dtype=np.int64) % 3
     options = ReplayOptions(
-        scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs),
+        scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs,
+                                  **v1_options),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching),
         model="Qwen3-0.6B")
     compare(trace, options, calibrated=calibrated)

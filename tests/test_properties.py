@@ -29,6 +29,9 @@ class CheckedPolicy:
         bm.check_invariants(state.running)  # blocks are conserved after every step
         decoding_before = [r for r in state.running if r.is_decoding]
         running_before = list(state.running)
+        num_queued_before = len(state.running) + len(state.waiting)
+        preemptions_before = {id(r): r.num_preemptions for r in running_before}
+        num_preemptions = state.num_preemptions
         batch = self.inner.schedule(state, now)
         bm.check_invariants(state.running)
         self.num_steps += 1
@@ -42,6 +45,16 @@ class CheckedPolicy:
             # Nothing is scheduled past the prompt and the tokens generated so far.
             assert c + n <= r.num_tokens <= r.num_prompt_tokens + r.max_tokens - 1
             assert len(r.block_table) * bm.block_size >= c + n
+        # A step that preempted admits no waiting request, not even the one it preempted (vLLM V1
+        # admits only `if not preempted_reqs`; so do all three policies).
+        admitted = [r for r in batch.requests if preemptions_before.get(id(r)) != r.num_preemptions]
+        if state.num_preemptions != num_preemptions:
+            assert not admitted, f"step {state.step_index} preempted and admitted {[r.request_id for r in admitted]}"
+        if self.config.scheduling_policy == "priority" and admitted:
+            # Admissions take the queue's head each time: nobody left waiting comes before them.
+            def key(r):
+                return (r.priority, r.arrival_s, r.index)
+            assert all(key(w) > max(map(key, admitted)) for w in state.waiting)
         kinds = set(batch.is_decode)
         if self.name == "prefill-first":
             assert len(kinds) == 1  # never mixes prefill and decode
@@ -49,10 +62,15 @@ class CheckedPolicy:
             assert len(kinds) == 1
             if not batch.is_decode[0]:
                 assert not running_before  # prompts only once the batch has drained
-        if self.name == "chunked":
+        threshold = self.config.long_prefill_token_threshold
+        if self.name == "chunked" and not threshold:
             scheduled = set(map(id, batch.requests))
             for r in decoding_before:  # every running decode is in the step, unless preempted
                 assert id(r) in scheduled or r.status is Status.WAITING
+        if self.name == "chunked" and threshold and num_queued_before > 1:
+            # (With the cap, prefills ahead in the running order may take the budget from a decode,
+            # as in vLLM.) No request computes more than the cap in a step.
+            assert max(batch.num_scheduled_tokens) <= threshold
         return batch
 
 
@@ -68,6 +86,9 @@ configs = st.fixed_dictionaries({
     "max_num_seqs": st.integers(1, 6),
     "extra_budget": st.integers(0, 40),
     "prefix_caching": st.booleans(),
+    "reserve_full_isl": st.booleans(),
+    "long_prefill_token_threshold": st.sampled_from([0, 0, 1, 3, 8]),
+    "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
 })
 
 
@@ -77,7 +98,11 @@ def simulate(rows, cfg, check=True):
                        hash_block_tokens=4)
     trace.hash_ids = [np.resize(np.asarray(h + [100 + i], dtype=np.int64), -(-p // 4))
                       for i, (h, (_, p, _, _)) in enumerate(zip([r[3] for r in rows], rows))]
-    sched = SchedulerConfig(cfg["policy"], cfg["max_num_seqs"] + cfg["extra_budget"], cfg["max_num_seqs"])
+    trace.priority = np.array([(7 * i + a) % 3 for i, (a, *_) in enumerate(rows)], dtype=np.int64)
+    sched = SchedulerConfig(cfg["policy"], cfg["max_num_seqs"] + cfg["extra_budget"], cfg["max_num_seqs"],
+                            reserve_full_isl=cfg.get("reserve_full_isl", True),
+                            long_prefill_token_threshold=cfg.get("long_prefill_token_threshold", 0),
+                            scheduling_policy=cfg.get("scheduling_policy", "fcfs"))
     policy = POLICIES[sched.policy](sched)
     if check:
         policy = CheckedPolicy(policy, sched)
@@ -93,6 +118,7 @@ def test_invariants(rows, cfg):
     result, bm = simulate(rows, cfg)
     event(f"preemptions: {result.num_preemptions > 0}")
     event(f"prefix hits: {result.num_prefix_hit_tokens > 0}")
+    event(f"prefix hits under preemption: {result.num_prefix_hit_tokens > 0 and result.num_preemptions > 0}")
     for i, r in enumerate(result.requests):
         if bm.blocks_for(r.max_kv_tokens) > bm.num_blocks:
             assert r.status is Status.REJECTED and "KV blocks" in r.reject_reason
@@ -106,6 +132,32 @@ def test_invariants(rows, cfg):
         assert not r.block_table
     assert bm.num_free_blocks == bm.num_blocks  # everything freed at the end
     assert sum(result.steps.num_preemptions) == result.num_preemptions
+
+
+shared_prefix_traces = st.lists(
+    st.tuples(st.integers(0, 10), st.integers(8, 40), st.integers(1, 12),
+              st.sampled_from([[0, 1, 2, 3], [0, 1, 2, 9], [0, 1, 5], [7, 8, 9]])),
+    min_size=3, max_size=10,
+)
+tight_configs = st.fixed_dictionaries({
+    "policy": st.sampled_from(sorted(POLICIES)),
+    "block_size": st.sampled_from([2, 4]),
+    "num_blocks": st.integers(6, 16),
+    "max_num_seqs": st.integers(2, 6),
+    "extra_budget": st.integers(0, 24),
+    "prefix_caching": st.just(True),
+    "reserve_full_isl": st.booleans(),
+    "long_prefill_token_threshold": st.sampled_from([0, 2, 5]),
+    "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_prefix_traces, tight_configs)
+def test_invariants_with_shared_prefixes_under_tight_memory(rows, cfg):
+    # Long shared prefixes, few blocks: hits, evictions of cached blocks and preemptions together,
+    # with the block manager's invariants checked at every step.
+    test_invariants.hypothesis.inner_test(rows, cfg)
 
 
 @settings(max_examples=60, deadline=None)

@@ -30,6 +30,9 @@ def same_requests(a: Trace, b: Trace) -> None:
         assert len(a.hash_ids) == len(b.hash_ids)
         assert all(np.array_equal(x, y) for x, y in zip(a.hash_ids, b.hash_ids))
         assert a.hash_block_tokens == b.hash_block_tokens
+    assert (a.priority is None) == (b.priority is None)
+    if a.priority is not None:
+        assert np.array_equal(a.priority, b.priority)
 
 
 # Real cuts of the published files.

@@ -32,7 +32,9 @@ def traces(draw):
         hash_ids = [np.array(draw(st.lists(st.integers(0, 2**40), min_size=math.ceil(p / block),
                                            max_size=math.ceil(p / block))), dtype=np.int64)
                     for p in prompt.tolist()]
-    return Trace(arrival, prompt, output, request_ids, hash_ids, block, source="hypothesis")
+    priority = draw(st.none() | st.lists(st.integers(-5, 5), min_size=n, max_size=n))
+    return Trace(arrival, prompt, output, request_ids, hash_ids, block, source="hypothesis",
+                 priority=None if priority is None else np.array(priority, dtype=np.int64))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -31,6 +31,7 @@ class TraceBuilder:
     output: list[np.ndarray] = field(default_factory=list)
     request_ids: list[str] | None = None
     hash_ids: list[np.ndarray] | None = None
+    priority: list[np.ndarray] | None = None  # per chunk, when the trace has a priority column
     hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     warnings: list[str] = field(default_factory=list)  # from the format's reader (e.g. time zones)
     dropped: dict[str, int] = field(default_factory=dict)
@@ -56,10 +57,11 @@ class TraceBuilder:
 
     def add(self, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, lines: np.ndarray, *,
             keep: np.ndarray | None = None, request_ids: list[str] | None = None,
-            hash_ids: list[np.ndarray] | None = None) -> None:
-        """Rows of one chunk (those where `keep` is true); ids only when the trace has them."""
+            hash_ids: list[np.ndarray] | None = None, priority: np.ndarray | None = None) -> None:
+        """Rows of one chunk (those where `keep` is true); ids and priorities only when the trace has them."""
         if keep is not None and not keep.all():
             arrival, prompt, output, lines = arrival[keep], prompt[keep], output[keep], lines[keep]
+            priority = None if priority is None else priority[keep]
             positions = np.flatnonzero(keep).tolist()
             request_ids = None if request_ids is None else [request_ids[i] for i in positions]
             hash_ids = None if hash_ids is None else [hash_ids[i] for i in positions]
@@ -83,6 +85,8 @@ class TraceBuilder:
             self.request_ids.extend(request_ids)
         if self.hash_ids is not None:
             self.hash_ids.extend(hash_ids)
+        if self.priority is not None:
+            self.priority.append(priority)
 
     def shown(self, value: float) -> str:
         """An arrival as the file wrote it, for messages."""
@@ -116,6 +120,7 @@ class TraceBuilder:
         output = np.concatenate(self.output)
         arrival = (arrival - arrival.min()) / self.arrival_per_s  # exact differences before the division
         request_ids, hash_ids = self.request_ids, self.hash_ids
+        priority = None if self.priority is None else np.concatenate(self.priority)
         if self.first_unordered_line is not None:
             warnings.append(f"{path}:{self.first_unordered_line}: arrivals are out of order; "
                             f"sorted them by arrival time")
@@ -126,9 +131,11 @@ class TraceBuilder:
                 request_ids = [request_ids[i] for i in positions]
             if hash_ids is not None:
                 hash_ids = [hash_ids[i] for i in positions]
+            if priority is not None:
+                priority = priority[order]
         arrival = arrival - arrival[0]
         return Trace(arrival, prompt, output, request_ids, hash_ids, self.hash_block_tokens, source=str(path),
-                     format=self.fmt, warnings=warnings, dropped=dict(self.dropped))
+                     format=self.fmt, warnings=warnings, dropped=dict(self.dropped), priority=priority)
 
 
 def check_hash_ids(where: str, ids: np.ndarray, prompt: int, block_tokens: int, prompt_name: str) -> None:

@@ -1,16 +1,18 @@
 """Rows of canonical CSV, servesim's own format (what `sim trace convert` and `synth` write):
 
-    arrival_s,prompt_tokens,output_tokens[,request_id][,hash_ids,hash_block_tokens]
-    0.0,1200,64,a,0 1 2,512
+    arrival_s,prompt_tokens,output_tokens[,request_id][,hash_ids,hash_block_tokens][,priority]
+    0.0,1200,64,a,0 1 2,512,0
 
 `hash_ids` holds a request's prefix-block hash ids separated by spaces, exactly one per
 `hash_block_tokens` prompt tokens (512 when that column is absent; one value per trace).
+`priority` (a whole number, lower served first) is read by `--scheduling-policy priority`.
 A row with a 0-token prompt or output is dropped and counted, as in the published formats.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from sim.errors import ServesimError
 from traces.builder import TraceBuilder, check_hash_ids
@@ -25,6 +27,8 @@ class CanonicalRows:
         self.block_tokens_seen = False
         builder.request_ids = [] if self.has_ids else None
         builder.hash_ids = [] if self.has_hashes else None
+        self.has_priority = "priority" in header
+        builder.priority = [] if self.has_priority else None
 
     def add(self, chunk: Chunk) -> None:
         builder = self.builder
@@ -37,7 +41,9 @@ class CanonicalRows:
             hash_ids = _parse_hash_ids(chunk, prompt, self._hash_block_tokens(chunk))
         keep = builder.keep_nonzero(np.ones(len(arrival), dtype=bool),
                                     {"prompt_tokens": prompt, "output_tokens": output}, chunk.lines)
-        builder.add(arrival, prompt, output, chunk.lines, keep=keep, request_ids=request_ids, hash_ids=hash_ids)
+        priority = _parse_priority(chunk) if self.has_priority else None
+        builder.add(arrival, prompt, output, chunk.lines, keep=keep, request_ids=request_ids, hash_ids=hash_ids,
+                    priority=priority)
 
     def finish(self) -> None:
         if self.builder.request_ids is not None:
@@ -75,6 +81,17 @@ def _parse_hash_ids(chunk: Chunk, prompt: np.ndarray, block_tokens: int) -> list
         check_hash_ids(chunk.where(row), ids, int(prompt[row]), block_tokens, "prompt_tokens")
         out.append(ids)
     return out
+
+
+def _parse_priority(chunk: Chunk) -> np.ndarray:
+    """Whole numbers, negative ones too (vLLM's priority is any int)."""
+    text = chunk.text("priority")
+    values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values) | (values != np.floor(values)) | (np.abs(values) > 2**62)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ServesimError(f"{chunk.where(row)}: priority must be a whole number, got {text.iloc[row]!r}")
+    return values.astype(np.int64)
 
 
 def _check_unique(path, request_ids: list[str]) -> None:

@@ -26,6 +26,7 @@ class Trace:
     warnings: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)  # rows left out while reading, by reason
     transforms: dict = field(default_factory=dict)  # the workload transforms applied (traces.transforms.apply)
+    priority: np.ndarray | None = None  # [n] int64, for --scheduling-policy priority (lower first); None: all 0
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -46,4 +47,5 @@ class Trace:
             output_tokens=self.output_tokens[index],
             request_ids=None if self.request_ids is None else [self.request_ids[i] for i in positions],
             hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in positions],
+            priority=None if self.priority is None else self.priority[index],
             warnings=list(self.warnings), dropped=dict(self.dropped))

@@ -1,6 +1,6 @@
 """Writing a trace as canonical CSV, which `read_trace` reads back to the same requests.
 
-    arrival_s,prompt_tokens,output_tokens[,request_id][,hash_ids,hash_block_tokens]
+    arrival_s,prompt_tokens,output_tokens[,request_id][,hash_ids,hash_block_tokens][,priority]
     0.0,1200,64,a,0 1 2,512
 
 `hash_ids` holds a request's prefix-block hash ids separated by spaces; `hash_block_tokens`
@@ -59,4 +59,6 @@ def _frame(trace: Trace, start: int, end: int) -> pd.DataFrame:
     if trace.hash_ids is not None:
         columns["hash_ids"] = [" ".join(map(str, ids.tolist())) for ids in trace.hash_ids[start:end]]
         columns["hash_block_tokens"] = trace.hash_block_tokens
+    if trace.priority is not None:
+        columns["priority"] = trace.priority[start:end]
     return pd.DataFrame(columns)

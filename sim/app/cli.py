@@ -51,6 +51,18 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N",
                    help="longest prompt + output accepted; longer requests are rejected "
                         "(default: the model's max_position_embeddings)")
+    p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="admit a waiting request only if KV blocks for its whole prompt (and any tokens it "
+                        "generated before a preemption) are free, not just its first chunk's: vLLM's "
+                        "scheduler_reserve_full_isl (default: on)")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                   help="chunked: most prompt tokens one request computes in a step, so long prompts share "
+                        "the budget; 0 for no cap (vLLM's option and default; vLLM lifts it when a single "
+                        "request is waiting or running)")
+    p.add_argument("--scheduling-policy", default="fcfs", metavar="fcfs|priority",
+                   help="order of the waiting queue: fcfs (arrival) or priority (the trace's priority column, "
+                        "lower first, then arrival; preemption takes the running request with the largest "
+                        "priority value), as vLLM's --scheduling-policy (default: fcfs)")
     p.add_argument("--block-size", type=whole_number, default=16, metavar="N",
                    help="tokens per KV block, a power of two (default: 16)")
     p.add_argument("--num-gpu-blocks", "--num-blocks", dest="num_blocks", type=whole_number, default=None,
@@ -102,7 +114,10 @@ def options_from_args(args: argparse.Namespace):
     from sim.config import SLO, CacheConfig, SchedulerConfig
 
     return ReplayOptions(
-        scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len),
+        scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len,
+                                  reserve_full_isl=args.reserve_full_isl,
+                                  long_prefill_token_threshold=args.long_prefill_token_threshold,
+                                  scheduling_policy=args.scheduling_policy),
         cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
         model=args.model, hardware=args.hardware, tp=args.tp, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
         backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),

@@ -30,9 +30,11 @@ def make_requests(trace: Trace) -> list[Request]:
     arrival = trace.arrival_s.tolist()
     prompt = trace.prompt_tokens.tolist()
     output = trace.output_tokens.tolist()
+    priority = [0] * len(trace) if trace.priority is None else trace.priority.tolist()
     return [
         Request(i, ids[i], arrival[i], prompt[i], output[i],
-                hash_ids=None if hash_ids is None else hash_ids[i], hash_block_tokens=trace.hash_block_tokens)
+                hash_ids=None if hash_ids is None else hash_ids[i], hash_block_tokens=trace.hash_block_tokens,
+                priority=priority[i])
         for i in range(len(trace))
     ]
 
@@ -119,12 +121,13 @@ def request_stream(trace: Trace) -> RequestStream:
     arrival = trace.arrival_s
     order = None if bool((arrival[1:] >= arrival[:-1]).all()) else np.argsort(arrival, kind="stable")
     ids, hash_ids, block_tokens = trace.request_ids, trace.hash_ids, trace.hash_block_tokens
-    prompt, output = trace.prompt_tokens, trace.output_tokens
+    prompt, output, priority = trace.prompt_tokens, trace.output_tokens, trace.priority
 
     def make(i: int) -> Request:
         j = i if order is None else int(order[i])
         return Request(j, str(j) if ids is None else ids[j], float(arrival[j]), int(prompt[j]), int(output[j]),
-                       hash_ids=None if hash_ids is None else hash_ids[j], hash_block_tokens=block_tokens)
+                       hash_ids=None if hash_ids is None else hash_ids[j], hash_block_tokens=block_tokens,
+                       priority=0 if priority is None else int(priority[j]))
 
     return RequestStream(arrival if order is None else arrival[order], make)
 

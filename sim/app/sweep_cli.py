@@ -19,6 +19,8 @@ GRID_HELP = {
     "hardware": "hardware presets",
     "max_num_batched_tokens": "token budgets of one step",
     "max_num_seqs": "most requests running at once",
+    "long_prefill_token_threshold": "caps of a prefill's chunk per step (0: none)",
+    "scheduling_policy": "waiting-queue orders (fcfs, priority)",
     "rate_scale": "rate scales: arrival times divided by each (2 doubles the request rate)",
     "seed": "seeds of the synthetic token ids",
 }

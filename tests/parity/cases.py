@@ -1,0 +1,159 @@
+"""The parity cases: traces, options and a step-time function, run through vLLM's V1 scheduler
+and through servesim, and how their answers are compared.
+
+Times are whole numbers of seconds (the step-time function and the arrivals are integers), so
+both simulators' clocks add exactly and any difference is a scheduling difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tests.parity.vllm_driver import EngineSetup, Timeline
+from traces.trace import Trace
+
+
+def step_time(scheduled: list[int], contexts: list[int]) -> float:
+    """A step costs a fixed part, a part per request, per token computed and per 16 tokens read."""
+    return float(20 + 2 * len(scheduled) + sum(scheduled) + sum(contexts) // 16)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    trace: Trace
+    setup: EngineSetup
+    priority: tuple[int, ...] | None = None  # per request, lower first (scheduling_policy="priority")
+
+
+def _trace(rows, hash_ids=None, hash_block_tokens=512) -> Trace:
+    arrival = np.array([r[0] for r in rows], dtype=np.float64)
+    order = np.argsort(arrival, kind="stable")
+    rows = [rows[i] for i in order]
+    hashes = None if hash_ids is None else [np.asarray(hash_ids[i], dtype=np.int64) for i in order]
+    return Trace(np.array([r[0] for r in rows], dtype=np.float64), np.array([r[1] for r in rows], dtype=np.int64),
+                 np.array([r[2] for r in rows], dtype=np.int64), hash_ids=hashes,
+                 hash_block_tokens=hash_block_tokens, source="parity")
+
+
+def bursty_rows(seed: int, n: int, max_prompt: int, max_output: int) -> list[tuple[float, int, int]]:
+    """Requests in bursts: a burst of 1-8 requests at one instant, exponential gaps between bursts."""
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0.0
+    while len(rows) < n:
+        t += float(np.floor(rng.exponential(300.0)))
+        for _ in range(min(int(rng.integers(1, 9)), n - len(rows))):
+            rows.append((t, int(rng.integers(1, max_prompt + 1)), int(rng.integers(1, max_output + 1))))
+    return rows
+
+
+def shared_prefix_hashes(seed: int, rows, hash_block_tokens: int, num_families: int = 6):
+    """Hash ids as a Mooncake trace gives them: each request takes the leading ids of one of a few
+    shared "documents" (a random number of them), then ids of its own."""
+    rng = np.random.default_rng(seed + 1000)
+    families = [np.arange(f * 1000, f * 1000 + 200) for f in range(num_families)]
+    out, own = [], 10**6
+    for _, prompt, _ in rows:
+        num_ids = -(-prompt // hash_block_tokens)
+        shared = min(num_ids, int(rng.integers(0, num_ids + 1)))
+        fam = families[int(rng.integers(0, num_families))]
+        ids = list(fam[:shared]) + list(range(own, own + num_ids - shared))
+        own += num_ids
+        out.append(ids)
+    return out
+
+
+def all_cases() -> list[Case]:
+    cases = [
+        # A prompt chunked over several steps, alone.
+        Case("hand-chunked-prefill", _trace([(0, 40, 5)]), EngineSetup(max_num_batched_tokens=16, max_num_seqs=4)),
+        # The issue's reproduction: request 0's decode preempts request 1 at step 10.
+        Case("hand-preempt-other", _trace([(0, 7, 11), (0, 10, 13)]),
+             EngineSetup(num_gpu_blocks=3, max_num_batched_tokens=16, max_num_seqs=4)),
+        # Arrivals during decodes; a new prompt mixes with running decodes.
+        Case("hand-mixed", _trace([(0, 30, 6), (25, 50, 4), (30, 5, 9), (100, 70, 3)]),
+             EngineSetup(max_num_batched_tokens=32, max_num_seqs=3)),
+        # Two requests with the same 64-token prefix, the second after the first finished.
+        Case("hand-shared-prefix", _trace([(0, 70, 3), (500, 80, 3)], hash_ids=[[1, 2, 3, 4, 5], [1, 2, 3, 4, 9]],
+                                          hash_block_tokens=16),
+             EngineSetup(max_num_batched_tokens=64, max_num_seqs=4)),
+        # A request's generated blocks are cached, so a later eviction takes another prefix's block
+        # (tests/test_vllm_v1_rules.py works it out by hand).
+        Case("hand-eviction-order", _trace([(0, 8, 1), (0, 4, 6), (6, 12, 1), (6.5, 12, 1)],
+                                           hash_ids=[[1, 2], [9], [20, 21, 22], [1, 2, 7]], hash_block_tokens=4),
+             EngineSetup(block_size=4, num_gpu_blocks=6, max_num_batched_tokens=16, max_num_seqs=4)),
+        # The tests/test_vllm_v1_rules.py timelines of priority preemption and the long-prefill cap.
+        Case("hand-priority-preempt", _trace([(0, 1, 8), (1, 4, 8)]),
+             EngineSetup(block_size=4, num_gpu_blocks=4, max_num_batched_tokens=16, max_num_seqs=4,
+                         scheduling_policy="priority"), priority=(1, 0)),
+        Case("hand-priority-order", _trace([(0, 8, 1), (0, 8, 1), (0, 8, 1), (0.5, 8, 1)]),
+             EngineSetup(max_num_batched_tokens=8, max_num_seqs=4, scheduling_policy="priority"),
+             priority=(2, 1, 2, 0)),
+        Case("hand-threshold", _trace([(0, 14, 2), (0, 6, 1)]),
+             EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, long_prefill_token_threshold=4)),
+    ]
+    for seed in range(4):
+        rows = bursty_rows(seed, 200, 800, 64)
+        trace = _trace(rows)
+        cases.append(Case(f"bursty-ample-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                     num_gpu_blocks=20000)))
+        cases.append(Case(f"bursty-tight-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                     num_gpu_blocks=300, enable_prefix_caching=False)))
+        cases.append(Case(f"bursty-tight-cached-{seed}", trace,
+                          EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300)))
+        hashed = _trace(rows, shared_prefix_hashes(seed, rows, 32), hash_block_tokens=32)
+        cases.append(Case(f"prefix-ample-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                      num_gpu_blocks=20000)))
+        cases.append(Case(f"prefix-tight-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                      num_gpu_blocks=300)))
+        cases.append(Case(f"prefix-small-cache-{seed}", hashed,
+                          EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=1200)))
+    for seed in range(2):
+        rows = bursty_rows(10 + seed, 200, 800, 64)
+        trace = _trace(rows)
+        cases.append(Case(f"threshold-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                  long_prefill_token_threshold=96,
+                                                                  num_gpu_blocks=400)))
+        cases.append(Case(f"no-reserve-isl-{seed}", trace,
+                          EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
+                                      reserve_full_isl=False)))
+        priority = tuple(int(p) for p in np.random.default_rng(20 + seed).integers(0, 4, len(trace)))
+        cases.append(Case(f"priority-tight-{seed}", trace,
+                          EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
+                                      scheduling_policy="priority"), priority=priority))
+        hashed = _trace(rows, shared_prefix_hashes(10 + seed, rows, 32), hash_block_tokens=32)
+        cases.append(Case(f"priority-prefix-{seed}", hashed,
+                          EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=500,
+                                      scheduling_policy="priority", long_prefill_token_threshold=128),
+                          priority=priority))
+    return cases
+
+
+@dataclass(frozen=True)
+class Agreement:
+    num_requests: int
+    num_requests_agreeing: int  # same first-token and finish times
+    steps_agree: bool  # same per-step prefill tokens, decode tokens and preemptions
+    first_step_differing: int | None
+    prefix_stats_agree: bool
+
+    @property
+    def agrees(self) -> bool:
+        return self.num_requests_agreeing == self.num_requests and self.steps_agree and self.prefix_stats_agree
+
+
+def compare(vllm: Timeline, servesim: Timeline) -> Agreement:
+    n = len(vllm.finish_s)
+    same = sum(1 for i in range(n) if vllm.first_token_s[i] == servesim.first_token_s[i]
+               and vllm.finish_s[i] == servesim.finish_s[i])
+    first = next((k for k, (a, b) in enumerate(zip(vllm.steps, servesim.steps)) if a != b), None)
+    if first is None and len(vllm.steps) != len(servesim.steps):
+        first = min(len(vllm.steps), len(servesim.steps))
+    stats = (vllm.prefix_queries, vllm.prefix_hits) == (servesim.prefix_queries, servesim.prefix_hits)
+    return Agreement(n, same, first is None, first, stats)
+
+
+def with_setup(case: Case, **changes) -> Case:
+    return replace(case, setup=replace(case.setup, **changes))

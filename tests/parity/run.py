@@ -1,0 +1,57 @@
+"""Run every parity case and print how many runs and requests agree with vLLM's V1 scheduler:
+
+    VLLM_TARGET_DEVICE=cpu PYTHONPATH=$PWD python -m tests.parity.run [NAME_SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tests.parity.cases import Agreement, Case, all_cases, compare, step_time
+from tests.parity.servesim_driver import run_servesim, vllm_requests
+from tests.parity.vllm_driver import Timeline, run_vllm
+
+_vllm_timelines: dict[str, Timeline] = {}
+
+
+def vllm_timeline(case: Case) -> Timeline:
+    """vLLM's answer for a case, computed once (both fast-forward settings compare against it)."""
+    if case.name not in _vllm_timelines:
+        _vllm_timelines[case.name] = run_vllm(vllm_requests(case.trace, case.setup, case.priority), case.setup,
+                                              step_time)
+    return _vllm_timelines[case.name]
+
+
+def check(case: Case, fast_forward: bool) -> tuple[Agreement, Timeline, Timeline]:
+    vllm = vllm_timeline(case)
+    servesim = run_servesim(case.trace, case.setup, step_time, fast_forward, case.priority)
+    return compare(vllm, servesim), vllm, servesim
+
+
+def main(argv: list[str]) -> int:
+    pattern = argv[0] if argv else ""
+    runs = agreeing_runs = requests = agreeing_requests = 0
+    for case in all_cases():
+        if pattern not in case.name:
+            continue
+        for ff in (True, False):
+            a, vllm, servesim = check(case, ff)
+            runs += 1
+            agreeing_runs += a.agrees
+            requests += a.num_requests
+            agreeing_requests += a.num_requests_agreeing
+            detail = ""
+            if a.first_step_differing is not None:
+                k = a.first_step_differing
+                detail = (f" first differing step {k}: vllm {vllm.steps[k] if k < len(vllm.steps) else None}"
+                          f" servesim {servesim.steps[k] if k < len(servesim.steps) else None}")
+            print(f"{case.name:28s} ff={'on ' if ff else 'off'} {'agree' if a.agrees else 'DIFFER'}"
+                  f" requests {a.num_requests_agreeing}/{a.num_requests}"
+                  f" prefix vllm {vllm.prefix_hits}/{vllm.prefix_queries}"
+                  f" servesim {servesim.prefix_hits}/{servesim.prefix_queries}{detail}", flush=True)
+    print(f"runs agreeing: {agreeing_runs} of {runs}; requests agreeing: {agreeing_requests} of {requests}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

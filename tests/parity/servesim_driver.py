@@ -1,0 +1,94 @@
+"""Run servesim on a parity case: the same trace, options and step-time function as the vLLM
+driver, through servesim's engine and `chunked` policy, with a backend whose every step takes
+exactly what the step-time function says."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import numpy as np
+
+from sim import tokens
+from sim.app.options import ReplayOptions
+from sim.app.plan import resolve
+from sim.app.replay import make_requests, replay
+from sim.backend import StepResult
+from sim.config import CacheConfig, SchedulerConfig
+from tests.parity.vllm_driver import EngineSetup, StepTime, Timeline, TraceRequest
+from traces.trace import Trace
+
+MODEL = "Llama-3.1-8B"
+
+
+class StepTimeBackend:
+    """A backend whose step takes `step_time(tokens scheduled, context lengths)` seconds."""
+
+    name = "step-time"
+    device = "cpu"
+    dtype = "none"
+    num_blocks = None  # the run's --num-gpu-blocks decides
+    supports_fast_forward = True
+
+    def __init__(self, step_time: StepTime):
+        self.step_time = step_time
+
+    def execute(self, batch) -> StepResult:
+        scheduled = list(batch.num_scheduled_tokens)
+        contexts = [c + n for c, n in zip(batch.num_computed_tokens, scheduled)]
+        return StepResult(self.step_time(scheduled, contexts), {})
+
+    def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
+        """Each step of a decode run costed as `execute` would cost it alone."""
+        contexts = list(context_lens)
+        active = list(active_steps) if active_steps is not None else [num_steps] * len(contexts)
+        seconds = np.empty(num_steps)
+        for j in range(num_steps):
+            grown = [c + j for c, a in zip(contexts, active) if a > j]
+            seconds[j] = self.step_time([1] * len(grown), grown)
+        return seconds, {}
+
+
+def options_for(setup: EngineSetup) -> ReplayOptions:
+    sched = {"policy": "chunked", "max_num_batched_tokens": setup.max_num_batched_tokens,
+             "max_num_seqs": setup.max_num_seqs, "max_model_len": setup.max_model_len}
+    # V1's scheduler options, where this servesim has them.
+    known = {f.name for f in fields(SchedulerConfig)}
+    for name in ("long_prefill_token_threshold", "scheduling_policy", "reserve_full_isl"):
+        if name in known:
+            sched[name] = getattr(setup, name)
+    return ReplayOptions(
+        scheduler=SchedulerConfig(**sched),
+        cache=CacheConfig(block_size=setup.block_size, num_blocks=setup.num_gpu_blocks,
+                          enable_prefix_caching=setup.enable_prefix_caching),
+        model=MODEL)
+
+
+def vllm_requests(trace: Trace, setup: EngineSetup, priority=None) -> list[TraceRequest]:
+    """The trace's requests with the very token ids servesim gives them: prompt ids from
+    `Request.token_ids`, output ids from `sim.tokens.output_token_ids`."""
+    spec = resolve(options_for(setup), build_backend=False).token_spec  # the run's seed and vocabulary
+    out = []
+    for r in make_requests(trace):
+        prompt = r.token_ids(0, r.num_prompt_tokens, spec).tolist()
+        output = tokens.output_token_ids(spec.seed, r.index, 0, r.max_tokens, spec.vocab_size).tolist()
+        p = 0 if priority is None else int(priority[r.index])
+        out.append(TraceRequest(r.arrival_s, tuple(prompt), tuple(output), p))
+    return out
+
+
+def run_servesim(trace: Trace, setup: EngineSetup, step_time: StepTime, fast_forward: bool,
+                 priority=None) -> Timeline:
+    if priority is not None and hasattr(trace, "priority"):
+        trace = replace(trace, priority=np.asarray(priority, dtype=np.int64))
+    result = replay(trace, options_for(setup), backend=StepTimeBackend(step_time), fast_forward=fast_forward)
+    n = len(trace)
+    timeline = Timeline([None] * n, [None] * n)
+    for r in result.requests:
+        timeline.first_token_s[r.index] = r.first_token_s
+        timeline.finish_s[r.index] = r.finish_s
+    steps = result.steps
+    timeline.steps = list(zip(steps.num_prefill_tokens.tolist(), steps.num_decode_tokens.tolist(),
+                              steps.num_preemptions.tolist()))
+    timeline.prefix_queries = result.num_prefix_queried_tokens
+    timeline.prefix_hits = result.num_prefix_hit_tokens
+    return timeline

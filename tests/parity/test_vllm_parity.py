@@ -1,0 +1,38 @@
+"""servesim's `chunked` policy against vLLM's own V1 scheduler, run by vLLM's code.
+
+Every case (tests/parity/cases.py) is one trace with one set of options and one step-time
+function; vLLM's `Scheduler` (tests/parity/vllm_driver.py) and servesim, with fast-forward on
+and off, must give the same first-token and finish time for every request, the same prefill
+tokens, decode tokens and preemptions at every step, and the same prefix-cache queries and hits.
+
+Skipped where vLLM is not installed (the `parity` extra: see the README).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM is not installed (pip install '.[parity]')")
+
+from tests.parity.cases import all_cases
+from tests.parity.run import check
+
+CASES = all_cases()
+
+
+@pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_servesim_schedules_as_vllm(case, fast_forward):
+    agreement, vllm, servesim = check(case, fast_forward)
+    k = agreement.first_step_differing
+    assert k is None, (f"step {k}: vLLM (prefill, decode, preemptions) "
+                       f"{vllm.steps[k] if k < len(vllm.steps) else 'none'}, servesim "
+                       f"{servesim.steps[k] if k < len(servesim.steps) else 'none'}")
+    assert servesim.first_token_s == vllm.first_token_s
+    assert servesim.finish_s == vllm.finish_s
+    assert (servesim.prefix_queries, servesim.prefix_hits) == (vllm.prefix_queries, vllm.prefix_hits)
+    assert agreement.agrees
+

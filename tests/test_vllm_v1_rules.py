@@ -1,0 +1,100 @@
+"""Hand-computed timelines of the places where `chunked` follows vLLM V1's scheduler and KV cache
+(vllm/v1/core/sched/scheduler.py, vllm/v1/core/block_pool.py, version 0.33), every step 1 s."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.app.replay import ReplayOptions, replay
+from sim.config import CacheConfig, SchedulerConfig
+from tests.helpers import ConstantBackend, make_trace
+
+
+def run(rows, num_blocks, budget, max_num_seqs=4, block_size=16, caching=True, hash_ids=None,
+        hash_block_tokens=16, priority=None, **scheduler):
+    options = ReplayOptions(
+        scheduler=SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, **scheduler),
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching))
+    trace = make_trace(rows, hash_ids, hash_block_tokens)
+    if priority is not None:
+        trace.priority = np.asarray(priority, dtype=np.int64)
+    result = replay(trace, options, backend=ConstantBackend(1.0))
+    steps = list(zip(result.steps.num_prefill_tokens.tolist(), result.steps.num_decode_tokens.tolist(),
+                     result.steps.num_preemptions.tolist()))
+    return result, steps
+
+
+def test_a_step_that_preempted_another_request_admits_no_one():
+    # Issue 16's reproduction. Block size 16, 3 blocks, budget 16. R0 (prompt 7, output 11) and R1
+    # (prompt 10, output 13) arrive at 0. Step 0: R0's prompt and 9 tokens of R1's (one block each).
+    # Step 1: R0 decodes, R1's last prompt token. R1 computes position 16 at step 8 and takes the
+    # last free block; R0 computes position 16 at step 10 and finds none: it preempts R1, the most
+    # recently admitted. vLLM admits no waiting request in that step, so R1 does not come straight
+    # back in (servesim used to re-admit it with a 15-token chunk).
+    # R0 finishes at t=11. Step 11: R1 (19 tokens known) takes back its first block, which it filled
+    # before the preemption and which stayed cached, and recomputes 3 tokens (whole-sequence
+    # admission: 2 blocks, 1 of them its cached one, of 3 free).
+    result, steps = run([(0.0, 7, 11), (0.0, 10, 13)], num_blocks=3, budget=16)
+    assert steps == [(16, 0, 0), (1, 1, 0)] + [(0, 2, 0)] * 8 + [(0, 1, 1), (3, 0, 0)] + [(0, 1, 0)] * 3
+    assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(1.0, 11.0), (2.0, 15.0)]
+    assert [r.num_prefix_hit_tokens for r in result.requests] == [0, 16]
+    # The re-admission's hit is counted apart, as vLLM's PrefixCacheStats counts preempted requests.
+    assert (result.num_prefix_queried_tokens, result.num_prefix_hit_tokens) == (17, 0)
+
+
+def test_generated_blocks_are_cached_so_eviction_takes_another_prefix():
+    # Block size 4, 6 blocks, budget 16. D (prompt 8, hash ids [1, 2], output 1) and A (prompt 4,
+    # hash id [9], output 6) are prefilled at t=0 on blocks 0, 1 (D) and 2 (A). D finishes at
+    # t=1: its blocks join the free queue's tail (1 then 0). A decodes positions 4..8 on blocks 3
+    # and 4 and finishes at t=6; its full blocks 2 and 3 (3 holds generated tokens) join the
+    # tail after D's; block 4 (partly filled) goes to the head. B (12 tokens, its own) takes
+    # blocks 4, 5 and evicts the queue's first hashed block: D's block 1. E, sharing D's 8-token
+    # prefix, then hits D's block 0 only and computes 8 tokens. (Caching prompt blocks only, A's
+    # block 3 would have been free without a hash and taken first: E would have hit 8 tokens.)
+    rows = [(0.0, 8, 1), (0.0, 4, 6), (6.0, 12, 1), (6.5, 12, 1)]
+    hashes = [[1, 2], [9], [20, 21, 22], [1, 2, 7]]
+    result, steps = run(rows, num_blocks=6, budget=16, hash_ids=hashes, hash_block_tokens=4, block_size=4)
+    assert steps == [(12, 0, 0)] + [(0, 1, 0)] * 5 + [(12, 0, 0), (8, 0, 0)]
+    assert [r.finish_s for r in result.requests] == [1.0, 6.0, 7.0, 8.0]
+    assert [r.num_prefix_hit_tokens for r in result.requests] == [0, 0, 0, 4]
+    assert (result.num_prefix_queried_tokens, result.num_prefix_hit_tokens) == (36, 4)
+
+
+def test_priority_preempts_the_lowest_priority_request_even_one_already_scheduled():
+    # Block size 4, 4 blocks, budget 16. A (prompt 1, output 8, priority 1) runs from t=0; B
+    # (prompt 4, output 8, priority 0) arrives at t=1 and is admitted behind it. B opens its second
+    # block at step 2, A at step 4: no block is free. At step 6 A is scheduled first (position 6
+    # fits its block), then B computes position 8 and needs a block: vLLM preempts the running
+    # request with the largest priority value, A, takes it back out of the step, and B gets
+    # A's partly filled block. A (7 tokens known) waits: its cached first block plus one more
+    # would need 2 free blocks while B holds 3 of 4. B finishes at t=9; A takes back its first
+    # block and recomputes 3 tokens.
+    rows = [(0.0, 1, 8), (1.0, 4, 8)]
+    result, steps = run(rows, num_blocks=4, budget=16, block_size=4, priority=[1, 0], scheduling_policy="priority")
+    assert steps == [(1, 0, 0), (4, 1, 0)] + [(0, 2, 0)] * 4 + [(0, 1, 1), (0, 1, 0), (0, 1, 0), (3, 0, 0),
+                                                                 (0, 1, 0)]
+    assert [(r.first_token_s, r.finish_s, r.num_preemptions) for r in result.requests] == [(1.0, 11.0, 1),
+                                                                                           (2.0, 9.0, 0)]
+    # First come, first served: B, the last admitted, preempts itself instead.
+    _, fcfs = run(rows, num_blocks=4, budget=16, block_size=4, priority=[1, 0])
+    assert fcfs[6] == (0, 1, 1) and fcfs[:6] == steps[:6] and fcfs != steps
+
+
+def test_priority_orders_the_waiting_queue_then_arrival():
+    # Budget 8: one 8-token prompt per step. Lower priority first, ties by arrival, then trace order.
+    rows = [(0.0, 8, 1), (0.0, 8, 1), (0.0, 8, 1), (0.5, 8, 1)]
+    result, _ = run(rows, num_blocks=64, budget=8, priority=[2, 1, 2, 0], scheduling_policy="priority")
+    # At t=0 three wait: 1 (priority 1) goes first; then at t=1 request 3 (priority 0) has arrived.
+    assert [r.finish_s for r in result.requests] == [3.0, 1.0, 4.0, 2.0]
+
+
+def test_long_prefill_token_threshold_caps_each_chunk_unless_one_request_is_left():
+    # Budget 16, threshold 4. Step 0: R0 and R1 get 4 tokens each. Step 1: R0 4 more, R1 its last
+    # 2 (its only token comes out: it finishes). Step 2: R0 is alone, so the cap is lifted: its
+    # last 6 prompt tokens. Step 3: R0 decodes.
+    rows = [(0.0, 14, 2), (0.0, 6, 1)]
+    result, steps = run(rows, num_blocks=64, budget=16, long_prefill_token_threshold=4)
+    assert steps == [(8, 0, 0), (6, 0, 0), (6, 0, 0), (0, 1, 0)]
+    assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(3.0, 4.0), (2.0, 2.0)]
+    _, uncapped = run(rows, num_blocks=64, budget=16)
+    assert uncapped == [(16, 0, 0), (4, 1, 0)]  # R1 gets the 2 tokens left, then its last 4
