@@ -42,11 +42,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.interp import interp_loglog, interp_loglog_2d
+from backends.interp import Curve, Grid
 from backends.opderive import GEMM_OPS, per_gpu_heads
 from sim.errors import ServesimError
 
 CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)), dtype=np.int64)
+MAX_TABLE = 1 << 18  # token and logits counts past this are costed without the tables
 SAMPLER_PASSES = 3  # reads of the fp32 logits by the sampler: softmax/log-softmax, top-p/top-k, the draw
 
 
@@ -79,19 +80,15 @@ class OperatorModel:
         self.overhead = overhead
         self.layers = model["num_hidden_layers"]
         self.heads, self.kv_heads = per_gpu_heads(model, tp)
-        self._gemms = {op: (np.asarray(v["m"], dtype=np.float64), np.asarray(v["seconds"]))
-                       for op, v in derived["gemm"].items()}
+        self._gemms = {op: Curve(v["m"], v["seconds"]) for op, v in derived["gemm"].items()}
         self.vocab_per_gpu = derived["gemm"]["lm_head"]["n"]
         ctx, gen = derived["attention"]["context"], derived["attention"]["generation"]
-        self._ctx = (np.asarray(ctx["batch"], dtype=np.float64), np.asarray(ctx["isl"], dtype=np.float64),
-                     np.asarray(ctx["seconds"]))
-        self._gen = (np.asarray(gen["batch"], dtype=np.float64), np.asarray(gen["kv_len"], dtype=np.float64),
-                     np.asarray(gen["seconds"]))
-        self.attention_floor_s = float(self._gen[2][0, 0])
+        self._ctx = Grid(ctx["batch"], ctx["isl"], ctx["seconds"], power_b=2.0)
+        self._gen = Grid(gen["batch"], gen["kv_len"], gen["seconds"])
+        self.attention_floor_s = float(self._gen.grid[0, 0])
         ar = derived["allreduce"]
         self._allreduce = None if ar is None else {
-            mode: (np.asarray(ar[mode]["message_bytes"], dtype=np.float64), np.asarray(ar[mode]["seconds"]))
-            for mode in ("graph", "eager")}
+            mode: Curve(ar[mode]["message_bytes"], ar[mode]["seconds"]) for mode in ("graph", "eager")}
         if ar is not None:
             self._table_max_bytes = float(ar["table_max_bytes"])
             # A ring all-reduce moves 2 (n - 1) / n of the message through each GPU's link.
@@ -103,11 +100,13 @@ class OperatorModel:
         self.kernel_floor_s = mem["kernel_floor_s"]
         self._layer_bytes_per_token, self._layer_kernels = self._elementwise_per_layer()
         self.extrapolated = 0  # operator lookups past a table's grid (scaled by work), counted
+        self._by_tokens = self._by_logits = ((),)  # tables of dense_parts' pieces, grown on use
+        self._by_tokens_list = self._by_logits_list = ((),)
 
     # Operators. Every argument may be an array; results have its shape.
 
-    def _lookup(self, curve, x, power: float = 1.0):
-        t, scaled = interp_loglog(x, *curve, power=power)
+    def _lookup(self, curve: Curve, x):
+        t, scaled = curve.many(x)
         self.extrapolated += int(np.count_nonzero(scaled))
         return t
 
@@ -137,9 +136,17 @@ class OperatorModel:
     def decode_attention(self, num_decodes, mean_kv_len):
         """One layer's attention of `num_decodes` decodes at a mean KV length (0 decodes: 0)."""
         b = np.asarray(num_decodes, dtype=np.float64)
-        t, scaled = interp_loglog_2d(np.maximum(b, 1.0), mean_kv_len, *self._gen)
+        t, scaled = self._gen.many(np.maximum(b, 1.0), mean_kv_len)
         self.extrapolated += int(np.count_nonzero(scaled & (b > 0)))
         return np.where(b > 0, t, 0.0)
+
+    def decode_attention_at(self, num_decodes: int, mean_kv_len: float) -> float:
+        """`decode_attention` of one step, exactly (a scalar lookup)."""
+        if num_decodes <= 0:
+            return 0.0
+        t, scaled = self._gen.at(float(num_decodes), mean_kv_len)
+        self.extrapolated += scaled
+        return t
 
     def prefill_attention(self, q: list[int], c: list[int]) -> float:
         """One layer's attention of prefill chunks: q new tokens each, c tokens of context after the step."""
@@ -147,9 +154,9 @@ class OperatorModel:
             return 0.0
         pairs = sum(qi * (ci - qi) + qi * (qi + 1) / 2 for qi, ci in zip(q, c)) / len(q)
         isl = (np.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0
-        t, scaled = interp_loglog_2d(float(len(q)), isl, *self._ctx, power_b=2.0)
-        self.extrapolated += int(scaled)
-        read = self.decode_attention(len(q), sum(c) / len(q))
+        t, scaled = self._ctx.at(float(len(q)), float(isl))
+        self.extrapolated += scaled
+        read = self.decode_attention_at(len(q), sum(c) / len(q))
         return float(max(t, read))
 
     def _elementwise_per_layer(self) -> tuple[float, int]:
@@ -170,31 +177,40 @@ class OperatorModel:
             kernels += 1
         return per_token, kernels
 
-    def elementwise(self, m, num_logits):
-        m = np.asarray(m, dtype=np.float64)
-        n = np.asarray(num_logits, dtype=np.float64)
-        h = self.model["hidden_size"]
-        floor, bw = self.kernel_floor_s, self.bandwidth
-        layers = self.layers * (self._layer_kernels * floor + m * self._layer_bytes_per_token / bw)
-        embed_and_norm = 2 * floor + m * (2 * h * 2 + 4 * h * 2) / bw
-        sampler = np.where(n > 0, SAMPLER_PASSES * (floor + n * self.vocab_per_gpu * self.tp * 4 / bw), 0.0)
-        return layers + embed_and_norm + sampler
-
-    # Steps.
-
-    def dense_parts(self, num_tokens, num_logits) -> dict:
-        """Everything of a step but attention and the overhead, per step (arrays broadcast)."""
+    def token_parts(self, num_tokens) -> tuple:
+        """The parts of a step that depend on its token count alone (arrays): all layers' GEMMs,
+        the all-reduces of the hidden states, and the elementwise kernels but the sampler."""
         t = np.asarray(num_tokens, dtype=np.int64)
         m = padded_tokens(t).astype(np.float64)
         graph = t <= CUDA_GRAPH_SIZES[-1]
         h = self.model["hidden_size"]
         allreduce = (2 * self.layers + 1) * self.allreduce(m * h * 2, graph)
+        floor, bw = self.kernel_floor_s, self.bandwidth
+        layers = self.layers * (self._layer_kernels * floor + m * self._layer_bytes_per_token / bw)
+        embed_and_norm = 2 * floor + m * (2 * h * 2 + 4 * h * 2) / bw
+        return self.layers * self.gemms(m), allreduce, layers + embed_and_norm
+
+    def logits_parts(self, num_logits) -> tuple:
+        """The parts of a step that depend on its logits rows alone (arrays): the LM head, the
+        logits' all-gather (None without TP) and the sampler."""
+        n = np.asarray(num_logits, dtype=np.float64)
+        floor, bw = self.kernel_floor_s, self.bandwidth
+        gather = None
         if self._allreduce is not None:
-            logits_bytes = np.asarray(num_logits, dtype=np.float64) * self.vocab_per_gpu * self.tp * 2
-            allreduce = allreduce + np.where(logits_bytes > 0, self.allreduce(np.maximum(logits_bytes / 2, 1.0),
-                                                                              False), 0.0)
-        return {"gemm": self.layers * self.gemms(m), "lm_head": self.lm_head(num_logits), "allreduce": allreduce,
-                "elementwise": self.elementwise(m, num_logits)}
+            logits_bytes = n * self.vocab_per_gpu * self.tp * 2
+            gather = np.where(logits_bytes > 0, self.allreduce(np.maximum(logits_bytes / 2, 1.0), False), 0.0)
+        sampler = np.where(n > 0, SAMPLER_PASSES * (floor + n * self.vocab_per_gpu * self.tp * 4 / bw), 0.0)
+        return self.lm_head(n), gather, sampler
+
+    # Steps.
+
+    def dense_parts(self, num_tokens, num_logits) -> dict:
+        """Everything of a step but attention and the overhead, per step (arrays broadcast)."""
+        gemm, allreduce, elementwise = self.token_parts(num_tokens)
+        lm_head, gather, sampler = self.logits_parts(num_logits)
+        if gather is not None:
+            allreduce = allreduce + gather
+        return {"gemm": gemm, "lm_head": lm_head, "allreduce": allreduce, "elementwise": elementwise + sampler}
 
     def attention(self, decode_attention, prefill_attention=0.0):
         """All layers' attention from one layer's decode and prefill parts (a single call pays its
@@ -203,22 +219,63 @@ class OperatorModel:
         shared = np.where((np.asarray(decode_attention) > 0) & (np.asarray(prefill_attention) > 0), both, 0.0)
         return self.layers * (decode_attention + prefill_attention - shared)
 
+    def _tables(self, num_tokens: int, num_logits: int) -> None:
+        """Grow the tables of `token_parts` (by token count) and `logits_parts` (by logits rows) to
+        cover these counts: each entry is computed once, element by element as `dense_parts` does."""
+        if num_tokens >= len(self._by_tokens[0]):
+            size = 1 << max(12, int(num_tokens).bit_length())
+            self._by_tokens = tuple(np.asarray(a, dtype=np.float64) for a in self.token_parts(np.arange(size)))
+            self._by_tokens_list = tuple(a.tolist() for a in self._by_tokens)
+        if num_logits >= len(self._by_logits[0]):
+            size = 1 << max(10, int(num_logits).bit_length())
+            parts = self.logits_parts(np.arange(size))
+            self._by_logits = tuple(None if a is None else np.asarray(a, dtype=np.float64) for a in parts)
+            self._by_logits_list = tuple(None if a is None else a.tolist() for a in self._by_logits)
+
+    def dense_parts_at(self, num_tokens: int, num_logits: int) -> dict:
+        """`dense_parts` of one step, as floats, from the tables (exactly the same values)."""
+        if num_tokens >= len(self._by_tokens[0]) or num_logits >= len(self._by_logits[0]):
+            if num_tokens >= MAX_TABLE or num_logits >= MAX_TABLE:  # a rare giant step: no table
+                return {k: float(v[0]) for k, v in self.dense_parts(np.array([num_tokens]),
+                                                                     np.array([num_logits])).items()}
+            self._tables(num_tokens, num_logits)
+        gemm, allreduce, elementwise = self._by_tokens_list
+        lm_head, gather, sampler = self._by_logits_list
+        ar = allreduce[num_tokens] if gather is None else allreduce[num_tokens] + gather[num_logits]
+        return {"gemm": gemm[num_tokens], "lm_head": lm_head[num_logits], "allreduce": ar,
+                "elementwise": elementwise[num_tokens] + sampler[num_logits]}
+
     def step_parts(self, q: list[int], c: list[int], num_logits: int) -> dict:
-        """Seconds per part of one step: q tokens per request, c their contexts after the step."""
+        """Seconds per part of one step: q tokens per request, c their contexts after the step.
+        Scalar lookups, exactly the values `decode_steps` gives the same step."""
         dec = [ci for qi, ci in zip(q, c) if qi == 1]
-        pre = [(qi, ci) for qi, ci in zip(q, c) if qi > 1]
-        parts = self.dense_parts(np.array([sum(q)]), np.array([num_logits]))
-        decode = self.decode_attention(np.array([len(dec)]), np.array([sum(dec) / len(dec) if dec else 1.0]))
-        prefill = self.prefill_attention([p[0] for p in pre], [p[1] for p in pre])
-        parts["attention"] = self.attention(decode, prefill)
-        parts["overhead"] = self.overhead.seconds
-        return {k: float(v[0]) if np.ndim(v) else float(v) for k, v in parts.items()}
+        parts = dict(self.dense_parts_at(sum(q), num_logits))
+        decode = self.decode_attention_at(len(dec), sum(dec) / len(dec) if dec else 1.0)
+        if len(dec) < len(q):
+            pre = [(qi, ci) for qi, ci in zip(q, c) if qi > 1]
+            prefill = self.prefill_attention([p[0] for p in pre], [p[1] for p in pre])
+        else:
+            prefill = 0.0
+        both = min(decode, prefill, self.attention_floor_s)
+        shared = both if decode > 0 and prefill > 0 else 0.0
+        parts["attention"] = float(self.layers * (decode + prefill - shared))
+        parts["overhead"] = float(self.overhead.seconds)
+        return parts
 
     def decode_steps(self, num_decodes, sum_context) -> dict:
         """Parts of decode-only steps (arrays, one entry per step): num_decodes requests, each with
         q = 1, whose contexts after the step sum to sum_context."""
         n = np.asarray(num_decodes, dtype=np.int64)
-        parts = self.dense_parts(n, n)
+        largest = int(n.max(initial=0))
+        if largest >= MAX_TABLE:
+            parts = self.dense_parts(n, n)
+        else:  # from the tables: exactly the values of dense_parts
+            self._tables(largest, largest)
+            gemm, allreduce, elementwise = self._by_tokens
+            lm_head, gather, sampler = self._by_logits
+            parts = {"gemm": gemm[n], "lm_head": lm_head[n],
+                     "allreduce": allreduce[n] if gather is None else allreduce[n] + gather[n],
+                     "elementwise": elementwise[n] + sampler[n]}
         mean = np.asarray(sum_context, dtype=np.float64) / np.maximum(n, 1)
         parts["attention"] = self.attention(self.decode_attention(n, mean))
         parts["overhead"] = self.overhead.seconds

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import numpy as np
 
 from sim.backend import StepResult
@@ -15,6 +18,20 @@ def make_trace(rows, hash_ids=None, hash_block_tokens=512) -> Trace:
     output = np.array([r[2] for r in rows], dtype=np.int64)
     hashes = None if hash_ids is None else [np.asarray(h, dtype=np.int64) for h in hash_ids]
     return Trace(arrival, prompt, output, hash_ids=hashes, hash_block_tokens=hash_block_tokens, source="test")
+
+
+def shared_dir() -> Path:
+    """`../shared` beside this checkout, or beside the main checkout when this is a git worktree
+    (where it need not exist: tests that read it skip without it)."""
+    root = Path(__file__).resolve().parents[1]
+    candidates = [root.parent / "shared"]
+    try:
+        common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=root,
+                                capture_output=True, text=True, check=True).stdout.strip()
+        candidates.append(Path(common).parent.parent / "shared")
+    except (OSError, subprocess.CalledProcessError):
+        pass  # not a git checkout
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 class ConstantBackend:

@@ -19,9 +19,10 @@ from sim.app.cli import main
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve
 from sim.errors import ServesimError
+from tests.helpers import shared_dir
 from tests.optables_fixture import TINY, table_set, write_tables
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / ".." / "shared" / "gpu-data" / "aiconfigurator"
+SHARED = shared_dir() / "gpu-data" / "aiconfigurator"
 needs_tables = pytest.mark.skipif(not (SHARED / "h100_sxm__vllm-0.24.0__gemm_perf.parquet").exists(),
                                   reason="needs ../shared/gpu-data")
 

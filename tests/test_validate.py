@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from sim.app.cli import main
+from tests.helpers import shared_dir
 from tests.optables_fixture import write_tables
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / ".." / "shared" / "gpu-data" / "aiconfigurator"
+SHARED = shared_dir() / "gpu-data" / "aiconfigurator"
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                "vocab_size": 512, "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
