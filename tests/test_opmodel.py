@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.interp import fill_rows_by_scaling, interp_loglog, interp_loglog_2d
+from backends.interp import Curve, Grid, fill_rows_by_scaling, interp_loglog, interp_loglog_2d
 from backends.opbackend import OpTableBackend
 from backends.opderive import derive, gemm_shapes
 from backends.opmodel import OperatorModel, StepOverhead, padded_tokens
@@ -46,6 +46,25 @@ def test_interp_exact_on_grid_and_monotone_between(xs, data):
     assert np.all((t >= lo * (1 - 1e-12)) & (t <= hi * (1 + 1e-12)))
     steps = np.diff(t)
     assert np.all(steps >= -1e-15) or np.all(steps <= 1e-15)
+
+
+@settings(max_examples=40, deadline=None)
+@given(grids, grids, st.data())
+def test_scalar_lookups_equal_the_array_lookups_bit_for_bit(xa, xb, data):
+    """A single step is costed by the scalar lookups, a decode run by the array ones: they must agree
+    exactly, on the grid, between its points and off it."""
+    times = st.floats(1e-6, 1.0)
+    ya = np.array(data.draw(st.lists(times, min_size=len(xa), max_size=len(xa))))
+    grid = np.array([data.draw(st.lists(times, min_size=len(xb), max_size=len(xb))) for _ in xa])
+    curve, surface = Curve(xa, ya, power=2.0), Grid(xa, xb, grid, power_b=2.0)
+    points_a = xa + data.draw(st.lists(st.floats(0.1, 2e6), min_size=5, max_size=5))
+    points_b = xb + data.draw(st.lists(st.floats(0.1, 2e6), min_size=5, max_size=5))
+    many_t, many_off = curve.many(np.array(points_a))
+    assert [curve.at(x) for x in points_a] == list(zip(many_t.tolist(), many_off.tolist()))
+    a = np.array([data.draw(st.sampled_from(points_a)) for _ in range(20)])
+    b = np.array([data.draw(st.sampled_from(points_b)) for _ in range(20)])
+    many_t, many_off = surface.many(a, b)
+    assert [surface.at(x, y) for x, y in zip(a.tolist(), b.tolist())] == list(zip(many_t.tolist(), many_off.tolist()))
 
 
 def test_interp_worked_example_and_scaling_past_the_grid():
