@@ -36,16 +36,23 @@ def check_grid(xs, ys, what: str) -> tuple[np.ndarray, np.ndarray]:
     return xs, ys
 
 
-def _bracket(x: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def log_steps(xs: np.ndarray) -> np.ndarray:
+    """log(xs[i + 1] / xs[i]) for each grid point but the last (1.0 there, never used): the
+    denominators of the log-space weights, computed once per grid."""
+    steps = np.ones(len(xs))
+    steps[:-1] = np.log(xs[1:] / xs[:-1])
+    return steps
+
+
+def _bracket(x: np.ndarray, xs: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For sizes within [xs[0], xs[-1]]: the left neighbour's index i (x0 = xs[i] <= x), the
-    right one's (i + 1, or i itself at the last point) and the log-space weight of the right one
-    (0 on a grid point)."""
-    i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 1)
-    j = np.minimum(i + 1, len(xs) - 1)
-    on_grid = xs[i] == x
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.where(on_grid | (i == j), 0.0, np.log(x / xs[i]) / np.log(xs[j] / xs[i]))
-    return i, j, w
+    right one's (i + 1, or i itself at the last point) and the log-space weight of the right one,
+    log(x / x0) / log(x1 / x0) (0 on a grid point)."""
+    last = len(xs) - 1
+    i = xs.searchsorted(x, side="right") - 1
+    x0 = xs[i]
+    w = np.where((x0 == x) | (i == last), 0.0, np.log(x / x0) / steps[i])
+    return i, np.minimum(i + 1, last), w
 
 
 def _blend(t0, t1, w):
@@ -53,38 +60,42 @@ def _blend(t0, t1, w):
     return np.where(w == 0.0, t0, t0 * np.exp(w * np.log(t1 / t0)))
 
 
-def interp_loglog(x, xs, ys, power: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def interp_loglog(x, xs, ys, power: float = 1.0, steps=None) -> tuple[np.ndarray, np.ndarray]:
     """Times at sizes `x` (scalar or array) from the curve (xs, ys): log-log between neighbours,
     scaled by (x / xs[-1]) ** power past the last point, clamped below the first. Returns
-    (times, extrapolated mask), both shaped like `x`."""
+    (times, extrapolated mask), both shaped like `x`. `steps`: log_steps(xs), if at hand."""
     x = np.asarray(x, dtype=np.float64)
-    inside = np.clip(x, xs[0], xs[-1])
-    i, j, w = _bracket(inside, xs)
+    inside = np.minimum(np.maximum(x, xs[0]), xs[-1])
+    i, j, w = _bracket(inside, xs, log_steps(xs) if steps is None else steps)
     t = _blend(ys[i], ys[j], w)
     above = x > xs[-1]
-    if np.any(above):
+    if above.any():
         t = np.where(above, ys[-1] * (x / xs[-1]) ** power, t)
     return t, above | (x < xs[0])
 
 
-def interp_loglog_2d(a, b, xa, xb, grid, power_a: float = 1.0, power_b: float = 1.0):
+def interp_loglog_2d(a, b, xa, xb, grid, power_a: float = 1.0, power_b: float = 1.0, steps_a=None, steps_b=None):
     """Times at (a, b) from grid[len(xa), len(xb)] (full, no gaps): bilinear in log space inside,
     each axis scaled past its last point by (a / xa[-1]) ** power_a, (b / xb[-1]) ** power_b and
-    clamped below its first. a and b broadcast together. Returns (times, extrapolated mask)."""
+    clamped below its first. a and b broadcast together. Returns (times, extrapolated mask).
+    `steps_a`, `steps_b`: log_steps of the axes, if at hand."""
     a, b = np.broadcast_arrays(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
-    a_in, b_in = np.clip(a, xa[0], xa[-1]), np.clip(b, xb[0], xb[-1])
-    ia, ja, wa = _bracket(a_in, xa)
-    ib, jb, wb = _bracket(b_in, xb)
+    a_in = np.minimum(np.maximum(a, xa[0]), xa[-1])
+    b_in = np.minimum(np.maximum(b, xb[0]), xb[-1])
+    ia, ja, wa = _bracket(a_in, xa, log_steps(xa) if steps_a is None else steps_a)
+    ib, jb, wb = _bracket(b_in, xb, log_steps(xb) if steps_b is None else steps_b)
     low = _blend(grid[ia, ib], grid[ia, jb], wb)
     high = _blend(grid[ja, ib], grid[ja, jb], wb)
     t = _blend(low, high, wa)
-    scale = np.ones_like(t)
     above_a, above_b = a > xa[-1], b > xb[-1]
-    if np.any(above_a):
-        scale = np.where(above_a, (a / xa[-1]) ** power_a, scale)
-    if np.any(above_b):
-        scale = scale * np.where(above_b, (b / xb[-1]) ** power_b, 1.0)
-    t = np.where(above_a | above_b, t * scale, t)
+    any_a, any_b = above_a.any(), above_b.any()
+    if any_a or any_b:
+        scale = np.ones_like(t)
+        if any_a:
+            scale = np.where(above_a, (a / xa[-1]) ** power_a, scale)
+        if any_b:
+            scale = scale * np.where(above_b, (b / xb[-1]) ** power_b, 1.0)
+        t = np.where(above_a | above_b, t * scale, t)
     return t, above_a | above_b | (a < xa[0]) | (b < xb[0])
 
 
@@ -119,14 +130,14 @@ def _blend_scalar(t0: float, t1: float, w: float) -> float:
     return t0 if w == 0.0 else t0 * _exp(w * _log(t1 / t0))
 
 
-def _bracket_scalar(x: float, xs: list[float]) -> tuple[int, int, float]:
+def _bracket_scalar(x: float, xs: list[float], steps: list[float]) -> tuple[int, int, float]:
     """_bracket for one size within [xs[0], xs[-1]]."""
     i = bisect_right(xs, x) - 1
-    j = min(i + 1, len(xs) - 1)
+    last = len(xs) - 1
+    if i == last:
+        return i, i, 0.0
     x0 = xs[i]
-    if x0 == x or i == j:
-        return i, j, 0.0
-    return i, j, _log(x / x0) / _log(xs[j] / x0)
+    return i, i + 1, 0.0 if x0 == x else _log(x / x0) / steps[i]
 
 
 class Curve:
@@ -135,10 +146,11 @@ class Curve:
 
     def __init__(self, xs, ys, power: float = 1.0):
         self.xs, self.ys, self.power = np.asarray(xs, dtype=np.float64), np.asarray(ys), power
-        self._xl, self._yl = self.xs.tolist(), self.ys.tolist()
+        self.steps = log_steps(self.xs)
+        self._xl, self._yl, self._sl = self.xs.tolist(), self.ys.tolist(), self.steps.tolist()
 
     def many(self, x) -> tuple[np.ndarray, np.ndarray]:
-        return interp_loglog(x, self.xs, self.ys, power=self.power)
+        return interp_loglog(x, self.xs, self.ys, self.power, self.steps)
 
     def at(self, x: float) -> tuple[float, bool]:
         """(time, whether x was off the grid) for one size."""
@@ -146,7 +158,7 @@ class Curve:
         if not (xl[0] <= x <= xl[-1]):
             t, off = self.many(np.array(x, dtype=np.float64))
             return float(t), bool(off)
-        i, j, w = _bracket_scalar(float(x), xl)
+        i, j, w = _bracket_scalar(float(x), xl, self._sl)
         return float(_blend_scalar(self._yl[i], self._yl[j], w)), False
 
 
@@ -157,10 +169,13 @@ class Grid:
     def __init__(self, xa, xb, grid, power_a: float = 1.0, power_b: float = 1.0):
         self.xa, self.xb = np.asarray(xa, dtype=np.float64), np.asarray(xb, dtype=np.float64)
         self.grid, self.power_a, self.power_b = np.asarray(grid), power_a, power_b
+        self.steps_a, self.steps_b = log_steps(self.xa), log_steps(self.xb)
         self._al, self._bl, self._gl = self.xa.tolist(), self.xb.tolist(), self.grid.tolist()
+        self._sa, self._sb = self.steps_a.tolist(), self.steps_b.tolist()
 
     def many(self, a, b) -> tuple[np.ndarray, np.ndarray]:
-        return interp_loglog_2d(a, b, self.xa, self.xb, self.grid, self.power_a, self.power_b)
+        return interp_loglog_2d(a, b, self.xa, self.xb, self.grid, self.power_a, self.power_b,
+                                self.steps_a, self.steps_b)
 
     def at(self, a: float, b: float) -> tuple[float, bool]:
         """(time, whether (a, b) was off the grid) for one point."""
@@ -168,8 +183,8 @@ class Grid:
         if not (al[0] <= a <= al[-1] and bl[0] <= b <= bl[-1]):
             t, off = self.many(np.array(a, dtype=np.float64), np.array(b, dtype=np.float64))
             return float(t), bool(off)
-        ia, ja, wa = _bracket_scalar(float(a), al)
-        ib, jb, wb = _bracket_scalar(float(b), bl)
+        ia, ja, wa = _bracket_scalar(float(a), al, self._sa)
+        ib, jb, wb = _bracket_scalar(float(b), bl, self._sb)
         g = self._gl
         low = _blend_scalar(g[ia][ib], g[ia][jb], wb)
         high = _blend_scalar(g[ja][ib], g[ja][jb], wb)
