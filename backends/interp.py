@@ -189,3 +189,16 @@ class Grid:
         low = _blend_scalar(g[ia][ib], g[ia][jb], wb)
         high = _blend_scalar(g[ja][ib], g[ja][jb], wb)
         return float(_blend_scalar(low, high, wa)), False
+
+    def along_b(self, a: float, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`many` at one a and sizes b (an array), bracketing a once: exactly `many`'s values."""
+        al, bl = self._al, self._bl
+        if not (al[0] <= a <= al[-1]) or len(b) == 0 or b.min() < bl[0] or b.max() > bl[-1]:
+            return self.many(a, b)
+        ia, ja, wa = _bracket_scalar(a, al, self._sa)
+        ib, jb, wb = _bracket(b, self.xb, self.steps_b)
+        g = self.grid
+        low = _blend(g[ia, ib], g[ia, jb], wb)
+        if wa != 0.0:
+            low = low * _exp(wa * _log(_blend(g[ja, ib], g[ja, jb], wb) / low))
+        return low, np.zeros(len(b), dtype=bool)

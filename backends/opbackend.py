@@ -42,8 +42,12 @@ class OpTableBackend:
         """Seconds and parts of `num_steps` decode-only steps of the same requests, whose contexts
         after the first step are `context_lens` and grow by one token per step; request i takes
         part in the first `active_steps[i]` steps only (default: all)."""
-        contexts = np.asarray(context_lens, dtype=np.int64)
         steps = np.arange(num_steps, dtype=np.int64)
+        if active_steps is None or min(active_steps) >= num_steps:  # the same requests throughout
+            n = len(context_lens)
+            parts = self.ops.decode_steps_of(n, int(sum(context_lens)) + n * steps)
+            return self._total(parts), parts
+        contexts = np.asarray(context_lens, dtype=np.int64)
         if active_steps is None:
             active = np.full(len(contexts), num_steps, dtype=np.int64)
         else:

@@ -281,6 +281,17 @@ class OperatorModel:
         parts["overhead"] = self.overhead.seconds
         return parts
 
+    def decode_steps_of(self, num_decodes: int, sum_context) -> dict:
+        """`decode_steps` of steps that all have the same `num_decodes` requests: the parts that
+        depend on it alone are floats, attention an array (exactly decode_steps' values)."""
+        parts = self.dense_parts_at(num_decodes, num_decodes)
+        mean = np.asarray(sum_context, dtype=np.float64) / num_decodes
+        t, scaled = self._gen.along_b(float(num_decodes), mean)
+        self.extrapolated += int(np.count_nonzero(scaled))
+        parts["attention"] = self.layers * t  # `attention` of decodes alone: nothing is shared
+        parts["overhead"] = self.overhead.seconds
+        return parts
+
     def total(self, parts: dict):
         """The step's seconds: its parts in a fixed order."""
         return (parts["gemm"] + parts["lm_head"] + parts["allreduce"] + parts["elementwise"] + parts["attention"]

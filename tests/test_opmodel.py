@@ -65,6 +65,10 @@ def test_scalar_lookups_equal_the_array_lookups_bit_for_bit(xa, xb, data):
     b = np.array([data.draw(st.sampled_from(points_b)) for _ in range(20)])
     many_t, many_off = surface.many(a, b)
     assert [surface.at(x, y) for x, y in zip(a.tolist(), b.tolist())] == list(zip(many_t.tolist(), many_off.tolist()))
+    for a0 in points_a:  # one batch size along a decode run's lengths, bracketed once
+        t, off = surface.along_b(a0, b)
+        many_t, many_off = surface.many(a0, b)
+        assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
 
 
 def test_interp_worked_example_and_scaling_past_the_grid():
