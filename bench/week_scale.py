@@ -27,6 +27,12 @@ RATE = 10_000_000 / (7 * 86_400)
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
 
 
+def reference_loop() -> float:
+    from replay_speed import reference_loop as loop  # bench/ is this script's folder
+
+    return loop()
+
+
 def lengths_source() -> Path:
     from replay_speed import AZURE, AZURE_SAMPLE, shared_trace  # bench/ is this script's folder
 
@@ -58,17 +64,18 @@ def main() -> None:
     source = lengths_source()
     print(f"lengths from {source}; {RATE:.3f} requests/s, diurnal 0.5; work folder {work}")
     print(f"{'requests':>10}{'simulated h':>13}{'synth s':>9}{'replay s':>10}{'cpu s':>9}{'us/request':>12}"
-          f"{'peak RSS MB':>13}")
+          f"{'peak RSS MB':>13}{'ref s':>7}")
     python = sys.executable
     for n in sizes:
         trace = work / f"synth_{n}.csv"
         synth = timed([python, "-m", "sim.app.cli", "trace", "synth", str(trace), "--num-requests", str(n),
                        "--rate", f"{RATE:.6f}", "--diurnal", "0.5", "--lengths-from", str(source), "--seed", "0"])
         out = work / f"run_{n}"
+        ref = reference_loop()  # this machine's speed just before the run (0.13 s on a quiet core)
         run = timed([python, "-m", "sim.app.cli", "replay", str(trace), "--out", str(out), "--overwrite", "--quiet"])
         simulated = json.loads((out / "summary.json").read_text())["simulated_s"]
         print(f"{n:>10,}{simulated / 3600:>13.1f}{synth['wall_s']:>9.0f}{run['wall_s']:>10.0f}{run['cpu_s']:>9.0f}"
-              f"{run['cpu_s'] / n * 1e6:>12.0f}{run['rss_mb']:>13.0f}", flush=True)
+              f"{run['cpu_s'] / n * 1e6:>12.0f}{run['rss_mb']:>13.0f}{ref:>7.2f}", flush=True)
         if not args.keep:
             trace.unlink()
 
