@@ -29,13 +29,16 @@ KV length a decode attends is step + 1 (AIConfigurator's collector, collector/vl
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from backends.interp import fill_rows_by_scaling
 from backends.optables import GEMM_DTYPES, KERNELS, KV_DTYPES, TableSet
 from sim.errors import ServesimError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GEMM_OPS = ("qkv", "o", "gate_up", "down")
 MiB = 2**20
@@ -188,6 +191,8 @@ def _between_head_counts(frame, heads, kv_heads, hd, kv_dtype, length, offset, k
     b1, l1, g1 = _attention_grid(k[k["num_heads"] == hi], length, offset)
     batch = [b for b in b0 if b in b1]
     lengths = [x for x in l0 if x in l1]
+    import pandas as pd  # here, not at import: a replay loading a profile never needs it
+
     g0 = pd.DataFrame(g0, index=b0, columns=l0).loc[batch, lengths].to_numpy()
     g1 = pd.DataFrame(g1, index=b1, columns=l1).loc[batch, lengths].to_numpy()
     w = (heads - lo) / (hi - lo)

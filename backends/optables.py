@@ -25,10 +25,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from sim.errors import ServesimError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KINDS = ("gemm", "context_attention", "generation_attention", "custom_allreduce")
 ATTENTION_COLUMNS = ("kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
@@ -91,6 +93,8 @@ def list_tables(folder: str | Path) -> dict[tuple[str, str, str], dict[str, Path
 
 
 def _read(path: Path, kind: str) -> pd.DataFrame:
+    import pandas as pd  # here, not at import: a replay loading a profile never needs it
+
     try:
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except (OSError, ValueError) as e:
