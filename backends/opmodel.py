@@ -281,7 +281,7 @@ class OperatorModel:
             # Runs of steps with the same number of requests (a decode run's requests only leave),
             # each bracketed once: exactly decode_attention's values.
             starts = np.flatnonzero(np.diff(n)) + 1
-            if len(starts) < 16:
+            if len(starts) < 2:  # more pieces cost more than one 2-D lookup
                 bounds = [0, *starts.tolist(), len(n)]
                 pieces = []
                 for s, e in zip(bounds[:-1], bounds[1:]):
