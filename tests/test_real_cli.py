@@ -28,6 +28,12 @@ def trace_file(tmp_path):
     return path
 
 
+# Every request arrives at once, so the schedule (and the preemption it forces) does not depend
+# on how long the real steps take on this machine: with staggered arrivals a fast CPU finishes
+# the first requests before the last arrive and nothing is preempted.
+AT_ONCE = "arrival_s,prompt_tokens,output_tokens\n0.0,40,6\n0.0,70,4\n0.0,7,1\n0.0,90,9\n0.0,20,12\n"
+
+
 def test_cli_real_replay_on_cpu(trace_file, tmp_path, capsys):
     out = tmp_path / "real"
     rc = main(["replay", str(trace_file), "--backend", "real", "--device", "cpu", "--model", "tiny",
@@ -52,13 +58,15 @@ def test_cli_real_replay_on_cpu(trace_file, tmp_path, capsys):
     assert summary["options"]["backend"] == "real" and summary["options"]["device"] == "cpu"
 
 
-def test_generated_tokens_are_the_models_greedy_continuation(trace_file):
+def test_generated_tokens_are_the_models_greedy_continuation(tmp_path):
     """Chunked prefills, mixed steps, and preemption by recompute (a cache of 14 blocks of 8
     tokens): every request's output must still be the greedy continuation that the dense
     reference computes for it alone."""
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", 24, 4), cache=CacheConfig(8, 14),
                             model="tiny", backend="real", seed=3)
     backend = RealBackend("tiny", block_size=8, num_blocks=14, seed=3)
+    trace_file = tmp_path / "at_once.csv"
+    trace_file.write_text(AT_ONCE)
     result = replay(read_trace(trace_file), options, backend=backend)
     assert result.num_preemptions > 0
     for r in result.requests:
