@@ -117,6 +117,15 @@ class OperatorModel:
             total = total + self._lookup(self._gemms[op], m)
         return total
 
+    def max_gemm_tokens_per_s(self, max_tokens: int) -> float:
+        """The most tokens per second the tables' GEMMs allow a step of at most `max_tokens` tokens:
+        max over the measured m <= max_tokens of m / (all layers' QKV, O, gate-up and down at m).
+        Every step pays at least that for its tokens (attention, all-reduces, the LM head and the
+        rest come on top), so a deployment that prefilled faster ran faster than its kernels."""
+        grid = self._gemms[GEMM_OPS[0]].xs
+        m = grid[grid <= max(max_tokens, grid[0])]
+        return float(np.max(m / (self.layers * np.asarray(self.gemms(m)))))
+
     def lm_head(self, num_logits):
         n = np.asarray(num_logits, dtype=np.float64)
         return np.where(n > 0, self._lookup(self._gemms["lm_head"], np.maximum(n, 1.0)), 0.0)

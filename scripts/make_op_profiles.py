@@ -1,7 +1,8 @@
 """Derive the committed operator-table profiles (profiles/ops/) from the shared AIConfigurator tables.
 
 One profile per preset model, GPU (H100-SXM from h100_sxm tables, H200 from h200_sxm), weight dtype
-(bf16, fp8) and TP degree (1, 2, 4, 8), KV cache in bf16, where the model's weights fit the GPUs
+(bf16, fp8), TP degree (1, 2, 4, 8) and KV cache dtype (bf16, and fp8: the tables measure both
+attention kernels), where the model's weights fit the GPUs
 (vLLM's KV plan, backends/kv_capacity.py, at its defaults) and the tables price the shapes. Each
 is what `sim calibrate --from-ops DIR --system S --model M --hardware H --tp N --dtype D` writes.
 
@@ -19,7 +20,7 @@ from backends.model_config import resolve_model
 from backends.opprofile import build_profile, save_op_profile
 from backends.optables import load_tables
 from backends.presets import MODELS
-from sim.app.opprofiles import OPS_DIR, profile_file_name
+from sim.app.opprofiles import OPS_DIR, kv_name, profile_file_name
 from sim.errors import ServesimError
 
 DATA = Path(__file__).resolve().parents[1] / ".." / ".." / "shared" / "gpu-data" / "aiconfigurator"
@@ -39,21 +40,20 @@ def main() -> None:
             if name == "tiny":
                 continue
             model = resolve_model(name)
-            for dtype in ("bf16", "fp8"):
-                for tp in (1, 2, 4, 8):
-                    try:
-                        model.check_tp(tp)
-                        kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9,
-                                    max_num_batched_tokens=8192, max_num_seqs=1024, tp=tp, dtype=dtype,
-                                    kv_cache_dtype="auto", max_model_len=8192)
-                        profile = build_profile(tables, name, model, hardware_name, tp, dtype, "bf16",
-                                                nvlink_bytes_per_s=hardware.nvlink_bandwidth)
-                    except ServesimError as e:
-                        print(f"skip {hardware_name} {name} TP {tp} {dtype}: {e}")
-                        continue
-                    path = Path(args.out) / profile_file_name(hardware_name, name, tp, dtype, "auto")
-                    save_op_profile(profile, path)
-                    written.append(path)
+            for dtype, tp, kv in ((d, t, k) for d in ("bf16", "fp8") for t in (1, 2, 4, 8) for k in ("auto", "fp8")):
+                try:
+                    model.check_tp(tp)
+                    kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9,
+                                max_num_batched_tokens=8192, max_num_seqs=1024, tp=tp, dtype=dtype,
+                                kv_cache_dtype=kv, max_model_len=8192)
+                    profile = build_profile(tables, name, model, hardware_name, tp, dtype, kv_name(kv),
+                                            nvlink_bytes_per_s=hardware.nvlink_bandwidth)
+                except ServesimError as e:
+                    print(f"skip {hardware_name} {name} TP {tp} {dtype} KV {kv}: {e}")
+                    continue
+                path = Path(args.out) / profile_file_name(hardware_name, name, tp, dtype, kv)
+                save_op_profile(profile, path)
+                written.append(path)
     print(f"wrote {len(written)} profiles to {args.out}")
 
 

@@ -36,6 +36,10 @@ def test_the_committed_profile_of_a_deployment_is_its_default_and_roofline_force
     fp8 = resolve(ReplayOptions(model="Llama-3.1-70B", hardware="H200", tp=4, dtype="fp8"))
     assert Path(fp8.options.profile).name == "H200__Llama-3.1-70B__tp4__fp8__kv-bf16.json"
     assert not isinstance(resolve(ReplayOptions(hardware="A100-80GB")).backend, OpTableBackend)  # no tables
+    # An fp8 KV cache has committed profiles of its own (the tables measure fp8 attention kernels).
+    kv8 = resolve(ReplayOptions(model="Llama-3.1-70B", hardware="H200", tp=4, dtype="fp8", kv_cache_dtype="fp8"))
+    assert Path(kv8.options.profile).name == "H200__Llama-3.1-70B__tp4__fp8__kv-fp8.json"
+    assert kv8.backend.ops.kv_cache_dtype == "fp8"
 
 
 def test_a_profile_of_another_deployment_is_refused():

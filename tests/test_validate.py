@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from sim.app.cli import main
+from sim.errors import ServesimError
 from tests.helpers import shared_dir
 from tests.optables_fixture import write_tables
 
@@ -137,3 +139,89 @@ def test_async_scheduling_makes_a_new_request_wait_one_step_more(async_schedulin
     simulate(engine, workload)
     assert [r.first_token_s for r in requests[:2]] == [1.0, 1.0] and requests[0].finish_s == 3.0
     assert workload.sent_s[2] == 3.0 and requests[2].first_token_s - workload.sent_s[2] == ttft
+
+
+def test_the_kv_cache_dtype_comes_from_the_sources_launch_scripts():
+    """InferenceMAX's H200 scripts set an fp8 KV cache, its H100 vLLM script none; a row of an
+    unknown source gets vLLM's default. --kv-cache-dtype auto|fp8 overrides every row."""
+    from sim.app.validate import LAUNCH_RECIPES, Protocol
+
+    imax = "source_file=2026-04-06.csv; model=Llama-3.1-70B; ; measured=2025-10-29T00:00:00.000Z; wip=False"
+    other = "source_file=/data/h200_sxm/vllm/0.12.0/x.csv; silicon_concurrency=8"
+    row = {"silicon_data_source": imax, "backend": "vllm", "system": "h200_sxm"}
+    assert Protocol().kv_cache_for(row) == ("fp8", LAUNCH_RECIPES[0].cites)
+    assert "70b_fp8_h200_slurm.sh" in LAUNCH_RECIPES[0].cites
+    assert Protocol().kv_cache_for({**row, "backend": "trtllm"})[0] == "fp8"
+    assert Protocol().kv_cache_for({**row, "system": "h100_sxm"})[0] == "auto"
+    assert Protocol().kv_cache_for({**row, "silicon_data_source": other}) == (
+        "auto", "not stated by the row or its source: vLLM's default, auto")
+    assert Protocol(kv_cache_dtype="auto").kv_cache_for(row) == ("auto", "--kv-cache-dtype auto")
+    with pytest.raises(ServesimError, match="unknown --kv-cache-dtype 'bf8'"):
+        Protocol(kv_cache_dtype="bf8")
+    with pytest.raises(ServesimError, match=r"--warmup-waves must be in \[0, --prompts-per-client\), got 10"):
+        Protocol(warmup_waves=10)
+
+
+def test_an_fp8_kv_cache_holds_twice_the_tokens_and_validate_csv_says_why(tmp_path):
+    csv, ops, models = setup(tmp_path)
+    frame = pd.read_csv(csv, keep_default_na=False)
+    frame.loc[0, "silicon_data_source"] = "source_file=2026-04-06.csv; model=toy; ; measured=2025-10-29"
+    frame.loc[0, "system"] = "h100_sxm"
+    frame.to_csv(csv, index=False)
+    out, out8 = tmp_path / "out", tmp_path / "out8"
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet"]) == 0
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out8), "--quiet",
+                 "--kv-cache-dtype", "fp8"]) == 0
+    rows, rows8 = pd.read_csv(out / "validate.csv"), pd.read_csv(out8 / "validate.csv")
+    assert rows["kv_cache_dtype"].tolist() == ["auto"] * 3 and rows8["kv_cache_dtype"].tolist() == ["fp8"] * 3
+    assert "70b_fp8_h100_docker.sh" in rows["kv_cache_dtype_from"][0]  # InferenceMAX on an H100: no fp8 KV
+    assert rows["kv_cache_dtype_from"][1] == "not stated by the row or its source: vLLM's default, auto"
+    # Same GPU memory, half the bytes per token: about twice the blocks (vLLM's plan, less rounding).
+    tp1 = rows["tp"] == 1  # (row b's TP 2 cache is capped at the block table's limit)
+    assert (rows8["num_gpu_blocks"][tp1] / rows["num_gpu_blocks"][tp1]).between(1.95, 2.05).all()
+
+
+def test_the_physical_check_flags_rows_faster_than_the_tables_gemms(tmp_path):
+    """The implied prefill rate is C x mean prompt / (TTFT + (mean output - 1) x TPOT): a row whose
+    measured times are far below what its step costs flags; the toy rows' slow 1 ms / 0.1 ms do not
+    at once, so the times are shrunk until they must."""
+    csv, ops, models = setup(tmp_path)
+    frame = pd.read_csv(csv, keep_default_na=False)
+    frame.loc[1, ["silicon_ttft_ms", "silicon_tpot_ms"]] = [1e-6, 1e-7]
+    frame.to_csv(csv, index=False)
+    out = tmp_path / "out"
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet"]) == 0
+    rows = pd.read_csv(out / "validate.csv")
+    rng = np.random.default_rng(0)  # row b: 10 x C = 40 prompts, prompt lengths drawn first
+    isls, osls = rng.integers(int(0.8 * 64), 65, size=40), rng.integers(int(0.8 * 16), 17, size=40)
+    want = 4 * isls.mean() / (1e-9 + (osls.mean() - 1) * 1e-10)
+    assert rows["implied_prefill_tok_s"][1] == pytest.approx(want, rel=1e-9)
+    assert rows["faster_than_tables"].tolist() == [False, True, False]
+    assert (rows["tables_max_prefill_tok_s"] > 0).all()
+    assert "imply a prefill rate above" in (out / "report.html").read_text()
+
+
+def test_warmup_waves_leave_the_first_wave_out_of_the_means():
+    """Steps of 1 s, 2 clients, a budget of 4 tokens: the first wave (a, b: 4-token prompts) queues
+    for prefill: a's first token at 1; b's chunks share the budget with a's decodes (3 tokens, then
+    1), its first token at 3; c and d are sent as a and b end. With one warm-up wave only c and d
+    count."""
+    from backends.opprofile import ClientOverhead
+    from policies import load_policy
+    from sim.app.validate import ThroughApiServer, client_means
+    from sim.arrivals import simulate
+    from sim.block_manager import BlockManager
+    from sim.config import SchedulerConfig
+    from sim.engine import Engine, TokenTimes
+    from sim.request import Request
+    from tests.helpers import ConstantBackend
+
+    requests = [Request(i, name, 0.0, 4, 3) for i, name in enumerate("abcd")]
+    engine = Engine(load_policy("chunked")(SchedulerConfig("chunked", 4, 2)), ConstantBackend(1.0),
+                    BlockManager(64, 16, False), TokenTimes(requests), 100)
+    workload = ThroughApiServer(requests, [0.0] * 4, 2, engine, ClientOverhead(0.0, 0.0), False)
+    simulate(engine, workload)
+    ttft = {r.request_id: r.first_token_s - workload.sent_s[r.index] for r in requests}
+    assert ttft["a"] == 1.0 and ttft["b"] == 3.0
+    assert client_means(requests, workload.sent_s)[0] == pytest.approx(sum(ttft.values()) / 4, rel=1e-12)
+    assert client_means(requests, workload.sent_s, 2)[0] == pytest.approx((ttft["c"] + ttft["d"]) / 2, rel=1e-12)

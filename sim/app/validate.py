@@ -17,6 +17,20 @@ all created at once, C in flight; prompt and output lengths uniform integers in
 file's SOURCES.md says). TTFT is client-side, as the benchmark measured it: a request passes the
 API server (one at a time, the profile's `client_overhead`) before the engine sees it, and its TTFT
 counts from its send. TPOT is (E2E - TTFT) / (output - 1), the mean over requests.
+
+What a row does not state but its source's launch scripts do (`LAUNCH_RECIPES`): the KV cache
+dtype. InferenceMAX's H200 scripts set `kv-cache-dtype: fp8` (vLLM, benchmarks/70b_fp8_h200_slurm.sh)
+and `kv_cache_config: dtype: fp8` (TensorRT-LLM, benchmarks/70b_fp8_h200_trt_slurm.sh); its H100
+vLLM script (benchmarks/70b_fp8_h100_docker.sh) sets none, so vLLM's `auto` (bf16). The KV dtype
+decides how many requests fit, so it decides which rows queue. A row of any other source gets
+vLLM's default, `auto`, and validate.csv says which each row got and why.
+
+A physical check, per row (validate.csv): the prefill rate the measurement implies,
+C x mean prompt / (TTFT + (mean output - 1) x TPOT) for C clients in a closed loop, against the
+most tokens per second the operator tables' GEMMs alone allow at the server's token budget
+(`OperatorModel.max_gemm_tokens_per_s`). A row above it ran faster than the kernels it was
+measured with (prefix-cache hits, shorter prompts than stated, or another protocol); it is
+simulated and counted all the same, and flagged (`faster_than_tables`).
 """
 
 from __future__ import annotations
@@ -47,6 +61,34 @@ SYSTEM_HARDWARE = {"h100_sxm": "H100-SXM", "h200_sxm": "H200"}  # operator-table
 GROUP = ("system", "model", "backend", "backend_version", "precision")
 
 
+# InferenceMAX's published results (the dashboard's export: `source_file=<date>.csv; model=...`),
+# its ISL/OSL grid (1k/1k, 1k/8k, 8k/1k) and concurrency 4-64.
+INFERENCEMAX = r"^source_file=\d{4}-\d{2}-\d{2}\.csv;"
+INFERENCEMAX_SCRIPTS = "github.com/InferenceMAX/InferenceMAX, benchmarks/"
+
+
+@dataclass(frozen=True)
+class LaunchRecipe:
+    """What one source's server launch scripts set that its rows do not state."""
+
+    source: str  # a regular expression on the row's silicon_data_source
+    backend: str
+    system: str
+    kv_cache_dtype: str  # "auto" (the model's bf16) or "fp8"
+    cites: str
+
+
+LAUNCH_RECIPES = (
+    LaunchRecipe(INFERENCEMAX, "vllm", "h200_sxm", "fp8",
+                 INFERENCEMAX_SCRIPTS + "70b_fp8_h200_slurm.sh: config.yaml sets kv-cache-dtype: fp8"),
+    LaunchRecipe(INFERENCEMAX, "trtllm", "h200_sxm", "fp8",
+                 INFERENCEMAX_SCRIPTS + "70b_fp8_h200_trt_slurm.sh: kv_cache_config sets dtype: fp8"),
+    LaunchRecipe(INFERENCEMAX, "vllm", "h100_sxm", "auto",
+                 INFERENCEMAX_SCRIPTS + "70b_fp8_h100_docker.sh: no --kv-cache-dtype (vLLM's auto)"),
+)
+KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
+
+
 @dataclass(frozen=True)
 class Protocol:
     """How the measured benchmarks were run (see the module docstring)."""
@@ -55,16 +97,30 @@ class Protocol:
     prompts_per_client: int = 10
     max_num_batched_tokens: int = 8192
     seed: int = 0
-    kv_cache_dtype: str = "auto"  # the rows do not say; vLLM's default is auto (the activations' bf16)
+    kv_cache_dtype: str = "recipe"  # per row from LAUNCH_RECIPES, else auto; or auto / fp8 for every row
     async_scheduling: bool = True  # vLLM's default since 0.14 (and InferenceMAX's --async-scheduling)
+    warmup_waves: int = 0  # the first warmup_waves x C requests sent are not counted (vLLM bench counts all)
 
     def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose auto or fp8")
+        if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
+            raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose recipe, auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
             raise ServesimError(f"--range-ratio must be in (0, 1], got {self.range_ratio}")
         if self.prompts_per_client < 1:
             raise ServesimError(f"--prompts-per-client must be at least 1, got {self.prompts_per_client}")
+        if not 0 <= self.warmup_waves < self.prompts_per_client:
+            raise ServesimError(f"--warmup-waves must be in [0, --prompts-per-client), got {self.warmup_waves}")
+
+    def kv_cache_for(self, row) -> tuple[str, str]:
+        """(the row's KV cache dtype, auto or fp8; why)."""
+        if self.kv_cache_dtype != "recipe":
+            return self.kv_cache_dtype, f"--kv-cache-dtype {self.kv_cache_dtype}"
+        source = str(row.get("silicon_data_source", ""))
+        for recipe in LAUNCH_RECIPES:
+            if (recipe.backend == row["backend"] and recipe.system == row["system"]
+                    and re.search(recipe.source, source)):
+                return recipe.kv_cache_dtype, recipe.cites
+        return "auto", KV_DEFAULT
 
     def lengths(self, isl: int, osl: int, num_prompts: int) -> tuple[list[int], list[int]]:
         rng = np.random.default_rng(self.seed)
@@ -156,27 +212,40 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     """Simulate one measured benchmark with an operator-table profile."""
     c, isl, osl = int(row["concurrency"]), int(row["isl"]), int(row["osl"])
     n = protocol.prompts_per_client * c
+    budget = max(protocol.max_num_batched_tokens, c)
     options = ReplayOptions(
-        scheduler=SchedulerConfig("chunked", max(protocol.max_num_batched_tokens, c), c, isl + osl),
+        scheduler=SchedulerConfig("chunked", budget, c, isl + osl),
         cache=CacheConfig(enable_prefix_caching=False), model=row["model_source"],
         hardware=SYSTEM_HARDWARE[row["system"]], tp=profile.tp, dtype=profile.dtype,
-        kv_cache_dtype=protocol.kv_cache_dtype, seed=protocol.seed)
+        kv_cache_dtype=profile.kv_cache_dtype if profile.kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
     plan = resolve(options, backend=OpTableBackend(profile.op_model(), device=profile.source["system"]))
     isls, osls = protocol.lengths(isl, osl, n)
     requests = [Request(i, f"validate-{i}", 0.0, a, b) for i, (a, b) in enumerate(zip(isls, osls))]
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
     workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, protocol.async_scheduling)
     result = simulate(engine, workload)
-    done = [r for r in result.requests if r.finish_s is not None]
     rejected = [r for r in result.requests if r.reject_reason is not None]
     if rejected:
         raise ServesimError(f"{len(rejected)} of {n} requests rejected: {rejected[0].reject_reason}")
-    ttft = np.mean([r.first_token_s - workload.sent_s[r.index] for r in done])
-    ttft_engine = np.mean([r.first_token_s - r.arrival_s for r in done])
-    tpot = np.mean([(r.finish_s - r.first_token_s) / (r.max_tokens - 1) for r in done if r.max_tokens > 1])
+    ttft, ttft_engine, tpot = client_means(result.requests, workload.sent_s, protocol.warmup_waves * c)
+    # The prefill rate the measurement implies (closed loop: C clients, each cycle TTFT + (O - 1) TPOT).
+    cycle_s = 1e-3 * (float(row["silicon_ttft_ms"]) + (np.mean(osls) - 1.0) * float(row["silicon_tpot_ms"]))
+    implied = c * float(np.mean(isls)) / cycle_s if cycle_s > 0 else float("inf")
+    bound = profile.op_model().max_gemm_tokens_per_s(budget)
     return {"predicted_ttft_ms": 1e3 * ttft, "predicted_tpot_ms": 1e3 * tpot,
             "predicted_engine_ttft_ms": 1e3 * ttft_engine, "num_gpu_blocks": plan.num_blocks,
-            "num_preemptions": result.num_preemptions}
+            "num_preemptions": result.num_preemptions, "implied_prefill_tok_s": implied,
+            "tables_max_prefill_tok_s": bound, "faster_than_tables": bool(implied > bound)}
+
+
+def client_means(requests: list[Request], sent_s: dict[int, float], first_counted: int = 0):
+    """(mean client TTFT, mean engine TTFT, mean TPOT) in seconds over the finished requests sent
+    from the `first_counted`-th on (requests are sent in index order)."""
+    counted = [r for r in requests if r.finish_s is not None and r.index >= first_counted]
+    ttft = float(np.mean([r.first_token_s - sent_s[r.index] for r in counted]))
+    ttft_engine = float(np.mean([r.first_token_s - r.arrival_s for r in counted]))
+    tpot = float(np.mean([(r.finish_s - r.first_token_s) / (r.max_tokens - 1) for r in counted if r.max_tokens > 1]))
+    return ttft, ttft_engine, tpot
 
 
 def mape(measured, predicted) -> float:
@@ -210,7 +279,9 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
             row = row.copy()
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
             dtype = "fp8" if row["precision"] == "fp8" else "bf16"
-            key = (row["system"], row["model_source"], int(row["tp_size"]), dtype)
+            kv_cache, kv_why = protocol.kv_cache_for(row)
+            kv = "bf16" if kv_cache == "auto" else kv_cache
+            key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv)
             try:
                 if key not in profiles:
                     from backends.hardware import resolve_hardware
@@ -220,7 +291,6 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                         tables[row["system"]] = load_tables(ops_dir, row["system"])
                     hardware = resolve_hardware(SYSTEM_HARDWARE[row["system"]])
                     model = resolve_model(row["model_source"])
-                    kv = "bf16" if protocol.kv_cache_dtype == "auto" else protocol.kv_cache_dtype
                     profiles[key] = build_profile(tables[row["system"]], model.name, model, hardware.name, key[2],
                                                   dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth)
                 prediction = predict_row(row, profiles[key], protocol)
@@ -238,13 +308,18 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     "measured_tpot_ms": measured_tpot, "predicted_tpot_ms": prediction["predicted_tpot_ms"],
                     "tpot_error_pct": 100 * (prediction["predicted_tpot_ms"] / measured_tpot - 1),
                     "predicted_engine_ttft_ms": prediction["predicted_engine_ttft_ms"],
-                    "num_gpu_blocks": prediction["num_gpu_blocks"], "num_preemptions": prediction["num_preemptions"]})
+                    "num_gpu_blocks": prediction["num_gpu_blocks"], "num_preemptions": prediction["num_preemptions"],
+                    "kv_cache_dtype": kv_cache, "kv_cache_dtype_from": kv_why,
+                    "implied_prefill_tok_s": prediction["implied_prefill_tok_s"],
+                    "tables_max_prefill_tok_s": prediction["tables_max_prefill_tok_s"],
+                    "faster_than_tables": prediction["faster_than_tables"]})
         if progress is not None:
             progress(len(out), len(skipped), len(frame))
     rows = pd.DataFrame(out, columns=["id", *GROUP, "tp", "isl", "osl", "concurrency", "measured_ttft_ms",
                                       "predicted_ttft_ms", "ttft_error_pct", "measured_tpot_ms", "predicted_tpot_ms",
                                       "tpot_error_pct", "predicted_engine_ttft_ms", "num_gpu_blocks",
-                                      "num_preemptions"])
+                                      "num_preemptions", "kv_cache_dtype", "kv_cache_dtype_from",
+                                      "implied_prefill_tok_s", "tables_max_prefill_tok_s", "faster_than_tables"])
     summary = summarize(rows, skipped)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

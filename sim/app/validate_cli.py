@@ -11,7 +11,7 @@ from sim.app.validate import Protocol, validate
 
 def cmd_validate(args: argparse.Namespace) -> int:
     protocol = Protocol(args.range_ratio, args.prompts_per_client, args.max_num_batched_tokens, args.seed,
-                        args.kv_cache_dtype, not args.sync_scheduling)
+                        args.kv_cache_dtype, not args.sync_scheduling, args.warmup_waves)
     started = time.perf_counter()
     show = sys.stderr.isatty() and not args.quiet
 
@@ -62,8 +62,13 @@ def register(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N",
                    help="the servers' token budget per step (default: 8192, vLLM's on H100/H200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths (default: 0)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
-                   help="the deployments' KV cache, which the rows do not state (default: auto, bf16)")
+    p.add_argument("--kv-cache-dtype", default="recipe", choices=("recipe", "auto", "fp8"),
+                   help="the deployments' KV cache, which the rows do not state: recipe (default) takes it from "
+                        "the source's launch scripts where servesim knows them (InferenceMAX: fp8 on H200, auto on "
+                        "H100) and vLLM's auto (bf16) elsewhere; auto or fp8 for every row")
+    p.add_argument("--warmup-waves", type=int, default=0, metavar="K",
+                   help="leave the first K x C requests sent out of the means (default: 0: vLLM's benchmark "
+                        "counts every request, the first wave too)")
     p.add_argument("--sync-scheduling", action="store_true",
                    help="schedule each step after the last ends (vLLM before 0.14 without --async-scheduling); "
                         "default: asynchronous, a new request waits one step more")
