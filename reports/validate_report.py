@@ -81,13 +81,14 @@ def validate_report_html(rows: pd.DataFrame, summary: dict, protocol, source: st
             ("ttft_error_pct", "error %", "+.1f"), ("measured_tpot_ms", "TPOT ms", ".2f"),
             ("predicted_tpot_ms", "predicted", ".2f"), ("tpot_error_pct", "error %", "+.1f"),
             ("num_preemptions", "preemptions", "d"), ("kv_cache_dtype", "KV", "s"),
-            ("implied_prefill_tok_s", "implied prefill tok/s", ",.0f"),
-            ("tables_max_prefill_tok_s", "tables' GEMM max tok/s", ",.0f")]))
+            ("warmup_waves", "waves left out", "d"), ("implied_tokens_per_s", "implied tok/s", ",.0f"),
+            ("tables_max_tokens_per_s", "tables' GEMM max tok/s", ",.0f")]))
         fast = rows[rows["faster_than_tables"].astype(bool)]
         if len(fast):
-            sections.append(f'<div class="note">{len(fast)} of {len(rows)} rows imply a prefill rate above what '
-                            "the operator tables' GEMMs alone allow (C x mean prompt / (TTFT + (mean output - 1) "
-                            "x TPOT) against the tables' best tokens/s): they ran faster than the kernels they were "
+            sections.append(f'<div class="note">{len(fast)} of {len(rows)} rows imply a token rate above what '
+                            "the operator tables' GEMMs alone allow (C x (mean prompt + mean output - 1) / (TTFT + "
+                            "(mean output - 1) x TPOT) against the tables' best tokens/s): they ran faster than the "
+                            "kernels they were "
                             "measured with, so the simulation cannot match them. They are counted in the "
                             "MAPEs all the same.</div>")
     if summary["skipped"]:
@@ -96,7 +97,9 @@ def validate_report_html(rows: pd.DataFrame, summary: dict, protocol, source: st
         sections.append("<h2>Skipped</h2>" + _table(counts, [("reason", "reason", "s"), ("rows", "rows", "d")]))
     subtitle = (f"{source}: lengths uniform in [{protocol.range_ratio:g} x, 1 x] ISL and OSL, "
                 f"{protocol.prompts_per_client} x C requests"
-                + (f" (the first {protocol.warmup_waves} x C not counted)" if protocol.warmup_waves else "")
+                + (" (the first wave left out where the measured TTFT rules it out, column 'waves left out')"
+                   if protocol.warmup_waves == "auto" else
+                   f" (the first {protocol.warmup_waves} x C not counted)" if protocol.warmup_waves else "")
                 + f", max_num_batched_tokens {protocol.max_num_batched_tokens}, KV cache dtype "
                 + ("per the sources' launch scripts (column KV)" if protocol.kv_cache_dtype == "recipe"
                    else protocol.kv_cache_dtype))

@@ -158,7 +158,7 @@ def test_the_kv_cache_dtype_comes_from_the_sources_launch_scripts():
     assert Protocol(kv_cache_dtype="auto").kv_cache_for(row) == ("auto", "--kv-cache-dtype auto")
     with pytest.raises(ServesimError, match="unknown --kv-cache-dtype 'bf8'"):
         Protocol(kv_cache_dtype="bf8")
-    with pytest.raises(ServesimError, match=r"--warmup-waves must be in \[0, --prompts-per-client\), got 10"):
+    with pytest.raises(ServesimError, match=r"--warmup-waves must be auto or in \[0, --prompts-per-client\), got 10"):
         Protocol(warmup_waves=10)
 
 
@@ -182,9 +182,9 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens_and_validate_csv_says_why(tmp_pa
 
 
 def test_the_physical_check_flags_rows_faster_than_the_tables_gemms(tmp_path):
-    """The implied prefill rate is C x mean prompt / (TTFT + (mean output - 1) x TPOT): a row whose
-    measured times are far below what its step costs flags; the toy rows' slow 1 ms / 0.1 ms do not
-    at once, so the times are shrunk until they must."""
+    """The implied token rate is C x (mean prompt + mean output - 1) / (TTFT + (mean output - 1) x
+    TPOT): a row whose measured times are far below what its steps cost is flagged; the toy rows'
+    1 ms and 0.1 ms are not."""
     csv, ops, models = setup(tmp_path)
     frame = pd.read_csv(csv, keep_default_na=False)
     frame.loc[1, ["silicon_ttft_ms", "silicon_tpot_ms"]] = [1e-6, 1e-7]
@@ -194,11 +194,31 @@ def test_the_physical_check_flags_rows_faster_than_the_tables_gemms(tmp_path):
     rows = pd.read_csv(out / "validate.csv")
     rng = np.random.default_rng(0)  # row b: 10 x C = 40 prompts, prompt lengths drawn first
     isls, osls = rng.integers(int(0.8 * 64), 65, size=40), rng.integers(int(0.8 * 16), 17, size=40)
-    want = 4 * isls.mean() / (1e-9 + (osls.mean() - 1) * 1e-10)
-    assert rows["implied_prefill_tok_s"][1] == pytest.approx(want, rel=1e-9)
+    want = 4 * (isls.mean() + osls.mean() - 1) / (1e-9 + (osls.mean() - 1) * 1e-10)
+    assert rows["implied_tokens_per_s"][1] == pytest.approx(want, rel=1e-9)
     assert rows["faster_than_tables"].tolist() == [False, True, False]
-    assert (rows["tables_max_prefill_tok_s"] > 0).all()
-    assert "imply a prefill rate above" in (out / "report.html").read_text()
+    assert (rows["tables_max_tokens_per_s"] > 0).all()
+    assert "imply a token rate above" in (out / "report.html").read_text()
+    # Its measured TTFT (1 ns) is also below what 4 prompts sent together allow: its first wave is left out.
+    assert rows["warmup_waves"].tolist() == [0, 1, 0]
+    assert rows["warmup_from"][1].startswith("measured TTFT 0 ms is below the")
+
+
+def test_the_first_wave_bound_and_the_scheduling_per_row():
+    """C prompts sent together at the start: the i-th waits for i prompts through the GEMMs, so the
+    mean TTFT over C x K requests is at least (C + 1) / 2 x prompt / rate / K. vLLM schedules
+    asynchronously by default from 0.14."""
+    from sim.app.validate import Protocol, first_wave_ttft_bound_ms
+
+    assert first_wave_ttft_bound_ms(3, 1000.0, 10_000.0, 10) == pytest.approx(1e3 * 2 * 0.1 / 10)
+    row = {"backend": "vllm", "backend_version": "0.12.0", "silicon_ttft_ms": 50.0}
+    assert Protocol().async_for(row) is False
+    assert Protocol().async_for({**row, "backend_version": "0.14.1"}) is True
+    assert Protocol().async_for({**row, "backend_version": ""}) is True  # InferenceMAX: --async-scheduling
+    assert Protocol().async_for({**row, "backend": "sglang"}) is True
+    assert Protocol(async_scheduling=True).async_for(row) is True
+    assert Protocol().warmup_for(row, 60.0)[0] == 1 and Protocol().warmup_for(row, 40.0)[0] == 0
+    assert Protocol(warmup_waves=0).warmup_for(row, 60.0) == (0, "--warmup-waves 0")
 
 
 def test_warmup_waves_leave_the_first_wave_out_of_the_means():
@@ -225,3 +245,9 @@ def test_warmup_waves_leave_the_first_wave_out_of_the_means():
     assert ttft["a"] == 1.0 and ttft["b"] == 3.0
     assert client_means(requests, workload.sent_s)[0] == pytest.approx(sum(ttft.values()) / 4, rel=1e-12)
     assert client_means(requests, workload.sent_s, 2)[0] == pytest.approx((ttft["c"] + ttft["d"]) / 2, rel=1e-12)
+
+
+def test_a_bad_warmup_waves_is_a_one_line_error(tmp_path, capsys):
+    csv, ops, models = setup(tmp_path)
+    assert main(["validate", str(csv), "--ops", str(ops), "--out", str(tmp_path / "o"), "--warmup-waves", "x"]) == 2
+    assert "--warmup-waves must be auto or a whole number, got 'x'" in capsys.readouterr().err

@@ -25,12 +25,22 @@ vLLM script (benchmarks/70b_fp8_h100_docker.sh) sets none, so vLLM's `auto` (bf1
 decides how many requests fit, so it decides which rows queue. A row of any other source gets
 vLLM's default, `auto`, and validate.csv says which each row got and why.
 
-A physical check, per row (validate.csv): the prefill rate the measurement implies,
-C x mean prompt / (TTFT + (mean output - 1) x TPOT) for C clients in a closed loop, against the
-most tokens per second the operator tables' GEMMs alone allow at the server's token budget
-(`OperatorModel.max_gemm_tokens_per_s`). A row above it ran faster than the kernels it was
-measured with (prefix-cache hits, shorter prompts than stated, or another protocol); it is
-simulated and counted all the same, and flagged (`faster_than_tables`).
+Two physical checks, per row (validate.csv), against the most tokens per second the operator
+tables' GEMMs alone allow at the server's token budget (`OperatorModel.max_gemm_tokens_per_s`;
+every step pays at least that for its tokens):
+
+- the token rate the measurement implies, C x (mean prompt + mean output - 1) / (TTFT + (mean
+  output - 1) x TPOT) for C clients in a closed loop. A row above it ran faster than the kernels it
+  was measured with (prefix-cache hits, shorter prompts than stated, or another protocol); it is
+  simulated and counted all the same, and flagged (`faster_than_tables`);
+- the first wave: vLLM's benchmark sends C prompts together at the start and counts them. The
+  i-th of them waits for i prompts' GEMMs, so counting them bounds the mean TTFT from below
+  (`first_wave_ttft_bound_ms`). A row measured under that bound did not count its first wave,
+  and `--warmup-waves auto` (the default) leaves it out of that row's means too (`warmup_waves`,
+  `warmup_from`).
+
+Scheduling: asynchronous where the server did (`Protocol.async_for`: vLLM 0.14 on, InferenceMAX's
+`--async-scheduling`), synchronous for vLLM before 0.14.
 """
 
 from __future__ import annotations
@@ -98,8 +108,8 @@ class Protocol:
     max_num_batched_tokens: int = 8192
     seed: int = 0
     kv_cache_dtype: str = "recipe"  # per row from LAUNCH_RECIPES, else auto; or auto / fp8 for every row
-    async_scheduling: bool = True  # vLLM's default since 0.14 (and InferenceMAX's --async-scheduling)
-    warmup_waves: int = 0  # the first warmup_waves x C requests sent are not counted (vLLM bench counts all)
+    async_scheduling: bool | None = None  # per row (`async_for`), or True / False for every row
+    warmup_waves: int | str = "auto"  # the first K x C requests sent are not counted; auto: per row (`warmup_for`)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
@@ -108,8 +118,32 @@ class Protocol:
             raise ServesimError(f"--range-ratio must be in (0, 1], got {self.range_ratio}")
         if self.prompts_per_client < 1:
             raise ServesimError(f"--prompts-per-client must be at least 1, got {self.prompts_per_client}")
-        if not 0 <= self.warmup_waves < self.prompts_per_client:
-            raise ServesimError(f"--warmup-waves must be in [0, --prompts-per-client), got {self.warmup_waves}")
+        if self.warmup_waves != "auto" and not (isinstance(self.warmup_waves, int)
+                                                and 0 <= self.warmup_waves < self.prompts_per_client):
+            raise ServesimError(f"--warmup-waves must be auto or in [0, --prompts-per-client), got {self.warmup_waves}")
+
+    def async_for(self, row) -> bool:
+        """Whether the row's server scheduled asynchronously: vLLM before 0.14 did not by default
+        (async scheduling became the default with vllm-project/vllm#27614); InferenceMAX passes
+        --async-scheduling; vLLM 0.14 on, SGLang and TensorRT-LLM (their overlap schedulers) do."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        version = re.match(r"(\d+)\.(\d+)", str(row.get("backend_version", "")))
+        return not (row["backend"] == "vllm" and version is not None
+                    and (int(version[1]), int(version[2])) < (0, 14))
+
+    def warmup_for(self, row, first_wave_bound_ms: float) -> tuple[int, str]:
+        """(waves not counted, why). `auto`: none, as vLLM's benchmark counts every request, unless
+        the row's measured mean TTFT is below `first_wave_bound_ms`, the least mean TTFT that
+        counting a first wave of C prompts sent together allows (`first_wave_ttft_bound_ms`): then
+        the measurement left it out (a warm-up, or a longer run), and so does the simulation."""
+        if self.warmup_waves != "auto":
+            return int(self.warmup_waves), f"--warmup-waves {self.warmup_waves}"
+        measured = float(row["silicon_ttft_ms"])
+        if measured < first_wave_bound_ms:
+            return 1, (f"measured TTFT {measured:.0f} ms is below the {first_wave_bound_ms:.0f} ms that a counted "
+                       "first wave allows: not counted")
+        return 0, "counted, as vLLM's benchmark counts every request"
 
     def kv_cache_for(self, row) -> tuple[str, str]:
         """(the row's KV cache dtype, auto or fp8; why)."""
@@ -222,20 +256,35 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     isls, osls = protocol.lengths(isl, osl, n)
     requests = [Request(i, f"validate-{i}", 0.0, a, b) for i, (a, b) in enumerate(zip(isls, osls))]
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
-    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, protocol.async_scheduling)
+    ops = profile.op_model()
+    tokens_per_s = ops.max_gemm_tokens_per_s(budget)
+    warmup, warmup_why = protocol.warmup_for(
+        row, first_wave_ttft_bound_ms(c, float(np.mean(isls)), tokens_per_s, protocol.prompts_per_client))
+    asynchronous = protocol.async_for(row)
+    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, asynchronous)
     result = simulate(engine, workload)
     rejected = [r for r in result.requests if r.reject_reason is not None]
     if rejected:
         raise ServesimError(f"{len(rejected)} of {n} requests rejected: {rejected[0].reject_reason}")
-    ttft, ttft_engine, tpot = client_means(result.requests, workload.sent_s, protocol.warmup_waves * c)
-    # The prefill rate the measurement implies (closed loop: C clients, each cycle TTFT + (O - 1) TPOT).
-    cycle_s = 1e-3 * (float(row["silicon_ttft_ms"]) + (np.mean(osls) - 1.0) * float(row["silicon_tpot_ms"]))
-    implied = c * float(np.mean(isls)) / cycle_s if cycle_s > 0 else float("inf")
-    bound = profile.op_model().max_gemm_tokens_per_s(budget)
+    ttft, ttft_engine, tpot = client_means(result.requests, workload.sent_s, warmup * c)
+    # The token rate the measurement implies (closed loop: C clients, each cycle TTFT + (O - 1) TPOT,
+    # each request's prompt and its O - 1 decode tokens through the GEMMs).
+    mean_osl = float(np.mean(osls))
+    cycle_s = 1e-3 * (float(row["silicon_ttft_ms"]) + (mean_osl - 1.0) * float(row["silicon_tpot_ms"]))
+    implied = c * (float(np.mean(isls)) + mean_osl - 1.0) / cycle_s if cycle_s > 0 else float("inf")
     return {"predicted_ttft_ms": 1e3 * ttft, "predicted_tpot_ms": 1e3 * tpot,
             "predicted_engine_ttft_ms": 1e3 * ttft_engine, "num_gpu_blocks": plan.num_blocks,
-            "num_preemptions": result.num_preemptions, "implied_prefill_tok_s": implied,
-            "tables_max_prefill_tok_s": bound, "faster_than_tables": bool(implied > bound)}
+            "num_preemptions": result.num_preemptions, "async_scheduling": asynchronous,
+            "warmup_waves": warmup, "warmup_from": warmup_why, "implied_tokens_per_s": implied,
+            "tables_max_tokens_per_s": tokens_per_s, "faster_than_tables": bool(implied > tokens_per_s)}
+
+
+def first_wave_ttft_bound_ms(concurrency: int, mean_isl: float, tokens_per_s: float, prompts_per_client: int) -> float:
+    """The least mean TTFT (ms) over C x K requests whose first C prompts are sent together: the
+    i-th of them cannot have its first token before i prompts have passed the GEMMs at their best
+    rate, so the first wave's TTFTs sum to at least C (C + 1) / 2 x prompt / rate, and every other
+    request's is at least 0."""
+    return 1e3 * (concurrency + 1) / 2.0 * mean_isl / tokens_per_s / prompts_per_client
 
 
 def client_means(requests: list[Request], sent_s: dict[int, float], first_counted: int = 0):
@@ -310,8 +359,10 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     "predicted_engine_ttft_ms": prediction["predicted_engine_ttft_ms"],
                     "num_gpu_blocks": prediction["num_gpu_blocks"], "num_preemptions": prediction["num_preemptions"],
                     "kv_cache_dtype": kv_cache, "kv_cache_dtype_from": kv_why,
-                    "implied_prefill_tok_s": prediction["implied_prefill_tok_s"],
-                    "tables_max_prefill_tok_s": prediction["tables_max_prefill_tok_s"],
+                    "async_scheduling": prediction["async_scheduling"], "warmup_waves": prediction["warmup_waves"],
+                    "warmup_from": prediction["warmup_from"],
+                    "implied_tokens_per_s": prediction["implied_tokens_per_s"],
+                    "tables_max_tokens_per_s": prediction["tables_max_tokens_per_s"],
                     "faster_than_tables": prediction["faster_than_tables"]})
         if progress is not None:
             progress(len(out), len(skipped), len(frame))
@@ -319,7 +370,8 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                                       "predicted_ttft_ms", "ttft_error_pct", "measured_tpot_ms", "predicted_tpot_ms",
                                       "tpot_error_pct", "predicted_engine_ttft_ms", "num_gpu_blocks",
                                       "num_preemptions", "kv_cache_dtype", "kv_cache_dtype_from",
-                                      "implied_prefill_tok_s", "tables_max_prefill_tok_s", "faster_than_tables"])
+                                      "async_scheduling", "warmup_waves", "warmup_from", "implied_tokens_per_s",
+                                      "tables_max_tokens_per_s", "faster_than_tables"])
     summary = summarize(rows, skipped)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

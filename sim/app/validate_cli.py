@@ -7,11 +7,19 @@ import sys
 import time
 
 from sim.app.validate import Protocol, validate
+from sim.errors import ServesimError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    warmup = args.warmup_waves
+    if warmup != "auto":
+        try:
+            warmup = int(warmup)
+        except ValueError:
+            raise ServesimError(f"--warmup-waves must be auto or a whole number, got {warmup!r}") from None
+    asynchronous = False if args.sync_scheduling else (True if args.async_scheduling else None)
     protocol = Protocol(args.range_ratio, args.prompts_per_client, args.max_num_batched_tokens, args.seed,
-                        args.kv_cache_dtype, not args.sync_scheduling, args.warmup_waves)
+                        args.kv_cache_dtype, asynchronous, warmup)
     started = time.perf_counter()
     show = sys.stderr.isatty() and not args.quiet
 
@@ -66,11 +74,15 @@ def register(sub) -> None:
                    help="the deployments' KV cache, which the rows do not state: recipe (default) takes it from "
                         "the source's launch scripts where servesim knows them (InferenceMAX: fp8 on H200, auto on "
                         "H100) and vLLM's auto (bf16) elsewhere; auto or fp8 for every row")
-    p.add_argument("--warmup-waves", type=int, default=0, metavar="K",
-                   help="leave the first K x C requests sent out of the means (default: 0: vLLM's benchmark "
-                        "counts every request, the first wave too)")
-    p.add_argument("--sync-scheduling", action="store_true",
-                   help="schedule each step after the last ends (vLLM before 0.14 without --async-scheduling); "
-                        "default: asynchronous, a new request waits one step more")
+    p.add_argument("--warmup-waves", default="auto", metavar="K|auto",
+                   help="leave the first K x C requests sent out of the means; auto (default): 0, as vLLM's "
+                        "benchmark counts every request, but 1 for a row whose measured TTFT is below what a "
+                        "counted first wave allows")
+    sched = p.add_mutually_exclusive_group()
+    sched.add_argument("--sync-scheduling", action="store_true",
+                       help="every row: schedule each step after the last ends")
+    sched.add_argument("--async-scheduling", action="store_true",
+                       help="every row: schedule step k + 1 while step k runs (a new request waits one step more); "
+                            "default: per row, asynchronous but for vLLM before 0.14")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_validate)
