@@ -251,3 +251,29 @@ def test_a_bad_warmup_waves_is_a_one_line_error(tmp_path, capsys):
     csv, ops, models = setup(tmp_path)
     assert main(["validate", str(csv), "--ops", str(ops), "--out", str(tmp_path / "o"), "--warmup-waves", "x"]) == 2
     assert "--warmup-waves must be auto or a whole number, got 'x'" in capsys.readouterr().err
+
+
+def test_unique_prompts_cycle_a_dataset_and_hit_the_prefix_cache():
+    """--unique-prompts 2: requests send prompts 0, 1, 0, 1 (each prompt keeps its length, each
+    request its output length); a prompt sent again finds its blocks cached (all but the last
+    token's block, as vLLM: 48 of 64 tokens, then 16 of 20)."""
+    from backends.opprofile import ClientOverhead
+    from policies import load_policy
+    from sim.app.validate import Protocol, ThroughApiServer
+    from sim.arrivals import simulate
+    from sim.block_manager import BlockManager
+    from sim.config import SchedulerConfig
+    from sim.engine import Engine, TokenTimes
+    from tests.helpers import ConstantBackend
+
+    requests = Protocol(unique_prompts=2).requests([64, 20, 30, 40], [2, 3, 4, 5])
+    assert [r.num_prompt_tokens for r in requests] == [64, 20, 64, 20]
+    assert [r.max_tokens for r in requests] == [2, 3, 4, 5]
+    assert (requests[0].hash_ids == requests[2].hash_ids).all() and requests[0].hash_ids[0] != requests[1].hash_ids[0]
+    assert all(r.hash_ids is None for r in Protocol().requests([64, 20], [2, 3]))
+    engine = Engine(load_policy("chunked")(SchedulerConfig("chunked", 256, 1)), ConstantBackend(1.0),
+                    BlockManager(64, 16, True), TokenTimes(requests), 100)
+    simulate(engine, ThroughApiServer(requests, [0.0] * 4, 1, engine, ClientOverhead(0.0, 0.0), False))
+    assert [r.num_prefix_hit_tokens for r in requests] == [0, 0, 48, 16]
+    with pytest.raises(ServesimError, match="--unique-prompts must be 0"):
+        Protocol(unique_prompts=-1)

@@ -110,6 +110,7 @@ class Protocol:
     kv_cache_dtype: str = "recipe"  # per row from LAUNCH_RECIPES, else auto; or auto / fp8 for every row
     async_scheduling: bool | None = None  # per row (`async_for`), or True / False for every row
     warmup_waves: int | str = "auto"  # the first K x C requests sent are not counted; auto: per row (`warmup_for`)
+    unique_prompts: int = 0  # 0: every prompt its own (vLLM's random dataset); N: N prompts sent in turn
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
@@ -118,6 +119,8 @@ class Protocol:
             raise ServesimError(f"--range-ratio must be in (0, 1], got {self.range_ratio}")
         if self.prompts_per_client < 1:
             raise ServesimError(f"--prompts-per-client must be at least 1, got {self.prompts_per_client}")
+        if self.unique_prompts < 0:
+            raise ServesimError(f"--unique-prompts must be 0 (every prompt its own) or more, got {self.unique_prompts}")
         if self.warmup_waves != "auto" and not (isinstance(self.warmup_waves, int)
                                                 and 0 <= self.warmup_waves < self.prompts_per_client):
             raise ServesimError(f"--warmup-waves must be auto or in [0, --prompts-per-client), got {self.warmup_waves}")
@@ -144,6 +147,22 @@ class Protocol:
             return 1, (f"measured TTFT {measured:.0f} ms is below the {first_wave_bound_ms:.0f} ms that a counted "
                        "first wave allows: not counted")
         return 0, "counted, as vLLM's benchmark counts every request"
+
+    def requests(self, isls: list[int], osls: list[int]) -> list[Request]:
+        """The benchmark's requests in send order. With `unique_prompts` N > 0 the client cycles
+        through a dataset of N prompts (AIPerf's and genai-perf's `--num-dataset-entries`, 100 by
+        default), request i sending prompt i mod N (its length too) with its own output length,
+        and the server caches prefixes (vLLM V1's default), so a prompt sent again hits the blocks
+        still cached. Each prompt's blocks are keyed by its own hash ids (one per 16 tokens)."""
+        if not self.unique_prompts:
+            return [Request(i, f"validate-{i}", 0.0, a, b) for i, (a, b) in enumerate(zip(isls, osls))]
+        out = []
+        for i, b in enumerate(osls):
+            u = i % self.unique_prompts
+            a = isls[u]
+            hash_ids = np.arange(-(-a // 16), dtype=np.int64) + (u << 32) + 1
+            out.append(Request(i, f"validate-{i}", 0.0, a, b, hash_ids=hash_ids, hash_block_tokens=16))
+        return out
 
     def kv_cache_for(self, row) -> tuple[str, str]:
         """(the row's KV cache dtype, auto or fp8; why)."""
@@ -249,12 +268,12 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     budget = max(protocol.max_num_batched_tokens, c)
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl),
-        cache=CacheConfig(enable_prefix_caching=False), model=row["model_source"],
+        cache=CacheConfig(enable_prefix_caching=protocol.unique_prompts > 0), model=row["model_source"],
         hardware=SYSTEM_HARDWARE[row["system"]], tp=profile.tp, dtype=profile.dtype,
         kv_cache_dtype=profile.kv_cache_dtype if profile.kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
     plan = resolve(options, backend=OpTableBackend(profile.op_model(), device=profile.source["system"]))
     isls, osls = protocol.lengths(isl, osl, n)
-    requests = [Request(i, f"validate-{i}", 0.0, a, b) for i, (a, b) in enumerate(zip(isls, osls))]
+    requests = protocol.requests(isls, osls)
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
     ops = profile.op_model()
     tokens_per_s = ops.max_gemm_tokens_per_s(budget)

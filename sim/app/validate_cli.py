@@ -19,7 +19,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise ServesimError(f"--warmup-waves must be auto or a whole number, got {warmup!r}") from None
     asynchronous = False if args.sync_scheduling else (True if args.async_scheduling else None)
     protocol = Protocol(args.range_ratio, args.prompts_per_client, args.max_num_batched_tokens, args.seed,
-                        args.kv_cache_dtype, asynchronous, warmup)
+                        args.kv_cache_dtype, asynchronous, warmup, args.unique_prompts)
     started = time.perf_counter()
     show = sys.stderr.isatty() and not args.quiet
 
@@ -78,6 +78,10 @@ def register(sub) -> None:
                    help="leave the first K x C requests sent out of the means; auto (default): 0, as vLLM's "
                         "benchmark counts every request, but 1 for a row whose measured TTFT is below what a "
                         "counted first wave allows")
+    p.add_argument("--unique-prompts", type=int, default=0, metavar="N",
+                   help="the client cycles through N prompts (AIPerf's and genai-perf's dataset of 100 by default) "
+                        "and the server caches prefixes, vLLM's default (default: 0, every prompt its own and no "
+                        "prefix caching, as InferenceMAX's vLLM servers)")
     sched = p.add_mutually_exclusive_group()
     sched.add_argument("--sync-scheduling", action="store_true",
                        help="every row: schedule each step after the last ends")
