@@ -202,3 +202,19 @@ class Grid:
         if wa != 0.0:
             low = low * _exp(wa * _log(_blend(g[ja, ib], g[ja, jb], wb) / low))
         return low, np.zeros(len(b), dtype=bool)
+
+    def along_b_pieces(self, a: list[float], lengths, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`many` at sizes b (an array) whose a is a[k] for the next lengths[k] entries (a step
+        function: a decode run whose requests leave), each a bracketed once: exactly `many`'s
+        values (the same operations on the same numbers as interp_loglog_2d inside the grid)."""
+        al, bl = self._al, self._bl
+        if min(a) < al[0] or max(a) > al[-1] or len(b) == 0 or b.min() < bl[0] or b.max() > bl[-1]:
+            return self.many(np.repeat(np.asarray(a, dtype=np.float64), lengths), b)
+        sa = self._sa
+        ia, ja, wa = zip(*[_bracket_scalar(x, al, sa) for x in a])
+        ia, ja, wa = np.repeat(ia, lengths), np.repeat(ja, lengths), np.repeat(np.asarray(wa, dtype=np.float64), lengths)
+        ib, jb, wb = _bracket(b, self.xb, self.steps_b)
+        g = self.grid
+        low = _blend(g[ia, ib], g[ia, jb], wb)
+        high = _blend(g[ja, ib], g[ja, jb], wb)
+        return _blend(low, high, wa), np.zeros(len(b), dtype=bool)

@@ -280,20 +280,43 @@ class OperatorModel:
         if n.ndim == 1 and len(n) and n.min() > 0:
             # Runs of steps with the same number of requests (a decode run's requests only leave),
             # each bracketed once: exactly decode_attention's values.
-            starts = np.flatnonzero(np.diff(n)) + 1
-            if len(starts) < 2:  # more pieces cost more than one 2-D lookup
-                bounds = [0, *starts.tolist(), len(n)]
-                pieces = []
-                for s, e in zip(bounds[:-1], bounds[1:]):
-                    t, scaled = self._gen.along_b(float(n[s]), mean[s:e])
-                    self.extrapolated += int(np.count_nonzero(scaled))
-                    pieces.append(t)
-                parts["attention"] = self.layers * (pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
-                parts["overhead"] = self.overhead.seconds
-                return parts
+            starts = [0, *(np.flatnonzero(np.diff(n)) + 1).tolist(), len(n)]
+            t, scaled = self._gen.along_b_pieces(n[starts[:-1]].astype(np.float64).tolist(), np.diff(starts), mean)
+            self.extrapolated += int(np.count_nonzero(scaled))
+            parts["attention"] = self.layers * t  # `attention` of decodes alone: nothing is shared
+            parts["overhead"] = self.overhead.seconds
+            return parts
         parts["attention"] = self.attention(self.decode_attention(n, mean))
         parts["overhead"] = self.overhead.seconds
         return parts
+
+    def decode_pieces(self, num_decodes: list[int], lengths: list[int], sum_context: np.ndarray) -> tuple[np.ndarray, dict]:
+        """Seconds and parts of decode-only steps whose number of requests is num_decodes[k] (> 0) for
+        the next lengths[k] steps, their contexts after each step summing to sum_context (an array):
+        exactly `total(decode_steps(...))` and `decode_steps`' values, the parts that depend on the
+        number of requests alone looked up once per stretch."""
+        largest = max(num_decodes)
+        if largest >= MAX_TABLE or min(num_decodes) <= 0:
+            parts = self.decode_steps(np.repeat(np.asarray(num_decodes, dtype=np.int64), lengths), sum_context)
+            return self.total(parts), parts
+        self._tables(largest, largest)
+        gemm, allreduce, elementwise = self._by_tokens_list
+        lm_head, gather, sampler = self._by_logits_list
+        g = [gemm[k] for k in num_decodes]
+        lm = [lm_head[k] for k in num_decodes]
+        ar = [allreduce[k] for k in num_decodes] if gather is None else [allreduce[k] + gather[k] for k in num_decodes]
+        el = [elementwise[k] + sampler[k] for k in num_decodes]
+        dense = [((gi + li) + ai) + ei for gi, li, ai, ei in zip(g, lm, ar, el)]  # total's order, as floats
+        reps = np.asarray(lengths, dtype=np.int64)
+        n = np.repeat(np.asarray(num_decodes, dtype=np.float64), reps)
+        t, scaled = self._gen.along_b_pieces([float(k) for k in num_decodes], reps,
+                                             np.asarray(sum_context, dtype=np.float64) / n)
+        self.extrapolated += int(np.count_nonzero(scaled))
+        attention = self.layers * t  # `attention` of decodes alone: nothing is shared
+        overhead = self.overhead.seconds
+        parts = {"gemm": np.repeat(g, reps), "lm_head": np.repeat(lm, reps), "allreduce": np.repeat(ar, reps),
+                 "elementwise": np.repeat(el, reps), "attention": attention, "overhead": overhead}
+        return (np.repeat(dense, reps) + attention) + overhead, parts
 
     def decode_steps_of(self, num_decodes: int, sum_context) -> dict:
         """`decode_steps` of steps that all have the same `num_decodes` requests: the parts that

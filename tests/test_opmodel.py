@@ -69,6 +69,13 @@ def test_scalar_lookups_equal_the_array_lookups_bit_for_bit(xa, xb, data):
         t, off = surface.along_b(a0, b)
         many_t, many_off = surface.many(a0, b)
         assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
+    # Stretches of batch sizes along a decode run's lengths (requests leaving), each bracketed once.
+    sizes = data.draw(st.lists(st.sampled_from(points_a), min_size=1, max_size=4))
+    cuts = sorted(data.draw(st.lists(st.integers(1, 19), min_size=len(sizes) - 1, max_size=len(sizes) - 1, unique=True)))
+    lengths = np.diff([0, *cuts, 20])
+    t, off = surface.along_b_pieces(sizes, lengths, b)
+    many_t, many_off = surface.many(np.repeat(sizes, lengths), b)
+    assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
 
 
 def test_interp_worked_example_and_scaling_past_the_grid():
