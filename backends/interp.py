@@ -126,6 +126,12 @@ def fill_rows_by_scaling(xa, grid: np.ndarray, power: float = 1.0) -> tuple[np.n
 _log, _exp = np.log, np.exp
 
 
+def _blend_one(t0, t1, w: np.ndarray) -> np.ndarray:
+    """_blend for weights w != 0 or not alike: t0 * (t1 / t0) ** w with no test of w == 0, which gives t0
+    itself there all the same (exp(0 * log(r)) is exactly 1 for the positive finite times here)."""
+    return t0 * _exp(w * _log(t1 / t0))
+
+
 def _blend_scalar(t0: float, t1: float, w: float) -> float:
     return t0 if w == 0.0 else t0 * _exp(w * _log(t1 / t0))
 
@@ -193,9 +199,20 @@ class Grid:
     def along_b(self, a: float, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`many` at one a and sizes b (an array), bracketing a once: exactly `many`'s values."""
         al, bl = self._al, self._bl
-        if not (al[0] <= a <= al[-1]) or len(b) == 0 or b.min() < bl[0] or b.max() > bl[-1]:
+        if not (al[0] <= a <= al[-1]) or len(b) == 0:
+            return self.many(a, b)
+        lo, hi = b.min(), b.max()
+        if lo < bl[0] or hi > bl[-1]:
             return self.many(a, b)
         ia, ja, wa = _bracket_scalar(a, al, self._sa)
+        ib = self._one_interval(lo, hi)
+        if ib is not None:  # every b between the same two grid points (most decode runs)
+            wb = _log(b / bl[ib]) / self._sb[ib]
+            g = self._gl
+            low = _blend_one(g[ia][ib], g[ia][ib + 1], wb)
+            if wa != 0.0:
+                low = low * _exp(wa * _log(_blend_one(g[ja][ib], g[ja][ib + 1], wb) / low))
+            return low, np.zeros(len(b), dtype=bool)
         ib, jb, wb = _bracket(b, self.xb, self.steps_b)
         g = self.grid
         low = _blend(g[ia, ib], g[ia, jb], wb)
@@ -203,18 +220,33 @@ class Grid:
             low = low * _exp(wa * _log(_blend(g[ja, ib], g[ja, jb], wb) / low))
         return low, np.zeros(len(b), dtype=bool)
 
+    def _one_interval(self, lo: float, hi: float) -> int | None:
+        """i when xb[i] <= lo <= hi < xb[i + 1] (sizes within one interval of the b axis), else None."""
+        bl = self._bl
+        i = bisect_right(bl, lo) - 1
+        return i if i < len(bl) - 1 and hi < bl[i + 1] else None
+
     def along_b_pieces(self, a: list[float], lengths, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`many` at sizes b (an array) whose a is a[k] for the next lengths[k] entries (a step
         function: a decode run whose requests leave), each a bracketed once: exactly `many`'s
         values (the same operations on the same numbers as interp_loglog_2d inside the grid)."""
         al, bl = self._al, self._bl
-        if min(a) < al[0] or max(a) > al[-1] or len(b) == 0 or b.min() < bl[0] or b.max() > bl[-1]:
+        if min(a) < al[0] or max(a) > al[-1] or len(b) == 0:
+            return self.many(np.repeat(np.asarray(a, dtype=np.float64), lengths), b)
+        lo, hi = b.min(), b.max()
+        if lo < bl[0] or hi > bl[-1]:
             return self.many(np.repeat(np.asarray(a, dtype=np.float64), lengths), b)
         sa = self._sa
         ia, ja, wa = zip(*[_bracket_scalar(x, al, sa) for x in a])
         ia, ja, wa = np.repeat(ia, lengths), np.repeat(ja, lengths), np.repeat(np.asarray(wa, dtype=np.float64), lengths)
-        ib, jb, wb = _bracket(b, self.xb, self.steps_b)
         g = self.grid
+        ib = self._one_interval(lo, hi)
+        if ib is not None:  # every b between the same two grid points
+            wb = _log(b / bl[ib]) / self._sb[ib]
+            low = _blend_one(g[ia, ib], g[ia, ib + 1], wb)
+            high = _blend_one(g[ja, ib], g[ja, ib + 1], wb)
+            return _blend(low, high, wa), np.zeros(len(b), dtype=bool)
+        ib, jb, wb = _bracket(b, self.xb, self.steps_b)
         low = _blend(g[ia, ib], g[ia, jb], wb)
         high = _blend(g[ja, ib], g[ja, jb], wb)
         return _blend(low, high, wa), np.zeros(len(b), dtype=bool)
