@@ -69,6 +69,16 @@ def test_scalar_lookups_equal_the_array_lookups_bit_for_bit(xa, xb, data):
         t, off = surface.along_b(a0, b)
         many_t, many_off = surface.many(a0, b)
         assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
+    if len(xb) > 1:  # sizes within one interval of the b axis (from its left point on): scalar brackets
+        k = data.draw(st.integers(0, len(xb) - 2))
+        inside = np.concatenate([[xb[k]], np.geomspace(xb[k], xb[k + 1], 9)[1:-1]])
+        for a0 in points_a:
+            t, off = surface.along_b(a0, inside)
+            many_t, many_off = surface.many(a0, inside)
+            assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
+        t, off = surface.along_b_pieces(points_a[:3], [3, 3, 2], inside)
+        many_t, many_off = surface.many(np.repeat(points_a[:3], [3, 3, 2]), inside)
+        assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
     # Stretches of batch sizes along a decode run's lengths (requests leaving), each bracketed once.
     sizes = data.draw(st.lists(st.sampled_from(points_a), min_size=1, max_size=4))
     cuts = sorted(data.draw(st.lists(st.integers(1, 19), min_size=len(sizes) - 1, max_size=len(sizes) - 1, unique=True)))
