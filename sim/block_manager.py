@@ -281,12 +281,12 @@ class BlockManager:
                 ref_counts[block] = count
                 if not count:
                     plain.append(block)
-            hashed = []
-            for block in reversed(table[request.num_hashed_blocks:num_full]):  # its own, not indexed
-                count = ref_counts[block] - 1
-                ref_counts[block] = count
-                if not count:
-                    hashed.append(block)
+            # Its own full blocks, not indexed: no other request can have found them, so each
+            # has this request's reference only and becomes free.
+            hashed = table[request.num_hashed_blocks:num_full]
+            hashed.reverse()
+            for block in hashed:
+                ref_counts[block] = 0
             num_own = len(hashed)
             for block in reversed(table[:request.num_hashed_blocks]):  # indexed
                 count = ref_counts[block] - 1

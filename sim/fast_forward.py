@@ -111,14 +111,11 @@ class FastForward:
         # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
         # finishing requests free are not counted on, so the run never preempts.
         bs = engine.block_manager.block_size
-        first_open = [[] for _ in range(bs + 1)]  # batch indices by the first step (1..bs) that opens a block
-        for i, c in enumerate(num_computed):
-            first_open[-c % bs or bs].append(i)
         opens = []  # (step, batch index) of every block opened, in the order they are taken
-        for j in range(1, num_steps):
-            for i in first_open[(j - 1) % bs + 1]:
-                if remaining[i] > j:  # it still decodes at step j
-                    opens.append((j, i))
+        for i, (c, rem) in enumerate(zip(num_computed, remaining)):
+            # Its first opening step is 1..bs; it opens one every bs steps while it still decodes.
+            opens.extend([(j, i) for j in range(-c % bs or bs, min(num_steps, rem), bs)])
+        opens.sort()
         free = engine.block_manager.num_free_blocks
         if len(opens) > free:
             num_steps = opens[free][0]  # the step that would need one block too many
