@@ -237,15 +237,19 @@ class Grid:
         if lo < bl[0] or hi > bl[-1]:
             return self.many(np.repeat(np.asarray(a, dtype=np.float64), lengths), b)
         sa = self._sa
-        ia, ja, wa = zip(*[_bracket_scalar(x, al, sa) for x in a])
+        brackets = [_bracket_scalar(x, al, sa) for x in a]
+        ib = self._one_interval(lo, hi)
+        if ib is not None:  # every b between the same two grid points: each stretch's four corners
+            g = self._gl
+            corners = np.repeat(np.array([[g[i][ib] for i, _, _ in brackets], [g[i][ib + 1] for i, _, _ in brackets],
+                                          [g[j][ib] for _, j, _ in brackets], [g[j][ib + 1] for _, j, _ in brackets],
+                                          [w for _, _, w in brackets]], dtype=np.float64), lengths, axis=1)
+            t00, t01, t10, t11, wa = corners
+            wb = _log(b / bl[ib]) / self._sb[ib]
+            return _blend(_blend_one(t00, t01, wb), _blend_one(t10, t11, wb), wa), np.zeros(len(b), dtype=bool)
+        ia, ja, wa = zip(*brackets)
         ia, ja, wa = np.repeat(ia, lengths), np.repeat(ja, lengths), np.repeat(np.asarray(wa, dtype=np.float64), lengths)
         g = self.grid
-        ib = self._one_interval(lo, hi)
-        if ib is not None:  # every b between the same two grid points
-            wb = _log(b / bl[ib]) / self._sb[ib]
-            low = _blend_one(g[ia, ib], g[ia, ib + 1], wb)
-            high = _blend_one(g[ja, ib], g[ja, ib + 1], wb)
-            return _blend(low, high, wa), np.zeros(len(b), dtype=bool)
         ib, jb, wb = _bracket(b, self.xb, self.steps_b)
         low = _blend(g[ia, ib], g[ia, jb], wb)
         high = _blend(g[ja, ib], g[ja, jb], wb)

@@ -67,9 +67,7 @@ class OpTableBackend:
             step = end
         if step < num_steps:  # steps with no request left: the general path
             return self._decode_run_arrays(context_lens, num_steps, active_steps, steps)
-        reps = np.asarray(lengths, dtype=np.int64)
-        sum_c = np.repeat(np.asarray(sums, dtype=np.int64), reps) + np.repeat(np.asarray(ns, dtype=np.int64), reps) * steps
-        return self.ops.decode_pieces(ns, lengths, sum_c)
+        return self.ops.decode_pieces(ns, lengths, sums)
 
     def _decode_run_arrays(self, context_lens, num_steps: int, active_steps, steps: np.ndarray) -> tuple[np.ndarray, dict]:
         contexts = np.asarray(context_lens, dtype=np.int64)

@@ -290,14 +290,18 @@ class OperatorModel:
         parts["overhead"] = self.overhead.seconds
         return parts
 
-    def decode_pieces(self, num_decodes: list[int], lengths: list[int], sum_context: np.ndarray) -> tuple[np.ndarray, dict]:
-        """Seconds and parts of decode-only steps whose number of requests is num_decodes[k] (> 0) for
-        the next lengths[k] steps, their contexts after each step summing to sum_context (an array):
-        exactly `total(decode_steps(...))` and `decode_steps`' values, the parts that depend on the
-        number of requests alone looked up once per stretch."""
+    def decode_pieces(self, num_decodes: list[int], lengths: list[int], sums: list[int]) -> tuple[np.ndarray, dict]:
+        """Seconds and parts of decode-only steps in stretches: num_decodes[k] (> 0) requests for the
+        next lengths[k] steps, whose contexts after step j sum to sums[k] + num_decodes[k] * j (j
+        counted from the first step of all). Exactly `total(decode_steps(...))` and `decode_steps`'
+        values; the parts that depend on the number of requests alone are looked up once a stretch."""
+        num_steps = sum(lengths)
         largest = max(num_decodes)
-        if largest >= MAX_TABLE or min(num_decodes) <= 0:
-            parts = self.decode_steps(np.repeat(np.asarray(num_decodes, dtype=np.int64), lengths), sum_context)
+        if largest >= MAX_TABLE or min(num_decodes) <= 0 or max(sums) + largest * num_steps >= 1 << 53:
+            reps = np.asarray(lengths, dtype=np.int64)
+            n = np.repeat(np.asarray(num_decodes, dtype=np.int64), reps)
+            sum_c = np.repeat(np.asarray(sums, dtype=np.int64), reps) + n * np.arange(num_steps, dtype=np.int64)
+            parts = self.decode_steps(n, sum_c)
             return self.total(parts), parts
         self._tables(largest, largest)
         gemm, allreduce, elementwise = self._by_tokens_list
@@ -307,16 +311,17 @@ class OperatorModel:
         ar = [allreduce[k] for k in num_decodes] if gather is None else [allreduce[k] + gather[k] for k in num_decodes]
         el = [elementwise[k] + sampler[k] for k in num_decodes]
         dense = [((gi + li) + ai) + ei for gi, li, ai, ei in zip(g, lm, ar, el)]  # total's order, as floats
-        reps = np.asarray(lengths, dtype=np.int64)
-        n = np.repeat(np.asarray(num_decodes, dtype=np.float64), reps)
-        t, scaled = self._gen.along_b_pieces([float(k) for k in num_decodes], reps,
-                                             np.asarray(sum_context, dtype=np.float64) / n)
+        # One row per stretch's value, repeated along its steps (integers below 2**53 are exact).
+        rows = np.repeat(np.array([g, lm, ar, el, dense, num_decodes, sums], dtype=np.float64), lengths, axis=1)
+        n = rows[5]
+        mean = (rows[6] + n * np.arange(num_steps, dtype=np.float64)) / n  # decode_steps' sum_context / n
+        t, scaled = self._gen.along_b_pieces([float(k) for k in num_decodes], lengths, mean)
         self.extrapolated += int(np.count_nonzero(scaled))
         attention = self.layers * t  # `attention` of decodes alone: nothing is shared
         overhead = self.overhead.seconds
-        parts = {"gemm": np.repeat(g, reps), "lm_head": np.repeat(lm, reps), "allreduce": np.repeat(ar, reps),
-                 "elementwise": np.repeat(el, reps), "attention": attention, "overhead": overhead}
-        return (np.repeat(dense, reps) + attention) + overhead, parts
+        parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
+                 "attention": attention, "overhead": overhead}
+        return (rows[4] + attention) + overhead, parts
 
     def decode_steps_of(self, num_decodes: int, sum_context) -> dict:
         """`decode_steps` of steps that all have the same `num_decodes` requests: the parts that
