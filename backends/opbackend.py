@@ -42,11 +42,8 @@ class OpTableBackend:
         """Seconds and parts of `num_steps` decode-only steps of the same requests, whose contexts
         after the first step are `context_lens` and grow by one token per step; request i takes
         part in the first `active_steps[i]` steps only (default: all)."""
-        steps = np.arange(num_steps, dtype=np.int64)
         if active_steps is None or min(active_steps) >= num_steps:  # the same requests throughout
-            n = len(context_lens)
-            parts = self.ops.decode_steps_of(n, int(sum(context_lens)) + n * steps)
-            return self._total(parts), parts
+            return self.ops.decode_run_of(len(context_lens), int(sum(context_lens)), num_steps)
         # Step j has the requests with active > j: stretches of steps with the same requests,
         # each with its number of requests and the sum of their contexts at its first step.
         leaving = sorted(zip([min(a, num_steps) for a in active_steps], context_lens))
@@ -66,7 +63,7 @@ class OpTableBackend:
             sums.append(sum_running)  # their contexts at step j sum to this + num_running * j
             step = end
         if step < num_steps:  # steps with no request left: the general path
-            return self._decode_run_arrays(context_lens, num_steps, active_steps, steps)
+            return self._decode_run_arrays(context_lens, num_steps, active_steps, np.arange(num_steps, dtype=np.int64))
         return self.ops.decode_pieces(ns, lengths, sums)
 
     def _decode_run_arrays(self, context_lens, num_steps: int, active_steps, steps: np.ndarray) -> tuple[np.ndarray, dict]:

@@ -209,6 +209,28 @@ def test_decode_run_equals_step_by_step(contexts, num_steps, data, tp):
             assert value == (parts[key][j] if np.ndim(parts[key]) else parts[key])
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=6), st.data())
+def test_decode_runs_reading_cached_stretches_equal_step_by_step(contexts, data):
+    """Decode runs read their step times from stretches cached by earlier runs of the same batch
+    size (backends/opmodel.py, decode_run_values): runs that start inside a cached stretch, cross
+    into the next one, or shrink as requests leave still give exactly the steps' own times."""
+    be = OpTableBackend(op_model(overhead=2e-4))
+    for _ in range(3):
+        shift = data.draw(st.integers(0, 700))
+        num_steps = data.draw(st.integers(2, 600))
+        run = [c + shift for c in contexts]
+        active = [num_steps] + data.draw(st.lists(st.integers(1, num_steps + 5), min_size=len(run) - 1,
+                                                   max_size=len(run) - 1))
+        seconds, parts = be.decode_run(run, num_steps, active)
+        for j in sorted(set(data.draw(st.lists(st.integers(0, num_steps - 1), min_size=5, max_size=12)))):
+            running = [c for c, a in zip(run, active) if a > j]
+            result = be.execute(decode_batch(running, j))
+            assert result.seconds == seconds[j]
+            for key, value in result.breakdown.items():
+                assert value == (parts[key][j] if np.ndim(parts[key]) else parts[key])
+
+
 def test_profile_round_trip_gives_the_same_step_times(tmp_path):
     profile = build_profile(table_set(), "tiny", TINY, tp=2, nvlink_bytes_per_s=NVLINK)
     save_op_profile(profile, tmp_path / "p.json")
