@@ -25,7 +25,8 @@ step-by-step simulation (tests/test_fast_forward.py checks it).
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -42,7 +43,7 @@ MAX_RUN_STEPS = 4096  # bounds the arrays of one run
 class DecodeRun(NamedTuple):
     """A planned run of decode-only steps."""
 
-    ends: np.ndarray  # [steps] end time of each step
+    ends: list[float]  # [steps] end time of each step
     seconds: np.ndarray  # [steps]
     parts: dict  # the backend's breakdown: per key a float (every step) or a [steps] array
     opens: list[tuple[int, int]]  # (step, batch index) of each block opened, in the order taken
@@ -59,7 +60,7 @@ class FastForward:
     def execute(self, env, batch: Batch, run: DecodeRun):
         """The run's part of the engine's SimPy process: move the clock to its end, then apply it."""
         start, num_waiting = env.now, len(self.engine.state.waiting)
-        end = float(run.ends[-1])
+        end = run.ends[-1]
         if env.now + (end - env.now) == end:
             yield env.timeout(end - env.now)
         else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
@@ -94,16 +95,15 @@ class FastForward:
 
         contexts = [c + 1 for c in num_computed]
         seconds, parts = engine.backend.decode_run(contexts, max_steps, remaining)
+        # The clock adds the steps one after another, as step-by-step simulation does (float
+        # additions in order, as numpy's cumsum makes them too).
+        ends = list(accumulate(seconds.tolist(), initial=now))
+        del ends[0]
         self._last_decode_step_s = float(seconds[-1])
-        # The clock adds the steps one after another, as step-by-step simulation does.
-        ends = np.empty(max_steps + 1)
-        ends[0] = now
-        ends[1:] = seconds
-        ends = ends.cumsum()[1:]
         # A step starting at or after the next arrival is scheduled normally.
-        num_steps = min(max_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
+        num_steps = min(max_steps, 1 + bisect_left(ends, next_arrival, 0, max_steps - 1))
         if next_observation < np.inf:  # every step ends before it
-            num_steps = min(num_steps, int(ends.searchsorted(next_observation, side="left")))
+            num_steps = min(num_steps, bisect_left(ends, next_observation))
         if num_steps < 2:
             return None
 
@@ -123,16 +123,16 @@ class FastForward:
                 return None
             opens = [o for o in opens[:free] if o[0] < num_steps]
         if num_steps < max_steps:
-            ends, seconds = ends[:num_steps], seconds[:num_steps]
+            del ends[num_steps:]
+            seconds = seconds[:num_steps]
             parts = {k: v[:num_steps] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
         return DecodeRun(ends, seconds, parts, opens, [min(rem, num_steps) for rem in remaining])
 
     def _log(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
               num_used_blocks: np.ndarray) -> None:
         k = len(run.seconds)
-        starts = np.empty(k)
-        starts[0] = now
-        starts[1:] = run.ends[:-1]
+        starts = [now]
+        starts += run.ends[:-1]
         n = len(batch)
         num_running = n
         if min(run.active_steps) < k:  # some finish before the last step
@@ -144,10 +144,10 @@ class FastForward:
 
     def _advance(self, batch: Batch, run: DecodeRun) -> np.ndarray:
         """Apply the run's tokens, blocks and finishes; returns the blocks in use at each step."""
-        ends, k = run.ends, len(run.ends)
+        ends_list = run.ends
+        k = len(ends_list)
         reqs = batch.requests
         engine = self.engine
-        ends_list = ends.tolist()
         finishing = []
         for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
             r.token_times.extend(ends_list if num == k else ends_list[:num])
@@ -173,7 +173,7 @@ class FastForward:
                 taken = upto
             if i is not None:
                 before = bm.num_used_blocks
-                engine.finish(reqs[i], float(ends[last_step]))
+                engine.finish(reqs[i], ends_list[last_step])
                 freed[last_step + 1] += before - bm.num_used_blocks
         if finishing:
             used -= freed[:k].cumsum()
