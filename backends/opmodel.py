@@ -105,6 +105,7 @@ class OperatorModel:
         self._by_tokens = self._by_logits = ((),)  # tables of dense_parts' pieces, grown on use
         self._by_tokens_list = self._by_logits_list = ((),)
         self._run_chunks: dict[tuple[int, int, int], tuple] = {}  # see decode_run_values
+        self._run_seen: set[tuple[int, int, int]] = set()  # stretches asked for once
 
     # Operators. Every argument may be an array; results have its shape.
 
@@ -340,18 +341,28 @@ class OperatorModel:
         run's sums step by n: s = r + n q with r = first_sum mod n fixed and q one more each step.
         So they are computed for RUN_CHUNK consecutive q at a time with the array lookups (the same
         operations on the same numbers as `decode_steps`: mean s / n, `along_b`, layers x, the
-        parts' sum in `total`'s order) and kept, and later runs of the same n and r read them."""
+        parts' sum in `total`'s order) and kept once a stretch is asked for a second time (the
+        first time only the steps asked for are computed), and later runs of the same n and r read
+        them."""
         dense = self.dense_parts_at(n, n)
         r = first_sum % n
         q, q_end = (first_sum - r) // n + start, (first_sum - r) // n + end
         chunks = self._run_chunks
         while q < q_end:
             c = q // RUN_CHUNK
-            chunk = chunks.get((n, r, c))
-            if chunk is None:
-                chunk = self._run_chunk(n, r, c, dense)
             lo = q - c * RUN_CHUNK
             hi = min(q_end - c * RUN_CHUNK, RUN_CHUNK)
+            key = (n, r, c)
+            chunk = chunks.get(key)
+            if chunk is None:
+                if key in self._run_seen:  # asked for a second time: worth keeping
+                    chunk = self._run_chunk(key, dense)
+                else:  # the first time: only the steps asked for
+                    if len(self._run_seen) >= 8 * MAX_RUN_CHUNKS:
+                        self._run_seen.clear()
+                    self._run_seen.add(key)
+                    chunk = self._run_values(n, r, q, q + hi - lo, dense)
+                    lo, hi = 0, hi - lo
             attention.append(chunk[0][lo:hi])
             seconds.append(chunk[1][lo:hi])
             if chunk[2] is not None:
@@ -359,19 +370,25 @@ class OperatorModel:
             q = (c + 1) * RUN_CHUNK
         return dense
 
-    def _run_chunk(self, n: int, r: int, c: int, dense: dict) -> tuple:
+    def _run_chunk(self, key: tuple[int, int, int], dense: dict) -> tuple:
         if len(self._run_chunks) >= MAX_RUN_CHUNKS:
             self._run_chunks.clear()
-        q = np.arange(c * RUN_CHUNK, (c + 1) * RUN_CHUNK, dtype=np.float64)
+        n, r, c = key
+        chunk = self._run_values(n, r, c * RUN_CHUNK, (c + 1) * RUN_CHUNK, dense)
+        chunk[0].flags.writeable = chunk[1].flags.writeable = False
+        self._run_chunks[key] = chunk
+        return chunk
+
+    def _run_values(self, n: int, r: int, q0: int, q1: int, dense: dict) -> tuple:
+        """(attention, seconds, scaled mask or None) of the decode steps of n requests whose
+        contexts sum to r + n q, for q in q0..q1-1."""
+        q = np.arange(q0, q1, dtype=np.float64)
         mean = (r + n * q) / n  # decode_steps' sum_context / n (sums below 2**52 are exact)
         t, scaled = self._gen.along_b(float(n), mean)
         attention = self.layers * t  # `attention` of decodes alone: nothing is shared
         seconds = ((((dense["gemm"] + dense["lm_head"]) + dense["allreduce"]) + dense["elementwise"]) + attention) \
             + self.overhead.seconds  # total's order
-        attention.flags.writeable = seconds.flags.writeable = False
-        chunk = (attention, seconds, scaled if scaled.any() else None)
-        self._run_chunks[(n, r, c)] = chunk
-        return chunk
+        return attention, seconds, scaled if scaled.any() else None
 
     def decode_steps_of(self, num_decodes: int, sum_context) -> dict:
         """`decode_steps` of steps that all have the same `num_decodes` requests: the parts that
