@@ -36,7 +36,7 @@ class OpTableBackend:
 
     def execute(self, batch: Batch) -> StepResult:
         parts = self._parts(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits))
-        return StepResult(float(self._total(parts)), {k: float(v) for k, v in parts.items()})
+        return StepResult(self._total(parts), parts)  # floats (OperatorModel.step_parts)
 
     def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
         """Seconds and parts of `num_steps` decode-only steps of the same requests, whose contexts
