@@ -307,6 +307,8 @@ class OperatorModel:
             sum_c = np.repeat(np.asarray(sums, dtype=np.int64), reps) + n * np.arange(num_steps, dtype=np.int64)
             parts = self.decode_steps(n, sum_c)
             return self.total(parts), parts
+        if not self._pieces_cached(num_decodes, lengths, sums):
+            return self._decode_pieces_arrays(num_decodes, lengths, sums)
         attention, seconds, dense = [], [], []
         step = 0
         for n, length, first_sum in zip(num_decodes, lengths, sums):
@@ -317,6 +319,54 @@ class OperatorModel:
         parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
                  "attention": np.concatenate(attention), "overhead": self.overhead.seconds}
         return np.concatenate(seconds), parts
+
+    def _pieces_cached(self, num_decodes: list[int], lengths: list[int], sums: list[int]) -> bool:
+        """Whether every stretch's steps are in cached stretches (see decode_run_values). Stretches
+        asked for before are cached now unless one of the run's was never asked for (then the run
+        is costed with the array lookups, and its new stretches are noted as asked for)."""
+        chunks, seen = self._run_chunks, self._run_seen
+        missing, new = [], []
+        step = 0
+        for n, length, first_sum in zip(num_decodes, lengths, sums):
+            r = first_sum % n
+            q = (first_sum - r) // n + step
+            for c in range(q // RUN_CHUNK, (q + length - 1) // RUN_CHUNK + 1):
+                key = (n, r, c)
+                if key not in chunks:
+                    (missing if key in seen else new).append(key)
+            step += length
+        if new:
+            if len(seen) >= 8 * MAX_RUN_CHUNKS:
+                seen.clear()
+            seen.update(new)
+            return False
+        for key in missing:
+            self._run_chunk(key, self.dense_parts_at(key[0], key[0]))
+        return chunks is self._run_chunks  # (a full cache starts afresh: another dict)
+
+    def _decode_pieces_arrays(self, num_decodes: list[int], lengths: list[int], sums: list[int]) -> tuple[np.ndarray, dict]:
+        """decode_pieces with the array lookups over the whole run at once (stretches not cached)."""
+        num_steps = sum(lengths)
+        largest = max(num_decodes)
+        self._tables(largest, largest)
+        gemm, allreduce, elementwise = self._by_tokens_list
+        lm_head, gather, sampler = self._by_logits_list
+        g = [gemm[k] for k in num_decodes]
+        lm = [lm_head[k] for k in num_decodes]
+        ar = [allreduce[k] for k in num_decodes] if gather is None else [allreduce[k] + gather[k] for k in num_decodes]
+        el = [elementwise[k] + sampler[k] for k in num_decodes]
+        dense = [((gi + li) + ai) + ei for gi, li, ai, ei in zip(g, lm, ar, el)]  # total's order, as floats
+        # One row per stretch's value, repeated along its steps (integers below 2**52 are exact).
+        rows = np.repeat(np.array([g, lm, ar, el, dense, num_decodes, sums], dtype=np.float64), lengths, axis=1)
+        n = rows[5]
+        mean = (rows[6] + n * np.arange(num_steps, dtype=np.float64)) / n  # decode_steps' sum_context / n
+        t, scaled = self._gen.along_b_pieces([float(k) for k in num_decodes], lengths, mean)
+        self.extrapolated += int(np.count_nonzero(scaled))
+        attention = self.layers * t  # `attention` of decodes alone: nothing is shared
+        overhead = self.overhead.seconds
+        parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
+                 "attention": attention, "overhead": overhead}
+        return (rows[4] + attention) + overhead, parts
 
     def decode_run_of(self, num_decodes: int, first_sum: int, num_steps: int) -> tuple[np.ndarray, dict]:
         """Seconds and parts of `num_steps` decode-only steps of the same `num_decodes` requests whose
@@ -372,7 +422,7 @@ class OperatorModel:
 
     def _run_chunk(self, key: tuple[int, int, int], dense: dict) -> tuple:
         if len(self._run_chunks) >= MAX_RUN_CHUNKS:
-            self._run_chunks.clear()
+            self._run_chunks = {}
         n, r, c = key
         chunk = self._run_values(n, r, c * RUN_CHUNK, (c + 1) * RUN_CHUNK, dense)
         chunk[0].flags.writeable = chunk[1].flags.writeable = False
