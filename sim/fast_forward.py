@@ -129,7 +129,7 @@ class FastForward:
         return DecodeRun(ends, seconds, parts, opens, [min(rem, num_steps) for rem in remaining])
 
     def _log(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
-              num_used_blocks: np.ndarray) -> None:
+              num_used_blocks: list[int]) -> None:
         k = len(run.seconds)
         starts = [now]
         starts += run.ends[:-1]
@@ -142,7 +142,7 @@ class FastForward:
             "num_requests": num_running, "num_kv_blocks_used": num_used_blocks, "num_waiting": num_waiting,
         }, run.parts)  # no prefill tokens, no preemptions
 
-    def _advance(self, batch: Batch, run: DecodeRun) -> np.ndarray:
+    def _advance(self, batch: Batch, run: DecodeRun) -> list[int]:
         """Apply the run's tokens, blocks and finishes; returns the blocks in use at each step."""
         ends_list = run.ends
         k = len(ends_list)
@@ -159,11 +159,11 @@ class FastForward:
         # simulation would: each step's new blocks in batch order, then at its end the requests
         # that finished in it, in batch order (freed blocks are the next ones taken).
         bm = engine.block_manager
-        used = np.full(k, bm.num_used_blocks, dtype=np.int64)  # step 0's blocks were reserved by the policy
+        used_before = bm.num_used_blocks  # step 0's blocks were reserved by the policy
+        change = [0] * (k + 1)  # change[j]: blocks in use at step j less at step j - 1
         open_steps = [j for j, _ in run.opens]
-        if open_steps:
-            used += np.bincount(open_steps, minlength=k).cumsum()
-        freed = np.zeros(k + 1, dtype=np.int64)  # freed[j + 1]: blocks freed at the end of step j
+        for j in open_steps:
+            change[j] += 1
         opens, taken = run.opens, 0
         for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
             upto = bisect_right(open_steps, last_step, lo=taken)
@@ -174,9 +174,10 @@ class FastForward:
             if i is not None:
                 before = bm.num_used_blocks
                 engine.finish(reqs[i], ends_list[last_step])
-                freed[last_step + 1] += before - bm.num_used_blocks
+                change[last_step + 1] -= before - bm.num_used_blocks  # freed at the end of its last step
         if finishing:
-            used -= freed[:k].cumsum()
             engine.state.running = [r for r in engine.state.running if r.status is Status.RUNNING]
         engine.state.step_index += k
+        used = list(accumulate(change[:k], initial=used_before))
+        del used[0]
         return used
