@@ -178,6 +178,8 @@ class Grid:
         self.steps_a, self.steps_b = log_steps(self.xa), log_steps(self.xb)
         self._al, self._bl, self._gl = self.xa.tolist(), self.xb.tolist(), self.grid.tolist()
         self._sa, self._sb = self.steps_a.tolist(), self.steps_b.tolist()
+        # log(t1 / t0) between neighbours along b, as _blend_scalar computes it (numpy's log).
+        self._lb = [[_log(row[j + 1] / row[j]) for j in range(len(row) - 1)] for row in self._gl]
 
     def many(self, a, b) -> tuple[np.ndarray, np.ndarray]:
         return interp_loglog_2d(a, b, self.xa, self.xb, self.grid, self.power_a, self.power_b,
@@ -192,9 +194,20 @@ class Grid:
         ia, ja, wa = _bracket_scalar(float(a), al, self._sa)
         ib, jb, wb = _bracket_scalar(float(b), bl, self._sb)
         g = self._gl
-        low = _blend_scalar(g[ia][ib], g[ia][jb], wb)
-        high = _blend_scalar(g[ja][ib], g[ja][jb], wb)
-        return float(_blend_scalar(low, high, wa)), False
+        # _blend_scalar along b (jb = ib + 1 where wb != 0), then along a; a blend whose weight is
+        # 0 is its first point, so the second is not computed.
+        if wb == 0.0:
+            low = g[ia][ib]
+            if wa == 0.0:
+                return float(low), False
+            high = g[ja][ib]
+        else:
+            lb = self._lb
+            low = g[ia][ib] * _exp(wb * lb[ia][ib])
+            if wa == 0.0:
+                return float(low), False
+            high = g[ja][ib] * _exp(wb * lb[ja][ib])
+        return float(low * _exp(wa * _log(high / low))), False
 
     def along_b(self, a: float, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`many` at one a and sizes b (an array), bracketing a once: exactly `many`'s values."""

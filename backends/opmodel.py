@@ -38,6 +38,7 @@ is costed in one call with exactly the values single steps get (the engine's fas
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,7 +158,7 @@ class OperatorModel:
         if not q:
             return 0.0
         pairs = sum(qi * (ci - qi) + qi * (qi + 1) / 2 for qi, ci in zip(q, c)) / len(q)
-        isl = (np.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0
+        isl = (math.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0  # correctly rounded, as numpy's sqrt
         t, scaled = self._ctx.at(float(len(q)), float(isl))
         self.extrapolated += scaled
         read = self.decode_attention_at(len(q), sum(c) / len(q))
