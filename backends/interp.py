@@ -126,6 +126,12 @@ def fill_rows_by_scaling(xa, grid: np.ndarray, power: float = 1.0) -> tuple[np.n
 _log, _exp = np.log, np.exp
 
 
+def _blend_one(t0, t1, w: np.ndarray) -> np.ndarray:
+    """_blend for weights w != 0 or not alike: t0 * (t1 / t0) ** w with no test of w == 0, which gives t0
+    itself there all the same (exp(0 * log(r)) is exactly 1 for the positive finite times here)."""
+    return t0 * _exp(w * _log(t1 / t0))
+
+
 def _blend_scalar(t0: float, t1: float, w: float) -> float:
     return t0 if w == 0.0 else t0 * _exp(w * _log(t1 / t0))
 
@@ -172,6 +178,8 @@ class Grid:
         self.steps_a, self.steps_b = log_steps(self.xa), log_steps(self.xb)
         self._al, self._bl, self._gl = self.xa.tolist(), self.xb.tolist(), self.grid.tolist()
         self._sa, self._sb = self.steps_a.tolist(), self.steps_b.tolist()
+        # log(t1 / t0) between neighbours along b, as _blend_scalar computes it (numpy's log).
+        self._lb = [[_log(row[j + 1] / row[j]) for j in range(len(row) - 1)] for row in self._gl]
 
     def many(self, a, b) -> tuple[np.ndarray, np.ndarray]:
         return interp_loglog_2d(a, b, self.xa, self.xb, self.grid, self.power_a, self.power_b,
@@ -186,19 +194,76 @@ class Grid:
         ia, ja, wa = _bracket_scalar(float(a), al, self._sa)
         ib, jb, wb = _bracket_scalar(float(b), bl, self._sb)
         g = self._gl
-        low = _blend_scalar(g[ia][ib], g[ia][jb], wb)
-        high = _blend_scalar(g[ja][ib], g[ja][jb], wb)
-        return float(_blend_scalar(low, high, wa)), False
+        # _blend_scalar along b (jb = ib + 1 where wb != 0), then along a; a blend whose weight is
+        # 0 is its first point, so the second is not computed.
+        if wb == 0.0:
+            low = g[ia][ib]
+            if wa == 0.0:
+                return float(low), False
+            high = g[ja][ib]
+        else:
+            lb = self._lb
+            low = g[ia][ib] * _exp(wb * lb[ia][ib])
+            if wa == 0.0:
+                return float(low), False
+            high = g[ja][ib] * _exp(wb * lb[ja][ib])
+        return float(low * _exp(wa * _log(high / low))), False
 
     def along_b(self, a: float, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`many` at one a and sizes b (an array), bracketing a once: exactly `many`'s values."""
         al, bl = self._al, self._bl
-        if not (al[0] <= a <= al[-1]) or len(b) == 0 or b.min() < bl[0] or b.max() > bl[-1]:
+        if not (al[0] <= a <= al[-1]) or len(b) == 0:
+            return self.many(a, b)
+        lo, hi = b.min(), b.max()
+        if lo < bl[0] or hi > bl[-1]:
             return self.many(a, b)
         ia, ja, wa = _bracket_scalar(a, al, self._sa)
+        ib = self._one_interval(lo, hi)
+        if ib is not None:  # every b between the same two grid points (most decode runs)
+            wb = _log(b / bl[ib]) / self._sb[ib]
+            g = self._gl
+            low = _blend_one(g[ia][ib], g[ia][ib + 1], wb)
+            if wa != 0.0:
+                low = low * _exp(wa * _log(_blend_one(g[ja][ib], g[ja][ib + 1], wb) / low))
+            return low, np.zeros(len(b), dtype=bool)
         ib, jb, wb = _bracket(b, self.xb, self.steps_b)
         g = self.grid
         low = _blend(g[ia, ib], g[ia, jb], wb)
         if wa != 0.0:
             low = low * _exp(wa * _log(_blend(g[ja, ib], g[ja, jb], wb) / low))
         return low, np.zeros(len(b), dtype=bool)
+
+    def _one_interval(self, lo: float, hi: float) -> int | None:
+        """i when xb[i] <= lo <= hi < xb[i + 1] (sizes within one interval of the b axis), else None."""
+        bl = self._bl
+        i = bisect_right(bl, lo) - 1
+        return i if i < len(bl) - 1 and hi < bl[i + 1] else None
+
+    def along_b_pieces(self, a: list[float], lengths, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`many` at sizes b (an array) whose a is a[k] for the next lengths[k] entries (a step
+        function: a decode run whose requests leave), each a bracketed once: exactly `many`'s
+        values (the same operations on the same numbers as interp_loglog_2d inside the grid)."""
+        al, bl = self._al, self._bl
+        if min(a) < al[0] or max(a) > al[-1] or len(b) == 0:
+            return self.many(np.repeat(np.asarray(a, dtype=np.float64), lengths), b)
+        lo, hi = b.min(), b.max()
+        if lo < bl[0] or hi > bl[-1]:
+            return self.many(np.repeat(np.asarray(a, dtype=np.float64), lengths), b)
+        sa = self._sa
+        brackets = [_bracket_scalar(x, al, sa) for x in a]
+        ib = self._one_interval(lo, hi)
+        if ib is not None:  # every b between the same two grid points: each stretch's four corners
+            g = self._gl
+            corners = np.repeat(np.array([[g[i][ib] for i, _, _ in brackets], [g[i][ib + 1] for i, _, _ in brackets],
+                                          [g[j][ib] for _, j, _ in brackets], [g[j][ib + 1] for _, j, _ in brackets],
+                                          [w for _, _, w in brackets]], dtype=np.float64), lengths, axis=1)
+            t00, t01, t10, t11, wa = corners
+            wb = _log(b / bl[ib]) / self._sb[ib]
+            return _blend(_blend_one(t00, t01, wb), _blend_one(t10, t11, wb), wa), np.zeros(len(b), dtype=bool)
+        ia, ja, wa = zip(*brackets)
+        ia, ja, wa = np.repeat(ia, lengths), np.repeat(ja, lengths), np.repeat(np.asarray(wa, dtype=np.float64), lengths)
+        g = self.grid
+        ib, jb, wb = _bracket(b, self.xb, self.steps_b)
+        low = _blend(g[ia, ib], g[ia, jb], wb)
+        high = _blend(g[ja, ib], g[ja, jb], wb)
+        return _blend(low, high, wa), np.zeros(len(b), dtype=bool)

@@ -36,22 +36,39 @@ class OpTableBackend:
 
     def execute(self, batch: Batch) -> StepResult:
         parts = self._parts(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits))
-        return StepResult(float(self._total(parts)), {k: float(v) for k, v in parts.items()})
+        return StepResult(self._total(parts), parts)  # floats (OperatorModel.step_parts)
 
     def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
         """Seconds and parts of `num_steps` decode-only steps of the same requests, whose contexts
         after the first step are `context_lens` and grow by one token per step; request i takes
         part in the first `active_steps[i]` steps only (default: all)."""
-        steps = np.arange(num_steps, dtype=np.int64)
         if active_steps is None or min(active_steps) >= num_steps:  # the same requests throughout
-            n = len(context_lens)
-            parts = self.ops.decode_steps_of(n, int(sum(context_lens)) + n * steps)
-            return self._total(parts), parts
+            return self.ops.decode_run_of(len(context_lens), int(sum(context_lens)), num_steps)
+        # Step j has the requests with active > j: stretches of steps with the same requests,
+        # each with its number of requests and the sum of their contexts at its first step.
+        leaving = sorted(zip([min(a, num_steps) for a in active_steps], context_lens))
+        num_running, sum_running = len(leaving), int(sum(context_lens))
+        ns, lengths, sums = [], [], []
+        step, k = 0, 0
+        while step < num_steps:
+            while k < len(leaving) and leaving[k][0] <= step:  # gone by this step
+                num_running -= 1
+                sum_running -= leaving[k][1]
+                k += 1
+            if not num_running:
+                break
+            end = leaving[k][0] if k < len(leaving) else num_steps
+            ns.append(num_running)
+            lengths.append(end - step)
+            sums.append(sum_running)  # their contexts at step j sum to this + num_running * j
+            step = end
+        if step < num_steps:  # steps with no request left: the general path
+            return self._decode_run_arrays(context_lens, num_steps, active_steps, np.arange(num_steps, dtype=np.int64))
+        return self.ops.decode_pieces(ns, lengths, sums)
+
+    def _decode_run_arrays(self, context_lens, num_steps: int, active_steps, steps: np.ndarray) -> tuple[np.ndarray, dict]:
         contexts = np.asarray(context_lens, dtype=np.int64)
-        if active_steps is None:
-            active = np.full(len(contexts), num_steps, dtype=np.int64)
-        else:
-            active = np.minimum(np.asarray(active_steps, dtype=np.int64), num_steps)
+        active = np.minimum(np.asarray(active_steps, dtype=np.int64), num_steps)
         # Step j has the requests with active > j: their number and the sum of their contexts.
         order = np.argsort(active, kind="stable")
         leave = active[order]

@@ -38,6 +38,7 @@ is costed in one call with exactly the values single steps get (the engine's fas
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,8 @@ from sim.errors import ServesimError
 
 CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)), dtype=np.int64)
 MAX_TABLE = 1 << 18  # token and logits counts past this are costed without the tables
+RUN_CHUNK = 512  # decode steps per cached stretch of a batch size's step times (see decode_run_values)
+MAX_RUN_CHUNKS = 2048  # cached stretches at most (16 MiB); the cache starts afresh past it
 SAMPLER_PASSES = 3  # reads of the fp32 logits by the sampler: softmax/log-softmax, top-p/top-k, the draw
 
 
@@ -102,6 +105,8 @@ class OperatorModel:
         self.extrapolated = 0  # operator lookups past a table's grid (scaled by work), counted
         self._by_tokens = self._by_logits = ((),)  # tables of dense_parts' pieces, grown on use
         self._by_tokens_list = self._by_logits_list = ((),)
+        self._run_chunks: dict[tuple[int, int, int], tuple] = {}  # see decode_run_values
+        self._run_seen: set[tuple[int, int, int]] = set()  # stretches asked for once
 
     # Operators. Every argument may be an array; results have its shape.
 
@@ -162,7 +167,7 @@ class OperatorModel:
         if not q:
             return 0.0
         pairs = sum(qi * (ci - qi) + qi * (qi + 1) / 2 for qi, ci in zip(q, c)) / len(q)
-        isl = (np.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0
+        isl = (math.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0  # correctly rounded, as numpy's sqrt
         t, scaled = self._ctx.at(float(len(q)), float(isl))
         self.extrapolated += scaled
         read = self.decode_attention_at(len(q), sum(c) / len(q))
@@ -289,20 +294,161 @@ class OperatorModel:
         if n.ndim == 1 and len(n) and n.min() > 0:
             # Runs of steps with the same number of requests (a decode run's requests only leave),
             # each bracketed once: exactly decode_attention's values.
-            starts = np.flatnonzero(np.diff(n)) + 1
-            if len(starts) < 2:  # more pieces cost more than one 2-D lookup
-                bounds = [0, *starts.tolist(), len(n)]
-                pieces = []
-                for s, e in zip(bounds[:-1], bounds[1:]):
-                    t, scaled = self._gen.along_b(float(n[s]), mean[s:e])
-                    self.extrapolated += int(np.count_nonzero(scaled))
-                    pieces.append(t)
-                parts["attention"] = self.layers * (pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
-                parts["overhead"] = self.overhead.seconds
-                return parts
+            starts = [0, *(np.flatnonzero(np.diff(n)) + 1).tolist(), len(n)]
+            t, scaled = self._gen.along_b_pieces(n[starts[:-1]].astype(np.float64).tolist(), np.diff(starts), mean)
+            self.extrapolated += int(np.count_nonzero(scaled))
+            parts["attention"] = self.layers * t  # `attention` of decodes alone: nothing is shared
+            parts["overhead"] = self.overhead.seconds
+            return parts
         parts["attention"] = self.attention(self.decode_attention(n, mean))
         parts["overhead"] = self.overhead.seconds
         return parts
+
+    def decode_pieces(self, num_decodes: list[int], lengths: list[int], sums: list[int]) -> tuple[np.ndarray, dict]:
+        """Seconds and parts of decode-only steps in stretches: num_decodes[k] (> 0) requests for the
+        next lengths[k] steps, whose contexts after step j sum to sums[k] + num_decodes[k] * j (j
+        counted from the first step of all). Exactly `total(decode_steps(...))` and `decode_steps`'
+        values (from `decode_run_values`)."""
+        num_steps = sum(lengths)
+        largest = max(num_decodes)
+        if largest >= MAX_TABLE or min(num_decodes) <= 0 or max(sums) + largest * num_steps >= 1 << 52:
+            reps = np.asarray(lengths, dtype=np.int64)
+            n = np.repeat(np.asarray(num_decodes, dtype=np.int64), reps)
+            sum_c = np.repeat(np.asarray(sums, dtype=np.int64), reps) + n * np.arange(num_steps, dtype=np.int64)
+            parts = self.decode_steps(n, sum_c)
+            return self.total(parts), parts
+        if not self._pieces_cached(num_decodes, lengths, sums):
+            return self._decode_pieces_arrays(num_decodes, lengths, sums)
+        attention, seconds, dense = [], [], []
+        step = 0
+        for n, length, first_sum in zip(num_decodes, lengths, sums):
+            parts = self.decode_run_values(n, first_sum, step, step + length, attention, seconds)
+            dense.append((parts["gemm"], parts["lm_head"], parts["allreduce"], parts["elementwise"]))
+            step += length
+        rows = np.repeat(np.array(dense, dtype=np.float64).T, lengths, axis=1)
+        parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
+                 "attention": np.concatenate(attention), "overhead": self.overhead.seconds}
+        return np.concatenate(seconds), parts
+
+    def _pieces_cached(self, num_decodes: list[int], lengths: list[int], sums: list[int]) -> bool:
+        """Whether every stretch's steps are in cached stretches (see decode_run_values). Stretches
+        asked for before are cached now unless one of the run's was never asked for (then the run
+        is costed with the array lookups, and its new stretches are noted as asked for)."""
+        chunks, seen = self._run_chunks, self._run_seen
+        missing, new = [], []
+        step = 0
+        for n, length, first_sum in zip(num_decodes, lengths, sums):
+            r = first_sum % n
+            q = (first_sum - r) // n + step
+            for c in range(q // RUN_CHUNK, (q + length - 1) // RUN_CHUNK + 1):
+                key = (n, r, c)
+                if key not in chunks:
+                    (missing if key in seen else new).append(key)
+            step += length
+        if new:
+            if len(seen) >= 8 * MAX_RUN_CHUNKS:
+                seen.clear()
+            seen.update(new)
+            return False
+        for key in missing:
+            self._run_chunk(key, self.dense_parts_at(key[0], key[0]))
+        return chunks is self._run_chunks  # (a full cache starts afresh: another dict)
+
+    def _decode_pieces_arrays(self, num_decodes: list[int], lengths: list[int], sums: list[int]) -> tuple[np.ndarray, dict]:
+        """decode_pieces with the array lookups over the whole run at once (stretches not cached)."""
+        num_steps = sum(lengths)
+        largest = max(num_decodes)
+        self._tables(largest, largest)
+        gemm, allreduce, elementwise = self._by_tokens_list
+        lm_head, gather, sampler = self._by_logits_list
+        g = [gemm[k] for k in num_decodes]
+        lm = [lm_head[k] for k in num_decodes]
+        ar = [allreduce[k] for k in num_decodes] if gather is None else [allreduce[k] + gather[k] for k in num_decodes]
+        el = [elementwise[k] + sampler[k] for k in num_decodes]
+        dense = [((gi + li) + ai) + ei for gi, li, ai, ei in zip(g, lm, ar, el)]  # total's order, as floats
+        # One row per stretch's value, repeated along its steps (integers below 2**52 are exact).
+        rows = np.repeat(np.array([g, lm, ar, el, dense, num_decodes, sums], dtype=np.float64), lengths, axis=1)
+        n = rows[5]
+        mean = (rows[6] + n * np.arange(num_steps, dtype=np.float64)) / n  # decode_steps' sum_context / n
+        t, scaled = self._gen.along_b_pieces([float(k) for k in num_decodes], lengths, mean)
+        self.extrapolated += int(np.count_nonzero(scaled))
+        attention = self.layers * t  # `attention` of decodes alone: nothing is shared
+        overhead = self.overhead.seconds
+        parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
+                 "attention": attention, "overhead": overhead}
+        return (rows[4] + attention) + overhead, parts
+
+    def decode_run_of(self, num_decodes: int, first_sum: int, num_steps: int) -> tuple[np.ndarray, dict]:
+        """Seconds and parts of `num_steps` decode-only steps of the same `num_decodes` requests whose
+        contexts after step j sum to first_sum + num_decodes * j: exactly
+        `total(decode_steps_of(...))` and its parts (the parts that depend on the number of requests
+        alone as floats)."""
+        if num_decodes >= MAX_TABLE or num_decodes <= 0 or first_sum + num_decodes * num_steps >= 1 << 52:
+            parts = self.decode_steps_of(num_decodes, first_sum + num_decodes * np.arange(num_steps, dtype=np.int64))
+            return self.total(parts), parts
+        attention, seconds = [], []
+        parts = self.decode_run_values(num_decodes, first_sum, 0, num_steps, attention, seconds)
+        parts["attention"] = attention[0] if len(attention) == 1 else np.concatenate(attention)
+        parts["overhead"] = self.overhead.seconds
+        return (seconds[0] if len(seconds) == 1 else np.concatenate(seconds)), parts
+
+    def decode_run_values(self, n: int, first_sum: int, start: int, end: int, attention: list, seconds: list) -> dict:
+        """Decode-only steps start..end-1 of n requests whose contexts after step j sum to
+        first_sum + n j: appends their attention and seconds (read-only arrays) to the lists and
+        returns the dense parts (floats, `dense_parts_at`).
+
+        Each step's values depend on n and its sum s alone, elementwise (`decode_steps`), and a
+        run's sums step by n: s = r + n q with r = first_sum mod n fixed and q one more each step.
+        So they are computed for RUN_CHUNK consecutive q at a time with the array lookups (the same
+        operations on the same numbers as `decode_steps`: mean s / n, `along_b`, layers x, the
+        parts' sum in `total`'s order) and kept once a stretch is asked for a second time (the
+        first time only the steps asked for are computed), and later runs of the same n and r read
+        them."""
+        dense = self.dense_parts_at(n, n)
+        r = first_sum % n
+        q, q_end = (first_sum - r) // n + start, (first_sum - r) // n + end
+        chunks = self._run_chunks
+        while q < q_end:
+            c = q // RUN_CHUNK
+            lo = q - c * RUN_CHUNK
+            hi = min(q_end - c * RUN_CHUNK, RUN_CHUNK)
+            key = (n, r, c)
+            chunk = chunks.get(key)
+            if chunk is None:
+                if key in self._run_seen:  # asked for a second time: worth keeping
+                    chunk = self._run_chunk(key, dense)
+                else:  # the first time: only the steps asked for
+                    if len(self._run_seen) >= 8 * MAX_RUN_CHUNKS:
+                        self._run_seen.clear()
+                    self._run_seen.add(key)
+                    chunk = self._run_values(n, r, q, q + hi - lo, dense)
+                    lo, hi = 0, hi - lo
+            attention.append(chunk[0][lo:hi])
+            seconds.append(chunk[1][lo:hi])
+            if chunk[2] is not None:
+                self.extrapolated += int(np.count_nonzero(chunk[2][lo:hi]))
+            q = (c + 1) * RUN_CHUNK
+        return dense
+
+    def _run_chunk(self, key: tuple[int, int, int], dense: dict) -> tuple:
+        if len(self._run_chunks) >= MAX_RUN_CHUNKS:
+            self._run_chunks = {}
+        n, r, c = key
+        chunk = self._run_values(n, r, c * RUN_CHUNK, (c + 1) * RUN_CHUNK, dense)
+        chunk[0].flags.writeable = chunk[1].flags.writeable = False
+        self._run_chunks[key] = chunk
+        return chunk
+
+    def _run_values(self, n: int, r: int, q0: int, q1: int, dense: dict) -> tuple:
+        """(attention, seconds, scaled mask or None) of the decode steps of n requests whose
+        contexts sum to r + n q, for q in q0..q1-1."""
+        q = np.arange(q0, q1, dtype=np.float64)
+        mean = (r + n * q) / n  # decode_steps' sum_context / n (sums below 2**52 are exact)
+        t, scaled = self._gen.along_b(float(n), mean)
+        attention = self.layers * t  # `attention` of decodes alone: nothing is shared
+        seconds = ((((dense["gemm"] + dense["lm_head"]) + dense["allreduce"]) + dense["elementwise"]) + attention) \
+            + self.overhead.seconds  # total's order
+        return attention, seconds, scaled if scaled.any() else None
 
     def decode_steps_of(self, num_decodes: int, sum_context) -> dict:
         """`decode_steps` of steps that all have the same `num_decodes` requests: the parts that

@@ -72,7 +72,7 @@ class StreamingQuantiles:
         self.count += len(values)
         self._min, self._max = min(self._min, low), max(self._max, high)
         if self._chunks is not None:
-            self._chunks.append(values.copy())
+            self._chunks.append(values)  # a copy already (boolean indexing copies)
             if self.count <= self.exact_limit:
                 return
             chunks, self._chunks = self._chunks, None  # past the limit: everything moves into the sketch

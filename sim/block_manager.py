@@ -41,8 +41,6 @@ all usable (vLLM's `num_gpu_blocks` minus one).
 
 from __future__ import annotations
 
-from collections import deque
-
 from sim.request import Request
 
 
@@ -58,7 +56,8 @@ class BlockManager:
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() yields 0, 1, 2, ...
         # Hashed free blocks, evicted first to last. A hit takes a block out of the middle by counting
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
-        self._lru: deque[int] = deque()
+        self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
+        self._lru_head = 0
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
         self._num_lru = 0
@@ -89,10 +88,15 @@ class BlockManager:
         if num_blocks > take:
             num_evict = num_blocks - take
             self._num_lru -= num_evict
-            popleft = self._lru.popleft
-            evicted = [popleft() for _ in range(num_evict)]
+            lru, head = self._lru, self._lru_head
+            evicted = lru[head:head + num_evict]
+            self._lru_head = head + num_evict
             if self._num_stale:
                 evicted = self._without_stale(evicted, num_evict)
+            head = self._lru_head
+            if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
+                del lru[:head]
+                self._lru_head = 0
             if self._num_lru_indexed:
                 block_hash, hash_to_block = self.block_hash, self.hash_to_block
                 num_indexed = 0
@@ -116,7 +120,7 @@ class BlockManager:
 
     def _without_stale(self, entries: list[int], num_live: int) -> list[int]:
         """The live blocks among LRU entries just taken from the head, topped up to `num_live`."""
-        skip, popleft = self._lru_skip, self._lru.popleft
+        skip, lru = self._lru_skip, self._lru
         live = []
         for block in entries:
             if skip[block]:  # a stale entry: the block left the queue on a hit
@@ -125,7 +129,8 @@ class BlockManager:
             else:
                 live.append(block)
         while len(live) < num_live:
-            block = popleft()
+            block = lru[self._lru_head]
+            self._lru_head += 1
             if skip[block]:
                 skip[block] -= 1
                 self._num_stale -= 1
@@ -281,12 +286,12 @@ class BlockManager:
                 ref_counts[block] = count
                 if not count:
                     plain.append(block)
-            hashed = []
-            for block in reversed(table[request.num_hashed_blocks:num_full]):  # its own, not indexed
-                count = ref_counts[block] - 1
-                ref_counts[block] = count
-                if not count:
-                    hashed.append(block)
+            # Its own full blocks, not indexed: no other request can have found them, so each
+            # has this request's reference only and becomes free.
+            hashed = table[request.num_hashed_blocks:num_full]
+            hashed.reverse()
+            for block in hashed:
+                ref_counts[block] = 0
             num_own = len(hashed)
             for block in reversed(table[:request.num_hashed_blocks]):  # indexed
                 count = ref_counts[block] - 1
@@ -303,7 +308,7 @@ class BlockManager:
         """The hashed free blocks, in eviction order (the LRU queue without its stale entries)."""
         skip = list(self._lru_skip)
         live = []
-        for block in self._lru:
+        for block in self._lru[self._lru_head:]:
             if skip[block]:
                 skip[block] -= 1
             else:
@@ -326,7 +331,7 @@ class BlockManager:
         assert all(blocks for blocks in self._duplicates.values()) and set(self._duplicates) <= set(self.hash_to_block)
         assert sum(h is not None for h in self.block_hash) == len(indexed), "a hashed block is not indexed"
         lru = self.cached_free_blocks()
-        assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - len(lru)
+        assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
         assert self._num_lru_indexed == sum(self.block_hash[b] is not None for b in lru)
         free = set(self._free_plain) | set(lru)
         assert len(free) == self.num_free_blocks, "a block is free twice"

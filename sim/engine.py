@@ -202,10 +202,27 @@ class Engine:
         """After a step: advance computed tokens; a request that caught up emits a token; finished
         requests free their blocks."""
         sampled = result.sampled_token_ids
-        logits_row = 0
         finished = []
+        if sampled is None:  # a cost model: no token ids (the loop below without them)
+            for r, num_tokens in zip(batch.requests, batch.num_scheduled_tokens):
+                num_computed = r.num_computed_tokens + num_tokens
+                r.num_computed_tokens = num_computed
+                num_output = r.num_output_tokens
+                if num_computed != r.num_prompt_tokens + num_output:
+                    continue  # a partial prefill chunk emits nothing
+                if num_output:
+                    r.token_times.append(now)
+                else:
+                    r.first_token_s = now
+                    r.token_times = [now]
+                r.num_output_tokens = num_output + 1
+                if num_output + 1 == r.max_tokens:
+                    finished.append(r)
+            self._finish_all(finished, now)
+            return
+        logits_row = 0
         for r, num_tokens, needs_logits in zip(batch.requests, batch.num_scheduled_tokens, batch.needs_logits):
-            if needs_logits and sampled is not None:
+            if needs_logits:
                 r.sampled_token_ids.append(int(sampled[logits_row]))
                 logits_row += 1
             num_computed = r.num_computed_tokens + num_tokens
@@ -221,6 +238,9 @@ class Engine:
             r.num_output_tokens = num_output + 1
             if num_output + 1 == r.max_tokens:
                 finished.append(r)
+        self._finish_all(finished, now)
+
+    def _finish_all(self, finished: list[Request], now: float) -> None:
         for r in finished:
             self.finish(r, now)
         if finished:

@@ -25,7 +25,8 @@ step-by-step simulation (tests/test_fast_forward.py checks it).
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -42,7 +43,7 @@ MAX_RUN_STEPS = 4096  # bounds the arrays of one run
 class DecodeRun(NamedTuple):
     """A planned run of decode-only steps."""
 
-    ends: np.ndarray  # [steps] end time of each step
+    ends: list[float]  # [steps] end time of each step
     seconds: np.ndarray  # [steps]
     parts: dict  # the backend's breakdown: per key a float (every step) or a [steps] array
     opens: list[tuple[int, int]]  # (step, batch index) of each block opened, in the order taken
@@ -59,7 +60,7 @@ class FastForward:
     def execute(self, env, batch: Batch, run: DecodeRun):
         """The run's part of the engine's SimPy process: move the clock to its end, then apply it."""
         start, num_waiting = env.now, len(self.engine.state.waiting)
-        end = float(run.ends[-1])
+        end = run.ends[-1]
         if env.now + (end - env.now) == end:
             yield env.timeout(end - env.now)
         else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
@@ -94,16 +95,15 @@ class FastForward:
 
         contexts = [c + 1 for c in num_computed]
         seconds, parts = engine.backend.decode_run(contexts, max_steps, remaining)
+        # The clock adds the steps one after another, as step-by-step simulation does (float
+        # additions in order, as numpy's cumsum makes them too).
+        ends = list(accumulate(seconds.tolist(), initial=now))
+        del ends[0]
         self._last_decode_step_s = float(seconds[-1])
-        # The clock adds the steps one after another, as step-by-step simulation does.
-        ends = np.empty(max_steps + 1)
-        ends[0] = now
-        ends[1:] = seconds
-        ends = ends.cumsum()[1:]
         # A step starting at or after the next arrival is scheduled normally.
-        num_steps = min(max_steps, 1 + int(ends[:-1].searchsorted(next_arrival, side="left")))
+        num_steps = min(max_steps, 1 + bisect_left(ends, next_arrival, 0, max_steps - 1))
         if next_observation < np.inf:  # every step ends before it
-            num_steps = min(num_steps, int(ends.searchsorted(next_observation, side="left")))
+            num_steps = min(num_steps, bisect_left(ends, next_observation))
         if num_steps < 2:
             return None
 
@@ -111,14 +111,11 @@ class FastForward:
         # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
         # finishing requests free are not counted on, so the run never preempts.
         bs = engine.block_manager.block_size
-        first_open = [[] for _ in range(bs + 1)]  # batch indices by the first step (1..bs) that opens a block
-        for i, c in enumerate(num_computed):
-            first_open[-c % bs or bs].append(i)
         opens = []  # (step, batch index) of every block opened, in the order they are taken
-        for j in range(1, num_steps):
-            for i in first_open[(j - 1) % bs + 1]:
-                if remaining[i] > j:  # it still decodes at step j
-                    opens.append((j, i))
+        for i, (c, rem) in enumerate(zip(num_computed, remaining)):
+            # Its first opening step is 1..bs; it opens one every bs steps while it still decodes.
+            opens.extend([(j, i) for j in range(-c % bs or bs, min(num_steps, rem), bs)])
+        opens.sort()
         free = engine.block_manager.num_free_blocks
         if len(opens) > free:
             num_steps = opens[free][0]  # the step that would need one block too many
@@ -126,16 +123,16 @@ class FastForward:
                 return None
             opens = [o for o in opens[:free] if o[0] < num_steps]
         if num_steps < max_steps:
-            ends, seconds = ends[:num_steps], seconds[:num_steps]
+            del ends[num_steps:]
+            seconds = seconds[:num_steps]
             parts = {k: v[:num_steps] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
         return DecodeRun(ends, seconds, parts, opens, [min(rem, num_steps) for rem in remaining])
 
     def _log(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
-              num_used_blocks: np.ndarray) -> None:
+              num_used_blocks: list[int]) -> None:
         k = len(run.seconds)
-        starts = np.empty(k)
-        starts[0] = now
-        starts[1:] = run.ends[:-1]
+        starts = [now]
+        starts += run.ends[:-1]
         n = len(batch)
         num_running = n
         if min(run.active_steps) < k:  # some finish before the last step
@@ -145,12 +142,12 @@ class FastForward:
             "num_requests": num_running, "num_kv_blocks_used": num_used_blocks, "num_waiting": num_waiting,
         }, run.parts)  # no prefill tokens, no preemptions
 
-    def _advance(self, batch: Batch, run: DecodeRun) -> np.ndarray:
+    def _advance(self, batch: Batch, run: DecodeRun) -> list[int]:
         """Apply the run's tokens, blocks and finishes; returns the blocks in use at each step."""
-        ends, k = run.ends, len(run.ends)
+        ends_list = run.ends
+        k = len(ends_list)
         reqs = batch.requests
         engine = self.engine
-        ends_list = ends.tolist()
         finishing = []
         for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
             r.token_times.extend(ends_list if num == k else ends_list[:num])
@@ -162,11 +159,11 @@ class FastForward:
         # simulation would: each step's new blocks in batch order, then at its end the requests
         # that finished in it, in batch order (freed blocks are the next ones taken).
         bm = engine.block_manager
-        used = np.full(k, bm.num_used_blocks, dtype=np.int64)  # step 0's blocks were reserved by the policy
+        used_before = bm.num_used_blocks  # step 0's blocks were reserved by the policy
+        change = [0] * (k + 1)  # change[j]: blocks in use at step j less at step j - 1
         open_steps = [j for j, _ in run.opens]
-        if open_steps:
-            used += np.bincount(open_steps, minlength=k).cumsum()
-        freed = np.zeros(k + 1, dtype=np.int64)  # freed[j + 1]: blocks freed at the end of step j
+        for j in open_steps:
+            change[j] += 1
         opens, taken = run.opens, 0
         for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
             upto = bisect_right(open_steps, last_step, lo=taken)
@@ -176,10 +173,11 @@ class FastForward:
                 taken = upto
             if i is not None:
                 before = bm.num_used_blocks
-                engine.finish(reqs[i], float(ends[last_step]))
-                freed[last_step + 1] += before - bm.num_used_blocks
+                engine.finish(reqs[i], ends_list[last_step])
+                change[last_step + 1] -= before - bm.num_used_blocks  # freed at the end of its last step
         if finishing:
-            used -= freed[:k].cumsum()
             engine.state.running = [r for r in engine.state.running if r.status is Status.RUNNING]
         engine.state.step_index += k
+        used = list(accumulate(change[:k], initial=used_before))
+        del used[0]
         return used

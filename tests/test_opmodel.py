@@ -69,6 +69,23 @@ def test_scalar_lookups_equal_the_array_lookups_bit_for_bit(xa, xb, data):
         t, off = surface.along_b(a0, b)
         many_t, many_off = surface.many(a0, b)
         assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
+    if len(xb) > 1:  # sizes within one interval of the b axis (from its left point on): scalar brackets
+        k = data.draw(st.integers(0, len(xb) - 2))
+        inside = np.concatenate([[xb[k]], np.geomspace(xb[k], xb[k + 1], 9)[1:-1]])
+        for a0 in points_a:
+            t, off = surface.along_b(a0, inside)
+            many_t, many_off = surface.many(a0, inside)
+            assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
+        t, off = surface.along_b_pieces(points_a[:3], [3, 3, 2], inside)
+        many_t, many_off = surface.many(np.repeat(points_a[:3], [3, 3, 2]), inside)
+        assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
+    # Stretches of batch sizes along a decode run's lengths (requests leaving), each bracketed once.
+    sizes = data.draw(st.lists(st.sampled_from(points_a), min_size=1, max_size=4))
+    cuts = sorted(data.draw(st.lists(st.integers(1, 19), min_size=len(sizes) - 1, max_size=len(sizes) - 1, unique=True)))
+    lengths = np.diff([0, *cuts, 20])
+    t, off = surface.along_b_pieces(sizes, lengths, b)
+    many_t, many_off = surface.many(np.repeat(sizes, lengths), b)
+    assert t.tolist() == many_t.tolist() and off.tolist() == many_off.tolist()
 
 
 def test_interp_worked_example_and_scaling_past_the_grid():
@@ -190,6 +207,28 @@ def test_decode_run_equals_step_by_step(contexts, num_steps, data, tp):
         assert result.seconds == seconds[j]  # exactly: the engine's fast-forward relies on it
         for key, value in result.breakdown.items():
             assert value == (parts[key][j] if np.ndim(parts[key]) else parts[key])
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=6), st.data())
+def test_decode_runs_reading_cached_stretches_equal_step_by_step(contexts, data):
+    """Decode runs read their step times from stretches cached by earlier runs of the same batch
+    size (backends/opmodel.py, decode_run_values): runs that start inside a cached stretch, cross
+    into the next one, or shrink as requests leave still give exactly the steps' own times."""
+    be = OpTableBackend(op_model(overhead=2e-4))
+    for _ in range(3):
+        shift = data.draw(st.integers(0, 700))
+        num_steps = data.draw(st.integers(2, 600))
+        run = [c + shift for c in contexts]
+        active = [num_steps] + data.draw(st.lists(st.integers(1, num_steps + 5), min_size=len(run) - 1,
+                                                   max_size=len(run) - 1))
+        seconds, parts = be.decode_run(run, num_steps, active)
+        for j in sorted(set(data.draw(st.lists(st.integers(0, num_steps - 1), min_size=5, max_size=12)))):
+            running = [c for c, a in zip(run, active) if a > j]
+            result = be.execute(decode_batch(running, j))
+            assert result.seconds == seconds[j]
+            for key, value in result.breakdown.items():
+                assert value == (parts[key][j] if np.ndim(parts[key]) else parts[key])
 
 
 def test_profile_round_trip_gives_the_same_step_times(tmp_path):
