@@ -121,7 +121,7 @@ def fill_rows_by_scaling(xa, grid: np.ndarray, power: float = 1.0) -> tuple[np.n
 # numpy calls each; these give exactly the same values (the same operations in the same order,
 # with numpy's own log and exp on scalars, which equal its array results element for element,
 # where Python's math module may differ in the last bit) at a fraction of the cost. Sizes off the
-# grid (rare) go through the array functions themselves.
+# grid (rare) go through the array functions themselves, as 1-element arrays.
 
 _log, _exp = np.log, np.exp
 
@@ -161,9 +161,9 @@ class Curve:
     def at(self, x: float) -> tuple[float, bool]:
         """(time, whether x was off the grid) for one size."""
         xl = self._xl
-        if not (xl[0] <= x <= xl[-1]):
-            t, off = self.many(np.array(x, dtype=np.float64))
-            return float(t), bool(off)
+        if not (xl[0] <= x <= xl[-1]):  # through a 1-element array, exactly as `many` prices an array
+            t, off = self.many(np.array([x], dtype=np.float64))
+            return float(t[0]), bool(off[0])
         i, j, w = _bracket_scalar(float(x), xl, self._sl)
         return float(_blend_scalar(self._yl[i], self._yl[j], w)), False
 
@@ -189,8 +189,10 @@ class Grid:
         """(time, whether (a, b) was off the grid) for one point."""
         al, bl = self._al, self._bl
         if not (al[0] <= a <= al[-1] and bl[0] <= b <= bl[-1]):
-            t, off = self.many(np.array(a, dtype=np.float64), np.array(b, dtype=np.float64))
-            return float(t), bool(off)
+            # Through 1-element arrays: numpy may take another route for a 0-d array's power (x ** 2.0
+            # as a square) than for an array's, a last-bit difference that fast-forward would see.
+            t, off = self.many(np.array([a], dtype=np.float64), np.array([b], dtype=np.float64))
+            return float(t[0]), bool(off[0])
         ia, ja, wa = _bracket_scalar(float(a), al, self._sa)
         ib, jb, wb = _bracket_scalar(float(b), bl, self._sb)
         g = self._gl
