@@ -70,7 +70,8 @@ class TableWriter:
             self._csv.write(",".join(columns) + "\n")
         for start in range(0, num_rows, CSV_CHUNK_ROWS):
             texts = [_csv_texts(values[start:start + CSV_CHUNK_ROWS]) for values in columns.values()]
-            if any(isinstance(t, list) for t in texts):  # text: quoted where it needs, as pandas does
+            # Text is quoted where it needs, as pandas does (a lone empty field too: one column).
+            if len(texts) == 1 or any(isinstance(t, list) and _needs_quoting(t) for t in texts):
                 csv.writer(self._csv, lineterminator="\n").writerows(zip(*texts))
             else:
                 self._csv.writelines(",".join(row) + "\n" for row in zip(*texts))
@@ -93,6 +94,13 @@ def _csv_texts(values):
             return map(_float_text, values.tolist())
         return map(repr, values.tolist())
     return ["" if v is None else v if isinstance(v, str) else _float_text(v) for v in values]
+
+
+def _needs_quoting(texts: list[str]) -> bool:
+    """Whether csv.writer (minimal quoting, "\\n" line ends) would quote any of these fields: one
+    holding a comma, a quote or a line break. Without any, its rows are the fields joined by commas."""
+    joined = "".join(texts)
+    return any(c in joined for c in ',"\r\n')
 
 
 def _float_text(value) -> str:

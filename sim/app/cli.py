@@ -225,7 +225,9 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
+    """The `sim` parser; without `all_commands`, only the commands defined here (replay, models,
+    hardware), which parse their own arguments exactly as in the whole parser."""
     parser = argparse.ArgumentParser(prog="sim", description="servesim: replay LLM-serving traces through "
                                      "scheduling policies, with predicted or measured step times.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -253,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("hardware", help="list the hardware presets")
     p.set_defaults(func=cmd_hardware)
-    for register in _command_modules():
-        register(sub)
+    if all_commands:
+        for register in _command_modules():
+            register(sub)
     return parser
 
 
@@ -276,7 +279,10 @@ COMMAND_MODULES: list[str] = ["sim.app.bench", "sim.app.calibrate", "sim.app.com
 def main(argv: list[str] | None = None) -> int:
     from sim.app.workers import Terminated, terminate_on_sigterm
 
-    parser = build_parser()
+    command = (sys.argv[1:] if argv is None else argv)[:1]
+    # A command of this module needs none of the others' modules (their imports are most of a
+    # replay's start-up but for pandas): a parser without them parses its arguments the same.
+    parser = build_parser(all_commands=command not in (["replay"], ["models"], ["hardware"]))
     args = parser.parse_args(argv)
     previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
     try:
