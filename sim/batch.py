@@ -63,6 +63,9 @@ class Batch:
     num_scheduled_tokens: list[int] = field(default_factory=list)
     needs_logits: list[bool] = field(default_factory=list)
     is_decode: list[bool] = field(default_factory=list)
+    # Requests at the head of the batch that add_decodes put into it while it was empty: decoding
+    # requests, one token each, so each emits a token after the step (Engine.advance's fast loop).
+    num_leading_decodes: int = 0
 
     def add(self, request_id: str, num_computed: int, num_scheduled: int, block_table: list[int],
             needs_logits: bool, is_decode: bool = False, token_source: Any = None) -> None:
@@ -84,14 +87,19 @@ class Batch:
         returns the tokens it had."""
         i = next(k for k, r in enumerate(self.requests) if r is request)
         num_tokens = self.num_scheduled_tokens[i]
+        if i < self.num_leading_decodes:
+            self.num_leading_decodes -= 1
         for column in (self.requests, self.num_computed_tokens, self.num_scheduled_tokens, self.needs_logits,
                        self.is_decode):
             del column[i]
         return num_tokens
 
     def add_decodes(self, requests: list) -> None:
-        """Add decoding requests, one token each (the token each sampled last), in bulk."""
+        """Add decoding requests (`Request.is_decoding`), one token each (the token each sampled
+        last), in bulk."""
         n = len(requests)
+        if not self.requests:
+            self.num_leading_decodes = n
         self.requests.extend(requests)
         self.num_computed_tokens.extend([r.num_computed_tokens for r in requests])
         self.num_scheduled_tokens.extend([1] * n)

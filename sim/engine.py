@@ -204,7 +204,21 @@ class Engine:
         sampled = result.sampled_token_ids
         finished = []
         if sampled is None:  # a cost model: no token ids (the loop below without them)
-            for r, num_tokens in zip(batch.requests, batch.num_scheduled_tokens):
+            requests = batch.requests
+            num_leading = batch.num_leading_decodes
+            # The leading decodes computed the token each sampled last, so each emits one (and had
+            # emitted one before): the loop below for them, without its tests.
+            for r in requests[:num_leading] if num_leading else ():
+                r.num_computed_tokens += 1
+                r.token_times.append(now)
+                num_output = r.num_output_tokens + 1
+                r.num_output_tokens = num_output
+                if num_output == r.max_tokens:
+                    finished.append(r)
+            scheduled = batch.num_scheduled_tokens
+            if num_leading:
+                requests, scheduled = requests[num_leading:], scheduled[num_leading:]
+            for r, num_tokens in zip(requests, scheduled):
                 num_computed = r.num_computed_tokens + num_tokens
                 r.num_computed_tokens = num_computed
                 num_output = r.num_output_tokens
