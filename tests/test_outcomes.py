@@ -100,6 +100,20 @@ def test_csv_batches_are_pandas_to_csv_byte_for_byte(tmp_path_factory, rows, chu
     assert np.array_equal(back["x"].to_numpy(), columns["x"], equal_nan=True)
 
 
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(alphabet=["a", " ", ",", '"', "\n", "\r", "'", "\t"], max_size=3)),
+                min_size=1, max_size=12),
+       st.booleans(), st.integers(1, 4))
+def test_text_columns_are_quoted_as_pandas_quotes_them(tmp_path_factory, texts, alone, chunk_rows):
+    """Text with line breaks, carriage returns, None and empty fields, beside a number or alone
+    (where a lone empty field is quoted)."""
+    folder = tmp_path_factory.mktemp("t")
+    columns = {"text": texts} if alone else {"text": texts, "n": np.arange(len(texts), dtype=np.int64)}
+    write_table(folder, "t", columns, "csv", chunk_rows=chunk_rows)
+    pd.DataFrame(columns).to_csv(folder / "pandas.csv", index=False)
+    assert (folder / "t.csv").read_bytes() == (folder / "pandas.csv").read_bytes()
+
 def test_steps_table_formats(tmp_path):
     sample = [str(AZURE_CONV_SAMPLE), "--limit", "40", "--quiet"]
     for fmt in ("parquet", "csv", "none"):
