@@ -98,8 +98,8 @@ def _csv_texts(values):
 
 def _needs_quoting(texts: list[str]) -> bool:
     """Whether csv.writer (minimal quoting, "\\n" line ends) may quote any of these fields: one
-    holding a comma, a quote or a line feed (or a carriage return, which Python 3.12 quotes and
-    3.11 does not: left to csv.writer). Without any, its rows are the fields joined by commas."""
+    holding a comma, a quote or a line feed (a carriage return too, which Python 3.11's does
+    not quote: left to csv.writer, to be safe). Without any, its rows are the fields joined by commas."""
     joined = "".join(texts)
     return any(c in joined for c in ',"\r\n')
 
