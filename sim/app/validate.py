@@ -56,6 +56,7 @@ import pandas as pd
 from backends.opbackend import OpTableBackend
 from backends.opprofile import ClientOverhead, build_profile
 from backends.optables import load_tables, systems_in
+from sim.app.opprofiles import kv_name
 from sim.app.options import ReplayOptions
 from sim.app.outputs import atomic_write_text
 from sim.app.plan import resolve
@@ -69,6 +70,10 @@ REQUIRED = ("id", "backend", "backend_version", "model_path", "system", "precisi
             "batch_size", "tp_size", "pp_size", "silicon_ttft_ms", "silicon_tpot_ms")
 SYSTEM_HARDWARE = {"h100_sxm": "H100-SXM", "h200_sxm": "H200"}  # operator-table systems -> hardware presets
 GROUP = ("system", "model", "backend", "backend_version", "precision")
+# validate.csv's columns taken as they are from predict_row, after the measured and predicted means.
+PREDICTED_COLUMNS = ("predicted_engine_ttft_ms", "num_gpu_blocks", "num_preemptions", "async_scheduling",
+                     "warmup_waves", "warmup_from", "implied_tokens_per_s", "tables_max_tokens_per_s",
+                     "faster_than_tables")
 
 
 # InferenceMAX's published results (the dashboard's export: `source_file=<date>.csv; model=...`),
@@ -270,12 +275,12 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl),
         cache=CacheConfig(enable_prefix_caching=protocol.unique_prompts > 0), model=row["model_source"],
         hardware=SYSTEM_HARDWARE[row["system"]], tp=profile.tp, dtype=profile.dtype,
-        kv_cache_dtype=profile.kv_cache_dtype if profile.kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
-    plan = resolve(options, backend=OpTableBackend(profile.op_model(), device=profile.source["system"]))
+        kv_cache_dtype="fp8" if profile.kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
+    ops = profile.op_model()
+    plan = resolve(options, backend=OpTableBackend(ops, device=profile.source["system"]))
     isls, osls = protocol.lengths(isl, osl, n)
     requests = protocol.requests(isls, osls)
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
-    ops = profile.op_model()
     tokens_per_s = ops.max_gemm_tokens_per_s(budget)
     warmup, warmup_why = protocol.warmup_for(
         row, first_wave_ttft_bound_ms(c, float(np.mean(isls)), tokens_per_s, protocol.prompts_per_client))
@@ -348,7 +353,7 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
             dtype = "fp8" if row["precision"] == "fp8" else "bf16"
             kv_cache, kv_why = protocol.kv_cache_for(row)
-            kv = "bf16" if kv_cache == "auto" else kv_cache
+            kv = kv_name(kv_cache)
             key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv)
             try:
                 if key not in profiles:
@@ -375,22 +380,13 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     "ttft_error_pct": 100 * (prediction["predicted_ttft_ms"] / measured_ttft - 1),
                     "measured_tpot_ms": measured_tpot, "predicted_tpot_ms": prediction["predicted_tpot_ms"],
                     "tpot_error_pct": 100 * (prediction["predicted_tpot_ms"] / measured_tpot - 1),
-                    "predicted_engine_ttft_ms": prediction["predicted_engine_ttft_ms"],
-                    "num_gpu_blocks": prediction["num_gpu_blocks"], "num_preemptions": prediction["num_preemptions"],
                     "kv_cache_dtype": kv_cache, "kv_cache_dtype_from": kv_why,
-                    "async_scheduling": prediction["async_scheduling"], "warmup_waves": prediction["warmup_waves"],
-                    "warmup_from": prediction["warmup_from"],
-                    "implied_tokens_per_s": prediction["implied_tokens_per_s"],
-                    "tables_max_tokens_per_s": prediction["tables_max_tokens_per_s"],
-                    "faster_than_tables": prediction["faster_than_tables"]})
+                    **{k: prediction[k] for k in PREDICTED_COLUMNS}})
         if progress is not None:
             progress(len(out), len(skipped), len(frame))
     rows = pd.DataFrame(out, columns=["id", *GROUP, "tp", "isl", "osl", "concurrency", "measured_ttft_ms",
                                       "predicted_ttft_ms", "ttft_error_pct", "measured_tpot_ms", "predicted_tpot_ms",
-                                      "tpot_error_pct", "predicted_engine_ttft_ms", "num_gpu_blocks",
-                                      "num_preemptions", "kv_cache_dtype", "kv_cache_dtype_from",
-                                      "async_scheduling", "warmup_waves", "warmup_from", "implied_tokens_per_s",
-                                      "tables_max_tokens_per_s", "faster_than_tables"])
+                                      "tpot_error_pct", *PREDICTED_COLUMNS, "kv_cache_dtype", "kv_cache_dtype_from"])
     summary = summarize(rows, skipped)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
