@@ -202,43 +202,27 @@ class Engine:
         """After a step: advance computed tokens; a request that caught up emits a token; finished
         requests free their blocks."""
         sampled = result.sampled_token_ids
+        if sampled is not None:  # a sampling backend: each logits row's token to its request
+            logits_row = 0
+            for r, needs_logits in zip(batch.requests, batch.needs_logits):
+                if needs_logits:
+                    r.sampled_token_ids.append(int(sampled[logits_row]))
+                    logits_row += 1
         finished = []
-        if sampled is None:  # a cost model: no token ids (the loop below without them)
-            requests = batch.requests
-            num_leading = batch.num_leading_decodes
+        requests, scheduled = batch.requests, batch.num_scheduled_tokens
+        num_leading = batch.num_leading_decodes
+        if num_leading:
             # The leading decodes computed the token each sampled last, so each emits one (and had
             # emitted one before): the loop below for them, without its tests.
-            for r in requests[:num_leading] if num_leading else ():
+            for r in requests[:num_leading]:
                 r.num_computed_tokens += 1
                 r.token_times.append(now)
                 num_output = r.num_output_tokens + 1
                 r.num_output_tokens = num_output
                 if num_output == r.max_tokens:
                     finished.append(r)
-            scheduled = batch.num_scheduled_tokens
-            if num_leading:
-                requests, scheduled = requests[num_leading:], scheduled[num_leading:]
-            for r, num_tokens in zip(requests, scheduled):
-                num_computed = r.num_computed_tokens + num_tokens
-                r.num_computed_tokens = num_computed
-                num_output = r.num_output_tokens
-                if num_computed != r.num_prompt_tokens + num_output:
-                    continue  # a partial prefill chunk emits nothing
-                if num_output:
-                    r.token_times.append(now)
-                else:
-                    r.first_token_s = now
-                    r.token_times = [now]
-                r.num_output_tokens = num_output + 1
-                if num_output + 1 == r.max_tokens:
-                    finished.append(r)
-            self._finish_all(finished, now)
-            return
-        logits_row = 0
-        for r, num_tokens, needs_logits in zip(batch.requests, batch.num_scheduled_tokens, batch.needs_logits):
-            if needs_logits:
-                r.sampled_token_ids.append(int(sampled[logits_row]))
-                logits_row += 1
+            requests, scheduled = requests[num_leading:], scheduled[num_leading:]
+        for r, num_tokens in zip(requests, scheduled):
             num_computed = r.num_computed_tokens + num_tokens
             r.num_computed_tokens = num_computed
             num_output = r.num_output_tokens
