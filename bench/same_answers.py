@@ -1,0 +1,110 @@
+"""Same answers: run `sim replay` with two source trees on the same workloads and compare every
+file of their run folders (a speed change must not change one byte).
+
+    python bench/same_answers.py --before TREE [--after TREE] [--quick] [--keep DIR]
+
+TREE is a checkout of servesim (for the tree before a change: `git worktree add --detach
+../base HEAD`); --after defaults to this checkout. Each tree's code runs in its own process with
+PYTHONPATH set to the tree, with this interpreter. Workloads: the Azure conversation hour under
+chunked at 1x and 4x and under decode-first, Mooncake's synthetic trace (prefix caching), both
+step by step (`--no-fast-forward`) on the bundled samples, and a two-replica cluster on the
+bundled Azure sample; `--quick` keeps the sample runs only. Every file is compared byte for byte
+but summary.json, compared as JSON with the tree's own path taken out of the profile's path.
+Exit status 1 when a file differs, 2 when a run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "traces" / "raw"
+AZURE = SHARED / "AzureLLMInferenceTrace_conv.csv"
+MOONCAKE = SHARED / "synthetic_trace.jsonl"
+AZURE_SAMPLE = Path("traces/samples/azure_conv_2023_first5min.csv")
+MOONCAKE_SAMPLE = Path("traces/samples/mooncake_synthetic_last200.jsonl")
+COMMON = ["--model", "Llama-3.1-8B", "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet"]
+
+FULL = {
+    "azure-chunked-1x": [str(AZURE), "--policy", "chunked"],
+    "azure-chunked-4x": [str(AZURE), "--policy", "chunked", "--rate-scale", "4"],
+    "azure-decode-first": [str(AZURE), "--policy", "decode-first"],
+    "mooncake-chunked": [str(MOONCAKE), "--policy", "chunked"],
+}
+QUICK = {
+    "sample-chunked-stepwise": [str(AZURE_SAMPLE), "--policy", "chunked", "--no-fast-forward", "--rate-scale", "3"],
+    "sample-prefill-first": [str(AZURE_SAMPLE), "--policy", "prefill-first", "--rate-scale", "3"],
+    "mooncake-sample-stepwise": [str(MOONCAKE_SAMPLE), "--policy", "chunked", "--no-fast-forward"],
+    "sample-two-replicas": [str(AZURE_SAMPLE), "--policy", "chunked", "--replicas", "2", "--rate-scale", "4"],
+}
+
+
+def run(tree: Path, args: list[str], out: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, "-m", "sim.app.cli", "replay", *args, *COMMON, "--out", str(out)]
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode:
+        print(f"same_answers: {' '.join(cmd)} (in {tree}) failed:\n{done.stderr}", file=sys.stderr)
+        sys.exit(2)
+
+
+def normalised_summary(path: Path, tree: Path) -> dict:
+    summary = json.loads(path.read_text())
+    text = json.dumps(summary).replace(str(tree.resolve()), "<tree>")
+    return json.loads(text)
+
+
+def compare(name: str, before: Path, after: Path, before_tree: Path, after_tree: Path) -> list[str]:
+    problems = []
+    names = sorted({p.name for p in before.iterdir()} | {p.name for p in after.iterdir()})
+    for file in names:
+        a, b = before / file, after / file
+        if not a.exists() or not b.exists():
+            problems.append(f"{name}: {file} only in {'after' if not a.exists() else 'before'}")
+        elif file == "summary.json":
+            sa, sb = normalised_summary(a, before_tree), normalised_summary(b, after_tree)
+            if sa != sb:
+                keys = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
+                problems.append(f"{name}: summary.json differs in {keys}")
+        elif a.read_bytes() != b.read_bytes():
+            problems.append(f"{name}: {file} differs")
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, type=Path, help="the tree before the change")
+    parser.add_argument("--after", default=ROOT, type=Path, help="the tree after it (default: this checkout)")
+    parser.add_argument("--quick", action="store_true", help="the bundled samples only")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    args = parser.parse_args()
+    workloads = dict(QUICK)
+    if not args.quick:
+        if not AZURE.exists() or not MOONCAKE.exists():
+            sys.exit(f"same_answers: the shared traces are not in {SHARED}; run with --quick")
+        workloads.update(FULL)
+    with tempfile.TemporaryDirectory(prefix="same_answers_") as temp:
+        base = args.keep or Path(temp)
+        problems = []
+        for name, workload in workloads.items():
+            folders = []
+            for label, tree in (("before", args.before), ("after", args.after)):
+                out = base / label / name
+                run(tree.resolve(), workload, out)
+                folders.append(out)
+            found = compare(name, *folders, args.before, args.after)
+            print(f"{name}: {'same' if not found else 'DIFFERENT'}", flush=True)
+            problems += found
+    for problem in problems:
+        print(problem)
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
