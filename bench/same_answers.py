@@ -9,7 +9,8 @@ PYTHONPATH set to the tree, with this interpreter. Workloads: the Azure conversa
 chunked at 1x and 4x and under decode-first, Mooncake's synthetic trace (prefix caching), both
 step by step (`--no-fast-forward`) on the bundled samples, and a two-replica cluster on the
 bundled Azure sample; `--quick` keeps the sample runs only. Every file is compared byte for byte
-but summary.json, compared as JSON with the tree's own path taken out of the profile's path.
+but summary.json, compared as JSON with the tree's own path taken out of the profile's path, and
+Parquet tables, compared by schema and content (row groups included: their encoding may differ).
 Exit status 1 when a file differs, 2 when a run fails.
 """
 
@@ -60,6 +61,15 @@ def normalised_summary(path: Path, tree: Path) -> dict:
     return json.loads(text)
 
 
+def same_parquet(a: Path, b: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    fa, fb = pq.ParquetFile(a), pq.ParquetFile(b)
+    if fa.schema_arrow != fb.schema_arrow or fa.num_row_groups != fb.num_row_groups:
+        return False
+    return all(fa.read_row_group(i).equals(fb.read_row_group(i)) for i in range(fa.num_row_groups))
+
+
 def compare(name: str, before: Path, after: Path, before_tree: Path, after_tree: Path) -> list[str]:
     problems = []
     names = sorted({p.name for p in before.iterdir()} | {p.name for p in after.iterdir()})
@@ -72,6 +82,9 @@ def compare(name: str, before: Path, after: Path, before_tree: Path, after_tree:
             if sa != sb:
                 keys = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
                 problems.append(f"{name}: summary.json differs in {keys}")
+        elif file.endswith(".parquet"):
+            if not same_parquet(a, b):
+                problems.append(f"{name}: {file} differs")
         elif a.read_bytes() != b.read_bytes():
             problems.append(f"{name}: {file} differs")
     return problems

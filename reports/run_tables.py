@@ -59,7 +59,11 @@ class TableWriter:
 
         table = pa.table({name: _arrow(values) for name, values in columns.items()})
         if self._parquet is None:
-            self._parquet = pq.ParquetWriter(self.path, table.schema)
+            # Dictionary encoding only for text (status, reasons: few distinct values). For numbers it
+            # made the steps table's write 4x slower (0.19 s against 0.04 s for the Azure hour's
+            # 431,657 steps) for a file 15% smaller.
+            text = [field.name for field in table.schema if pa.types.is_string(field.type)]
+            self._parquet = pq.ParquetWriter(self.path, table.schema, use_dictionary=text)
         else:
             table = table.cast(self._parquet.schema)
         self._parquet.write_table(table, row_group_size=max(len(table), 1))
