@@ -15,7 +15,7 @@ dropped, counted in `Trace.dropped` and warned about, in every format.
 | formats.py     | format names, columns, detection, limits               |
 | csv_rows.py    | CSV in chunks, numeric checks with file:line           |
 | canonical.py   | servesim's canonical CSV (with prefix hash ids)        |
-| published.py   | Azure 2023/2024, BurstGPT, Vidur/Splitwise CSV         |
+| published.py   | Azure 2023/2024 (clean files without pandas), BurstGPT, Vidur/Splitwise CSV |
 | mooncake.py    | Mooncake JSON Lines                                    |
 | builder.py     | the chunks into one `Trace`: drops, order, span        |
 """
@@ -38,7 +38,7 @@ from traces.formats import (
     header,
 )
 from traces.mooncake import read_mooncake
-from traces.published import AzureRows, BurstGptRows, VidurRows
+from traces.published import AzureRows, BurstGptRows, VidurRows, read_plain_azure
 from traces.textfile import READ_ERRORS, first_line, open_trace
 from traces.trace import Trace
 
@@ -87,6 +87,8 @@ def _read_csv(builder: TraceBuilder, handle: BinaryIO, first: str, header_line: 
     for name in CSV_COLUMNS[fmt]:
         if name not in names:
             raise ServesimError(f"{path}:{header_line}: missing column {name!r} (the header has {first.strip()})")
+    if fmt == "azure" and read_plain_azure(builder, handle, names, header_line, chunk_rows):
+        return  # a clean file, read without pandas
     if fmt == "canonical":
         rows = CanonicalRows(builder, names)
     elif fmt == "azure":
