@@ -20,6 +20,7 @@ import pytest
 import traces.readers
 from reports.digest import summary_row
 from reports.html import report_html, run_report_html
+from reports.outcomes import RequestOutcomes
 from reports.run_tables import _arrow_from_numpy
 from sim.app.cli import main
 from sim.errors import ServesimError
@@ -43,14 +44,21 @@ sys.exit(rc)
 """
 
 
-@pytest.mark.parametrize("trace", [AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE], ids=["azure", "mooncake"])
-def test_a_replay_never_imports_pandas(tmp_path, trace):
-    cmd = [sys.executable, "-c", WRAPPER, "replay", str(trace), "--policy", "chunked", "--out", str(tmp_path / "run"),
+@pytest.mark.parametrize("args", [
+    [str(AZURE_CONV_SAMPLE)],
+    [str(MOONCAKE_SAMPLE)],
+    [str(MOONCAKE_SAMPLE), "--max-model-len", "16384"],  # some rejected: the summary counts their reasons
+    [str(AZURE_CONV_SAMPLE), "--replicas", "2", "--limit", "200"],
+], ids=["azure", "mooncake", "mooncake-rejections", "azure-two-replicas"])
+def test_a_replay_never_imports_pandas(tmp_path, args):
+    cmd = [sys.executable, "-c", WRAPPER, "replay", *args, "--policy", "chunked", "--out", str(tmp_path / "run"),
            "--quiet"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "PANDAS_NOT_LOADED"
     assert {p.name for p in (tmp_path / "run").iterdir()} >= {"report.html", "digest.json", "steps.parquet"}
+    if "--max-model-len" in args:
+        assert json.loads((tmp_path / "run" / "summary.json").read_text())["reject_reasons"]
 
 
 # The Azure reader without pandas.
@@ -239,3 +247,14 @@ def test_steps_table_arrays_are_pa_arrays():
         ours, theirs = _arrow_from_numpy(values), pa.array(values)
         assert ours.type == theirs.type and ours.null_count == theirs.null_count == 0
         assert ours.to_pylist() == theirs.to_pylist() or np.array_equal(ours.to_numpy(), theirs.to_numpy(), equal_nan=True)
+
+
+def test_reject_reasons_are_ordered_as_pandas_orders_them():
+    rng = np.random.default_rng(0)
+    for size in (1, 2, 3, 5, 16, 17, 40, 200):
+        for _ in range(20):
+            outcomes = RequestOutcomes(None)
+            outcomes.reject_reasons = {f"reason {i}": int(n) for i, n in enumerate(rng.integers(1, 4, size))}
+            expected = pd.Series(outcomes.reject_reasons, dtype=np.int64).sort_values(ascending=False)
+            got = outcomes.reject_reason_counts()
+            assert list(got.items()) == [(k, int(v)) for k, v in expected.items()]
