@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from datetime import date
+from itertools import islice
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -114,8 +115,9 @@ class AzureRows:
             f"({stamp!r}) has {first}; converted every stamp to UTC")
 
 
-# A clean row: a date and time without a zone (0 to 9 digits of a second's fraction), two counts.
-PLAIN_ROW = re.compile(rb"(\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?,(\d{1,10}),(\d{1,10})\r?\n?")
+# Clean rows, one a line: a date and time without a zone (0 to 9 digits of a second's fraction), two counts.
+PLAIN_ROWS = re.compile(rb"^(\d{4}-\d\d-\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?,(\d{1,10}),(\d{1,10})\r?$",
+                        re.MULTILINE)
 EPOCH_DAY = date(1970, 1, 1).toordinal()
 NS_PER_S = 10**9
 
@@ -124,47 +126,42 @@ def read_plain_azure(builder: TraceBuilder, handle: BinaryIO, names: list[str], 
                      chunk_rows: int) -> bool:
     """Read the rows after the header if every one is clean (see the module's docstring), giving
     the builder what `AzureRows` gives it: the same nanoseconds as pd.to_datetime(format="ISO8601"),
-    the same counts and drops. At the first row that is not clean, nothing is added, `handle` is put
-    back where it was and False returned: AzureRows reads the file (and names what is wrong)."""
+    the same counts and drops. If a row is not clean, nothing is added, `handle` is put back where
+    it was and False returned: AzureRows reads the file (and names what is wrong)."""
     if names != list(AZURE):
         return False
     start = handle.tell()
-    day_ns: dict[bytes, int] = {}  # a date's midnight in nanoseconds since the epoch
-    chunks: list[tuple[list[int], list[int], list[int]]] = []
-    arrival: list[int] = []
-    prompt: list[int] = []
-    output: list[int] = []
-    for raw in handle:
-        m = PLAIN_ROW.fullmatch(raw)
-        if m is None:
+    chunks = []
+    while lines := list(islice(handle, chunk_rows)):
+        chunk = _plain_chunk(lines)
+        if chunk is None:
             break
-        day, hours, minutes, seconds, fraction, context, generated = m.groups()
-        midnight = day_ns.get(day)
-        if midnight is None:
-            midnight = _midnight_ns(day)
-        hours, minutes, seconds = int(hours), int(minutes), int(seconds)
-        context, generated = int(context), int(generated)
-        if midnight is None or hours > 23 or minutes > 59 or seconds > 59 or context > MAX_TOKENS \
-                or generated > MAX_TOKENS:
-            break
-        day_ns[day] = midnight
-        ns = midnight + ((hours * 60 + minutes) * 60 + seconds) * NS_PER_S
-        if fraction:
-            ns += int(fraction) * 10 ** (9 - len(fraction))
-        arrival.append(ns)
-        prompt.append(context)
-        output.append(generated)
-        if len(arrival) == chunk_rows:
-            chunks.append((arrival, prompt, output))
-            arrival, prompt, output = [], [], []
-    else:  # every row was clean
-        if arrival:
-            chunks.append((arrival, prompt, output))
+        chunks.append(chunk)
+    else:
         if chunks:
             _add_plain_chunks(builder, chunks, header_line)
             return True
     handle.seek(start)
     return False
+
+
+def _plain_chunk(lines: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The nanoseconds and counts of clean rows; None if a line is not one."""
+    rows = PLAIN_ROWS.findall(b"".join(lines))
+    if len(rows) != len(lines):  # a line matches once at most (the pattern spans it all, and no line end)
+        return None
+    day, hours, minutes, seconds, fraction, context, generated = zip(*rows)
+    midnight = {d: _midnight_ns(d) for d in set(day)}
+    if None in midnight.values():
+        return None
+    hours, minutes, seconds, context, generated = (np.array(list(map(int, column)), dtype=np.int64)
+                                                   for column in (hours, minutes, seconds, context, generated))
+    if (hours > 23).any() or (minutes > 59).any() or (seconds > 59).any() or (context > MAX_TOKENS).any() \
+            or (generated > MAX_TOKENS).any():
+        return None
+    ns = np.array([midnight[d] for d in day], dtype=np.int64) + ((hours * 60 + minutes) * 60 + seconds) * NS_PER_S
+    ns += np.array([int(f.ljust(9, b"0")) if f else 0 for f in fraction], dtype=np.int64)  # 1 to 9 digits
+    return ns, context, generated
 
 
 def _midnight_ns(day: bytes) -> int | None:
@@ -179,14 +176,11 @@ def _midnight_ns(day: bytes) -> int | None:
         return None
 
 
-def _add_plain_chunks(builder: TraceBuilder, chunks: list[tuple[list[int], list[int], list[int]]],
+def _add_plain_chunks(builder: TraceBuilder, chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                       header_line: int) -> None:
     builder.arrival_per_s, builder.arrival_is_date = 1e9, True
     first_line = header_line + 1
-    for arrival, prompt, output in chunks:
-        ns = np.array(arrival, dtype=np.int64)
-        context = np.array(prompt, dtype=np.int64)
-        generated = np.array(output, dtype=np.int64)
+    for ns, context, generated in chunks:
         lines = np.arange(first_line, first_line + len(ns), dtype=np.int64)
         first_line += len(ns)
         keep = builder.keep_nonzero(np.ones(len(ns), dtype=bool),
