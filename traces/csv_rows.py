@@ -2,7 +2,9 @@
 
 pandas parses each chunk (its fast C parser); a row's file line is kept beside it so that every
 problem names `file:line`. pandas names a later row with a field too many, but cuts the first
-row short with a ParserWarning: that row is checked here before pandas reads it.
+row short with a ParserWarning: that row is checked here before pandas reads it. pandas is
+imported when the first chunk is parsed, not with this module: a replay of a file read without
+it (Mooncake's JSON Lines, a clean Azure CSV) never pays for the import.
 """
 
 from __future__ import annotations

@@ -15,9 +15,12 @@ dropped, counted in `Trace.dropped` and warned about, in every format.
 | formats.py     | format names, columns, detection, limits               |
 | csv_rows.py    | CSV in chunks, numeric checks with file:line           |
 | canonical.py   | servesim's canonical CSV (with prefix hash ids)        |
-| published.py   | Azure 2023/2024 (clean files without pandas), BurstGPT, Vidur/Splitwise CSV |
+| published.py   | Azure 2023/2024, BurstGPT, Vidur/Splitwise CSV         |
 | mooncake.py    | Mooncake JSON Lines                                    |
 | builder.py     | the chunks into one `Trace`: drops, order, span        |
+
+pandas parses the CSV formats (csv_rows.py), imported on first use; a clean Azure file
+(published.read_plain_azure) and Mooncake's JSON Lines are read without it.
 """
 
 from __future__ import annotations
