@@ -258,3 +258,25 @@ def test_reject_reasons_are_ordered_as_pandas_orders_them():
             expected = pd.Series(outcomes.reject_reasons, dtype=np.int64).sort_values(ascending=False)
             got = outcomes.reject_reason_counts()
             assert list(got.items()) == [(k, int(v)) for k, v in expected.items()]
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+def test_plain_reader_puts_back_a_file_whose_late_chunk_is_unusual(tmp_path, pandas_reader, compress):
+    """Chunks read cleanly, then one that is not: the pandas reader reads the whole file from its header."""
+    rows = [f"2023-11-16 18:15:{s:02d}.5,10,2" for s in range(7)] + ["2023-11-16 18:15:50.5+00:00,10,2"]
+    path = write_azure(tmp_path, rows)
+    if compress:
+        path.write_bytes(gzip.compress(path.read_bytes()))
+    try:
+        expected = pandas_reader(path, chunk_rows=3)
+    except ServesimError as e:
+        with pytest.raises(ServesimError) as got:
+            read_trace(path, chunk_rows=3)
+        assert str(got.value) == str(e)
+    else:
+        same_trace(read_trace(path, chunk_rows=3), expected)
+    with open_trace(path) as handle:
+        first, line = first_line(path, handle)
+        position = handle.tell()
+        assert not read_plain_azure(TraceBuilder(path, "azure", "TIMESTAMP"), handle, first.split(","), line, 3)
+        assert handle.tell() == position
