@@ -15,12 +15,16 @@ lists: the unit of sweep tables and reports.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from reports.metrics import METRICS
 from reports.outcomes import RequestOutcomes
 from sim.request import Status
+
+if TYPE_CHECKING:
+    import pandas as pd  # make_digest's requests table; a replay's digest (run_digest) needs no pandas
 
 QUANTILES = np.unique(np.round(np.r_[np.arange(0.0, 99.0, 1.0), np.arange(99.0, 100.0, 0.1), 99.95, 99.99, 100.0], 2))
 NUM_TIMELINE_BINS = 240

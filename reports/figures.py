@@ -1,13 +1,19 @@
 """The plotly figures of the reports, as plain figure dicts (no plotly import): latency CDFs,
-throughput against latency, capacity, the step timeline; menus, colours and groupings."""
+throughput against latency, capacity, the step timeline; menus, colours and groupings.
+
+The latency CDFs and the step timeline take a DataFrame of rows, or a list of row dicts (one
+run's summary_row): a run's page is drawn without pandas."""
 
 from __future__ import annotations
 
 import html
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from reports.axes import AXES
 from reports.axes import axis_name as _axis_name
@@ -52,7 +58,8 @@ def _axes(i: int) -> dict:
     return {"xaxis": f"x{suffix}", "yaxis": f"y{suffix}"}
 
 
-def cdf_figure(rows: pd.DataFrame, group_by: list[str], label_column: str | None) -> dict | None:
+def cdf_figure(rows: pd.DataFrame | list[dict], group_by: list[str], label_column: str | None) -> dict | None:
+    """`rows`: a DataFrame, or a list of row dicts when `group_by` is empty."""
     if not len(rows):
         return None
     layout = _grid(2, 2, [title for _, title in CDF_METRICS])
@@ -60,7 +67,7 @@ def cdf_figure(rows: pd.DataFrame, group_by: list[str], label_column: str | None
     groups = group_rows(rows, group_by)
     traces, trace_groups = [], []
     for g, (_, group) in enumerate(groups):
-        for r, (_, row) in enumerate(group.iterrows()):
+        for r, row in enumerate(iter_rows(group)):
             label = row_label(row, label_column)
             for k, (metric, _) in enumerate(CDF_METRICS):
                 sketch = row.get(f"{metric}_quantiles")
@@ -132,10 +139,10 @@ def capacity_figure(capacity: pd.DataFrame) -> dict:
     return {"data": traces, "layout": layout}
 
 
-def timeline_figure(rows: pd.DataFrame, swept: list[str], label_column: str | None) -> dict:
+def timeline_figure(rows: pd.DataFrame | list[dict], swept: list[str], label_column: str | None) -> dict:
     layout = _grid(4, 1, list(TIMELINE_TITLES), shared_x=True, gap_y=0.06)
     labels, traces, trace_groups = [], [], []
-    for _, row in rows.head(MAX_MENU_ENTRIES).iterrows():
+    for row in iter_rows(rows, MAX_MENU_ENTRIES):
         x = row.get("timeline_start_s")
         if not is_list(x):
             continue
@@ -180,7 +187,16 @@ def _menu(labels: list[str], trace_groups: list[int]) -> list[dict]:
 
 # Tables.
 
-def group_rows(rows: pd.DataFrame, by: list[str], limit: int | None = MAX_MENU_ENTRIES) -> list[tuple[str, pd.DataFrame]]:
+def iter_rows(rows: pd.DataFrame | list[dict], limit: int | None = None) -> list:
+    """The first `limit` rows (all when None): a DataFrame's as pandas Series (iterrows), a list's as they are."""
+    if isinstance(rows, list):
+        return rows[:limit]
+    return [row for _, row in (rows if limit is None else rows.head(limit)).iterrows()]
+
+
+def group_rows(rows: pd.DataFrame | list[dict], by: list[str],
+               limit: int | None = MAX_MENU_ENTRIES) -> list[tuple[str, pd.DataFrame | list[dict]]]:
+    """Rows grouped by the values of `by` (none: one group of every row, a DataFrame or a list)."""
     if not by:
         return [("", rows)]
     out = []

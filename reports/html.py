@@ -20,8 +20,7 @@ import html
 import json
 import math
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from reports.axes import AXES
 from reports.axes import axis_name as _axis_name
@@ -42,6 +41,13 @@ from reports.run_tables import find_table, read_run_table
 from sim.errors import ServesimError
 from sim.jsonable import jsonable
 
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a page of many rows is drawn: one run's page needs no pandas
+
+TIMELINE_NOTE = "Steps binned by start time; each bin shows the mean per step."
+REPLICA_NOTE = ("Requests routed to each replica, the fraction of the time it is busy, its mean KV usage while busy, "
+                "and its prefix-cache hit rate.")
+
 # Entry points.
 
 def run_report_files(summary: dict, digest: dict) -> dict[str, str]:
@@ -54,11 +60,18 @@ def run_report_html(summary: dict, digest: dict | None) -> str:
     trace = Path(str(options.get("trace", ""))).name
     title = f"{options.get('scheduler', {}).get('policy', '')} on {trace}"
     subtitle = f"{options.get('model', '')} on {options.get('hardware', '')}, {options.get('backend', '')} backend"
-    return report_html(pd.DataFrame([summary_row(summary, digest)]), title=title, subtitle=subtitle)
+    row = summary_row(summary, digest)
+    if row.get("status", "ok") != "ok":  # a failed point: report_html's table of rows names its error
+        import pandas as pd
+
+        return report_html(pd.DataFrame([row]), title=title, subtitle=subtitle)
+    return _run_page(row, title, subtitle)
 
 
 def folder_report_html(directory: str | Path) -> str:
     """The report.html of whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
+    import pandas as pd
+
     from reports.tables import RESULTS, read_table
 
     d = Path(directory)
@@ -131,18 +144,30 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
                                  throughput_figure(ok, [a for a in swept if a not in ("rate_scale", "seed")]),
                                  "One point per rate scale, averaged over seeds; log latency axis."))
     if "timeline_start_s" in focus and len(focus):
-        sections.append(_section("Step timeline", timeline_figure(focus, swept, label_column),
-                                 "Steps binned by start time; each bin shows the mean per step."))
+        sections.append(_section("Step timeline", timeline_figure(focus, swept, label_column), TIMELINE_NOTE))
     if has_capacity:
         sections.append(f"<h2>Capacity</h2>{_capacity_table(capacity)}")
     if len(rows) == 1 and is_list(rows.iloc[0].get("replica_requests")):
-        sections.append(_section("Load per replica", replica_figure(rows.iloc[0]),
-                                 "Requests routed to each replica, the fraction of the time it is busy, its mean "
-                                 "KV usage while busy, and its prefix-cache hit rate."))
+        sections.append(_section("Load per replica", replica_figure(rows.iloc[0]), REPLICA_NOTE))
     if len(rows) == 1 and len(ok) == 1:
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:
         sections.append(f"<h2>Numbers</h2>{_rows_table(rows, swept, label_column)}")
+    return _page(title, subtitle, get_plotlyjs(), sections)
+
+
+def _run_page(row: dict, title: str, subtitle: str) -> str:
+    """report_html of one run that did not fail (its summary_row), to the byte, without pandas: the
+    sections report_html draws for a single row."""
+    from plotly.offline import get_plotlyjs
+
+    rows = [row]
+    sections = [_section("Latency CDFs", cdf_figure(rows, [], None), seed_note(rows, []))]
+    if "timeline_start_s" in row:
+        sections.append(_section("Step timeline", timeline_figure(rows, [], None), TIMELINE_NOTE))
+    if is_list(row.get("replica_requests")):
+        sections.append(_section("Load per replica", replica_figure(row), REPLICA_NOTE))
+    sections.append(f"<h2>Numbers</h2>{_stats_table(row)}")
     return _page(title, subtitle, get_plotlyjs(), sections)
 
 

@@ -12,7 +12,6 @@ A row with a 0-token prompt or output is dropped and counted, as in the publishe
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from sim.errors import ServesimError
 from traces.builder import TraceBuilder, check_hash_ids
@@ -85,6 +84,8 @@ def _parse_hash_ids(chunk: Chunk, prompt: np.ndarray, block_tokens: int) -> list
 
 def _parse_priority(chunk: Chunk) -> np.ndarray:
     """Whole numbers, negative ones too (vLLM's priority is any int)."""
+    import pandas as pd
+
     text = chunk.text("priority")
     values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(values) | (values != np.floor(values)) | (np.abs(values) > 2**62)

@@ -2,7 +2,9 @@
 
 pandas parses each chunk (its fast C parser); a row's file line is kept beside it so that every
 problem names `file:line`. pandas names a later row with a field too many, but cuts the first
-row short with a ParserWarning: that row is checked here before pandas reads it.
+row short with a ParserWarning: that row is checked here before pandas reads it. pandas is
+imported when the first chunk is parsed, not with this module: a replay of a file read without
+it (Mooncake's JSON Lines, a clean Azure CSV) never pays for the import.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-import pandas as pd
 
 from sim.errors import ServesimError
 from traces.formats import MAX_TOKENS, TEXT_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a chunk is parsed: a replay of a clean Azure or Mooncake file never needs it
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Chunk:
 
     def numbers(self, name: str) -> np.ndarray:
         """A numeric column as float64: every value present, a finite number, not negative."""
+        import pandas as pd
+
         col = self.column(name)
         if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
             values = col.to_numpy(dtype=np.float64)  # pandas parsed every value: none is missing
@@ -80,6 +86,8 @@ class Chunk:
 def csv_chunks(path: Path, handle: BinaryIO, header: list[str], header_line: int,
                chunk_rows: int) -> Iterator[Chunk]:
     """The data rows in chunks, blank lines left out; a row's line is header_line + 1 + its index."""
+    import pandas as pd
+
     _check_first_row(path, handle, header, header_line)
     text_columns = {name: str for name in header if name in TEXT_COLUMNS}
     reader = pd.read_csv(handle, header=None, names=header, index_col=False, skip_blank_lines=False,
@@ -124,6 +132,8 @@ def _parser_error(path: Path, message: str, header_line: int) -> str:
 
 def _without_blank_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of a blank line have every field empty; a chunk with a numeric column has none."""
+    import pandas as pd
+
     if len(frame.columns) == 0 or any(pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns):
         return frame
     blank = np.ones(len(frame), dtype=bool)

@@ -18,6 +18,9 @@ dropped, counted in `Trace.dropped` and warned about, in every format.
 | published.py   | Azure 2023/2024, BurstGPT, Vidur/Splitwise CSV         |
 | mooncake.py    | Mooncake JSON Lines                                    |
 | builder.py     | the chunks into one `Trace`: drops, order, span        |
+
+pandas parses the CSV formats (csv_rows.py), imported on first use; a clean Azure file
+(published.read_plain_azure) and Mooncake's JSON Lines are read without it.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from traces.formats import (
     header,
 )
 from traces.mooncake import read_mooncake
-from traces.published import AzureRows, BurstGptRows, VidurRows
+from traces.published import AzureRows, BurstGptRows, VidurRows, read_plain_azure
 from traces.textfile import READ_ERRORS, first_line, open_trace
 from traces.trace import Trace
 
@@ -87,6 +90,8 @@ def _read_csv(builder: TraceBuilder, handle: BinaryIO, first: str, header_line: 
     for name in CSV_COLUMNS[fmt]:
         if name not in names:
             raise ServesimError(f"{path}:{header_line}: missing column {name!r} (the header has {first.strip()})")
+    if fmt == "azure" and read_plain_azure(builder, handle, names, header_line, chunk_rows):
+        return  # a clean file, read without pandas
     if fmt == "canonical":
         rows = CanonicalRows(builder, names)
     elif fmt == "azure":
