@@ -41,6 +41,9 @@ all usable (vLLM's `num_gpu_blocks` minus one).
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import eq
+
 from sim.request import Request
 
 
@@ -142,6 +145,8 @@ class BlockManager:
     def _without_stale(self, entries: list[int], num_live: int) -> list[int]:
         """The live blocks among LRU entries just taken from the head, topped up to `num_live`."""
         skip, lru = self._lru_skip, self._lru
+        if not any(map(skip.__getitem__, entries)):  # the usual case: none is stale
+            return entries
         live = []
         for block in entries:
             if skip[block]:  # a stale entry: the block left the queue on a hit
@@ -416,11 +421,17 @@ class BlockManager:
             for block in hashed:
                 ref_counts[block] = 0
             num_own = len(hashed)
-            for block in reversed(table[:request.num_hashed_blocks]):  # indexed
-                count = ref_counts[block] - 1
-                ref_counts[block] = count
-                if not count:
-                    hashed.append(block)
+            indexed = table[:request.num_hashed_blocks]
+            indexed.reverse()
+            counts = list(map(ref_counts.__getitem__, indexed))
+            if counts.count(1) == len(counts):  # none is shared with a running request: all become free
+                for block in indexed:
+                    ref_counts[block] = 0
+                hashed += indexed
+            else:
+                hashed += compress(indexed, map(eq, counts, repeat(1)))
+                for block in indexed:
+                    ref_counts[block] -= 1
             self._lru.extend(hashed)
             self._num_lru += len(hashed)
             self._num_lru_indexed += len(hashed) - num_own
