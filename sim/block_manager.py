@@ -59,7 +59,6 @@ class BlockManager:
         self._unused_chunks: list[int] = []  # numbers of chunks that left the index, for reuse
         self._width = 0  # slots per chunk, set by the first request with trace hashes
         self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width)
-        self._slot_of = [0] * num_blocks  # a block's slot in the shared index; 0: none
         # The index of the requests' own blocks, by block key (negative).
         self.hash_to_block: dict[int, int] = {}  # the block a lookup of a key returns: the first indexed
         self.block_hash: list[int | None] = [None] * num_blocks  # an own block's key, if indexed
@@ -69,6 +68,7 @@ class BlockManager:
         # Hashed free blocks, evicted first to last. A hit takes a block out of the middle by counting
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
         self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
+        self._lru_slots: list[int] = []  # each entry's block's slot in the shared index (0: none)
         self._lru_head = 0
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
@@ -100,69 +100,71 @@ class BlockManager:
         if num_blocks > take:
             num_evict = num_blocks - take
             self._num_lru -= num_evict
-            lru, head = self._lru, self._lru_head
-            evicted = lru[head:head + num_evict]
+            lru, lru_slots, head = self._lru, self._lru_slots, self._lru_head
+            evicted, evicted_slots = lru[head:head + num_evict], lru_slots[head:head + num_evict]
             self._lru_head = head + num_evict
             if self._num_stale:
-                evicted = self._without_stale(evicted, num_evict)
+                evicted, evicted_slots = self._without_stale(evicted, evicted_slots, num_evict)
             head = self._lru_head
             if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
                 del lru[:head]
+                del lru_slots[:head]
                 self._lru_head = 0
             if self._num_lru_indexed:
-                self._num_lru_indexed -= self._unindex_evicted(evicted)
+                self._num_lru_indexed -= self._unindex_evicted(evicted, evicted_slots)
             blocks += evicted
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
         return blocks
 
-    def _unindex_evicted(self, evicted: list[int]) -> int:
-        """Take blocks just evicted out of the index (_unindex for each, but in a few passes over
-        them: this runs for every eviction); how many were in it."""
-        slot_of = self._slot_of
-        taken = list(map(slot_of.__getitem__, evicted))  # their slots in the shared index (0: none)
+    def _unindex_evicted(self, evicted: list[int], evicted_slots: list[int]) -> int:
+        """Take blocks just evicted, at these slots, out of the index (_unindex for each, in a few
+        passes over them: this runs for every eviction); how many were in it."""
         duplicates = self._duplicates
-        if duplicates and not duplicates.keys().isdisjoint(taken):  # a slot holding duplicates: rare
-            return sum(map(self._unindex, evicted))
-        num_indexed = len(taken) - taken.count(0)
-        if num_indexed:
+        if duplicates and not duplicates.keys().isdisjoint(evicted_slots):  # a slot holding duplicates: rare
+            return sum(map(self._unindex, evicted, evicted_slots))
+        num_indexed = len(evicted_slots) - evicted_slots.count(0)
+        if num_indexed:  # each of these blocks is the one at its slot
             slots = self._slots
-            for slot in taken:
+            for slot in evicted_slots:
                 slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
-            for block in evicted:
-                slot_of[block] = 0
             width = self._width
-            for chunk in {slot // width for slot in taken}:
+            chunks = {slot // width for slot in evicted_slots}
+            chunks.discard(0)
+            for chunk in chunks:
                 self._drop_if_empty(chunk)
-        if self.hash_to_block and num_indexed < len(taken):  # own blocks, indexed on preemptions
+        if self.hash_to_block and num_indexed < len(evicted_slots):  # own blocks, indexed on preemptions
             block_hash = self.block_hash
             for block in evicted:
                 if block_hash[block] is not None:
-                    num_indexed += self._unindex(block)
+                    num_indexed += self._unindex(block, 0)
         return num_indexed
 
-    def _without_stale(self, entries: list[int], num_live: int) -> list[int]:
-        """The live blocks among LRU entries just taken from the head, topped up to `num_live`."""
-        skip, lru = self._lru_skip, self._lru
+    def _without_stale(self, entries: list[int], entry_slots: list[int], num_live: int) -> tuple[list[int], list[int]]:
+        """The live blocks among LRU entries just taken from the head, topped up to `num_live`,
+        and their slots."""
+        skip, lru, lru_slots = self._lru_skip, self._lru, self._lru_slots
         if not any(map(skip.__getitem__, entries)):  # the usual case: none is stale
-            return entries
-        live = []
-        for block in entries:
+            return entries, entry_slots
+        live, live_slots = [], []
+        for block, slot in zip(entries, entry_slots):
             if skip[block]:  # a stale entry: the block left the queue on a hit
                 skip[block] -= 1
                 self._num_stale -= 1
             else:
                 live.append(block)
+                live_slots.append(slot)
         while len(live) < num_live:
-            block = lru[self._lru_head]
+            block, slot = lru[self._lru_head], lru_slots[self._lru_head]
             self._lru_head += 1
             if skip[block]:
                 skip[block] -= 1
                 self._num_stale -= 1
             else:
                 live.append(block)
-        return live
+                live_slots.append(slot)
+        return live, live_slots
 
     # The index.
 
@@ -197,7 +199,7 @@ class BlockManager:
         num_shared = min(num_full, request.num_shared_blocks(self.block_size))
         if start < num_shared:
             runs = self._runs(request, start, num_shared)
-            slots, slot_of, width = self._slots, self._slot_of, self._width
+            slots, width = self._slots, self._width
             for chain_hash, first, a, b in runs:
                 chunk = self._chunk_of.get(chain_hash)
                 if chunk is None:
@@ -206,11 +208,8 @@ class BlockManager:
                 blocks = table[a:b]
                 if slots[base + a:base + b].count(None) == b - a:  # the usual case: nothing indexed at these slots
                     slots[base + a:base + b] = blocks
-                    for slot, block in enumerate(blocks, base + a):
-                        slot_of[block] = slot
                 else:
                     for slot, block in enumerate(blocks, base + a):
-                        slot_of[block] = slot
                         if slots[slot] is None:
                             slots[slot] = block
                         else:  # an identical block is indexed already: this one after it
@@ -243,11 +242,22 @@ class BlockManager:
             del self._chunk_of[self._chunk_hash[chunk]]
             self._unused_chunks.append(chunk)
 
-    def _unindex(self, block: int) -> bool:
-        """Take the block out of the index; whether it was there."""
-        slot = self._slot_of[block]
+    def _slots_of(self, request: Request, stop: int) -> list[int]:
+        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
+        num_shared = min(stop, request.num_shared_blocks(self.block_size))
+        slots = []
+        if num_shared:
+            width, chunk_of = self._width, self._chunk_of
+            for chain_hash, first, a, b in self._runs(request, 0, num_shared):
+                base = chunk_of[chain_hash] * width - first
+                slots += range(base + a, base + b)
+        slots += [0] * (stop - num_shared)
+        return slots
+
+    def _unindex(self, block: int, slot: int) -> bool:
+        """Take the block, at this slot of the shared index (0: none), out of the index; whether
+        it was there."""
         if slot:
-            self._slot_of[block] = 0
             index, key = self._slots, slot
         else:
             key = self.block_hash[block]
@@ -421,18 +431,25 @@ class BlockManager:
             for block in hashed:
                 ref_counts[block] = 0
             num_own = len(hashed)
+            hashed_slots = [0] * num_own
             indexed = table[:request.num_hashed_blocks]
             indexed.reverse()
+            indexed_slots = self._slots_of(request, request.num_hashed_blocks)
+            indexed_slots.reverse()
             counts = list(map(ref_counts.__getitem__, indexed))
             if counts.count(1) == len(counts):  # none is shared with a running request: all become free
                 for block in indexed:
                     ref_counts[block] = 0
                 hashed += indexed
+                hashed_slots += indexed_slots
             else:
-                hashed += compress(indexed, map(eq, counts, repeat(1)))
+                freed = list(map(eq, counts, repeat(1)))
+                hashed += compress(indexed, freed)
+                hashed_slots += compress(indexed_slots, freed)
                 for block in indexed:
                     ref_counts[block] -= 1
             self._lru.extend(hashed)
+            self._lru_slots.extend(hashed_slots)
             self._num_lru += len(hashed)
             self._num_lru_indexed += len(hashed) - num_own
         request.block_table = []
@@ -450,8 +467,8 @@ class BlockManager:
         return live
 
     def check_invariants(self, running: list[Request]) -> None:
-        """Blocks add up: free + used = total, reference counts match the block tables, and the
-        hash index and the blocks' hashes agree."""
+        """Blocks add up: free + used = total, reference counts match the block tables, the index's
+        parts agree, and the LRU queue's slots are its blocks' slots."""
         counts = [0] * self.num_blocks
         for r in running:
             for b in r.block_table:
@@ -459,24 +476,31 @@ class BlockManager:
         assert counts == self.ref_counts, "reference counts differ from the running block tables"
         num_used = sum(1 for c in counts if c > 0)
         assert num_used + self.num_free_blocks == self.num_blocks, "free + used != total"
-        self._check_index()
+        slot_of = self._check_index()
+        indexed = set(slot_of) | {b for b, h in enumerate(self.block_hash) if h is not None}
         lru = self.cached_free_blocks()
         assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
-        assert self._num_lru_indexed == sum(self._is_indexed(b) for b in lru)
+        assert len(self._lru_slots) == len(self._lru)
+        skip = list(self._lru_skip)
+        for block, slot in zip(self._lru[self._lru_head:], self._lru_slots[self._lru_head:]):
+            if skip[block]:
+                skip[block] -= 1
+            else:
+                assert slot == slot_of.get(block, 0), "an LRU entry's slot is not its block's"
+        assert self._num_lru_indexed == sum(b in indexed for b in lru)
         free = set(self._free_plain) | set(lru)
         assert len(free) == self.num_free_blocks, "a block is free twice"
         assert all(counts[b] == 0 for b in free), "a used block is also free"
-        assert not any(self._is_indexed(b) for b in self._free_plain), "a hashed block in the plain pool"
+        assert not indexed & set(self._free_plain), "a hashed block in the plain pool"
         # (The LRU queue may hold blocks without a hash: finished requests' own, never indexed.)
         for r in running:
-            assert all(self._is_indexed(b) for b in r.block_table[:r.num_hashed_blocks])
+            n = r.num_hashed_blocks
+            assert all(b in indexed for b in r.block_table[:n])
+            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n), "a block is not at its key's slot"
 
-    def _is_indexed(self, block: int) -> bool:
-        return bool(self._slot_of[block]) or self.block_hash[block] is not None
-
-    def _check_index(self) -> None:
-        """The index's parts agree: chunks and their chain hashes, slots and their blocks' slots,
-        own keys and their blocks' keys, duplicates; a chunk is in the index while it holds a block."""
+    def _check_index(self) -> dict[int, int]:
+        """The index's parts agree: chunks and their chain hashes, own keys and their blocks' keys,
+        duplicates; a chunk is in the index while it holds a block. Returns each shared block's slot."""
         width, slots = self._width, self._slots
         chunks = set(self._chunk_of.values())
         assert all(self._chunk_hash[c] == h for h, c in self._chunk_of.items()) and len(chunks) == len(self._chunk_of)
@@ -486,11 +510,14 @@ class BlockManager:
         for c in range(len(self._chunk_hash)):
             held = [b for b in slots[c * width:(c + 1) * width] if b is not None]
             assert bool(held) == (c in chunks), "an empty chunk in the index, or a chunk out of it that holds blocks"
-        indexed = [(slot, b) for slot, b in enumerate(slots) if b is not None] + list(self.hash_to_block.items())
+        shared = [(slot, b) for slot, b in enumerate(slots) if b is not None]
+        own = list(self.hash_to_block.items())
         for key, blocks in self._duplicates.items():
             assert blocks and (slots[key] is not None if key > 0 else key in self.hash_to_block)
-            indexed += [(key, b) for b in blocks]
-        assert all((self._slot_of[b] if key > 0 else self.block_hash[b]) == key for key, b in indexed), \
-            "the index and the blocks' slots or keys disagree"
-        assert not any(self._slot_of[b] and self.block_hash[b] is not None for b in range(self.num_blocks))
-        assert sum(map(self._is_indexed, range(self.num_blocks))) == len(indexed), "an indexed block is not in the index"
+            (shared if key > 0 else own).extend((key, b) for b in blocks)
+        slot_of = {b: slot for slot, b in shared}
+        assert len(slot_of) == len(shared), "a block is at two slots"
+        assert all(self.block_hash[b] == key for key, b in own), "the own index and the blocks' keys disagree"
+        assert sum(h is not None for h in self.block_hash) == len(own), "an own block with a key is not indexed"
+        assert not set(slot_of) & {b for _, b in own}, "a block in both indexes"
+        return slot_of
