@@ -184,9 +184,8 @@ class BlockManager:
         first = j * h_tokens // block_size
         while first < stop:
             end = (j + 1) * h_tokens // block_size
-            a, b = max(start, first), min(stop, end)
-            if a < b:
-                runs.append((chain[j], first, a, b))
+            if end > start and end > first:  # (none may end here if blocks are longer than trace blocks)
+                runs.append((chain[j], first, start if start > first else first, stop if stop < end else end))
             j, first = j + 1, end
         return runs
 
