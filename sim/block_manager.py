@@ -37,6 +37,20 @@ Each rule, and where vLLM implements it:
 
 vLLM's pool also holds a null block (block 0) that no request gets; servesim's `num_blocks` are
 all usable (vLLM's `num_gpu_blocks` minus one).
+
+The index. vLLM keeps one dict entry per block hash (BlockHashToBlockMap). Here the same lookups
+are kept coarser, because a shared block's key is fixed by the trace block it ends in and its
+place there (Request.block_hashes): the chained hash of the trace's hash ids up to that trace
+block (Request.prefix_chain) names a chunk, one dict entry (`_chunk_of`), whose slots, one for
+each block that can end in that trace block, hold the block indexed first with that key (a
+stretch of the flat list `_slots`). A run of a request's blocks is indexed with one slice
+store, and a chunk leaves the dict when the last block in its slots is evicted. The LRU queue
+keeps each entry's slot (`_lru_slots`, found per trace block when a request frees its blocks), so
+an eviction empties the slot directly. Duplicates wait behind the block in their slot
+(`_duplicates`, by slot), in indexing order. A request's own blocks (negative keys, indexed on a
+preemption: rare) are indexed per block (`hash_to_block`, `block_hash`), their duplicates in
+`_duplicates` by key. tests/test_block_manager_reference.py checks this against the previous
+implementation, with one dict entry per block as vLLM (tests/reference_block_manager.py).
 """
 
 from __future__ import annotations
