@@ -37,9 +37,26 @@ Each rule, and where vLLM implements it:
 
 vLLM's pool also holds a null block (block 0) that no request gets; servesim's `num_blocks` are
 all usable (vLLM's `num_gpu_blocks` minus one).
+
+The index. vLLM keeps one dict entry per block hash (BlockHashToBlockMap). Here the same lookups
+are kept coarser, because a shared block's key is fixed by the trace block it ends in and its
+place there (Request.block_hashes): the chained hash of the trace's hash ids up to that trace
+block (Request.prefix_chain) names a chunk, one dict entry (`_chunk_of`), whose slots, one for
+each block that can end in that trace block, hold the block indexed first with that key (a
+stretch of the flat list `_slots`). A run of a request's blocks is indexed with one slice
+store, and a chunk leaves the dict when the last block in its slots is evicted. The LRU queue
+keeps each entry's slot (`_lru_slots`, found per trace block when a request frees its blocks), so
+an eviction empties the slot directly. Duplicates wait behind the block in their slot
+(`_duplicates`, by slot), in indexing order. A request's own blocks (negative keys, indexed on a
+preemption: rare) are indexed per block (`hash_to_block`, `block_hash`), their duplicates in
+`_duplicates` by key. tests/test_block_manager_reference.py checks this against the previous
+implementation, with one dict entry per block as vLLM (tests/reference_block_manager.py).
 """
 
 from __future__ import annotations
+
+from itertools import compress, repeat
+from operator import eq
 
 from sim.request import Request
 
@@ -50,18 +67,27 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.hash_to_block: dict[int, int] = {}  # the block a lookup of a hash returns: the first indexed
-        self._duplicates: dict[int, list[int]] = {}  # further blocks with the same hash, in indexing order
+        # The index of shared blocks, by trace block (module docstring, "The index").
+        self._chunk_of: dict[int, int] = {}  # chain hash -> its chunk's number (1, 2, ...)
+        self._chunk_hash: list[int] = [0]  # chunk number -> its chain hash (chunk 0 is nobody's)
+        self._unused_chunks: list[int] = []  # numbers of chunks that left the index, for reuse
+        self._width = 0  # slots per chunk, set by the first request with trace hashes
+        self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width)
+        # The index of the requests' own blocks, by block key (negative).
+        self.hash_to_block: dict[int, int] = {}  # the block a lookup of a key returns: the first indexed
+        self.block_hash: list[int | None] = [None] * num_blocks  # an own block's key, if indexed
+        # Further blocks indexed at the same slot (> 0) or own key (< 0), in indexing order.
+        self._duplicates: dict[int, list[int]] = {}
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() yields 0, 1, 2, ...
         # Hashed free blocks, evicted first to last. A hit takes a block out of the middle by counting
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
         self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
+        self._lru_slots: list[int] = []  # each entry's block's slot in the shared index (0: none)
         self._lru_head = 0
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
         self._num_lru = 0
-        self._num_lru_indexed = 0  # of which in the hash index (the others: finished requests' own blocks)
+        self._num_lru_indexed = 0  # of which in the index (the others: finished requests' own blocks)
         self.num_queried_tokens = 0  # tokens looked up at first admissions (vLLM's PrefixCacheStats.queries)
         self.num_hit_tokens = 0  # of which found cached (PrefixCacheStats.hits)
         self.num_preempted_queried_tokens = 0  # the same at re-admissions after a preemption
@@ -88,86 +114,216 @@ class BlockManager:
         if num_blocks > take:
             num_evict = num_blocks - take
             self._num_lru -= num_evict
-            lru, head = self._lru, self._lru_head
-            evicted = lru[head:head + num_evict]
+            lru, lru_slots, head = self._lru, self._lru_slots, self._lru_head
+            evicted, evicted_slots = lru[head:head + num_evict], lru_slots[head:head + num_evict]
             self._lru_head = head + num_evict
             if self._num_stale:
-                evicted = self._without_stale(evicted, num_evict)
+                evicted, evicted_slots = self._without_stale(evicted, evicted_slots, num_evict)
             head = self._lru_head
             if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
                 del lru[:head]
+                del lru_slots[:head]
                 self._lru_head = 0
             if self._num_lru_indexed:
-                block_hash, hash_to_block = self.block_hash, self.hash_to_block
-                num_indexed = 0
-                if self._duplicates:
-                    for block in evicted:
-                        num_indexed += block_hash[block] is not None
-                        self._unindex(block)
-                else:  # every hash has one block (_unindex inlined: this runs for every eviction)
-                    for block in evicted:
-                        key = block_hash[block]
-                        if key is not None:  # None: a finished request's own block, never indexed
-                            del hash_to_block[key]
-                            block_hash[block] = None
-                            num_indexed += 1
-                self._num_lru_indexed -= num_indexed
+                self._num_lru_indexed -= self._unindex_evicted(evicted, evicted_slots)
             blocks += evicted
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
         return blocks
 
-    def _without_stale(self, entries: list[int], num_live: int) -> list[int]:
-        """The live blocks among LRU entries just taken from the head, topped up to `num_live`."""
-        skip, lru = self._lru_skip, self._lru
-        live = []
-        for block in entries:
+    def _unindex_evicted(self, evicted: list[int], evicted_slots: list[int]) -> int:
+        """Take blocks just evicted, at these slots, out of the index (_unindex for each, in a few
+        passes over them: this runs for every eviction); how many were in it."""
+        duplicates = self._duplicates
+        if duplicates and not duplicates.keys().isdisjoint(evicted_slots):  # a slot holding duplicates: rare
+            return sum(map(self._unindex, evicted, evicted_slots))
+        num_indexed = len(evicted_slots) - evicted_slots.count(0)
+        if num_indexed:  # each of these blocks is the one at its slot
+            slots = self._slots
+            for slot in evicted_slots:
+                slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
+            width = self._width
+            chunks = {slot // width for slot in evicted_slots}
+            chunks.discard(0)
+            for chunk in chunks:
+                self._drop_if_empty(chunk)
+        if self.hash_to_block and num_indexed < len(evicted_slots):  # own blocks, indexed on preemptions
+            block_hash = self.block_hash
+            for block in evicted:
+                if block_hash[block] is not None:
+                    num_indexed += self._unindex(block, 0)
+        return num_indexed
+
+    def _without_stale(self, entries: list[int], entry_slots: list[int], num_live: int) -> tuple[list[int], list[int]]:
+        """The live blocks among LRU entries just taken from the head, topped up to `num_live`,
+        and their slots."""
+        skip, lru, lru_slots = self._lru_skip, self._lru, self._lru_slots
+        if not any(map(skip.__getitem__, entries)):  # the usual case: none is stale
+            return entries, entry_slots
+        live, live_slots = [], []
+        for block, slot in zip(entries, entry_slots):
             if skip[block]:  # a stale entry: the block left the queue on a hit
                 skip[block] -= 1
                 self._num_stale -= 1
             else:
                 live.append(block)
+                live_slots.append(slot)
         while len(live) < num_live:
-            block = lru[self._lru_head]
+            block, slot = lru[self._lru_head], lru_slots[self._lru_head]
             self._lru_head += 1
             if skip[block]:
                 skip[block] -= 1
                 self._num_stale -= 1
             else:
                 live.append(block)
-        return live
+                live_slots.append(slot)
+        return live, live_slots
 
-    # The hash index.
+    # The index.
 
-    def _unindex(self, block: int) -> None:
-        key = self.block_hash[block]
-        self.block_hash[block] = None
-        if key is None:  # a finished request's own block, never indexed
-            return
-        duplicates = self._duplicates.get(key)
-        if self.hash_to_block[key] == block:
-            if duplicates:
-                self.hash_to_block[key] = duplicates.pop(0)
-            else:
-                del self.hash_to_block[key]
-        else:
-            duplicates.remove(block)
-        if duplicates is not None and not duplicates:
-            del self._duplicates[key]
+    def _runs(self, request: Request, start: int, stop: int) -> list[tuple[int, int, int, int]]:
+        """(chain hash, first, a, b) for each trace block that some of the request's shared blocks
+        [start, stop) end in: blocks [a, b) end there, and `first` is the first of all blocks that
+        end there (the one in the chunk's first slot)."""
+        block_size, h_tokens = self.block_size, request.hash_block_tokens
+        if not self._width:
+            self._width = -(-h_tokens // block_size)  # at most this many blocks end in one trace block
+            self._slots = [None] * self._width  # chunk 0: the slot of blocks not in the shared index
+        elif self._width != -(-h_tokens // block_size):
+            raise ValueError("requests with different hash_block_tokens share one block manager")
+        chain = request.prefix_chain(block_size)
+        runs = []
+        j = ((start + 1) * block_size - 1) // h_tokens  # the trace block that block `start` ends in
+        first = j * h_tokens // block_size
+        while first < stop:
+            end = (j + 1) * h_tokens // block_size
+            if end > start and end > first:  # (none may end here if blocks are longer than trace blocks)
+                runs.append((chain[j], first, start if start > first else first, stop if stop < end else end))
+            j, first = j + 1, end
+        return runs
 
     def _register(self, request: Request, num_full: int) -> None:
         """Index the request's blocks [num_hashed_blocks, num_full) (full blocks of known tokens)."""
         start = request.num_hashed_blocks
         if num_full <= start:
             return
-        keys = request.block_hashes(self.block_size, num_full)
-        block_hash, index = self.block_hash, self.hash_to_block.setdefault
-        for key, block in zip(keys[start:num_full], request.block_table[start:num_full]):
-            block_hash[block] = key
-            if index(key, block) != block:  # an identical block is indexed already: this one after it
-                self._duplicates.setdefault(key, []).append(block)
+        table = request.block_table
+        num_shared = min(num_full, request.num_shared_blocks(self.block_size))
+        if start < num_shared:
+            runs = self._runs(request, start, num_shared)
+            slots, width = self._slots, self._width
+            for chain_hash, first, a, b in runs:
+                chunk = self._chunk_of.get(chain_hash)
+                if chunk is None:
+                    chunk = self._new_chunk(chain_hash)
+                base = chunk * width - first  # block i's slot: base + i
+                blocks = table[a:b]
+                if slots[base + a:base + b].count(None) == b - a:  # the usual case: nothing indexed at these slots
+                    slots[base + a:base + b] = blocks
+                else:
+                    for slot, block in enumerate(blocks, base + a):
+                        if slots[slot] is None:
+                            slots[slot] = block
+                        else:  # an identical block is indexed already: this one after it
+                            self._duplicates.setdefault(slot, []).append(block)
+        start = max(start, num_shared)
+        if start < num_full:  # the request's own blocks
+            keys = request.block_hashes(self.block_size, num_full)
+            block_hash, index = self.block_hash, self.hash_to_block.setdefault
+            for key, block in zip(keys[start:num_full], table[start:num_full]):
+                block_hash[block] = key
+                if index(key, block) != block:
+                    self._duplicates.setdefault(key, []).append(block)
         request.num_hashed_blocks = num_full
+
+    def _new_chunk(self, chain_hash: int) -> int:
+        if self._unused_chunks:
+            chunk = self._unused_chunks.pop()
+        else:
+            chunk = len(self._chunk_hash)
+            self._chunk_hash.append(0)
+            self._slots.extend([None] * self._width)
+        self._chunk_hash[chunk] = chain_hash
+        self._chunk_of[chain_hash] = chunk
+        return chunk
+
+    def _drop_if_empty(self, chunk: int) -> None:
+        """Take the chunk out of the index if none of its slots holds a block any more."""
+        width = self._width
+        if chunk and self._slots[chunk * width:(chunk + 1) * width].count(None) == width:
+            del self._chunk_of[self._chunk_hash[chunk]]
+            self._unused_chunks.append(chunk)
+
+    def _slots_of(self, request: Request, stop: int) -> list[int]:
+        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
+        num_shared = min(stop, request.num_shared_blocks(self.block_size))
+        slots = []
+        if num_shared:
+            width, chunk_of = self._width, self._chunk_of
+            for chain_hash, first, a, b in self._runs(request, 0, num_shared):
+                base = chunk_of[chain_hash] * width - first
+                slots += range(base + a, base + b)
+        slots += [0] * (stop - num_shared)
+        return slots
+
+    def _unindex(self, block: int, slot: int) -> bool:
+        """Take the block, at this slot of the shared index (0: none), out of the index; whether
+        it was there."""
+        if slot:
+            index, key = self._slots, slot
+        else:
+            key = self.block_hash[block]
+            if key is None:  # a finished request's own block, never indexed
+                return False
+            self.block_hash[block] = None
+            index = self.hash_to_block
+        duplicates = self._duplicates.get(key)
+        if index[key] == block:
+            if duplicates:
+                index[key] = duplicates.pop(0)
+            elif slot:
+                self._slots[slot] = None
+                self._drop_if_empty(slot // self._width)
+            else:
+                del self.hash_to_block[key]
+        else:
+            duplicates.remove(block)
+        if duplicates is not None and not duplicates:
+            del self._duplicates[key]
+        return True
+
+    def _shared_hits(self, request: Request, stop: int) -> list[int]:
+        """Blocks holding the longest indexed run of the request's shared blocks [0, stop)."""
+        blocks: list[int] = []
+        if not stop or not self._chunk_of:
+            return blocks
+        for chain_hash, first, a, b in self._runs(request, 0, stop):
+            chunk = self._chunk_of.get(chain_hash)
+            if chunk is None:
+                break
+            base = chunk * self._width - first
+            run = self._slots[base + a:base + b]
+            if None in run:
+                blocks += run[:run.index(None)]
+                break
+            blocks += run
+        return blocks
+
+    def indexed_blocks(self, request: Request, i: int) -> list[int]:
+        """The blocks indexed with the key of the request's block i, in indexing order (a lookup
+        returns the first); for tests."""
+        if i < request.num_shared_blocks(self.block_size):
+            slot = 0
+            for chain_hash, first, _, _ in self._runs(request, i, i + 1):
+                chunk = self._chunk_of.get(chain_hash)
+                slot = 0 if chunk is None else chunk * self._width - first + i
+            first_block = self._slots[slot] if slot else None
+            key = slot
+        else:
+            key = request.block_hashes(self.block_size, i + 1)[i]
+            first_block = self.hash_to_block.get(key)
+        return [] if first_block is None else [first_block] + self._duplicates.get(key, [])
 
     # Admission of a waiting request.
 
@@ -183,13 +339,15 @@ class BlockManager:
             num_blocks = min(num_blocks, request.num_shared_blocks(self.block_size))
         if not num_blocks:
             return []
-        blocks = []
-        hash_to_block = self.hash_to_block
-        for key in request.block_hashes(self.block_size, num_blocks)[:num_blocks]:
-            block = hash_to_block.get(key)
-            if block is None:
-                break
-            blocks.append(block)
+        num_shared = request.num_shared_blocks(self.block_size)
+        blocks = self._shared_hits(request, min(num_blocks, num_shared))
+        if num_blocks > num_shared == len(blocks):  # its own blocks, indexed when it was preempted
+            hash_to_block = self.hash_to_block
+            for key in request.block_hashes(self.block_size, num_blocks)[num_shared:num_blocks]:
+                block = hash_to_block.get(key)
+                if block is None:
+                    break
+                blocks.append(block)
         return blocks
 
     def num_cached_blocks(self, request: Request) -> int:
@@ -197,14 +355,7 @@ class BlockManager:
         may ask of a replica; unlike `cached_prefix`, a fully cached prompt counts whole)."""
         if not self.enable_prefix_caching or request.hash_ids is None:
             return 0
-        num = 0
-        hash_to_block = self.hash_to_block
-        num_shared = request.num_shared_blocks(self.block_size)  # the prompt's blocks other requests may hold
-        for h in request.block_hashes(self.block_size, num_shared)[:num_shared]:
-            if h not in hash_to_block:
-                break
-            num += 1
-        return num
+        return len(self._shared_hits(request, request.num_shared_blocks(self.block_size)))
 
     def can_allocate(self, cached_blocks: list[int], num_new_tokens: int) -> bool:
         """Whether a request with these cached blocks can get blocks for `num_new_tokens` more."""
@@ -293,12 +444,25 @@ class BlockManager:
             for block in hashed:
                 ref_counts[block] = 0
             num_own = len(hashed)
-            for block in reversed(table[:request.num_hashed_blocks]):  # indexed
-                count = ref_counts[block] - 1
-                ref_counts[block] = count
-                if not count:
-                    hashed.append(block)
+            hashed_slots = [0] * num_own
+            indexed = table[:request.num_hashed_blocks]
+            indexed.reverse()
+            indexed_slots = self._slots_of(request, request.num_hashed_blocks)
+            indexed_slots.reverse()
+            counts = list(map(ref_counts.__getitem__, indexed))
+            if counts.count(1) == len(counts):  # none is shared with a running request: all become free
+                for block in indexed:
+                    ref_counts[block] = 0
+                hashed += indexed
+                hashed_slots += indexed_slots
+            else:
+                freed = list(map(eq, counts, repeat(1)))
+                hashed += compress(indexed, freed)
+                hashed_slots += compress(indexed_slots, freed)
+                for block in indexed:
+                    ref_counts[block] -= 1
             self._lru.extend(hashed)
+            self._lru_slots.extend(hashed_slots)
             self._num_lru += len(hashed)
             self._num_lru_indexed += len(hashed) - num_own
         request.block_table = []
@@ -316,8 +480,8 @@ class BlockManager:
         return live
 
     def check_invariants(self, running: list[Request]) -> None:
-        """Blocks add up: free + used = total, reference counts match the block tables, and the
-        hash index and the blocks' hashes agree."""
+        """Blocks add up: free + used = total, reference counts match the block tables, the index's
+        parts agree, and the LRU queue's slots are its blocks' slots."""
         counts = [0] * self.num_blocks
         for r in running:
             for b in r.block_table:
@@ -325,18 +489,48 @@ class BlockManager:
         assert counts == self.ref_counts, "reference counts differ from the running block tables"
         num_used = sum(1 for c in counts if c > 0)
         assert num_used + self.num_free_blocks == self.num_blocks, "free + used != total"
-        indexed = [(h, b) for h, b in self.hash_to_block.items()]
-        indexed += [(h, b) for h, blocks in self._duplicates.items() for b in blocks]
-        assert all(self.block_hash[b] == h for h, b in indexed), "the hash index and the blocks' hashes disagree"
-        assert all(blocks for blocks in self._duplicates.values()) and set(self._duplicates) <= set(self.hash_to_block)
-        assert sum(h is not None for h in self.block_hash) == len(indexed), "a hashed block is not indexed"
+        slot_of = self._check_index()
+        indexed = set(slot_of) | {b for b, h in enumerate(self.block_hash) if h is not None}
         lru = self.cached_free_blocks()
         assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
-        assert self._num_lru_indexed == sum(self.block_hash[b] is not None for b in lru)
+        assert len(self._lru_slots) == len(self._lru)
+        skip = list(self._lru_skip)
+        for block, slot in zip(self._lru[self._lru_head:], self._lru_slots[self._lru_head:]):
+            if skip[block]:
+                skip[block] -= 1
+            else:
+                assert slot == slot_of.get(block, 0), "an LRU entry's slot is not its block's"
+        assert self._num_lru_indexed == sum(b in indexed for b in lru)
         free = set(self._free_plain) | set(lru)
         assert len(free) == self.num_free_blocks, "a block is free twice"
         assert all(counts[b] == 0 for b in free), "a used block is also free"
-        assert all(self.block_hash[b] is None for b in self._free_plain), "a hashed block in the plain pool"
+        assert not indexed & set(self._free_plain), "a hashed block in the plain pool"
         # (The LRU queue may hold blocks without a hash: finished requests' own, never indexed.)
         for r in running:
-            assert all(self.block_hash[b] is not None for b in r.block_table[:r.num_hashed_blocks])
+            n = r.num_hashed_blocks
+            assert all(b in indexed for b in r.block_table[:n])
+            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n), "a block is not at its key's slot"
+
+    def _check_index(self) -> dict[int, int]:
+        """The index's parts agree: chunks and their chain hashes, own keys and their blocks' keys,
+        duplicates; a chunk is in the index while it holds a block. Returns each shared block's slot."""
+        width, slots = self._width, self._slots
+        chunks = set(self._chunk_of.values())
+        assert all(self._chunk_hash[c] == h for h, c in self._chunk_of.items()) and len(chunks) == len(self._chunk_of)
+        assert 0 not in chunks and not chunks & set(self._unused_chunks)
+        assert chunks | set(self._unused_chunks) == set(range(1, len(self._chunk_hash))), "a chunk is lost"
+        assert len(slots) == width * len(self._chunk_hash) if width else not slots
+        for c in range(len(self._chunk_hash)):
+            held = [b for b in slots[c * width:(c + 1) * width] if b is not None]
+            assert bool(held) == (c in chunks), "an empty chunk in the index, or a chunk out of it that holds blocks"
+        shared = [(slot, b) for slot, b in enumerate(slots) if b is not None]
+        own = list(self.hash_to_block.items())
+        for key, blocks in self._duplicates.items():
+            assert blocks and (slots[key] is not None if key > 0 else key in self.hash_to_block)
+            (shared if key > 0 else own).extend((key, b) for b in blocks)
+        slot_of = {b: slot for slot, b in shared}
+        assert len(slot_of) == len(shared), "a block is at two slots"
+        assert all(self.block_hash[b] == key for key, b in own), "the own index and the blocks' keys disagree"
+        assert sum(h is not None for h in self.block_hash) == len(own), "an own block with a key is not indexed"
+        assert not set(slot_of) & {b for _, b in own}, "a block in both indexes"
+        return slot_of

@@ -54,6 +54,7 @@ class Request:
     sampled_token_ids: list[int] = field(default_factory=list)  # filled by a sampling backend
     token_times: list[float] | None = None  # each emitted token's time, while it is in the engine
     _block_hashes: list[int] | None = None
+    _prefix_chain: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -94,13 +95,8 @@ class Request:
             num_shared = self.num_shared_blocks(block_size)
             if num_shared:
                 h_tokens = self.hash_block_tokens
-                chain = []  # chain[j]: hash of hash ids 0..j
-                parent = 0
-                for hash_id in self.hash_ids[:(num_shared * block_size - 1) // h_tokens + 1].tolist():
-                    parent = hash((parent, hash_id))
-                    chain.append(parent)
                 last_token = np.arange(1, num_shared + 1, dtype=np.int64) * block_size - 1
-                keys = tokens.hashed_ids(0, np.asarray(chain, dtype=np.int64)[last_token // h_tokens],
+                keys = tokens.hashed_ids(0, np.asarray(self.prefix_chain(block_size), dtype=np.int64)[last_token // h_tokens],
                                          last_token % h_tokens, 1 << 62).tolist()
             self._block_hashes = keys
         if len(keys) < num_blocks:
@@ -108,9 +104,26 @@ class Request:
             keys.extend(range(base - len(keys), base - num_blocks, -1))
         return keys
 
+    def prefix_chain(self, block_size: int) -> list[int]:
+        """chain[j]: the chained hash of the trace's hash ids 0..j, for each trace block that one of
+        the prompt's full blocks ends in (empty without trace hashes). A shared block's key is a
+        function of chain[j] of the trace block it ends in and of its offset there."""
+        chain = self._prefix_chain
+        if chain is None:
+            chain = []
+            num_shared = self.num_shared_blocks(block_size)
+            if num_shared:
+                parent = 0
+                for hash_id in self.hash_ids[:(num_shared * block_size - 1) // self.hash_block_tokens + 1].tolist():
+                    parent = hash((parent, hash_id))
+                    chain.append(parent)
+            self._prefix_chain = chain
+        return chain
+
     def drop_block_hashes(self) -> None:
         """Forget the block keys (a finished request needs them no more; they are recomputed if asked)."""
         self._block_hashes = None
+        self._prefix_chain = None
 
     def token_ids(self, start: int, end: int, spec: tokens.TokenSpec) -> np.ndarray:
         """Ids of the known tokens at positions [start, end): synthesised from `spec` (the run's

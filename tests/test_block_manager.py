@@ -114,14 +114,13 @@ def test_duplicate_blocks_stay_indexed_and_the_first_is_found():
     bm.allocate(b, bm.cached_prefix(b), 5)  # b hits block 0 and fills block 1 (tokens 4..7) itself
     a.num_computed_tokens = 4
     bm.append(a, 5)  # a fills its own copy of tokens 4..7: block 3, indexed after block 1
-    key = a.block_hashes(4, 2)[1]
     assert b.block_table == [0, 1, 2] and a.block_table == [0, 3, 4]
-    assert bm.hash_to_block[key] == 1 and bm._duplicates[key] == [3]
+    assert bm.indexed_blocks(a, 1) == [1, 3]
     bm.free(b)
     bm.free(a)  # hashed blocks to the queue's tail in freeing order: b's 1, a's 3, then the shared 0
     assert bm.cached_free_blocks() == [1, 3, 0]
     x = req(2, 24)
     bm.allocate(x, [], 24)  # 6 blocks: the 5 without a hash, then evicts block 1: block 3 is found now
-    assert bm.hash_to_block[key] == 3 and key not in bm._duplicates
+    assert bm.indexed_blocks(a, 1) == [3] and not bm._duplicates
     assert bm.cached_prefix(req(3, 9, hash_ids=[1, 2])) == [0, 3]
     bm.check_invariants([x])
