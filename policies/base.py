@@ -15,6 +15,20 @@ SCHEDULING_METHODS = ("schedule", "finish_may_admit", "_try_admit", "_admit_whol
                       "_schedule_all_decodes", "_schedule_running", "_victim", "_split_running")
 
 
+def victim_key(request: Request) -> tuple[int, float, int]:
+    """The order in which `--scheduling-policy priority` preempts: the largest key first. vLLM's
+    Scheduler.schedule (vllm/v1/core/sched/scheduler.py) preempts
+    `max(self.running, key=lambda r: (r.priority, r.arrival_time))`; its arrival times are the
+    engine's clock at each request's creation, so they never tie and later ones belong to later
+    requests. A trace's arrivals may tie (a burst in one millisecond, a closed loop's first
+    requests at 0), and Python's max then returns the first in running order: two requests that
+    cannot both fit would preempt each other by turns, each losing its progress, for ever. So a
+    tie goes by trace order, the later request first, as vLLM's clock would have ordered them and
+    as the waiting queue orders them (PriorityWaiting). Under `chunked` the request with the
+    smallest key is then never preempted while another one runs, so it finishes."""
+    return request.priority, request.arrival_s, request.index
+
+
 class Policy:
     """A scheduling policy: `schedule(state, now)` returns this step's batch, reserving its KV blocks.
 
@@ -114,11 +128,10 @@ class Policy:
     def _victim(self, state: EngineState) -> Request:
         """The running request to preempt among those not yet scheduled in this step: the most
         recently admitted, or under `--scheduling-policy priority` the one with the largest
-        (priority, arrival), as vLLM picks (`chunked` follows vLLM further: see its docstring)."""
+        (priority, arrival) (`victim_key`), as vLLM picks (`chunked` follows vLLM further: see its docstring)."""
         step = state.step_index
         if self.config.scheduling_policy == "priority":
-            return max((r for r in state.running if r.last_scheduled_step != step),
-                       key=lambda r: (r.priority, r.arrival_s))
+            return max((r for r in state.running if r.last_scheduled_step != step), key=victim_key)
         for r in reversed(state.running):
             if r.last_scheduled_step != step:
                 return r

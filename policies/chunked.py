@@ -5,15 +5,15 @@ First the running requests, in the order they were admitted: each gets what it h
 compute (one token for a decode), capped by `long_prefill_token_threshold` and by the budget
 left. A request whose blocks do not fit preempts the most recently admitted running request
 (under `--scheduling-policy priority`, the running request with the largest priority value,
-latest arrival on a tie, even one scheduled earlier in the step, which is then taken back out)
-until it fits or preempted itself. Then, unless the step preempted, waiting requests are
+latest arrival on a tie, then latest in the trace (`victim_key`), even one scheduled earlier in
+the step, which is then taken back out) until it fits or preempted itself. Then, unless the step preempted, waiting requests are
 admitted in queue order, each prefill chunked to the budget left (and the threshold), while
 the blocks of its whole sequence fit (`reserve_full_isl`). Steps mix prefill chunks and decodes.
 """
 
 from __future__ import annotations
 
-from policies.base import Policy
+from policies.base import Policy, victim_key
 from sim.batch import Batch
 from sim.request import Request
 from sim.state import EngineState
@@ -98,7 +98,7 @@ class ChunkedPolicy(Policy):
     @staticmethod
     def _running_victim(running: list[Request], request: Request, priority: bool) -> Request:
         """vLLM's choice: the last running request (FCFS), or the one with the largest (priority,
-        arrival) under priority, the first such in running order."""
+        arrival) under priority (`victim_key`)."""
         if priority:
-            return max(running, key=lambda r: (r.priority, r.arrival_s))
+            return max(running, key=victim_key)
         return running[-1]

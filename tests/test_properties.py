@@ -16,6 +16,12 @@ from sim.engine import Engine, TokenTimes
 from sim.request import Status
 from tests.helpers import ConstantBackend, make_trace
 
+# Far more steps than any generated trace needs (at most 10 requests of 62 tokens, one token a
+# step at the least, each recomputed after a preemption): past it the requests are not finishing
+# (two requests preempting each other by turns did once), and the example fails instead of
+# running for ever.
+MAX_STEPS = 20_000
+
 
 class CheckedPolicy:
     """Wraps a policy and checks every step it schedules."""
@@ -35,6 +41,7 @@ class CheckedPolicy:
         batch = self.inner.schedule(state, now)
         bm.check_invariants(state.running)
         self.num_steps += 1
+        assert self.num_steps <= MAX_STEPS, f"{MAX_STEPS} steps and still running: requests are not finishing"
 
         # Tokens never exceed the budget, except one whole prompt admitted alone.
         assert batch.num_tokens <= self.config.max_num_batched_tokens or (

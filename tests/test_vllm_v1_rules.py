@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
@@ -78,6 +79,26 @@ def test_priority_preempts_the_lowest_priority_request_even_one_already_schedule
     # First come, first served: B, the last admitted, preempts itself instead.
     _, fcfs = run(rows, num_blocks=4, budget=16, block_size=4, priority=[1, 0])
     assert fcfs[6] == (0, 1, 1) and fcfs[:6] == steps[:6] and fcfs != steps
+
+
+@pytest.mark.timeout(60)  # it used to run for ever
+def test_priority_breaks_a_tie_of_arrival_by_trace_order_so_tied_requests_cannot_livelock():
+    # Block size 1, 17 blocks, budget 2, threshold 1: R0 and R1 (prompt 13, output 3, priority 0)
+    # arrive together and both fit only at first. Steps 0-7: one prompt token each, 16 blocks
+    # used. Step 8: R0 takes the last block, R1 finds none: vLLM preempts max(running, key=(priority,
+    # arrival)), and with the tie its max was the first in running order (R0 here, the request
+    # itself; then R1 once it is re-admitted behind R0, and so on): the two preempted each other by
+    # turns for ever. Ties go by trace order: R1 is the victim each time (steps 8 and 13), R0 is
+    # never preempted and finishes at t=15 (its prompt done at step 12, decodes at 13 and 14); alone,
+    # R1 gets the whole budget and finishes at t=23.
+    rows = [(0.0, 13, 3), (0.0, 13, 3)]
+    result, steps = run(rows, num_blocks=17, budget=2, max_num_seqs=2, block_size=1, caching=False,
+                        priority=[0, 0], scheduling_policy="priority", long_prefill_token_threshold=1,
+                        reserve_full_isl=False)
+    assert steps == [(2, 0, 0)] * 8 + [(1, 0, 1)] + [(2, 0, 0)] * 4 + [(0, 1, 1), (1, 1, 0)] + [(2, 0, 0)] * 6 \
+        + [(0, 1, 0)] * 2
+    assert [(r.first_token_s, r.finish_s, r.num_preemptions) for r in result.requests] == [(13.0, 15.0, 0),
+                                                                                           (21.0, 23.0, 2)]
 
 
 def test_priority_orders_the_waiting_queue_then_arrival():
