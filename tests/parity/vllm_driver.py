@@ -144,8 +144,15 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
             i = order[next_arrival]
             r = requests[i]
             params = SamplingParams(max_tokens=len(r.output_token_ids), ignore_eos=True)
-            request = Request(ids[i], list(r.prompt_token_ids), params, None, arrival_time=r.arrival_s,
-                              priority=r.priority, block_hasher=hasher)
+            # A real engine's arrival time is its clock when the request is added, so requests added
+            # one after another never tie, and the later one is later: a burst's requests (one
+            # instant in the trace) get microseconds apart in trace order, as servesim's victim_key
+            # breaks their tie (policies/base.py). Fed the tie itself, vLLM's preemption under
+            # priority takes the first in running order, and two requests can preempt each other
+            # for ever. Arrivals are whole seconds: this never reorders distinct ones.
+            request = Request(ids[i], list(r.prompt_token_ids), params, None,
+                              arrival_time=r.arrival_s + next_arrival * 1e-6, priority=r.priority,
+                              block_hasher=hasher)
             live[ids[i]] = request
             scheduler.add_request(request)
             next_arrival += 1
