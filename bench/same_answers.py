@@ -24,10 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from replay_speed import AZURE as AZURE_NAME  # bench/ is this script's folder: on sys.path
+from replay_speed import MOONCAKE as MOONCAKE_NAME
+from replay_speed import shared_trace
+
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "traces" / "raw"
-AZURE = SHARED / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = SHARED / "synthetic_trace.jsonl"
+AZURE = shared_trace(AZURE_NAME)  # None when ../shared/traces/raw/ is not beside the checkout
+MOONCAKE = shared_trace(MOONCAKE_NAME)
 AZURE_SAMPLE = Path("traces/samples/azure_conv_2023_first5min.csv")
 MOONCAKE_SAMPLE = Path("traces/samples/mooncake_synthetic_last200.jsonl")
 COMMON = ["--model", "Llama-3.1-8B", "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet"]
@@ -99,8 +102,9 @@ def main() -> None:
     args = parser.parse_args()
     workloads = dict(QUICK)
     if not args.quick:
-        if not AZURE.exists() or not MOONCAKE.exists():
-            sys.exit(f"same_answers: the shared traces are not in {SHARED}; run with --quick")
+        if AZURE is None or MOONCAKE is None:
+            sys.exit("same_answers: the shared traces are not in ../shared/traces/raw/ beside the checkout; "
+                     "run with --quick")
         workloads.update(FULL)
     with tempfile.TemporaryDirectory(prefix="same_answers_") as temp:
         base = args.keep or Path(temp)

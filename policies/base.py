@@ -128,7 +128,8 @@ class Policy:
     def _victim(self, state: EngineState) -> Request:
         """The running request to preempt among those not yet scheduled in this step: the most
         recently admitted, or under `--scheduling-policy priority` the one with the largest
-        (priority, arrival) (`victim_key`), as vLLM picks (`chunked` follows vLLM further: see its docstring)."""
+        (priority, arrival) (`victim_key`), as vLLM picks (`chunked` follows vLLM further: see its
+        docstring)."""
         step = state.step_index
         if self.config.scheduling_policy == "priority":
             return max((r for r in state.running if r.last_scheduled_step != step), key=victim_key)

@@ -6,9 +6,10 @@ compute (one token for a decode), capped by `long_prefill_token_threshold` and b
 left. A request whose blocks do not fit preempts the most recently admitted running request
 (under `--scheduling-policy priority`, the running request with the largest priority value,
 latest arrival on a tie, then latest in the trace (`victim_key`), even one scheduled earlier in
-the step, which is then taken back out) until it fits or preempted itself. Then, unless the step preempted, waiting requests are
-admitted in queue order, each prefill chunked to the budget left (and the threshold), while
-the blocks of its whole sequence fit (`reserve_full_isl`). Steps mix prefill chunks and decodes.
+the step, which is then taken back out) until it fits or preempted itself. Then, unless the step
+preempted, waiting requests are admitted in queue order, each prefill chunked to the budget left
+(and the threshold), while the blocks of its whole sequence fit (`reserve_full_isl`). Steps mix
+prefill chunks and decodes.
 """
 
 from __future__ import annotations
