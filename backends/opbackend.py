@@ -46,24 +46,23 @@ class OpTableBackend:
             return self.ops.decode_run_of(len(context_lens), int(sum(context_lens)), num_steps)
         # Step j has the requests with active > j: stretches of steps with the same requests,
         # each with its number of requests and the sum of their contexts at its first step.
-        leaving = sorted(zip([min(a, num_steps) for a in active_steps], context_lens))
-        num_running, sum_running = len(leaving), int(sum(context_lens))
+        leaving = sorted([(a, c) for a, c in zip(active_steps, context_lens) if a < num_steps])
+        num_running, sum_running = len(context_lens), int(sum(context_lens))
         ns, lengths, sums = [], [], []
-        step, k = 0, 0
-        while step < num_steps:
-            while k < len(leaving) and leaving[k][0] <= step:  # gone by this step
-                num_running -= 1
-                sum_running -= leaving[k][1]
-                k += 1
-            if not num_running:
-                break
-            end = leaving[k][0] if k < len(leaving) else num_steps
-            ns.append(num_running)
-            lengths.append(end - step)
-            sums.append(sum_running)  # their contexts at step j sum to this + num_running * j
-            step = end
-        if step < num_steps:  # steps with no request left: the general path
+        step = 0
+        for active, context in leaving:  # in the order they leave
+            if active > step:  # the stretch up to its last step
+                ns.append(num_running)
+                lengths.append(active - step)
+                sums.append(sum_running)  # their contexts at step j sum to this + num_running * j
+                step = active
+            num_running -= 1
+            sum_running -= context
+        if not num_running:  # steps with no request left: the general path
             return self._decode_run_arrays(context_lens, num_steps, active_steps, np.arange(num_steps, dtype=np.int64))
+        ns.append(num_running)
+        lengths.append(num_steps - step)
+        sums.append(sum_running)
         return self.ops.decode_pieces(ns, lengths, sums)
 
     def _decode_run_arrays(self, context_lens, num_steps: int, active_steps, steps: np.ndarray) -> tuple[np.ndarray, dict]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import chain
 
 import numpy as np
 
@@ -32,6 +33,7 @@ LATENCIES = ("ttft", "tpot", "e2e", "scheduling_delay")  # per finished request;
 SLO_METRICS = {"delay": "scheduling_delay", "tbt": "tbt"}  # an SLO key's metric, where the names differ
 BATCH_ROWS = 65536  # outcomes per batch (a row group of the Parquet table)
 GAP_BATCH = 1 << 20  # inter-token gaps sketched at a time
+TIMES_BATCH = 1 << 16  # token times turned into gaps at a time
 FINISHED = "finished"
 REJECTED = "rejected"
 
@@ -60,18 +62,23 @@ class RequestOutcomes:
         self.reject_reasons: dict[str, int] = {}  # digits replaced by N, in order of first appearance
         self._pending: dict[int, tuple] = {}  # position -> (row, gaps), waiting for earlier positions
         self._next_position = 0
-        self._rows: list[tuple] = []
+        self._rows: list[list] = []
         self._gaps: list[np.ndarray] = []  # inter-token gaps of the rows taken, not yet sketched
         self._num_gaps = 0
+        self._times: list[_Times] = []  # token times of the latest rows taken, their gaps not yet computed
+        self._num_times = 0
 
-    def add(self, position: int, request, gaps: np.ndarray | None = None, extra: tuple = ()) -> None:
-        """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order;
-        `extra`: its values of `extra_columns`."""
-        longest_gap = float(gaps.max()) if gaps is not None and len(gaps) else None  # for a tbt SLO
-        row = (request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
-               request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
-               request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "", longest_gap,
-               *extra)
+    def add(self, position: int, request, gaps: np.ndarray | None = None, extra: tuple = (),
+            token_times=None) -> None:
+        """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order,
+        or instead `token_times`: its tokens' times (a list or an array; the gaps are then computed
+        with other requests', in bulk: the same values); `extra`: its values of `extra_columns`."""
+        if token_times is not None and len(token_times) > 1:
+            row = self._row(request, None, extra)
+            gaps = _Times(token_times)
+        else:
+            longest_gap = float(gaps.max()) if gaps is not None and len(gaps) else None  # for a tbt SLO
+            row = self._row(request, longest_gap, extra)
         if position != self._next_position:
             self._pending[position] = (row, gaps)
             return
@@ -80,10 +87,25 @@ class RequestOutcomes:
         while self._next_position in pending:
             self._take(*pending.pop(self._next_position))
 
-    def _take(self, row: tuple, gaps: np.ndarray | None) -> None:
+    @staticmethod
+    def _row(request, longest_gap: float | None, extra: tuple) -> list:
+        return [request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
+                request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
+                request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "", longest_gap,
+                *extra]
+
+    def _take(self, row: list, gaps) -> None:
         self._rows.append(row)
         if gaps is not None and len(gaps):
-            self._gaps.append(gaps)
+            if isinstance(gaps, _Times):
+                gaps.row = row
+                self._times.append(gaps)
+                self._num_times += len(gaps.times)
+                if self._num_times >= TIMES_BATCH:
+                    self._gaps_of_times()
+            else:
+                self._gaps_of_times()  # (the gaps stay in order)
+                self._gaps.append(gaps)
             self._num_gaps += len(gaps)
             if self._num_gaps >= GAP_BATCH:
                 self._sketch_gaps()
@@ -91,7 +113,26 @@ class RequestOutcomes:
         if len(self._rows) >= self.batch_rows:
             self._flush()
 
+    def _gaps_of_times(self) -> None:
+        """The gaps of the requests given by their token times (`_times`), in one pass: each
+        request's gaps, one after the other, and its longest gap into its row."""
+        times = self._times
+        if not times:
+            return
+        self._times, self._num_times = [], 0
+        counts = np.fromiter(map(len, [t.times for t in times]), dtype=np.int64, count=len(times))
+        flat = np.fromiter(chain.from_iterable([t.times for t in times]), dtype=np.float64, count=int(counts.sum()))
+        differences = flat[1:] - flat[:-1]  # np.diff's own subtraction, as each request's alone
+        starts = np.cumsum(counts) - counts  # each request's first time in `flat`
+        # The differences across two requests (from one's last time to the next one's first) go.
+        gaps = np.delete(differences, starts[1:] - 1)
+        longest = np.maximum.reduceat(gaps, starts - np.arange(len(times)))
+        for entry, value in zip(times, longest.tolist()):
+            entry.row[11] = value
+        self._gaps.append(gaps)
+
     def _sketch_gaps(self) -> None:
+        self._gaps_of_times()
         if self._gaps:
             self.itl.add(np.concatenate(self._gaps))
             self._gaps, self._num_gaps = [], 0
@@ -99,6 +140,7 @@ class RequestOutcomes:
     def _flush(self) -> None:
         if not self._rows:
             return
+        self._gaps_of_times()  # the rows' longest gaps
         columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s", *self.extra_columns), zip(*self._rows)))
         self._rows = []
         arrival = np.array(columns["arrival_s"], dtype=np.float64)
@@ -167,6 +209,20 @@ class RequestOutcomes:
         backwards = np.arange(len(counts))[::-1]
         order = backwards[counts[::-1].argsort(kind="quicksort")][::-1]
         return {reasons[i]: int(counts[i]) for i in order.tolist()}
+
+
+class _Times:
+    """A request's token times, given to `add` instead of its gaps, and its row (whose longest gap
+    is filled in when the gaps are computed)."""
+
+    __slots__ = ("times", "row")
+
+    def __init__(self, times):
+        self.times = times
+        self.row: list | None = None
+
+    def __len__(self) -> int:  # its number of gaps
+        return len(self.times) - 1
 
 
 def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None) -> RequestOutcomes:

@@ -25,7 +25,7 @@ step-by-step simulation (tests/test_fast_forward.py checks it).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -46,7 +46,7 @@ class DecodeRun(NamedTuple):
     ends: list[float]  # [steps] end time of each step
     seconds: np.ndarray  # [steps]
     parts: dict  # the backend's breakdown: per key a float (every step) or a [steps] array
-    opens: list[tuple[int, int]]  # (step, batch index) of each block opened, in the order taken
+    opens: list[int]  # step * len(batch) + batch index of each block opened, in the order taken
     active_steps: list[int]  # per request, the steps it takes part in (it finishes in the last, or runs on)
 
 
@@ -111,17 +111,21 @@ class FastForward:
         # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
         # finishing requests free are not counted on, so the run never preempts.
         bs = engine.block_manager.block_size
-        opens = []  # (step, batch index) of every block opened, in the order they are taken
+        n = len(reqs)
+        # Every block opened, as step * n + batch index: sorted, the order they are taken in.
+        opens: list[int] = []
         for i, (c, rem) in enumerate(zip(num_computed, remaining)):
             # Its first opening step is 1..bs; it opens one every bs steps while it still decodes.
-            opens.extend([(j, i) for j in range(-c % bs or bs, min(num_steps, rem), bs)])
+            first, stop = -c % bs or bs, num_steps if num_steps < rem else rem
+            if first < stop:
+                opens += range(first * n + i, stop * n, bs * n)
         opens.sort()
         free = engine.block_manager.num_free_blocks
         if len(opens) > free:
-            num_steps = opens[free][0]  # the step that would need one block too many
+            num_steps = opens[free] // n  # the step that would need one block too many
             if num_steps < 2:
                 return None
-            opens = [o for o in opens[:free] if o[0] < num_steps]
+            del opens[bisect_left(opens, num_steps * n, 0, free):]
         if num_steps < max_steps:
             del ends[num_steps:]
             seconds = seconds[:num_steps]
@@ -161,15 +165,14 @@ class FastForward:
         bm = engine.block_manager
         used_before = bm.num_used_blocks  # step 0's blocks were reserved by the policy
         change = [0] * (k + 1)  # change[j]: blocks in use at step j less at step j - 1
-        open_steps = [j for j, _ in run.opens]
-        for j in open_steps:
-            change[j] += 1
-        opens, taken = run.opens, 0
+        opens, taken, n = run.opens, 0, len(reqs)
+        for o in opens:
+            change[o // n] += 1
         for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
-            upto = bisect_right(open_steps, last_step, lo=taken)
+            upto = bisect_left(opens, (last_step + 1) * n, taken)  # the blocks opened up to last_step
             if upto > taken:
-                for (_, j), block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
-                    reqs[j].block_table.append(block)
+                for o, block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
+                    reqs[o % n].block_table.append(block)
                 taken = upto
             if i is not None:
                 before = bm.num_used_blocks

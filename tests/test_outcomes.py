@@ -57,6 +57,50 @@ def test_outcomes_in_any_finishing_order_give_the_same_table_and_sketches(result
     assert np.array_equal(shuffled.itl.values(), inter_token_latencies(result))
 
 
+@pytest.mark.parametrize("times_batch", [1, 50, 1 << 16])
+@pytest.mark.parametrize("exact_limit", [1 << 22, 1000])
+def test_outcomes_from_token_times_are_those_from_gaps(result, tmp_path, monkeypatch, times_batch, exact_limit):
+    """A run folder hands each request's token times, whose gaps are computed in bulk (every
+    `TIMES_BATCH` times): the same table, longest gaps (a tbt SLO) and ITL values, in any finishing
+    order, and with gaps given for some requests in between."""
+    import reports.outcomes as outcomes_module
+
+    monkeypatch.setattr(outcomes_module, "TIMES_BATCH", times_batch)
+    monkeypatch.setattr(outcomes_module, "GAP_BATCH", 300)  # several ITL chunks, as before
+    slo = SLO(tbt=0.05)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    from_gaps, from_times = (RequestOutcomes(slo, TableWriter(tmp_path / folder / "requests.csv", "csv"), batch_rows=7,
+                                             exact_limit=exact_limit) for folder in ("a", "b"))
+    longest = {id(from_gaps): [], id(from_times): []}  # each row's longest gap, as counted
+    for outcomes in (from_gaps, from_times):
+        def count(columns, arrival, output, finish, latencies, outcomes=outcomes, count=outcomes._count):
+            longest[id(outcomes)].append(latencies["tbt"])
+            count(columns, arrival, output, finish, latencies)
+        outcomes._count = count
+    order = np.random.default_rng(2).permutation(len(result.requests)).tolist()
+    for position in order:
+        r = result.requests[position]
+        times = result.tokens_of(position) if r.finish_s is not None else None
+        from_gaps.add(position, r, np.diff(times) if times is not None else None)
+        if position % 5:  # token times, as a list (as the engine keeps them)
+            from_times.add(position, r, token_times=None if times is None else times.tolist())
+        else:
+            from_times.add(position, r, np.diff(times) if times is not None else None)
+    from_gaps.close()
+    from_times.close()
+    assert (tmp_path / "a" / "requests.csv").read_bytes() == (tmp_path / "b" / "requests.csv").read_bytes()
+    a, b = (np.concatenate(longest[id(o)]) for o in (from_gaps, from_times))
+    assert len(a) == len(result.requests) and np.array_equal(a, b, equal_nan=True) and np.isfinite(a).sum() > 50
+    if from_times.itl.is_exact:
+        assert np.array_equal(from_times.itl.values(), inter_token_latencies(result))
+    else:  # sketched: the same chunks in the same order, so the same buckets and the same float sum
+        assert from_times.itl.stats() == from_gaps.itl.stats()
+    assert from_gaps.itl.is_exact == (exact_limit > 1000)
+    assert from_times.itl.mean() == from_gaps.itl.mean()
+    assert 0 < from_times.num_good == from_gaps.num_good < from_times.num_completed
+
+
 def test_summary_figures_are_those_of_the_whole_table(result):
     outcomes = outcomes_from_result(result, SLO(ttft=2.0, tpot=0.05))
     frame = requests_table(result)

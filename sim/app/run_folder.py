@@ -61,12 +61,9 @@ class RunFolder:
     def on_request(self, position: int, request: Request, token_times, extra: tuple = ()) -> None:
         """A request ended; `position`: its place in arrival order; `token_times`: its tokens' times;
         `extra`: its values of the extra request columns."""
-        gaps = None
-        if request.finish_s is not None and token_times is not None and len(token_times) > 1:
-            times = np.asarray(token_times, dtype=np.float64)
-            gaps = times[1:] - times[:-1]  # np.diff's own subtraction, without its checks
         try:
-            self.outcomes.add(position, request, gaps, extra)
+            self.outcomes.add(position, request, extra=extra,
+                              token_times=token_times if request.finish_s is not None else None)
         except OSError as e:
             raise self._cannot_write(self._requests_name, e) from None
 
