@@ -317,6 +317,31 @@ class OperatorModel:
             sum_c = np.repeat(np.asarray(sums, dtype=np.int64), reps) + n * np.arange(num_steps, dtype=np.int64)
             parts = self.decode_steps(n, sum_c)
             return self.total(parts), parts
+        # The usual case first: each stretch within one cached chunk, read as decode_run_values would.
+        chunks, attention, seconds, dense, scaled = self._run_chunks, [], [], [], []
+        step = 0
+        for n, length, first_sum in zip(num_decodes, lengths, sums):
+            r = first_sum % n
+            q = (first_sum - r) // n + step
+            c = q // RUN_CHUNK
+            lo = q - c * RUN_CHUNK
+            chunk = chunks.get((n, r, c)) if lo + length <= RUN_CHUNK else None
+            if chunk is None:
+                break
+            attention.append(chunk[0][lo:lo + length])
+            seconds.append(chunk[1][lo:lo + length])
+            if chunk[2] is not None:
+                scaled.append(chunk[2][lo:lo + length])
+            parts = self.dense_parts_at(n, n)
+            dense.append((parts["gemm"], parts["lm_head"], parts["allreduce"], parts["elementwise"]))
+            step += length
+        else:
+            for mask in scaled:
+                self.extrapolated += int(np.count_nonzero(mask))
+            rows = np.repeat(np.array(dense, dtype=np.float64).T, lengths, axis=1)
+            parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
+                     "attention": np.concatenate(attention), "overhead": self.overhead.seconds}
+            return np.concatenate(seconds), parts
         if not self._pieces_cached(num_decodes, lengths, sums):
             return self._decode_pieces_arrays(num_decodes, lengths, sums)
         attention, seconds, dense = [], [], []
