@@ -10,14 +10,15 @@ its `finally` blocks stop the workers and release the folder lock.
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCH_S = 0.5
@@ -40,6 +41,9 @@ def terminate_on_sigterm():
 
 def pool(num_workers: int) -> ProcessPoolExecutor:
     """A spawn pool whose workers die with this process."""
+    import multiprocessing  # (here: every command imports this module, few start a pool)
+    from concurrent.futures import ProcessPoolExecutor
+
     return ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_init_worker, initargs=(os.getpid(),))
 
@@ -57,6 +61,8 @@ def _init_worker(parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
+        import ctypes
+
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
