@@ -120,13 +120,15 @@ class RequestOutcomes:
         if not times:
             return
         self._times, self._num_times = [], 0
-        counts = np.fromiter(map(len, [t.times for t in times]), dtype=np.int64, count=len(times))
-        flat = np.fromiter(chain.from_iterable([t.times for t in times]), dtype=np.float64, count=int(counts.sum()))
-        differences = flat[1:] - flat[:-1]  # np.diff's own subtraction, as each request's alone
-        starts = np.cumsum(counts) - counts  # each request's first time in `flat`
-        # The differences across two requests (from one's last time to the next one's first) go.
-        gaps = np.delete(differences, starts[1:] - 1)
-        longest = np.maximum.reduceat(gaps, starts - np.arange(len(times)))
+        lists = [t.times for t in times]
+        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        flat = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(counts.sum()))
+        ends = np.cumsum(counts)  # each request's times end here in `flat`
+        # The differences across two requests (one's last time to the next one's first) go.
+        within = np.ones(len(flat) - 1, dtype=bool)
+        within[ends[:-1] - 1] = False
+        gaps = (flat[1:] - flat[:-1])[within]  # np.diff's own subtraction, as each request's alone
+        longest = np.maximum.reduceat(gaps, ends - counts - np.arange(len(lists)))  # each one's first gap
         for entry, value in zip(times, longest.tolist()):
             entry.row[11] = value
         self._gaps.append(gaps)

@@ -97,9 +97,10 @@ class FastForward:
         seconds, parts = engine.backend.decode_run(contexts, max_steps, remaining)
         # The clock adds the steps one after another, as step-by-step simulation does (float
         # additions in order, as numpy's cumsum makes them too).
-        ends = list(accumulate(seconds.tolist(), initial=now))
+        step_seconds = seconds.tolist()
+        ends = list(accumulate(step_seconds, initial=now))
         del ends[0]
-        self._last_decode_step_s = float(seconds[-1])
+        self._last_decode_step_s = step_seconds[-1]
         # A step starting at or after the next arrival is scheduled normally.
         num_steps = min(max_steps, 1 + bisect_left(ends, next_arrival, 0, max_steps - 1))
         if next_observation < np.inf:  # every step ends before it
@@ -130,7 +131,7 @@ class FastForward:
             del ends[num_steps:]
             seconds = seconds[:num_steps]
             parts = {k: v[:num_steps] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
-        return DecodeRun(ends, seconds, parts, opens, [min(rem, num_steps) for rem in remaining])
+        return DecodeRun(ends, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining])
 
     def _log(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
               num_used_blocks: list[int]) -> None:
