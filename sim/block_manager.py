@@ -56,9 +56,14 @@ implementation, with one dict entry per block as vLLM (tests/reference_block_man
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import eq
+from operator import eq, itemgetter
 
 from sim.request import Request
+
+
+def _gather(values: list, indices: list[int]) -> tuple | list:
+    """values[i] for each i in indices, in order (itemgetter takes them in one call)."""
+    return itemgetter(*indices)(values) if len(indices) > 1 else [values[i] for i in indices]
 
 
 class BlockManager:
@@ -73,6 +78,7 @@ class BlockManager:
         self._unused_chunks: list[int] = []  # numbers of chunks that left the index, for reuse
         self._width = 0  # slots per chunk, set by the first request with trace hashes
         self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width)
+        self._slot_ids: list[int] = []  # range(len(_slots)), made once: the LRU queue's slot lists are slices of it
         # The index of the requests' own blocks, by block key (negative).
         self.hash_to_block: dict[int, int] = {}  # the block a lookup of a key returns: the first indexed
         self.block_hash: list[int | None] = [None] * num_blocks  # an own block's key, if indexed
@@ -140,14 +146,16 @@ class BlockManager:
             return sum(map(self._unindex, evicted, evicted_slots))
         num_indexed = len(evicted_slots) - evicted_slots.count(0)
         if num_indexed:  # each of these blocks is the one at its slot
-            slots = self._slots
+            slots, width = self._slots, self._width
             for slot in evicted_slots:
                 slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
-            width = self._width
             chunks = {slot // width for slot in evicted_slots}
             chunks.discard(0)
-            for chunk in chunks:
-                self._drop_if_empty(chunk)
+            for chunk in chunks:  # _drop_if_empty, inlined
+                first = chunk * width
+                if slots[first:first + width].count(None) == width:
+                    del self._chunk_of[self._chunk_hash[chunk]]
+                    self._unused_chunks.append(chunk)
         if self.hash_to_block and num_indexed < len(evicted_slots):  # own blocks, indexed on preemptions
             block_hash = self.block_hash
             for block in evicted:
@@ -159,7 +167,7 @@ class BlockManager:
         """The live blocks among LRU entries just taken from the head, topped up to `num_live`,
         and their slots."""
         skip, lru, lru_slots = self._lru_skip, self._lru, self._lru_slots
-        if not any(map(skip.__getitem__, entries)):  # the usual case: none is stale
+        if not any(_gather(skip, entries)):  # the usual case: none is stale
             return entries, entry_slots
         live, live_slots = [], []
         for block, slot in zip(entries, entry_slots):
@@ -190,6 +198,7 @@ class BlockManager:
         if not self._width:
             self._width = -(-h_tokens // block_size)  # at most this many blocks end in one trace block
             self._slots = [None] * self._width  # chunk 0: the slot of blocks not in the shared index
+            self._slot_ids = list(range(self._width))
         elif self._width != -(-h_tokens // block_size):
             raise ValueError("requests with different hash_block_tokens share one block manager")
         chain = request.prefix_chain(block_size)
@@ -244,6 +253,7 @@ class BlockManager:
             chunk = len(self._chunk_hash)
             self._chunk_hash.append(0)
             self._slots.extend([None] * self._width)
+            self._slot_ids.extend(range(len(self._slot_ids), len(self._slots)))
         self._chunk_hash[chunk] = chain_hash
         self._chunk_of[chain_hash] = chunk
         return chunk
@@ -260,10 +270,10 @@ class BlockManager:
         num_shared = min(stop, request.num_shared_blocks(self.block_size))
         slots = []
         if num_shared:
-            width, chunk_of = self._width, self._chunk_of
+            width, chunk_of, slot_ids = self._width, self._chunk_of, self._slot_ids
             for chain_hash, first, a, b in self._runs(request, 0, num_shared):
                 base = chunk_of[chain_hash] * width - first
-                slots += range(base + a, base + b)
+                slots += slot_ids[base + a:base + b]
         slots += [0] * (stop - num_shared)
         return slots
 
@@ -449,7 +459,7 @@ class BlockManager:
             indexed.reverse()
             indexed_slots = self._slots_of(request, request.num_hashed_blocks)
             indexed_slots.reverse()
-            counts = list(map(ref_counts.__getitem__, indexed))
+            counts = _gather(ref_counts, indexed)
             if counts.count(1) == len(counts):  # none is shared with a running request: all become free
                 for block in indexed:
                     ref_counts[block] = 0
