@@ -45,8 +45,9 @@ block (Request.prefix_chain) names a chunk, one dict entry (`_chunk_of`), whose 
 each block that can end in that trace block, hold the block indexed first with that key (a
 stretch of the flat list `_slots`). A run of a request's blocks is indexed with one slice
 store, and a chunk leaves the dict when the last block in its slots is evicted. The LRU queue
-keeps each entry's slot (`_lru_slots`, found per trace block when a request frees its blocks), so
-an eviction empties the slot directly. Duplicates wait behind the block in their slot
+keeps each entry's slot and that slot's chunk (`_lru_slots`, `_lru_chunks`, found per trace block
+when a request frees its blocks), so an eviction empties the slots directly and checks only the
+chunks it touched. Duplicates wait behind the block in their slot
 (`_duplicates`, by slot), in indexing order. A request's own blocks (negative keys, indexed on a
 preemption: rare) are indexed per block (`hash_to_block`, `block_hash`), their duplicates in
 `_duplicates` by key. tests/test_block_manager_reference.py checks this against the previous
@@ -89,6 +90,7 @@ class BlockManager:
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
         self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
         self._lru_slots: list[int] = []  # each entry's block's slot in the shared index (0: none)
+        self._lru_chunks: list[int] = []  # and that slot's chunk (0: none)
         self._lru_head = 0
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
@@ -120,27 +122,30 @@ class BlockManager:
         if num_blocks > take:
             num_evict = num_blocks - take
             self._num_lru -= num_evict
-            lru, lru_slots, head = self._lru, self._lru_slots, self._lru_head
-            evicted, evicted_slots = lru[head:head + num_evict], lru_slots[head:head + num_evict]
-            self._lru_head = head + num_evict
+            lru, lru_slots, start = self._lru, self._lru_slots, self._lru_head
+            evicted, evicted_slots = lru[start:start + num_evict], lru_slots[start:start + num_evict]
+            self._lru_head = start + num_evict
             if self._num_stale:
                 evicted, evicted_slots = self._without_stale(evicted, evicted_slots, num_evict)
             head = self._lru_head
+            if self._num_lru_indexed:
+                self._num_lru_indexed -= self._unindex_evicted(evicted, evicted_slots, self._lru_chunks[start:head])
             if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
                 del lru[:head]
                 del lru_slots[:head]
+                del self._lru_chunks[:head]
                 self._lru_head = 0
-            if self._num_lru_indexed:
-                self._num_lru_indexed -= self._unindex_evicted(evicted, evicted_slots)
             blocks += evicted
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
         return blocks
 
-    def _unindex_evicted(self, evicted: list[int], evicted_slots: list[int]) -> int:
+    def _unindex_evicted(self, evicted: list[int], evicted_slots: list[int], taken_chunks: list[int]) -> int:
         """Take blocks just evicted, at these slots, out of the index (_unindex for each, in a few
-        passes over them: this runs for every eviction); how many were in it."""
+        passes over them: this runs for every eviction); how many were in it. `taken_chunks`: the
+        chunks of the LRU entries taken, stale ones too (a stale entry's block is still at its slot,
+        so its chunk stays)."""
         duplicates = self._duplicates
         if duplicates and not duplicates.keys().isdisjoint(evicted_slots):  # a slot holding duplicates: rare
             return sum(map(self._unindex, evicted, evicted_slots))
@@ -149,7 +154,7 @@ class BlockManager:
             slots, width = self._slots, self._width
             for slot in evicted_slots:
                 slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
-            chunks = {slot // width for slot in evicted_slots}
+            chunks = set(taken_chunks)
             chunks.discard(0)
             for chunk in chunks:  # _drop_if_empty, inlined
                 first = chunk * width
@@ -265,17 +270,21 @@ class BlockManager:
             del self._chunk_of[self._chunk_hash[chunk]]
             self._unused_chunks.append(chunk)
 
-    def _slots_of(self, request: Request, stop: int) -> list[int]:
-        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
+    def _slots_of(self, request: Request, stop: int) -> tuple[list[int], list[int]]:
+        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block),
+        and their chunks."""
         num_shared = min(stop, request.num_shared_blocks(self.block_size))
-        slots = []
+        slots, chunks = [], []
         if num_shared:
             width, chunk_of, slot_ids = self._width, self._chunk_of, self._slot_ids
             for chain_hash, first, a, b in self._runs(request, 0, num_shared):
-                base = chunk_of[chain_hash] * width - first
+                chunk = chunk_of[chain_hash]
+                base = chunk * width - first
                 slots += slot_ids[base + a:base + b]
+                chunks += [chunk] * (b - a)
         slots += [0] * (stop - num_shared)
-        return slots
+        chunks += [0] * (stop - num_shared)
+        return slots, chunks
 
     def _unindex(self, block: int, slot: int) -> bool:
         """Take the block, at this slot of the shared index (0: none), out of the index; whether
@@ -455,24 +464,29 @@ class BlockManager:
                 ref_counts[block] = 0
             num_own = len(hashed)
             hashed_slots = [0] * num_own
+            hashed_chunks = [0] * num_own
             indexed = table[:request.num_hashed_blocks]
             indexed.reverse()
-            indexed_slots = self._slots_of(request, request.num_hashed_blocks)
+            indexed_slots, indexed_chunks = self._slots_of(request, request.num_hashed_blocks)
             indexed_slots.reverse()
+            indexed_chunks.reverse()
             counts = _gather(ref_counts, indexed)
             if counts.count(1) == len(counts):  # none is shared with a running request: all become free
                 for block in indexed:
                     ref_counts[block] = 0
                 hashed += indexed
                 hashed_slots += indexed_slots
+                hashed_chunks += indexed_chunks
             else:
                 freed = list(map(eq, counts, repeat(1)))
                 hashed += compress(indexed, freed)
                 hashed_slots += compress(indexed_slots, freed)
+                hashed_chunks += compress(indexed_chunks, freed)
                 for block in indexed:
                     ref_counts[block] -= 1
             self._lru.extend(hashed)
             self._lru_slots.extend(hashed_slots)
+            self._lru_chunks.extend(hashed_chunks)
             self._num_lru += len(hashed)
             self._num_lru_indexed += len(hashed) - num_own
         request.block_table = []
@@ -503,7 +517,10 @@ class BlockManager:
         indexed = set(slot_of) | {b for b, h in enumerate(self.block_hash) if h is not None}
         lru = self.cached_free_blocks()
         assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
-        assert len(self._lru_slots) == len(self._lru)
+        assert len(self._lru_slots) == len(self._lru) == len(self._lru_chunks)
+        width = self._width
+        assert all(c == (s // width if s else 0) for s, c in zip(self._lru_slots, self._lru_chunks)), \
+            "an LRU entry's chunk is not its slot's"
         skip = list(self._lru_skip)
         for block, slot in zip(self._lru[self._lru_head:], self._lru_slots[self._lru_head:]):
             if skip[block]:
@@ -519,7 +536,7 @@ class BlockManager:
         for r in running:
             n = r.num_hashed_blocks
             assert all(b in indexed for b in r.block_table[:n])
-            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n), "a block is not at its key's slot"
+            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n)[0], "a block is not at its key's slot"
 
     def _check_index(self) -> dict[int, int]:
         """The index's parts agree: chunks and their chain hashes, own keys and their blocks' keys,
