@@ -56,7 +56,7 @@ implementation, with one dict entry per block as vLLM (tests/reference_block_man
 
 from __future__ import annotations
 
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import eq, itemgetter
 
 from sim.request import Request
@@ -195,10 +195,10 @@ class BlockManager:
 
     # The index.
 
-    def _runs(self, request: Request, start: int, stop: int) -> list[tuple[int, int, int, int]]:
-        """(chain hash, first, a, b) for each trace block that some of the request's shared blocks
-        [start, stop) end in: blocks [a, b) end there, and `first` is the first of all blocks that
-        end there (the one in the chunk's first slot)."""
+    def _runs(self, request: Request, start: int) -> tuple[list[tuple[int, int, int]], int]:
+        """The request's runs (Request.block_runs: chain hash, first, end for each trace block its
+        shared blocks end in, `first` being the block in the chunk's first slot) and the number of
+        the run that block `start` is in."""
         block_size, h_tokens = self.block_size, request.hash_block_tokens
         if not self._width:
             self._width = -(-h_tokens // block_size)  # at most this many blocks end in one trace block
@@ -206,16 +206,10 @@ class BlockManager:
             self._slot_ids = list(range(self._width))
         elif self._width != -(-h_tokens // block_size):
             raise ValueError("requests with different hash_block_tokens share one block manager")
-        chain = request.prefix_chain(block_size)
-        runs = []
-        j = ((start + 1) * block_size - 1) // h_tokens  # the trace block that block `start` ends in
-        first = j * h_tokens // block_size
-        while first < stop:
-            end = (j + 1) * h_tokens // block_size
-            if end > start and end > first:  # (none may end here if blocks are longer than trace blocks)
-                runs.append((chain[j], first, start if start > first else first, stop if stop < end else end))
-            j, first = j + 1, end
-        return runs
+        # Blocks no longer than trace blocks: a block ends in every trace block, so run j is trace
+        # block j's. Longer: each block ends in a trace block of its own, so run i is block i's.
+        i = start if block_size > h_tokens else ((start + 1) * block_size - 1) // h_tokens
+        return request.block_runs(block_size), i
 
     def _register(self, request: Request, num_full: int) -> None:
         """Index the request's blocks [num_hashed_blocks, num_full) (full blocks of known tokens)."""
@@ -225,13 +219,17 @@ class BlockManager:
         table = request.block_table
         num_shared = min(num_full, request.num_shared_blocks(self.block_size))
         if start < num_shared:
-            runs = self._runs(request, start, num_shared)
-            slots, width = self._slots, self._width
-            for chain_hash, first, a, b in runs:
-                chunk = self._chunk_of.get(chain_hash)
+            runs, k = self._runs(request, start)
+            slots, width, chunk_of = self._slots, self._width, self._chunk_of
+            for chain_hash, first, end in islice(runs, k, None):
+                if first >= num_shared:
+                    break
+                chunk = chunk_of.get(chain_hash)
                 if chunk is None:
                     chunk = self._new_chunk(chain_hash)
                 base = chunk * width - first  # block i's slot: base + i
+                a = start if start > first else first
+                b = num_shared if num_shared < end else end
                 blocks = table[a:b]
                 if slots[base + a:base + b].count(None) == b - a:  # the usual case: nothing indexed at these slots
                     slots[base + a:base + b] = blocks
@@ -276,12 +274,15 @@ class BlockManager:
         num_shared = min(stop, request.num_shared_blocks(self.block_size))
         slots, chunks = [], []
         if num_shared:
+            runs, _ = self._runs(request, 0)
             width, chunk_of, slot_ids = self._width, self._chunk_of, self._slot_ids
-            for chain_hash, first, a, b in self._runs(request, 0, num_shared):
+            for chain_hash, first, end in runs:
+                if first >= num_shared:
+                    break
                 chunk = chunk_of[chain_hash]
-                base = chunk * width - first
-                slots += slot_ids[base + a:base + b]
-                chunks += [chunk] * (b - a)
+                n = (num_shared if num_shared < end else end) - first
+                slots += slot_ids[chunk * width:chunk * width + n]
+                chunks += [chunk] * n
         slots += [0] * (stop - num_shared)
         chunks += [0] * (stop - num_shared)
         return slots, chunks
@@ -317,12 +318,14 @@ class BlockManager:
         blocks: list[int] = []
         if not stop or not self._chunk_of:
             return blocks
-        for chain_hash, first, a, b in self._runs(request, 0, stop):
+        runs, _ = self._runs(request, 0)
+        for chain_hash, first, end in runs:
+            if first >= stop:
+                break
             chunk = self._chunk_of.get(chain_hash)
             if chunk is None:
                 break
-            base = chunk * self._width - first
-            run = self._slots[base + a:base + b]
+            run = self._slots[chunk * self._width:chunk * self._width + (stop if stop < end else end) - first]
             if None in run:
                 blocks += run[:run.index(None)]
                 break
@@ -333,10 +336,10 @@ class BlockManager:
         """The blocks indexed with the key of the request's block i, in indexing order (a lookup
         returns the first); for tests."""
         if i < request.num_shared_blocks(self.block_size):
-            slot = 0
-            for chain_hash, first, _, _ in self._runs(request, i, i + 1):
-                chunk = self._chunk_of.get(chain_hash)
-                slot = 0 if chunk is None else chunk * self._width - first + i
+            runs, k = self._runs(request, i)
+            chain_hash, first, _ = runs[k]
+            chunk = self._chunk_of.get(chain_hash)
+            slot = 0 if chunk is None else chunk * self._width - first + i
             first_block = self._slots[slot] if slot else None
             key = slot
         else:
