@@ -45,8 +45,9 @@ block (Request.prefix_chain) names a chunk, one dict entry (`_chunk_of`), whose 
 each block that can end in that trace block, hold the block indexed first with that key (a
 stretch of the flat list `_slots`). A run of a request's blocks is indexed with one slice
 store, and a chunk leaves the dict when the last block in its slots is evicted. The LRU queue
-keeps each entry's slot (`_lru_slots`, found per trace block when a request frees its blocks), so
-an eviction empties the slot directly. Duplicates wait behind the block in their slot
+keeps each entry's slot and that slot's chunk (`_lru_slots`, `_lru_chunks`, found per trace block
+when a request frees its blocks), so an eviction empties the slots directly and checks only the
+chunks it touched. Duplicates wait behind the block in their slot
 (`_duplicates`, by slot), in indexing order. A request's own blocks (negative keys, indexed on a
 preemption: rare) are indexed per block (`hash_to_block`, `block_hash`), their duplicates in
 `_duplicates` by key. tests/test_block_manager_reference.py checks this against the previous
@@ -55,10 +56,15 @@ implementation, with one dict entry per block as vLLM (tests/reference_block_man
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import eq
+from itertools import compress, islice, repeat
+from operator import eq, itemgetter
 
 from sim.request import Request
+
+
+def _gather(values: list, indices: list[int]) -> tuple | list:
+    """values[i] for each i in indices, in order (itemgetter takes them in one call)."""
+    return itemgetter(*indices)(values) if len(indices) > 1 else [values[i] for i in indices]
 
 
 class BlockManager:
@@ -73,6 +79,7 @@ class BlockManager:
         self._unused_chunks: list[int] = []  # numbers of chunks that left the index, for reuse
         self._width = 0  # slots per chunk, set by the first request with trace hashes
         self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width)
+        self._slot_ids: list[int] = []  # range(len(_slots)), made once: the LRU queue's slot lists are slices of it
         # The index of the requests' own blocks, by block key (negative).
         self.hash_to_block: dict[int, int] = {}  # the block a lookup of a key returns: the first indexed
         self.block_hash: list[int | None] = [None] * num_blocks  # an own block's key, if indexed
@@ -83,6 +90,7 @@ class BlockManager:
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
         self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
         self._lru_slots: list[int] = []  # each entry's block's slot in the shared index (0: none)
+        self._lru_chunks: list[int] = []  # and that slot's chunk (0: none)
         self._lru_head = 0
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
@@ -114,40 +122,45 @@ class BlockManager:
         if num_blocks > take:
             num_evict = num_blocks - take
             self._num_lru -= num_evict
-            lru, lru_slots, head = self._lru, self._lru_slots, self._lru_head
-            evicted, evicted_slots = lru[head:head + num_evict], lru_slots[head:head + num_evict]
-            self._lru_head = head + num_evict
+            lru, lru_slots, start = self._lru, self._lru_slots, self._lru_head
+            evicted, evicted_slots = lru[start:start + num_evict], lru_slots[start:start + num_evict]
+            self._lru_head = start + num_evict
             if self._num_stale:
                 evicted, evicted_slots = self._without_stale(evicted, evicted_slots, num_evict)
             head = self._lru_head
+            if self._num_lru_indexed:
+                self._num_lru_indexed -= self._unindex_evicted(evicted, evicted_slots, self._lru_chunks[start:head])
             if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
                 del lru[:head]
                 del lru_slots[:head]
+                del self._lru_chunks[:head]
                 self._lru_head = 0
-            if self._num_lru_indexed:
-                self._num_lru_indexed -= self._unindex_evicted(evicted, evicted_slots)
             blocks += evicted
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
         return blocks
 
-    def _unindex_evicted(self, evicted: list[int], evicted_slots: list[int]) -> int:
+    def _unindex_evicted(self, evicted: list[int], evicted_slots: list[int], taken_chunks: list[int]) -> int:
         """Take blocks just evicted, at these slots, out of the index (_unindex for each, in a few
-        passes over them: this runs for every eviction); how many were in it."""
+        passes over them: this runs for every eviction); how many were in it. `taken_chunks`: the
+        chunks of the LRU entries taken, stale ones too (a stale entry's block is still at its slot,
+        so its chunk stays)."""
         duplicates = self._duplicates
         if duplicates and not duplicates.keys().isdisjoint(evicted_slots):  # a slot holding duplicates: rare
             return sum(map(self._unindex, evicted, evicted_slots))
         num_indexed = len(evicted_slots) - evicted_slots.count(0)
         if num_indexed:  # each of these blocks is the one at its slot
-            slots = self._slots
+            slots, width = self._slots, self._width
             for slot in evicted_slots:
                 slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
-            width = self._width
-            chunks = {slot // width for slot in evicted_slots}
+            chunks = set(taken_chunks)
             chunks.discard(0)
-            for chunk in chunks:
-                self._drop_if_empty(chunk)
+            for chunk in chunks:  # _drop_if_empty, inlined
+                first = chunk * width
+                if slots[first:first + width].count(None) == width:
+                    del self._chunk_of[self._chunk_hash[chunk]]
+                    self._unused_chunks.append(chunk)
         if self.hash_to_block and num_indexed < len(evicted_slots):  # own blocks, indexed on preemptions
             block_hash = self.block_hash
             for block in evicted:
@@ -159,7 +172,7 @@ class BlockManager:
         """The live blocks among LRU entries just taken from the head, topped up to `num_live`,
         and their slots."""
         skip, lru, lru_slots = self._lru_skip, self._lru, self._lru_slots
-        if not any(map(skip.__getitem__, entries)):  # the usual case: none is stale
+        if not any(_gather(skip, entries)):  # the usual case: none is stale
             return entries, entry_slots
         live, live_slots = [], []
         for block, slot in zip(entries, entry_slots):
@@ -182,26 +195,21 @@ class BlockManager:
 
     # The index.
 
-    def _runs(self, request: Request, start: int, stop: int) -> list[tuple[int, int, int, int]]:
-        """(chain hash, first, a, b) for each trace block that some of the request's shared blocks
-        [start, stop) end in: blocks [a, b) end there, and `first` is the first of all blocks that
-        end there (the one in the chunk's first slot)."""
+    def _runs(self, request: Request, start: int) -> tuple[list[tuple[int, int, int]], int]:
+        """The request's runs (Request.block_runs: chain hash, first, end for each trace block its
+        shared blocks end in, `first` being the block in the chunk's first slot) and the number of
+        the run that block `start` is in."""
         block_size, h_tokens = self.block_size, request.hash_block_tokens
         if not self._width:
             self._width = -(-h_tokens // block_size)  # at most this many blocks end in one trace block
             self._slots = [None] * self._width  # chunk 0: the slot of blocks not in the shared index
+            self._slot_ids = list(range(self._width))
         elif self._width != -(-h_tokens // block_size):
             raise ValueError("requests with different hash_block_tokens share one block manager")
-        chain = request.prefix_chain(block_size)
-        runs = []
-        j = ((start + 1) * block_size - 1) // h_tokens  # the trace block that block `start` ends in
-        first = j * h_tokens // block_size
-        while first < stop:
-            end = (j + 1) * h_tokens // block_size
-            if end > start and end > first:  # (none may end here if blocks are longer than trace blocks)
-                runs.append((chain[j], first, start if start > first else first, stop if stop < end else end))
-            j, first = j + 1, end
-        return runs
+        # Blocks no longer than trace blocks: a block ends in every trace block, so run j is trace
+        # block j's. Longer: each block ends in a trace block of its own, so run i is block i's.
+        i = start if block_size > h_tokens else ((start + 1) * block_size - 1) // h_tokens
+        return request.block_runs(block_size), i
 
     def _register(self, request: Request, num_full: int) -> None:
         """Index the request's blocks [num_hashed_blocks, num_full) (full blocks of known tokens)."""
@@ -211,13 +219,17 @@ class BlockManager:
         table = request.block_table
         num_shared = min(num_full, request.num_shared_blocks(self.block_size))
         if start < num_shared:
-            runs = self._runs(request, start, num_shared)
-            slots, width = self._slots, self._width
-            for chain_hash, first, a, b in runs:
-                chunk = self._chunk_of.get(chain_hash)
+            runs, k = self._runs(request, start)
+            slots, width, chunk_of = self._slots, self._width, self._chunk_of
+            for chain_hash, first, end in islice(runs, k, None):
+                if first >= num_shared:
+                    break
+                chunk = chunk_of.get(chain_hash)
                 if chunk is None:
                     chunk = self._new_chunk(chain_hash)
                 base = chunk * width - first  # block i's slot: base + i
+                a = start if start > first else first
+                b = num_shared if num_shared < end else end
                 blocks = table[a:b]
                 if slots[base + a:base + b].count(None) == b - a:  # the usual case: nothing indexed at these slots
                     slots[base + a:base + b] = blocks
@@ -244,6 +256,7 @@ class BlockManager:
             chunk = len(self._chunk_hash)
             self._chunk_hash.append(0)
             self._slots.extend([None] * self._width)
+            self._slot_ids.extend(range(len(self._slot_ids), len(self._slots)))
         self._chunk_hash[chunk] = chain_hash
         self._chunk_of[chain_hash] = chunk
         return chunk
@@ -255,17 +268,24 @@ class BlockManager:
             del self._chunk_of[self._chunk_hash[chunk]]
             self._unused_chunks.append(chunk)
 
-    def _slots_of(self, request: Request, stop: int) -> list[int]:
-        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
+    def _slots_of(self, request: Request, stop: int) -> tuple[list[int], list[int]]:
+        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block),
+        and their chunks."""
         num_shared = min(stop, request.num_shared_blocks(self.block_size))
-        slots = []
+        slots, chunks = [], []
         if num_shared:
-            width, chunk_of = self._width, self._chunk_of
-            for chain_hash, first, a, b in self._runs(request, 0, num_shared):
-                base = chunk_of[chain_hash] * width - first
-                slots += range(base + a, base + b)
+            runs, _ = self._runs(request, 0)
+            width, chunk_of, slot_ids = self._width, self._chunk_of, self._slot_ids
+            for chain_hash, first, end in runs:
+                if first >= num_shared:
+                    break
+                chunk = chunk_of[chain_hash]
+                n = (num_shared if num_shared < end else end) - first
+                slots += slot_ids[chunk * width:chunk * width + n]
+                chunks += [chunk] * n
         slots += [0] * (stop - num_shared)
-        return slots
+        chunks += [0] * (stop - num_shared)
+        return slots, chunks
 
     def _unindex(self, block: int, slot: int) -> bool:
         """Take the block, at this slot of the shared index (0: none), out of the index; whether
@@ -298,12 +318,14 @@ class BlockManager:
         blocks: list[int] = []
         if not stop or not self._chunk_of:
             return blocks
-        for chain_hash, first, a, b in self._runs(request, 0, stop):
+        runs, _ = self._runs(request, 0)
+        for chain_hash, first, end in runs:
+            if first >= stop:
+                break
             chunk = self._chunk_of.get(chain_hash)
             if chunk is None:
                 break
-            base = chunk * self._width - first
-            run = self._slots[base + a:base + b]
+            run = self._slots[chunk * self._width:chunk * self._width + (stop if stop < end else end) - first]
             if None in run:
                 blocks += run[:run.index(None)]
                 break
@@ -314,10 +336,10 @@ class BlockManager:
         """The blocks indexed with the key of the request's block i, in indexing order (a lookup
         returns the first); for tests."""
         if i < request.num_shared_blocks(self.block_size):
-            slot = 0
-            for chain_hash, first, _, _ in self._runs(request, i, i + 1):
-                chunk = self._chunk_of.get(chain_hash)
-                slot = 0 if chunk is None else chunk * self._width - first + i
+            runs, k = self._runs(request, i)
+            chain_hash, first, _ = runs[k]
+            chunk = self._chunk_of.get(chain_hash)
+            slot = 0 if chunk is None else chunk * self._width - first + i
             first_block = self._slots[slot] if slot else None
             key = slot
         else:
@@ -445,24 +467,29 @@ class BlockManager:
                 ref_counts[block] = 0
             num_own = len(hashed)
             hashed_slots = [0] * num_own
+            hashed_chunks = [0] * num_own
             indexed = table[:request.num_hashed_blocks]
             indexed.reverse()
-            indexed_slots = self._slots_of(request, request.num_hashed_blocks)
+            indexed_slots, indexed_chunks = self._slots_of(request, request.num_hashed_blocks)
             indexed_slots.reverse()
-            counts = list(map(ref_counts.__getitem__, indexed))
+            indexed_chunks.reverse()
+            counts = _gather(ref_counts, indexed)
             if counts.count(1) == len(counts):  # none is shared with a running request: all become free
                 for block in indexed:
                     ref_counts[block] = 0
                 hashed += indexed
                 hashed_slots += indexed_slots
+                hashed_chunks += indexed_chunks
             else:
                 freed = list(map(eq, counts, repeat(1)))
                 hashed += compress(indexed, freed)
                 hashed_slots += compress(indexed_slots, freed)
+                hashed_chunks += compress(indexed_chunks, freed)
                 for block in indexed:
                     ref_counts[block] -= 1
             self._lru.extend(hashed)
             self._lru_slots.extend(hashed_slots)
+            self._lru_chunks.extend(hashed_chunks)
             self._num_lru += len(hashed)
             self._num_lru_indexed += len(hashed) - num_own
         request.block_table = []
@@ -493,7 +520,10 @@ class BlockManager:
         indexed = set(slot_of) | {b for b, h in enumerate(self.block_hash) if h is not None}
         lru = self.cached_free_blocks()
         assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
-        assert len(self._lru_slots) == len(self._lru)
+        assert len(self._lru_slots) == len(self._lru) == len(self._lru_chunks)
+        width = self._width
+        assert all(c == (s // width if s else 0) for s, c in zip(self._lru_slots, self._lru_chunks)), \
+            "an LRU entry's chunk is not its slot's"
         skip = list(self._lru_skip)
         for block, slot in zip(self._lru[self._lru_head:], self._lru_slots[self._lru_head:]):
             if skip[block]:
@@ -509,7 +539,7 @@ class BlockManager:
         for r in running:
             n = r.num_hashed_blocks
             assert all(b in indexed for b in r.block_table[:n])
-            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n), "a block is not at its key's slot"
+            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n)[0], "a block is not at its key's slot"
 
     def _check_index(self) -> dict[int, int]:
         """The index's parts agree: chunks and their chain hashes, own keys and their blocks' keys,
