@@ -60,15 +60,12 @@ class TraceArrivals:
         self._listener = on_done
         self._positions: dict[Request, int] = {}  # requests in the engine -> their place, for the listener
         self._next = 0  # the next request to arrive
+        self.next_arrival_s = self._arrival(0) if self._num_requests else math.inf  # its arrival time
         self._engine_idle: simpy.Event | None = None  # what the arrivals process waits on meanwhile
 
     @property
     def is_exhausted(self) -> bool:
         return self._next == self._num_requests
-
-    @property
-    def next_arrival_s(self) -> float:
-        return self._arrival(self._next) if self._next < self._num_requests else math.inf
 
     def _arrival(self, i: int) -> float:
         j = i - self._window_start
@@ -87,6 +84,8 @@ class TraceArrivals:
 
     def deliver(self, now: float) -> None:
         """Hand the engine every request that has arrived by `now`."""
+        if self.next_arrival_s > now:  # most steps: nothing has
+            return
         submit, make, positions = self.engine.submit, self._make, self._positions
         while self._next < self._num_requests and self._arrival(self._next) <= now:
             r = make(self._next)
@@ -94,6 +93,7 @@ class TraceArrivals:
                 positions[r] = self._next
             self._next += 1
             submit(r)
+        self.next_arrival_s = self._arrival(self._next) if self._next < self._num_requests else math.inf
 
     def engine_idle(self, engine: Engine) -> None:
         if self._engine_idle is not None and not self._engine_idle.triggered:
