@@ -207,10 +207,11 @@ class Grid:
             if len(self._brackets_a) < MAX_BRACKETS:
                 self._brackets_a[a] = bracket
         ia, ja, wa = bracket
-        ib, jb, wb = _bracket_scalar(float(b), bl, self._sb)
+        ib = bisect_right(bl, b) - 1  # _bracket_scalar along b, written out
+        wb = 0.0 if ib == len(bl) - 1 or bl[ib] == b else float(_log(b / bl[ib])) / self._sb[ib]
         g = self._gl
-        # _blend_scalar along b (jb = ib + 1 where wb != 0), then along a; a blend whose weight is
-        # 0 is its first point, so the second is not computed.
+        # _blend_scalar along b (towards ib + 1 where wb != 0), then along a; a blend whose weight
+        # is 0 is its first point, so the second is not computed.
         if wb == 0.0:
             low = g[ia][ib]
             if wa == 0.0:
