@@ -195,17 +195,19 @@ class Grid:
     def at(self, a: float, b: float) -> tuple[float, bool]:
         """(time, whether (a, b) was off the grid) for one point. The bracket of a is kept by size
         (the number of requests of a step: the same few sizes recur)."""
-        al, bl = self._al, self._bl
-        if not (al[0] <= a <= al[-1] and bl[0] <= b <= bl[-1]):
+        brackets, bl = self._brackets_a, self._bl
+        bracket = brackets.get(a)  # kept for sizes within the a axis only
+        if bracket is None:
+            al = self._al
+            if al[0] <= a <= al[-1]:
+                bracket = _bracket_scalar(float(a), al, self._sa)
+                if len(brackets) < MAX_BRACKETS:
+                    brackets[a] = bracket
+        if bracket is None or not (bl[0] <= b <= bl[-1]):
             # Through 1-element arrays: numpy may take another route for a 0-d array's power (x ** 2.0
             # as a square) than for an array's, a last-bit difference that fast-forward would see.
             t, off = self.many(np.array([a], dtype=np.float64), np.array([b], dtype=np.float64))
             return float(t[0]), bool(off[0])
-        bracket = self._brackets_a.get(a)
-        if bracket is None:
-            bracket = _bracket_scalar(float(a), al, self._sa)
-            if len(self._brackets_a) < MAX_BRACKETS:
-                self._brackets_a[a] = bracket
         ia, ja, wa = bracket
         ib = bisect_right(bl, b) - 1  # _bracket_scalar along b, written out
         wb = 0.0 if ib == len(bl) - 1 or bl[ib] == b else float(_log(b / bl[ib])) / self._sb[ib]
