@@ -120,8 +120,10 @@ def fill_rows_by_scaling(xa, grid: np.ndarray, power: float = 1.0) -> tuple[np.n
 # Scalar lookups. A single step's few lookups through the array functions above cost tens of
 # numpy calls each; these give exactly the same values (the same operations in the same order,
 # with numpy's own log and exp on scalars, which equal its array results element for element,
-# where Python's math module may differ in the last bit) at a fraction of the cost. Sizes off the
-# grid (rare) go through the array functions themselves, as 1-element arrays.
+# where Python's math module may differ in the last bit) at a fraction of the cost. The logs and
+# exps are turned into Python floats at once: products and quotients of floats are the same IEEE
+# operations in Python as in numpy's scalar arithmetic, which costs several times more. Sizes off
+# the grid (rare) go through the array functions themselves, as 1-element arrays.
 
 _log, _exp = np.log, np.exp
 
@@ -133,17 +135,20 @@ def _blend_one(t0, t1, w: np.ndarray) -> np.ndarray:
 
 
 def _blend_scalar(t0: float, t1: float, w: float) -> float:
-    return t0 if w == 0.0 else t0 * _exp(w * _log(t1 / t0))
+    return t0 if w == 0.0 else t0 * float(_exp(w * float(_log(t1 / t0))))
 
 
 def _bracket_scalar(x: float, xs: list[float], steps: list[float]) -> tuple[int, int, float]:
-    """_bracket for one size within [xs[0], xs[-1]]."""
+    """_bracket for one size within [xs[0], xs[-1]] (the weight a Python float)."""
     i = bisect_right(xs, x) - 1
     last = len(xs) - 1
     if i == last:
         return i, i, 0.0
     x0 = xs[i]
-    return i, i + 1, 0.0 if x0 == x else _log(x / x0) / steps[i]
+    return i, i + 1, 0.0 if x0 == x else float(_log(x / x0)) / steps[i]
+
+
+MAX_BRACKETS = 4096  # sizes along a Grid's first axis whose brackets it keeps (see Grid.at)
 
 
 class Curve:
@@ -176,40 +181,51 @@ class Grid:
         self.xa, self.xb = np.asarray(xa, dtype=np.float64), np.asarray(xb, dtype=np.float64)
         self.grid, self.power_a, self.power_b = np.asarray(grid), power_a, power_b
         self.steps_a, self.steps_b = log_steps(self.xa), log_steps(self.xb)
-        self._al, self._bl, self._gl = self.xa.tolist(), self.xb.tolist(), self.grid.tolist()
+        self._al, self._bl = self.xa.tolist(), self.xb.tolist()
+        self._gl = np.asarray(self.grid, dtype=np.float64).tolist()
         self._sa, self._sb = self.steps_a.tolist(), self.steps_b.tolist()
         # log(t1 / t0) between neighbours along b, as _blend_scalar computes it (numpy's log).
-        self._lb = [[_log(row[j + 1] / row[j]) for j in range(len(row) - 1)] for row in self._gl]
+        self._lb = [[float(_log(row[j + 1] / row[j])) for j in range(len(row) - 1)] for row in self._gl]
+        self._brackets_a: dict[float, tuple[int, int, float]] = {}  # _bracket_scalar along a, by size
 
     def many(self, a, b) -> tuple[np.ndarray, np.ndarray]:
         return interp_loglog_2d(a, b, self.xa, self.xb, self.grid, self.power_a, self.power_b,
                                 self.steps_a, self.steps_b)
 
     def at(self, a: float, b: float) -> tuple[float, bool]:
-        """(time, whether (a, b) was off the grid) for one point."""
-        al, bl = self._al, self._bl
-        if not (al[0] <= a <= al[-1] and bl[0] <= b <= bl[-1]):
+        """(time, whether (a, b) was off the grid) for one point. The bracket of a is kept by size
+        (the number of requests of a step: the same few sizes recur)."""
+        brackets, bl = self._brackets_a, self._bl
+        bracket = brackets.get(a)  # kept for sizes within the a axis only
+        if bracket is None:
+            al = self._al
+            if al[0] <= a <= al[-1]:
+                bracket = _bracket_scalar(float(a), al, self._sa)
+                if len(brackets) < MAX_BRACKETS:
+                    brackets[a] = bracket
+        if bracket is None or not (bl[0] <= b <= bl[-1]):
             # Through 1-element arrays: numpy may take another route for a 0-d array's power (x ** 2.0
             # as a square) than for an array's, a last-bit difference that fast-forward would see.
             t, off = self.many(np.array([a], dtype=np.float64), np.array([b], dtype=np.float64))
             return float(t[0]), bool(off[0])
-        ia, ja, wa = _bracket_scalar(float(a), al, self._sa)
-        ib, jb, wb = _bracket_scalar(float(b), bl, self._sb)
+        ia, ja, wa = bracket
+        ib = bisect_right(bl, b) - 1  # _bracket_scalar along b, written out
+        wb = 0.0 if ib == len(bl) - 1 or bl[ib] == b else float(_log(b / bl[ib])) / self._sb[ib]
         g = self._gl
-        # _blend_scalar along b (jb = ib + 1 where wb != 0), then along a; a blend whose weight is
-        # 0 is its first point, so the second is not computed.
+        # _blend_scalar along b (towards ib + 1 where wb != 0), then along a; a blend whose weight
+        # is 0 is its first point, so the second is not computed.
         if wb == 0.0:
             low = g[ia][ib]
             if wa == 0.0:
-                return float(low), False
+                return low, False
             high = g[ja][ib]
         else:
             lb = self._lb
-            low = g[ia][ib] * _exp(wb * lb[ia][ib])
+            low = g[ia][ib] * float(_exp(wb * lb[ia][ib]))
             if wa == 0.0:
-                return float(low), False
-            high = g[ja][ib] * _exp(wb * lb[ja][ib])
-        return float(low * _exp(wa * _log(high / low))), False
+                return low, False
+            high = g[ja][ib] * float(_exp(wb * lb[ja][ib]))
+        return low * float(_exp(wa * float(_log(high / low)))), False
 
     def along_b(self, a: float, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`many` at one a and sizes b (an array), bracketing a once: exactly `many`'s values."""

@@ -27,16 +27,13 @@ class OpTableBackend:
         self.dtype = {"bf16": "bfloat16", "fp8": "float8"}[op_model.dtype]
         self.profile_name = profile_name
 
-    def _parts(self, q_list: list[int], computed_list: list[int], num_logits: int) -> dict:
-        c_list = [c + q for q, c in zip(q_list, computed_list)]
-        return self.ops.step_parts(q_list, c_list, num_logits)
-
     def _total(self, parts: dict):
         return self.ops.total(parts)
 
     def execute(self, batch: Batch) -> StepResult:
-        parts = self._parts(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits))
-        return StepResult(self._total(parts), parts)  # floats (OperatorModel.step_parts)
+        seconds, parts = self.ops.batch_step(batch.num_scheduled_tokens, batch.num_computed_tokens,
+                                             sum(batch.needs_logits))
+        return StepResult(seconds, parts)  # floats (OperatorModel.batch_step)
 
     def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
         """Seconds and parts of `num_steps` decode-only steps of the same requests, whose contexts
@@ -87,7 +84,7 @@ class OpTableBackend:
         rows = []
         for q_row, c_row, m in zip(np.asarray(q).tolist(), np.asarray(c).tolist(), np.asarray(num_logits).tolist()):
             pairs = [(qi, ci - qi) for qi, ci in zip(q_row, c_row) if qi > 0]
-            rows.append(self._parts([p[0] for p in pairs], [p[1] for p in pairs], int(m)))
+            rows.append(self.ops.batch_step([p[0] for p in pairs], [p[1] for p in pairs], int(m))[1])
         return {k: np.array([float(r[k]) for r in rows]) for k in (rows[0] if rows else {})}
 
     def step_seconds(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> np.ndarray:

@@ -51,6 +51,7 @@ CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256,
 MAX_TABLE = 1 << 18  # token and logits counts past this are costed without the tables
 RUN_CHUNK = 512  # decode steps per cached stretch of a batch size's step times (see decode_run_values)
 MAX_RUN_CHUNKS = 2048  # cached stretches at most (16 MiB); the cache starts afresh past it
+MAX_FIRST_CHUNKS = 1 << 16  # first chunks' attention kept by length (see _first_chunk_attention)
 SAMPLER_PASSES = 3  # reads of the fp32 logits by the sampler: softmax/log-softmax, top-p/top-k, the draw
 
 
@@ -107,6 +108,7 @@ class OperatorModel:
         self._by_tokens_list = self._by_logits_list = ((),)
         self._run_chunks: dict[tuple[int, int, int], tuple] = {}  # see decode_run_values
         self._run_seen: set[tuple[int, int, int]] = set()  # stretches asked for once
+        self._first_chunks: dict[int, float] = {}  # see _first_chunk_attention
 
     # Operators. Every argument may be an array; results have its shape.
 
@@ -154,24 +156,16 @@ class OperatorModel:
         self.extrapolated += int(np.count_nonzero(scaled & (b > 0)))
         return np.where(b > 0, t, 0.0)
 
-    def decode_attention_at(self, num_decodes: int, mean_kv_len: float) -> float:
-        """`decode_attention` of one step, exactly (a scalar lookup)."""
-        if num_decodes <= 0:
-            return 0.0
-        t, scaled = self._gen.at(float(num_decodes), mean_kv_len)
-        self.extrapolated += scaled
-        return t
-
-    def prefill_attention(self, q: list[int], c: list[int]) -> float:
-        """One layer's attention of prefill chunks: q new tokens each, c tokens of context after the step."""
-        if not q:
-            return 0.0
-        pairs = sum(qi * (ci - qi) + qi * (qi + 1) / 2 for qi, ci in zip(q, c)) / len(q)
+    def prefill_attention(self, num_chunks: int, sum_pairs: float, sum_context: int) -> float:
+        """One layer's attention of `num_chunks` (> 0) prefill chunks, q new tokens each on c tokens
+        of context after the step, whose causal query-key pairs q (c - q) + q (q + 1) / 2 sum to
+        `sum_pairs` and whose contexts sum to `sum_context` (scalar lookups)."""
+        pairs = sum_pairs / num_chunks
         isl = (math.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0  # correctly rounded, as numpy's sqrt
-        t, scaled = self._ctx.at(float(len(q)), float(isl))
-        self.extrapolated += scaled
-        read = self.decode_attention_at(len(q), sum(c) / len(q))
-        return float(max(t, read))
+        t, scaled = self._ctx.at(num_chunks, isl)
+        read, scaled_read = self._gen.at(num_chunks, sum_context / num_chunks)  # `decode_attention`
+        self.extrapolated += scaled + scaled_read
+        return max(t, read)
 
     def _elementwise_per_layer(self) -> tuple[float, int]:
         """Bytes per token and number of kernels of one layer's elementwise work."""
@@ -262,19 +256,64 @@ class OperatorModel:
     def step_parts(self, q: list[int], c: list[int], num_logits: int) -> dict:
         """Seconds per part of one step: q tokens per request, c their contexts after the step.
         Scalar lookups, exactly the values `decode_steps` gives the same step."""
-        dec = [ci for qi, ci in zip(q, c) if qi == 1]
-        parts = dict(self.dense_parts_at(sum(q), num_logits))
-        decode = self.decode_attention_at(len(dec), sum(dec) / len(dec) if dec else 1.0)
-        if len(dec) < len(q):
-            pre = [(qi, ci) for qi, ci in zip(q, c) if qi > 1]
-            prefill = self.prefill_attention([p[0] for p in pre], [p[1] for p in pre])
+        return self.batch_step(q, [ci - qi for qi, ci in zip(q, c)], num_logits)[1]
+
+    def batch_step(self, q: list[int], computed: list[int], num_logits: int) -> tuple[float, dict]:
+        """The seconds (`total`) and parts (`step_parts`) of one step from a batch's own lists: q
+        tokens per request and the tokens each had computed before the step (its context after it
+        is computed + q). The lookups need sums over the decodes (q = 1) and over the prefill
+        chunks (q > 1): taken with list methods where the step has at most one chunk (most steps),
+        else in one pass. A lone chunk with nothing computed before it is priced once per length
+        (`_first_chunk_attention`)."""
+        num_tokens = sum(q)
+        parts = self.dense_parts_at(num_tokens, num_logits)
+        num_requests, num_decodes = len(q), q.count(1)
+        prefill = 0.0
+        if num_decodes == num_requests:
+            sum_decodes = sum(computed) + num_decodes  # their contexts after the step
+        elif num_requests - num_decodes == 1 and (chunk := num_tokens - num_decodes) > 1:
+            before = computed[q.index(chunk)]
+            sum_decodes = sum(computed) - before + num_decodes
+            if before:
+                prefill = self.prefill_attention(1, chunk * before + chunk * (chunk + 1) / 2, before + chunk)
+            else:
+                prefill = self._first_chunks.get(chunk)
+                if prefill is None:
+                    prefill = self._first_chunk_attention(chunk)
         else:
-            prefill = 0.0
-        both = min(decode, prefill, self.attention_floor_s)
-        shared = both if decode > 0 and prefill > 0 else 0.0
-        parts["attention"] = float(self.layers * (decode + prefill - shared))
-        parts["overhead"] = float(self.overhead.seconds)
-        return parts
+            # Requests with q = 0 (none from the engine) are neither; the pairs are added in order, as sum() would.
+            sum_decodes = num_chunks = sum_pairs = sum_context = 0
+            for qi, before in zip(q, computed):
+                if qi == 1:
+                    sum_decodes += before + 1
+                elif qi > 1:
+                    num_chunks += 1
+                    sum_pairs += qi * before + qi * (qi + 1) / 2
+                    sum_context += before + qi
+            if num_chunks:
+                prefill = self.prefill_attention(num_chunks, sum_pairs, sum_context)
+        decode = 0.0
+        if num_decodes:  # `decode_attention` of the step, as a scalar lookup
+            decode, scaled = self._gen.at(num_decodes, sum_decodes / num_decodes)
+            self.extrapolated += scaled
+        shared = min(decode, prefill, self.attention_floor_s) if decode > 0 and prefill > 0 else 0.0
+        parts["attention"] = attention = self.layers * (decode + prefill - shared)
+        parts["overhead"] = overhead = float(self.overhead.seconds)
+        seconds = parts["gemm"] + parts["lm_head"] + parts["allreduce"] + parts["elementwise"] + attention + overhead
+        return seconds, parts  # seconds: `total`'s sum, in its order
+
+    def _first_chunk_attention(self, chunk: int) -> float:
+        """`prefill_attention` of a step's only chunk when nothing of its request is computed (a
+        prompt's first chunk, no cached prefix): kept by its length, as most of a conversation
+        trace's steps with one chunk have such a chunk of a length seen before, unless a lookup was
+        off the grid (those are counted at every step)."""
+        extrapolated = self.extrapolated
+        seconds = self.prefill_attention(1, chunk * (chunk + 1) / 2, chunk)
+        if self.extrapolated == extrapolated:
+            if len(self._first_chunks) >= MAX_FIRST_CHUNKS:
+                self._first_chunks.clear()
+            self._first_chunks[chunk] = seconds
+        return seconds
 
     def decode_steps(self, num_decodes, sum_context) -> dict:
         """Parts of decode-only steps (arrays, one entry per step): num_decodes requests, each with
