@@ -94,14 +94,17 @@ class Policy:
         self._add(state, batch, request, num_tokens, request.is_decoding)
         return True
 
-    def _schedule_decodes(self, state: EngineState, batch: Batch, decoders: list[Request]) -> bool:
+    def _schedule_decodes(self, state: EngineState, batch: Batch, decoders: list[Request],
+                          opening: list[Request] | None = None) -> bool:
         """One token for each of `decoders` (running requests that are decoding), in order.
         Returns True if any request was preempted. This runs for every decoding request on every
         step, so when the free blocks cover every decode that opens a block (the common case),
-        the batch is filled in bulk, taking blocks in the same order as one by one."""
+        the batch is filled in bulk, taking blocks in the same order as one by one. `opening`:
+        the decoders whose token opens a block, in order, if the caller has already listed them."""
         bm = state.block_manager
-        bs = bm.block_size
-        opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
+        if opening is None:
+            bs = bm.block_size
+            opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
         if len(opening) > bm.num_free_blocks:
             num_preemptions = state.num_preemptions
             for request in decoders:
@@ -112,17 +115,20 @@ class Policy:
             for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
                 request.block_table.append(block)
         step = state.step_index
+        num_computed = []
         for request in decoders:
             request.last_scheduled_step = step
-        batch.add_decodes(decoders)
+            num_computed.append(request.num_computed_tokens)
+        batch.add_decodes(decoders, num_computed)
         return False
 
     @staticmethod
     def _split_running(state: EngineState) -> tuple[list[Request], list[Request]]:
         """The running requests that are decoding, and the others (prefilling), in order."""
         decoders, others = [], []
-        for r in state.running:
-            (decoders if r.is_decoding else others).append(r)
+        for r in state.running:  # Request.is_decoding, inlined: this runs on every step
+            g = r.num_output_tokens
+            (decoders if g and r.num_computed_tokens == r.num_prompt_tokens + g - 1 else others).append(r)
         return decoders, others
 
     def _victim(self, state: EngineState) -> Request:

@@ -16,7 +16,6 @@ K/V goes to slot `block_table[pos // block_size] * block_size + pos % block_size
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -54,18 +53,24 @@ class _Entry:
         return np.asarray(src[start:end], dtype=np.int64)
 
 
-@dataclass
 class Batch:
-    # Per scheduled request, in batch order. `requests` holds the scheduler's `Request` objects (or
-    # `_Entry`s for batches built by hand): each has request_id, block_table and token_ids().
-    requests: list[Any] = field(default_factory=list)
-    num_computed_tokens: list[int] = field(default_factory=list)
-    num_scheduled_tokens: list[int] = field(default_factory=list)
-    needs_logits: list[bool] = field(default_factory=list)
-    is_decode: list[bool] = field(default_factory=list)
-    # Requests at the head of the batch that add_decodes put into it while it was empty: decoding
-    # requests, one token each, so each emits a token after the step (Engine.advance's fast loop).
-    num_leading_decodes: int = 0
+    """Per scheduled request, in batch order, one list each. `requests` holds the scheduler's
+    `Request` objects (or `_Entry`s for batches built by hand): each has request_id, block_table
+    and token_ids(). A policy builds one on every step, so this is a plain class with slots."""
+
+    __slots__ = ("requests", "num_computed_tokens", "num_scheduled_tokens", "needs_logits", "is_decode",
+                 "num_leading_decodes")
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.num_computed_tokens: list[int] = []
+        self.num_scheduled_tokens: list[int] = []
+        self.needs_logits: list[bool] = []
+        self.is_decode: list[bool] = []
+        # Requests at the head of the batch that add_decodes put into it while it was empty:
+        # decoding requests, one token each, so each emits a token after the step (Engine.advance's
+        # fast loop).
+        self.num_leading_decodes = 0
 
     def add(self, request_id: str, num_computed: int, num_scheduled: int, block_table: list[int],
             needs_logits: bool, is_decode: bool = False, token_source: Any = None) -> None:
@@ -94,17 +99,23 @@ class Batch:
             del column[i]
         return num_tokens
 
-    def add_decodes(self, requests: list) -> None:
+    def add_decodes(self, requests: list, num_computed: list[int]) -> None:
         """Add decoding requests (`Request.is_decoding`), one token each (the token each sampled
-        last), in bulk."""
+        last), in bulk; `num_computed`: their `num_computed_tokens`, a list the batch keeps."""
         n = len(requests)
-        if not self.requests:
+        if self.requests:
+            self.requests.extend(requests)
+            self.num_computed_tokens.extend(num_computed)
+            self.num_scheduled_tokens.extend([1] * n)
+            self.needs_logits.extend([True] * n)
+            self.is_decode.extend([True] * n)
+        else:  # the common case: the step's first requests
             self.num_leading_decodes = n
-        self.requests.extend(requests)
-        self.num_computed_tokens.extend([r.num_computed_tokens for r in requests])
-        self.num_scheduled_tokens.extend([1] * n)
-        self.needs_logits.extend([True] * n)
-        self.is_decode.extend([True] * n)
+            self.requests = requests[:]
+            self.num_computed_tokens = num_computed
+            self.num_scheduled_tokens = [1] * n
+            self.needs_logits = [True] * n
+            self.is_decode = [True] * n
 
     @property
     def request_ids(self) -> list[str]:
@@ -124,7 +135,7 @@ class Batch:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(self.is_decode)
+        return self.is_decode.count(True)
 
     @property
     def num_prefill_tokens(self) -> int:

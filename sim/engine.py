@@ -194,7 +194,7 @@ class Engine:
     def _log_step(self, batch: Batch, start: float, result, num_preempted: int) -> None:
         num_decode = batch.num_decode_tokens
         self.steps.append(
-            (start, result.seconds, batch.num_tokens - num_decode, num_decode, len(batch),
+            (start, result.seconds, batch.num_tokens - num_decode, num_decode, len(batch.requests),
              self.block_manager.num_used_blocks, len(self.state.waiting), num_preempted),
             result.breakdown)
 
