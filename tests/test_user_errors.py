@@ -247,6 +247,25 @@ def test_bench_replay_speed_without_arguments_uses_a_trace_it_has(tmp_path):
     assert row["policy"] == "chunked" and row["finished"] > 0
 
 
+def test_bench_where_time_goes_prints_the_parts_of_a_replay(tmp_path):
+    bench = ROOT / "bench" / "where_time_goes.py"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, bench, ROOT / "traces" / "samples" / "azure_conv_2023_first5min.csv",
+                           "--out", tmp_path / "run"], capture_output=True, text=True, env=env, check=True)
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[2:]}
+    assert {"Engine.run", "FastForward.plan", "ChunkedPolicy.schedule", "RunFolder.finish"} <= set(rows)
+    assert int(rows["Engine.run"][-3]) == 1 and int(rows["ChunkedPolicy.schedule"][-3]) > 1000
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_bench_instructions_names_a_missing_trace(tmp_path):
+    done = subprocess.run([sys.executable, ROOT / "bench" / "instructions.py", tmp_path / "nope.csv"],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1
+    assert done.stderr.strip() in (f"instructions: {tmp_path / 'nope.csv'}: no such file",
+                                   "instructions: valgrind is not installed (it counts the instructions)")
+
+
 def test_replay_into_an_existing_run_folder_is_refused_unless_overwrite(tmp_path, capsys):
     run = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", run, "--quiet") == 0

@@ -1,0 +1,71 @@
+"""Instructions of one replay, counted by valgrind's callgrind: a measure of a change that the
+machine's load does not move (wall times on this shared machine drift by 1.5x within a day;
+instruction counts repeat to well under 1%).
+
+    python bench/instructions.py [TRACE] [--tree DIR ...]
+
+For each source tree (default: this checkout) the replay of TRACE (default: the bundled Azure
+sample; chunked, Llama-3.1-8B on H100-SXM, budget 2048) runs once and twice in a process under
+callgrind, and the difference is printed: the instructions of one warm replay, without start-up
+and the trace's reading. numpy's BLAS threads are held to one (their idle spinning under callgrind
+makes counts drift) and hash randomisation is fixed. About a minute per tree for the sample.
+Needs valgrind on the PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "traces" / "samples" / "azure_conv_2023_first5min.csv"
+REPLAYS = """
+import sys
+from sim.app.replay import ReplayOptions, replay
+from sim.config import SchedulerConfig
+from traces import read_trace
+
+trace = read_trace(sys.argv[1])
+options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048), model="Llama-3.1-8B",
+                        hardware="H100-SXM")
+for _ in range(int(sys.argv[2])):
+    replay(trace, options)
+"""
+
+
+def instructions(tree: Path, trace: str, replays: int) -> int:
+    """Instructions callgrind counts for the process that replays `trace` `replays` times."""
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory(prefix="instructions_") as out:
+        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out",
+                               sys.executable, "-c", REPLAYS, trace, str(replays)],
+                              cwd=tree, env=env, capture_output=True, text=True, check=False)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode or not found:
+        sys.exit(f"instructions: the replay under callgrind failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace", nargs="?", default=str(SAMPLE))
+    parser.add_argument("--tree", action="append", default=None, help="a servesim checkout (repeatable; default: this one)")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("instructions: valgrind is not installed (it counts the instructions)")
+    if not Path(args.trace).is_file():
+        sys.exit(f"instructions: {args.trace}: no such file")
+    trace = str(Path(args.trace).resolve())
+    for tree in [Path(t).resolve() for t in (args.tree or [ROOT])]:
+        one, two = instructions(tree, trace, 1), instructions(tree, trace, 2)
+        print(f"{tree}: {(two - one) / 1e6:,.0f} M instructions for one replay of {Path(trace).name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
