@@ -67,7 +67,10 @@ class ChunkedPolicy(Policy):
         i = 0
         if num_leading and (not priority or len(opening) <= bm.num_free_blocks):
             decoders = running if num_leading == len(running) else running[:num_leading]
-            self._schedule_decodes(state, batch, decoders, opening)
+            if type(self)._schedule_decodes is Policy._schedule_decodes:
+                self._schedule_decodes(state, batch, decoders, opening)
+            else:  # a subclass's own gets the arguments it always had
+                self._schedule_decodes(state, batch, decoders)
             i = len(batch.requests)  # the leading decodes still running, all scheduled
             budget -= i
         step = state.step_index

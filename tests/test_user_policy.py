@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -44,6 +45,33 @@ def test_a_subclass_that_changes_scheduling_loses_an_inherited_promise():
     assert Waits.supports_fast_forward is False
     assert Declares.supports_fast_forward is True
     assert Renamed.supports_fast_forward is True
+
+
+def test_a_subclass_overriding_schedule_decodes_is_called_as_before():
+    # ChunkedPolicy hands its own _schedule_decodes the decodes that open a block, listed already;
+    # a subclass's override with the three arguments it always had still gets called, and sees
+    # every step's leading decodes.
+    from dataclasses import replace
+
+    from sim.app.plan import resolve
+    from sim.app.replay import ReplayOptions, replay
+    from sim.config import CacheConfig, SchedulerConfig
+    from traces import AZURE_CONV_SAMPLE, read_trace
+    from traces.transforms import apply
+
+    calls = []
+
+    class Counting(ChunkedPolicy):
+        def _schedule_decodes(self, state, batch, decoders):
+            calls.append(len(decoders))
+            return super()._schedule_decodes(state, batch, decoders)
+
+    trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=60)
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked"), cache=CacheConfig(num_blocks=3000))
+    plain = replay(trace, options)
+    counted = replay(trace, replace(resolve(options), policy=Counting))
+    assert len(calls) > 100 and max(calls) > 1
+    assert np.array_equal(counted.token_times, plain.token_times, equal_nan=True)
 
 
 @pytest.mark.parametrize("spec,message", [
