@@ -94,17 +94,14 @@ class Policy:
         self._add(state, batch, request, num_tokens, request.is_decoding)
         return True
 
-    def _schedule_decodes(self, state: EngineState, batch: Batch, decoders: list[Request],
-                          opening: list[Request] | None = None) -> bool:
+    def _schedule_decodes(self, state: EngineState, batch: Batch, decoders: list[Request]) -> bool:
         """One token for each of `decoders` (running requests that are decoding), in order.
         Returns True if any request was preempted. This runs for every decoding request on every
         step, so when the free blocks cover every decode that opens a block (the common case),
-        the batch is filled in bulk, taking blocks in the same order as one by one. `opening`:
-        the decoders whose token opens a block, in order, if the caller has already listed them."""
+        the batch is filled in bulk, taking blocks in the same order as one by one."""
         bm = state.block_manager
-        if opening is None:
-            bs = bm.block_size
-            opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
+        bs = bm.block_size
+        opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
         if len(opening) > bm.num_free_blocks:
             num_preemptions = state.num_preemptions
             for request in decoders:

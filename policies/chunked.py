@@ -51,28 +51,22 @@ class ChunkedPolicy(Policy):
         # The leading decodes (all of them, most steps) first, as the loop below would schedule
         # them but faster: _schedule_decodes takes their blocks in bulk, or one by one preempting
         # from the end of the running list as vLLM does. Under priority only when their blocks fit
-        # (then nothing is preempted); else the loop does it all. One pass counts them and lists
-        # those whose token opens a block.
-        bs = bm.block_size
+        # (then nothing is preempted); else the loop does it all.
         num_leading = 0
-        opening = []
         for r in running:  # Request.is_decoding, inlined: this runs on every step
             g = r.num_output_tokens
-            num_computed = r.num_computed_tokens
-            if not (g and num_computed == r.num_prompt_tokens + g - 1):
+            if not (g and r.num_computed_tokens == r.num_prompt_tokens + g - 1):
                 break
-            if len(r.block_table) * bs <= num_computed:
-                opening.append(r)
             num_leading += 1
         i = 0
-        if num_leading and (not priority or len(opening) <= bm.num_free_blocks):
+        if num_leading:
             decoders = running if num_leading == len(running) else running[:num_leading]
-            if type(self)._schedule_decodes is Policy._schedule_decodes:
-                self._schedule_decodes(state, batch, decoders, opening)
-            else:  # a subclass's own gets the arguments it always had
+            bs = bm.block_size
+            if not priority or sum(1 for r in decoders
+                                   if len(r.block_table) * bs <= r.num_computed_tokens) <= bm.num_free_blocks:
                 self._schedule_decodes(state, batch, decoders)
-            i = len(batch.requests)  # the leading decodes still running, all scheduled
-            budget -= i
+                i = len(batch.requests)  # the leading decodes still running, all scheduled
+                budget -= i
         step = state.step_index
         while i < len(running) and budget > 0:
             request = running[i]

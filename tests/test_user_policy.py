@@ -48,9 +48,8 @@ def test_a_subclass_that_changes_scheduling_loses_an_inherited_promise():
 
 
 def test_a_subclass_overriding_schedule_decodes_is_called_as_before():
-    # ChunkedPolicy hands its own _schedule_decodes the decodes that open a block, listed already;
-    # a subclass's override with the three arguments it always had still gets called, and sees
-    # every step's leading decodes.
+    # A subclass of ChunkedPolicy that overrides _schedule_decodes (three arguments) is called on
+    # every step's leading decodes, and schedules as ChunkedPolicy does when it defers to it.
     from dataclasses import replace
 
     from sim.app.plan import resolve
