@@ -377,10 +377,8 @@ class OperatorModel:
         else:
             for mask in scaled:
                 self.extrapolated += int(np.count_nonzero(mask))
-            rows = np.repeat(np.array(dense, dtype=np.float64).T, lengths, axis=1)
-            parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
-                     "attention": np.concatenate(attention), "overhead": self.overhead.seconds}
-            return np.concatenate(seconds), parts
+            return self._pieces(dense, lengths, attention, seconds)
+        # A stretch over two chunks, or one not cached: through decode_run_values.
         if not self._pieces_cached(num_decodes, lengths, sums):
             return self._decode_pieces_arrays(num_decodes, lengths, sums)
         attention, seconds, dense = [], [], []
@@ -389,6 +387,11 @@ class OperatorModel:
             parts = self.decode_run_values(n, first_sum, step, step + length, attention, seconds)
             dense.append((parts["gemm"], parts["lm_head"], parts["allreduce"], parts["elementwise"]))
             step += length
+        return self._pieces(dense, lengths, attention, seconds)
+
+    def _pieces(self, dense: list[tuple], lengths: list[int], attention: list, seconds: list) -> tuple[np.ndarray, dict]:
+        """A run's seconds and parts from its stretches: each one's dense parts (gemm, lm_head,
+        allreduce, elementwise) repeated along its steps, and its attention and seconds arrays."""
         rows = np.repeat(np.array(dense, dtype=np.float64).T, lengths, axis=1)
         parts = {"gemm": rows[0], "lm_head": rows[1], "allreduce": rows[2], "elementwise": rows[3],
                  "attention": np.concatenate(attention), "overhead": self.overhead.seconds}
