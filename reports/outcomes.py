@@ -2,10 +2,12 @@
 latency sketches updated as requests leave the engine, so memory does not grow with the trace.
 
 A replay reports each request once, when it finishes or is rejected, with its position in the
-trace's arrival order (and, if it finished, its inter-token gaps). Requests finish out of order;
+trace's arrival order (and, if it finished, its tokens' times). Requests finish out of order;
 a reorder buffer holds each outcome until every earlier position has been reported, so the table
 and the sketches see the requests in arrival order, exactly as a table built at the end would.
 The buffer holds only the requests that finished while an earlier one was still in the engine.
+The inter-token gaps of many requests are computed at once (every TIMES_BATCH token times), by
+the same subtraction as each request's alone, and sketched GAP_BATCH at a time.
 
 Columns (vLLM's serving-benchmark definitions; times in seconds from the first arrival):
 request_id, arrival_s, prompt_tokens, output_tokens, status, first_scheduled_s, first_token_s,
@@ -60,7 +62,7 @@ class RequestOutcomes:
         self.first_arrival_s = math.inf
         self.last_finish_s = -math.inf  # of completed requests
         self.reject_reasons: dict[str, int] = {}  # digits replaced by N, in order of first appearance
-        self._pending: dict[int, tuple] = {}  # position -> (row, gaps), waiting for earlier positions
+        self._pending: dict[int, tuple] = {}  # position -> (row, token times), waiting for earlier positions
         self._next_position = 0
         self._rows: list[list] = []
         self._gaps: list[np.ndarray] = []  # inter-token gaps of the rows taken, not yet sketched
@@ -68,45 +70,32 @@ class RequestOutcomes:
         self._times: list[_Times] = []  # token times of the latest rows taken, their gaps not yet computed
         self._num_times = 0
 
-    def add(self, position: int, request, gaps: np.ndarray | None = None, extra: tuple = (),
-            token_times=None) -> None:
-        """A request left the engine (finished or rejected); `gaps`: its inter-token gaps, in order,
-        or instead `token_times`: its tokens' times (a list or an array; the gaps are then computed
-        with other requests', in bulk: the same values); `extra`: its values of `extra_columns`."""
-        if token_times is not None and len(token_times) > 1:
-            row = self._row(request, None, extra)
-            gaps = _Times(token_times)
-        else:
-            longest_gap = float(gaps.max()) if gaps is not None and len(gaps) else None  # for a tbt SLO
-            row = self._row(request, longest_gap, extra)
+    def add(self, position: int, request, token_times=None, extra: tuple = ()) -> None:
+        """A request left the engine (finished or rejected); `token_times`: a finished request's
+        tokens' times, in order (a list or an array; their gaps are computed with other requests',
+        in bulk); `extra`: its values of `extra_columns`."""
+        row = [request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
+               request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
+               request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "",
+               None, *extra]  # [11]: the longest gap (for a tbt SLO), set with the gaps
+        times = _Times(token_times) if token_times is not None and len(token_times) > 1 else None
         if position != self._next_position:
-            self._pending[position] = (row, gaps)
+            self._pending[position] = (row, times)
             return
-        self._take(row, gaps)
+        self._take(row, times)
         pending = self._pending
         while self._next_position in pending:
             self._take(*pending.pop(self._next_position))
 
-    @staticmethod
-    def _row(request, longest_gap: float | None, extra: tuple) -> list:
-        return [request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
-                request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
-                request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "", longest_gap,
-                *extra]
-
-    def _take(self, row: list, gaps) -> None:
+    def _take(self, row: list, times: _Times | None) -> None:
         self._rows.append(row)
-        if gaps is not None and len(gaps):
-            if isinstance(gaps, _Times):
-                gaps.row = row
-                self._times.append(gaps)
-                self._num_times += len(gaps.times)
-                if self._num_times >= TIMES_BATCH:
-                    self._gaps_of_times()
-            else:
-                self._gaps_of_times()  # (the gaps stay in order)
-                self._gaps.append(gaps)
-            self._num_gaps += len(gaps)
+        if times is not None:
+            times.row = row
+            self._times.append(times)
+            self._num_times += len(times.times)
+            self._num_gaps += len(times.times) - 1
+            if self._num_times >= TIMES_BATCH:
+                self._gaps_of_times()
             if self._num_gaps >= GAP_BATCH:
                 self._sketch_gaps()
         self._next_position += 1
@@ -214,8 +203,8 @@ class RequestOutcomes:
 
 
 class _Times:
-    """A request's token times, given to `add` instead of its gaps, and its row (whose longest gap
-    is filled in when the gaps are computed)."""
+    """A request's token times, and its row (whose longest gap is filled in when the gaps are
+    computed)."""
 
     __slots__ = ("times", "row")
 
@@ -223,17 +212,11 @@ class _Times:
         self.times = times
         self.row: list | None = None
 
-    def __len__(self) -> int:  # its number of gaps
-        return len(self.times) - 1
-
 
 def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None) -> RequestOutcomes:
     """The outcomes of a finished in-memory replay (`SimResult`, with every token time)."""
     outcomes = RequestOutcomes(slo, writer)
     for position, r in enumerate(result.requests):
-        gaps = None
-        if r.finish_s is not None and r.max_tokens > 1:
-            gaps = np.diff(result.tokens_of(position))
-        outcomes.add(position, r, gaps)
+        outcomes.add(position, r, result.tokens_of(position).tolist() if r.finish_s is not None else None)
     outcomes.close()
     return outcomes

@@ -46,8 +46,7 @@ def test_outcomes_in_any_finishing_order_give_the_same_table_and_sketches(result
     order = np.random.default_rng(1).permutation(len(result.requests))
     for position in order.tolist():
         r = result.requests[position]
-        gaps = np.diff(result.tokens_of(position)) if r.finish_s is not None else None
-        shuffled.add(position, r, gaps)
+        shuffled.add(position, r, result.tokens_of(position) if r.finish_s is not None else None)
     shuffled.close()
     a, b = read_run_table(tmp_path / "a", "requests"), read_run_table(tmp_path / "b", "requests")
     pd.testing.assert_frame_equal(a, b)
@@ -59,46 +58,54 @@ def test_outcomes_in_any_finishing_order_give_the_same_table_and_sketches(result
 
 @pytest.mark.parametrize("times_batch", [1, 50, 1 << 16])
 @pytest.mark.parametrize("exact_limit", [1 << 22, 1000])
-def test_outcomes_from_token_times_are_those_from_gaps(result, tmp_path, monkeypatch, times_batch, exact_limit):
-    """A run folder hands each request's token times, whose gaps are computed in bulk (every
-    `TIMES_BATCH` times): the same table, longest gaps (a tbt SLO) and ITL values, in any finishing
-    order, and with gaps given for some requests in between."""
+def test_gaps_of_token_times_in_bulk_are_each_requests_own(result, tmp_path, monkeypatch, times_batch, exact_limit):
+    """Each request's token times are handed over as a list (as the engine keeps them), in a
+    shuffled finishing order, and their gaps computed in bulk every `TIMES_BATCH` times: the table
+    is pandas' of the whole result, each row's longest gap (a tbt SLO) is the request's own, and the
+    ITL sketch gets exactly the chunks of each request's own gaps in arrival order (cut where
+    GAP_BATCH gaps have gathered and at every batch of rows), exact or sketched."""
     import reports.outcomes as outcomes_module
+    from reports.metrics import longest_token_gaps
+    from reports.quantiles import StreamingQuantiles
 
     monkeypatch.setattr(outcomes_module, "TIMES_BATCH", times_batch)
-    monkeypatch.setattr(outcomes_module, "GAP_BATCH", 300)  # several ITL chunks, as before
-    slo = SLO(tbt=0.05)
-    for folder in ("a", "b"):
-        (tmp_path / folder).mkdir()
-    from_gaps, from_times = (RequestOutcomes(slo, TableWriter(tmp_path / folder / "requests.csv", "csv"), batch_rows=7,
-                                             exact_limit=exact_limit) for folder in ("a", "b"))
-    longest = {id(from_gaps): [], id(from_times): []}  # each row's longest gap, as counted
-    for outcomes in (from_gaps, from_times):
-        def count(columns, arrival, output, finish, latencies, outcomes=outcomes, count=outcomes._count):
-            longest[id(outcomes)].append(latencies["tbt"])
-            count(columns, arrival, output, finish, latencies)
-        outcomes._count = count
-    order = np.random.default_rng(2).permutation(len(result.requests)).tolist()
-    for position in order:
+    monkeypatch.setattr(outcomes_module, "GAP_BATCH", 300)  # several ITL chunks
+    slo, batch_rows = SLO(tbt=0.05), 7
+    outcomes = RequestOutcomes(slo, TableWriter(tmp_path / "requests.csv", "csv"), batch_rows=batch_rows,
+                               exact_limit=exact_limit)
+    counted = []  # each row's longest gap, as counted
+    def count(columns, arrival, output, finish, latencies, count=outcomes._count):
+        counted.append(latencies["tbt"])
+        count(columns, arrival, output, finish, latencies)
+    outcomes._count = count
+    for position in np.random.default_rng(2).permutation(len(result.requests)).tolist():
         r = result.requests[position]
-        times = result.tokens_of(position) if r.finish_s is not None else None
-        from_gaps.add(position, r, np.diff(times) if times is not None else None)
-        if position % 5:  # token times, as a list (as the engine keeps them)
-            from_times.add(position, r, token_times=None if times is None else times.tolist())
-        else:
-            from_times.add(position, r, np.diff(times) if times is not None else None)
-    from_gaps.close()
-    from_times.close()
-    assert (tmp_path / "a" / "requests.csv").read_bytes() == (tmp_path / "b" / "requests.csv").read_bytes()
-    a, b = (np.concatenate(longest[id(o)]) for o in (from_gaps, from_times))
-    assert len(a) == len(result.requests) and np.array_equal(a, b, equal_nan=True) and np.isfinite(a).sum() > 50
-    if from_times.itl.is_exact:
-        assert np.array_equal(from_times.itl.values(), inter_token_latencies(result))
-    else:  # sketched: the same chunks in the same order, so the same buckets and the same float sum
-        assert from_times.itl.stats() == from_gaps.itl.stats()
-    assert from_gaps.itl.is_exact == (exact_limit > 1000)
-    assert from_times.itl.mean() == from_gaps.itl.mean()
-    assert 0 < from_times.num_good == from_gaps.num_good < from_times.num_completed
+        outcomes.add(position, r, result.tokens_of(position).tolist() if r.finish_s is not None else None)
+    outcomes.close()
+    requests_table(result).to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "requests.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+    finished = np.array([r.finish_s is not None for r in result.requests])
+    own = np.where(finished, longest_token_gaps(result), np.nan)
+    assert np.array_equal(np.concatenate(counted), own, equal_nan=True) and np.isfinite(own).sum() > 50
+    # The chunks each request's own gaps make, fed to a sketch of the same limit.
+    expected, chunk, rows = StreamingQuantiles(exact_limit), [], 0
+    for position, r in enumerate(result.requests):
+        if finished[position] and r.max_tokens > 1:
+            chunk.append(np.diff(result.tokens_of(position)))
+            if sum(map(len, chunk)) >= 300:
+                expected.add(np.concatenate(chunk))
+                chunk = []
+        rows += 1
+        if rows % batch_rows == 0 or position == len(result.requests) - 1:
+            if chunk:
+                expected.add(np.concatenate(chunk))
+                chunk = []
+    assert outcomes.itl.is_exact == expected.is_exact == (exact_limit > 1000)
+    if outcomes.itl.is_exact:
+        assert np.array_equal(outcomes.itl.values(), inter_token_latencies(result))
+    assert outcomes.itl.stats() == expected.stats() and outcomes.itl.mean() == expected.mean()
+    good = finished & (np.isnan(own) | (own <= 0.05))
+    assert 0 < outcomes.num_good == good.sum() < outcomes.num_completed
 
 
 def test_summary_figures_are_those_of_the_whole_table(result):

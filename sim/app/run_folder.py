@@ -62,8 +62,7 @@ class RunFolder:
         """A request ended; `position`: its place in arrival order; `token_times`: its tokens' times;
         `extra`: its values of the extra request columns."""
         try:
-            self.outcomes.add(position, request, extra=extra,
-                              token_times=token_times if request.finish_s is not None else None)
+            self.outcomes.add(position, request, token_times if request.finish_s is not None else None, extra)
         except OSError as e:
             raise self._cannot_write(self._requests_name, e) from None
 
