@@ -2,7 +2,7 @@
 machine's load does not move (wall times on this shared machine drift by 1.5x within a day;
 instruction counts repeat to well under 1%).
 
-    python bench/instructions.py [TRACE] [--tree DIR ...]
+    python bench/instructions.py [TRACE] [--tree DIR ...] [--whole]
 
 For each source tree (default: this checkout) the replay of TRACE (default: the bundled Azure
 sample; chunked, Llama-3.1-8B on H100-SXM, budget 2048) runs once and twice in a process under
@@ -10,6 +10,13 @@ callgrind, and the difference is printed: the instructions of one warm replay, w
 and the trace's reading. numpy's BLAS threads are held to one (their idle spinning under callgrind
 makes counts drift) and hash randomisation is fixed. About a minute per tree for the sample.
 Needs valgrind on the PATH.
+
+With --whole, the whole command instead: `sim replay TRACE ... --quiet --out DIR` as a user runs
+it (start-up, the trace's reading, the simulation, every file of the run folder), counted once.
+Modules are compiled once beforehand (an uncounted run, their bytecode kept in a temporary
+folder: PYTHONPYCACHEPREFIX), so the count is that of a run after installation, without the
+compiling that PYTHONDONTWRITEBYTECODE would add to every run. About two minutes per tree for the
+sample, half an hour for the Azure hour.
 """
 
 from __future__ import annotations
@@ -52,10 +59,31 @@ def instructions(tree: Path, trace: str, replays: int) -> int:
     return int(found.group(1))
 
 
+def whole_command(tree: Path, trace: str) -> int:
+    """Instructions callgrind counts for the whole `sim replay` of `trace` with the tree's code."""
+    with tempfile.TemporaryDirectory(prefix="instructions_") as temporary:
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1",
+                   OMP_NUM_THREADS="1", PYTHONPYCACHEPREFIX=f"{temporary}/bytecode")
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        command = [sys.executable, "-m", "sim.app.cli", "replay", trace, "--policy", "chunked", "--model",
+                   "Llama-3.1-8B", "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet",
+                   "--overwrite", "--out", f"{temporary}/run"]
+        compiled = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
+        if compiled.returncode:
+            sys.exit(f"instructions: sim replay failed ({compiled.returncode}):\n{compiled.stderr[-2000:]}")
+        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={temporary}/callgrind.out",
+                               *command], cwd=tree, env=env, capture_output=True, text=True, check=False)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode or not found:
+        sys.exit(f"instructions: sim replay under callgrind failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", nargs="?", default=str(SAMPLE))
     parser.add_argument("--tree", action="append", default=None, help="a servesim checkout (repeatable; default: this one)")
+    parser.add_argument("--whole", action="store_true", help="count the whole `sim replay` command instead")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("instructions: valgrind is not installed (it counts the instructions)")
@@ -63,6 +91,10 @@ def main() -> None:
         sys.exit(f"instructions: {args.trace}: no such file")
     trace = str(Path(args.trace).resolve())
     for tree in [Path(t).resolve() for t in (args.tree or [ROOT])]:
+        if args.whole:
+            count = whole_command(tree, trace)
+            print(f"{tree}: {count / 1e6:,.0f} M instructions for `sim replay {Path(trace).name}`", flush=True)
+            continue
         one, two = instructions(tree, trace, 1), instructions(tree, trace, 2)
         print(f"{tree}: {(two - one) / 1e6:,.0f} M instructions for one replay of {Path(trace).name}", flush=True)
 

@@ -1,4 +1,4 @@
-"""Self-contained HTML reports with plotly: one file, plotly.js inline, opens offline.
+"""Self-contained HTML reports drawn by plotly.js: one file, plotly.js inline, opens offline.
 
 Every report is drawn from rows (reports.digest.summary_row: options, summary metrics, latency
 quantile sketches, a binned step timeline), so one run, a folder of runs, a sweep and a capacity
@@ -11,7 +11,11 @@ search share the same figures:
   requests (a menu picks the run);
 - a table of the numbers.
 
-plotly is imported only in reports/ (here and reports/compare_page.py; import-linter checks it).
+The figures are plain dicts (plotly.js's JSON), and each one's <div> is the text that
+plotly.io.to_html writes for it (`figure_div`), written here without importing plotly (about a
+tenth of a replay's start-up); plotly.js is read from the plotly package's files (`plotly_js`).
+tests/test_report.py checks both against plotly's own, byte for byte. plotly is imported only in
+reports/ (reports/compare_page.py draws with it; import-linter checks it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -121,8 +126,6 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
     """The whole page. `rows`: one per run (sweep rows or summary_row); `capacity`: one per searched
     configuration, with the probe row at capacity named in its `point` column; `at_capacity`: the
     rows are that search's probes, and the CDFs and timelines show the probes at capacity."""
-    from plotly.offline import get_plotlyjs
-
     ok = rows[rows["status"] == "ok"] if "status" in rows else rows
     swept = [a for a in AXES if a in rows and rows[a].astype(str).nunique() > 1]
     sections = []
@@ -153,14 +156,12 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:
         sections.append(f"<h2>Numbers</h2>{_rows_table(rows, swept, label_column)}")
-    return _page(title, subtitle, get_plotlyjs(), sections)
+    return _page(title, subtitle, plotly_js(), sections)
 
 
 def _run_page(row: dict, title: str, subtitle: str) -> str:
     """report_html of one run that did not fail (its summary_row), to the byte, without pandas: the
     sections report_html draws for a single row."""
-    from plotly.offline import get_plotlyjs
-
     rows = [row]
     sections = [_section("Latency CDFs", cdf_figure(rows, [], None), seed_note(rows, []))]
     if "timeline_start_s" in row:
@@ -168,7 +169,7 @@ def _run_page(row: dict, title: str, subtitle: str) -> str:
     if is_list(row.get("replica_requests")):
         sections.append(_section("Load per replica", replica_figure(row), REPLICA_NOTE))
     sections.append(f"<h2>Numbers</h2>{_stats_table(row)}")
-    return _page(title, subtitle, get_plotlyjs(), sections)
+    return _page(title, subtitle, plotly_js(), sections)
 
 
 def _page(title: str, subtitle: str, plotly_js: str, sections: list[str]) -> str:
@@ -187,15 +188,101 @@ def _page(title: str, subtitle: str, plotly_js: str, sections: list[str]) -> str
 
 
 def _section(title: str, figure, note: str = "") -> str:
-    import plotly.io as pio
-
     if figure is None:
         return ""
     figure_id = "figure-" + "".join(c if c.isalnum() else "-" for c in title.lower())
-    div = pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False, default_width="100%",
-                      div_id=figure_id, config={"displaylogo": False, "responsive": True})
+    div = figure_div(figure, figure_id, FIGURE_CONFIG)
     note_html = f'<div class="note">{note}</div>' if note else ""
     return f"<h2>{html.escape(title)}</h2>{note_html}{div}"
+
+
+# plotly's HTML, without plotly.
+
+FIGURE_CONFIG = {"displaylogo": False, "responsive": True}
+# What plotly.io.to_html writes around a figure (plotly/io/_html.py), with no MathJax, no plotly.js
+# (the page holds it once), no frames and no post script: the same spaces, the same line joins.
+_NEW_PLOT = """\
+                if (document.getElementById("{id}")) {{\
+                    Plotly.newPlot(\
+                        "{id}",\
+                        {data},\
+                        {layout},\
+                        {config}\
+                    )\
+                }}"""
+_DIV = """\
+<div style="height:{height}; width:{width};">\
+        \
+        \
+            <div id="{id}" class="plotly-graph-div" \
+style="height:100%; width:100%;"></div>\
+            <script>\
+                window.PLOTLYENV=window.PLOTLYENV || {{}};\
+                {script};\
+            </script>\
+        </div>"""
+
+
+def figure_div(figure: dict, div_id: str, config: dict | None = None) -> str:
+    """plotly.io.to_html(figure, include_plotlyjs=False, full_html=False, validate=False,
+    default_width="100%", div_id=div_id, config=config), to the byte, for a figure dict (data
+    and layout, no frames)."""
+    layout = figure.get("layout", {})
+    template = layout.get("template", {}).get("layout", {})
+    width = _css_length(layout.get("width", template.get("width", "100%")))
+    height = _css_length(layout.get("height", template.get("height", "100%")))
+    config = dict(config or {})
+    config.setdefault("responsive", True)
+    if not config.get("showSendToCloud", False):
+        config.pop("plotlyServerURL", None)
+    script = _NEW_PLOT.format(id=div_id, data=plotly_json(figure.get("data", [])), layout=plotly_json(layout),
+                              config=json.dumps(config))
+    return _DIV.format(height=height, width=width, id=div_id, script=script)
+
+
+def _css_length(value) -> str:
+    """A number in pixels, anything else as it is (plotly's rule for the div's width and height)."""
+    try:
+        float(value)
+    except (ValueError, TypeError):
+        return value
+    return f"{value}px"
+
+
+def plotly_json(value) -> str:
+    """plotly.io.json.to_json_plotly(value) as plotly writes it without orjson: compact JSON, NaN
+    and infinities as null, arrays and numpy numbers as lists and numbers, and <, > and / escaped
+    so that the text cannot end its <script>."""
+    text = json.dumps(value, separators=(",", ":"), default=_as_list)
+    if "NaN" in text or "Infinity" in text:  # plotly's check: a string holding either word is read again too
+        text = json.dumps(json.loads(text, parse_constant=lambda _: None), separators=(",", ":"))
+    for unsafe, safe in (("<", "\\u003c"), (">", "\\u003e"), ("/", "\\u002f")):
+        if unsafe in text:
+            text = text.replace(unsafe, safe)
+    return text
+
+
+def _as_list(value):
+    """What plotly's JSON encoder makes of a value json cannot write: an array or a numpy number via
+    tolist()."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+@cache
+def plotly_js() -> str:
+    """plotly.js, as plotly.offline.get_plotlyjs() returns it: the plotly package's
+    package_data/plotly.min.js, read without importing plotly."""
+    from importlib.util import find_spec
+
+    spec = find_spec("plotly")  # finds the package without running its __init__
+    path = Path(spec.origin).parent / "package_data" / "plotly.min.js" if spec and spec.origin else None
+    if path is None or not path.is_file():  # plotly installed some other way (a zip): let it say
+        from plotly.offline import get_plotlyjs
+
+        return get_plotlyjs()
+    return path.read_bytes().decode("utf-8")
 
 
 # Figures: plain dicts (plotly.js's JSON), because plotly's figure objects validate every property

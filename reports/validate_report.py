@@ -8,7 +8,7 @@ import html
 import pandas as pd
 
 from reports.figures import OTHER_COLORS, _axes, _grid
-from reports.html import _page, _section
+from reports.html import _page, _section, plotly_js
 
 METRICS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"))
 
@@ -59,8 +59,6 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
 
 
 def validate_report_html(rows: pd.DataFrame, summary: dict, protocol, source: str) -> str:
-    from plotly.offline import get_plotlyjs
-
     groups = pd.DataFrame(summary["groups"])
     sections = [_section("Predicted against measured", scatter_figure(rows),
                          "Mean TTFT (client-side) and TPOT of every simulated row; the dashed line is "
@@ -103,4 +101,4 @@ def validate_report_html(rows: pd.DataFrame, summary: dict, protocol, source: st
                 + f", max_num_batched_tokens {protocol.max_num_batched_tokens}, KV cache dtype "
                 + ("per the sources' launch scripts (column KV)" if protocol.kv_cache_dtype == "recipe"
                    else protocol.kv_cache_dtype))
-    return _page("sim validate: predicted against measured deployments", subtitle, get_plotlyjs(), sections)
+    return _page("sim validate: predicted against measured deployments", subtitle, plotly_js(), sections)

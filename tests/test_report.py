@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -13,15 +15,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, timeline
+from reports.digest import NUM_TIMELINE_BINS, QUANTILES, TIMELINE, make_digest, quantile_sketch, summary_row, timeline
+from reports.figures import capacity_figure, replica_figure, timeline_figure
 from reports.figures import cdf_figure as _cdf_figure
 from reports.figures import throughput_figure as _throughput_figure
-from reports.html import report_html, run_report_html
+from reports.html import FIGURE_CONFIG, figure_div, plotly_js, plotly_json, report_html, run_report_html
 from reports.run_tables import read_run_table
 from sim.app.cli import main
 from traces import AZURE_CONV_SAMPLE
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "60"]
 FIGURE_IDS = ("figure-latency-cdfs", "figure-step-timeline")
 
@@ -163,6 +169,81 @@ def test_report_html_of_failed_points_lists_their_errors():
     rows = pd.DataFrame([{"point": "a", "status": "error", "error": "ValueError: boom", "policy": "chunked"}])
     text = report_html(rows)
     assert "ValueError: boom" in text and figure_ids(text) == []
+
+
+# The figures' HTML without plotly: plotly's own, byte for byte.
+
+@pytest.fixture
+def plotly_to_html(monkeypatch):
+    """plotly.io.to_html as a page calls it, with plotly's json engine (the one it uses without orjson)."""
+    import plotly.io as pio
+
+    monkeypatch.setattr(pio.json.config, "default_engine", "json")
+
+    def to_html(figure, div_id, config):
+        return pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False, default_width="100%",
+                           div_id=div_id, config=config)
+    return to_html
+
+
+def test_plotly_js_is_plotlys():
+    from plotly.offline import get_plotlyjs
+
+    assert plotly_js() == get_plotlyjs()
+
+
+def test_a_run_page_imports_no_plotly(run_dir):
+    done = subprocess.run([sys.executable, "-c", "import sys, json\nfrom reports.html import run_report_html\n"
+                           f"d = {str(run_dir)!r}\n"
+                           "page = run_report_html(json.load(open(d + '/summary.json')), json.load(open(d + '/digest.json')))\n"
+                           "print(len(page), 'plotly' in sys.modules)"],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1] == "False"
+
+
+def test_figure_divs_are_plotlys_for_every_figure(run_dir, tmp_path, plotly_to_html):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    row = summary_row(summary, json.loads((run_dir / "digest.json").read_text()))
+    rows = pd.DataFrame([{**row, "policy": policy, "rate_scale": rate, "max_num_batched_tokens": budget,
+                          "request_throughput": rate * 2.0}
+                         for policy in ("chunked", "prefill-first") for rate in (1.0, 2.0) for budget in (256, 1024)])
+    capacity = pd.DataFrame({"policy": ["chunked", "decode-first"], "capacity_request_rate": [3.5, np.nan],
+                             "status": ["ok", "no rate meets the SLO"], "max_num_batched_tokens": [256, 1024]})
+    replicas = {"replica_replica": [0, 1], "replica_role": ["prefill", "decode"], "replica_requests": [10, 12],
+                "replica_busy_fraction": [0.5, 0.25], "replica_mean_kv_usage": [0.1, np.float64(0.2)],
+                "replica_prefix_cache_hit_rate": [0.0, 1.0]}
+    figures = [_cdf_figure([row], [], None), timeline_figure([row], [], None),
+               _cdf_figure(rows, ["max_num_batched_tokens", "rate_scale"], None), timeline_figure(rows, ["policy"], None),
+               _throughput_figure(rows, ["policy", "max_num_batched_tokens"]), capacity_figure(capacity),
+               replica_figure(replicas)]
+    for i, figure in enumerate(figures):
+        for config in (FIGURE_CONFIG, None, {"showSendToCloud": True, "plotlyServerURL": "https://x/"}):
+            assert figure_div(figure, f"figure-{i}", config) == plotly_to_html(figure, f"figure-{i}", config)
+
+
+def test_figure_divs_are_plotlys_for_awkward_values(plotly_to_html):
+    layouts = [{}, {"width": 640, "height": 480.5}, {"width": "50%"}, {"template": {"layout": {"width": 300}}},
+               {"height": "30em", "title": {"text": "NaN </script> <b>Infinity</b> \u2028 ×"}}]
+    data = [{"type": "scatter", "x": np.array([1.5, np.nan, np.inf]), "y": [np.int64(3), np.float32(0.1), None, -np.inf],
+             "name": "a/b <c>", "visible": np.bool_(True), "customdata": np.arange(3).reshape(3, 1)}]
+    for i, layout in enumerate(layouts):
+        figure = {"data": data, "layout": layout}
+        assert figure_div(figure, f"f{i}", FIGURE_CONFIG) == plotly_to_html(figure, f"f{i}", FIGURE_CONFIG)
+    assert figure_div({}, "empty") == plotly_to_html({}, "empty", None)
+
+
+JSON_LEAVES = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+               | st.text(alphabet=st.sampled_from("aN/<>\"\\\u2028×é\n Infity0"), max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(alphabet="ab/<N", max_size=3), inner, max_size=4), max_leaves=20))
+def test_plotly_json_is_plotlys(value):
+    from plotly.io.json import to_json_plotly
+
+    assert plotly_json(value) == to_json_plotly(value, engine="json")
 
 
 # The browser test: headless Chromium (Debian's package), offline, no console output at all.
