@@ -41,7 +41,10 @@ def quantile_sketch(values: np.ndarray) -> list[float] | None:
     about a second, so the tail is still exact (every value above the sample's 97th percentile is
     sorted) and the body is read from an evenly strided sample of about EXACT_LIMIT values."""
     values = np.asarray(values, dtype=np.float64)
-    values = values[~np.isnan(values)]
+    low = values.min() if len(values) else np.nan  # NaN if any value is
+    if np.isnan(low):
+        values = values[~np.isnan(values)]
+        low = values.min() if len(values) else np.nan
     n = len(values)
     if n == 0:
         return None
@@ -50,7 +53,7 @@ def quantile_sketch(values: np.ndarray) -> list[float] | None:
         return _interpolate(np.sort(values), position).tolist()
     sample = np.sort(values[:: n // EXACT_LIMIT + 1])
     out = _interpolate(sample, QUANTILES / 100.0 * (len(sample) - 1))
-    out[0] = values.min()  # QUANTILES[0] is 0
+    out[0] = low  # QUANTILES[0] is 0
     tail = np.sort(values[values >= sample[int(0.97 * (len(sample) - 1))]])
     num_below = n - len(tail)
     exact = np.floor(position) >= num_below

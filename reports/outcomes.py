@@ -125,7 +125,7 @@ class RequestOutcomes:
     def _sketch_gaps(self) -> None:
         self._gaps_of_times()
         if self._gaps:
-            self.itl.add(np.concatenate(self._gaps))
+            self.itl.add(np.concatenate(self._gaps), copy=False)  # a new array, the sketch's to keep
             self._gaps, self._num_gaps = [], 0
 
     def _flush(self) -> None:

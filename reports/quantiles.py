@@ -5,7 +5,10 @@
 - Up to `exact_limit` values (default 4,194,304: 32 MiB of float64) it keeps every value, and
   its percentiles are numpy's (`np.percentile`, linear interpolation, as vLLM's serving benchmark
   computes them) bit for bit. An hour of production traffic stays in this regime: the Azure
-  conversation hour has 19,366 requests and about 3.7 million inter-token gaps.
+  conversation hour has 19,366 requests and about 4.1 million inter-token gaps. They are read by
+  `exact_percentiles`, which partitions at the ranks needed only (np.percentile partitions at
+  every one, the smallest and largest too, all over the array: 2.5x the time for the summary's
+  three percentiles of the hour's gaps).
 - Past the limit the values move into a DDSketch (Masson, Rim and Lee, "DDSketch: a fast and
   fully-mergeable quantile sketch with relative-error guarantees", VLDB 2019), and memory stops
   growing. A value x > 0 goes to bucket i = ceil(log(x) / log(gamma)), gamma = (1 + a) / (1 - a),
@@ -60,19 +63,26 @@ class StreamingQuantiles:
     def is_exact(self) -> bool:
         return self._chunks is not None
 
-    def add(self, values) -> None:
-        """Take a chunk of values; NaN (an undefined latency) is left out."""
+    def add(self, values, copy: bool = True) -> None:
+        """Take a chunk of values; NaN (an undefined latency) is left out. `copy=False`: `values`,
+        an array of float64, is the caller's to give away (it will not change it), and is kept as
+        it is."""
         values = np.asarray(values, dtype=np.float64).ravel()
-        values = values[~np.isnan(values)]
         if not len(values):
             return
-        low, high = float(values.min()), float(values.max())
+        low, high = float(values.min()), float(values.max())  # NaN if any value is NaN
+        if math.isnan(low) or math.isnan(high):
+            values = values[~np.isnan(values)]  # a copy
+            copy = False
+            if not len(values):
+                return
+            low, high = float(values.min()), float(values.max())
         if low < 0:
             raise ValueError(f"latencies are never negative, got {low}")
         self.count += len(values)
         self._min, self._max = min(self._min, low), max(self._max, high)
         if self._chunks is not None:
-            self._chunks.append(values)  # a copy already (boolean indexing copies)
+            self._chunks.append(values.copy() if copy else values)
             if self.count <= self.exact_limit:
                 return
             chunks, self._chunks = self._chunks, None  # past the limit: everything moves into the sketch
@@ -115,7 +125,7 @@ class StreamingQuantiles:
         if not self.count:
             return np.full(percents.shape, np.nan)
         if self._chunks is not None:
-            return np.percentile(self.values(), percents)
+            return exact_percentiles(self.values(), percents)
         rank = percents / 100.0 * (self.count - 1)
         below = np.floor(rank).astype(np.int64)
         above = np.minimum(below + 1, self.count - 1)
@@ -139,3 +149,35 @@ class StreamingQuantiles:
             return {"mean": None, "p50": None, "p90": None, "p99": None}
         p50, p90, p99 = self.percentiles([50, 90, 99]).tolist()
         return {"mean": self.mean(), "p50": p50, "p90": p90, "p99": p99}
+
+
+def exact_percentiles(values: np.ndarray, percents, overwrite: bool = False) -> np.ndarray:
+    """np.percentile(values, percents) (linear interpolation) of a 1-D array of float64, bit for
+    bit, for non-negative percents and values without NaN: the same ranks, the same order
+    statistics, the same interpolation (numpy's _lerp). Where np.percentile partitions the whole
+    array at every rank it reads (and at the first and last), this partitions at the ranks
+    needed, in rising order, each in the part above the one before; `overwrite`: partition
+    `values` itself (its order is lost) instead of a copy."""
+    percents = np.asanyarray(percents)
+    shape = percents.shape  # a single percent gives a 0-d array, as np.percentile's
+    n = len(values)
+    virtual = (n - 1) * np.true_divide(percents.ravel(), 100)
+    # numpy's _get_indexes: below and above the virtual index, -1 (the largest) past the last one.
+    below = np.floor(virtual)
+    above = below + 1
+    past = virtual >= n - 1
+    below[past] = -1
+    above[past] = -1
+    below, above = below.astype(np.intp), above.astype(np.intp)
+    gamma = virtual - below
+    work = values if overwrite else values.copy()
+    start = 0  # work[start:] holds the values not below the last rank partitioned at
+    for rank in np.unique(np.concatenate((below, above)) % n).tolist():
+        work[start:].partition(rank - start)
+        start = rank + 1
+    low, high = work[below], work[above]
+    # numpy's _lerp: from the lower value, or back from the upper one past the middle.
+    diff = high - low
+    out = np.add(low, diff * gamma)
+    np.subtract(high, diff * (1 - gamma), out=out, where=gamma >= 0.5)
+    return out.reshape(shape)

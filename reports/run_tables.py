@@ -94,9 +94,16 @@ def _csv_texts(values):
     """A column's fields as pandas writes them: numbers as Python's repr, NaN and None as empty.
     Text columns come back as a list (their fields may need quoting), numbers as an iterator."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
-        if values.dtype.kind == "f" and np.isnan(values).any():
-            return map(_float_text, values.tolist())
+        if values.dtype.kind == "f":
+            missing = np.flatnonzero(np.isnan(values)).tolist()
+            if missing:
+                texts = list(map(repr, values.tolist()))
+                for i in missing:
+                    texts[i] = ""
+                return iter(texts)
         return map(repr, values.tolist())
+    if all(type(v) is int for v in values):  # a column of counts given as a list (no bools, no None)
+        return map(repr, values)
     return ["" if v is None else v if isinstance(v, str) else _float_text(v) for v in values]
 
 

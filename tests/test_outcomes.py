@@ -233,3 +233,22 @@ def test_a_step_log_with_a_sink_hands_over_whole_batches_of_the_same_rows():
     assert all(len(b["start_s"]) == 10 for _, b in batches[:-1])
     for name, values in kept.columns().items():
         assert np.array_equal(np.concatenate([b[name] for _, b in batches]), values), name
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_csv_table_is_pandas_to_csv_for_any_column_kinds(tmp_path_factory, data):
+    """Float arrays with NaN, infinities and -0.0; counts as arrays or lists; text with None: the
+    CSV writer's fields are pandas' (the fast paths for float columns with NaN and lists of ints)."""
+    num_rows = data.draw(st.integers(1, 12))
+    floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1e-5, 1e16, 0.1]))
+    columns = {
+        "x": np.array(data.draw(st.lists(floats, min_size=num_rows, max_size=num_rows))),
+        "counts": data.draw(st.lists(st.integers(-2**40, 2**40), min_size=num_rows, max_size=num_rows)),
+        "n": np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=num_rows, max_size=num_rows)), dtype=np.int32),
+        "text": data.draw(st.lists(st.one_of(st.none(), st.text("ab, \"")), min_size=num_rows, max_size=num_rows)),
+    }
+    folder = tmp_path_factory.mktemp("csv")
+    write_table(folder, "t", columns, "csv", chunk_rows=data.draw(st.integers(1, 13)))
+    pd.DataFrame(columns).to_csv(folder / "pandas.csv", index=False)
+    assert (folder / "t.csv").read_bytes() == (folder / "pandas.csv").read_bytes()

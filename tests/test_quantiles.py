@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports.quantiles import RELATIVE_ACCURACY, StreamingQuantiles
+from reports.quantiles import RELATIVE_ACCURACY, StreamingQuantiles, exact_percentiles
 
 PERCENTS = [0, 1, 10, 25, 50, 75, 90, 99, 99.9, 100]
 chunks = st.lists(st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 1e4)), max_size=40), min_size=1, max_size=6)
@@ -73,3 +73,43 @@ def test_memory_stops_growing_past_the_limit():
 def test_negative_latencies_are_refused():
     with pytest.raises(ValueError, match="negative"):
         StreamingQuantiles().add([0.1, -0.2])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from([0.0, 1.0, 2.5, 1e-3, 1e300]), st.floats(0, 1e4)), min_size=1, max_size=80),
+       st.lists(st.one_of(st.sampled_from([0, 50, 90, 99, 99.9, 100]), st.floats(0, 100)), min_size=1, max_size=6),
+       st.booleans())
+def test_exact_percentiles_are_numpys_bit_for_bit(values, percents, overwrite):
+    values = np.array(values)
+    kept = values.copy()
+    expected = np.percentile(values, percents)
+    got = exact_percentiles(values, percents, overwrite=overwrite)
+    assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+    assert sorted(values.tolist()) == sorted(kept.tolist())  # the same values, reordered at most
+    if not overwrite:
+        assert values.tobytes() == kept.tobytes()
+    one = exact_percentiles(values, percents[0])
+    assert one.shape == () and float(one) == float(np.percentile(values, percents[0]))
+
+
+def test_exact_percentiles_of_many_repeated_values():
+    rng = np.random.default_rng(3)
+    values = rng.choice(rng.exponential(size=300), 200_000)  # as inter-token gaps: few distinct step times
+    percents = [50, 90, 99, 0, 100, 99.99]
+    assert exact_percentiles(values, percents).tobytes() == np.percentile(values, percents).tobytes()
+
+
+def test_add_copies_unless_told_not_to():
+    given_away, kept = np.array([1.0, 2.0]), np.array([3.0, 4.0])
+    sketch = StreamingQuantiles()
+    sketch.add(kept)
+    sketch.add(given_away, copy=False)
+    kept[0] = given_away[0] = 9.0  # only the array given away is seen changed
+    assert sketch.values().tolist() == [3.0, 4.0, 9.0, 2.0]
+    sketch = StreamingQuantiles()
+    with_nan = np.array([np.nan, 1.0, np.nan])
+    sketch.add(with_nan, copy=False)
+    sketch.add(np.array([np.nan]))
+    sketch.add([])
+    with_nan[1] = 5.0  # the NaN were left out of a copy
+    assert sketch.count == 1 and sketch.values().tolist() == [1.0]
