@@ -26,7 +26,9 @@ from sim.request import Status
 if TYPE_CHECKING:
     import pandas as pd  # make_digest's requests table; a replay's digest (run_digest) needs no pandas
 
-QUANTILES = np.unique(np.round(np.r_[np.arange(0.0, 99.0, 1.0), np.arange(99.0, 100.0, 0.1), 99.95, 99.99, 100.0], 2))
+# Every percent, then every tenth above 99 (np.r_ and np.unique would import numpy.ma: 10 ms of start-up).
+QUANTILES = np.array(sorted(set(np.round(np.concatenate([np.arange(0.0, 99.0, 1.0), np.arange(99.0, 100.0, 0.1),
+                                                         [99.95, 99.99, 100.0]]), 2).tolist())))
 NUM_TIMELINE_BINS = 240
 EXACT_LIMIT = 200_000  # sketches of more values than this read their body from a sample
 TIMELINE = ("num_prefill_tokens", "num_decode_tokens", "num_kv_blocks_used", "num_waiting")

@@ -172,7 +172,7 @@ def exact_percentiles(values: np.ndarray, percents, overwrite: bool = False) -> 
     gamma = virtual - below
     work = values if overwrite else values.copy()
     start = 0  # work[start:] holds the values not below the last rank partitioned at
-    for rank in np.unique(np.concatenate((below, above)) % n).tolist():
+    for rank in sorted(set((np.concatenate((below, above)) % n).tolist())):
         work[start:].partition(rank - start)
         start = rank + 1
     low, high = work[below], work[above]
