@@ -67,7 +67,8 @@ class RequestOutcomes:
         self._rows: list[list] = []
         self._gaps: list[np.ndarray] = []  # inter-token gaps of the rows taken, not yet sketched
         self._num_gaps = 0
-        self._times: list[_Times] = []  # token times of the latest rows taken, their gaps not yet computed
+        self._times: list = []  # token times of the latest rows taken, their gaps not yet computed
+        self._times_rows: list[list] = []  # the rows of those token times (their longest gap goes there)
         self._num_times = 0
 
     def add(self, position: int, request, token_times=None, extra: tuple = ()) -> None:
@@ -78,22 +79,25 @@ class RequestOutcomes:
                request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
                request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "",
                None, *extra]  # [11]: the longest gap (for a tbt SLO), set with the gaps
-        times = _Times(token_times) if token_times is not None and len(token_times) > 1 else None
+        if token_times is not None and len(token_times) < 2:
+            token_times = None  # no gap
         if position != self._next_position:
-            self._pending[position] = (row, times)
+            self._pending[position] = (row, token_times)
             return
-        self._take(row, times)
+        self._take(row, token_times)
         pending = self._pending
-        while self._next_position in pending:
-            self._take(*pending.pop(self._next_position))
+        if pending:
+            while self._next_position in pending:
+                self._take(*pending.pop(self._next_position))
 
-    def _take(self, row: list, times: _Times | None) -> None:
+    def _take(self, row: list, times) -> None:
         self._rows.append(row)
         if times is not None:
-            times.row = row
             self._times.append(times)
-            self._num_times += len(times.times)
-            self._num_gaps += len(times.times) - 1
+            self._times_rows.append(row)
+            num_times = len(times)
+            self._num_times += num_times
+            self._num_gaps += num_times - 1
             if self._num_times >= TIMES_BATCH:
                 self._gaps_of_times()
             if self._num_gaps >= GAP_BATCH:
@@ -105,11 +109,10 @@ class RequestOutcomes:
     def _gaps_of_times(self) -> None:
         """The gaps of the requests given by their token times (`_times`), in one pass: each
         request's gaps, one after the other, and its longest gap into its row."""
-        times = self._times
-        if not times:
+        lists, rows = self._times, self._times_rows
+        if not lists:
             return
-        self._times, self._num_times = [], 0
-        lists = [t.times for t in times]
+        self._times, self._times_rows, self._num_times = [], [], 0
         counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
         flat = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(counts.sum()))
         ends = np.cumsum(counts)  # each request's times end here in `flat`
@@ -118,8 +121,8 @@ class RequestOutcomes:
         within[ends[:-1] - 1] = False
         gaps = (flat[1:] - flat[:-1])[within]  # np.diff's own subtraction, as each request's alone
         longest = np.maximum.reduceat(gaps, ends - counts - np.arange(len(lists)))  # each one's first gap
-        for entry, value in zip(times, longest.tolist()):
-            entry.row[11] = value
+        for row, value in zip(rows, longest.tolist()):
+            row[11] = value
         self._gaps.append(gaps)
 
     def _sketch_gaps(self) -> None:
@@ -200,17 +203,6 @@ class RequestOutcomes:
         backwards = np.arange(len(counts))[::-1]
         order = backwards[counts[::-1].argsort(kind="quicksort")][::-1]
         return {reasons[i]: int(counts[i]) for i in order.tolist()}
-
-
-class _Times:
-    """A request's token times, and its row (whose longest gap is filled in when the gaps are
-    computed)."""
-
-    __slots__ = ("times", "row")
-
-    def __init__(self, times):
-        self.times = times
-        self.row: list | None = None
 
 
 def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None) -> RequestOutcomes:
