@@ -245,3 +245,16 @@ def test_vllm_scheduler_options_reach_the_run(tmp_path):
     rows = pd.read_csv(out / "requests.csv").set_index("request_id")
     # One at a time: request 1 (priority 0) first, though both arrived at 0.
     assert rows.loc[1, "ttft_s"] < rows.loc[0, "ttft_s"]
+
+
+def test_the_cyclic_collector_runs_less_often_during_a_command_only(monkeypatch):
+    import gc
+
+    import sim.app.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "cmd_models", lambda args: seen.append(gc.get_threshold()) or 0)
+    before = gc.get_threshold()
+    assert cli.main(["models"]) == 0
+    assert seen == [(cli.GC_FIRST_THRESHOLD, *before[1:])]
+    assert gc.get_threshold() == before  # restored for whoever called main in-process
