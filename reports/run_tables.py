@@ -78,7 +78,7 @@ class TableWriter:
             if len(texts) == 1 or any(isinstance(t, list) and _needs_quoting(t) for t in texts):
                 csv.writer(self._csv, lineterminator="\n").writerows(zip(*texts))
             else:
-                self._csv.writelines(",".join(row) + "\n" for row in zip(*texts))
+                self._csv.write("\n".join(map(",".join, zip(*texts))) + "\n")
 
     def close(self) -> None:
         """Finish the file (a table that got no batch is not written)."""
