@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import traces.readers
 from reports.digest import summary_row
@@ -280,3 +282,14 @@ def test_plain_reader_puts_back_a_file_whose_late_chunk_is_unusual(tmp_path, pan
         position = handle.tell()
         assert not read_plain_azure(TraceBuilder(path, "azure", "TIMESTAMP"), handle, first.split(","), line, 3)
         assert handle.tell() == position
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text("0123456789", max_size=9).map(str.encode), min_size=1, max_size=30),
+       st.lists(st.text("0123456789", min_size=2, max_size=2).map(str.encode), min_size=1, max_size=30))
+def test_plain_reader_reads_fractions_and_two_digit_fields_as_int_does(fractions, pairs):
+    from traces.published import _nanoseconds, _two_digits
+
+    assert _nanoseconds(tuple(fractions)).tolist() == [int(f.ljust(9, b"0")) if f else 0 for f in fractions]
+    assert _nanoseconds((b"",) * 3).tolist() == [0, 0, 0]
+    assert _two_digits(tuple(pairs)).tolist() == [int(p) for p in pairs]

@@ -154,14 +154,30 @@ def _plain_chunk(lines: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     midnight = {d: _midnight_ns(d) for d in set(day)}
     if None in midnight.values():
         return None
-    hours, minutes, seconds, context, generated = (np.array(list(map(int, column)), dtype=np.int64)
-                                                   for column in (hours, minutes, seconds, context, generated))
+    hours, minutes, seconds = (_two_digits(column) for column in (hours, minutes, seconds))
+    context, generated = (np.array(list(map(int, column)), dtype=np.int64) for column in (context, generated))
     if (hours > 23).any() or (minutes > 59).any() or (seconds > 59).any() or (context > MAX_TOKENS).any() \
             or (generated > MAX_TOKENS).any():
         return None
     ns = np.array([midnight[d] for d in day], dtype=np.int64) + ((hours * 60 + minutes) * 60 + seconds) * NS_PER_S
-    ns += np.array([int(f.ljust(9, b"0")) if f else 0 for f in fraction], dtype=np.int64)  # 1 to 9 digits
+    ns += _nanoseconds(fraction)
     return ns, context, generated
+
+
+def _two_digits(column: tuple[bytes, ...]) -> np.ndarray:
+    """Fields of two digits each (the pattern's \\d\\d) as numbers, from their bytes at once."""
+    digits = np.frombuffer(b"".join(column), dtype=np.uint8).reshape(-1, 2).astype(np.int64) - ord("0")
+    return digits[:, 0] * 10 + digits[:, 1]
+
+
+NINE_PLACES = 10 ** np.arange(8, -1, -1, dtype=np.int64)  # a second's fraction: 0.1 s is 10**8 ns
+
+
+def _nanoseconds(fraction: tuple[bytes, ...]) -> np.ndarray:
+    """A second's fraction of 0 to 9 digits (the pattern's \\d{1,9}, or none) in nanoseconds:
+    int(f.ljust(9, b"0")) of each, from their bytes at once (numpy pads the fields with NUL)."""
+    digits = np.array(fraction, dtype="S9").view(np.uint8).reshape(-1, 9).astype(np.int64)
+    return np.where(digits > 0, digits - ord("0"), 0) @ NINE_PLACES
 
 
 def _midnight_ns(day: bytes) -> int | None:
