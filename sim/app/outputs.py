@@ -4,8 +4,6 @@ not at all, run folders never overwritten unawares, one writer per folder.
     check_folder_destination / check_file_destination   at command start, before the work
     atomic_path / atomic_write_bytes / atomic_write_text  a unique temporary file in the destination
                                                           folder, fsynced, renamed into place
-    sync_folder / sync_in_background                     the folder's renames made durable once for
-                                                          several files; finished files fsynced early
     make_run_folder                                      a new folder, its name unique (mkdir, no exist_ok)
     open_run_folder                                      --out claimed, or a new folder under runs/
     claim_folder                                         an --out folder, locked, refused if it holds a
@@ -28,7 +26,7 @@ import socket
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -100,11 +98,10 @@ def _probe(folder: Path) -> None:
 # Writing a file whole.
 
 @contextmanager
-def atomic_path(path: str | Path, sync_folder: bool = True) -> Iterator[Path]:
+def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside `path` to write; on leaving the block it is fsynced and renamed
     onto `path`. If the block fails (a full disk, an interrupt), the temporary file is removed
-    and `path` keeps what it held. `sync_folder=False`: the rename is left for the caller to
-    make durable (`sync_folder`, once for several files of a folder)."""
+    and `path` keeps what it held."""
     path = Path(path)
     existed = path.exists()
     try:
@@ -118,8 +115,7 @@ def atomic_path(path: str | Path, sync_folder: bool = True) -> Iterator[Path]:
         _fsync(temp)
         os.chmod(temp, _mode_for(path))
         os.replace(temp, path)
-        if sync_folder:
-            _fsync_folder(path.parent)
+        _fsync_folder(path.parent)
     except BaseException as e:
         try:
             temp.unlink()
@@ -144,37 +140,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def sync_folder(folder: str | Path) -> None:
-    """Make the renames into `folder` durable (after atomic_path(..., sync_folder=False))."""
-    _fsync_folder(Path(folder))
-
-
-def sync_in_background(files: dict[str, Path]) -> Callable[[], None]:
-    """Start fsyncing finished files (by name, their paths) in a thread, so that the disk works
-    while the caller computes (the rename's own fsync then finds nothing left to write); returns
-    the wait for it, which raises the first fsync's error with its file's name."""
-    import threading
-
-    failures: list[OSError] = []
-
-    def sync() -> None:
-        for name, path in files.items():
-            try:
-                _fsync(path)
-            except OSError as e:
-                e.filename = name
-                failures.append(e)
-
-    thread = threading.Thread(target=sync, name="servesim-fsync", daemon=True)
-    thread.start()
-
-    def wait() -> None:
-        thread.join()
-        if failures:
-            raise failures[0]
-    return wait
 
 
 def _fsync(path: Path) -> None:

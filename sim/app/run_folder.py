@@ -21,7 +21,7 @@ from reports.metrics import step_table_columns, summarize
 from reports.outcomes import RequestOutcomes
 from reports.run_tables import TableWriter
 from reports.timeline import StepTimeline
-from sim.app.outputs import atomic_path, sync_folder, sync_in_background
+from sim.app.outputs import atomic_path
 from sim.engine import SimResult
 from sim.errors import ServesimError
 from sim.jsonable import jsonable
@@ -50,16 +50,13 @@ class RunFolder:
         self._requests_name, self._steps_name = f"requests.{requests}", f"steps.{steps}"
         self._written = {self._requests_name, self._steps_name}
         self._files = ExitStack()  # the temporary files, renamed into place when all are written
-        self._temps: dict[str, Path] = {}  # file name -> its temporary path
         self.outcomes = RequestOutcomes(slo, TableWriter(self._temp(f"requests.{requests}"), requests),
                                         extra_columns=request_columns)
         self.steps_writer = TableWriter(self._temp(f"steps.{steps}"), steps) if steps != "none" else None
         self.timeline = StepTimeline(TIMELINE)
 
     def _temp(self, name: str) -> Path:
-        path = self._files.enter_context(atomic_path(self.out / name, sync_folder=False))
-        self._temps[name] = path
-        return path
+        return self._files.enter_context(atomic_path(self.out / name))
 
     def on_request(self, position: int, request: Request, token_times, extra: tuple = ()) -> None:
         """A request ended; `position`: its place in arrival order; `token_times`: its tokens' times;
@@ -96,9 +93,6 @@ class RunFolder:
                     if not self.steps_writer.num_rows:  # no step at all: the table still gets its columns
                         self.steps_writer.write(step_table_columns(result.steps.columns()))
                     self.steps_writer.close()
-                # The tables go to disk while the summary and the report are computed.
-                tables_synced = sync_in_background({name: path for name, path in self._temps.items()
-                                                    if name in self._written})
                 summary = summarize(result, self.outcomes, self.options, start_s)
                 summary.update(extra or {})
                 summary = jsonable(summary)
@@ -106,14 +100,8 @@ class RunFolder:
                 texts = {"summary.json": json.dumps(summary, indent=2) + "\n", **run_report_files(summary, digest)}
                 for name, text in texts.items():
                     self._temp(name).write_text(text)
-                try:
-                    tables_synced()
-                except OSError as e:
-                    name = e.filename
-                    raise
             except OSError as e:
                 raise self._cannot_write(name, e) from None
-        sync_folder(self.out)  # every rename at once
         for name in (f"{table}.{fmt}" for table in ("requests", "steps") for fmt in TABLE_FORMATS):
             if name not in self._written:  # an earlier run's table in another format (--overwrite)
                 (self.out / name).unlink(missing_ok=True)
