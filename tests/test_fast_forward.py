@@ -93,3 +93,48 @@ def test_fast_forward_on_the_bundled_sample_is_bitwise_identical():
         fast, slow = compare(trace, options)
         assert np.array_equal(fast.token_times, slow.token_times)
         assert len(fast.steps) == len(slow.steps) > 1000
+
+
+def test_a_run_folds_the_step_that_admitted_a_request_and_answers_stay_the_same(monkeypatch):
+    """With the policy's second promise (`decodes_all_when_none_waits`) a run begins with the mixed
+    step that admitted a request; without it (or in an engine that overrides `advance`) that step
+    is a single step and the run begins after it. Every answer is the same in all three ways, and
+    step by step."""
+    from policies.chunked import ChunkedPolicy
+    from sim.engine import Engine
+    from sim.fast_forward import FastForward
+    from traces import AZURE_CONV_SAMPLE, read_trace
+    from traces.trace import Trace
+
+    full = read_trace(AZURE_CONV_SAMPLE)
+    n = 200
+    trace = Trace(full.arrival_s[:n], full.prompt_tokens[:n], full.output_tokens[:n], source="sample")
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048),
+                            cache=CacheConfig(num_blocks=1500))
+    folded = []
+    plan = FastForward.plan
+
+    def counting_plan(self, batch, now, first=None):
+        run = plan(self, batch, now, first)
+        if run is not None and first is not None:
+            folded.append(len(run.ends))
+        return run
+
+    monkeypatch.setattr(FastForward, "plan", counting_plan)
+    fast, slow = compare(trace, options)
+    assert len(folded) > 50 and min(folded) >= 2
+
+    class Engine2(Engine):
+        def advance(self, batch, result, now):
+            super().advance(batch, result, now)
+
+    assert Engine.folds_admitting_steps and not Engine2.folds_admitting_steps
+    monkeypatch.setattr(ChunkedPolicy, "decodes_all_when_none_waits", False)
+    folded.clear()
+    unfolded = replay(trace, options, backend=RooflineCostModel(ModelConfig.from_preset(options.model),
+                                                                HARDWARE["H100-SXM"]))
+    assert not folded
+    for a, b in ((fast, unfolded), (fast, slow)):
+        assert np.array_equal(a.token_times, b.token_times, equal_nan=True)
+        fa, fb = a.steps.columns(), b.steps.columns()
+        assert fa.keys() == fb.keys() and all(np.array_equal(fa[k], fb[k]) for k in fa)
