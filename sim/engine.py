@@ -9,7 +9,8 @@ Each step is three calls, as in every engine this field holds up as a model:
 The engine takes its requests from a workload (`sim/arrivals.py`) at the start of each step and
 sleeps on an event when it has nothing to do. When the policy and the backend both allow it,
 runs of identical decode-only steps are costed in one call instead (`sim/fast_forward.py`), with
-exactly the answers of stepping one by one.
+exactly the answers of stepping one by one; such a run may begin with the step that admitted a
+request (a folded run), priced by `execute` before the run is planned.
 """
 
 from __future__ import annotations

@@ -21,6 +21,17 @@ policies/base.py); for any other policy the engine steps one by one. The backend
 promise: `decode_run` costs each step of the run exactly as `execute` would. So the engine costs
 the whole run in one call and advances the clock once; the answers are exactly those of
 step-by-step simulation (tests/test_fast_forward.py checks it).
+
+A run may also begin one step earlier, with the step that admitted a request (a mixed step, or a
+prefill step), when after it every running request is decoding and none waits (a folded run): that
+step is costed by the backend's `execute`, the steps after it as above, and one plan, one move of
+the clock, one update of the requests and one write to the step log take both. This rests on the
+policy's second promise (`decodes_all_when_none_waits`): with none waiting and every running
+request decoding, its next step decodes them all. It saves, per arrival, a call of the policy, a
+SimPy event and a single step's bookkeeping. The step must schedule every running request, in
+running order, without preempting; an engine whose class overrides `advance` or `_log_step` (a
+prefill replica hands its requests off after their first token) never folds
+(`Engine.folds_admitting_steps`).
 """
 
 from __future__ import annotations
