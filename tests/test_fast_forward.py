@@ -7,6 +7,7 @@ numpy expressions, row by row, as single steps, and the clock adds them in the s
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -138,3 +139,22 @@ def test_a_run_folds_the_step_that_admitted_a_request_and_answers_stay_the_same(
         assert np.array_equal(a.token_times, b.token_times, equal_nan=True)
         fa, fb = a.steps.columns(), b.steps.columns()
         assert fa.keys() == fb.keys() and all(np.array_equal(fa[k], fb[k]) for k in fa)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 31, 32, 33, 500])
+def test_a_finished_requests_token_times_are_stored_exactly(num_tokens):
+    """TokenTimes.store packs long lists of times through `struct`: the same doubles, bit for bit,
+    as numpy's own conversion (the short ones take numpy's)."""
+    from sim.engine import TokenTimes
+    from sim.request import Request
+
+    rng = np.random.default_rng(num_tokens)
+    requests = [Request(i, str(i), 0.0, 10, num_tokens) for i in range(3)]
+    store = TokenTimes(requests)
+    values = [(rng.random(num_tokens) * 10.0 ** rng.integers(-3, 5, num_tokens)).tolist() for _ in requests]
+    values[1][0] = 5e-324  # the smallest subnormal double
+    for r, times in zip(requests, values):
+        r.token_times = list(times)
+        store.store(r)
+    for r, times in zip(requests, values):
+        assert store.of(r).tobytes() == np.array(times, dtype=np.float64).tobytes()
