@@ -48,15 +48,26 @@ class Policy:
     policies make it. The base class does not, and a subclass that overrides any method of
     `SCHEDULING_METHODS` loses an inherited promise unless it sets `supports_fast_forward` again
     in its own class body: a policy that admits by waiting time, say, must not make it.
+
+    A second promise, `decodes_all_when_none_waits = True`, lets a run of decode steps begin with
+    the step before it, the one that admitted a request (a mixed or prefill step), so that one
+    plan costs and applies both: whenever no request waits and every running request is decoding,
+    the next step this policy schedules is a decode-only step of every running request, one token
+    each, in running order, unless their new blocks do not fit. The engine relies on it only
+    together with `supports_fast_forward`. The three built-in policies make it too; it is
+    inherited, and lost, the same way.
     """
 
     name = ""
     supports_fast_forward = False
+    decodes_all_when_none_waits = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "supports_fast_forward" not in cls.__dict__ and any(m in cls.__dict__ for m in SCHEDULING_METHODS):
-            cls.supports_fast_forward = False
+        if any(m in cls.__dict__ for m in SCHEDULING_METHODS):
+            for promise in ("supports_fast_forward", "decodes_all_when_none_waits"):
+                if promise not in cls.__dict__:
+                    setattr(cls, promise, False)
 
     def __init__(self, config: SchedulerConfig):
         self.config = config

@@ -23,6 +23,7 @@ from sim.state import EngineState
 class ChunkedPolicy(Policy):
     name = "chunked"
     supports_fast_forward = True  # the promise of policies/base.py: admission only as finish_may_admit says
+    decodes_all_when_none_waits = True  # policies/base.py: with none waiting, every running request decodes
 
     def schedule(self, state: EngineState, now: float) -> Batch:
         batch = Batch()

@@ -21,6 +21,17 @@ policies/base.py); for any other policy the engine steps one by one. The backend
 promise: `decode_run` costs each step of the run exactly as `execute` would. So the engine costs
 the whole run in one call and advances the clock once; the answers are exactly those of
 step-by-step simulation (tests/test_fast_forward.py checks it).
+
+A run may also begin one step earlier, with the step that admitted a request (a mixed step, or a
+prefill step), when after it every running request is decoding and none waits (a folded run): that
+step is costed by the backend's `execute`, the steps after it as above, and one plan, one move of
+the clock, one update of the requests and one write to the step log take both. This rests on the
+policy's second promise (`decodes_all_when_none_waits`): with none waiting and every running
+request decoding, its next step decodes them all. It saves, per arrival, a call of the policy, a
+SimPy event and a single step's bookkeeping. The step must schedule every running request, in
+running order, without preempting; an engine whose class overrides `advance` or `_log_step` (a
+prefill replica hands its requests off after their first token) never folds
+(`Engine.folds_admitting_steps`).
 """
 
 from __future__ import annotations
@@ -35,17 +46,19 @@ from sim.batch import Batch
 from sim.request import Status
 
 if TYPE_CHECKING:
+    from sim.backend import StepResult
     from sim.engine import Engine
 
 MAX_RUN_STEPS = 4096  # bounds the arrays of one run
 
 
 class DecodeRun(NamedTuple):
-    """A planned run of decode-only steps."""
+    """A planned run of steps: step 0 as the policy scheduled it, then decode-only steps."""
 
     ends: list[float]  # [steps] end time of each step
-    seconds: np.ndarray  # [steps]
-    parts: dict  # the backend's breakdown: per key a float (every step) or a [steps] array
+    first: "StepResult | None"  # step 0's cost when it is a mixed or prefill step (a folded run); None: it decodes
+    seconds: np.ndarray  # the decode-only steps' seconds: [steps], or [steps - 1] after a folded step 0
+    parts: dict  # their breakdown (the backend's): per key a float (every step) or an array like `seconds`
     opens: list[int]  # step * len(batch) + batch index of each block opened, in the order taken
     active_steps: list[int]  # per request, the steps it takes part in (it finishes in the last, or runs on)
 
@@ -64,15 +77,21 @@ class FastForward:
         if env.now + (end - env.now) == end:
             yield env.timeout(end - env.now)
         else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
+            if run.first is not None:
+                yield env.timeout(run.first.seconds)
             for seconds in run.seconds.tolist():
                 yield env.timeout(seconds)
         self._log(batch, start, num_waiting, run, self._advance(batch, run))
 
-    def plan(self, batch: Batch, now: float) -> DecodeRun | None:
-        """The run of decode steps starting with `batch` (already scheduled), or None when it
-        would be a single step."""
+    def plan(self, batch: Batch, now: float, first: "StepResult | None" = None) -> DecodeRun | None:
+        """The run of steps starting with `batch` (already scheduled), or None when it would be a
+        single step. Without `first`, `batch` is a decode-only step of every running request and
+        the run's steps are all costed as decode steps. With `first` (its cost, from the backend's
+        `execute`), `batch` is a step of every running request after which every one of them has
+        computed all its tokens (each emits one) and none waits: with the policy's
+        `decodes_all_when_none_waits` promise, the steps after it are decode-only steps of the
+        requests that did not finish in it (a folded run)."""
         reqs = batch.requests
-        num_computed = batch.num_computed_tokens
         remaining = [r.max_tokens - r.num_output_tokens for r in reqs]
         # Past a finish the same requests keep decoding unless the freed slot or blocks could let
         # a waiting request in.
@@ -80,26 +99,43 @@ class FastForward:
         workload = engine.workload
         through_finishes = not (engine.policy.finish_may_admit(engine.state) or workload.reacts_to_finishes)
         max_steps = min(max(remaining) if through_finishes else min(remaining), MAX_RUN_STEPS)
+        if max_steps < 2:
+            return None
         next_arrival, next_observation = workload.next_arrival_s, workload.next_observation_s
         next_event = min(next_arrival, next_observation)
         last_s = self._last_decode_step_s
-        if next_event < np.inf and last_s:
-            # Cost only about as many steps as fit before the next arrival, judging by the last
-            # decode step's length (a guess: a short one merely ends this run early), and none
-            # when clearly fewer than two fit (a guess too: a missed run is stepped one by one).
-            if next_arrival - now < 0.9 * last_s or next_observation - now < 1.8 * last_s:
+        if first is None:
+            start = now  # of the first step costed as a decode step
+            computed = [c + 1 for c in batch.num_computed_tokens]  # after step 0
+            if next_event < np.inf and last_s:
+                # Cost only about as many steps as fit before the next arrival, judging by the last
+                # decode step's length (a guess: a short one merely ends this run early), and none
+                # when clearly fewer than two fit (a guess too: a missed run is stepped one by one).
+                if next_arrival - now < 0.9 * last_s or next_observation - now < 1.8 * last_s:
+                    return None
+                max_steps = min(max_steps, int(1.25 * (next_event - now) / last_s) + 2)
+                if max_steps < 2:
+                    return None
+            seconds, parts = engine.backend.decode_run(computed, max_steps, remaining)  # contexts after step 0
+        else:
+            start = now + first.seconds  # step 0's end, as the clock adds it
+            computed = [c + q for c, q in zip(batch.num_computed_tokens, batch.num_scheduled_tokens)]
+            # Step 1 starts when step 0 ends: it is scheduled normally if a request has arrived.
+            if next_arrival <= start or next_observation <= start:
                 return None
-            max_steps = min(max_steps, int(1.25 * (next_event - now) / last_s) + 2)
-        if max_steps < 2:
-            return None
-
-        contexts = [c + 1 for c in num_computed]
-        seconds, parts = engine.backend.decode_run(contexts, max_steps, remaining)
+            if next_event < np.inf and last_s:
+                if next_observation - start < 0.9 * last_s:
+                    return None
+                max_steps = min(max_steps, int(1.25 * (next_event - start) / last_s) + 3)
+            # The decode steps 1.. of the requests that do not finish in step 0: their contexts after step 1.
+            contexts = [c + 1 for c, rem in zip(computed, remaining) if rem > 1]
+            seconds, parts = engine.backend.decode_run(contexts, max_steps - 1, [rem - 1 for rem in remaining if rem > 1])
         # The clock adds the steps one after another, as step-by-step simulation does (float
         # additions in order, as numpy's cumsum makes them too).
         step_seconds = seconds.tolist()
-        ends = list(accumulate(step_seconds, initial=now))
-        del ends[0]
+        ends = list(accumulate(step_seconds, initial=start))
+        if first is None:
+            del ends[0]
         self._last_decode_step_s = step_seconds[-1]
         # A step starting at or after the next arrival is scheduled normally.
         num_steps = min(max_steps, 1 + bisect_left(ends, next_arrival, 0, max_steps - 1))
@@ -108,18 +144,19 @@ class FastForward:
         if num_steps < 2:
             return None
 
-        # Blocks: step j >= 1 computes position num_computed + j, which opens a block when it is a
-        # multiple of the block size; step 0's blocks were reserved by the policy. Blocks that
-        # finishing requests free are not counted on, so the run never preempts.
+        # Blocks: step j >= 1 computes position computed + j - 1 (computed: after step 0), which
+        # opens a block when it is a multiple of the block size; step 0's blocks were reserved by
+        # the policy. Blocks that finishing requests free are not counted on, so the run never
+        # preempts.
         bs = engine.block_manager.block_size
         n = len(reqs)
         # Every block opened, as step * n + batch index: sorted, the order they are taken in.
         opens: list[int] = []
-        for i, (c, rem) in enumerate(zip(num_computed, remaining)):
+        for i, (c, rem) in enumerate(zip(computed, remaining)):
             # Its first opening step is 1..bs; it opens one every bs steps while it still decodes.
-            first, stop = -c % bs or bs, num_steps if num_steps < rem else rem
-            if first < stop:
-                opens += range(first * n + i, stop * n, bs * n)
+            first_open, stop = 1 + -c % bs, num_steps if num_steps < rem else rem
+            if first_open < stop:
+                opens += range(first_open * n + i, stop * n, bs * n)
         opens.sort()
         free = engine.block_manager.num_free_blocks
         if len(opens) > free:
@@ -129,20 +166,34 @@ class FastForward:
             del opens[bisect_left(opens, num_steps * n, 0, free):]
         if num_steps < max_steps:
             del ends[num_steps:]
-            seconds = seconds[:num_steps]
-            parts = {k: v[:num_steps] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
-        return DecodeRun(ends, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining])
+            num_costed = num_steps if first is None else num_steps - 1
+            seconds = seconds[:num_costed]
+            parts = {k: v[:num_costed] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
+        return DecodeRun(ends, first, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining])
 
     def _log(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
-              num_used_blocks: list[int]) -> None:
-        k = len(run.seconds)
-        starts = [now]
-        starts += run.ends[:-1]
+             num_used_blocks: list[int]) -> None:
+        ends = run.ends
+        k = len(ends)
         n = len(batch)
         num_running = n
         if min(run.active_steps) < k:  # some finish before the last step
             num_running = n - np.searchsorted(sorted(run.active_steps), np.arange(k), side="right")
-        self.engine.steps.extend(k, {
+        steps = self.engine.steps
+        first = run.first
+        if first is None:
+            starts = [now]
+            starts += ends[:-1]
+        else:  # step 0 as a single step logs it, then the decode steps
+            num_decode = batch.num_decode_tokens
+            steps.append((now, first.seconds, batch.num_tokens - num_decode, num_decode, n, num_used_blocks[0],
+                          num_waiting, 0), first.breakdown)
+            starts = ends[:-1]
+            if not isinstance(num_running, int):
+                num_running = num_running[1:]
+            num_used_blocks = num_used_blocks[1:]
+            k -= 1
+        steps.extend(k, {
             "start_s": starts, "seconds": run.seconds, "num_decode_tokens": num_running,
             "num_requests": num_running, "num_kv_blocks_used": num_used_blocks, "num_waiting": num_waiting,
         }, run.parts)  # no prefill tokens, no preemptions
@@ -154,12 +205,27 @@ class FastForward:
         reqs = batch.requests
         engine = self.engine
         finishing = []
-        for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
-            r.token_times.extend(ends_list if num == k else ends_list[:num])
-            r.num_computed_tokens += num
-            r.num_output_tokens += num
-            if r.num_output_tokens == r.max_tokens:
-                finishing.append((num - 1, i))
+        if run.first is None:
+            for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
+                r.token_times.extend(ends_list if num == k else ends_list[:num])
+                r.num_computed_tokens += num
+                r.num_output_tokens += num
+                if r.num_output_tokens == r.max_tokens:
+                    finishing.append((num - 1, i))
+        else:  # step 0 computes each request's scheduled tokens (all it has), each emits a token
+            for i, (r, num, c, q) in enumerate(zip(reqs, run.active_steps, batch.num_computed_tokens,
+                                                  batch.num_scheduled_tokens)):
+                r.num_computed_tokens = c + q + num - 1
+                num_output = r.num_output_tokens
+                if num_output:
+                    r.token_times.extend(ends_list if num == k else ends_list[:num])
+                else:
+                    r.first_token_s = ends_list[0]
+                    r.token_times = ends_list[:num]
+                num_output += num
+                r.num_output_tokens = num_output
+                if num_output == r.max_tokens:
+                    finishing.append((num - 1, i))
         # Hand out new blocks and free finished requests' blocks in the order step-by-step
         # simulation would: each step's new blocks in batch order, then at its end the requests
         # that finished in it, in batch order (freed blocks are the next ones taken).

@@ -7,6 +7,7 @@ numpy expressions, row by row, as single steps, and the clock adds them in the s
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +94,67 @@ def test_fast_forward_on_the_bundled_sample_is_bitwise_identical():
         fast, slow = compare(trace, options)
         assert np.array_equal(fast.token_times, slow.token_times)
         assert len(fast.steps) == len(slow.steps) > 1000
+
+
+def test_a_run_folds_the_step_that_admitted_a_request_and_answers_stay_the_same(monkeypatch):
+    """With the policy's second promise (`decodes_all_when_none_waits`) a run begins with the mixed
+    step that admitted a request; without it (or in an engine that overrides `advance`) that step
+    is a single step and the run begins after it. Every answer is the same in all three ways, and
+    step by step."""
+    from policies.chunked import ChunkedPolicy
+    from sim.engine import Engine
+    from sim.fast_forward import FastForward
+    from traces import AZURE_CONV_SAMPLE, read_trace
+    from traces.trace import Trace
+
+    full = read_trace(AZURE_CONV_SAMPLE)
+    n = 200
+    trace = Trace(full.arrival_s[:n], full.prompt_tokens[:n], full.output_tokens[:n], source="sample")
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048),
+                            cache=CacheConfig(num_blocks=1500))
+    folded = []
+    plan = FastForward.plan
+
+    def counting_plan(self, batch, now, first=None):
+        run = plan(self, batch, now, first)
+        if run is not None and first is not None:
+            folded.append(len(run.ends))
+        return run
+
+    monkeypatch.setattr(FastForward, "plan", counting_plan)
+    fast, slow = compare(trace, options)
+    assert len(folded) > 50 and min(folded) >= 2
+
+    class Engine2(Engine):
+        def advance(self, batch, result, now):
+            super().advance(batch, result, now)
+
+    assert Engine.folds_admitting_steps and not Engine2.folds_admitting_steps
+    monkeypatch.setattr(ChunkedPolicy, "decodes_all_when_none_waits", False)
+    folded.clear()
+    unfolded = replay(trace, options, backend=RooflineCostModel(ModelConfig.from_preset(options.model),
+                                                                HARDWARE["H100-SXM"]))
+    assert not folded
+    for a, b in ((fast, unfolded), (fast, slow)):
+        assert np.array_equal(a.token_times, b.token_times, equal_nan=True)
+        fa, fb = a.steps.columns(), b.steps.columns()
+        assert fa.keys() == fb.keys() and all(np.array_equal(fa[k], fb[k]) for k in fa)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 31, 32, 33, 500])
+def test_a_finished_requests_token_times_are_stored_exactly(num_tokens):
+    """TokenTimes.store packs long lists of times through `struct`: the same doubles, bit for bit,
+    as numpy's own conversion (the short ones take numpy's)."""
+    from sim.engine import TokenTimes
+    from sim.request import Request
+
+    rng = np.random.default_rng(num_tokens)
+    requests = [Request(i, str(i), 0.0, 10, num_tokens) for i in range(3)]
+    store = TokenTimes(requests)
+    values = [(rng.random(num_tokens) * 10.0 ** rng.integers(-3, 5, num_tokens)).tolist() for _ in requests]
+    values[1][0] = 5e-324  # the smallest subnormal double
+    for r, times in zip(requests, values):
+        r.token_times = list(times)
+        store.store(r)
+    for r, times in zip(requests, values):
+        assert store.of(r).tobytes() == np.array(times, dtype=np.float64).tobytes()

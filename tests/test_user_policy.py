@@ -25,6 +25,7 @@ def test_a_user_policy_loads_from_a_file_and_makes_no_fast_forward_promise():
     cls = load_policy(SPEC)
     assert issubclass(cls, Policy) and cls.name == "patient"
     assert cls.supports_fast_forward is False
+    assert cls.decodes_all_when_none_waits is False
     assert all(POLICIES[name].supports_fast_forward for name in POLICIES)
 
 
@@ -45,6 +46,12 @@ def test_a_subclass_that_changes_scheduling_loses_an_inherited_promise():
     assert Waits.supports_fast_forward is False
     assert Declares.supports_fast_forward is True
     assert Renamed.supports_fast_forward is True
+    # The second promise (a run may begin with the step that admitted a request) goes the same way.
+    assert all(POLICIES[name].decodes_all_when_none_waits for name in POLICIES)
+    assert Policy.decodes_all_when_none_waits is False
+    assert Waits.decodes_all_when_none_waits is False
+    assert Declares.decodes_all_when_none_waits is False  # it declared the first promise only
+    assert Renamed.decodes_all_when_none_waits is True
 
 
 def test_a_subclass_overriding_schedule_decodes_is_called_as_before():
