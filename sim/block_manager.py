@@ -138,7 +138,7 @@ class BlockManager:
         lru, start = self._lru, self._lru_head
         head = start + num_evict
         evicted = lru[start:head]
-        if self._num_stale and not self._stale_blocks.isdisjoint(evicted):  # a hit took some out of the queue
+        if self._num_stale and any(_gather(self._lru_skip, evicted)):  # a hit took some out of the queue
             evicted, evicted_slots, head = self._without_stale(start, num_evict)
         elif self._width:
             evicted_slots = self._lru_slots[start:head]
@@ -181,8 +181,6 @@ class BlockManager:
             if skip[block]:  # a stale entry: the block left the queue on a hit
                 skip[block] -= 1
                 self._num_stale -= 1
-                if not skip[block]:
-                    self._stale_blocks.discard(block)
             else:
                 live.append(block)
                 live_slots.append(lru_slots[i])
@@ -267,7 +265,7 @@ class BlockManager:
         empty = [None] * width
         for chain_hash, chunk in list(chunk_of.items()):
             first = chunk * width
-            if slots[first:first + width] == empty:
+            if slots[first] is None and slots[first:first + width] == empty:  # (most held chunks hold their first slot)
                 del chunk_of[chain_hash]
                 self._unused_chunks.append(chunk)
         # The next sweep: once the chunks freed now are used up and the index has at least four
@@ -397,7 +395,6 @@ class BlockManager:
             if count == 0:  # out of the LRU queue
                 skip[block] += 1
                 self._num_stale += 1
-                self._stale_blocks.add(block)
                 self._num_lru -= 1
             else:  # shared with a running request
                 self._num_shared += 1
@@ -540,7 +537,6 @@ class BlockManager:
         lru = self.cached_free_blocks()
         assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
         assert len(self._lru_slots) == len(self._lru)
-        assert self._stale_blocks == {b for b, n in enumerate(self._lru_skip) if n}
         assert self._num_shared == sum(c - 1 for c in counts if c > 1), "the count of shared references is off"
         skip = list(self._lru_skip)
         for block, slot in zip(self._lru[self._lru_head:], self._lru_slots[self._lru_head:]):
