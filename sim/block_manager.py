@@ -96,7 +96,6 @@ class BlockManager:
         self._lru_head = 0
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
-        self._stale_blocks: set[int] = set()  # the blocks with stale entries (_lru_skip > 0)
         self._num_lru = 0
         # References beyond a block's first, over all blocks (the sum of max(count - 1, 0)): while
         # none is shared, a request's blocks are all its own and free() needs no counts.
