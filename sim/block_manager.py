@@ -383,21 +383,22 @@ class BlockManager:
     def can_allocate(self, cached_blocks: list[int], num_new_tokens: int) -> bool:
         """Whether a request with these cached blocks can get blocks for `num_new_tokens` more."""
         num_new = self.blocks_for(len(cached_blocks) * self.block_size + num_new_tokens) - len(cached_blocks)
-        num_taken_from_free = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
+        num_taken_from_free = _gather(self.ref_counts, cached_blocks).count(0)
         return num_new + num_taken_from_free <= self.num_free_blocks
 
     def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> None:
         """Give an admitted request its cached prefix and blocks for `num_new_tokens` more tokens."""
         ref_counts, skip = self.ref_counts, self._lru_skip
+        num_taken = 0  # hits on free blocks: out of the LRU queue (the others are shared with a running request)
         for block in cached_blocks:
             count = ref_counts[block]
-            if count == 0:  # out of the LRU queue
+            if not count:
                 skip[block] += 1
-                self._num_stale += 1
-                self._num_lru -= 1
-            else:  # shared with a running request
-                self._num_shared += 1
+                num_taken += 1
             ref_counts[block] = count + 1
+        self._num_stale += num_taken
+        self._num_lru -= num_taken
+        self._num_shared += len(cached_blocks) - num_taken
         num_hit = len(cached_blocks) * self.block_size
         if self.enable_prefix_caching:
             if request.num_preemptions:
