@@ -44,10 +44,12 @@ place there (Request.block_hashes): the chained hash of the trace's hash ids up 
 block (Request.prefix_chain) names a chunk, one dict entry (`_chunk_of`), whose slots, one for
 each block that can end in that trace block, hold the block indexed first with that key (a
 stretch of the flat list `_slots`). A run of a request's blocks is indexed with one slice
-store, and a chunk leaves the dict when the last block in its slots is evicted. The LRU queue
-keeps each entry's slot and that slot's chunk (`_lru_slots`, `_lru_chunks`, found per trace block
-when a request frees its blocks), so an eviction empties the slots directly and checks only the
-chunks it touched. Duplicates wait behind the block in their slot
+store. The LRU queue keeps each entry's slot (`_lru_slots`, found per trace block when a request
+frees its blocks), so an eviction empties the slots directly, in the loop that gives the blocks
+their new owner's reference. A chunk whose slots are all empty stays in the dict until a sweep
+(`_sweep`, when chunks run out) takes it out for reuse: a lookup finds nothing in an empty chunk,
+as in none, and indexing into it is indexing into a fresh one, so when it leaves changes no
+answer. Duplicates wait behind the block in their slot
 (`_duplicates`, by slot), in indexing order. A request's own blocks (negative keys, indexed on a
 preemption: rare) are indexed per block (`hash_to_block`, `block_hash`), their duplicates in
 `_duplicates` by key. tests/test_block_manager_reference.py checks this against the previous
@@ -80,6 +82,7 @@ class BlockManager:
         self._width = 0  # slots per chunk, set by the first request with trace hashes
         self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width)
         self._slot_ids: list[int] = []  # range(len(_slots)), made once: the LRU queue's slot lists are slices of it
+        self._sweep_at = 16  # chunks made before empty ones are looked for (_sweep)
         # The index of the requests' own blocks, by block key (negative).
         self.hash_to_block: dict[int, int] = {}  # the block a lookup of a key returns: the first indexed
         self.block_hash: list[int | None] = [None] * num_blocks  # an own block's key, if indexed
@@ -90,12 +93,13 @@ class BlockManager:
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
         self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
         self._lru_slots: list[int] = []  # each entry's block's slot in the shared index (0: none)
-        self._lru_chunks: list[int] = []  # and that slot's chunk (0: none)
         self._lru_head = 0
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
         self._num_lru = 0
-        self._num_lru_indexed = 0  # of which in the index (the others: finished requests' own blocks)
+        # References beyond a block's first, over all blocks (the sum of max(count - 1, 0)): while
+        # none is shared, a request's blocks are all its own and free() needs no counts.
+        self._num_shared = 0
         self.num_queried_tokens = 0  # tokens looked up at first admissions (vLLM's PrefixCacheStats.queries)
         self.num_hit_tokens = 0  # of which found cached (PrefixCacheStats.hits)
         self.num_preempted_queried_tokens = 0  # the same at re-admissions after a preemption
@@ -119,79 +123,68 @@ class BlockManager:
         take = min(num_blocks, len(plain))
         blocks = plain[:-take - 1:-1] if take else []
         del plain[len(plain) - take:]
-        if num_blocks > take:
-            num_evict = num_blocks - take
-            self._num_lru -= num_evict
-            lru, lru_slots, start = self._lru, self._lru_slots, self._lru_head
-            evicted, evicted_slots = lru[start:start + num_evict], lru_slots[start:start + num_evict]
-            self._lru_head = start + num_evict
-            if self._num_stale:
-                evicted, evicted_slots = self._without_stale(evicted, evicted_slots, num_evict)
-            head = self._lru_head
-            if self._num_lru_indexed:
-                self._num_lru_indexed -= self._unindex_evicted(evicted, evicted_slots, self._lru_chunks[start:head])
-            if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
-                del lru[:head]
-                del lru_slots[:head]
-                del self._lru_chunks[:head]
-                self._lru_head = 0
-            blocks += evicted
         ref_counts = self.ref_counts
         for block in blocks:
             ref_counts[block] = 1
+        if num_blocks > take:
+            blocks += self._evict(num_blocks - take)
         return blocks
 
-    def _unindex_evicted(self, evicted: list[int], evicted_slots: list[int], taken_chunks: list[int]) -> int:
-        """Take blocks just evicted, at these slots, out of the index (_unindex for each, in a few
-        passes over them: this runs for every eviction); how many were in it. `taken_chunks`: the
-        chunks of the LRU entries taken, stale ones too (a stale entry's block is still at its slot,
-        so its chunk stays)."""
-        duplicates = self._duplicates
-        if duplicates and not duplicates.keys().isdisjoint(evicted_slots):  # a slot holding duplicates: rare
-            return sum(map(self._unindex, evicted, evicted_slots))
-        num_indexed = len(evicted_slots) - evicted_slots.count(0)
-        if num_indexed:  # each of these blocks is the one at its slot
-            slots, width = self._slots, self._width
-            for slot in evicted_slots:
-                slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
-            chunks = set(taken_chunks)
-            chunks.discard(0)
-            for chunk in chunks:  # _drop_if_empty, inlined
-                first = chunk * width
-                if slots[first:first + width].count(None) == width:
-                    del self._chunk_of[self._chunk_hash[chunk]]
-                    self._unused_chunks.append(chunk)
-        if self.hash_to_block and num_indexed < len(evicted_slots):  # own blocks, indexed on preemptions
+    def _evict(self, num_evict: int) -> list[int]:
+        """Take `num_evict` blocks from the head of the LRU queue: each leaves the index and gets
+        one reference (its new owner's)."""
+        self._num_lru -= num_evict
+        lru, start = self._lru, self._lru_head
+        head = start + num_evict
+        evicted = lru[start:head]
+        if self._num_stale and any(_gather(self._lru_skip, evicted)):  # a hit took some out of the queue
+            evicted, evicted_slots, head = self._without_stale(start, num_evict)
+        elif self._width:
+            evicted_slots = self._lru_slots[start:head]
+        self._lru_head = head
+        ref_counts = self.ref_counts
+        if self._width:  # the shared index is in use: the evicted blocks leave their slots
+            duplicates = self._duplicates
+            if duplicates and not duplicates.keys().isdisjoint(evicted_slots):  # a slot holding duplicates: rare
+                for block, slot in zip(evicted, evicted_slots):
+                    ref_counts[block] = 1
+                    self._unindex(block, slot)
+            else:  # each of these blocks is the one at its slot
+                slots = self._slots
+                for block, slot in zip(evicted, evicted_slots):
+                    ref_counts[block] = 1
+                    slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
+        else:
+            for block in evicted:
+                ref_counts[block] = 1
+        if self.hash_to_block:  # own blocks, indexed on preemptions
             block_hash = self.block_hash
             for block in evicted:
                 if block_hash[block] is not None:
-                    num_indexed += self._unindex(block, 0)
-        return num_indexed
+                    self._unindex(block, 0)
+        if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
+            del lru[:head]
+            del self._lru_slots[:head]
+            self._lru_head = 0
+        return evicted
 
-    def _without_stale(self, entries: list[int], entry_slots: list[int], num_live: int) -> tuple[list[int], list[int]]:
-        """The live blocks among LRU entries just taken from the head, topped up to `num_live`,
-        and their slots."""
+    def _without_stale(self, start: int, num_live: int) -> tuple[list[int], list[int], int]:
+        """The first `num_live` live entries of the LRU queue from position `start` (its stale
+        entries, left by hits, are passed over and forgotten), their slots, and the position
+        after the last."""
         skip, lru, lru_slots = self._lru_skip, self._lru, self._lru_slots
-        if not any(_gather(skip, entries)):  # the usual case: none is stale
-            return entries, entry_slots
         live, live_slots = [], []
-        for block, slot in zip(entries, entry_slots):
+        i = start
+        while len(live) < num_live:
+            block = lru[i]
             if skip[block]:  # a stale entry: the block left the queue on a hit
                 skip[block] -= 1
                 self._num_stale -= 1
             else:
                 live.append(block)
-                live_slots.append(slot)
-        while len(live) < num_live:
-            block, slot = lru[self._lru_head], lru_slots[self._lru_head]
-            self._lru_head += 1
-            if skip[block]:
-                skip[block] -= 1
-                self._num_stale -= 1
-            else:
-                live.append(block)
-                live_slots.append(slot)
-        return live, live_slots
+                live_slots.append(lru_slots[i])
+            i += 1
+        return live, live_slots, i
 
     # The index.
 
@@ -250,8 +243,11 @@ class BlockManager:
         request.num_hashed_blocks = num_full
 
     def _new_chunk(self, chain_hash: int) -> int:
-        if self._unused_chunks:
-            chunk = self._unused_chunks.pop()
+        unused = self._unused_chunks
+        if not unused and len(self._chunk_hash) >= self._sweep_at:
+            self._sweep()
+        if unused:
+            chunk = unused.pop()
         else:
             chunk = len(self._chunk_hash)
             self._chunk_hash.append(0)
@@ -261,31 +257,37 @@ class BlockManager:
         self._chunk_of[chain_hash] = chunk
         return chunk
 
-    def _drop_if_empty(self, chunk: int) -> None:
-        """Take the chunk out of the index if none of its slots holds a block any more."""
-        width = self._width
-        if chunk and self._slots[chunk * width:(chunk + 1) * width].count(None) == width:
-            del self._chunk_of[self._chunk_hash[chunk]]
-            self._unused_chunks.append(chunk)
+    def _sweep(self) -> None:
+        """Take the chunks none of whose slots holds a block any more out of the index, for reuse
+        (evictions leave them in: module docstring)."""
+        width, slots, chunk_of = self._width, self._slots, self._chunk_of
+        empty = [None] * width
+        for chain_hash, chunk in list(chunk_of.items()):
+            first = chunk * width
+            if slots[first] is None and slots[first:first + width] == empty:  # (most held chunks hold their first slot)
+                del chunk_of[chain_hash]
+                self._unused_chunks.append(chunk)
+        # The next sweep: once the chunks freed now are used up and the index has at least four
+        # times the chunks left in it now. Between two sweeps, the second looking at N chunks, at
+        # least 3N/4 chunks were made, so sweeps look at 4/3 chunks per chunk made at most.
+        if 4 * len(self._unused_chunks) < len(self._chunk_hash):
+            self._sweep_at = 2 * len(self._chunk_hash)
 
-    def _slots_of(self, request: Request, stop: int) -> tuple[list[int], list[int]]:
-        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block),
-        and their chunks."""
+    def _slots_of(self, request: Request, stop: int) -> list[int]:
+        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
         num_shared = min(stop, request.num_shared_blocks(self.block_size))
-        slots, chunks = [], []
+        slots: list[int] = []
         if num_shared:
             runs, _ = self._runs(request, 0)
             width, chunk_of, slot_ids = self._width, self._chunk_of, self._slot_ids
             for chain_hash, first, end in runs:
                 if first >= num_shared:
                     break
-                chunk = chunk_of[chain_hash]
-                n = (num_shared if num_shared < end else end) - first
-                slots += slot_ids[chunk * width:chunk * width + n]
-                chunks += [chunk] * n
-        slots += [0] * (stop - num_shared)
-        chunks += [0] * (stop - num_shared)
-        return slots, chunks
+                base = chunk_of[chain_hash] * width
+                slots += slot_ids[base:base + (num_shared if num_shared < end else end) - first]
+        if stop > num_shared:
+            slots += [0] * (stop - num_shared)
+        return slots
 
     def _unindex(self, block: int, slot: int) -> bool:
         """Take the block, at this slot of the shared index (0: none), out of the index; whether
@@ -303,8 +305,7 @@ class BlockManager:
             if duplicates:
                 index[key] = duplicates.pop(0)
             elif slot:
-                self._slots[slot] = None
-                self._drop_if_empty(slot // self._width)
+                self._slots[slot] = None  # (its chunk leaves the index at a sweep, if it is empty then)
             else:
                 del self.hash_to_block[key]
         else:
@@ -382,19 +383,22 @@ class BlockManager:
     def can_allocate(self, cached_blocks: list[int], num_new_tokens: int) -> bool:
         """Whether a request with these cached blocks can get blocks for `num_new_tokens` more."""
         num_new = self.blocks_for(len(cached_blocks) * self.block_size + num_new_tokens) - len(cached_blocks)
-        num_taken_from_free = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
+        num_taken_from_free = _gather(self.ref_counts, cached_blocks).count(0)
         return num_new + num_taken_from_free <= self.num_free_blocks
 
     def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> None:
         """Give an admitted request its cached prefix and blocks for `num_new_tokens` more tokens."""
         ref_counts, skip = self.ref_counts, self._lru_skip
+        num_taken = 0  # hits on free blocks: out of the LRU queue (the others are shared with a running request)
         for block in cached_blocks:
-            if ref_counts[block] == 0:  # out of the LRU queue
+            count = ref_counts[block]
+            if not count:
                 skip[block] += 1
-                self._num_stale += 1
-                self._num_lru -= 1
-                self._num_lru_indexed -= 1  # a hit is indexed
-            ref_counts[block] += 1
+                num_taken += 1
+            ref_counts[block] = count + 1
+        self._num_stale += num_taken
+        self._num_lru -= num_taken
+        self._num_shared += len(cached_blocks) - num_taken
         num_hit = len(cached_blocks) * self.block_size
         if self.enable_prefix_caching:
             if request.num_preemptions:
@@ -452,48 +456,60 @@ class BlockManager:
                     self._register(request, min(num_full, shared))
             # Its hashed blocks are its first ones (indexed, or full blocks of its own): the rest
             # are the partly filled tail.
-            num_full = max(num_full, request.num_hashed_blocks)
-            plain = self._free_plain
-            for block in reversed(table[num_full:]):
-                count = ref_counts[block] - 1
-                ref_counts[block] = count
-                if not count:
-                    plain.append(block)
-            # Its own full blocks, not indexed: no other request can have found them, so each
-            # has this request's reference only and becomes free.
-            hashed = table[request.num_hashed_blocks:num_full]
+            num_hashed = request.num_hashed_blocks
+            num_full = max(num_full, num_hashed)
+            tail = table[num_full:]
+            tail.reverse()
+            hashed = table[:num_full]  # its own full blocks (not indexed) after the indexed ones
             hashed.reverse()
-            for block in hashed:
-                ref_counts[block] = 0
-            num_own = len(hashed)
-            hashed_slots = [0] * num_own
-            hashed_chunks = [0] * num_own
-            indexed = table[:request.num_hashed_blocks]
-            indexed.reverse()
-            indexed_slots, indexed_chunks = self._slots_of(request, request.num_hashed_blocks)
+            indexed_slots = self._slots_of(request, num_hashed)
             indexed_slots.reverse()
-            indexed_chunks.reverse()
-            counts = _gather(ref_counts, indexed)
-            if counts.count(1) == len(counts):  # none is shared with a running request: all become free
-                for block in indexed:
+            hashed_slots = [0] * (num_full - num_hashed)
+            if not self._num_shared:  # no block has two users: all of the request's become free
+                for block in table:
                     ref_counts[block] = 0
-                hashed += indexed
+                self._free_plain.extend(tail)
                 hashed_slots += indexed_slots
-                hashed_chunks += indexed_chunks
             else:
-                freed = list(map(eq, counts, repeat(1)))
-                hashed += compress(indexed, freed)
-                hashed_slots += compress(indexed_slots, freed)
-                hashed_chunks += compress(indexed_chunks, freed)
-                for block in indexed:
-                    ref_counts[block] -= 1
+                self._free_some(table, tail, hashed, hashed_slots, indexed_slots, num_full - num_hashed)
             self._lru.extend(hashed)
             self._lru_slots.extend(hashed_slots)
-            self._lru_chunks.extend(hashed_chunks)
             self._num_lru += len(hashed)
-            self._num_lru_indexed += len(hashed) - num_own
         request.block_table = []
         request.num_hashed_blocks = 0
+
+    def _free_some(self, table: list[int], tail: list[int], hashed: list[int], hashed_slots: list[int],
+                   indexed_slots: list[int], num_own: int) -> None:
+        """free() while some block has two users: each of the request's blocks loses its reference,
+        and only those left with none become free. `hashed` (its full blocks, tail first) keeps the
+        freed ones, and `hashed_slots` (zeros for its own blocks so far) gets their slots."""
+        ref_counts, plain = self.ref_counts, self._free_plain
+        for block in tail:
+            count = ref_counts[block] - 1
+            ref_counts[block] = count
+            if count:
+                self._num_shared -= 1
+            else:
+                plain.append(block)
+        # Its own full blocks, not indexed: no other request can have found them, so each has
+        # this request's reference only and becomes free.
+        for block in hashed[:num_own]:
+            ref_counts[block] = 0
+        indexed = hashed[num_own:]
+        counts = _gather(ref_counts, indexed)
+        num_kept = len(counts) - counts.count(1)  # shared with a running request: stays in use
+        if num_kept:
+            self._num_shared -= num_kept
+            freed = list(map(eq, counts, repeat(1)))
+            del hashed[num_own:]
+            hashed += compress(indexed, freed)
+            hashed_slots += compress(indexed_slots, freed)
+            for block in indexed:
+                ref_counts[block] -= 1
+        else:
+            for block in indexed:
+                ref_counts[block] = 0
+            hashed_slots += indexed_slots
 
     def cached_free_blocks(self) -> list[int]:
         """The hashed free blocks, in eviction order (the LRU queue without its stale entries)."""
@@ -520,17 +536,14 @@ class BlockManager:
         indexed = set(slot_of) | {b for b, h in enumerate(self.block_hash) if h is not None}
         lru = self.cached_free_blocks()
         assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
-        assert len(self._lru_slots) == len(self._lru) == len(self._lru_chunks)
-        width = self._width
-        assert all(c == (s // width if s else 0) for s, c in zip(self._lru_slots, self._lru_chunks)), \
-            "an LRU entry's chunk is not its slot's"
+        assert len(self._lru_slots) == len(self._lru)
+        assert self._num_shared == sum(c - 1 for c in counts if c > 1), "the count of shared references is off"
         skip = list(self._lru_skip)
         for block, slot in zip(self._lru[self._lru_head:], self._lru_slots[self._lru_head:]):
             if skip[block]:
                 skip[block] -= 1
             else:
                 assert slot == slot_of.get(block, 0), "an LRU entry's slot is not its block's"
-        assert self._num_lru_indexed == sum(b in indexed for b in lru)
         free = set(self._free_plain) | set(lru)
         assert len(free) == self.num_free_blocks, "a block is free twice"
         assert all(counts[b] == 0 for b in free), "a used block is also free"
@@ -539,11 +552,12 @@ class BlockManager:
         for r in running:
             n = r.num_hashed_blocks
             assert all(b in indexed for b in r.block_table[:n])
-            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n)[0], "a block is not at its key's slot"
+            assert [slot_of.get(b, 0) for b in r.block_table[:n]] == self._slots_of(r, n), "a block is not at its key's slot"
 
     def _check_index(self) -> dict[int, int]:
         """The index's parts agree: chunks and their chain hashes, own keys and their blocks' keys,
-        duplicates; a chunk is in the index while it holds a block. Returns each shared block's slot."""
+        duplicates; a chunk that holds a block is in the index (an empty one may be too, until a
+        sweep). Returns each shared block's slot."""
         width, slots = self._width, self._slots
         chunks = set(self._chunk_of.values())
         assert all(self._chunk_hash[c] == h for h, c in self._chunk_of.items()) and len(chunks) == len(self._chunk_of)
@@ -552,7 +566,7 @@ class BlockManager:
         assert len(slots) == width * len(self._chunk_hash) if width else not slots
         for c in range(len(self._chunk_hash)):
             held = [b for b in slots[c * width:(c + 1) * width] if b is not None]
-            assert bool(held) == (c in chunks), "an empty chunk in the index, or a chunk out of it that holds blocks"
+            assert not held or c in chunks, "a chunk out of the index holds blocks"
         shared = [(slot, b) for slot, b in enumerate(slots) if b is not None]
         own = list(self.hash_to_block.items())
         for key, blocks in self._duplicates.items():

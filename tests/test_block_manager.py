@@ -124,3 +124,21 @@ def test_duplicate_blocks_stay_indexed_and_the_first_is_found():
     assert bm.indexed_blocks(a, 1) == [3] and not bm._duplicates
     assert bm.cached_prefix(req(3, 9, hash_ids=[1, 2])) == [0, 3]
     bm.check_invariants([x])
+
+
+def test_empty_chunks_stay_until_a_sweep_takes_them_out_for_reuse():
+    bm = BlockManager(num_blocks=40, block_size=4)  # trace blocks of 8 tokens: 2 slots a chunk
+    a = req(0, 80, hash_ids=list(range(1, 11)))
+    bm.allocate(a, [], 80)  # 20 full blocks indexed in 10 chunks
+    bm.free(a)
+    x = req(1, 160)
+    bm.allocate(x, [], 160)  # the 20 plain blocks, then evicts all of a's
+    assert len(bm._chunk_of) == 10 and all(bm.indexed_blocks(a, i) == [] for i in range(20))  # empty, still in
+    assert bm.cached_prefix(req(2, 81, hash_ids=list(range(1, 12)))) == []
+    bm.free(x)
+    b = req(3, 80, hash_ids=list(range(101, 111)))
+    bm.allocate(b, [], 80)  # 5 new chunks make 16 (chunk 0 counted), then a sweep frees a's 10 for b's other 5
+    assert len(bm._chunk_hash) == 16 and len(bm._chunk_of) == 10 and len(bm._unused_chunks) == 5
+    assert not set(a.prefix_chain(4)) & set(bm._chunk_of)
+    assert bm.cached_prefix(req(4, 81, hash_ids=list(range(101, 112)))) == b.block_table
+    bm.check_invariants([b])
