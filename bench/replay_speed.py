@@ -19,8 +19,14 @@ Columns:
 - e2e s, e2e cpu, e2e MB: the whole `sim replay ... --quiet` as a user runs it (start-up, reading,
   simulating, every output file), in a subprocess: its wall and CPU seconds and peak memory (RSS);
 - ref s: the CPU seconds of a fixed pure-Python loop run in the same process just before the
-  simulation (0.23 s on a quiet core here). The machine is shared: compare CPU figures across runs
-  relative to it.
+  simulation (0.13-0.23 s on a quiet core here). The machine is shared: compare CPU figures across
+  runs relative to it.
+
+The simulation runs with the cyclic garbage collector set as `sim` sets it for a command (where the
+tree's CLI sets it). Before the end-to-end runs the tree's modules are compiled to bytecode once
+(`compileall`), as `pip install` does for an installed package: where PYTHONDONTWRITEBYTECODE is
+set (it is on this project's machines) an editable checkout would otherwise recompile every module
+on every command, which a user's installed `sim` does not (--cold keeps that cost in).
 """
 
 from __future__ import annotations
@@ -102,6 +108,26 @@ def parse_config(text: str) -> tuple[str, float, bool]:
         sys.exit(f"replay_speed: cannot read config {text!r}; expected POLICY:RATE or mooncake")
 
 
+def collector_tuned() -> None:
+    """The cyclic collector's first threshold as the tree's `sim` command sets it (sim/app/cli.py),
+    so that the simulation alone is timed as it runs inside the command."""
+    import gc
+
+    try:
+        from sim.app.cli import GC_FIRST_THRESHOLD
+    except ImportError:  # a tree whose CLI leaves the collector at Python's default
+        return
+    gc.set_threshold(GC_FIRST_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def compile_tree() -> None:
+    """Compile the tree's packages to bytecode (__pycache__, ignored by git), as pip does on install."""
+    import compileall
+
+    for package in ("sim", "policies", "backends", "traces", "reports"):
+        compileall.compile_dir(str(ROOT / package), quiet=1)
+
+
 def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool) -> dict:
     """One replay in this process: wall and CPU seconds of the simulation (the trace read is not timed)."""
     try:
@@ -115,6 +141,7 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
     trace = scale_rate(read_trace(trace_path), rate)
     options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=BUDGET),
                             model=model, hardware=hardware)
+    collector_tuned()
     ref = reference_loop()
     started, cpu_started = time.perf_counter(), time.process_time()
     result = replay(trace, options, fast_forward=fast_forward)
@@ -163,6 +190,8 @@ def main() -> None:
     parser.add_argument("--hardware", default="H100-SXM")
     parser.add_argument("--no-fast-forward", action="store_true", help="step every iteration one by one")
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end (CLI) runs")
+    parser.add_argument("--cold", action="store_true",
+                        help="do not compile the tree's bytecode before the end-to-end runs")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # POLICY|RATE|TRACE: one run, as JSON
     args = parser.parse_args()
     if args.worker:
@@ -178,6 +207,8 @@ def main() -> None:
         f"{'fast-forward' if fast_forward else 'step by step'}, best of {args.repeat}")
     for note in notes:
         say(f"note: {note}")
+    if not args.no_e2e and not args.cold:
+        compile_tree()
     if table:
         print(f"{'config':<17}{'sim s':>8}{'cpu s':>8}{'ref s':>7}{'simulated':>11}{'x real':>8}{'steps':>9}"
               f"{'RSS MB':>8}{'e2e s':>8}{'e2e cpu':>8}{'e2e MB':>8}")
