@@ -266,6 +266,16 @@ def test_bench_instructions_names_a_missing_trace(tmp_path):
                                    "instructions: valgrind is not installed (it counts the instructions)")
 
 
+def test_bench_block_manager_calls_replays_a_recording_with_the_same_answers(tmp_path):
+    bench = ROOT / "bench" / "block_manager_calls.py"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    calls = tmp_path / "calls.pickle"
+    done = subprocess.run([sys.executable, bench, ROOT / "traces" / "samples" / "mooncake_synthetic_last200.jsonl",
+                           "--calls", calls, "--repeat", "1"], capture_output=True, text=True, env=env, check=True)
+    assert calls.exists() and "ref" in done.stdout
+    assert re.search(r"\d[\d,]* calls", done.stdout + done.stderr)
+
+
 def test_replay_into_an_existing_run_folder_is_refused_unless_overwrite(tmp_path, capsys):
     run = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
