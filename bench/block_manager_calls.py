@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pickle
 import pstats
-import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # after PYTHONPATH: --tree runs another checkout's block manager
 
+from bench.instructions import callgrind_count, counting_env  # noqa: E402
 from bench.replay_speed import MOONCAKE, MOONCAKE_SAMPLE, reference_loop, shared_trace  # noqa: E402
 
 
@@ -125,15 +122,8 @@ def replay_calls(recording: dict, check: bool) -> float:
 
 def instructions(tree: Path, calls_file: Path, replays: int) -> int:
     """Instructions callgrind counts for a process that replays the calls `replays` times with `tree`'s block manager."""
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    with tempfile.TemporaryDirectory(prefix="instructions_") as out:
-        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out", sys.executable,
-                               str(Path(__file__).resolve()), "--calls", str(calls_file), "--repeat", str(replays), "--bare"],
-                              cwd=tree, env=env, capture_output=True, text=True, check=False)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode or not found:
-        sys.exit(f"block_manager_calls: the replay under callgrind failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    command = [sys.executable, str(Path(__file__).resolve()), "--calls", str(calls_file), "--repeat", str(replays), "--bare"]
+    return callgrind_count(command, tree, counting_env(tree), "block_manager_calls")
 
 
 def main() -> None:

@@ -46,24 +46,33 @@ for _ in range(int(sys.argv[2])):
 """
 
 
-def instructions(tree: Path, trace: str, replays: int) -> int:
-    """Instructions callgrind counts for the process that replays `trace` `replays` times."""
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+def counting_env(tree: Path, **extra: str) -> dict[str, str]:
+    """The environment of a counted run of `tree`'s code: hash randomisation fixed, numpy's BLAS
+    threads held to one (their idle spinning under callgrind makes counts drift)."""
+    return dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                **extra)
+
+
+def callgrind_count(command: list[str], cwd: Path, env: dict[str, str], who: str) -> int:
+    """Instructions callgrind counts for `command`; exits naming `who` (the script) when it fails."""
     with tempfile.TemporaryDirectory(prefix="instructions_") as out:
-        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out",
-                               sys.executable, "-c", REPLAYS, trace, str(replays)],
-                              cwd=tree, env=env, capture_output=True, text=True, check=False)
+        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.out", *command],
+                              cwd=cwd, env=env, capture_output=True, text=True, check=False)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode or not found:
-        sys.exit(f"instructions: the replay under callgrind failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        sys.exit(f"{who}: the run under callgrind failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return int(found.group(1))
+
+
+def instructions(tree: Path, trace: str, replays: int) -> int:
+    """Instructions callgrind counts for the process that replays `trace` `replays` times."""
+    return callgrind_count([sys.executable, "-c", REPLAYS, trace, str(replays)], tree, counting_env(tree), "instructions")
 
 
 def whole_command(tree: Path, trace: str) -> int:
     """Instructions callgrind counts for the whole `sim replay` of `trace` with the tree's code."""
     with tempfile.TemporaryDirectory(prefix="instructions_") as temporary:
-        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1",
-                   OMP_NUM_THREADS="1", PYTHONPYCACHEPREFIX=f"{temporary}/bytecode")
+        env = counting_env(tree, PYTHONPYCACHEPREFIX=f"{temporary}/bytecode")
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         command = [sys.executable, "-m", "sim.app.cli", "replay", trace, "--policy", "chunked", "--model",
                    "Llama-3.1-8B", "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet",
@@ -71,12 +80,7 @@ def whole_command(tree: Path, trace: str) -> int:
         compiled = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
         if compiled.returncode:
             sys.exit(f"instructions: sim replay failed ({compiled.returncode}):\n{compiled.stderr[-2000:]}")
-        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={temporary}/callgrind.out",
-                               *command], cwd=tree, env=env, capture_output=True, text=True, check=False)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode or not found:
-        sys.exit(f"instructions: sim replay under callgrind failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+        return callgrind_count(command, tree, env, "instructions")
 
 
 def main() -> None:
