@@ -217,11 +217,8 @@ class Engine:
         self._wake = None
 
     def _log_step(self, batch: Batch, start: float, result, num_preempted: int) -> None:
-        num_decode = batch.num_decode_tokens
-        self.steps.append(
-            (start, result.seconds, batch.num_tokens - num_decode, num_decode, len(batch.requests),
-             self.block_manager.num_used_blocks, len(self.state.waiting), num_preempted),
-            result.breakdown)
+        self.steps.append_step(batch, start, result, self.block_manager.num_used_blocks, len(self.state.waiting),
+                               num_preempted)
 
     def advance(self, batch: Batch, result, now: float) -> None:
         """After a step: advance computed tokens; a request that caught up emits a token; finished

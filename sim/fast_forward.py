@@ -185,9 +185,7 @@ class FastForward:
             starts = [now]
             starts += ends[:-1]
         else:  # step 0 as a single step logs it, then the decode steps
-            num_decode = batch.num_decode_tokens
-            steps.append((now, first.seconds, batch.num_tokens - num_decode, num_decode, n, num_used_blocks[0],
-                          num_waiting, 0), first.breakdown)
+            steps.append_step(batch, now, first, num_used_blocks[0], num_waiting, 0)
             starts = ends[:-1]
             if not isinstance(num_running, int):
                 num_running = num_running[1:]

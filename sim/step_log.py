@@ -76,6 +76,15 @@ class StepLog:
             column = table[name] = np.full(self._capacity, np.nan)
         column[start:end] = value
 
+    def append_step(self, batch, start: float, result, num_used_blocks: int, num_waiting: int,
+                    num_preempted: int) -> None:
+        """Write one step of `batch` (a sim.batch.Batch) that started at `start` and cost `result`
+        (the backend's StepResult): the row of a single step, whether stepped alone or the first
+        step of a folded run."""
+        num_decode = batch.num_decode_tokens
+        self.append((start, result.seconds, batch.num_tokens - num_decode, num_decode, len(batch.requests),
+                     num_used_blocks, num_waiting, num_preempted), result.breakdown)
+
     def append(self, row: tuple, breakdown: dict[str, float]) -> None:
         """Write one step: `row` in STEP_COLUMNS order."""
         i = self._num_steps
