@@ -153,6 +153,22 @@ class CostModel:
         parts = self.parts(agg, chunks, self._dense(agg.num_tokens, agg.num_logits))
         return StepResult(float(self.total(parts)), {k: float(v) for k, v in parts.items()})
 
+    def chunk_steps(self, decode_computed: list[int], chunk: int, before: int,
+                    num_steps: int) -> tuple[list[float], dict[str, list[float]]]:
+        """See sim.backend.ChunkStepsBackend: each step costed as `execute` costs its batch."""
+        n = len(decode_computed)
+        scheduled = [1] * n + [chunk]
+        seconds, columns = [], {}
+        for j in range(num_steps):
+            computed = [c + j for c in decode_computed]
+            computed.append(before + chunk * j)
+            agg, chunks = batch_aggregates(scheduled, computed, n, every_request=not self.decodes_from_sums)
+            parts = self.parts(agg, chunks, self._dense(agg.num_tokens, agg.num_logits))
+            seconds.append(float(self.total(parts)))
+            for key, value in parts.items():
+                columns.setdefault(key, []).append(float(value))
+        return seconds, columns
+
     def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
         """See sim.backend.DecodeRunBackend. A part that is the same for every step may be a float."""
         contexts = context_lens if isinstance(context_lens, list) else [int(c) for c in context_lens]

@@ -62,6 +62,12 @@ class OpTableBackend:
         sums.append(sum_running)
         return self.ops.decode_pieces(ns, lengths, sums)
 
+    def chunk_steps(self, decode_computed: list[int], chunk: int, before: int,
+                    num_steps: int) -> tuple[list[float], dict[str, list[float]]]:
+        """See sim.backend.ChunkStepsBackend: from the decodes' number and their contexts' sum."""
+        n = len(decode_computed)
+        return self.ops.chunk_steps(n, sum(decode_computed) + n, chunk, before, num_steps)
+
     def _decode_run_arrays(self, context_lens, num_steps: int, active_steps, steps: np.ndarray) -> tuple[np.ndarray, dict]:
         contexts = np.asarray(context_lens, dtype=np.int64)
         active = np.minimum(np.asarray(active_steps, dtype=np.int64), num_steps)

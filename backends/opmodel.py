@@ -292,6 +292,11 @@ class OperatorModel:
                     sum_context += before + qi
             if num_chunks:
                 prefill = self.prefill_attention(num_chunks, sum_pairs, sum_context)
+        return self._finish_step(parts, num_decodes, sum_decodes, prefill)
+
+    def _finish_step(self, parts: dict, num_decodes: int, sum_decodes: int, prefill: float) -> tuple[float, dict]:
+        """A step's seconds and parts from its dense parts, its decodes (their number and their
+        contexts' sum after the step) and its prefill chunks' attention."""
         decode = 0.0
         if num_decodes:  # `decode_attention` of the step, as a scalar lookup
             decode, scaled = self._gen.at(num_decodes, sum_decodes / num_decodes)
@@ -301,6 +306,33 @@ class OperatorModel:
         parts["overhead"] = overhead = float(self.overhead.seconds)
         seconds = parts["gemm"] + parts["lm_head"] + parts["allreduce"] + parts["elementwise"] + attention + overhead
         return seconds, parts  # seconds: `total`'s sum, in its order
+
+    def chunk_steps(self, num_decodes: int, sum_decodes: int, chunk: int, before: int,
+                    num_steps: int) -> tuple[list[float], dict[str, list[float]]]:
+        """Seconds and parts of `num_steps` steps of `num_decodes` decodes and one partial prefill
+        chunk of `chunk` (> 1) tokens each: at step j the decodes' contexts after the step sum to
+        `sum_decodes + num_decodes * j`, and the chunk's request had `before + chunk * j` tokens
+        computed before it. Exactly the values `batch_step` gives each of these steps."""
+        num_tokens = num_decodes + chunk
+        seconds, columns = [], {}
+        for j in range(num_steps):
+            before_j = before + chunk * j
+            if before_j:
+                prefill = self.prefill_attention(1, chunk * before_j + chunk * (chunk + 1) / 2, before_j + chunk)
+            else:
+                prefill = self._first_chunks.get(chunk)
+                if prefill is None:
+                    prefill = self._first_chunk_attention(chunk)
+            s, parts = self._finish_step(self.dense_parts_at(num_tokens, num_decodes), num_decodes,
+                                         sum_decodes + num_decodes * j, prefill)
+            seconds.append(s)
+            for key, value in parts.items():
+                column = columns.get(key)
+                if column is None:
+                    columns[key] = [value]
+                else:
+                    column.append(value)
+        return seconds, columns
 
     def _first_chunk_attention(self, chunk: int) -> float:
         """`prefill_attention` of a step's only chunk when nothing of its request is computed (a

@@ -56,16 +56,28 @@ class Policy:
     each, in running order, unless their new blocks do not fit. The engine relies on it only
     together with `supports_fast_forward`. The three built-in policies make it too; it is
     inherited, and lost, the same way.
+
+    A third promise, `repeats_full_chunk_steps = True`, lets the engine take a run of steps that
+    carry a long prompt's prefill forward chunk by chunk beside the decodes in one go (a chunk run,
+    sim/fast_forward.py): whenever this policy has scheduled, without preempting, a step of every
+    running request in running order, all but the last decoding (one token each) and the last a
+    prefill chunk that does not end its prompt, and the step's tokens fill the budget that
+    `chunk_run_budget()` returns, then as long as no running request finishes and the free blocks
+    cover the next step, its next step is the same requests again: the decodes one token each and
+    the last request the rest of the budget, admitting no one, whatever arrived meanwhile. Only
+    `chunked` makes it (whole-prompt policies never schedule such steps); inherited and lost as the
+    other two, and relied on only together with `supports_fast_forward`.
     """
 
     name = ""
     supports_fast_forward = False
     decodes_all_when_none_waits = False
+    repeats_full_chunk_steps = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if any(m in cls.__dict__ for m in SCHEDULING_METHODS):
-            for promise in ("supports_fast_forward", "decodes_all_when_none_waits"):
+            for promise in ("supports_fast_forward", "decodes_all_when_none_waits", "repeats_full_chunk_steps"):
                 if promise not in cls.__dict__:
                     setattr(cls, promise, False)
 
@@ -75,6 +87,11 @@ class Policy:
     def schedule(self, state: EngineState, now: float) -> Batch:
         """Choose this step's requests and token counts, reserving their KV blocks."""
         raise NotImplementedError
+
+    def chunk_run_budget(self) -> int | None:
+        """The token budget of the steps that `repeats_full_chunk_steps` is about; None where the
+        promise is not made (the base class never makes it)."""
+        return None
 
     def retry_s(self, state: EngineState, now: float) -> float | None:
         """When `schedule` returned an empty batch (it may only do so with no request running),

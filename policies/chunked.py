@@ -24,6 +24,19 @@ class ChunkedPolicy(Policy):
     name = "chunked"
     supports_fast_forward = True  # the promise of policies/base.py: admission only as finish_may_admit says
     decodes_all_when_none_waits = True  # policies/base.py: with none waiting, every running request decodes
+    repeats_full_chunk_steps = True  # policies/base.py: a step that the decodes and a chunk fill repeats
+
+    def chunk_run_budget(self) -> int | None:
+        """The step budget, where a step that it fills repeats (`Policy`'s third promise): the
+        running requests come first in running order, each decode one token and the prefill
+        chunk what is left, so a full step admits no one (`while ... budget > 0`). The promise
+        holds unless `long_prefill_token_threshold` can cap the chunk below what is left: it is a
+        step's cap only while more than one request runs or waits, which arrivals change."""
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
+        if not self.repeats_full_chunk_steps or 0 < threshold < cfg.max_num_batched_tokens:
+            return None
+        return cfg.max_num_batched_tokens
 
     def schedule(self, state: EngineState, now: float) -> Batch:
         batch = Batch()

@@ -42,6 +42,7 @@ class TraceArrivals:
     that ends (finished or rejected) with its place in arrival order."""
 
     reacts_to_finishes = False  # an open loop sends nothing when a request ends
+    delivers_by_time = True  # deliver(t) hands over exactly the requests arrived by t, whenever it is called
 
     def __init__(self, requests: list[Request] | RequestStream, engine: Engine,
                  on_done: Callable[[int, Request], None] | None = None):
@@ -129,6 +130,7 @@ class ClosedLoop:
     a slot is not part of them)."""
 
     reacts_to_finishes = True  # a finish sends the next request
+    delivers_by_time = True  # deliver(t) hands over exactly the requests sent by t (TraceArrivals)
 
     def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine):
         if concurrency < 1:

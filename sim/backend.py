@@ -55,3 +55,19 @@ class DecodeRunBackend(Protocol):
         request i takes part in the first `active_steps[i]` steps only. Each step's figures must
         be exactly those `execute` gives for that step's batch."""
         ...
+
+
+@runtime_checkable
+class ChunkStepsBackend(Protocol):
+    """A backend that can cost a run of steps that each decode the same requests and carry one
+    request's prefill forward by the same chunk (the cost model): the engine's chunk runs
+    (sim/fast_forward.py)."""
+
+    def chunk_steps(self, decode_computed: list[int], chunk: int, before: int,
+                    num_steps: int) -> "tuple[list[float], dict[str, list[float]]]":
+        """Seconds and breakdown (a list per part) of `num_steps` steps, step j of which schedules
+        one token for each decode, whose request had `decode_computed[i] + j` tokens computed before
+        it, and then `chunk` (> 1) tokens of a prefill that had `before + chunk * j` computed and
+        does not end in the step (it needs no logits). Each step's figures must be exactly those
+        `execute` gives for that step's batch."""
+        ...

@@ -10,7 +10,8 @@ The engine takes its requests from a workload (`sim/arrivals.py`) at the start o
 sleeps on an event when it has nothing to do. When the policy and the backend both allow it,
 runs of identical decode-only steps are costed in one call instead (`sim/fast_forward.py`), with
 exactly the answers of stepping one by one; such a run may begin with the step that admitted a
-request (a folded run), priced by `execute` before the run is planned.
+request (a folded run), priced by `execute` before the run is planned. So may a run of steps that
+each decode the same requests and carry one long prompt's prefill forward by a chunk (a chunk run).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from sim.backend import Backend, DecodeRunBackend
+from sim.backend import Backend, ChunkStepsBackend, DecodeRunBackend
 from sim.batch import Batch
 from sim.block_manager import BlockManager
 from sim.fast_forward import FastForward
@@ -126,6 +127,12 @@ class Engine:
         # Fold a step that admits requests into the decode run after it (the policy's second promise).
         self._fold = (self.fast_forward is not None and self.folds_admitting_steps
                       and getattr(policy, "decodes_all_when_none_waits", False))
+        # Take runs of steps that carry a prefill forward beside the decodes in one go (chunk runs,
+        # sim/fast_forward.py): the policy's third promise, for the steps its budget fills.
+        self._chunk_budget = None
+        if (self.fast_forward is not None and self.folds_admitting_steps and isinstance(backend, ChunkStepsBackend)
+                and getattr(policy, "repeats_full_chunk_steps", False)):
+            self._chunk_budget = policy.chunk_run_budget()
         self._wake: simpy.Event | None = None  # what the engine waits on while idle
 
     # Requests in.
@@ -193,6 +200,13 @@ class Engine:
                     # after it decode them all (the policy's promise), so one run may take both.
                     result = self.backend.execute(batch)
                     run = self.fast_forward.plan(batch, env.now, result)
+                elif (batch.num_leading_decodes == len(batch) - 1 and self._chunk_budget is not None
+                      and batch.num_scheduled_tokens[-1] + len(batch) - 1 == self._chunk_budget
+                      and not batch.needs_logits[-1]):
+                    # The decodes and a prefill chunk that does not end its prompt fill the budget:
+                    # the same step repeats (the policy's promise) until the prompt's last chunk.
+                    result = self.backend.execute(batch)
+                    run = self.fast_forward.plan_chunks(batch, env.now, result)
             if run is not None:
                 yield from self.fast_forward.execute(env, batch, run)
             else:

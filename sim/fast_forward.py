@@ -63,6 +63,19 @@ class DecodeRun(NamedTuple):
     active_steps: list[int]  # per request, the steps it takes part in (it finishes in the last, or runs on)
 
 
+class ChunkRun(NamedTuple):
+    """A planned chunk run: step 0 as the policy scheduled it (decodes, then a prefill chunk that
+    fills the budget), then the same requests again, the prefill carried forward by `chunk` tokens
+    a step."""
+
+    ends: list[float]  # [steps] end time of each step
+    first: "StepResult"  # step 0's cost (the backend's `execute`)
+    seconds: list[float]  # steps 1..'s seconds
+    parts: dict  # their breakdown: per key a list like `seconds`
+    chunk: int  # the prefill's tokens in every step
+    opens: list[int]  # step * decodes + decode index of each block the decodes open in steps 1.., in order
+
+
 class FastForward:
     """Plans, executes and logs the runs of one engine."""
 
@@ -70,7 +83,7 @@ class FastForward:
         self.engine = engine
         self._last_decode_step_s = 0.0  # sizes the next decode run
 
-    def execute(self, env, batch: Batch, run: DecodeRun):
+    def execute(self, env, batch: Batch, run: DecodeRun | ChunkRun):
         """The run's part of the engine's SimPy process: move the clock to its end, then apply it."""
         start, num_waiting = env.now, len(self.engine.state.waiting)
         end = run.ends[-1]
@@ -79,9 +92,12 @@ class FastForward:
         else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
             if run.first is not None:
                 yield env.timeout(run.first.seconds)
-            for seconds in run.seconds.tolist():
+            for seconds in (run.seconds if isinstance(run, ChunkRun) else run.seconds.tolist()):
                 yield env.timeout(seconds)
-        self._log(batch, start, num_waiting, run, self._advance(batch, run))
+        if isinstance(run, ChunkRun):
+            self._apply_chunks(batch, start, num_waiting, run)
+        else:
+            self._log(batch, start, num_waiting, run, self._advance(batch, run))
 
     def plan(self, batch: Batch, now: float, first: "StepResult | None" = None) -> DecodeRun | None:
         """The run of steps starting with `batch` (already scheduled), or None when it would be a
@@ -249,3 +265,135 @@ class FastForward:
         used = list(accumulate(change[:k], initial=used_before))
         del used[0]
         return used
+
+    # Chunk runs.
+
+    def plan_chunks(self, batch: Batch, now: float, first: "StepResult") -> ChunkRun | None:
+        """The chunk run starting with `batch`, or None when it would be a single step. `batch`
+        (already scheduled, costed `first` by the backend's `execute`) schedules every running
+        request in running order without preempting: one token for each but the last, which
+        decode, and for the last a prefill chunk that does not end its prompt, filling the
+        policy's budget. With the policy's `repeats_full_chunk_steps` promise the steps after it
+        are the same requests again, the chunk the same size, for as long as:
+
+        - the prefill has more than a chunk left (its last chunk ends the prompt: that step
+          admits requests with the budget left, and is scheduled normally),
+        - no decode finishes (the run ends with the step in which the first ones do),
+        - the free blocks cover each step's new blocks (taken in step-by-step order: each step's
+          decodes' opening blocks in batch order, then the chunk's),
+        - every step ends before the workload's next observation (a cluster's router).
+
+        Arrivals do not end it where the workload can hand over the arrivals up to a given time
+        after the fact (`delivers_by_time`: a trace's open loop, a closed loop): a step that the
+        running requests fill admits no one, so the requests that arrive meanwhile only wait
+        (each step's log counts them). Elsewhere (a cluster's replica) the run ends before the
+        first step that starts at or after the next arrival."""
+        reqs = batch.requests
+        n = len(reqs) - 1
+        prefill = reqs[-1]
+        chunk = batch.num_scheduled_tokens[-1]
+        before = batch.num_computed_tokens[-1]
+        num_steps = (prefill.num_tokens - before - 1) // chunk  # steps j with more than a chunk left before them
+        if n:
+            num_steps = min(num_steps, min([r.max_tokens - r.num_output_tokens for r in reqs[:n]]))
+        num_steps = min(num_steps, MAX_RUN_STEPS)
+        if num_steps < 2:
+            return None
+        engine = self.engine
+        start = now + first.seconds  # step 0's end, as the clock adds it
+        next_observation = engine.workload.next_observation_s
+        if next_observation <= start:
+            return None
+        decode_computed = [c + 1 for c in batch.num_computed_tokens[:n]]  # before step 1
+        bm = engine.block_manager
+        bs = bm.block_size
+        # Blocks of steps 1.. : decode i computes position decode_computed[i] + j - 1 in step j and
+        # opens a block where that is a multiple of the block size; the chunk of step j needs its
+        # table to cover before + (j + 1) * chunk tokens. Cut where the free blocks run out.
+        opens: list[int] = []
+        for i, c in enumerate(decode_computed):
+            first_open = 1 + -c % bs
+            if first_open < num_steps:
+                opens += range(first_open * n + i, num_steps * n, bs * n)
+        opens.sort()
+        free = bm.num_free_blocks
+        table = len(prefill.block_table)
+        taken = 0
+        for j in range(1, num_steps):
+            taken = bisect_left(opens, (j + 1) * n, taken)  # the decodes' blocks of steps 1..j
+            if taken + max(0, -(-(before + (j + 1) * chunk) // bs) - table) > free:
+                num_steps = j
+                break
+        if num_steps < 2:
+            return None
+        seconds, parts = engine.backend.chunk_steps(decode_computed, chunk, before + chunk, num_steps - 1)
+        ends = list(accumulate(seconds, initial=start))
+        if next_observation < np.inf:  # every step ends before it
+            num_steps = min(num_steps, bisect_left(ends, next_observation))
+        if not getattr(engine.workload, "delivers_by_time", False):
+            # Its `deliver` hands over whatever reached it by then, not what arrived by a given
+            # time: a step starting at or after the next arrival is scheduled normally.
+            num_steps = min(num_steps, 1 + bisect_left(ends, engine.workload.next_arrival_s, 0, num_steps - 1))
+        if num_steps < len(ends):
+            if num_steps < 2:
+                return None
+            del ends[num_steps:], seconds[num_steps - 1:]
+            parts = {k: v[:num_steps - 1] for k, v in parts.items()}
+        if n:
+            del opens[bisect_left(opens, num_steps * n):]
+        return ChunkRun(ends, first, seconds, parts, chunk, opens)
+
+    def _apply_chunks(self, batch: Batch, start: float, num_waiting: int, run: ChunkRun) -> None:
+        """Apply and log a chunk run, doing what step-by-step simulation does in its order: before
+        each step after the first, the arrivals up to its start join the queue, the decodes take
+        the blocks they open, in batch order, then the prefill its chunk's (indexed as the policy
+        indexes them); after the last step, the decodes emit their tokens and those that finished
+        leave."""
+        engine = self.engine
+        state, bm, workload = engine.state, engine.block_manager, engine.workload
+        waiting = state.waiting
+        reqs = batch.requests
+        n = len(reqs) - 1
+        prefill = reqs[-1]
+        ends, chunk, opens = run.ends, run.chunk, run.opens
+        k = len(ends)
+        used, num_waiting_at = [bm.num_used_blocks], [num_waiting]  # step 0's, the policy reserved its blocks
+        computed = batch.num_computed_tokens[-1] + chunk  # the prefill's, before step 1
+        taken = 0
+        # Where the workload cannot deliver by time, nothing arrived before the last step's start
+        # (plan_chunks), and what arrived since is for the step after the run.
+        by_time = getattr(workload, "delivers_by_time", False)
+        for j in range(1, k):
+            if by_time:
+                workload.deliver(ends[j - 1])  # step j starts when step j - 1 ends
+            upto = bisect_left(opens, (j + 1) * n, taken)
+            if upto > taken:
+                for o, block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
+                    reqs[o % n].block_table.append(block)
+                taken = upto
+            prefill.num_computed_tokens = computed
+            bm.append(prefill, chunk)
+            computed += chunk
+            used.append(bm.num_used_blocks)
+            num_waiting_at.append(len(waiting))
+        prefill.num_computed_tokens = computed
+        last_step = state.step_index + k - 1
+        prefill.last_scheduled_step = last_step
+        finished = []
+        for r in reqs[:n]:
+            r.token_times.extend(ends)
+            r.num_computed_tokens += k
+            num_output = r.num_output_tokens + k
+            r.num_output_tokens = num_output
+            r.last_scheduled_step = last_step
+            if num_output == r.max_tokens:
+                finished.append(r)
+        steps = engine.steps
+        steps.append_step(batch, start, run.first, used[0], num_waiting, 0)
+        del used[0], num_waiting_at[0]
+        steps.extend(k - 1, {
+            "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": chunk, "num_decode_tokens": n,
+            "num_requests": n + 1, "num_kv_blocks_used": used, "num_waiting": num_waiting_at,
+        }, run.parts)  # no preemptions
+        engine._finish_all(finished, ends[-1])
+        state.step_index += k

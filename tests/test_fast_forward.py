@@ -158,3 +158,113 @@ def test_a_finished_requests_token_times_are_stored_exactly(num_tokens):
         store.store(r)
     for r, times in zip(requests, values):
         assert store.of(r).tobytes() == np.array(times, dtype=np.float64).tobytes()
+
+
+def _same_replays(a, b):
+    """Two replays' answers are bitwise the same: token times, requests (block tables too), steps."""
+    assert np.array_equal(a.token_times, b.token_times, equal_nan=True)
+    for x, y in zip(a.requests, b.requests):
+        assert (x.status, x.num_output_tokens, x.num_preemptions, x.num_prefix_hit_tokens, x.first_scheduled_s,
+                x.first_token_s, x.finish_s, x.block_table) == \
+               (y.status, y.num_output_tokens, y.num_preemptions, y.num_prefix_hit_tokens, y.first_scheduled_s,
+                y.first_token_s, y.finish_s, y.block_table)
+    fa, fb = a.steps.columns(), b.steps.columns()
+    assert fa.keys() == fb.keys() and all(np.array_equal(fa[k], fb[k], equal_nan=True) for k in fa)
+    assert (a.end_s, a.num_preemptions, a.num_prefix_hit_tokens) == (b.end_s, b.num_preemptions, b.num_prefix_hit_tokens)
+
+
+def _count_chunk_runs(monkeypatch):
+    from sim.fast_forward import FastForward
+
+    lengths = []
+    plan_chunks = FastForward.plan_chunks
+
+    def counting(self, batch, now, first):
+        run = plan_chunks(self, batch, now, first)
+        if run is not None:
+            lengths.append(len(run.ends))
+        return run
+
+    monkeypatch.setattr(FastForward, "plan_chunks", counting)
+    return lengths
+
+
+def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers(monkeypatch):
+    """The Mooncake sample (prompts of thousands of tokens, prefix caching, a queue all along)
+    under chunked with the operator tables: most steps carry a prefill chunk forward beside the
+    decodes, and runs of them are taken in one go (the policy's third promise) with exactly the
+    answers of stepping one by one. Without the promise, or with a chunk cap below the budget
+    (which arrivals can switch on and off), there are no chunk runs and the answers are the same."""
+    from policies.chunked import ChunkedPolicy
+    from traces import MOONCAKE_SAMPLE, read_trace
+
+    trace = read_trace(MOONCAKE_SAMPLE)
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048),
+                            cache=CacheConfig(num_blocks=6000))
+    lengths = _count_chunk_runs(monkeypatch)
+    fast = replay(trace, options)
+    runs = list(lengths)
+    slow = replay(trace, options, fast_forward=False)
+    assert len(lengths) == len(runs), "no chunk runs step by step"
+    assert len(runs) > 100 and min(runs) >= 2 and sum(runs) > len(fast.steps) / 2
+    assert fast.num_prefix_hit_tokens > 0 and max(fast.steps.num_waiting) > 10
+    _same_replays(fast, slow)
+
+    lengths.clear()
+    monkeypatch.setattr(ChunkedPolicy, "repeats_full_chunk_steps", False)
+    _same_replays(replay(trace, options), slow)
+    assert not lengths
+    monkeypatch.undo()
+
+    lengths = _count_chunk_runs(monkeypatch)
+    capped = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048,
+                                                     long_prefill_token_threshold=1024),
+                           cache=CacheConfig(num_blocks=6000))
+    _same_replays(replay(trace, capped), replay(trace, capped, fast_forward=False))
+    assert not lengths
+    assert ChunkedPolicy(SchedulerConfig("chunked", 2048, long_prefill_token_threshold=4096)).chunk_run_budget() == 2048
+
+
+def test_chunk_runs_stop_where_blocks_run_short_and_preemptions_begin(monkeypatch):
+    """A cache too small for the sample's queue: chunk runs end before a step whose blocks do not
+    fit, which is then scheduled normally (and preempts); the answers are those of step by step."""
+    from traces import MOONCAKE_SAMPLE, read_trace
+    from traces.trace import Trace
+
+    full = read_trace(MOONCAKE_SAMPLE)
+    n = 80
+    trace = Trace(full.arrival_s[:n], full.prompt_tokens[:n], full.output_tokens[:n], source="sample",
+                  hash_ids=full.hash_ids[:n], hash_block_tokens=full.hash_block_tokens)
+    # Admitted on their first chunk's blocks (not reserving the whole prompt's), so prefills run out.
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=1024, reserve_full_isl=False),
+                            cache=CacheConfig(num_blocks=2600))
+    lengths = _count_chunk_runs(monkeypatch)
+    fast = replay(trace, options)
+    assert len(lengths) > 20 and fast.num_preemptions > 0
+    _same_replays(fast, replay(trace, options, fast_forward=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(num_decodes=st.integers(0, 300), first_context=st.integers(1, 40_000), spread=st.integers(0, 5_000),
+       chunk=st.integers(2, 8192), before=st.integers(0, 200_000), num_steps=st.integers(1, 6),
+       tp=st.sampled_from([1, 2]))
+def test_a_chunk_runs_steps_cost_what_execute_gives_each(num_decodes, first_context, spread, chunk, before,
+                                                          num_steps, tp):
+    """Both cost models' chunk_steps give, step by step, bitwise the seconds and parts that
+    `execute` gives the same batch built by hand (decodes one token each, then the chunk)."""
+    from sim.app.plan import resolve
+    from sim.batch import Batch
+
+    computed = [first_context + (i * 7919) % (spread + 1) for i in range(num_decodes)]
+    for profile in (None, "roofline"):
+        backend = resolve(ReplayOptions(tp=tp, profile=profile), None).backend
+        seconds, parts = backend.chunk_steps(computed, chunk, before, num_steps)
+        assert len(seconds) == num_steps and all(len(v) == num_steps for v in parts.values())
+        for j in range(num_steps):
+            batch = Batch()
+            for i, c in enumerate(computed):
+                batch.add(str(i), c + j, 1, [], True, is_decode=True)
+            batch.add("p", before + chunk * j, chunk, [], False)
+            result = backend.execute(batch)
+            assert seconds[j] == result.seconds
+            assert {k: v[j] for k, v in parts.items()} == result.breakdown
