@@ -43,25 +43,42 @@ are kept coarser, because a shared block's key is fixed by the trace block it en
 place there (Request.block_hashes): the chained hash of the trace's hash ids up to that trace
 block (Request.prefix_chain) names a chunk, one dict entry (`_chunk_of`), whose slots, one for
 each block that can end in that trace block, hold the block indexed first with that key (a
-stretch of the flat list `_slots`). A run of a request's blocks is indexed with one slice
-store. The LRU queue keeps each entry's slot (`_lru_slots`, found per trace block when a request
-frees its blocks), so an eviction empties the slots directly, in the loop that gives the blocks
-their new owner's reference. A chunk whose slots are all empty stays in the dict until a sweep
-(`_sweep`, when chunks run out) takes it out for reuse: a lookup finds nothing in an empty chunk,
-as in none, and indexing into it is indexing into a fresh one, so when it leaves changes no
-answer. Duplicates wait behind the block in their slot
-(`_duplicates`, by slot), in indexing order. A request's own blocks (negative keys, indexed on a
-preemption: rare) are indexed per block (`hash_to_block`, `block_hash`), their duplicates in
-`_duplicates` by key. tests/test_block_manager_reference.py checks this against the previous
-implementation, with one dict entry per block as vLLM (tests/reference_block_manager.py).
+stretch of the flat list `_slots`). Beside each slot a state (`_state`) says what its block is:
+
+- held by running requests: HELD + (users - 1), so a hit on a held block adds one;
+- free: the absolute position of its entry in the LRU queue plus the slot's number. The block is
+  still indexed while that entry is at or past the queue's head (`_head_abs`); once the head has
+  passed it, the block was evicted and the slot is empty. So an eviction only moves the head: no
+  slot is touched, no block's count either (a block nobody indexes needs none: it has one user
+  while held). Adding the slot's number makes a run of slots freed together share one state (a
+  request frees its blocks tail first: its block k, at slot s0 + k, is the queue's entry top - k),
+  so freeing them is a slice store of one repeated value.
+
+A request's blocks occupy consecutive slots within each chunk, so indexing them, freeing them
+(their slots get their entries' positions, consecutive too) and looking them up are slice
+operations on `_slots` and `_state`: no loop over blocks. A chunk whose slots are all empty stays
+in the dict until a sweep (`_sweep`, when chunks run out) takes it out for reuse: a lookup finds
+nothing in an empty chunk, as in none, and indexing into it is indexing into a fresh one, so when
+it leaves changes no answer. Duplicates (an identical block indexed while one is) wait behind the
+block in their slot (`_duplicates`, by slot), in indexing order, each with its own state
+(`_dup_state`); when the block in the slot is evicted the first duplicate takes its place. A hit
+on a block only ever finds the one in the slot. A request's own blocks (negative keys, indexed on
+a preemption: rare) are indexed per block (`hash_to_block`, `block_hash`), their duplicates in
+`_duplicates` by key; only their own request can find them, after a preemption, so a hit on one
+always finds it free. tests/test_block_manager_reference.py checks this against a previous
+implementation, with one dict entry and one reference count per block as vLLM
+(tests/reference_block_manager.py).
 """
 
 from __future__ import annotations
 
-from itertools import compress, islice, repeat
-from operator import eq, itemgetter
+from itertools import islice
+from operator import itemgetter, sub
 
 from sim.request import Request
+
+HELD = 1 << 62  # a slot's state while its block is held: HELD + (users - 1); below it, a free block's LRU position + slot
+EMPTY = -1  # a new slot's state: before every position
 
 
 def _gather(values: list, indices: list[int]) -> tuple | list:
@@ -69,35 +86,49 @@ def _gather(values: list, indices: list[int]) -> tuple | list:
     return itemgetter(*indices)(values) if len(indices) > 1 else [values[i] for i in indices]
 
 
+class CachedPrefix(list):
+    """What `cached_prefix` returns: the blocks of the cached prefix, and how many of them are
+    free (each a block to take out of the free queue on admission)."""
+
+    __slots__ = ("num_free",)
+
+    def __init__(self, blocks: list[int], num_free: int):
+        super().__init__(blocks)
+        self.num_free = num_free
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.ref_counts = [0] * num_blocks
         # The index of shared blocks, by trace block (module docstring, "The index").
         self._chunk_of: dict[int, int] = {}  # chain hash -> its chunk's number (1, 2, ...)
         self._chunk_hash: list[int] = [0]  # chunk number -> its chain hash (chunk 0 is nobody's)
         self._unused_chunks: list[int] = []  # numbers of chunks that left the index, for reuse
         self._width = 0  # slots per chunk, set by the first request with trace hashes
-        self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width)
-        self._slot_ids: list[int] = []  # range(len(_slots)), made once: the LRU queue's slot lists are slices of it
+        self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width): the block indexed there
+        self._state: list[int] = []  # each slot's state: HELD + users - 1, or its free block's LRU position
+        self._slot_ids: list[int] = []  # range(len(_slots)), made once: slot lists are slices of it
+        self._helds: list[int] = []  # [HELD] * width, a slice of it marks a run of slots held
         self._sweep_at = 16  # chunks made before empty ones are looked for (_sweep)
+        # Blocks waiting behind the one in their slot (> 0), or own key (< 0), in indexing order.
+        self._duplicates: dict[int, list[int]] = {}
+        self._dup_state: dict[int, int] = {}  # a duplicate in a slot -> HELD, or its LRU position while free
         # The index of the requests' own blocks, by block key (negative).
         self.hash_to_block: dict[int, int] = {}  # the block a lookup of a key returns: the first indexed
         self.block_hash: list[int | None] = [None] * num_blocks  # an own block's key, if indexed
-        # Further blocks indexed at the same slot (> 0) or own key (< 0), in indexing order.
-        self._duplicates: dict[int, list[int]] = {}
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() yields 0, 1, 2, ...
         # Hashed free blocks, evicted first to last. A hit takes a block out of the middle by counting
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
         self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
         self._lru_slots: list[int] = []  # each entry's block's slot in the shared index (0: none)
         self._lru_head = 0
+        self._lru_offset = 0  # entries dropped from the front: _lru[i] is at absolute position _lru_offset + i
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
         self._num_lru = 0
-        # References beyond a block's first, over all blocks (the sum of max(count - 1, 0)): while
+        # References beyond a block's first, over all blocks (the sum of max(users - 1, 0)): while
         # none is shared, a request's blocks are all its own and free() needs no counts.
         self._num_shared = 0
         self.num_queried_tokens = 0  # tokens looked up at first admissions (vLLM's PrefixCacheStats.queries)
@@ -113,8 +144,24 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
+    @property
+    def _head_abs(self) -> int:
+        """The LRU queue head's absolute position: slot s is live while its state - s is at or past it."""
+        return self._lru_offset + self._lru_head
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    @property
+    def ref_counts(self) -> list[int]:
+        """Users of each block (0: free), as vLLM counts them; made from the state, for tests."""
+        counts = [1] * self.num_blocks
+        for block in self._free_plain + self.cached_free_blocks():
+            counts[block] = 0
+        for block, state in zip(self._slots, self._state):
+            if state >= HELD:
+                counts[block] = state - HELD + 1
+        return counts
 
     def pop_free_blocks(self, num_blocks: int) -> list[int]:
         """Take `num_blocks` free blocks from the head of the free queue (the caller checked there
@@ -123,48 +170,38 @@ class BlockManager:
         take = min(num_blocks, len(plain))
         blocks = plain[:-take - 1:-1] if take else []
         del plain[len(plain) - take:]
-        ref_counts = self.ref_counts
-        for block in blocks:
-            ref_counts[block] = 1
         if num_blocks > take:
             blocks += self._evict(num_blocks - take)
         return blocks
 
     def _evict(self, num_evict: int) -> list[int]:
-        """Take `num_evict` blocks from the head of the LRU queue: each leaves the index and gets
-        one reference (its new owner's)."""
+        """Take `num_evict` blocks from the head of the LRU queue: moving the head past them takes
+        them out of the shared index (module docstring); duplicates and own keys are seen to here."""
         self._num_lru -= num_evict
         lru, start = self._lru, self._lru_head
         head = start + num_evict
         evicted = lru[start:head]
+        evicted_slots = None
         if self._num_stale and any(_gather(self._lru_skip, evicted)):  # a hit took some out of the queue
             evicted, evicted_slots, head = self._without_stale(start, num_evict)
-        elif self._width:
-            evicted_slots = self._lru_slots[start:head]
         self._lru_head = head
-        ref_counts = self.ref_counts
-        if self._width:  # the shared index is in use: the evicted blocks leave their slots
-            duplicates = self._duplicates
-            if duplicates and not duplicates.keys().isdisjoint(evicted_slots):  # a slot holding duplicates: rare
+        duplicates = self._duplicates
+        if self._dup_state:  # a slot has duplicates: when its block goes, the first takes its place
+            if evicted_slots is None:
+                evicted_slots = self._lru_slots[start:head]
+            if not duplicates.keys().isdisjoint(evicted_slots):
                 for block, slot in zip(evicted, evicted_slots):
-                    ref_counts[block] = 1
-                    self._unindex(block, slot)
-            else:  # each of these blocks is the one at its slot
-                slots = self._slots
-                for block, slot in zip(evicted, evicted_slots):
-                    ref_counts[block] = 1
-                    slots[slot] = None  # (slot 0, of the blocks not in the shared index, is None anyway)
-        else:
-            for block in evicted:
-                ref_counts[block] = 1
+                    if slot in duplicates:
+                        self._unindex_duplicated(block, slot)
         if self.hash_to_block:  # own blocks, indexed on preemptions
             block_hash = self.block_hash
             for block in evicted:
                 if block_hash[block] is not None:
-                    self._unindex(block, 0)
+                    self._unindex_own(block)
         if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
             del lru[:head]
             del self._lru_slots[:head]
+            self._lru_offset += head
             self._lru_head = 0
         return evicted
 
@@ -196,7 +233,9 @@ class BlockManager:
         if not self._width:
             self._width = -(-h_tokens // block_size)  # at most this many blocks end in one trace block
             self._slots = [None] * self._width  # chunk 0: the slot of blocks not in the shared index
+            self._state = [EMPTY] * self._width
             self._slot_ids = list(range(self._width))
+            self._helds = [HELD] * self._width
         elif self._width != -(-h_tokens // block_size):
             raise ValueError("requests with different hash_block_tokens share one block manager")
         # Blocks no longer than trace blocks: a block ends in every trace block, so run j is trace
@@ -205,7 +244,8 @@ class BlockManager:
         return request.block_runs(block_size), i
 
     def _register(self, request: Request, num_full: int) -> None:
-        """Index the request's blocks [num_hashed_blocks, num_full) (full blocks of known tokens)."""
+        """Index the request's blocks [num_hashed_blocks, num_full) (full blocks of known tokens,
+        held by it alone)."""
         start = request.num_hashed_blocks
         if num_full <= start:
             return
@@ -213,25 +253,30 @@ class BlockManager:
         num_shared = min(num_full, request.num_shared_blocks(self.block_size))
         if start < num_shared:
             runs, k = self._runs(request, start)
-            slots, width, chunk_of = self._slots, self._width, self._chunk_of
+            slots, state, width, chunk_of = self._slots, self._state, self._width, self._chunk_of
+            live = self._head_abs
             for chain_hash, first, end in islice(runs, k, None):
                 if first >= num_shared:
                     break
                 chunk = chunk_of.get(chain_hash)
-                if chunk is None:
+                fresh = chunk is None
+                if fresh:
                     chunk = self._new_chunk(chain_hash)
                 base = chunk * width - first  # block i's slot: base + i
                 a = start if start > first else first
                 b = num_shared if num_shared < end else end
                 blocks = table[a:b]
-                if slots[base + a:base + b].count(None) == b - a:  # the usual case: nothing indexed at these slots
+                if fresh or max(state[base + a:base + b]) - (base + a) < live:  # the usual case: nothing indexed here
                     slots[base + a:base + b] = blocks
+                    state[base + a:base + b] = self._helds if b - a == width else self._helds[:b - a]
                 else:
                     for slot, block in enumerate(blocks, base + a):
-                        if slots[slot] is None:
+                        if state[slot] - slot < live:
                             slots[slot] = block
+                            state[slot] = HELD
                         else:  # an identical block is indexed already: this one after it
                             self._duplicates.setdefault(slot, []).append(block)
+                            self._dup_state[block] = HELD
         start = max(start, num_shared)
         if start < num_full:  # the request's own blocks
             keys = request.block_hashes(self.block_size, num_full)
@@ -247,12 +292,15 @@ class BlockManager:
         if not unused and len(self._chunk_hash) >= self._sweep_at:
             self._sweep()
         if unused:
-            chunk = unused.pop()
+            chunk = unused.pop()  # its slots are all empty (their states before the head)
         else:
             chunk = len(self._chunk_hash)
             self._chunk_hash.append(0)
-            self._slots.extend([None] * self._width)
-            self._slot_ids.extend(range(len(self._slot_ids), len(self._slots)))
+            if len(self._slots) == chunk * self._width:  # room for more chunks, made many at a time
+                num_new = max(64, chunk // 4) * self._width
+                self._slots.extend([None] * num_new)
+                self._state.extend([EMPTY] * num_new)
+                self._slot_ids.extend(range(len(self._slot_ids), len(self._slots)))
         self._chunk_hash[chunk] = chain_hash
         self._chunk_of[chain_hash] = chunk
         return chunk
@@ -260,78 +308,109 @@ class BlockManager:
     def _sweep(self) -> None:
         """Take the chunks none of whose slots holds a block any more out of the index, for reuse
         (evictions leave them in: module docstring)."""
-        width, slots, chunk_of = self._width, self._slots, self._chunk_of
-        empty = [None] * width
+        width, state, chunk_of = self._width, self._state, self._chunk_of
+        live = self._head_abs
         for chain_hash, chunk in list(chunk_of.items()):
             first = chunk * width
-            if slots[first] is None and slots[first:first + width] == empty:  # (most held chunks hold their first slot)
-                del chunk_of[chain_hash]
-                self._unused_chunks.append(chunk)
+            if state[first] - first >= live:  # (most chunks holding blocks hold their first slot)
+                continue
+            states = state[first:first + width]
+            largest = max(states)
+            if largest >= HELD or largest - first >= live and max(map(sub, states, range(first, first + width))) >= live:
+                continue
+            del chunk_of[chain_hash]
+            self._unused_chunks.append(chunk)
         # The next sweep: once the chunks freed now are used up and the index has at least four
         # times the chunks left in it now. Between two sweeps, the second looking at N chunks, at
         # least 3N/4 chunks were made, so sweeps look at 4/3 chunks per chunk made at most.
         if 4 * len(self._unused_chunks) < len(self._chunk_hash):
             self._sweep_at = 2 * len(self._chunk_hash)
 
-    def _slots_of(self, request: Request, stop: int) -> list[int]:
-        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
+    def _slot_runs(self, request: Request, stop: int) -> list[tuple[int, int, int]]:
+        """(slot of block a, a, b) for each stretch [a, b) of the request's shared blocks below
+        `stop` that lie in one chunk, in order (consecutive slots)."""
         num_shared = min(stop, request.num_shared_blocks(self.block_size))
-        slots: list[int] = []
+        out = []
         if num_shared:
             runs, _ = self._runs(request, 0)
-            width, chunk_of, slot_ids = self._width, self._chunk_of, self._slot_ids
+            width, chunk_of = self._width, self._chunk_of
             for chain_hash, first, end in runs:
                 if first >= num_shared:
                     break
-                base = chunk_of[chain_hash] * width
-                slots += slot_ids[base:base + (num_shared if num_shared < end else end) - first]
-        if stop > num_shared:
-            slots += [0] * (stop - num_shared)
+                out.append((chunk_of[chain_hash] * width, first, num_shared if num_shared < end else end))
+        return out
+
+    def _slots_of(self, request: Request, stop: int) -> list[int]:
+        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
+        slot_ids = self._slot_ids
+        slots: list[int] = []
+        for slot, a, b in self._slot_runs(request, stop):
+            slots += slot_ids[slot:slot + b - a]
+        if stop > len(slots):
+            slots += [0] * (stop - len(slots))
         return slots
 
-    def _unindex(self, block: int, slot: int) -> bool:
-        """Take the block, at this slot of the shared index (0: none), out of the index; whether
-        it was there."""
-        if slot:
-            index, key = self._slots, slot
+    def _unindex_duplicated(self, block: int, slot: int) -> None:
+        """An evicted block at a slot with duplicates leaves it: the block in the slot gives its
+        place to the first duplicate, a duplicate leaves the queue behind it."""
+        duplicates = self._duplicates[slot]
+        if self._slots[slot] == block:
+            successor = duplicates.pop(0)
+            self._slots[slot] = successor
+            s = self._dup_state.pop(successor)
+            self._state[slot] = s if s >= HELD else s + slot
         else:
-            key = self.block_hash[block]
-            if key is None:  # a finished request's own block, never indexed
-                return False
-            self.block_hash[block] = None
-            index = self.hash_to_block
+            duplicates.remove(block)
+            del self._dup_state[block]
+        if not duplicates:
+            del self._duplicates[slot]
+
+    def _unindex_own(self, block: int) -> None:
+        """An evicted own block (indexed by its key) leaves the index."""
+        key = self.block_hash[block]
+        self.block_hash[block] = None
         duplicates = self._duplicates.get(key)
-        if index[key] == block:
+        if self.hash_to_block[key] == block:
             if duplicates:
-                index[key] = duplicates.pop(0)
-            elif slot:
-                self._slots[slot] = None  # (its chunk leaves the index at a sweep, if it is empty then)
+                self.hash_to_block[key] = duplicates.pop(0)
             else:
                 del self.hash_to_block[key]
         else:
             duplicates.remove(block)
         if duplicates is not None and not duplicates:
             del self._duplicates[key]
-        return True
 
-    def _shared_hits(self, request: Request, stop: int) -> list[int]:
-        """Blocks holding the longest indexed run of the request's shared blocks [0, stop)."""
+    def _shared_hits(self, request: Request, stop: int) -> tuple[list[int], int]:
+        """Blocks holding the longest indexed run of the request's shared blocks [0, stop), and how
+        many of them are free."""
         blocks: list[int] = []
+        num_free = 0
         if not stop or not self._chunk_of:
-            return blocks
+            return blocks, num_free
         runs, _ = self._runs(request, 0)
+        slots, state, width, chunk_of = self._slots, self._state, self._width, self._chunk_of
+        live = self._head_abs
+        held = HELD.__le__
         for chain_hash, first, end in runs:
             if first >= stop:
                 break
-            chunk = self._chunk_of.get(chain_hash)
+            chunk = chunk_of.get(chain_hash)
             if chunk is None:
                 break
-            run = self._slots[chunk * self._width:chunk * self._width + (stop if stop < end else end) - first]
-            if None in run:
-                blocks += run[:run.index(None)]
-                break
-            blocks += run
-        return blocks
+            lo = chunk * width
+            hi = lo + (stop if stop < end else end) - first
+            states = state[lo:hi]
+            if min(states) - (hi - 1) < live:  # maybe an empty slot: the hit ends before it
+                n = 0
+                while n < hi - lo and states[n] - (lo + n) >= live:
+                    n += 1
+                if n < hi - lo:
+                    blocks += slots[lo:lo + n]
+                    num_free += n - sum(map(held, states[:n]))
+                    break
+            blocks += slots[lo:hi]
+            num_free += hi - lo - sum(map(held, states))
+        return blocks, num_free
 
     def indexed_blocks(self, request: Request, i: int) -> list[int]:
         """The blocks indexed with the key of the request's block i, in indexing order (a lookup
@@ -340,30 +419,32 @@ class BlockManager:
             runs, k = self._runs(request, i)
             chain_hash, first, _ = runs[k]
             chunk = self._chunk_of.get(chain_hash)
-            slot = 0 if chunk is None else chunk * self._width - first + i
-            first_block = self._slots[slot] if slot else None
-            key = slot
-        else:
-            key = request.block_hashes(self.block_size, i + 1)[i]
-            first_block = self.hash_to_block.get(key)
+            if chunk is None:
+                return []
+            slot = chunk * self._width - first + i
+            if self._state[slot] - slot < self._head_abs:
+                return []
+            return [self._slots[slot]] + self._duplicates.get(slot, [])
+        key = request.block_hashes(self.block_size, i + 1)[i]
+        first_block = self.hash_to_block.get(key)
         return [] if first_block is None else [first_block] + self._duplicates.get(key, [])
 
     # Admission of a waiting request.
 
-    def cached_prefix(self, request: Request) -> list[int]:
+    def cached_prefix(self, request: Request) -> CachedPrefix:
         """Blocks holding the longest cached run of the request's full blocks from its start, at
         most num_tokens - 1 tokens (one token is always computed, for its logits)."""
         if not self.enable_prefix_caching:
-            return []
+            return CachedPrefix([], 0)
         num_blocks = (request.num_tokens - 1) // self.block_size
         if not request.num_preemptions:
             # Its own tokens (generated ones, and the whole prompt of a request without trace
             # hashes) are cached only once it ran: before, only the shared prompt blocks can hit.
             num_blocks = min(num_blocks, request.num_shared_blocks(self.block_size))
         if not num_blocks:
-            return []
+            return CachedPrefix([], 0)
         num_shared = request.num_shared_blocks(self.block_size)
-        blocks = self._shared_hits(request, min(num_blocks, num_shared))
+        blocks, num_free = self._shared_hits(request, min(num_blocks, num_shared))
         if num_blocks > num_shared == len(blocks):  # its own blocks, indexed when it was preempted
             hash_to_block = self.hash_to_block
             for key in request.block_hashes(self.block_size, num_blocks)[num_shared:num_blocks]:
@@ -371,35 +452,51 @@ class BlockManager:
                 if block is None:
                     break
                 blocks.append(block)
-        return blocks
+                num_free += 1  # only this request finds them, and it holds none while it waits
+        return CachedPrefix(blocks, num_free)
 
     def num_cached_blocks(self, request: Request) -> int:
         """Leading full blocks of the request's prompt that the cache holds now (what a router
         may ask of a replica; unlike `cached_prefix`, a fully cached prompt counts whole)."""
         if not self.enable_prefix_caching or request.hash_ids is None:
             return 0
-        return len(self._shared_hits(request, request.num_shared_blocks(self.block_size)))
+        return len(self._shared_hits(request, request.num_shared_blocks(self.block_size))[0])
 
     def can_allocate(self, cached_blocks: list[int], num_new_tokens: int) -> bool:
-        """Whether a request with these cached blocks can get blocks for `num_new_tokens` more."""
+        """Whether a request with these cached blocks (`cached_prefix`'s) can get blocks for
+        `num_new_tokens` more."""
         num_new = self.blocks_for(len(cached_blocks) * self.block_size + num_new_tokens) - len(cached_blocks)
-        num_taken_from_free = _gather(self.ref_counts, cached_blocks).count(0)
+        if isinstance(cached_blocks, CachedPrefix):
+            num_taken_from_free = cached_blocks.num_free
+        else:  # a list made by hand (tests): each block looked for among the free ones
+            free = set(self._free_plain + self.cached_free_blocks())
+            num_taken_from_free = sum(1 for b in cached_blocks if b in free)
         return num_new + num_taken_from_free <= self.num_free_blocks
 
     def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> None:
-        """Give an admitted request its cached prefix and blocks for `num_new_tokens` more tokens."""
-        ref_counts, skip = self.ref_counts, self._lru_skip
-        num_taken = 0  # hits on free blocks: out of the LRU queue (the others are shared with a running request)
-        for block in cached_blocks:
-            count = ref_counts[block]
-            if not count:
+        """Give an admitted request its cached prefix (`cached_prefix`'s blocks, looked up just
+        before) and blocks for `num_new_tokens` more tokens."""
+        num_cached = len(cached_blocks)
+        if num_cached:
+            skip, state = self._lru_skip, self._state
+            num_shared = min(num_cached, request.num_shared_blocks(self.block_size))
+            num_taken = num_cached - num_shared  # its own blocks are free (cached_prefix)
+            for block in cached_blocks[num_shared:]:
                 skip[block] += 1
-                num_taken += 1
-            ref_counts[block] = count + 1
-        self._num_stale += num_taken
-        self._num_lru -= num_taken
-        self._num_shared += len(cached_blocks) - num_taken
-        num_hit = len(cached_blocks) * self.block_size
+            if num_shared:
+                # Hits on free blocks: out of the LRU queue (the others are shared with a running request).
+                for block, slot in zip(cached_blocks, self._slots_of(request, num_shared)):
+                    s = state[slot]
+                    if s < HELD:  # (a free block still indexed: its state is live)
+                        skip[block] += 1
+                        num_taken += 1
+                        state[slot] = HELD
+                    else:
+                        state[slot] = s + 1
+            self._num_stale += num_taken
+            self._num_lru -= num_taken
+            self._num_shared += num_cached - num_taken
+        num_hit = num_cached * self.block_size
         if self.enable_prefix_caching:
             if request.num_preemptions:
                 self.num_preempted_queried_tokens += request.num_tokens
@@ -408,7 +505,7 @@ class BlockManager:
                 self.num_queried_tokens += request.num_tokens
                 self.num_hit_tokens += num_hit
         request.block_table = list(cached_blocks)
-        request.num_hashed_blocks = len(cached_blocks)
+        request.num_hashed_blocks = num_cached
         request.num_computed_tokens = num_hit
         request.num_prefix_hit_tokens += num_hit
         self.append(request, num_new_tokens)
@@ -440,13 +537,10 @@ class BlockManager:
         they are indexed; a finished one's go to the tail unindexed (nobody can find them).
         `num_scheduled`: tokens scheduled in this step for a request preempted after it was
         scheduled (vLLM cached the blocks they fill when it scheduled them)."""
-        ref_counts = self.ref_counts
+        table = request.block_table
         if not self.enable_prefix_caching:
-            for block in request.block_table:
-                ref_counts[block] = 0
-            self._free_plain.extend(reversed(request.block_table))
+            self._free_plain.extend(reversed(table))
         else:
-            table = request.block_table
             num_full = (request.num_computed_tokens + num_scheduled) // self.block_size
             if preempted:
                 self._register(request, num_full)
@@ -455,61 +549,63 @@ class BlockManager:
                 if shared > request.num_hashed_blocks:
                     self._register(request, min(num_full, shared))
             # Its hashed blocks are its first ones (indexed, or full blocks of its own): the rest
-            # are the partly filled tail.
+            # are the partly filled tail, blocks nobody else holds, free at once.
             num_hashed = request.num_hashed_blocks
             num_full = max(num_full, num_hashed)
             tail = table[num_full:]
             tail.reverse()
-            hashed = table[:num_full]  # its own full blocks (not indexed) after the indexed ones
-            hashed.reverse()
-            indexed_slots = self._slots_of(request, num_hashed)
-            indexed_slots.reverse()
-            hashed_slots = [0] * (num_full - num_hashed)
-            if not self._num_shared:  # no block has two users: all of the request's become free
-                for block in table:
-                    ref_counts[block] = 0
-                self._free_plain.extend(tail)
-                hashed_slots += indexed_slots
-            else:
-                self._free_some(table, tail, hashed, hashed_slots, indexed_slots, num_full - num_hashed)
-            self._lru.extend(hashed)
-            self._lru_slots.extend(hashed_slots)
-            self._num_lru += len(hashed)
+            self._free_plain.extend(tail)
+            runs = self._slot_runs(request, num_hashed)
+            state = self._state
+            if self._num_shared and any(max(state[slot:slot + b - a]) > HELD for slot, a, b in runs) or (
+                    self._dup_state and not self._dup_state.keys().isdisjoint(table[:num_hashed])):
+                self._free_some(table, num_full, runs)
+            else:  # each of its blocks is its own: all of them become free, its full ones to the queue's tail
+                hashed = table[:num_full]  # its own full blocks (not indexed) after the indexed ones
+                hashed.reverse()
+                slot_ids = self._slot_ids
+                slots: list[int] = []
+                # Its block k is the queue's entry `top - k`, at slot `slot + k - a` of its run: every
+                # slot of the run gets the state top - a + slot.
+                top = self._lru_offset + len(self._lru) + num_full - 1
+                for slot, a, b in runs:
+                    state[slot:slot + b - a] = [top - a + slot] * (b - a)
+                    slots += slot_ids[slot:slot + b - a]
+                slots += [0] * (num_full - len(slots))
+                slots.reverse()
+                self._lru.extend(hashed)
+                self._lru_slots.extend(slots)
+                self._num_lru += num_full
         request.block_table = []
         request.num_hashed_blocks = 0
 
-    def _free_some(self, table: list[int], tail: list[int], hashed: list[int], hashed_slots: list[int],
-                   indexed_slots: list[int], num_own: int) -> None:
-        """free() while some block has two users: each of the request's blocks loses its reference,
-        and only those left with none become free. `hashed` (its full blocks, tail first) keeps the
-        freed ones, and `hashed_slots` (zeros for its own blocks so far) gets their slots."""
-        ref_counts, plain = self.ref_counts, self._free_plain
-        for block in tail:
-            count = ref_counts[block] - 1
-            ref_counts[block] = count
-            if count:
-                self._num_shared -= 1
-            else:
-                plain.append(block)
-        # Its own full blocks, not indexed: no other request can have found them, so each has
-        # this request's reference only and becomes free.
-        for block in hashed[:num_own]:
-            ref_counts[block] = 0
-        indexed = hashed[num_own:]
-        counts = _gather(ref_counts, indexed)
-        num_kept = len(counts) - counts.count(1)  # shared with a running request: stays in use
-        if num_kept:
-            self._num_shared -= num_kept
-            freed = list(map(eq, counts, repeat(1)))
-            del hashed[num_own:]
-            hashed += compress(indexed, freed)
-            hashed_slots += compress(indexed_slots, freed)
-            for block in indexed:
-                ref_counts[block] -= 1
-        else:
-            for block in indexed:
-                ref_counts[block] = 0
-            hashed_slots += indexed_slots
+    def _free_some(self, table: list[int], num_full: int, runs: list[tuple[int, int, int]]) -> None:
+        """free() of full blocks when some of the request's are shared or duplicates: each loses
+        its reference, and only those left with none become free, to the queue's tail in order."""
+        slot_of = [0] * num_full
+        for slot, a, b in runs:
+            slot_of[a:b] = self._slot_ids[slot:slot + b - a]
+        slots, state, dup_state = self._slots, self._state, self._dup_state
+        freed, freed_slots = [], []
+        position = self._lru_offset + len(self._lru)
+        for k in range(num_full - 1, -1, -1):  # tail first
+            block, slot = table[k], slot_of[k]
+            if slot:
+                if slots[slot] == block:  # the block in its slot
+                    s = state[slot]
+                    if s > HELD:  # shared with a running request: stays in use
+                        state[slot] = s - 1
+                        self._num_shared -= 1
+                        continue
+                    state[slot] = position + slot
+                else:  # a duplicate behind it
+                    dup_state[block] = position
+            freed.append(block)
+            freed_slots.append(slot)
+            position += 1
+        self._lru.extend(freed)
+        self._lru_slots.extend(freed_slots)
+        self._num_lru += len(freed)
 
     def cached_free_blocks(self) -> list[int]:
         """The hashed free blocks, in eviction order (the LRU queue without its stale entries)."""
@@ -523,8 +619,9 @@ class BlockManager:
         return live
 
     def check_invariants(self, running: list[Request]) -> None:
-        """Blocks add up: free + used = total, reference counts match the block tables, the index's
-        parts agree, and the LRU queue's slots are its blocks' slots."""
+        """Blocks add up: free + used = total, the users that the states and the free queues give
+        each block match the block tables, the index's parts agree, and each free indexed block's
+        state is its entry's place in the LRU queue."""
         counts = [0] * self.num_blocks
         for r in running:
             for b in r.block_table:
@@ -539,15 +636,21 @@ class BlockManager:
         assert len(self._lru_slots) == len(self._lru)
         assert self._num_shared == sum(c - 1 for c in counts if c > 1), "the count of shared references is off"
         skip = list(self._lru_skip)
-        for block, slot in zip(self._lru[self._lru_head:], self._lru_slots[self._lru_head:]):
+        for i in range(self._lru_head, len(self._lru)):
+            block, slot = self._lru[i], self._lru_slots[i]
             if skip[block]:
                 skip[block] -= 1
-            else:
-                assert slot == slot_of.get(block, 0), "an LRU entry's slot is not its block's"
+                continue
+            assert slot == slot_of.get(block, 0), "an LRU entry's slot is not its block's"
+            if slot:  # its state is this entry's position
+                state = self._state[slot] - slot if self._slots[slot] == block else self._dup_state[block]
+                assert state == self._lru_offset + i, "a free block's state is not its place in the queue"
         free = set(self._free_plain) | set(lru)
         assert len(free) == self.num_free_blocks, "a block is free twice"
         assert all(counts[b] == 0 for b in free), "a used block is also free"
         assert not indexed & set(self._free_plain), "a hashed block in the plain pool"
+        for block, state in self._dup_state.items():
+            assert (state == HELD) == (counts[block] == 1), "a duplicate's state is off"
         # (The LRU queue may hold blocks without a hash: finished requests' own, never indexed.)
         for r in running:
             n = r.num_hashed_blocks
@@ -558,20 +661,23 @@ class BlockManager:
         """The index's parts agree: chunks and their chain hashes, own keys and their blocks' keys,
         duplicates; a chunk that holds a block is in the index (an empty one may be too, until a
         sweep). Returns each shared block's slot."""
-        width, slots = self._width, self._slots
+        width, slots, live = self._width, self._slots, self._head_abs
         chunks = set(self._chunk_of.values())
         assert all(self._chunk_hash[c] == h for h, c in self._chunk_of.items()) and len(chunks) == len(self._chunk_of)
         assert 0 not in chunks and not chunks & set(self._unused_chunks)
         assert chunks | set(self._unused_chunks) == set(range(1, len(self._chunk_hash))), "a chunk is lost"
-        assert len(slots) == width * len(self._chunk_hash) if width else not slots
-        for c in range(len(self._chunk_hash)):
-            held = [b for b in slots[c * width:(c + 1) * width] if b is not None]
-            assert not held or c in chunks, "a chunk out of the index holds blocks"
-        shared = [(slot, b) for slot, b in enumerate(slots) if b is not None]
+        assert len(slots) == len(self._state) == len(self._slot_ids) >= width * len(self._chunk_hash) if width else not slots
+        live_slots = [slot for slot, s in enumerate(self._state) if s - slot >= live]
+        assert all(width <= slot < width * len(self._chunk_hash) for slot in live_slots), "a slot out of the chunks holds a block"
+        for slot in live_slots:
+            assert slot // width in chunks, "a chunk out of the index holds blocks"
+        assert self._slot_ids == list(range(len(slots)))
+        shared = [(slot, slots[slot]) for slot in live_slots]
         own = list(self.hash_to_block.items())
         for key, blocks in self._duplicates.items():
-            assert blocks and (slots[key] is not None if key > 0 else key in self.hash_to_block)
+            assert blocks and (self._state[key] - key >= live if key > 0 else key in self.hash_to_block)
             (shared if key > 0 else own).extend((key, b) for b in blocks)
+        assert sorted(self._dup_state) == sorted(b for key, bs in self._duplicates.items() if key > 0 for b in bs)
         slot_of = {b: slot for slot, b in shared}
         assert len(slot_of) == len(shared), "a block is at two slots"
         assert all(self.block_hash[b] == key for key, b in own), "the own index and the blocks' keys disagree"
