@@ -29,7 +29,9 @@ class ChunkedPolicy(Policy):
     def chunk_run_budget(self) -> int | None:
         """The step budget, where a step that it fills repeats (`Policy`'s third promise): the
         running requests come first in running order, each decode one token and the prefill
-        chunk what is left, so a full step admits no one (`while ... budget > 0`). The promise
+        chunk what is left, so a full step admits no one (`while ... budget > 0`, as vLLM's
+        Scheduler.schedule admits from its WAITING queue only `while self.waiting and
+        token_budget > 0`, vllm/v1/core/sched/scheduler.py). The promise
         holds unless `long_prefill_token_threshold` can cap the chunk below what is left: it is a
         step's cap only while more than one request runs or waits, which arrivals change."""
         cfg = self.config
