@@ -80,3 +80,27 @@ def test_fast_forward_gives_the_same_bench():
     runs = [run_bench(spec, plan_for(model="Qwen3-0.6B", seed=1), fast_forward=ff)[0] for ff in (True, False)]
     assert len(runs[0].steps) == len(runs[1].steps)
     np.testing.assert_array_equal(runs[0].token_times, runs[1].token_times)
+
+
+def test_fast_forward_gives_the_same_bench_with_long_prompts(monkeypatch):
+    """Prompts of several budgets each: the closed loop's steps carry them forward in chunk runs
+    (sim/fast_forward.py), its requests arriving meanwhile delivered by time; the answers are
+    those of stepping one by one."""
+    from sim.fast_forward import FastForward
+
+    runs_taken = []
+    plan_chunks = FastForward.plan_chunks
+
+    def counting(self, batch, now, first):
+        run = plan_chunks(self, batch, now, first)
+        runs_taken.append(run is not None)
+        return run
+
+    monkeypatch.setattr(FastForward, "plan_chunks", counting)
+    spec = BenchSpec(6, 9000, 30, 20, 4.0)
+    fast, slow = (run_bench(spec, plan_for(model="Qwen3-0.6B", seed=2), fast_forward=ff)[0] for ff in (True, False))
+    assert sum(runs_taken) > 10
+    assert [r.arrival_s for r in fast.requests] == [r.arrival_s for r in slow.requests]
+    np.testing.assert_array_equal(fast.token_times, slow.token_times)
+    fc, sc = fast.steps.columns(), slow.steps.columns()
+    assert fc.keys() == sc.keys() and all(np.array_equal(fc[k], sc[k], equal_nan=True) for k in fc)

@@ -277,3 +277,33 @@ def test_unique_prompts_cycle_a_dataset_and_hit_the_prefix_cache():
     assert [r.num_prefix_hit_tokens for r in requests] == [0, 0, 48, 16]
     with pytest.raises(ServesimError, match="--unique-prompts must be 0"):
         Protocol(unique_prompts=-1)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_fast_forward_gives_the_same_validation_run_with_long_prompts(async_scheduling):
+    """vLLM's benchmark client through the API server (`ThroughApiServer`, which delivers by the
+    times it is given) with prompts of several budgets each: chunk runs and decode runs give the
+    answers of stepping one by one, with and without async scheduling."""
+    from backends.opprofile import ClientOverhead
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.app.validate import ThroughApiServer
+    from sim.arrivals import simulate
+    from sim.config import SchedulerConfig
+    from sim.engine import Engine, TokenTimes
+    from sim.request import Request
+
+    results = []
+    for fast_forward in (True, False):
+        plan = resolve(ReplayOptions(scheduler=SchedulerConfig("chunked", 2048, 4, 20_000)), None)
+        requests = [Request(i, str(i), 0.0, 7000 + 300 * i, 40 + i) for i in range(12)]
+        engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), 20_000,
+                        fast_forward=fast_forward)
+        workload = ThroughApiServer(requests, [0.0] * 12, 4, engine, ClientOverhead(0.002, 1e-6), async_scheduling)
+        results.append((simulate(engine, workload), workload.sent_s))
+    (fast, fast_sent), (slow, slow_sent) = results
+    assert fast_sent == slow_sent
+    assert [r.arrival_s for r in fast.requests] == [r.arrival_s for r in slow.requests]
+    np.testing.assert_array_equal(fast.token_times, slow.token_times)
+    fc, sc = fast.steps.columns(), slow.steps.columns()
+    assert all(np.array_equal(fc[k], sc[k], equal_nan=True) for k in fc)
