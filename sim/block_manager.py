@@ -409,7 +409,7 @@ class BlockManager:
                     num_free += n - sum(map(held, states[:n]))
                     break
             blocks += slots[lo:hi]
-            num_free += hi - lo - sum(map(held, states))
+            num_free += hi - lo if max(states) < HELD else hi - lo - sum(map(held, states))
         return blocks, num_free
 
     def indexed_blocks(self, request: Request, i: int) -> list[int]:
@@ -483,16 +483,25 @@ class BlockManager:
             num_taken = num_cached - num_shared  # its own blocks are free (cached_prefix)
             for block in cached_blocks[num_shared:]:
                 skip[block] += 1
-            if num_shared:
-                # Hits on free blocks: out of the LRU queue (the others are shared with a running request).
-                for block, slot in zip(cached_blocks, self._slots_of(request, num_shared)):
-                    s = state[slot]
+            # Hits on free blocks: out of the LRU queue (the others are shared with a running
+            # request), a run of slots at a time while all of its blocks are free.
+            helds = self._helds
+            for slot, a, b in self._slot_runs(request, num_shared):
+                n = b - a
+                if max(state[slot:slot + n]) < HELD:
+                    state[slot:slot + n] = helds if n == len(helds) else helds[:n]
+                    for block in cached_blocks[a:b]:
+                        skip[block] += 1
+                    num_taken += n
+                    continue
+                for block, k in zip(cached_blocks[a:b], range(slot, slot + n)):
+                    s = state[k]
                     if s < HELD:  # (a free block still indexed: its state is live)
                         skip[block] += 1
                         num_taken += 1
-                        state[slot] = HELD
+                        state[k] = HELD
                     else:
-                        state[slot] = s + 1
+                        state[k] = s + 1
             self._num_stale += num_taken
             self._num_lru -= num_taken
             self._num_shared += num_cached - num_taken
@@ -581,28 +590,42 @@ class BlockManager:
 
     def _free_some(self, table: list[int], num_full: int, runs: list[tuple[int, int, int]]) -> None:
         """free() of full blocks when some of the request's are shared or duplicates: each loses
-        its reference, and only those left with none become free, to the queue's tail in order."""
-        slot_of = [0] * num_full
-        for slot, a, b in runs:
-            slot_of[a:b] = self._slot_ids[slot:slot + b - a]
-        slots, state, dup_state = self._slots, self._state, self._dup_state
-        freed, freed_slots = [], []
+        its reference, and only those left with none become free, to the queue's tail in order
+        (tail first). A run of slots whose blocks are all the request's alone is freed with slice
+        stores, as free() frees them; the others block by block."""
+        slots, state, dup_state, slot_ids = self._slots, self._state, self._dup_state, self._slot_ids
         position = self._lru_offset + len(self._lru)
-        for k in range(num_full - 1, -1, -1):  # tail first
-            block, slot = table[k], slot_of[k]
-            if slot:
-                if slots[slot] == block:  # the block in its slot
-                    s = state[slot]
+        num_shared = runs[-1][2] if runs else 0
+        freed = table[num_shared:num_full]  # its own full blocks: nobody else holds them
+        freed.reverse()
+        freed_slots = [0] * len(freed)
+        position += len(freed)
+        for slot, a, b in reversed(runs):
+            n = b - a
+            blocks = table[a:b]
+            states = state[slot:slot + n]
+            if max(states) == HELD and (not dup_state or dup_state.keys().isdisjoint(blocks)):
+                # Its own blocks, each the one in its slot: block k is entry position + b - 1 - k.
+                state[slot:slot + n] = [position + b - 1 - a + slot] * n
+                blocks.reverse()
+                freed += blocks
+                freed_slots += slot_ids[slot + n - 1:slot - 1 if slot else None:-1]
+                position += n
+                continue
+            for k in range(n - 1, -1, -1):
+                block, at = blocks[k], slot + k
+                if slots[at] == block:  # the block in its slot
+                    s = states[k]
                     if s > HELD:  # shared with a running request: stays in use
-                        state[slot] = s - 1
+                        state[at] = s - 1
                         self._num_shared -= 1
                         continue
-                    state[slot] = position + slot
+                    state[at] = position + at
                 else:  # a duplicate behind it
                     dup_state[block] = position
-            freed.append(block)
-            freed_slots.append(slot)
-            position += 1
+                freed.append(block)
+                freed_slots.append(at)
+                position += 1
         self._lru.extend(freed)
         self._lru_slots.extend(freed_slots)
         self._num_lru += len(freed)
