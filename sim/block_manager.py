@@ -253,7 +253,7 @@ class BlockManager:
         num_shared = min(num_full, request.num_shared_blocks(self.block_size))
         if start < num_shared:
             runs, k = self._runs(request, start)
-            slots, state, width, chunk_of = self._slots, self._state, self._width, self._chunk_of
+            slots, state, width, chunk_of, helds = self._slots, self._state, self._width, self._chunk_of, self._helds
             live = self._head_abs
             for chain_hash, first, end in islice(runs, k, None):
                 if first >= num_shared:
@@ -265,11 +265,11 @@ class BlockManager:
                 base = chunk * width - first  # block i's slot: base + i
                 a = start if start > first else first
                 b = num_shared if num_shared < end else end
-                blocks = table[a:b]
                 if fresh or max(state[base + a:base + b]) - (base + a) < live:  # the usual case: nothing indexed here
-                    slots[base + a:base + b] = blocks
-                    state[base + a:base + b] = self._helds if b - a == width else self._helds[:b - a]
+                    slots[base + a:base + b] = table[a:b]
+                    state[base + a:base + b] = helds if b - a == width else helds[:b - a]
                 else:
+                    blocks = table[a:b]
                     for slot, block in enumerate(blocks, base + a):
                         if state[slot] - slot < live:
                             slots[slot] = block
