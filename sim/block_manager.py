@@ -122,7 +122,6 @@ class BlockManager:
         # Hashed free blocks, evicted first to last. A hit takes a block out of the middle by counting
         # one more stale entry of it (`_lru_skip`): its entries ahead of its live one are skipped.
         self._lru: list[int] = []  # a queue: its head is at _lru_head (taken entries are dropped now and then)
-        self._lru_slots: list[int] = []  # each entry's block's slot in the shared index (0: none)
         self._lru_head = 0
         self._lru_offset = 0  # entries dropped from the front: _lru[i] is at absolute position _lru_offset + i
         self._lru_skip = [0] * num_blocks
@@ -181,18 +180,11 @@ class BlockManager:
         lru, start = self._lru, self._lru_head
         head = start + num_evict
         evicted = lru[start:head]
-        evicted_slots = None
         if self._num_stale and any(_gather(self._lru_skip, evicted)):  # a hit took some out of the queue
-            evicted, evicted_slots, head = self._without_stale(start, num_evict)
+            evicted, head = self._without_stale(start, num_evict)
         self._lru_head = head
-        duplicates = self._duplicates
-        if self._dup_state:  # a slot has duplicates: when its block goes, the first takes its place
-            if evicted_slots is None:
-                evicted_slots = self._lru_slots[start:head]
-            if not duplicates.keys().isdisjoint(evicted_slots):
-                for block, slot in zip(evicted, evicted_slots):
-                    if slot in duplicates:
-                        self._unindex_duplicated(block, slot)
+        if self._dup_state:  # a slot has duplicates: when its block goes, the first left takes its place
+            self._unindex_duplicated()
         if self.hash_to_block:  # own blocks, indexed on preemptions
             block_hash = self.block_hash
             for block in evicted:
@@ -200,17 +192,15 @@ class BlockManager:
                     self._unindex_own(block)
         if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
             del lru[:head]
-            del self._lru_slots[:head]
             self._lru_offset += head
             self._lru_head = 0
         return evicted
 
-    def _without_stale(self, start: int, num_live: int) -> tuple[list[int], list[int], int]:
+    def _without_stale(self, start: int, num_live: int) -> tuple[list[int], int]:
         """The first `num_live` live entries of the LRU queue from position `start` (its stale
-        entries, left by hits, are passed over and forgotten), their slots, and the position
-        after the last."""
-        skip, lru, lru_slots = self._lru_skip, self._lru, self._lru_slots
-        live, live_slots = [], []
+        entries, left by hits, are passed over and forgotten), and the position after the last."""
+        skip, lru = self._lru_skip, self._lru
+        live = []
         i = start
         while len(live) < num_live:
             block = lru[i]
@@ -219,9 +209,8 @@ class BlockManager:
                 self._num_stale -= 1
             else:
                 live.append(block)
-                live_slots.append(lru_slots[i])
             i += 1
-        return live, live_slots, i
+        return live, i
 
     # The index.
 
@@ -350,20 +339,25 @@ class BlockManager:
             slots += [0] * (stop - len(slots))
         return slots
 
-    def _unindex_duplicated(self, block: int, slot: int) -> None:
-        """An evicted block at a slot with duplicates leaves it: the block in the slot gives its
-        place to the first duplicate, a duplicate leaves the queue behind it."""
-        duplicates = self._duplicates[slot]
-        if self._slots[slot] == block:
-            successor = duplicates.pop(0)
-            self._slots[slot] = successor
-            s = self._dup_state.pop(successor)
-            self._state[slot] = s if s >= HELD else s + slot
-        else:
-            duplicates.remove(block)
-            del self._dup_state[block]
-        if not duplicates:
-            del self._duplicates[slot]
+    def _unindex_duplicated(self) -> None:
+        """After an eviction, at each slot with duplicates: while the block in the slot was evicted
+        (its state passed by the head), the first duplicate takes its place; duplicates evicted
+        behind it leave. The same as seeing to the evicted entries one by one, in order: the
+        blocks left keep their order, the first of them in the slot."""
+        live = self._head_abs
+        slots, state, dup_state = self._slots, self._state, self._dup_state
+        for slot in [key for key in self._duplicates if key > 0]:
+            duplicates = self._duplicates[slot]
+            while duplicates and state[slot] - slot < live:
+                successor = duplicates.pop(0)
+                slots[slot] = successor
+                s = dup_state.pop(successor)
+                state[slot] = s if s >= HELD else s + slot
+            for block in [b for b in duplicates if dup_state[b] < live]:  # free, and passed by the head
+                duplicates.remove(block)
+                del dup_state[block]
+            if not duplicates:
+                del self._duplicates[slot]
 
     def _unindex_own(self, block: int) -> None:
         """An evicted own block (indexed by its key) leaves the index."""
@@ -572,18 +566,12 @@ class BlockManager:
             else:  # each of its blocks is its own: all of them become free, its full ones to the queue's tail
                 hashed = table[:num_full]  # its own full blocks (not indexed) after the indexed ones
                 hashed.reverse()
-                slot_ids = self._slot_ids
-                slots: list[int] = []
                 # Its block k is the queue's entry `top - k`, at slot `slot + k - a` of its run: every
                 # slot of the run gets the state top - a + slot.
                 top = self._lru_offset + len(self._lru) + num_full - 1
                 for slot, a, b in runs:
                     state[slot:slot + b - a] = [top - a + slot] * (b - a)
-                    slots += slot_ids[slot:slot + b - a]
-                slots += [0] * (num_full - len(slots))
-                slots.reverse()
                 self._lru.extend(hashed)
-                self._lru_slots.extend(slots)
                 self._num_lru += num_full
         request.block_table = []
         request.num_hashed_blocks = 0
@@ -593,12 +581,11 @@ class BlockManager:
         its reference, and only those left with none become free, to the queue's tail in order
         (tail first). A run of slots whose blocks are all the request's alone is freed with slice
         stores, as free() frees them; the others block by block."""
-        slots, state, dup_state, slot_ids = self._slots, self._state, self._dup_state, self._slot_ids
+        slots, state, dup_state = self._slots, self._state, self._dup_state
         position = self._lru_offset + len(self._lru)
         num_shared = runs[-1][2] if runs else 0
         freed = table[num_shared:num_full]  # its own full blocks: nobody else holds them
         freed.reverse()
-        freed_slots = [0] * len(freed)
         position += len(freed)
         for slot, a, b in reversed(runs):
             n = b - a
@@ -609,7 +596,6 @@ class BlockManager:
                 state[slot:slot + n] = [position + b - 1 - a + slot] * n
                 blocks.reverse()
                 freed += blocks
-                freed_slots += slot_ids[slot + n - 1:slot - 1 if slot else None:-1]
                 position += n
                 continue
             for k in range(n - 1, -1, -1):
@@ -624,10 +610,8 @@ class BlockManager:
                 else:  # a duplicate behind it
                     dup_state[block] = position
                 freed.append(block)
-                freed_slots.append(at)
                 position += 1
         self._lru.extend(freed)
-        self._lru_slots.extend(freed_slots)
         self._num_lru += len(freed)
 
     def cached_free_blocks(self) -> list[int]:
@@ -656,15 +640,14 @@ class BlockManager:
         indexed = set(slot_of) | {b for b, h in enumerate(self.block_hash) if h is not None}
         lru = self.cached_free_blocks()
         assert len(lru) == self._num_lru and sum(self._lru_skip) == self._num_stale == len(self._lru) - self._lru_head - len(lru)
-        assert len(self._lru_slots) == len(self._lru)
         assert self._num_shared == sum(c - 1 for c in counts if c > 1), "the count of shared references is off"
         skip = list(self._lru_skip)
         for i in range(self._lru_head, len(self._lru)):
-            block, slot = self._lru[i], self._lru_slots[i]
+            block = self._lru[i]
             if skip[block]:
                 skip[block] -= 1
                 continue
-            assert slot == slot_of.get(block, 0), "an LRU entry's slot is not its block's"
+            slot = slot_of.get(block, 0)
             if slot:  # its state is this entry's position
                 state = self._state[slot] - slot if self._slots[slot] == block else self._dup_state[block]
                 assert state == self._lru_offset + i, "a free block's state is not its place in the queue"
