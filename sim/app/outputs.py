@@ -4,6 +4,7 @@ not at all, run folders never overwritten unawares, one writer per folder.
     check_folder_destination / check_file_destination   at command start, before the work
     atomic_path / atomic_write_bytes / atomic_write_text  a unique temporary file in the destination
                                                           folder, fsynced, renamed into place
+    sync_file                                            a group's files fsynced before any rename
     make_run_folder                                      a new folder, its name unique (mkdir, no exist_ok)
     open_run_folder                                      --out claimed, or a new folder under runs/
     claim_folder                                         an --out folder, locked, refused if it holds a
@@ -140,6 +141,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def sync_file(path: str | Path) -> None:
+    """fsync a written file: before a group of atomic_path files is renamed into place, so that a
+    disk error leaves every one of them unrenamed (their own fsync then finds nothing to write)."""
+    _fsync(Path(path))
 
 
 def _fsync(path: Path) -> None:

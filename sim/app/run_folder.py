@@ -21,7 +21,7 @@ from reports.metrics import step_table_columns, summarize
 from reports.outcomes import RequestOutcomes
 from reports.run_tables import TableWriter
 from reports.timeline import StepTimeline
-from sim.app.outputs import atomic_path
+from sim.app.outputs import atomic_path, sync_file
 from sim.engine import SimResult
 from sim.errors import ServesimError
 from sim.jsonable import jsonable
@@ -50,13 +50,15 @@ class RunFolder:
         self._requests_name, self._steps_name = f"requests.{requests}", f"steps.{steps}"
         self._written = {self._requests_name, self._steps_name}
         self._files = ExitStack()  # the temporary files, renamed into place when all are written
+        self._temps: dict[str, Path] = {}  # file name -> its temporary path
         self.outcomes = RequestOutcomes(slo, TableWriter(self._temp(f"requests.{requests}"), requests),
                                         extra_columns=request_columns)
         self.steps_writer = TableWriter(self._temp(f"steps.{steps}"), steps) if steps != "none" else None
         self.timeline = StepTimeline(TIMELINE)
 
     def _temp(self, name: str) -> Path:
-        return self._files.enter_context(atomic_path(self.out / name))
+        path = self._temps[name] = self._files.enter_context(atomic_path(self.out / name))
+        return path
 
     def on_request(self, position: int, request: Request, token_times, extra: tuple = ()) -> None:
         """A request ended; `position`: its place in arrival order; `token_times`: its tokens' times;
@@ -100,6 +102,9 @@ class RunFolder:
                 texts = {"summary.json": json.dumps(summary, indent=2) + "\n", **run_report_files(summary, digest)}
                 for name, text in texts.items():
                     self._temp(name).write_text(text)
+                # Every file on disk before the first rename: a disk error then renames none of them.
+                for name, path in self._temps.items():
+                    sync_file(path)
             except OSError as e:
                 raise self._cannot_write(name, e) from None
         for name in (f"{table}.{fmt}" for table in ("requests", "steps") for fmt in TABLE_FORMATS):
