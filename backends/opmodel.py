@@ -274,12 +274,7 @@ class OperatorModel:
         elif num_requests - num_decodes == 1 and (chunk := num_tokens - num_decodes) > 1:
             before = computed[q.index(chunk)]
             sum_decodes = sum(computed) - before + num_decodes
-            if before:
-                prefill = self.prefill_attention(1, chunk * before + chunk * (chunk + 1) / 2, before + chunk)
-            else:
-                prefill = self._first_chunks.get(chunk)
-                if prefill is None:
-                    prefill = self._first_chunk_attention(chunk)
+            prefill = self._one_chunk_attention(chunk, before)
         else:
             # Requests with q = 0 (none from the engine) are neither; the pairs are added in order, as sum() would.
             sum_decodes = num_chunks = sum_pairs = sum_context = 0
@@ -316,13 +311,7 @@ class OperatorModel:
         num_tokens = num_decodes + chunk
         seconds, columns = [], {}
         for j in range(num_steps):
-            before_j = before + chunk * j
-            if before_j:
-                prefill = self.prefill_attention(1, chunk * before_j + chunk * (chunk + 1) / 2, before_j + chunk)
-            else:
-                prefill = self._first_chunks.get(chunk)
-                if prefill is None:
-                    prefill = self._first_chunk_attention(chunk)
+            prefill = self._one_chunk_attention(chunk, before + chunk * j)
             s, parts = self._finish_step(self.dense_parts_at(num_tokens, num_decodes), num_decodes,
                                          sum_decodes + num_decodes * j, prefill)
             seconds.append(s)
@@ -333,6 +322,13 @@ class OperatorModel:
                 else:
                     column.append(value)
         return seconds, columns
+
+    def _one_chunk_attention(self, chunk: int, before: int) -> float:
+        """`prefill_attention` of a step's only chunk, of `chunk` tokens on `before` computed ones."""
+        if before:
+            return self.prefill_attention(1, chunk * before + chunk * (chunk + 1) / 2, before + chunk)
+        prefill = self._first_chunks.get(chunk)
+        return self._first_chunk_attention(chunk) if prefill is None else prefill
 
     def _first_chunk_attention(self, chunk: int) -> float:
         """`prefill_attention` of a step's only chunk when nothing of its request is computed (a
