@@ -250,11 +250,7 @@ class FastForward:
         for o in opens:
             change[o // n] += 1
         for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
-            upto = bisect_left(opens, (last_step + 1) * n, taken)  # the blocks opened up to last_step
-            if upto > taken:
-                for o, block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
-                    reqs[o % n].block_table.append(block)
-                taken = upto
+            taken = _hand_out(bm, reqs, n, opens, taken, last_step)  # the blocks opened up to last_step
             if i is not None:
                 before = bm.num_used_blocks
                 engine.finish(reqs[i], ends_list[last_step])
@@ -357,7 +353,9 @@ class FastForward:
         prefill = reqs[-1]
         ends, chunk, opens = run.ends, run.chunk, run.opens
         k = len(ends)
-        used, num_waiting_at = [bm.num_used_blocks], [num_waiting]  # step 0's, the policy reserved its blocks
+        # Step 0's row: the policy reserved its blocks.
+        engine.steps.append_step(batch, start, run.first, bm.num_used_blocks, num_waiting, 0)
+        used, num_waiting_at = [], []  # steps 1..'s
         computed = batch.num_computed_tokens[-1] + chunk  # the prefill's, before step 1
         taken = 0
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
@@ -366,11 +364,7 @@ class FastForward:
         for j in range(1, k):
             if by_time:
                 workload.deliver(ends[j - 1])  # step j starts when step j - 1 ends
-            upto = bisect_left(opens, (j + 1) * n, taken)
-            if upto > taken:
-                for o, block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
-                    reqs[o % n].block_table.append(block)
-                taken = upto
+            taken = _hand_out(bm, reqs, n, opens, taken, j)
             prefill.num_computed_tokens = computed
             bm.append(prefill, chunk)
             computed += chunk
@@ -388,12 +382,19 @@ class FastForward:
             r.last_scheduled_step = last_step
             if num_output == r.max_tokens:
                 finished.append(r)
-        steps = engine.steps
-        steps.append_step(batch, start, run.first, used[0], num_waiting, 0)
-        del used[0], num_waiting_at[0]
-        steps.extend(k - 1, {
+        engine.steps.extend(k - 1, {
             "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": chunk, "num_decode_tokens": n,
             "num_requests": n + 1, "num_kv_blocks_used": used, "num_waiting": num_waiting_at,
         }, run.parts)  # no preemptions
         engine._finish_all(finished, ends[-1])
         state.step_index += k
+
+
+def _hand_out(bm, reqs: list, n: int, opens: list[int], taken: int, last_step: int) -> int:
+    """Give the requests the blocks they open up to `last_step` (`opens[taken:]`: step * n + batch
+    index, sorted), taken from the free queue in that order; returns how many of `opens` are given."""
+    upto = bisect_left(opens, (last_step + 1) * n, taken)
+    if upto > taken:
+        for o, block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
+            reqs[o % n].block_table.append(block)
+    return upto
