@@ -109,7 +109,6 @@ class BlockManager:
         self._width = 0  # slots per chunk, set by the first request with trace hashes
         self._slots: list[int | None] = []  # chunk c's slots are [c * width, (c + 1) * width): the block indexed there
         self._state: list[int] = []  # each slot's state: HELD + users - 1, or its free block's LRU position
-        self._slot_ids: list[int] = []  # range(len(_slots)), made once: slot lists are slices of it
         self._helds: list[int] = []  # [HELD] * width, a slice of it marks a run of slots held
         self._sweep_at = 16  # chunks made before empty ones are looked for (_sweep)
         # Blocks waiting behind the one in their slot (> 0), or own key (< 0), in indexing order.
@@ -223,7 +222,6 @@ class BlockManager:
             self._width = -(-h_tokens // block_size)  # at most this many blocks end in one trace block
             self._slots = [None] * self._width  # chunk 0: the slot of blocks not in the shared index
             self._state = [EMPTY] * self._width
-            self._slot_ids = list(range(self._width))
             self._helds = [HELD] * self._width
         elif self._width != -(-h_tokens // block_size):
             raise ValueError("requests with different hash_block_tokens share one block manager")
@@ -289,7 +287,6 @@ class BlockManager:
                 num_new = max(64, chunk // 4) * self._width
                 self._slots.extend([None] * num_new)
                 self._state.extend([EMPTY] * num_new)
-                self._slot_ids.extend(range(len(self._slot_ids), len(self._slots)))
         self._chunk_hash[chunk] = chain_hash
         self._chunk_of[chain_hash] = chunk
         return chunk
@@ -330,11 +327,11 @@ class BlockManager:
         return out
 
     def _slots_of(self, request: Request, stop: int) -> list[int]:
-        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block)."""
-        slot_ids = self._slot_ids
+        """The slots in the shared index of the request's indexed blocks [0, stop) (0: an own block);
+        for check_invariants."""
         slots: list[int] = []
         for slot, a, b in self._slot_runs(request, stop):
-            slots += slot_ids[slot:slot + b - a]
+            slots += range(slot, slot + b - a)
         if stop > len(slots):
             slots += [0] * (stop - len(slots))
         return slots
@@ -672,12 +669,11 @@ class BlockManager:
         assert all(self._chunk_hash[c] == h for h, c in self._chunk_of.items()) and len(chunks) == len(self._chunk_of)
         assert 0 not in chunks and not chunks & set(self._unused_chunks)
         assert chunks | set(self._unused_chunks) == set(range(1, len(self._chunk_hash))), "a chunk is lost"
-        assert len(slots) == len(self._state) == len(self._slot_ids) >= width * len(self._chunk_hash) if width else not slots
+        assert len(slots) == len(self._state) >= width * len(self._chunk_hash) if width else not slots
         live_slots = [slot for slot, s in enumerate(self._state) if s - slot >= live]
         assert all(width <= slot < width * len(self._chunk_hash) for slot in live_slots), "a slot out of the chunks holds a block"
         for slot in live_slots:
             assert slot // width in chunks, "a chunk out of the index holds blocks"
-        assert self._slot_ids == list(range(len(slots)))
         shared = [(slot, slots[slot]) for slot in live_slots]
         own = list(self.hash_to_block.items())
         for key, blocks in self._duplicates.items():
