@@ -530,6 +530,14 @@ class BlockManager:
             if num_full > request.num_hashed_blocks:
                 self._register(request, num_full)
 
+    def index_full_blocks(self, request: Request) -> None:
+        """Index the shared blocks that the request's computed tokens fill (`append`'s indexing,
+        for blocks given to the request by hand: a chunk run's, sim/fast_forward.py)."""
+        if self.enable_prefix_caching:
+            num_full = min(request.num_computed_tokens // self.block_size, request.num_shared_blocks(self.block_size))
+            if num_full > request.num_hashed_blocks:
+                self._register(request, num_full)
+
     def free(self, request: Request, preempted: bool = False, num_scheduled: int = 0) -> None:
         """Release a finished or preempted request's blocks, tail first: a block whose last user
         leaves goes to the head of the free queue without a hash, to its tail with one. The full

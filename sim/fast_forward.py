@@ -355,22 +355,51 @@ class FastForward:
         k = len(ends)
         # Step 0's row: the policy reserved its blocks.
         engine.steps.append_step(batch, start, run.first, bm.num_used_blocks, num_waiting, 0)
-        used, num_waiting_at = [], []  # steps 1..'s
+        # The blocks of steps 1..: each step's decodes' opening blocks in batch order, then the
+        # prefill's new ones, all taken from the free queue in that order in one go (nothing is
+        # freed meanwhile, so taking them step by step takes the same blocks), then the prefill's
+        # full blocks indexed in one go (nobody looks the index up meanwhile, and its blocks are
+        # held, so no eviction meets them: the index ends as step by step).
+        bs = bm.block_size
+        table = prefill.block_table
+        num_table = len(table)
         computed = batch.num_computed_tokens[-1] + chunk  # the prefill's, before step 1
-        taken = 0
+        counts = []  # per step 1..: (the decodes' new blocks, the prefill's)
+        taken = total = 0
+        for j in range(1, k):
+            upto = bisect_left(opens, (j + 1) * n, taken) if n else 0
+            computed += chunk
+            new = -(-computed // bs) - num_table
+            if new > 0:
+                num_table += new
+            else:
+                new = 0
+            counts.append((upto - taken, new))
+            total += upto - taken + new
+            taken = upto
+        blocks = bm.pop_free_blocks(total) if total else []
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
         # (plan_chunks), and what arrived since is for the step after the run.
         by_time = getattr(workload, "delivers_by_time", False)
-        for j in range(1, k):
+        used_now = bm.num_used_blocks - total  # before step 1
+        used, num_waiting_at = [], []  # steps 1..'s
+        at = taken = 0
+        for j, (num_decode_blocks, new) in enumerate(counts, 1):
             if by_time:
                 workload.deliver(ends[j - 1])  # step j starts when step j - 1 ends
-            taken = _hand_out(bm, reqs, n, opens, taken, j)
-            prefill.num_computed_tokens = computed
-            bm.append(prefill, chunk)
-            computed += chunk
-            used.append(bm.num_used_blocks)
+            if num_decode_blocks:
+                for o, block in zip(opens[taken:taken + num_decode_blocks], blocks[at:at + num_decode_blocks]):
+                    reqs[o % n].block_table.append(block)
+                taken += num_decode_blocks
+                at += num_decode_blocks
+            if new:
+                table += blocks[at:at + new]
+                at += new
+            used_now += num_decode_blocks + new
+            used.append(used_now)
             num_waiting_at.append(len(waiting))
         prefill.num_computed_tokens = computed
+        bm.index_full_blocks(prefill)
         last_step = state.step_index + k - 1
         prefill.last_scheduled_step = last_step
         finished = []
