@@ -59,11 +59,10 @@ class Policy:
 
     A third promise, `repeats_full_chunk_steps = True`, lets the engine take a run of steps that
     carry a long prompt's prefill forward chunk by chunk beside the decodes in one go (a chunk run,
-    sim/fast_forward.py): whenever this policy has scheduled, without preempting, a step of every
-    running request in running order, all but the last decoding (one token each) and the last a
-    prefill chunk that does not end its prompt, and the step's tokens fill the budget that
-    `chunk_run_budget()` returns, then as long as no running request finishes and the free blocks
-    cover the next step, its next step is the same requests again: the decodes one token each and
+    sim/fast_forward.py): whenever every running request but the last (in running order) is
+    decoding, and the last has a prefill with more tokens left than the budget that
+    `chunk_run_budget()` returns leaves after one token for each decode, then as long as the free
+    blocks cover the step, the next step this policy schedules is the decodes one token each and
     the last request the rest of the budget, admitting no one, whatever arrived meanwhile. Only
     `chunked` makes it (whole-prompt policies never schedule such steps); inherited and lost as the
     other two, and relied on only together with `supports_fast_forward`.

@@ -27,8 +27,8 @@ class ChunkedPolicy(Policy):
     repeats_full_chunk_steps = True  # policies/base.py: a step that the decodes and a chunk fill repeats
 
     def chunk_run_budget(self) -> int | None:
-        """The step budget, where a step that it fills repeats (`Policy`'s third promise): the
-        running requests come first in running order, each decode one token and the prefill
+        """The step budget, where the decodes and one prefill fill it (`Policy`'s third promise):
+        the running requests come first in running order, each decode one token and the prefill
         chunk what is left, so a full step admits no one (`while ... budget > 0`, as vLLM's
         Scheduler.schedule admits from its WAITING queue only `while self.waiting and
         token_budget > 0`, vllm/v1/core/sched/scheduler.py). The promise

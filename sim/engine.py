@@ -11,7 +11,8 @@ sleeps on an event when it has nothing to do. When the policy and the backend bo
 runs of identical decode-only steps are costed in one call instead (`sim/fast_forward.py`), with
 exactly the answers of stepping one by one; such a run may begin with the step that admitted a
 request (a folded run), priced by `execute` before the run is planned. So may a run of steps that
-each decode the same requests and carry one long prompt's prefill forward by a chunk (a chunk run).
+each decode the same requests and carry one long prompt's prefill forward by a chunk (a chunk run),
+from the step before them (the one that ends a prompt and begins the next, say).
 """
 
 from __future__ import annotations
@@ -200,13 +201,13 @@ class Engine:
                     # after it decode them all (the policy's promise), so one run may take both.
                     result = self.backend.execute(batch)
                     run = self.fast_forward.plan(batch, env.now, result)
-                elif (batch.num_leading_decodes == len(batch) - 1 and self._chunk_budget is not None
-                      and batch.num_scheduled_tokens[-1] + len(batch) - 1 == self._chunk_budget
-                      and not batch.needs_logits[-1]):
-                    # The decodes and a prefill chunk that does not end its prompt fill the budget:
-                    # the same step repeats (the policy's promise) until the prompt's last chunk.
+                elif (self._chunk_budget is not None and not batch.needs_logits[-1]
+                      and batch.needs_logits.count(False) == 1 and batch.requests == state.running):
+                    # Every running request but the last emits a token in this step, so decodes
+                    # after it; the last carries a prefill forward: where the decodes and that
+                    # prefill fill the budget, the steps after it repeat (the policy's promise).
                     result = self.backend.execute(batch)
-                    run = self.fast_forward.plan_chunks(batch, env.now, result)
+                    run = self.fast_forward.plan_chunks(batch, env.now, result, self._chunk_budget)
             if run is not None:
                 yield from self.fast_forward.execute(env, batch, run)
             else:

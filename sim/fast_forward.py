@@ -64,9 +64,9 @@ class DecodeRun(NamedTuple):
 
 
 class ChunkRun(NamedTuple):
-    """A planned chunk run: step 0 as the policy scheduled it (decodes, then a prefill chunk that
-    fills the budget), then the same requests again, the prefill carried forward by `chunk` tokens
-    a step."""
+    """A planned chunk run: step 0 as the policy scheduled it (each request but the last computing
+    all its tokens, the last a prefill chunk), then the same requests again, all but the last
+    decoding and the prefill carried forward by `chunk` tokens a step (the rest of the budget)."""
 
     ends: list[float]  # [steps] end time of each step
     first: "StepResult"  # step 0's cost (the backend's `execute`)
@@ -264,20 +264,26 @@ class FastForward:
 
     # Chunk runs.
 
-    def plan_chunks(self, batch: Batch, now: float, first: "StepResult") -> ChunkRun | None:
+    def plan_chunks(self, batch: Batch, now: float, first: "StepResult", budget: int) -> ChunkRun | None:
         """The chunk run starting with `batch`, or None when it would be a single step. `batch`
         (already scheduled, costed `first` by the backend's `execute`) schedules every running
-        request in running order without preempting: one token for each but the last, which
-        decode, and for the last a prefill chunk that does not end its prompt, filling the
-        policy's budget. With the policy's `repeats_full_chunk_steps` promise the steps after it
-        are the same requests again, the chunk the same size, for as long as:
+        request in running order without preempting, each but the last computing all its tokens
+        (so each emits a token: a decode, or a prompt's last chunk) and the last a prefill chunk
+        that does not end its prompt. After it the others all decode: with the policy's
+        `repeats_full_chunk_steps` promise, the steps after it are the same requests again, the
+        decodes one token each and the last request the rest of the policy's `budget` (a chunk
+        of the same size every step), for as long as:
 
         - the prefill has more than a chunk left (its last chunk ends the prompt: that step
           admits requests with the budget left, and is scheduled normally),
-        - no decode finishes (the run ends with the step in which the first ones do),
+        - no request finishes (the run ends with the step in which the first ones do),
         - the free blocks cover each step's new blocks (taken in step-by-step order: each step's
           decodes' opening blocks in batch order, then the chunk's),
         - every step ends before the workload's next observation (a cluster's router).
+
+        Step 0 may fill the budget too (then it is such a step itself), or be the step that ends
+        one prompt and begins the next one's prefill (a folded chunk run: its prompt's request
+        emits its first token and decodes from step 1 on).
 
         Arrivals do not end it where the workload can hand over the arrivals up to a given time
         after the fact (`delivers_by_time`: a trace's open loop, a closed loop): a step that the
@@ -286,10 +292,12 @@ class FastForward:
         first step that starts at or after the next arrival."""
         reqs = batch.requests
         n = len(reqs) - 1
+        chunk = budget - n
+        if chunk < 2:  # (a one-token chunk would be costed as a decode)
+            return None
         prefill = reqs[-1]
-        chunk = batch.num_scheduled_tokens[-1]
-        before = batch.num_computed_tokens[-1]
-        num_steps = (prefill.num_tokens - before - 1) // chunk  # steps j with more than a chunk left before them
+        before = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
+        num_steps = 1 + (prefill.num_tokens - before - 1) // chunk  # step 0, and steps with more than a chunk left
         if n:
             num_steps = min(num_steps, min([r.max_tokens - r.num_output_tokens for r in reqs[:n]]))
         num_steps = min(num_steps, MAX_RUN_STEPS)
@@ -300,12 +308,12 @@ class FastForward:
         next_observation = engine.workload.next_observation_s
         if next_observation <= start:
             return None
-        decode_computed = [c + 1 for c in batch.num_computed_tokens[:n]]  # before step 1
+        decode_computed = [c + q for c, q in zip(batch.num_computed_tokens[:n], batch.num_scheduled_tokens[:n])]  # before step 1
         bm = engine.block_manager
         bs = bm.block_size
         # Blocks of steps 1.. : decode i computes position decode_computed[i] + j - 1 in step j and
         # opens a block where that is a multiple of the block size; the chunk of step j needs its
-        # table to cover before + (j + 1) * chunk tokens. Cut where the free blocks run out.
+        # table to cover before + j * chunk tokens. Cut where the free blocks run out.
         opens: list[int] = []
         for i, c in enumerate(decode_computed):
             first_open = 1 + -c % bs
@@ -317,12 +325,12 @@ class FastForward:
         taken = 0
         for j in range(1, num_steps):
             taken = bisect_left(opens, (j + 1) * n, taken)  # the decodes' blocks of steps 1..j
-            if taken + max(0, -(-(before + (j + 1) * chunk) // bs) - table) > free:
+            if taken + max(0, -(-(before + j * chunk) // bs) - table) > free:
                 num_steps = j
                 break
         if num_steps < 2:
             return None
-        seconds, parts = engine.backend.chunk_steps(decode_computed, chunk, before + chunk, num_steps - 1)
+        seconds, parts = engine.backend.chunk_steps(decode_computed, chunk, before, num_steps - 1)
         ends = list(accumulate(seconds, initial=start))
         if next_observation < np.inf:  # every step ends before it
             num_steps = min(num_steps, bisect_left(ends, next_observation))
@@ -363,7 +371,7 @@ class FastForward:
         bs = bm.block_size
         table = prefill.block_table
         num_table = len(table)
-        computed = batch.num_computed_tokens[-1] + chunk  # the prefill's, before step 1
+        computed = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
         counts = []  # per step 1..: (the decodes' new blocks, the prefill's)
         taken = total = 0
         for j in range(1, k):
@@ -403,10 +411,15 @@ class FastForward:
         last_step = state.step_index + k - 1
         prefill.last_scheduled_step = last_step
         finished = []
-        for r in reqs[:n]:
-            r.token_times.extend(ends)
-            r.num_computed_tokens += k
-            num_output = r.num_output_tokens + k
+        for r, q in zip(reqs[:n], batch.num_scheduled_tokens):
+            num_output = r.num_output_tokens
+            if num_output:
+                r.token_times.extend(ends)
+            else:  # its prompt ended in step 0
+                r.first_token_s = ends[0]
+                r.token_times = ends[:]
+            r.num_computed_tokens += q + k - 1
+            num_output += k
             r.num_output_tokens = num_output
             r.last_scheduled_step = last_step
             if num_output == r.max_tokens:

@@ -91,8 +91,8 @@ def test_fast_forward_gives_the_same_bench_with_long_prompts(monkeypatch):
     runs_taken = []
     plan_chunks = FastForward.plan_chunks
 
-    def counting(self, batch, now, first):
-        run = plan_chunks(self, batch, now, first)
+    def counting(self, batch, now, first, budget):
+        run = plan_chunks(self, batch, now, first, budget)
         runs_taken.append(run is not None)
         return run
 

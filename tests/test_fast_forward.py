@@ -173,16 +173,20 @@ def _same_replays(a, b):
     assert (a.end_s, a.num_preemptions, a.num_prefix_hit_tokens) == (b.end_s, b.num_preemptions, b.num_prefix_hit_tokens)
 
 
-def _count_chunk_runs(monkeypatch):
+def _count_chunk_runs(monkeypatch, folded: list | None = None):
+    """The lengths of the chunk runs taken; `folded` gets, for each, whether its step 0 did more
+    than decode all but the last request (it ended a prompt and began the next one's prefill, say)."""
     from sim.fast_forward import FastForward
 
     lengths = []
     plan_chunks = FastForward.plan_chunks
 
-    def counting(self, batch, now, first):
-        run = plan_chunks(self, batch, now, first)
+    def counting(self, batch, now, first, budget):
+        run = plan_chunks(self, batch, now, first, budget)
         if run is not None:
             lengths.append(len(run.ends))
+            if folded is not None:
+                folded.append(batch.num_leading_decodes < len(batch) - 1)
         return run
 
     monkeypatch.setattr(FastForward, "plan_chunks", counting)
@@ -201,12 +205,15 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
     trace = read_trace(MOONCAKE_SAMPLE)
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048),
                             cache=CacheConfig(num_blocks=6000))
-    lengths = _count_chunk_runs(monkeypatch)
+    folded = []
+    lengths = _count_chunk_runs(monkeypatch, folded)
     fast = replay(trace, options)
     runs = list(lengths)
     slow = replay(trace, options, fast_forward=False)
     assert len(lengths) == len(runs), "no chunk runs step by step"
     assert len(runs) > 100 and min(runs) >= 2 and sum(runs) > len(fast.steps) / 2
+    # Both kinds: from a step of decodes and a chunk, and from one that ends a prompt and begins the next.
+    assert 10 < sum(folded) < len(folded)
     assert fast.num_prefix_hit_tokens > 0 and max(fast.steps.num_waiting) > 10
     _same_replays(fast, slow)
 

@@ -37,11 +37,12 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
         for line_no, raw in enumerate(handle, start=first_line + 1):
             yield line_no, decode(path, line_no, raw)
 
+    where_path = str(path)  # (formatting a Path on every line costs more than the line's checks)
     for line_no, text in numbered_lines():
         text = text.strip()
         if not text:
             continue
-        where = f"{path}:{line_no}"
+        where = f"{where_path}:{line_no}"
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
