@@ -56,7 +56,10 @@ stretch of the flat list `_slots`). Beside each slot a state (`_state`) says wha
 
 A request's blocks occupy consecutive slots within each chunk, so indexing them, freeing them
 (their slots get their entries' positions, consecutive too) and looking them up are slice
-operations on `_slots` and `_state`: no loop over blocks. A chunk whose slots are all empty stays
+operations on `_slots` and `_state`: no loop over blocks. Trace blocks new to the index take
+chunks numbered in a row where they can (`_new_chunks`: emptied chunks are kept sorted for that),
+so a request's slots mostly run on from one chunk into the next, and a stretch of them over
+several chunks (`_slot_runs`) is still one slice store. A chunk whose slots are all empty stays
 in the dict until a sweep (`_sweep`, when chunks run out) takes it out for reuse: a lookup finds
 nothing in an empty chunk, as in none, and indexing into it is indexing into a fresh one, so when
 it leaves changes no answer. Duplicates (an identical block indexed while one is) wait behind the
@@ -72,7 +75,6 @@ implementation, with one dict entry and one reference count per block as vLLM
 
 from __future__ import annotations
 
-from itertools import islice
 from operator import itemgetter, sub
 
 from sim.request import Request
@@ -242,12 +244,37 @@ class BlockManager:
             runs, k = self._runs(request, start)
             slots, state, width, chunk_of, helds = self._slots, self._state, self._width, self._chunk_of, self._helds
             live = self._head_abs
-            for chain_hash, first, end in islice(runs, k, None):
+            num_runs = len(runs)
+            # Where every trace block holds `width` blocks, trace blocks new to the index that get
+            # chunks numbered one after another have their slots one after another too: a stretch
+            # of them is indexed with one slice store (`_new_chunks`).
+            whole = request.hash_block_tokens == width * self.block_size
+            while k < num_runs:
+                chain_hash, first, end = runs[k]
                 if first >= num_shared:
                     break
+                k += 1
                 chunk = chunk_of.get(chain_hash)
                 fresh = chunk is None
                 if fresh:
+                    if whole and k < num_runs and runs[k][1] < num_shared and runs[k][0] not in chunk_of:
+                        m = k + 1  # runs[k - 1:m] are new to the index
+                        while m < num_runs and runs[m][1] < num_shared and runs[m][0] not in chunk_of:
+                            m += 1
+                        j = k - 1
+                        while j < m:  # a stretch of them at a time, numbered in a row
+                            chunk, count = self._new_chunks(runs, j, m)
+                            first = runs[j][1]
+                            a = start if start > first else first
+                            b = runs[j + count - 1][2]
+                            if b > num_shared:
+                                b = num_shared
+                            lo = chunk * width - first + a
+                            slots[lo:lo + b - a] = table[a:b]
+                            state[lo:lo + b - a] = [HELD] * (b - a)
+                            j += count
+                        k = m
+                        continue
                     chunk = self._new_chunk(chain_hash)
                 base = chunk * width - first  # block i's slot: base + i
                 a = start if start > first else first
@@ -273,6 +300,40 @@ class BlockManager:
                 if index(key, block) != block:
                     self._duplicates.setdefault(key, []).append(block)
         request.num_hashed_blocks = num_full
+
+    def _new_chunks(self, runs: list[tuple[int, int, int]], j: int, m: int) -> tuple[int, int]:
+        """Chunks for the chain hashes of runs[j:m] (none in the index), as many of the first ones
+        as get numbers in a row, put in the index: (the first one's number, how many). They are
+        the chunks that `_new_chunk` would give them one by one, sweeps included: emptied chunks
+        first (the sweep leaves them sorted, so the next ones are often in a row), then new ones
+        up to a sweep. The caller fills their slots before it asks for more (a sweep would take
+        back a chunk whose slots are all empty)."""
+        unused = self._unused_chunks
+        if not unused and len(self._chunk_hash) >= self._sweep_at:
+            self._sweep()
+        most = m - j
+        if unused:  # sorted from largest to smallest: the last ones are taken first
+            first = unused[-1]
+            count = 1
+            if most > 1:
+                most = min(most, len(unused))
+                while count < most and unused[-count - 1] == first + count:
+                    count += 1
+            del unused[len(unused) - count:]
+            hashes = [run[0] for run in runs[j:j + count]]
+            self._chunk_hash[first:first + count] = hashes
+        else:
+            first = len(self._chunk_hash)
+            count = min(most, self._sweep_at - first)
+            hashes = [run[0] for run in runs[j:j + count]]
+            self._chunk_hash.extend(hashes)
+            missing = (first + count) * self._width - len(self._slots)
+            if missing > 0:  # room for more chunks, made many at a time
+                num_new = max(missing, max(64, first // 4) * self._width)
+                self._slots.extend([None] * num_new)
+                self._state.extend([EMPTY] * num_new)
+        self._chunk_of.update(zip(hashes, range(first, first + count)))
+        return first, count
 
     def _new_chunk(self, chain_hash: int) -> int:
         unused = self._unused_chunks
@@ -306,6 +367,7 @@ class BlockManager:
                 continue
             del chunk_of[chain_hash]
             self._unused_chunks.append(chunk)
+        self._unused_chunks.sort(reverse=True)  # taken smallest first: stretches in a row (`_new_chunks`)
         # The next sweep: once the chunks freed now are used up and the index has at least four
         # times the chunks left in it now. Between two sweeps, the second looking at N chunks, at
         # least 3N/4 chunks were made, so sweeps look at 4/3 chunks per chunk made at most.
@@ -314,16 +376,26 @@ class BlockManager:
 
     def _slot_runs(self, request: Request, stop: int) -> list[tuple[int, int, int]]:
         """(slot of block a, a, b) for each stretch [a, b) of the request's shared blocks below
-        `stop` that lie in one chunk, in order (consecutive slots)."""
+        `stop` whose slots follow one another (one chunk's, or those of chunks numbered in a row
+        that the blocks fill from their first slot), in order."""
         num_shared = min(stop, request.num_shared_blocks(self.block_size))
         out = []
         if num_shared:
             runs, _ = self._runs(request, 0)
             width, chunk_of = self._width, self._chunk_of
+            slot = a = b = 0
             for chain_hash, first, end in runs:
                 if first >= num_shared:
                     break
-                out.append((chunk_of[chain_hash] * width, first, num_shared if num_shared < end else end))
+                at = chunk_of[chain_hash] * width  # block first's slot
+                if at == slot + b - a and first == b and b:  # right after the stretch so far
+                    b = num_shared if num_shared < end else end
+                    continue
+                if b:
+                    out.append((slot, a, b))
+                slot, a, b = at, first, num_shared if num_shared < end else end
+            if b:
+                out.append((slot, a, b))
         return out
 
     def _slots_of(self, request: Request, stop: int) -> list[int]:
@@ -480,7 +552,7 @@ class BlockManager:
             for slot, a, b in self._slot_runs(request, num_shared):
                 n = b - a
                 if max(state[slot:slot + n]) < HELD:
-                    state[slot:slot + n] = helds if n == len(helds) else helds[:n]
+                    state[slot:slot + n] = helds if n == len(helds) else helds[:n] if n < len(helds) else [HELD] * n
                     for block in cached_blocks[a:b]:
                         skip[block] += 1
                     num_taken += n
