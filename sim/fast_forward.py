@@ -32,6 +32,12 @@ SimPy event and a single step's bookkeeping. The step must schedule every runnin
 running order, without preempting; an engine whose class overrides `advance` or `_log_step` (a
 prefill replica hands its requests off after their first token) never folds
 (`Engine.folds_admitting_steps`).
+
+Under a queue of long prompts most steps are the running requests' decodes and one prompt's
+prefill chunk, which together fill the budget: a chunk run (`plan_chunks`, `_apply_chunks`) takes
+them in one go, from the step before them (which may end one prompt and begin the next) until the
+prompt's last chunk, decodes leaving as they finish. It rests on the policy's third promise
+(`repeats_full_chunk_steps`) and on the backend's `chunk_steps` (exactly `execute`'s seconds).
 """
 
 from __future__ import annotations
@@ -65,15 +71,17 @@ class DecodeRun(NamedTuple):
 
 class ChunkRun(NamedTuple):
     """A planned chunk run: step 0 as the policy scheduled it (each request but the last computing
-    all its tokens, the last a prefill chunk), then the same requests again, all but the last
-    decoding and the prefill carried forward by `chunk` tokens a step (the rest of the budget)."""
+    all its tokens, the last a prefill chunk), then the same requests again while they last, all
+    but the last decoding and the prefill carried forward by the rest of the budget each step."""
 
     ends: list[float]  # [steps] end time of each step
     first: "StepResult"  # step 0's cost (the backend's `execute`)
     seconds: list[float]  # steps 1..'s seconds
     parts: dict  # their breakdown: per key a list like `seconds`
-    chunk: int  # the prefill's tokens in every step
-    opens: list[int]  # step * decodes + decode index of each block the decodes open in steps 1.., in order
+    chunks: list[int]  # steps 1..'s prefill tokens (the budget less that step's decodes)
+    num_decodes: list[int]  # steps 1..'s decodes
+    opens: list[int]  # step * n + decode index of each block the decodes open in steps 1.., in order (n: step 0's decodes)
+    active_steps: list[int]  # per decode of step 0, the steps it takes part in (it finishes in the last, or runs on)
 
 
 class FastForward:
@@ -274,12 +282,17 @@ class FastForward:
         decodes one token each and the last request the rest of the policy's `budget` (a chunk
         of the same size every step), for as long as:
 
-        - the prefill has more than a chunk left (its last chunk ends the prompt: that step
-          admits requests with the budget left, and is scheduled normally),
-        - no request finishes (the run ends with the step in which the first ones do),
+        - the prefill has more left than the step's chunk (its last chunk ends the prompt: that
+          step admits requests with the budget left, and is scheduled normally),
         - the free blocks cover each step's new blocks (taken in step-by-step order: each step's
-          decodes' opening blocks in batch order, then the chunk's),
+          decodes' opening blocks in batch order, then the chunk's; blocks that finishing decodes
+          free are not counted on),
         - every step ends before the workload's next observation (a cluster's router).
+
+        A decode that emits its last token leaves at the end of that step, and the steps after it
+        are the others and a chunk one token longer (still a full step: it admits no one), unless
+        the workload answers a finish with a new request (a closed loop): then the run ends with
+        the step in which the first decodes finish.
 
         Step 0 may fill the budget too (then it is such a step itself), or be the step that ends
         one prompt and begins the next one's prefill (a folded chunk run: its prompt's request
@@ -292,143 +305,208 @@ class FastForward:
         first step that starts at or after the next arrival."""
         reqs = batch.requests
         n = len(reqs) - 1
-        chunk = budget - n
-        if chunk < 2:  # (a one-token chunk would be costed as a decode)
-            return None
         prefill = reqs[-1]
+        engine = self.engine
+        workload = engine.workload
         before = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
-        num_steps = 1 + (prefill.num_tokens - before - 1) // chunk  # step 0, and steps with more than a chunk left
-        if n:
-            num_steps = min(num_steps, min([r.max_tokens - r.num_output_tokens for r in reqs[:n]]))
-        num_steps = min(num_steps, MAX_RUN_STEPS)
+        remaining = [r.max_tokens - r.num_output_tokens for r in reqs[:n]]  # steps each decode takes part in
+        # Past a finish the others go on (a full step admits no one), unless the workload answers a
+        # finish with a new request (a closed loop): then the run ends with the first finish.
+        last = MAX_RUN_STEPS
+        if n and workload.reacts_to_finishes:
+            last = min(last, min(remaining))
+        # Steps 1..: the decodes still running and the rest of the budget for the prefill, for as
+        # long as the prefill has more than that left (its last chunk is scheduled normally).
+        ordered = sorted(remaining)
+        chunks: list[int] = []
+        num_decodes: list[int] = []
+        left = prefill.num_tokens - before
+        gone = 0  # decodes that finished before step j
+        j = 1
+        while j < last:
+            while gone < n and ordered[gone] <= j:
+                gone += 1
+            chunk = budget - n + gone
+            if chunk < 2 or left <= chunk:  # (a one-token chunk would be costed as a decode)
+                break
+            chunks.append(chunk)
+            num_decodes.append(n - gone)
+            left -= chunk
+            j += 1
+        num_steps = j
         if num_steps < 2:
             return None
-        engine = self.engine
         start = now + first.seconds  # step 0's end, as the clock adds it
-        next_observation = engine.workload.next_observation_s
+        next_observation = workload.next_observation_s
         if next_observation <= start:
             return None
         decode_computed = [c + q for c, q in zip(batch.num_computed_tokens[:n], batch.num_scheduled_tokens[:n])]  # before step 1
         bm = engine.block_manager
         bs = bm.block_size
-        # Blocks of steps 1.. : decode i computes position decode_computed[i] + j - 1 in step j and
-        # opens a block where that is a multiple of the block size; the chunk of step j needs its
-        # table to cover before + j * chunk tokens. Cut where the free blocks run out.
+        # Blocks of steps 1.. : decode i computes position decode_computed[i] + j - 1 in step j (while
+        # it runs) and opens a block where that is a multiple of the block size; the chunk of step j
+        # needs the prefill's table to cover its tokens after it. Cut where the free blocks run out
+        # (blocks that finishing decodes free are not counted on).
         opens: list[int] = []
-        for i, c in enumerate(decode_computed):
-            first_open = 1 + -c % bs
-            if first_open < num_steps:
-                opens += range(first_open * n + i, num_steps * n, bs * n)
+        for i, (c, rem) in enumerate(zip(decode_computed, remaining)):
+            first_open, stop = 1 + -c % bs, num_steps if num_steps < rem else rem
+            if first_open < stop:
+                opens += range(first_open * n + i, stop * n, bs * n)
         opens.sort()
         free = bm.num_free_blocks
         table = len(prefill.block_table)
         taken = 0
+        computed = before
         for j in range(1, num_steps):
             taken = bisect_left(opens, (j + 1) * n, taken)  # the decodes' blocks of steps 1..j
-            if taken + max(0, -(-(before + j * chunk) // bs) - table) > free:
+            computed += chunks[j - 1]
+            if taken + max(0, -(-computed // bs) - table) > free:
                 num_steps = j
                 break
         if num_steps < 2:
             return None
-        seconds, parts = engine.backend.chunk_steps(decode_computed, chunk, before, num_steps - 1)
+        # Cost steps 1.. a stretch of the same decodes at a time.
+        seconds: list[float] = []
+        parts: dict[str, list[float]] = {}
+        step, computed = 1, before
+        while step < num_steps:
+            end = step + 1
+            while end < num_steps and num_decodes[end - 1] == num_decodes[step - 1]:
+                end += 1
+            contexts = [c + step - 1 for c, rem in zip(decode_computed, remaining) if rem > step]  # before `step`
+            chunk = chunks[step - 1]
+            piece, piece_parts = engine.backend.chunk_steps(contexts, chunk, computed, end - step)
+            if not seconds:
+                seconds, parts = piece, piece_parts
+            else:
+                seconds += piece
+                for key, values in piece_parts.items():
+                    parts[key] += values
+            computed += chunk * (end - step)
+            step = end
         ends = list(accumulate(seconds, initial=start))
         if next_observation < np.inf:  # every step ends before it
             num_steps = min(num_steps, bisect_left(ends, next_observation))
-        if not getattr(engine.workload, "delivers_by_time", False):
+        if not getattr(workload, "delivers_by_time", False):
             # Its `deliver` hands over whatever reached it by then, not what arrived by a given
             # time: a step starting at or after the next arrival is scheduled normally.
-            num_steps = min(num_steps, 1 + bisect_left(ends, engine.workload.next_arrival_s, 0, num_steps - 1))
+            num_steps = min(num_steps, 1 + bisect_left(ends, workload.next_arrival_s, 0, num_steps - 1))
         if num_steps < len(ends):
             if num_steps < 2:
                 return None
             del ends[num_steps:], seconds[num_steps - 1:]
             parts = {k: v[:num_steps - 1] for k, v in parts.items()}
+        del chunks[num_steps - 1:], num_decodes[num_steps - 1:]
         if n:
             del opens[bisect_left(opens, num_steps * n):]
-        return ChunkRun(ends, first, seconds, parts, chunk, opens)
+        return ChunkRun(ends, first, seconds, parts, chunks, num_decodes, opens,
+                        [rem if rem < num_steps else num_steps for rem in remaining])
 
     def _apply_chunks(self, batch: Batch, start: float, num_waiting: int, run: ChunkRun) -> None:
         """Apply and log a chunk run, doing what step-by-step simulation does in its order: before
         each step after the first, the arrivals up to its start join the queue, the decodes take
         the blocks they open, in batch order, then the prefill its chunk's (indexed as the policy
-        indexes them); after the last step, the decodes emit their tokens and those that finished
-        leave."""
+        indexes them); at the end of a step, the decodes that emitted their last token in it
+        leave, in batch order, their blocks freed before the next step takes any."""
         engine = self.engine
         state, bm, workload = engine.state, engine.block_manager, engine.workload
         waiting = state.waiting
         reqs = batch.requests
         n = len(reqs) - 1
         prefill = reqs[-1]
-        ends, chunk, opens = run.ends, run.chunk, run.opens
+        ends, chunks, opens = run.ends, run.chunks, run.opens
         k = len(ends)
+        first_step = state.step_index
         # Step 0's row: the policy reserved its blocks.
         engine.steps.append_step(batch, start, run.first, bm.num_used_blocks, num_waiting, 0)
-        # The blocks of steps 1..: each step's decodes' opening blocks in batch order, then the
-        # prefill's new ones, all taken from the free queue in that order in one go (nothing is
-        # freed meanwhile, so taking them step by step takes the same blocks), then the prefill's
-        # full blocks indexed in one go (nobody looks the index up meanwhile, and its blocks are
-        # held, so no eviction meets them: the index ends as step by step).
+        # The decodes' tokens, all of each one's steps at once (a finish, below, needs them all).
+        finishing = []  # (its last step, batch index)
+        for i, (r, q, num) in enumerate(zip(reqs[:n], batch.num_scheduled_tokens, run.active_steps)):
+            num_output = r.num_output_tokens
+            if num_output:
+                r.token_times.extend(ends if num == k else ends[:num])
+            else:  # its prompt ended in step 0
+                r.first_token_s = ends[0]
+                r.token_times = ends[:num]
+            r.num_computed_tokens += q + num - 1
+            num_output += num
+            r.num_output_tokens = num_output
+            r.last_scheduled_step = first_step + num - 1
+            if num_output == r.max_tokens:
+                finishing.append((num - 1, i))
+        finishing.sort()
+        # The blocks of each step 1..: its decodes' opening blocks in batch order, then the
+        # prefill's new ones.
         bs = bm.block_size
         table = prefill.block_table
         num_table = len(table)
         computed = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
         counts = []  # per step 1..: (the decodes' new blocks, the prefill's)
-        taken = total = 0
+        taken = 0
         for j in range(1, k):
             upto = bisect_left(opens, (j + 1) * n, taken) if n else 0
-            computed += chunk
+            computed += chunks[j - 1]
             new = -(-computed // bs) - num_table
             if new > 0:
                 num_table += new
             else:
                 new = 0
             counts.append((upto - taken, new))
-            total += upto - taken + new
             taken = upto
-        blocks = bm.pop_free_blocks(total) if total else []
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
         # (plan_chunks), and what arrived since is for the step after the run.
         by_time = getattr(workload, "delivers_by_time", False)
-        used_now = bm.num_used_blocks - total  # before step 1
         used, num_waiting_at = [], []  # steps 1..'s
-        at = taken = 0
-        for j, (num_decode_blocks, new) in enumerate(counts, 1):
-            if by_time:
-                workload.deliver(ends[j - 1])  # step j starts when step j - 1 ends
-            if num_decode_blocks:
-                for o, block in zip(opens[taken:taken + num_decode_blocks], blocks[at:at + num_decode_blocks]):
-                    reqs[o % n].block_table.append(block)
-                taken += num_decode_blocks
-                at += num_decode_blocks
-            if new:
-                table += blocks[at:at + new]
-                at += new
-            used_now += num_decode_blocks + new
-            used.append(used_now)
-            num_waiting_at.append(len(waiting))
+        f, num_finishing = 0, len(finishing)
+        while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
+            engine.finish(reqs[finishing[f][1]], ends[0])
+            f += 1
+        # Between two finishes, the steps' blocks are taken from the free queue in one go, in the
+        # order above (nothing is freed meanwhile, so taking them step by step takes the same
+        # blocks). The prefill's full blocks are indexed once, after the run: nobody looks the
+        # index up meanwhile, and its blocks are held, so no eviction or free meets them (a block
+        # indexed with the same key before is found first either way).
+        taken = 0
+        j = 1
+        while j < k:
+            end = finishing[f][0] + 1 if f < num_finishing else k  # steps j..end - 1
+            stretch = counts[j - 1:end - 1]
+            total = sum([a + b for a, b in stretch])
+            blocks = bm.pop_free_blocks(total) if total else []
+            used_now = bm.num_used_blocks - total  # before step j
+            at = 0
+            for step, (num_decode_blocks, new) in enumerate(stretch, j):
+                if by_time:
+                    workload.deliver(ends[step - 1])  # it starts when the step before ends
+                if num_decode_blocks:
+                    for o, block in zip(opens[taken:taken + num_decode_blocks], blocks[at:at + num_decode_blocks]):
+                        reqs[o % n].block_table.append(block)
+                    taken += num_decode_blocks
+                    at += num_decode_blocks
+                if new:
+                    table += blocks[at:at + new]
+                    at += new
+                used_now += num_decode_blocks + new
+                used.append(used_now)
+                num_waiting_at.append(len(waiting))
+            while f < num_finishing and finishing[f][0] == end - 1:  # at the end of step end - 1
+                engine.finish(reqs[finishing[f][1]], ends[end - 1])
+                f += 1
+            j = end
         prefill.num_computed_tokens = computed
         bm.index_full_blocks(prefill)
-        last_step = state.step_index + k - 1
-        prefill.last_scheduled_step = last_step
-        finished = []
-        for r, q in zip(reqs[:n], batch.num_scheduled_tokens):
-            num_output = r.num_output_tokens
-            if num_output:
-                r.token_times.extend(ends)
-            else:  # its prompt ended in step 0
-                r.first_token_s = ends[0]
-                r.token_times = ends[:]
-            r.num_computed_tokens += q + k - 1
-            num_output += k
-            r.num_output_tokens = num_output
-            r.last_scheduled_step = last_step
-            if num_output == r.max_tokens:
-                finished.append(r)
+        prefill.last_scheduled_step = first_step + k - 1
+        num_decodes = run.num_decodes
+        if num_decodes[-1] == n:  # none finished before the last step
+            num_decodes, num_requests, chunks = n, n + 1, chunks[0]
+        else:
+            num_requests = [d + 1 for d in num_decodes]
         engine.steps.extend(k - 1, {
-            "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": chunk, "num_decode_tokens": n,
-            "num_requests": n + 1, "num_kv_blocks_used": used, "num_waiting": num_waiting_at,
+            "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": chunks, "num_decode_tokens": num_decodes,
+            "num_requests": num_requests, "num_kv_blocks_used": used, "num_waiting": num_waiting_at,
         }, run.parts)  # no preemptions
-        engine._finish_all(finished, ends[-1])
+        if finishing:
+            state.running = [r for r in state.running if r.status is Status.RUNNING]
         state.step_index += k
 
 

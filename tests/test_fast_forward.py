@@ -173,9 +173,10 @@ def _same_replays(a, b):
     assert (a.end_s, a.num_preemptions, a.num_prefix_hit_tokens) == (b.end_s, b.num_preemptions, b.num_prefix_hit_tokens)
 
 
-def _count_chunk_runs(monkeypatch, folded: list | None = None):
+def _count_chunk_runs(monkeypatch, folded: list | None = None, through: list | None = None):
     """The lengths of the chunk runs taken; `folded` gets, for each, whether its step 0 did more
-    than decode all but the last request (it ended a prompt and began the next one's prefill, say)."""
+    than decode all but the last request (it ended a prompt and began the next one's prefill, say),
+    and `through` whether a decode finished before its last step (the others went on)."""
     from sim.fast_forward import FastForward
 
     lengths = []
@@ -187,6 +188,7 @@ def _count_chunk_runs(monkeypatch, folded: list | None = None):
             lengths.append(len(run.ends))
             if folded is not None:
                 folded.append(batch.num_leading_decodes < len(batch) - 1)
+                through.append(min(run.active_steps, default=len(run.ends)) < len(run.ends))
         return run
 
     monkeypatch.setattr(FastForward, "plan_chunks", counting)
@@ -205,8 +207,8 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
     trace = read_trace(MOONCAKE_SAMPLE)
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048),
                             cache=CacheConfig(num_blocks=6000))
-    folded = []
-    lengths = _count_chunk_runs(monkeypatch, folded)
+    folded, through = [], []
+    lengths = _count_chunk_runs(monkeypatch, folded, through)
     fast = replay(trace, options)
     runs = list(lengths)
     slow = replay(trace, options, fast_forward=False)
@@ -214,6 +216,7 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
     assert len(runs) > 100 and min(runs) >= 2 and sum(runs) > len(fast.steps) / 2
     # Both kinds: from a step of decodes and a chunk, and from one that ends a prompt and begins the next.
     assert 10 < sum(folded) < len(folded)
+    assert 10 < sum(through) < len(through)  # and runs that go on past decodes' finishes
     assert fast.num_prefix_hit_tokens > 0 and max(fast.steps.num_waiting) > 10
     _same_replays(fast, slow)
 
