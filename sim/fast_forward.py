@@ -56,6 +56,9 @@ if TYPE_CHECKING:
     from sim.engine import Engine
 
 MAX_RUN_STEPS = 4096  # bounds the arrays of one run
+# A chunk run shorter than this is stepped one by one instead: planning and applying a run costs
+# about what stepping two or three steps does (the same answers either way).
+MIN_CHUNK_RUN_STEPS = 3
 
 
 class DecodeRun(NamedTuple):
@@ -306,9 +309,11 @@ class FastForward:
         reqs = batch.requests
         n = len(reqs) - 1
         prefill = reqs[-1]
+        before = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
+        if prefill.num_tokens - before <= budget - n:  # step 1 ends the prompt (its chunk is at least this)
+            return None
         engine = self.engine
         workload = engine.workload
-        before = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
         remaining = [r.max_tokens - r.num_output_tokens for r in reqs[:n]]  # steps each decode takes part in
         # Past a finish the others go on (a full step admits no one), unless the workload answers a
         # finish with a new request (a closed loop): then the run ends with the first finish.
@@ -334,7 +339,7 @@ class FastForward:
             left -= chunk
             j += 1
         num_steps = j
-        if num_steps < 2:
+        if num_steps < MIN_CHUNK_RUN_STEPS:
             return None
         start = now + first.seconds  # step 0's end, as the clock adds it
         next_observation = workload.next_observation_s
@@ -363,7 +368,7 @@ class FastForward:
             if taken + max(0, -(-computed // bs) - table) > free:
                 num_steps = j
                 break
-        if num_steps < 2:
+        if num_steps < MIN_CHUNK_RUN_STEPS:
             return None
         # Cost steps 1.. a stretch of the same decodes at a time.
         seconds: list[float] = []
@@ -392,7 +397,7 @@ class FastForward:
             # time: a step starting at or after the next arrival is scheduled normally.
             num_steps = min(num_steps, 1 + bisect_left(ends, workload.next_arrival_s, 0, num_steps - 1))
         if num_steps < len(ends):
-            if num_steps < 2:
+            if num_steps < MIN_CHUNK_RUN_STEPS:
                 return None
             del ends[num_steps:], seconds[num_steps - 1:]
             parts = {k: v[:num_steps - 1] for k, v in parts.items()}
