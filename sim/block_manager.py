@@ -301,10 +301,10 @@ class BlockManager:
                     self._duplicates.setdefault(key, []).append(block)
         request.num_hashed_blocks = num_full
 
-    def _new_chunks(self, runs: list[tuple[int, int, int]], j: int, m: int) -> tuple[int, int]:
+    def _new_chunks(self, runs: list[tuple], j: int, m: int) -> tuple[int, int]:
         """Chunks for the chain hashes of runs[j:m] (none in the index), as many of the first ones
         as get numbers in a row, put in the index: (the first one's number, how many). They are
-        the chunks that `_new_chunk` would give them one by one, sweeps included: emptied chunks
+        the chunks that taking them one by one would give, sweeps included: emptied chunks
         first (the sweep leaves them sorted, so the next ones are often in a row), then new ones
         up to a sweep. The caller fills their slots before it asks for more (a sweep would take
         back a chunk whose slots are all empty)."""
@@ -336,21 +336,8 @@ class BlockManager:
         return first, count
 
     def _new_chunk(self, chain_hash: int) -> int:
-        unused = self._unused_chunks
-        if not unused and len(self._chunk_hash) >= self._sweep_at:
-            self._sweep()
-        if unused:
-            chunk = unused.pop()  # its slots are all empty (their states before the head)
-        else:
-            chunk = len(self._chunk_hash)
-            self._chunk_hash.append(0)
-            if len(self._slots) == chunk * self._width:  # room for more chunks, made many at a time
-                num_new = max(64, chunk // 4) * self._width
-                self._slots.extend([None] * num_new)
-                self._state.extend([EMPTY] * num_new)
-        self._chunk_hash[chunk] = chain_hash
-        self._chunk_of[chain_hash] = chunk
-        return chunk
+        """A chunk for this chain hash (not in the index), put in the index: `_new_chunks` for one."""
+        return self._new_chunks([(chain_hash,)], 0, 1)[0]
 
     def _sweep(self) -> None:
         """Take the chunks none of whose slots holds a block any more out of the index, for reuse
@@ -596,17 +583,14 @@ class BlockManager:
         num_new = self.blocks_for(num_after) - len(table)
         if num_new > 0:
             table.extend(self.pop_free_blocks(num_new))
-        if self.enable_prefix_caching:
-            # Shared blocks now; the request's own blocks when it frees them (module docstring).
-            num_full = min(num_after // self.block_size, request.num_shared_blocks(self.block_size))
-            if num_full > request.num_hashed_blocks:
-                self._register(request, num_full)
+        self.index_full_blocks(request, num_after)
 
-    def index_full_blocks(self, request: Request) -> None:
-        """Index the shared blocks that the request's computed tokens fill (`append`'s indexing,
-        for blocks given to the request by hand: a chunk run's, sim/fast_forward.py)."""
+    def index_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Index the shared blocks that the request's first `num_tokens` tokens fill: `append`'s
+        indexing, also for blocks given to the request by hand (a chunk run's, sim/fast_forward.py).
+        Shared blocks now; the request's own blocks when it frees them (module docstring)."""
         if self.enable_prefix_caching:
-            num_full = min(request.num_computed_tokens // self.block_size, request.num_shared_blocks(self.block_size))
+            num_full = min(num_tokens // self.block_size, request.num_shared_blocks(self.block_size))
             if num_full > request.num_hashed_blocks:
                 self._register(request, num_full)
 

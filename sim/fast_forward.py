@@ -177,14 +177,7 @@ class FastForward:
         # preempts.
         bs = engine.block_manager.block_size
         n = len(reqs)
-        # Every block opened, as step * n + batch index: sorted, the order they are taken in.
-        opens: list[int] = []
-        for i, (c, rem) in enumerate(zip(computed, remaining)):
-            # Its first opening step is 1..bs; it opens one every bs steps while it still decodes.
-            first_open, stop = 1 + -c % bs, num_steps if num_steps < rem else rem
-            if first_open < stop:
-                opens += range(first_open * n + i, stop * n, bs * n)
-        opens.sort()
+        opens = _opening_blocks(computed, remaining, num_steps, bs)
         free = engine.block_manager.num_free_blocks
         if len(opens) > free:
             num_steps = opens[free] // n  # the step that would need one block too many
@@ -352,12 +345,7 @@ class FastForward:
         # it runs) and opens a block where that is a multiple of the block size; the chunk of step j
         # needs the prefill's table to cover its tokens after it. Cut where the free blocks run out
         # (blocks that finishing decodes free are not counted on).
-        opens: list[int] = []
-        for i, (c, rem) in enumerate(zip(decode_computed, remaining)):
-            first_open, stop = 1 + -c % bs, num_steps if num_steps < rem else rem
-            if first_open < stop:
-                opens += range(first_open * n + i, stop * n, bs * n)
-        opens.sort()
+        opens = _opening_blocks(decode_computed, remaining, num_steps, bs)
         free = bm.num_free_blocks
         table = len(prefill.block_table)
         taken = 0
@@ -499,7 +487,7 @@ class FastForward:
                 f += 1
             j = end
         prefill.num_computed_tokens = computed
-        bm.index_full_blocks(prefill)
+        bm.index_full_blocks(prefill, computed)
         prefill.last_scheduled_step = first_step + k - 1
         num_decodes = run.num_decodes
         if num_decodes[-1] == n:  # none finished before the last step
@@ -513,6 +501,21 @@ class FastForward:
         if finishing:
             state.running = [r for r in state.running if r.status is Status.RUNNING]
         state.step_index += k
+
+
+def _opening_blocks(computed: list[int], remaining: list[int], num_steps: int, bs: int) -> list[int]:
+    """The blocks that decodes open in steps 1..num_steps - 1 of a run, as step * n + batch index,
+    sorted (the order they are taken in): decode i computes position computed[i] + j - 1 in step j
+    while j < remaining[i], and opens a block where that is a multiple of the block size `bs`:
+    first in one of steps 1..bs, then every bs steps."""
+    n = len(computed)
+    opens: list[int] = []
+    for i, (c, rem) in enumerate(zip(computed, remaining)):
+        first_open, stop = 1 + -c % bs, num_steps if num_steps < rem else rem
+        if first_open < stop:
+            opens += range(first_open * n + i, stop * n, bs * n)
+    opens.sort()
+    return opens
 
 
 def _hand_out(bm, reqs: list, n: int, opens: list[int], taken: int, last_step: int) -> int:
