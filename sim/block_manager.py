@@ -539,7 +539,7 @@ class BlockManager:
             for slot, a, b in self._slot_runs(request, num_shared):
                 n = b - a
                 if max(state[slot:slot + n]) < HELD:
-                    state[slot:slot + n] = helds if n == len(helds) else helds[:n] if n < len(helds) else [HELD] * n
+                    state[slot:slot + n] = helds if n == len(helds) else [HELD] * n  # (a stretch may pass a chunk)
                     for block in cached_blocks[a:b]:
                         skip[block] += 1
                     num_taken += n
