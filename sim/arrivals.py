@@ -43,6 +43,9 @@ class TraceArrivals:
 
     reacts_to_finishes = False  # an open loop sends nothing when a request ends
     delivers_by_time = True  # deliver(t) hands over exactly the requests arrived by t, whenever it is called
+    # Nothing else in the simulation acts while the engine is busy (this sleeps meanwhile), so the
+    # engine may keep its own clock through a busy period (Engine.run).
+    busy_engine_alone = True
 
     def __init__(self, requests: list[Request] | RequestStream, engine: Engine,
                  on_done: Callable[[int, Request], None] | None = None):
@@ -131,6 +134,7 @@ class ClosedLoop:
 
     reacts_to_finishes = True  # a finish sends the next request
     delivers_by_time = True  # deliver(t) hands over exactly the requests sent by t (TraceArrivals)
+    busy_engine_alone = True  # (TraceArrivals): sends that finishes cause are delivered by time
 
     def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine):
         if concurrency < 1:

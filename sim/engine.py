@@ -7,7 +7,8 @@ Each step is three calls, as in every engine this field holds up as a model:
     advance(batch, result, now + seconds)     # computed tokens, emitted tokens, finishes
 
 The engine takes its requests from a workload (`sim/arrivals.py`) at the start of each step and
-sleeps on an event when it has nothing to do. When the policy and the backend both allow it,
+sleeps on an event when it has nothing to do. It keeps its own clock through a busy period where
+nothing else in the simulation acts meanwhile (a lone engine), and SimPy's otherwise (`run`). When the policy and the backend both allow it,
 runs of identical decode-only steps are costed in one call instead (`sim/fast_forward.py`), with
 exactly the answers of stepping one by one; such a run may begin with the step that admitted a
 request (a folded run), priced by `execute` before the run is planned. So may a run of steps that
@@ -40,6 +41,24 @@ def delay_to(now: float, when: float) -> float:
     if now + delay > when:
         delay = math.nextafter(delay, 0.0)
     return delay
+
+
+def _catch_up(env: simpy.Environment, now: float, run=None):
+    """Bring SimPy's clock to `now`, the engine's: in one move where it lands exactly there, else
+    as the steps of `run` add up to it (their seconds one by one, as stepping would), or without a
+    run in moves that never pass it (`delay_to`)."""
+    if env.now + (now - env.now) == now:
+        if now > env.now:
+            yield env.timeout(now - env.now)
+        return
+    if run is not None:
+        if run.first is not None:
+            yield env.timeout(run.first.seconds)
+        for seconds in (run.seconds if isinstance(run.seconds, list) else run.seconds.tolist()):
+            yield env.timeout(seconds)
+        return
+    while env.now < now:
+        yield env.timeout(delay_to(env.now, now))
 
 
 class TokenTimes:
@@ -169,57 +188,75 @@ class Engine:
 
     def run(self, env: simpy.Environment):
         """The engine's SimPy process: step while there is work, sleep while there is none, end
-        when the workload has nothing more to send."""
+        when the workload has nothing more to send.
+
+        The engine keeps the time of its next step itself (`now`). Where the workload says that
+        nothing else in the simulation acts while the engine is busy (`busy_engine_alone`: a lone
+        engine's trace or closed loop, which hand over arrivals by time), SimPy's clock is brought
+        to it only when the engine sleeps or ends: a busy period costs no events. Elsewhere (a
+        cluster's replica, whose router reads it) each step or run moves SimPy's clock as it goes.
+        Either way the clock takes the same values: each step's end is its start plus its seconds,
+        added in order."""
         state, workload = self.state, self.workload
+        alone = getattr(workload, "busy_engine_alone", False)
+        now = env.now
         while True:
-            workload.deliver(env.now)
+            workload.deliver(now)
             if not state.has_work:
+                yield from _catch_up(env, now)
                 if workload.is_exhausted:
                     return
                 yield from self._sleep(env, None)
+                now = env.now
                 continue
             steps_before = state.step_index
             num_preempted_before = state.num_preemptions
-            batch = self.policy.schedule(state, env.now)
+            batch = self.policy.schedule(state, now)
             if not batch.requests:  # the policy holds its waiting requests back for now
-                retry_s = self.policy.retry_s(state, env.now)
+                retry_s = self.policy.retry_s(state, now)
                 if state.running or (retry_s is None and workload.is_exhausted) or (
-                        retry_s is not None and retry_s <= env.now):
+                        retry_s is not None and retry_s <= now):
                     raise RuntimeError(
-                        f"internal error: policy {self.policy.name} scheduled nothing at t={env.now:.6f}s "
+                        f"internal error: policy {self.policy.name} scheduled nothing at t={now:.6f}s "
                         f"with {len(state.waiting)} waiting and {len(state.running)} running, "
                         f"and asks to try again at {retry_s}")
+                yield from _catch_up(env, now)
                 yield from self._sleep(env, retry_s)
+                now = env.now
                 continue
             num_preempted = state.num_preemptions - num_preempted_before
             run = result = None
             if self.fast_forward is not None and not num_preempted and len(batch) == len(state.running):
                 if all(batch.is_decode):
-                    run = self.fast_forward.plan(batch, env.now)
+                    run = self.fast_forward.plan(batch, now)
                 elif self._fold and not state.waiting and all(batch.needs_logits) and batch.requests == state.running:
                     # Every running request emits a token in this step and none waits: the steps
                     # after it decode them all (the policy's promise), so one run may take both.
                     result = self.backend.execute(batch)
-                    run = self.fast_forward.plan(batch, env.now, result)
+                    run = self.fast_forward.plan(batch, now, result)
                 elif (self._chunk_budget is not None and not batch.needs_logits[-1]
                       and batch.needs_logits.count(False) == 1 and batch.requests == state.running):
                     # Every running request but the last emits a token in this step, so decodes
                     # after it; the last carries a prefill forward: where the decodes and that
                     # prefill fill the budget, the steps after it repeat (the policy's promise).
                     result = self.backend.execute(batch)
-                    run = self.fast_forward.plan_chunks(batch, env.now, result, self._chunk_budget)
+                    run = self.fast_forward.plan_chunks(batch, now, result, self._chunk_budget)
             if run is not None:
-                yield from self.fast_forward.execute(env, batch, run)
+                if not alone:
+                    yield from _catch_up(env, run.ends[-1], run)
+                now = self.fast_forward.apply(batch, now, run)
             else:
-                start = env.now
+                start = now
                 if result is None:
                     result = self.backend.execute(batch)
                 self._log_step(batch, start, result, num_preempted)
-                yield env.timeout(result.seconds)
-                self.advance(batch, result, env.now)
+                now = start + result.seconds
+                if not alone:
+                    yield env.timeout(result.seconds)
+                self.advance(batch, result, now)
                 state.step_index += 1
             if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
-                self.progress(env.now, self.num_finished)
+                self.progress(now, self.num_finished)
 
     def _sleep(self, env: simpy.Environment, until_s: float | None):
         """Sleep until the workload wakes the engine (an arrival), or until `until_s` if given."""

@@ -27,8 +27,8 @@ prefill step), when after it every running request is decoding and none waits (a
 step is costed by the backend's `execute`, the steps after it as above, and one plan, one move of
 the clock, one update of the requests and one write to the step log take both. This rests on the
 policy's second promise (`decodes_all_when_none_waits`): with none waiting and every running
-request decoding, its next step decodes them all. It saves, per arrival, a call of the policy, a
-SimPy event and a single step's bookkeeping. The step must schedule every running request, in
+request decoding, its next step decodes them all. It saves, per arrival, a call of the policy and
+a single step's bookkeeping. The step must schedule every running request, in
 running order, without preempting; an engine whose class overrides `advance` or `_log_step` (a
 prefill replica hands its requests off after their first token) never folds
 (`Engine.folds_admitting_steps`).
@@ -94,21 +94,14 @@ class FastForward:
         self.engine = engine
         self._last_decode_step_s = 0.0  # sizes the next decode run
 
-    def execute(self, env, batch: Batch, run: DecodeRun | ChunkRun):
-        """The run's part of the engine's SimPy process: move the clock to its end, then apply it."""
-        start, num_waiting = env.now, len(self.engine.state.waiting)
-        end = run.ends[-1]
-        if env.now + (end - env.now) == end:
-            yield env.timeout(end - env.now)
-        else:  # the clock cannot land exactly on `end` in one move: add the steps one by one
-            if run.first is not None:
-                yield env.timeout(run.first.seconds)
-            for seconds in (run.seconds if isinstance(run, ChunkRun) else run.seconds.tolist()):
-                yield env.timeout(seconds)
+    def apply(self, batch: Batch, start: float, run: DecodeRun | ChunkRun) -> float:
+        """Apply and log the run that starts with `batch` at `start`; returns its end."""
+        num_waiting = len(self.engine.state.waiting)
         if isinstance(run, ChunkRun):
             self._apply_chunks(batch, start, num_waiting, run)
         else:
             self._log(batch, start, num_waiting, run, self._advance(batch, run))
+        return run.ends[-1]
 
     def plan(self, batch: Batch, now: float, first: "StepResult | None" = None) -> DecodeRun | None:
         """The run of steps starting with `batch` (already scheduled), or None when it would be a
