@@ -33,6 +33,8 @@ PARTS = (
     ("sim.fast_forward", "FastForward", "_apply_chunks", "Engine.run"),
     ("sim.block_manager", "BlockManager", "append", "_apply_chunks, ChunkedPolicy.schedule"),
     ("sim.step_log", "StepLog", "extend", "FastForward._log, _apply_chunks"),
+    ("sim.step_log", "StepLog", "append_step", "Engine._log_step, FastForward._log"),
+    ("sim.arrivals", "TraceArrivals", "deliver", "Engine.run"),
     ("policies.chunked", "ChunkedPolicy", "schedule", "Engine.run"),
     ("sim.block_manager", "BlockManager", "allocate", "ChunkedPolicy.schedule"),
     ("sim.block_manager", "BlockManager", "pop_free_blocks", "allocate, schedule, _advance"),
