@@ -8,12 +8,13 @@ Each step is three calls, as in every engine this field holds up as a model:
 
 The engine takes its requests from a workload (`sim/arrivals.py`) at the start of each step and
 sleeps on an event when it has nothing to do. It keeps its own clock through a busy period where
-nothing else in the simulation acts meanwhile (a lone engine), and SimPy's otherwise (`run`). When the policy and the backend both allow it,
-runs of identical decode-only steps are costed in one call instead (`sim/fast_forward.py`), with
-exactly the answers of stepping one by one; such a run may begin with the step that admitted a
-request (a folded run), priced by `execute` before the run is planned. So may a run of steps that
-each decode the same requests and carry one long prompt's prefill forward by a chunk (a chunk run),
-from the step before them (the one that ends a prompt and begins the next, say).
+nothing else in the simulation acts meanwhile (a lone engine), and SimPy's otherwise (`run`).
+When the policy and the backend both allow it, runs of identical decode-only steps are costed in
+one call instead (`sim/fast_forward.py`), with exactly the answers of stepping one by one; such a
+run may begin with the step that admitted a request (a folded run), priced by `execute` before the
+run is planned. So may a run of steps that each decode the same requests and carry one long
+prompt's prefill forward by a chunk (a chunk run), from the step before them (the one that ends a
+prompt and begins the next, say).
 """
 
 from __future__ import annotations

@@ -28,10 +28,9 @@ step is costed by the backend's `execute`, the steps after it as above, and one 
 the clock, one update of the requests and one write to the step log take both. This rests on the
 policy's second promise (`decodes_all_when_none_waits`): with none waiting and every running
 request decoding, its next step decodes them all. It saves, per arrival, a call of the policy and
-a single step's bookkeeping. The step must schedule every running request, in
-running order, without preempting; an engine whose class overrides `advance` or `_log_step` (a
-prefill replica hands its requests off after their first token) never folds
-(`Engine.folds_admitting_steps`).
+a single step's bookkeeping. The step must schedule every running request, in running order,
+without preempting; an engine whose class overrides `advance` or `_log_step` (a prefill replica
+hands its requests off after their first token) never folds (`Engine.folds_admitting_steps`).
 
 Under a queue of long prompts most steps are the running requests' decodes and one prompt's
 prefill chunk, which together fill the budget: a chunk run (`plan_chunks`, `_apply_chunks`) takes
@@ -215,28 +214,8 @@ class FastForward:
         k = len(ends_list)
         reqs = batch.requests
         engine = self.engine
-        finishing = []
-        if run.first is None:
-            for i, (r, num) in enumerate(zip(reqs, run.active_steps)):
-                r.token_times.extend(ends_list if num == k else ends_list[:num])
-                r.num_computed_tokens += num
-                r.num_output_tokens += num
-                if r.num_output_tokens == r.max_tokens:
-                    finishing.append((num - 1, i))
-        else:  # step 0 computes each request's scheduled tokens (all it has), each emits a token
-            for i, (r, num, c, q) in enumerate(zip(reqs, run.active_steps, batch.num_computed_tokens,
-                                                  batch.num_scheduled_tokens)):
-                r.num_computed_tokens = c + q + num - 1
-                num_output = r.num_output_tokens
-                if num_output:
-                    r.token_times.extend(ends_list if num == k else ends_list[:num])
-                else:
-                    r.first_token_s = ends_list[0]
-                    r.token_times = ends_list[:num]
-                num_output += num
-                r.num_output_tokens = num_output
-                if num_output == r.max_tokens:
-                    finishing.append((num - 1, i))
+        finishing = _emit_tokens(reqs, batch.num_scheduled_tokens, run.active_steps, ends_list,
+                                 engine.state.step_index)
         # Hand out new blocks and free finished requests' blocks in the order step-by-step
         # simulation would: each step's new blocks in batch order, then at its end the requests
         # that finished in it, in batch order (freed blocks are the next ones taken).
@@ -246,7 +225,7 @@ class FastForward:
         opens, taken, n = run.opens, 0, len(reqs)
         for o in opens:
             change[o // n] += 1
-        for last_step, i in sorted(finishing) + [(k - 1, None)]:  # the last: the run's remaining blocks
+        for last_step, i in finishing + [(k - 1, None)]:  # the last: the run's remaining blocks
             taken = _hand_out(bm, reqs, n, opens, taken, last_step)  # the blocks opened up to last_step
             if i is not None:
                 before = bm.num_used_blocks
@@ -406,21 +385,7 @@ class FastForward:
         # Step 0's row: the policy reserved its blocks.
         engine.steps.append_step(batch, start, run.first, bm.num_used_blocks, num_waiting, 0)
         # The decodes' tokens, all of each one's steps at once (a finish, below, needs them all).
-        finishing = []  # (its last step, batch index)
-        for i, (r, q, num) in enumerate(zip(reqs[:n], batch.num_scheduled_tokens, run.active_steps)):
-            num_output = r.num_output_tokens
-            if num_output:
-                r.token_times.extend(ends if num == k else ends[:num])
-            else:  # its prompt ended in step 0
-                r.first_token_s = ends[0]
-                r.token_times = ends[:num]
-            r.num_computed_tokens += q + num - 1
-            num_output += num
-            r.num_output_tokens = num_output
-            r.last_scheduled_step = first_step + num - 1
-            if num_output == r.max_tokens:
-                finishing.append((num - 1, i))
-        finishing.sort()
+        finishing = _emit_tokens(reqs[:n], batch.num_scheduled_tokens, run.active_steps, ends, first_step)
         # The blocks of each step 1..: its decodes' opening blocks in batch order, then the
         # prefill's new ones.
         bs = bm.block_size
@@ -494,6 +459,32 @@ class FastForward:
         if finishing:
             state.running = [r for r in state.running if r.status is Status.RUNNING]
         state.step_index += k
+
+
+def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends: list[float],
+                 first_step: int) -> list[tuple[int, int]]:
+    """Apply a run's tokens to its requests: in step 0 each computes its `scheduled` tokens (all it
+    had left: a decode's one, or a prompt's last chunk), in each later step one more, and it emits
+    a token at the end of each of the `active_steps` it takes part in (`ends`: each step's end;
+    step 0 of the run is engine step `first_step`). Returns (its last step, index) of the
+    requests that emitted their last token, sorted: they finish then."""
+    k = len(ends)
+    finishing = []
+    for i, (r, q, num) in enumerate(zip(reqs, scheduled, active_steps)):
+        num_output = r.num_output_tokens
+        if num_output:
+            r.token_times.extend(ends if num == k else ends[:num])
+        else:  # its prompt ended in step 0: its first token
+            r.first_token_s = ends[0]
+            r.token_times = ends[:num]
+        r.num_computed_tokens += q + num - 1
+        num_output += num
+        r.num_output_tokens = num_output
+        r.last_scheduled_step = first_step + num - 1
+        if num_output == r.max_tokens:
+            finishing.append((num - 1, i))
+    finishing.sort()
+    return finishing
 
 
 def _opening_blocks(computed: list[int], remaining: list[int], num_steps: int, bs: int) -> list[int]:
