@@ -20,6 +20,7 @@ so callers can record it.
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import Any
 
 import numpy as np
 
@@ -236,7 +237,7 @@ class Grid:
         if lo < bl[0] or hi > bl[-1]:
             return self.many(a, b)
         ia, ja, wa = _bracket_scalar(a, al, self._sa)
-        ib = self._one_interval(lo, hi)
+        ib: Any = self._one_interval(lo, hi)  # an interval, or None; else the brackets' arrays
         if ib is not None:  # every b between the same two grid points (most decode runs)
             wb = _log(b / bl[ib]) / self._sb[ib]
             g = self._gl
@@ -269,7 +270,7 @@ class Grid:
             return self.many(np.repeat(np.asarray(a, dtype=np.float64), lengths), b)
         sa = self._sa
         brackets = [_bracket_scalar(x, al, sa) for x in a]
-        ib = self._one_interval(lo, hi)
+        ib: Any = self._one_interval(lo, hi)  # an interval, or None; else the brackets' arrays
         if ib is not None:  # every b between the same two grid points: each stretch's four corners
             g = self._gl
             corners = np.repeat(np.array([[g[i][ib] for i, _, _ in brackets], [g[i][ib + 1] for i, _, _ in brackets],
@@ -278,8 +279,8 @@ class Grid:
             t00, t01, t10, t11, wa = corners
             wb = _log(b / bl[ib]) / self._sb[ib]
             return _blend(_blend_one(t00, t01, wb), _blend_one(t10, t11, wb), wa), np.zeros(len(b), dtype=bool)
-        ia, ja, wa = zip(*brackets)
-        ia, ja, wa = np.repeat(ia, lengths), np.repeat(ja, lengths), np.repeat(np.asarray(wa, dtype=np.float64), lengths)
+        ias, jas, was = zip(*brackets)
+        ia, ja, wa = np.repeat(ias, lengths), np.repeat(jas, lengths), np.repeat(np.asarray(was, dtype=np.float64), lengths)
         g = self.grid
         ib, jb, wb = _bracket(b, self.xb, self.steps_b)
         low = _blend(g[ia, ib], g[ia, jb], wb)

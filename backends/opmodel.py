@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -104,8 +105,11 @@ class OperatorModel:
         self.kernel_floor_s = mem["kernel_floor_s"]
         self._layer_bytes_per_token, self._layer_kernels = self._elementwise_per_layer()
         self.extrapolated = 0  # operator lookups past a table's grid (scaled by work), counted
-        self._by_tokens = self._by_logits = ((),)  # tables of dense_parts' pieces, grown on use
-        self._by_tokens_list = self._by_logits_list = ((),)
+        # Tables of dense_parts' pieces, grown on use: arrays (an entry None where a part is absent) and lists.
+        self._by_tokens: tuple[Any, ...] = ((),)
+        self._by_logits: tuple[Any, ...] = ((),)
+        self._by_tokens_list: tuple[Any, ...] = ((),)
+        self._by_logits_list: tuple[Any, ...] = ((),)
         self._run_chunks: dict[tuple[int, int, int], tuple] = {}  # see decode_run_values
         self._run_seen: set[tuple[int, int, int]] = set()  # stretches asked for once
         self._first_chunks: dict[int, float] = {}  # see _first_chunk_attention
@@ -277,7 +281,8 @@ class OperatorModel:
             prefill = self._one_chunk_attention(chunk, before)
         else:
             # Requests with q = 0 (none from the engine) are neither; the pairs are added in order, as sum() would.
-            sum_decodes = num_chunks = sum_pairs = sum_context = 0
+            sum_decodes = num_chunks = sum_context = 0
+            sum_pairs = 0.0  # (0.0 + x is x, as 0 + x is)
             for qi, before in zip(q, computed):
                 if qi == 1:
                     sum_decodes += before + 1
@@ -309,7 +314,8 @@ class OperatorModel:
         `sum_decodes + num_decodes * j`, and the chunk's request had `before + chunk * j` tokens
         computed before it. Exactly the values `batch_step` gives each of these steps."""
         num_tokens = num_decodes + chunk
-        seconds, columns = [], {}
+        seconds: list[float] = []
+        columns: dict[str, list[float]] = {}
         for j in range(num_steps):
             prefill = self._one_chunk_attention(chunk, before + chunk * j)
             s, parts = self._finish_step(self.dense_parts_at(num_tokens, num_decodes), num_decodes,
@@ -380,9 +386,9 @@ class OperatorModel:
         largest = max(num_decodes)
         if largest >= MAX_TABLE or min(num_decodes) <= 0 or max(sums) + largest * num_steps >= 1 << 52:
             reps = np.asarray(lengths, dtype=np.int64)
-            n = np.repeat(np.asarray(num_decodes, dtype=np.int64), reps)
-            sum_c = np.repeat(np.asarray(sums, dtype=np.int64), reps) + n * np.arange(num_steps, dtype=np.int64)
-            parts = self.decode_steps(n, sum_c)
+            n_of_step = np.repeat(np.asarray(num_decodes, dtype=np.int64), reps)
+            sum_c = np.repeat(np.asarray(sums, dtype=np.int64), reps) + n_of_step * np.arange(num_steps, dtype=np.int64)
+            parts = self.decode_steps(n_of_step, sum_c)
             return self.total(parts), parts
         # The usual case first: each stretch within one cached chunk, read as decode_run_values would.
         chunks, attention, seconds, dense, scaled = self._run_chunks, [], [], [], []
@@ -430,7 +436,8 @@ class OperatorModel:
         asked for before are cached now unless one of the run's was never asked for (then the run
         is costed with the array lookups, and its new stretches are noted as asked for)."""
         chunks, seen = self._run_chunks, self._run_seen
-        missing, new = [], []
+        missing: list[tuple[int, int, int]] = []
+        new: list[tuple[int, int, int]] = []
         step = 0
         for n, length, first_sum in zip(num_decodes, lengths, sums):
             r = first_sum % n
@@ -481,7 +488,8 @@ class OperatorModel:
         if num_decodes >= MAX_TABLE or num_decodes <= 0 or first_sum + num_decodes * num_steps >= 1 << 52:
             parts = self.decode_steps_of(num_decodes, first_sum + num_decodes * np.arange(num_steps, dtype=np.int64))
             return self.total(parts), parts
-        attention, seconds = [], []
+        attention: list[np.ndarray] = []
+        seconds: list[np.ndarray] = []
         parts = self.decode_run_values(num_decodes, first_sum, 0, num_steps, attention, seconds)
         parts["attention"] = attention[0] if len(attention) == 1 else np.concatenate(attention)
         parts["overhead"] = self.overhead.seconds

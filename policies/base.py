@@ -149,7 +149,8 @@ class Policy:
     @staticmethod
     def _split_running(state: EngineState) -> tuple[list[Request], list[Request]]:
         """The running requests that are decoding, and the others (prefilling), in order."""
-        decoders, others = [], []
+        decoders: list[Request] = []
+        others: list[Request] = []
         for r in state.running:  # Request.is_decoding, inlined: this runs on every step
             g = r.num_output_tokens
             (decoders if g and r.num_computed_tokens == r.num_prompt_tokens + g - 1 else others).append(r)

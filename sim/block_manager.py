@@ -158,7 +158,7 @@ class BlockManager:
         counts = [1] * self.num_blocks
         for block in self._free_plain + self.cached_free_blocks():
             counts[block] = 0
-        for block, state in zip(self._slots, self._state):
+        for block, state in zip(self._slots, self._state):  # type: ignore[assignment]  # a slot holds a block where its state says so
             if state >= HELD:
                 counts[block] = state - HELD + 1
         return counts
@@ -201,7 +201,7 @@ class BlockManager:
         """The first `num_live` live entries of the LRU queue from position `start` (its stale
         entries, left by hits, are passed over and forgotten), and the position after the last."""
         skip, lru = self._lru_skip, self._lru
-        live = []
+        live: list[int] = []
         i = start
         while len(live) < num_live:
             block = lru[i]
@@ -276,7 +276,7 @@ class BlockManager:
                         k = m
                         continue
                     chunk = self._new_chunk(chain_hash)
-                base = chunk * width - first  # block i's slot: base + i
+                base = chunk * width - first  # type: ignore[operator]  # block i's slot: base + i
                 a = start if start > first else first
                 b = num_shared if num_shared < end else end
                 if fresh or max(state[base + a:base + b]) - (base + a) < live:  # the usual case: nothing indexed here
@@ -417,7 +417,7 @@ class BlockManager:
 
     def _unindex_own(self, block: int) -> None:
         """An evicted own block (indexed by its key) leaves the index."""
-        key = self.block_hash[block]
+        key: int = self.block_hash[block]  # type: ignore[assignment]  # an indexed own block has its key
         self.block_hash[block] = None
         duplicates = self._duplicates.get(key)
         if self.hash_to_block[key] == block:
@@ -426,7 +426,7 @@ class BlockManager:
             else:
                 del self.hash_to_block[key]
         else:
-            duplicates.remove(block)
+            duplicates.remove(block)  # type: ignore[union-attr]  # it is among the duplicates
         if duplicates is not None and not duplicates:
             del self._duplicates[key]
 
@@ -455,10 +455,10 @@ class BlockManager:
                 while n < hi - lo and states[n] - (lo + n) >= live:
                     n += 1
                 if n < hi - lo:
-                    blocks += slots[lo:lo + n]
+                    blocks += slots[lo:lo + n]  # type: ignore[arg-type]  # the slots of a hit hold blocks
                     num_free += n - sum(map(held, states[:n]))
                     break
-            blocks += slots[lo:hi]
+            blocks += slots[lo:hi]  # type: ignore[arg-type]
             num_free += hi - lo if max(states) < HELD else hi - lo - sum(map(held, states))
         return blocks, num_free
 
@@ -474,7 +474,7 @@ class BlockManager:
             slot = chunk * self._width - first + i
             if self._state[slot] - slot < self._head_abs:
                 return []
-            return [self._slots[slot]] + self._duplicates.get(slot, [])
+            return [self._slots[slot]] + self._duplicates.get(slot, [])  # type: ignore[return-value]
         key = request.block_hashes(self.block_size, i + 1)[i]
         first_block = self.hash_to_block.get(key)
         return [] if first_block is None else [first_block] + self._duplicates.get(key, [])
@@ -749,4 +749,4 @@ class BlockManager:
         assert all(self.block_hash[b] == key for key, b in own), "the own index and the blocks' keys disagree"
         assert sum(h is not None for h in self.block_hash) == len(own), "an own block with a key is not indexed"
         assert not set(slot_of) & {b for _, b in own}, "a block in both indexes"
-        return slot_of
+        return slot_of  # type: ignore[return-value]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from struct import pack
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import simpy
@@ -29,7 +29,7 @@ import simpy
 from sim.backend import Backend, ChunkStepsBackend, DecodeRunBackend
 from sim.batch import Batch
 from sim.block_manager import BlockManager
-from sim.fast_forward import FastForward
+from sim.fast_forward import ChunkRun, DecodeRun, FastForward
 from sim.request import Request, Status
 from sim.state import EngineState
 from sim.step_log import StepLog
@@ -84,7 +84,7 @@ class TokenTimes:
         `struct` first (the same values, for about a third of the instructions numpy's own
         conversion of a list of floats takes; for a short list numpy's is the cheaper)."""
         start = self._offset_of[request.index]
-        times = request.token_times
+        times: list[float] = request.token_times  # type: ignore[assignment]  # a finished request has its list
         n = len(times)
         self.times[start:start + n] = times if n < 32 else np.frombuffer(pack(f"{n}d", *times))
 
@@ -113,8 +113,8 @@ class SimResult:
 
     def tokens_of(self, i: int) -> np.ndarray:
         """The token times of requests[i]."""
-        start = int(self.token_offsets[i])
-        return self.token_times[start:start + self.requests[i].max_tokens]
+        start = int(self.token_offsets[i])  # type: ignore[index]  # an in-memory result has them
+        return self.token_times[start:start + self.requests[i].max_tokens]  # type: ignore[index]
 
 
 class Engine:
@@ -125,7 +125,8 @@ class Engine:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "folds_admitting_steps" not in cls.__dict__ and ("advance" in cls.__dict__ or "_log_step" in cls.__dict__):
+        own = vars(cls)
+        if "folds_admitting_steps" not in own and ("advance" in own or "_log_step" in own):
             cls.folds_admitting_steps = False
 
     def __init__(self, policy, backend: Backend, block_manager: BlockManager, token_times: TokenTimes | None,
@@ -140,8 +141,8 @@ class Engine:
         self.state = EngineState(block_manager, priority=policy.config.scheduling_policy == "priority")
         self.steps = steps if steps is not None else StepLog()
         self.num_finished = 0
-        self.workload = None  # set by the workload that feeds this engine (sim/arrivals.py)
-        self.fast_forward = None
+        self.workload: Any = None  # set by the workload that feeds this engine (sim/arrivals.py)
+        self.fast_forward: FastForward | None = None
         if (fast_forward and backend.supports_fast_forward and policy.supports_fast_forward
                 and isinstance(backend, DecodeRunBackend)):
             self.fast_forward = FastForward(self)
@@ -166,6 +167,7 @@ class Engine:
     def wake(self) -> simpy.Event:
         """Wake the idle engine; returns the event it waited on."""
         event = self._wake
+        assert event is not None, "wake() of an engine that is not asleep"
         event.succeed()
         return event
 
@@ -226,7 +228,8 @@ class Engine:
                 now = env.now
                 continue
             num_preempted = state.num_preemptions - num_preempted_before
-            run = result = None
+            run: DecodeRun | ChunkRun | None = None
+            result = None
             if self.fast_forward is not None and not num_preempted and len(batch) == len(state.running):
                 if all(batch.is_decode):
                     run = self.fast_forward.plan(batch, now)
@@ -245,7 +248,7 @@ class Engine:
             if run is not None:
                 if not alone:
                     yield from _catch_up(env, run.ends[-1], run)
-                now = self.fast_forward.apply(batch, now, run)
+                now = self.fast_forward.apply(batch, now, run)  # type: ignore[union-attr]  # it planned the run
             else:
                 start = now
                 if result is None:

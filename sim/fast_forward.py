@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from sim.batch import Batch
 from sim.request import Status
 
 if TYPE_CHECKING:
-    from sim.backend import StepResult
+    from sim.backend import ChunkStepsBackend, DecodeRunBackend, StepResult
     from sim.engine import Engine
 
 MAX_RUN_STEPS = 4096  # bounds the arrays of one run
@@ -91,6 +91,7 @@ class FastForward:
 
     def __init__(self, engine: "Engine"):
         self.engine = engine
+        self.backend = cast("DecodeRunBackend", engine.backend)  # the engine makes a FastForward for such a backend only
         self._last_decode_step_s = 0.0  # sizes the next decode run
 
     def apply(self, batch: Batch, start: float, run: DecodeRun | ChunkRun) -> float:
@@ -135,7 +136,7 @@ class FastForward:
                 max_steps = min(max_steps, int(1.25 * (next_event - now) / last_s) + 2)
                 if max_steps < 2:
                     return None
-            seconds, parts = engine.backend.decode_run(computed, max_steps, remaining)  # contexts after step 0
+            seconds, parts = self.backend.decode_run(computed, max_steps, remaining)  # contexts after step 0
         else:
             start = now + first.seconds  # step 0's end, as the clock adds it
             computed = [c + q for c, q in zip(batch.num_computed_tokens, batch.num_scheduled_tokens)]
@@ -148,7 +149,7 @@ class FastForward:
                 max_steps = min(max_steps, int(1.25 * (next_event - start) / last_s) + 3)
             # The decode steps 1.. of the requests that do not finish in step 0: their contexts after step 1.
             contexts = [c + 1 for c, rem in zip(computed, remaining) if rem > 1]
-            seconds, parts = engine.backend.decode_run(contexts, max_steps - 1, [rem - 1 for rem in remaining if rem > 1])
+            seconds, parts = self.backend.decode_run(contexts, max_steps - 1, [rem - 1 for rem in remaining if rem > 1])
         # The clock adds the steps one after another, as step-by-step simulation does (float
         # additions in order, as numpy's cumsum makes them too).
         step_seconds = seconds.tolist()
@@ -188,7 +189,7 @@ class FastForward:
         ends = run.ends
         k = len(ends)
         n = len(batch)
-        num_running = n
+        num_running: int | np.ndarray = n
         if min(run.active_steps) < k:  # some finish before the last step
             num_running = n - np.searchsorted(sorted(run.active_steps), np.arange(k), side="right")
         steps = self.engine.steps
@@ -340,7 +341,7 @@ class FastForward:
                 end += 1
             contexts = [c + step - 1 for c, rem in zip(decode_computed, remaining) if rem > step]  # before `step`
             chunk = chunks[step - 1]
-            piece, piece_parts = engine.backend.chunk_steps(contexts, chunk, computed, end - step)
+            piece, piece_parts = cast("ChunkStepsBackend", self.backend).chunk_steps(contexts, chunk, computed, end - step)
             if not seconds:
                 seconds, parts = piece, piece_parts
             else:
@@ -447,13 +448,15 @@ class FastForward:
         prefill.num_computed_tokens = computed
         bm.index_full_blocks(prefill, computed)
         prefill.last_scheduled_step = first_step + k - 1
-        num_decodes = run.num_decodes
-        if num_decodes[-1] == n:  # none finished before the last step
-            num_decodes, num_requests, chunks = n, n + 1, chunks[0]
+        num_decodes: int | list[int] = run.num_decodes
+        num_requests: int | list[int]
+        logged_chunks: int | list[int] = chunks
+        if run.num_decodes[-1] == n:  # none finished before the last step
+            num_decodes, num_requests, logged_chunks = n, n + 1, chunks[0]
         else:
-            num_requests = [d + 1 for d in num_decodes]
+            num_requests = [d + 1 for d in run.num_decodes]
         engine.steps.extend(k - 1, {
-            "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": chunks, "num_decode_tokens": num_decodes,
+            "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": logged_chunks, "num_decode_tokens": num_decodes,
             "num_requests": num_requests, "num_kv_blocks_used": used, "num_waiting": num_waiting_at,
         }, run.parts)  # no preemptions
         if finishing:

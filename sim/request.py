@@ -115,7 +115,8 @@ class Request:
             num_shared = self.num_shared_blocks(block_size)
             if num_shared:
                 parent = 0
-                for hash_id in self.hash_ids[:(num_shared * block_size - 1) // self.hash_block_tokens + 1].tolist():
+                hash_ids: np.ndarray = self.hash_ids  # type: ignore[assignment]  # it has shared blocks
+                for hash_id in hash_ids[:(num_shared * block_size - 1) // self.hash_block_tokens + 1].tolist():
                     parent = hash((parent, hash_id))
                     chain.append(parent)
             self._prefix_chain = chain

@@ -42,6 +42,9 @@ class StepLog:
     def spill(self, whole_batches: bool = False) -> None:
         """Hand the rows held to the sink and forget them; with `whole_batches`, only whole batches
         of `spill_rows` rows (so batch sizes do not depend on how the steps were logged)."""
+        sink = self.sink
+        if sink is None:
+            raise RuntimeError("internal error: StepLog.spill() without a sink")
         n = self._num_steps
         if whole_batches:
             n -= n % self.spill_rows
@@ -49,7 +52,7 @@ class StepLog:
             return
         for start in range(0, n, self.spill_rows):
             end = min(start + self.spill_rows, n)
-            self.sink({name: values[start:end] for name, values in self.columns().items()}, self.num_spilled)
+            sink({name: values[start:end] for name, values in self.columns().items()}, self.num_spilled)
             self.num_spilled += end - start
         left = self._num_steps - n
         for table, blank in ((self._columns, 0), (self._breakdown, np.nan)):
@@ -93,11 +96,11 @@ class StepLog:
         for column, value in zip(self._columns.values(), row):
             column[i] = value
         for key, value in breakdown.items():
-            column = self._breakdown.get(key)
-            if column is None:
+            part = self._breakdown.get(key)
+            if part is None:
                 self._write(self._breakdown, key, i, i + 1, value)
             else:
-                column[i] = value
+                part[i] = value
         self._num_steps = i + 1
         if self.sink is not None and self._num_steps >= self.spill_rows:
             self.spill(whole_batches=True)
