@@ -158,9 +158,9 @@ class BlockManager:
         counts = [1] * self.num_blocks
         for block in self._free_plain + self.cached_free_blocks():
             counts[block] = 0
-        for block, state in zip(self._slots, self._state):  # type: ignore[assignment]  # a slot holds a block where its state says so
-            if state >= HELD:
-                counts[block] = state - HELD + 1
+        for indexed, state in zip(self._slots, self._state):
+            if state >= HELD and indexed is not None:  # a held slot holds a block
+                counts[indexed] = state - HELD + 1
         return counts
 
     def pop_free_blocks(self, num_blocks: int) -> list[int]:
