@@ -95,7 +95,7 @@ def compile_tree(tree: Path) -> list[str]:
 def replay(tree: Path, trace: str, out: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(tree))
     subprocess.run([sys.executable, "-m", "sim.app.cli", "replay", trace, "--policy", "chunked", "--quiet",
-                    "--out", str(out)], env=env, check=True, cwd=tree)
+                    "--out", str(out), "--overwrite"], env=env, check=True, cwd=tree)
 
 
 def same_answers(a: Path, b: Path) -> list[str]:
@@ -128,8 +128,12 @@ def main() -> None:
     args = parser.parse_args()
     azure = args.trace or shared_trace(AZURE)
     mooncake = args.mooncake or shared_trace(MOONCAKE)
-    if azure is None or mooncake is None or not Path(azure).is_file() or not Path(mooncake).is_file():
-        sys.exit(f"compiled_probe: give --trace and --mooncake (not found beside the repository: {AZURE}, {MOONCAKE})")
+    for given, path, name, option in ((args.trace, azure, AZURE, "--trace"), (args.mooncake, mooncake, MOONCAKE, "--mooncake")):
+        if path is None or not Path(path).is_file():
+            where = (f"{option} {given}: no such file" if given
+                     else f"{name} not found in ../shared/traces/raw/ beside the repository; give it with {option}")
+            print(f"compiled_probe: error: {where}", file=sys.stderr)
+            sys.exit(2)
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="servesim-compiled-"))
     scratch.mkdir(parents=True, exist_ok=True)
     try:

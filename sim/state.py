@@ -23,7 +23,9 @@ class PriorityWaiting:
     def append(self, request: Request) -> None:
         heapq.heappush(self._heap, (request.priority, request.arrival_s, request.index, request))
 
-    appendleft = append
+    def appendleft(self, request: Request) -> None:
+        """A preempted request goes back by the queue's order, as any other (vLLM's prepend_request)."""
+        heapq.heappush(self._heap, (request.priority, request.arrival_s, request.index, request))
 
     def popleft(self) -> Request:
         return heapq.heappop(self._heap)[3]

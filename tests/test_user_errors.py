@@ -286,3 +286,26 @@ def test_replay_into_an_existing_run_folder_is_refused_unless_overwrite(tmp_path
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
     assert sim("replay", *SMALL, "--policy", "prefill-first", "--out", run, "--overwrite", "--quiet") == 0
     assert json.loads((run / "summary.json").read_text())["options"]["scheduler"]["policy"] == "prefill-first"
+
+
+def test_bench_compiled_probe_edits_still_apply_to_the_modules_ci_type_checks():
+    import importlib.util
+
+    import tomllib
+
+    spec = importlib.util.spec_from_file_location("compiled_probe", ROOT / "bench" / "compiled_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    modules = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    assert {"sim/engine.py", "sim/fast_forward.py", "sim/block_manager.py", "policies/chunked.py"} <= set(modules)
+    assert all((ROOT / name).is_file() for name in modules)
+    for name, old, _ in probe.COMPILE_EDITS:  # each compile-only edit still finds its text
+        assert name in modules and old in (ROOT / name).read_text(), (name, old)
+
+
+def test_bench_compiled_probe_names_a_missing_trace(tmp_path):
+    done = subprocess.run([sys.executable, ROOT / "bench" / "compiled_probe.py", "--trace", tmp_path / "nope.csv",
+                           "--mooncake", tmp_path / "nope.jsonl"],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2
+    assert "nope.csv: no such file" in done.stderr and "Traceback" not in done.stderr
