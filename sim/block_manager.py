@@ -158,8 +158,9 @@ class BlockManager:
         counts = [1] * self.num_blocks
         for block in self._free_plain + self.cached_free_blocks():
             counts[block] = 0
-        for indexed, state in zip(self._slots, self._state):
-            if state >= HELD and indexed is not None:  # a held slot holds a block
+        for indexed, state in zip(self._slots, self._state):  # an empty slot holds None
+            if state >= HELD:
+                assert indexed is not None, "a held slot holds no block"
                 counts[indexed] = state - HELD + 1
         return counts
 
