@@ -10,8 +10,8 @@ policies and the operator-table cost model). The tree's files are copied to a sc
 (COMPILE_EDITS: a list subclass kept a Python class, a class hook that sets attributes on
 subclasses, a runtime-checkable protocol), and mypyc builds them in place. Then:
 
-1. the answers: `sim replay TRACE --policy chunked` by each tree; requests.csv, steps.parquet and
-   digest.json must be byte-identical, and summary.json too but for the profile's path;
+1. the answers: `sim replay TRACE --policy chunked` by each tree on both traces, every file of the
+   run folders compared as `bench/same_answers.py` compares them (its own functions);
 2. the speed: each tree's own `bench/replay_speed.py` on the Azure hour (chunked, 1x) and the
    Mooncake trace, the trees alternated --repeat times; its JSON lines give the simulation alone
    (sim_s) and the whole command (e2e_s) with the reference loop (ref_s) beside them.
@@ -38,6 +38,8 @@ import tomllib
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from replay_speed import AZURE, MOONCAKE, shared_trace  # noqa: E402
+from same_answers import compare  # noqa: E402
+from same_answers import run as replay_to  # noqa: E402
 
 # (file, text, replacement): what mypyc cannot compile as written, changed in the scratch copy only.
 COMPILE_EDITS = [
@@ -92,25 +94,6 @@ def compile_tree(tree: Path) -> list[str]:
     return modules
 
 
-def replay(tree: Path, trace: str, out: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    subprocess.run([sys.executable, "-m", "sim.app.cli", "replay", trace, "--policy", "chunked", "--quiet",
-                    "--out", str(out), "--overwrite"], env=env, check=True, cwd=tree)
-
-
-def same_answers(a: Path, b: Path) -> list[str]:
-    """The files of two run folders that differ (summary.json but for the profile's path)."""
-    differ = [name for name in ("requests.csv", "steps.parquet", "digest.json")
-              if (a / name).read_bytes() != (b / name).read_bytes()]
-    summaries = [json.loads((folder / "summary.json").read_text()) for folder in (a, b)]
-    for summary in summaries:
-        summary.get("options", {}).pop("profile", None)
-        summary.pop("profile", None)
-    if summaries[0] != summaries[1]:
-        differ.append("summary.json")
-    return differ
-
-
 def speed(tree: Path, azure: str, mooncake: str) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run([sys.executable, str(tree / "bench" / "replay_speed.py"), "--trace", azure, "--mooncake",
@@ -144,10 +127,15 @@ def main() -> None:
         apply_edits(tree)
         modules = compile_tree(tree)
         print(f"compiled {len(modules)} modules with mypyc in {tree}")
-        replay(ROOT, str(azure), scratch / "interpreted")
-        replay(tree, str(azure), scratch / "compiled")
-        differ = same_answers(scratch / "interpreted", scratch / "compiled")
-        print("answers on the Azure hour:", "same" if not differ else f"DIFFER: {', '.join(differ)}")
+        differ = []
+        for name, trace in (("azure-chunked-1x", azure), ("mooncake-chunked", mooncake)):
+            folders = [scratch / "answers" / label / name for label in ("interpreted", "compiled")]
+            for folder, root in zip(folders, (ROOT, tree)):
+                shutil.rmtree(folder, ignore_errors=True)
+                replay_to(root, [str(trace), "--policy", "chunked"], folder)
+            found = compare(name, *folders, ROOT, tree)
+            print(f"answers, {name}: {'same' if not found else 'DIFFERENT'}", flush=True)
+            differ += found
         best: dict[tuple[str, str], dict] = {}
         for _ in range(args.repeat):
             for name, root in (("interpreted", ROOT), ("compiled", tree)):
@@ -163,6 +151,7 @@ def main() -> None:
             a, b = best[("interpreted", config)], best[("compiled", config)]
             print(f"{config}: compiled/interpreted sim {b['sim_s'] / a['sim_s']:.2f}, e2e {b['e2e_s'] / a['e2e_s']:.2f}")
         if differ:
+            print("\n".join(differ), file=sys.stderr)
             sys.exit(1)
     finally:
         if not args.keep:

@@ -332,6 +332,7 @@ class FastForward:
         if num_steps < MIN_CHUNK_RUN_STEPS:
             return None
         # Cost steps 1.. a stretch of the same decodes at a time.
+        backend = cast("ChunkStepsBackend", self.backend)  # the engine takes chunk runs with such a backend only
         seconds: list[float] = []
         parts: dict[str, list[float]] = {}
         step, computed = 1, before
@@ -341,7 +342,7 @@ class FastForward:
                 end += 1
             contexts = [c + step - 1 for c, rem in zip(decode_computed, remaining) if rem > step]  # before `step`
             chunk = chunks[step - 1]
-            piece, piece_parts = cast("ChunkStepsBackend", self.backend).chunk_steps(contexts, chunk, computed, end - step)
+            piece, piece_parts = backend.chunk_steps(contexts, chunk, computed, end - step)
             if not seconds:
                 seconds, parts = piece, piece_parts
             else:

@@ -25,7 +25,7 @@ class PriorityWaiting:
 
     def appendleft(self, request: Request) -> None:
         """A preempted request goes back by the queue's order, as any other (vLLM's prepend_request)."""
-        heapq.heappush(self._heap, (request.priority, request.arrival_s, request.index, request))
+        self.append(request)
 
     def popleft(self) -> Request:
         return heapq.heappop(self._heap)[3]
