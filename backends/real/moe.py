@@ -23,7 +23,7 @@ Weights are held as vLLM's fused MoE holds them: `w13` [E, 2 * I, H] (gate rows 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -112,10 +112,14 @@ class MoeModelConfig(ModelConfig):
     norm_topk_prob: bool = False
     first_k_dense_replace: int = 0
     decoder_sparse_step: int = 1
-    mlp_only_layers: tuple = field(default_factory=tuple)
-    kv_lora_rank: int | None = None
+    mlp_only_layers: tuple = ()
+    kv_lora_rank: int = 0  # MLA's; 0 is none
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
     sliding_window: int | None = None
-    layer_types: tuple | None = None
+    layer_types: tuple = ()
 
 
 def tiny_moe(family: str, **overrides) -> MoeModelConfig:
