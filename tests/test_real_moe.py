@@ -4,7 +4,8 @@
 2. Whole tiny MoE models in mixed paged batches (prefill + decode, chunked prefill) against each
    sequence computed alone.
 3. Against Hugging Face transformers (its own modeling_qwen3_moe.py and modeling_mixtral.py, the
-   weights loaded by its from_pretrained from the hub's tensor names): logits and greedy tokens.
+   weights loaded by its from_pretrained from the hub's tensor names): logits and greedy tokens;
+   and the dense decoder (Qwen3 with QK-norm, Llama with Llama 3.1's RoPE scaling) the same way.
    Skipped where transformers is not installed (CI's main venv); run with /work/venv-parity's python.
 4. What the real backend refuses (MLA, sliding windows, shared experts, other MoE families): one
    line naming the cost model.
@@ -279,6 +280,51 @@ def test_matches_hugging_face_transformers(family, tmp_path):
             theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new,
                                  pad_token_id=0)[0].tolist()
         assert ours == theirs
+
+
+DENSE = {
+    # The tiny preset is Qwen3-style (QK-norm); the Llama one has Llama 3.1's RoPE scaling.
+    "qwen3": ("tiny", {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+                       "use_sliding_window": False, "sliding_window": None}),
+    "llama": (None, {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+                     "mlp_bias": False, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                         "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 64}}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(DENSE))
+def test_dense_models_match_hugging_face_transformers(family, tmp_path):
+    """The dense decoder too, so that the MoE comparison above stands on a checked attention path."""
+    transformers = pytest.importorskip("transformers")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from backends.model_config import ModelConfig
+
+    preset, extra = DENSE[family]
+    if preset is not None:
+        cfg = ModelConfig.from_preset(preset)
+    else:
+        cfg = ModelConfig(name="tiny-llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                          max_position_embeddings=512, rope_theta=500000.0, rms_norm_eps=1e-5,
+                          tie_word_embeddings=False, qk_norm=False, rope_scaling=extra["rope_scaling"])
+    be = RealBackend(cfg, device="cpu", block_size=4, num_blocks=96, seed=5)
+    safetensors_torch.save_file(hf_state_dict(be.model), str(tmp_path / "model.safetensors"))
+    config = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+              "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+              "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta,
+              "rms_norm_eps": cfg.rms_norm_eps, "tie_word_embeddings": False, "hidden_act": "silu"} | extra
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    a, c = tokens(41, 9), tokens(42, 150)  # c reaches past the llama3 scaling's original context
+    perm = np.random.default_rng(2).permutation(np.arange(96)).tolist()
+    run(be, [(c, 0, 100, perm[:38], False)])
+    logits = run(be, [(a, 0, 9, perm[38:41], True), (c, 100, 50, perm[:38], True)])
+    with torch.no_grad():
+        for row, ids in zip(logits, (a, c)):
+            assert (row - hf(torch.tensor([ids])).logits[0, -1].float()).abs().max().item() <= 1e-4
 
 
 # 4. Refusals.
