@@ -169,8 +169,7 @@ class SortedRows:
 
     def combine(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """[T * k, H] expert outputs in sorted order -> [T, H]: each token's k rows weighted and summed (fp32)."""
-        unsorted = torch.empty_like(rows)
-        unsorted[self.order] = rows
+        unsorted = torch.empty_like(rows).index_copy_(0, self.order, rows)
         t = weights.shape[0]
         return (unsorted.view(t, self.top_k, -1).float() * weights[:, :, None]).sum(dim=1).to(rows.dtype)
 
