@@ -12,6 +12,11 @@
 4. Mixed steps (the decodes plus a prefill chunk filling a 2048-token budget) next to
    max(FLOPs / peak, bytes / bandwidth).
 5. A 2048-token prefill step: achieved TFLOP/s; target >= 50% of dense bf16 peak.
+6. Mixture of experts (Qwen3-30B-A3B's shapes: 128 experts, top-8, hidden 2048, expert
+   intermediate 768; the tiny Qwen3-MoE with --dry-run): the grouped-GEMM Triton kernel and the
+   whole MoE layer against the torch reference, the experts alone timed against
+   max(FLOPs / peak, bytes of the experts hit / bandwidth), and whole steps of a model of
+   --moe-layers such layers (decode batches and a prefill), CUDA graphs as for the dense model.
 
 Batches whose KV does not fit in the cache are listed as skipped. Exit code 1 when a kernel is
 wrong; missed performance targets are reported in the table, not as a failure.
@@ -36,6 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per case, after two warm-ups (median)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (to compare)")
     p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
+    p.add_argument("--moe-layers", type=int, default=4,
+                   help="layers of the Qwen3-30B-A3B-shaped model whose steps are timed (default 4; 0 skips the "
+                        "MoE step)")
     p.add_argument("--dry-run", action="store_true",
                    help="run everything on the CPU: tiny preset, fp32, Triton kernels interpreted; "
                         "checks the script, its numbers mean nothing")
@@ -105,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.mixed_table(batch_sizes, contexts, budget, report)
     bench.prefill_line(budget, report)
     report()
+    if args.moe_layers > 0:
+        del bench, backend
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        ok = moe_check(torch, device, args, hw, budget, report) and ok
+        report()
     report(f"kernels {'correct' if ok else 'WRONG'}; total {time.perf_counter() - started:.0f} s")
     if args.out:
         with open(args.out, "w") as f:
@@ -392,6 +406,128 @@ class Bench:
         share = flops / seconds / self.hw.peak_bf16_flops
         report(f"| {budget} | {seconds * 1e3:.3f} | {floor * 1e3:.3f} | {flops / seconds / 1e12:.0f} | {share:.0%} | "
                f"{'ok' if share >= 0.5 else 'MISS'} |")
+
+
+# 6. Mixture of experts.
+
+def moe_config(dry_run: bool, layers: int):
+    """Qwen3-30B-A3B's shapes (its config.json) with `layers` layers; the tiny Qwen3-MoE on a dry run."""
+    from backends.real.moe import MoeModelConfig, tiny_moe
+
+    if dry_run:
+        return tiny_moe("qwen3_moe")
+    return MoeModelConfig(name=f"Qwen3-30B-A3B shapes, {layers} layers", hidden_size=2048, intermediate_size=6144,
+                          num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          vocab_size=151936, max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False, qk_norm=True, architecture="Qwen3MoeForCausalLM",
+                          model_type="qwen3_moe", num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                          norm_topk_prob=True)
+
+
+def moe_check(torch, device: str, args, hw, budget: int, report: Report) -> bool:
+    """The grouped GEMM and the MoE layer against the torch reference, the experts timed, and whole steps."""
+    from backends.real import moe
+    from backends.real import reference as ref
+    from backends.real.kernels import elementwise
+    from backends.real.kernels.grouped_gemm import grouped_gemm
+    from backends.real.ops import triton_ops
+
+    ops = triton_ops()
+    cfg = moe_config(args.dry_run, args.moe_layers)
+    spec = moe.moe_spec(cfg)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    e, k, h, i = spec.num_experts, spec.top_k, cfg.hidden_size, spec.intermediate_size
+    gen = torch.Generator(device=device).manual_seed(1)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
+
+    router, w13, w2 = randn(e, h, scale=h ** -0.5), randn(e, 2 * i, h, scale=h ** -0.5), randn(e, h, i, scale=i ** -0.5)
+    token_counts = [1, 16, 64] if args.dry_run else [1, 64, 256, 2048, 8192]
+    report(f"## MoE: {e} experts, top-{k}, hidden {h}, expert intermediate {i} ({str(dtype).replace('torch.', '')})")
+    report(f"kernels vs the torch reference (fp32 on the same inputs), pass: relative max error <= {tolerance:g}; "
+           "experts alone (route + grouped GEMMs + combine) vs max(FLOPs / peak, bytes of the experts hit / "
+           "bandwidth)")
+    report("| tokens | experts hit | grouped GEMM rel. error | MoE layer rel. error | result | experts us | "
+           "roofline us | x roofline |")
+    report("|---:|---:|---:|---:|---|---:|---:|---:|")
+    ok = True
+    for t in token_counts:
+        x = randn(t, h)
+        weights, ids = moe.route(x, router, spec)
+        rows = moe.SortedRows(ids, e)
+        a = x[rows.token_of_row]
+        got = grouped_gemm(a, w13, rows).float()
+        want = moe.torch_grouped_gemm(a.float(), w13.float(), rows)
+        gemm_rel = ((got - want).abs().max() / want.abs().max()).item()
+        got = moe.experts(x, w13, w2, weights, ids, grouped_gemm, elementwise.silu_mul).float()
+        want = moe.experts(x.float(), w13.float(), w2.float(), weights, ids, moe.torch_grouped_gemm, ref.silu_mul)
+        layer_rel = ((got - want).abs().max() / want.abs().max()).item()
+        passed = gemm_rel <= tolerance and layer_rel <= tolerance
+        ok = ok and passed
+        hit = int((rows.counts > 0).sum())
+
+        def call():
+            moe.moe_forward(ops, x, router, w13, w2, spec)
+
+        seconds = _time_call(torch, device, call)
+        flops = 2 * t * k * 3 * h * i + 2 * t * e * h
+        floor = max(flops / hw.peak_bf16_flops, (hit * 3 * h * i + e * h) * 2 / hw.memory_bandwidth)
+        report(f"| {t} | {hit} | {gemm_rel:.2e} | {layer_rel:.2e} | {'pass' if passed else 'FAIL'} | "
+               f"{seconds * 1e6:.1f} | {floor * 1e6:.1f} | {seconds / floor:.2f} |")
+    report()
+
+    from backends.real import RealBackend
+
+    started = time.perf_counter()
+    backend = RealBackend(cfg, device=device, block_size=16, seed=0, max_num_batched_tokens=budget, max_num_seqs=64,
+                          num_blocks=512 if args.dry_run else 8192, cuda_graphs=not args.no_cuda_graphs)
+    graphs = backend.runner.graphs
+    report(f"### whole steps of {cfg.name} ({cfg.num_hidden_layers} layers), set up in "
+           f"{time.perf_counter() - started:.0f} s; decode-only steps: "
+           + (f"CUDA graphs (batch sizes {graphs.sizes[0]}..{graphs.sizes[-1]})" if graphs
+              else f"eager ({backend.cuda_graph_error or ('CPU' if args.dry_run else '--no-cuda-graphs')})"))
+    report("| step | tokens | step ms | ms per layer |")
+    report("|---|---:|---:|---:|")
+    from sim.batch import Batch
+
+    tokens = SyntheticTokens(cfg.vocab_size)
+    context = 64 if args.dry_run else 1024
+    per_req = -(-context // 16)
+    for name, decodes, chunk in (("decode", 1, 0), ("decode", 64, 0), ("prefill", 0, budget)):
+        b = Batch()
+        for r in range(decodes):
+            b.add(f"d{r}", context - 1, 1, list(range(r * per_req, (r + 1) * per_req)), True, is_decode=True,
+                  token_source=tokens)
+        if chunk:
+            b.add("p", 0, chunk, list(range(-(-chunk // 16))), True, token_source=tokens)
+        for _ in range(2):
+            backend.execute(b)
+        seconds = statistics.median(backend.execute(b).seconds for _ in range(args.repeats))
+        label = f"{name} of {decodes} at context {context}" if decodes else f"{name} of {chunk} tokens"
+        report(f"| {label} | {decodes + chunk} | {seconds * 1e3:.3f} | "
+               f"{seconds * 1e3 / cfg.num_hidden_layers:.3f} |")
+    report(f"MoE kernels {'correct' if ok else 'WRONG'}")
+    return ok
+
+
+def _time_call(torch, device: str, call) -> float:
+    """Seconds of one call: the mean of 10 after two warm-ups on a GPU (CUDA events), one on the CPU."""
+    for _ in range(2):
+        call()
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(10):
+            call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / 10
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The real execution backend: the simulator's own batches run through a Llama/Qwen-style
-decoder with a paged KV cache (torch, Triton kernels on a GPU) and measured step by step.
+decoder (dense, or Qwen3-MoE/Mixtral experts: moe.py) with a paged KV cache (torch, Triton kernels
+on a GPU) and measured step by step.
 
 Importing it needs torch; without it the import raises a `ServesimError` naming the pip extra.
 """

@@ -63,6 +63,12 @@ def _cuda_free_bytes(device: "torch.device") -> tuple[int, int]:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
 
 
+def num_parameters(cfg: ModelConfig) -> int:
+    """The parameters the decoder holds, every expert of its MoE layers included: counted on a model
+    built on torch's meta device (shapes only, no memory), so dense and MoE layers count alike."""
+    return sum(p.numel() for p in Decoder(cfg, torch.float32, torch.device("meta")).parameters())
+
+
 def _device(name: str) -> "torch.device":
     if name not in DEVICES:
         raise ServesimError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
@@ -97,7 +103,7 @@ class RealBackend:
         is_cuda = self.device.type == "cuda"
         self.dtype = torch.bfloat16 if is_cuda else torch.float32
         element = torch.empty(0, dtype=self.dtype).element_size()
-        weight_bytes = self.cfg.num_parameters * element
+        weight_bytes = num_parameters(self.cfg) * element
         reserve = activation_peak_bytes(self.cfg, max_num_batched_tokens, max_num_seqs)  # vLLM's profile run's
         where = torch.cuda.get_device_name(self.device) if is_cuda else "this machine's memory"
 

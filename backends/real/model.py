@@ -1,5 +1,6 @@
 """A Llama/Qwen-style decoder over a flat token batch: RMSNorm, RoPE, grouped-query attention
-(with QK-norm where the preset has it), SwiGLU MLP.
+(with QK-norm where the preset has it), SwiGLU MLP, or mixture-of-experts layers (Qwen3-MoE,
+Mixtral: backends/real/moe.py).
 
 Dense layers see `[num_tokens, hidden]` rows and never notice which request a row belongs to;
 only attention reads the batch's metadata. Q/K/V and gate/up projections are fused into one
@@ -13,13 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.model_config import ModelConfig
+from backends.real.moe import check_runnable_moe, moe_forward, moe_spec
 from backends.real.ops import Ops
 from backends.real.reference import AttentionMetadata, rope_cos_sin
 from sim.errors import ServesimError
 
 
 def check_runnable(cfg: ModelConfig) -> None:
-    """The decoder below has no biases and knows plain RoPE and Llama 3.1's scaling only."""
+    """The decoder below has no biases and knows plain RoPE and Llama 3.1's scaling only; its MoE
+    layers are Qwen3-MoE's and Mixtral's, without MLA or sliding windows."""
+    check_runnable_moe(cfg)
     rope_type = None if cfg.rope_scaling is None else cfg.rope_scaling.get("rope_type")
     if rope_type not in (None, "llama3"):
         raise ServesimError(f"model {cfg.name}: the real backend supports plain RoPE and rope_type llama3, "
@@ -29,9 +33,11 @@ def check_runnable(cfg: ModelConfig) -> None:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, index: int = 0):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
+        spec = moe_spec(cfg)
+        self.moe = spec if spec is not None and index in spec.sparse_layers else None
 
         def param(*shape):
             return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
@@ -42,8 +48,22 @@ class DecoderLayer(nn.Module):
         self.k_norm = param(hd) if cfg.qk_norm else None
         self.o_proj = param(h, cfg.q_size)
         self.post_attention_layernorm = param(h)
-        self.gate_up_proj = param(2 * cfg.intermediate_size, h)
-        self.down_proj = param(h, cfg.intermediate_size)
+        if self.moe is None:
+            self.gate_up_proj = param(2 * cfg.intermediate_size, h)
+            self.down_proj = param(h, cfg.intermediate_size)
+            self.router = self.w13 = self.w2 = None
+        else:
+            e, i = self.moe.num_experts, self.moe.intermediate_size
+            self.gate_up_proj = self.down_proj = None
+            self.router = param(e, h)  # Hugging Face's mlp.gate
+            self.w13 = param(e, 2 * i, h)  # each expert's gate rows, then its up rows
+            self.w2 = param(e, h, i)
+
+    def mlp(self, ops: Ops, h: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden]: the dense SwiGLU MLP, or the routed experts."""
+        if self.moe is not None:
+            return moe_forward(ops, h, self.router, self.w13, self.w2, self.moe)
+        return F.linear(ops.silu_mul(F.linear(h, self.gate_up_proj)), self.down_proj)
 
 
 class Decoder(nn.Module):
@@ -52,7 +72,7 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device),
                                          requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, n) for n in range(cfg.num_hidden_layers))
         self.norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=dtype, device=device), requires_grad=False)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device), requires_grad=False)
@@ -85,7 +105,7 @@ class Decoder(nn.Module):
             o = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, nh, hd]
             x = F.linear(o.reshape(num_tokens, cfg.q_size), layer.o_proj)
             h, residual = ops.add_rms_norm(x, residual, layer.post_attention_layernorm, eps)
-            x = F.linear(ops.silu_mul(F.linear(h, layer.gate_up_proj)), layer.down_proj)
+            x = layer.mlp(ops, h)
         # Only the rows that get logits go through the final norm.
         out, _ = ops.add_rms_norm(x[logits_indices], residual[logits_indices], self.norm, eps)
         return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from backends.real import reference
+from backends.real import moe, reference
 
 
 @dataclass(frozen=True)
@@ -18,15 +18,16 @@ class Ops:
     silu_mul: Callable  # (gate_up) -> silu(gate) * up
     write_kv: Callable  # (k, v, k_cache, v_cache, slot_mapping) -> None
     paged_attention: Callable  # (q, k_cache, v_cache, meta, scale) -> out
+    grouped_gemm: Callable  # (a rows sorted by expert [R, K], w [E, N, K], moe.SortedRows) -> [R, N]
 
 
 TORCH_OPS = Ops("torch", reference.rms_norm, reference.add_rms_norm, reference.qk_norm_rope, reference.silu_mul,
-                reference.write_kv, reference.paged_attention)
+                reference.write_kv, reference.paged_attention, moe.torch_grouped_gemm)
 
 
 def triton_ops() -> Ops:
     """The Triton kernels; imports triton, so it is called only when they are used."""
-    from backends.real.kernels import elementwise, kv_write, paged_attention
+    from backends.real.kernels import elementwise, grouped_gemm, kv_write, paged_attention
 
     return Ops("triton", elementwise.rms_norm, elementwise.add_rms_norm, elementwise.qk_norm_rope,
-               elementwise.silu_mul, kv_write.write_kv, paged_attention.paged_attention)
+               elementwise.silu_mul, kv_write.write_kv, paged_attention.paged_attention, grouped_gemm.grouped_gemm)

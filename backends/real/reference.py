@@ -158,7 +158,10 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 @torch.no_grad()
 def dense_logits(model, token_ids) -> torch.Tensor:
     """[n, vocab] fp32 logits at every position of one whole sequence computed alone: no cache, no
-    paging, no batching. What a mixed paged batch must reproduce. `model` is a `Decoder`."""
+    paging, no batching. What a mixed paged batch must reproduce. `model` is a `Decoder`; its MLP or
+    MoE layers run through the torch ops (a token's MLP does not depend on the batch)."""
+    from backends.real.ops import TORCH_OPS as ops
+
     cfg, eps = model.cfg, model.cfg.rms_norm_eps
     device = model.embed_tokens.device
     ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=device)
@@ -175,6 +178,5 @@ def dense_logits(model, token_ids) -> torch.Tensor:
             q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
         x = x + F.linear(dense_attention(q, k, v, model.scale).reshape(n, cfg.q_size), layer.o_proj)
-        x = x + F.linear(silu_mul(F.linear(rms_norm(x, layer.post_attention_layernorm, eps),
-                                           layer.gate_up_proj)), layer.down_proj)
+        x = x + layer.mlp(ops, rms_norm(x, layer.post_attention_layernorm, eps))
     return model.logits(rms_norm(x, model.norm, eps))

@@ -1,8 +1,8 @@
 """The decoder's weights: random with a fixed seed, or read from a local safetensors folder with
 Hugging Face tensor names. Nothing is downloaded.
 
-Hugging Face keeps q/k/v and gate/up as separate tensors; the model holds them fused, so each
-name maps to a row range of a fused parameter.
+Hugging Face keeps q/k/v and gate/up as separate tensors, and each expert's tensors apart; the
+model holds them fused (experts as [E, out, in]), so each name maps to a view of a fused parameter.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 from backends.model_config import ModelConfig, hf_fields, read_config_json
 from backends.real.model import Decoder
+from backends.real.moe import moe_spec
 from sim.errors import ServesimError
 
 # config.json fields that must agree with the preset for a folder to be this model.
@@ -24,8 +25,9 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @torch.no_grad()
 def init_random(model: Decoder, seed: int) -> None:
-    """Matrices ~ N(0, 1/fan_in) (embeddings N(0, 1)), norm weights ~ 1 + N(0, 0.1^2): activations keep
-    unit scale through the layers, and every norm weight matters to the result."""
+    """Matrices ~ N(0, 1/fan_in) (embeddings N(0, 1); experts' [E, out, in] the same per expert), norm
+    weights ~ 1 + N(0, 0.1^2): activations keep unit scale through the layers, and every norm weight
+    matters to the result."""
     device = model.embed_tokens.device
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
@@ -34,40 +36,57 @@ def init_random(model: Decoder, seed: int) -> None:
         elif name == "embed_tokens":
             p.normal_(0.0, 1.0, generator=gen)
         else:
-            p.normal_(0.0, p.shape[1] ** -0.5, generator=gen)
+            p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
 
 
-def hf_layout(model: Decoder) -> dict[str, tuple[torch.Tensor, int, int]]:
-    """Hugging Face tensor name -> (fused parameter, first row, end row)."""
+def _moe_names(cfg) -> tuple[str, str, str, str, str]:
+    """(block, router, gate, up, down) of a checkpoint's MoE tensors, as the hub's files name them:
+    Mixtral `block_sparse_moe.gate`, `experts.{e}.w1` (gate) / `w3` (up) / `w2` (down); Qwen3-MoE
+    `mlp.gate`, `experts.{e}.gate_proj` / `up_proj` / `down_proj` (transformers' conversion_mapping.py
+    turns both into its fused `experts.gate_up_proj` and `experts.down_proj`)."""
+    if getattr(cfg, "model_type", "") == "mixtral":
+        return "block_sparse_moe", "gate", "w1", "w3", "w2"
+    return "mlp", "gate", "gate_proj", "up_proj", "down_proj"
+
+
+def hf_layout(model: Decoder) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor name -> the view of the model's (possibly fused) parameter that holds it."""
     cfg = model.cfg
-    q, kv, i = cfg.q_size, cfg.kv_size, cfg.intermediate_size
-
-    def whole(p):
-        return p, 0, p.shape[0]
-
-    layout = {"model.embed_tokens.weight": whole(model.embed_tokens), "model.norm.weight": whole(model.norm)}
+    q, kv = cfg.q_size, cfg.kv_size
+    layout = {"model.embed_tokens.weight": model.embed_tokens, "model.norm.weight": model.norm}
     if model.lm_head is not None:
-        layout["lm_head.weight"] = whole(model.lm_head)
+        layout["lm_head.weight"] = model.lm_head
+    block, router, gate, up, down = _moe_names(cfg)
     for n, layer in enumerate(model.layers):
         pre = f"model.layers.{n}."
-        layout[pre + "input_layernorm.weight"] = whole(layer.input_layernorm)
-        layout[pre + "self_attn.q_proj.weight"] = (layer.qkv_proj, 0, q)
-        layout[pre + "self_attn.k_proj.weight"] = (layer.qkv_proj, q, q + kv)
-        layout[pre + "self_attn.v_proj.weight"] = (layer.qkv_proj, q + kv, q + 2 * kv)
+        layout[pre + "input_layernorm.weight"] = layer.input_layernorm
+        layout[pre + "self_attn.q_proj.weight"] = layer.qkv_proj[:q]
+        layout[pre + "self_attn.k_proj.weight"] = layer.qkv_proj[q:q + kv]
+        layout[pre + "self_attn.v_proj.weight"] = layer.qkv_proj[q + kv:q + 2 * kv]
         if layer.q_norm is not None:
-            layout[pre + "self_attn.q_norm.weight"] = whole(layer.q_norm)
-            layout[pre + "self_attn.k_norm.weight"] = whole(layer.k_norm)
-        layout[pre + "self_attn.o_proj.weight"] = whole(layer.o_proj)
-        layout[pre + "post_attention_layernorm.weight"] = whole(layer.post_attention_layernorm)
-        layout[pre + "mlp.gate_proj.weight"] = (layer.gate_up_proj, 0, i)
-        layout[pre + "mlp.up_proj.weight"] = (layer.gate_up_proj, i, 2 * i)
-        layout[pre + "mlp.down_proj.weight"] = whole(layer.down_proj)
+            layout[pre + "self_attn.q_norm.weight"] = layer.q_norm
+            layout[pre + "self_attn.k_norm.weight"] = layer.k_norm
+        layout[pre + "self_attn.o_proj.weight"] = layer.o_proj
+        layout[pre + "post_attention_layernorm.weight"] = layer.post_attention_layernorm
+        if layer.moe is None:
+            i = cfg.intermediate_size
+            layout[pre + "mlp.gate_proj.weight"] = layer.gate_up_proj[:i]
+            layout[pre + "mlp.up_proj.weight"] = layer.gate_up_proj[i:2 * i]
+            layout[pre + "mlp.down_proj.weight"] = layer.down_proj
+            continue
+        i = layer.moe.intermediate_size
+        layout[f"{pre}{block}.{router}.weight"] = layer.router
+        for e in range(layer.moe.num_experts):
+            ex = f"{pre}{block}.experts.{e}."
+            layout[ex + f"{gate}.weight"] = layer.w13[e, :i]
+            layout[ex + f"{up}.weight"] = layer.w13[e, i:2 * i]
+            layout[ex + f"{down}.weight"] = layer.w2[e]
     return layout
 
 
 def hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
     """The model's weights under Hugging Face names (fused tensors split), e.g. to save a checkpoint."""
-    return {name: p[start:end].contiguous() for name, (p, start, end) in hf_layout(model).items()}
+    return {name: view.clone() for name, view in hf_layout(model).items()}
 
 
 def _open_safetensors():
@@ -97,6 +116,16 @@ def _check_config(folder: Path, cfg: ModelConfig) -> None:
         if field in stated and stated[field] != getattr(cfg, field):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
                                 f"{field} = {stated[field]}, the model {getattr(cfg, field)}")
+    spec = moe_spec(cfg)
+    if spec is None:
+        return
+    # Mixtral names the expert count num_local_experts, Qwen3-MoE num_experts.
+    for names, value in ((("num_experts", "num_local_experts"), spec.num_experts),
+                         (("num_experts_per_tok",), spec.top_k), (("moe_intermediate_size",), spec.intermediate_size)):
+        for name in names:
+            if isinstance(raw.get(name), int) and raw[name] != value:
+                raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
+                                    f"{name} = {raw[name]}, the model {value}")
 
 
 @torch.no_grad()
@@ -123,14 +152,13 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
             more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: it {what} "
                                 f"{names[0]}{more}")
-    for name, (param, start, end) in layout.items():
+    for name, view in layout.items():
         handle, file = where[name]
         try:
             tensor = handle.get_tensor(name)
         except Exception as e:  # safetensors' own error type: a header that lies about the data
             raise ServesimError(f"{file}: cannot read tensor {name} ({type(e).__name__}: {e})") from None
-        expected = (end - start, *param.shape[1:])
-        if tuple(tensor.shape) != expected:
+        if tuple(tensor.shape) != tuple(view.shape):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: {name} has shape "
-                                f"{list(tensor.shape)}, the preset needs {list(expected)}")
-        param[start:end].copy_(tensor)
+                                f"{list(tensor.shape)}, the preset needs {list(view.shape)}")
+        view.copy_(tensor)
