@@ -185,7 +185,7 @@ class CostModel:
 
 
 def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str = "bf16",
-                    kv_cache_dtype: str = "auto") -> CostModel:
+                    kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False) -> CostModel:
     """The calibrated model when a calibration is given, else the datasheet roofline. `model` is a
     ModelConfig, `hardware` a Hardware (or None with a calibration)."""
     if calibration is None and hardware is None:
@@ -193,7 +193,13 @@ def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str =
     if calibration is not None:
         from backends.calibrated import CalibratedCostModel
 
+        if model.is_extended:
+            raise ServesimError(f"a fitted profile prices dense decoders; model {model.name} needs the roofline "
+                                "(--profile roofline)")
         return CalibratedCostModel(model, calibration)
-    from backends.roofline import RooflineCostModel
+    from backends.roofline import MoERooflineCostModel, RooflineCostModel
 
+    if model.is_extended:  # mixture of experts, MLA, sliding windows
+        return MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                    enable_expert_parallel=enable_expert_parallel)
     return RooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype)

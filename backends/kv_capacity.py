@@ -96,9 +96,14 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     """The blocks vLLM would allocate; with `num_gpu_blocks_override` that figure, taken as given
     (the memory checks then do not apply). `dp`, `enable_expert_parallel`: where a mixture of
     experts' experts lie (the figures are one GPU's, of one DP rank: each rank has its own cache).
-    A sliding-window model's blocks are those of one KV cache group holding every layer (vLLM's
-    --disable-hybrid-kv-cache-manager), what servesim's block manager allocates; `vllm` in the
-    result has vLLM's hybrid allocation and the tokens it fits (`vllm_kv_cache`)."""
+    For a MoE, MLA or sliding-window model `vllm` in the result has vLLM's allocation and the
+    tokens it fits (`vllm_kv_cache`). A hybrid model's (sliding and full layers: several KV cache
+    groups) blocks are vLLM's shared pool, a block one page of each layer of one group
+    (`block_bytes` then that), and it starts when one request of max_model_len tokens fits in the
+    blocks it takes from every group (vLLM's _check_enough_kv_cache_memory over
+    max_memory_usage_bytes). servesim's block manager charges a request the full-attention group's
+    blocks of its tokens; what a sliding group holds besides (`KVCacheGroup.blocks_held`, at most
+    its window's blocks) is not charged yet."""
     hardware.check_tp(tp)
     block_bytes = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype)
     terms = {"requested": hardware.memory_bytes * gpu_memory_utilization,
@@ -113,9 +118,11 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     if num_gpu_blocks_override is not None:
         if num_gpu_blocks_override < 1:
             raise ServesimError(f"--num-gpu-blocks must be at least 1, got {num_gpu_blocks_override}")
-        return KVCapacity(num_gpu_blocks_override, block_bytes, terms, "--num-gpu-blocks", _vllm(
-            model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype,
-            num_gpu_blocks_override))
+        vllm = _vllm(model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype,
+                     num_gpu_blocks_override)
+        if vllm is not None and len(vllm["groups"]) > 1:
+            block_bytes = vllm["bytes_per_block"]
+        return KVCapacity(num_gpu_blocks_override, block_bytes, terms, "--num-gpu-blocks", vllm)
     where = f"{model.name} on {hardware.description or hardware.name}" + (f" x {tp}" if tp > 1 else "")
     if available <= 0:
         raise ServesimError(
@@ -125,18 +132,28 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
             f"{gpu_memory_utilization:.0%} of {hardware.memory_bytes / GIB:.2f} GiB, leaving nothing for the KV "
             "cache; choose bigger hardware, a larger --tp or a smaller model")
     num_blocks = available // block_bytes
+    vllm = _vllm(model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype)
+    if vllm is not None and len(vllm["groups"]) > 1:
+        num_blocks, block_bytes = vllm["num_blocks"], vllm["bytes_per_block"]
+        needed = sum(g["max_blocks_per_request"] for g in vllm["groups"])
+        if needed > num_blocks:
+            raise ServesimError(
+                f"the KV cache of {where} ({num_blocks} blocks of {block_size} tokens, shared by "
+                f"{len(vllm['groups'])} KV cache groups) cannot hold one request of --max-model-len "
+                f"{vllm['max_model_len']} tokens ({needed} blocks); vLLM would not start. Lower --max-model-len "
+                "or raise --gpu-memory-utilization")
+        return KVCapacity(num_blocks, block_bytes, terms, "derived", vllm)
     if max_model_len is not None and -(-max_model_len // block_size) > num_blocks:
         raise ServesimError(
             f"the KV cache of {where} ({num_blocks} blocks of {block_size} tokens) cannot hold one request of "
             f"--max-model-len {max_model_len} tokens; vLLM would not start. Lower --max-model-len (at most "
             f"{num_blocks * block_size}) or raise --gpu-memory-utilization")
-    return KVCapacity(num_blocks, block_bytes, terms, "derived", _vllm(
-        model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype))
+    return KVCapacity(num_blocks, block_bytes, terms, "derived", vllm)
 
 
 def _vllm(model: ModelConfig, available: int, block_size: int, max_model_len: int | None,
           max_num_batched_tokens: int, tp: int, kv_cache_dtype: str, override: int | None = None) -> dict | None:
-    if not model.is_extended or available <= 0:
+    if not model.is_extended or (available <= 0 and override is None):
         return None
     return vllm_kv_cache(model, available, block_size=block_size,
                          max_model_len=max_model_len or model.max_position_embeddings,
@@ -251,7 +268,8 @@ def vllm_kv_cache(model: ModelConfig, available: int, *, block_size: int, max_mo
                         "max_blocks_per_request": g.max_blocks_per_request(block_size, max_model_len,
                                                                            max_in_flight_tokens)}
                        for g in groups],
-            "max_in_flight_tokens": max_in_flight_tokens, "max_concurrency": concurrency,
+            "max_model_len": max_model_len, "max_in_flight_tokens": max_in_flight_tokens,
+            "max_concurrency": concurrency,
             "tokens": int(concurrency * max_model_len),
             "formula": "num_blocks = available // bytes_per_block; tokens = int(num_blocks / "
                        "sum(max_blocks_per_request) x max_model_len) (vLLM get_kv_cache_capacity)"}
