@@ -190,6 +190,9 @@ def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str =
     ModelConfig, `hardware` a Hardware (or None with a calibration)."""
     if calibration is None and hardware is None:
         raise ServesimError("the cost model needs a hardware preset or a calibrated profile")
+    if enable_expert_parallel and not model.num_experts:
+        raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
+                            "none")
     if calibration is not None:
         from backends.calibrated import CalibratedCostModel
 

@@ -105,6 +105,9 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     blocks of its tokens; what a sliding group holds besides (`KVCacheGroup.blocks_held`, at most
     its window's blocks) is not charged yet."""
     hardware.check_tp(tp)
+    if enable_expert_parallel and not model.num_experts:
+        raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
+                            "none")
     block_bytes = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype)
     terms = {"requested": hardware.memory_bytes * gpu_memory_utilization,
              "weights": model.weight_bytes_per_gpu(tp, dtype, dp, enable_expert_parallel),
