@@ -17,6 +17,7 @@ from backends.presets import MODELS
 from backends.roofline import MoERooflineCostModel, window_pairs
 from sim.batch import Batch
 from sim.errors import ServesimError
+from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, MISTRAL_7B_V01
 
 aic = pytest.importorskip("aiconfigurator_core")
 CONFIGS = Path(aic.__file__).parent / "model_configs"
@@ -155,22 +156,6 @@ def test_minimax_m2_reads_its_experts_from_intermediate_size():
     assert m.expert_dtype == "fp8-block" and m.kv_bytes_per_token() == 2 * 62 * 8 * 128 * 2
     assert m.weight_bytes_by_part(tp=4)["experts"] == 62 * 256 * (3072 * 768 + blocks(3072, 768) + 384 * 3072
                                                                   + blocks(384, 3072))
-
-
-MISTRAL_7B_V01 = {
-    "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-    "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
-    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
-    "tie_word_embeddings": False, "vocab_size": 32000}
-GEMMA3_1B = {  # google/gemma-3-1b-it's text fields
-    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 1152,
-    "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
-    "head_dim": 256, "sliding_window": 512, "sliding_window_pattern": 6, "vocab_size": 262144,
-    "max_position_embeddings": 32768, "rope_theta": 1000000, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06}
-GEMMA2_9B = {
-    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
-    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
-    "sliding_window": 4096, "vocab_size": 256000, "max_position_embeddings": 8192, "rope_theta": 10000.0}
 
 
 def write(tmp_path, config, name):
