@@ -364,3 +364,30 @@ def test_replay_a_moe_model_end_to_end(tmp_path):
     assert summary["model"]["num_experts"] == 128
     assert summary["kv_cache"]["vllm"]["tokens"] >= summary["kv_cache"]["num_gpu_blocks"] * 16 * 0.99
     assert np.isfinite(summary["tpot"]["mean"]) and summary["tpot"]["mean"] > 0
+
+
+def test_expert_parallel_flag_reaches_the_run(tmp_path):
+    from sim.app.cli import main
+
+    runs = {}
+    for name, extra in (("tp", []), ("ep", ["--enable-expert-parallel"])):
+        out = tmp_path / name
+        assert main(["replay", "traces/samples/azure_conv_2023_first5min.csv", "--model", "Qwen3-30B-A3B", "--tp", "2",
+                     "--out", str(out), "--quiet", *extra]) == 0
+        runs[name] = json.loads((out / "summary.json").read_text())
+    assert runs["ep"]["options"]["enable_expert_parallel"] is True
+    assert "enable_expert_parallel" not in runs["tp"]["options"]  # runs without it keep their files
+    assert runs["ep"]["kv_cache"]["bytes_per_gpu"]["weights"] == runs["tp"]["kv_cache"]["bytes_per_gpu"]["weights"]
+
+
+@pytest.mark.slow
+def test_replay_gpt_oss_end_to_end(tmp_path):
+    from sim.app.cli import main
+
+    out = tmp_path / "run"
+    assert main(["replay", "traces/samples/azure_conv_2023_first5min.csv", "--model", "gpt-oss-120b", "--hardware",
+                 "H200", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    vllm = summary["kv_cache"]["vllm"]
+    assert [g["kind"] for g in vllm["groups"]] == ["sliding_attention", "full_attention"]
+    assert summary["kv_cache"]["num_gpu_blocks"] == vllm["num_blocks"]
