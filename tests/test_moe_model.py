@@ -391,3 +391,22 @@ def test_replay_gpt_oss_end_to_end(tmp_path):
     vllm = summary["kv_cache"]["vllm"]
     assert [g["kind"] for g in vllm["groups"]] == ["sliding_attention", "full_attention"]
     assert summary["kv_cache"]["num_gpu_blocks"] == vllm["num_blocks"]
+
+
+def test_data_parallel_ranks_share_the_experts():
+    """--dp 2 --tp 2: attention split by TP 2 on each rank; the experts over all 4 GPUs (MoE TP 4,
+    or EP 4 with whole experts); each rank keeps its own KV cache of TP 2's heads."""
+    m = resolve_model("Qwen3-235B-A22B")
+    assert m.moe_parallel(tp=2, dp=2) == (4, 1) and m.moe_parallel(tp=2, dp=2, enable_expert_parallel=True) == (1, 4)
+    dp = m.weight_bytes_by_part(tp=2, dp=2)
+    tp2 = m.weight_bytes_by_part(tp=2)
+    assert dp["attention"] == tp2["attention"] == 94 * (4096 * (32 + 2 * 2) * 128 * 2 + 32 * 128 * 4096 * 2
+                                                        + 2 * 128 * 2)
+    assert dp["experts"] == 94 * 128 * (4096 * 2 * 384 * 2 + 384 * 4096 * 2) == tp2["experts"] // 2
+    ep = m.weight_bytes_by_part(tp=2, dp=2, enable_expert_parallel=True)
+    assert ep["experts"] == 94 * 32 * (4096 * 2 * 1536 * 2 + 1536 * 4096 * 2)
+    assert m.local_experts(tp=3, dp=1, enable_expert_parallel=True) == 43  # 128 = 43 + 43 + 42: the largest
+    with pytest.raises(ServesimError, match=r"--tp 1 --dp 3 does not split model Mixtral-8x7B: its "
+                                            r"moe_intermediate_size \(14336\) cannot be divided among 3 GPUs"):
+        resolve_model("Mixtral-8x7B").weight_bytes_per_gpu(tp=1, dp=3)
+    assert resolve_model("Mixtral-8x7B").weight_bytes_per_gpu(tp=1, dp=3, enable_expert_parallel=True) > 0
