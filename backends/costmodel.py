@@ -185,15 +185,24 @@ class CostModel:
 
 
 def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str = "bf16",
-                    kv_cache_dtype: str = "auto") -> CostModel:
+                    kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False) -> CostModel:
     """The calibrated model when a calibration is given, else the datasheet roofline. `model` is a
     ModelConfig, `hardware` a Hardware (or None with a calibration)."""
     if calibration is None and hardware is None:
         raise ServesimError("the cost model needs a hardware preset or a calibrated profile")
+    if enable_expert_parallel and not model.num_experts:
+        raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
+                            "none")
     if calibration is not None:
         from backends.calibrated import CalibratedCostModel
 
+        if model.is_extended:
+            raise ServesimError(f"a fitted profile prices dense decoders; model {model.name} needs the roofline "
+                                "(--profile roofline)")
         return CalibratedCostModel(model, calibration)
-    from backends.roofline import RooflineCostModel
+    from backends.roofline import MoERooflineCostModel, RooflineCostModel
 
+    if model.is_extended:  # mixture of experts, MLA, sliding windows
+        return MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                    enable_expert_parallel=enable_expert_parallel)
     return RooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype)

@@ -62,34 +62,57 @@ class KVCapacity:
     block_bytes: int  # one block over all layers, on one GPU
     terms: dict  # requested, weights, activation_peak, non_torch, cuda_graph_pool, available
     source: str  # "derived" or "--num-gpu-blocks"
+    vllm: dict | None = None  # MoE, MLA and sliding-window models: `vllm_kv_cache` (groups, tokens)
 
     def as_dict(self) -> dict:
-        return {"num_gpu_blocks": self.num_gpu_blocks, "source": self.source, "block_bytes": self.block_bytes,
-                "bytes_per_gpu": {k: int(v) for k, v in self.terms.items()},
-                "formula": "floor((memory x gpu_memory_utilization - weights - activation_peak - non_torch "
-                           "- cuda_graph_pool) / block_bytes), per GPU"}
+        out = {"num_gpu_blocks": self.num_gpu_blocks, "source": self.source, "block_bytes": self.block_bytes,
+               "bytes_per_gpu": {k: int(v) for k, v in self.terms.items()},
+               "formula": "floor((memory x gpu_memory_utilization - weights - activation_peak - non_torch "
+                          "- cuda_graph_pool) / block_bytes), per GPU"}
+        if self.vllm is not None:
+            out["vllm"] = self.vllm
+        return out
 
 
-def activation_peak_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> float:
-    """The torch peak of vLLM's profile run (see the module docstring)."""
+def activation_peak_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1,
+                          dp: int = 1, enable_expert_parallel: bool = False) -> float:
+    """The torch peak of vLLM's profile run (see the module docstring); a mixture-of-experts
+    layer's in place of the MLP's (`moe_workspace_bytes`)."""
     t = max_num_batched_tokens
     rows = min(max_num_seqs, max_num_batched_tokens)
     sampler = SAMPLER_FP32_COPIES * rows * model.vocab_size * 4
     mlp = t * 3 * (model.intermediate_size // tp) * 2
+    if model.num_experts:
+        mlp = max(mlp if model.num_dense_mlp_layers else 0, moe_workspace_bytes(model, t, tp, dp,
+                                                                                 enable_expert_parallel))
     return max(sampler, mlp) + HIDDEN_BF16_COPIES * t * model.hidden_size * 2
 
 
 def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1, dtype: str = "bf16",
                 kv_cache_dtype: str = "auto", max_model_len: int | None = None,
-                num_gpu_blocks_override: int | None = None) -> KVCapacity:
+                num_gpu_blocks_override: int | None = None, dp: int = 1,
+                enable_expert_parallel: bool = False) -> KVCapacity:
     """The blocks vLLM would allocate; with `num_gpu_blocks_override` that figure, taken as given
-    (the memory checks then do not apply)."""
+    (the memory checks then do not apply). `dp`, `enable_expert_parallel`: where a mixture of
+    experts' experts lie (the figures are one GPU's, of one DP rank: each rank has its own cache).
+    For a MoE, MLA or sliding-window model `vllm` in the result has vLLM's allocation and the
+    tokens it fits (`vllm_kv_cache`). A hybrid model's (sliding and full layers: several KV cache
+    groups) blocks are vLLM's shared pool, a block one page of each layer of one group
+    (`block_bytes` then that), and it starts when one request of max_model_len tokens fits in the
+    blocks it takes from every group (vLLM's _check_enough_kv_cache_memory over
+    max_memory_usage_bytes). servesim's block manager charges a request the full-attention group's
+    blocks of its tokens; what a sliding group holds besides (`KVCacheGroup.blocks_held`, at most
+    its window's blocks) is not charged yet."""
     hardware.check_tp(tp)
+    if enable_expert_parallel and not model.num_experts:
+        raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
+                            "none")
     block_bytes = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype)
     terms = {"requested": hardware.memory_bytes * gpu_memory_utilization,
-             "weights": model.weight_bytes_per_gpu(tp, dtype),
-             "activation_peak": activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp),
+             "weights": model.weight_bytes_per_gpu(tp, dtype, dp, enable_expert_parallel),
+             "activation_peak": activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp, dp,
+                                                      enable_expert_parallel),
              "non_torch": NON_TORCH_BYTES[min(tp, 2)],
              "cuda_graph_pool": CUDA_GRAPH_POOL_BYTES}
     available = int(terms["requested"] - terms["weights"] - terms["activation_peak"] - terms["non_torch"]
@@ -98,7 +121,11 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     if num_gpu_blocks_override is not None:
         if num_gpu_blocks_override < 1:
             raise ServesimError(f"--num-gpu-blocks must be at least 1, got {num_gpu_blocks_override}")
-        return KVCapacity(num_gpu_blocks_override, block_bytes, terms, "--num-gpu-blocks")
+        vllm = _vllm(model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype,
+                     num_gpu_blocks_override)
+        if vllm is not None and len(vllm["groups"]) > 1:
+            block_bytes = vllm["bytes_per_block"]
+        return KVCapacity(num_gpu_blocks_override, block_bytes, terms, "--num-gpu-blocks", vllm)
     where = f"{model.name} on {hardware.description or hardware.name}" + (f" x {tp}" if tp > 1 else "")
     if available <= 0:
         raise ServesimError(
@@ -108,9 +135,144 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
             f"{gpu_memory_utilization:.0%} of {hardware.memory_bytes / GIB:.2f} GiB, leaving nothing for the KV "
             "cache; choose bigger hardware, a larger --tp or a smaller model")
     num_blocks = available // block_bytes
+    vllm = _vllm(model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype)
+    if vllm is not None and len(vllm["groups"]) > 1:
+        num_blocks, block_bytes = vllm["num_blocks"], vllm["bytes_per_block"]
+        needed = sum(g["max_blocks_per_request"] for g in vllm["groups"])
+        if needed > num_blocks:
+            raise ServesimError(
+                f"the KV cache of {where} ({num_blocks} blocks of {block_size} tokens, shared by "
+                f"{len(vllm['groups'])} KV cache groups) cannot hold one request of --max-model-len "
+                f"{vllm['max_model_len']} tokens ({needed} blocks); vLLM would not start. Lower --max-model-len "
+                "or raise --gpu-memory-utilization")
+        return KVCapacity(num_blocks, block_bytes, terms, "derived", vllm)
     if max_model_len is not None and -(-max_model_len // block_size) > num_blocks:
         raise ServesimError(
             f"the KV cache of {where} ({num_blocks} blocks of {block_size} tokens) cannot hold one request of "
             f"--max-model-len {max_model_len} tokens; vLLM would not start. Lower --max-model-len (at most "
             f"{num_blocks * block_size}) or raise --gpu-memory-utilization")
-    return KVCapacity(num_blocks, block_bytes, terms, "derived")
+    return KVCapacity(num_blocks, block_bytes, terms, "derived", vllm)
+
+
+def _vllm(model: ModelConfig, available: int, block_size: int, max_model_len: int | None,
+          max_num_batched_tokens: int, tp: int, kv_cache_dtype: str, override: int | None = None) -> dict | None:
+    if not model.is_extended or (available <= 0 and override is None):
+        return None
+    return vllm_kv_cache(model, available, block_size=block_size,
+                         max_model_len=max_model_len or model.max_position_embeddings,
+                         max_in_flight_tokens=ASYNC_BATCHES * max_num_batched_tokens, tp=tp,
+                         kv_cache_dtype=kv_cache_dtype, num_gpu_blocks_override=override)
+
+
+# Mixture of experts, MLA and sliding windows as vLLM allocates them.
+
+ASYNC_BATCHES = 2  # vLLM's max_concurrent_batches with async scheduling (its default), one pipeline stage
+
+
+def moe_workspace_bytes(model: ModelConfig, num_tokens: int, tp: int = 1, dp: int = 1,
+                        enable_expert_parallel: bool = False) -> int:
+    """The fused MoE kernel's intermediate caches over `num_tokens` tokens on one GPU
+    (vllm/model_executor/layers/fused_moe/fused_moe.py: cache13, [T x top-k x max(N, K)], shared by
+    the gate-up output and the down output, and intermediate_cache2 [T x top-k, N / 2]; N is the
+    local gate-up width 2 x moe_intermediate_size / MoE TP, K the hidden size), in bf16."""
+    moe_tp, _ = model.moe_parallel(tp, dp, enable_expert_parallel)
+    n = 2 * model.moe_intermediate_size // moe_tp
+    rows = num_tokens * model.num_experts_per_tok
+    return 2 * (rows * max(n, model.hidden_size) + rows * (n // 2))
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """One of vLLM's KV cache groups: `num_layers` layers of one attention kind sharing a block
+    table (vllm/v1/core/kv_cache_planning.py, _get_kv_cache_groups_uniform_page_size)."""
+
+    kind: str  # "full_attention" or "sliding_attention"
+    num_layers: int
+    sliding_window: int | None = None
+
+    def max_blocks_per_request(self, block_size: int, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request of max_model_len tokens may hold in this group (the spec's
+        max_memory_usage_bytes / page_size_bytes, vllm/v1/kv_cache_interface.py): every block for
+        full attention (FullAttentionSpec); for a window, SlidingWindowSpec's
+        max_admission_blocks_per_request: cdiv(min(window - 1 + in-flight tokens, max_model_len),
+        block_size) + 1 (the window need not start at a block's start)."""
+        if self.kind == "full_attention":
+            return -(-max_model_len // block_size)
+        assert self.sliding_window is not None
+        tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
+        return -(-tokens // block_size) + 1
+
+    def blocks_held(self, num_computed_tokens: int, num_tokens: int, block_size: int) -> int:
+        """Blocks a request holds in this group with `num_tokens` tokens allocated once
+        `num_computed_tokens` of them are computed (and committed): all of them under full attention;
+        under a window, less those wholly before it, which vLLM frees (SlidingWindowManager's
+        get_num_skipped_tokens: max(0, computed - window + 1) tokens skipped; remove_skipped_blocks
+        frees the skipped // block_size blocks before them, vllm/v1/core/single_type_kv_cache_manager.py).
+        What servesim's block manager will call to hold only a window's blocks."""
+        blocks = -(-num_tokens // block_size)
+        if self.kind == "full_attention":
+            return blocks
+        assert self.sliding_window is not None
+        skipped = max(0, num_computed_tokens - self.sliding_window + 1) // block_size
+        return blocks - min(skipped, blocks)
+
+
+def kv_cache_groups(model: ModelConfig) -> list[KVCacheGroup]:
+    """The KV cache groups vLLM makes of the model's layers. One group of every layer when they are
+    all alike (_get_kv_cache_groups_uniform_spec); else the hybrid manager's
+    _get_kv_cache_groups_uniform_page_size: the layers of each kind in one bucket; the group size
+    is the smallest bucket's layer count (the largest's when that is under 1.5 times it); each bucket
+    is split into cdiv(count, group size) groups, layers[i::num_groups] in the i-th. Every layer's page
+    is the same size here (all layers share num_kv_heads and head_dim), so no page is padded
+    (unify_kv_cache_spec_page_size)."""
+    kinds = model.layer_types or ("full_attention",) * model.num_hidden_layers
+    buckets: dict[str, int] = {}
+    for kind in kinds:
+        buckets[kind] = buckets.get(kind, 0) + 1
+    window = model.sliding_window
+    if len(buckets) == 1:
+        kind, count = next(iter(buckets.items()))
+        return [KVCacheGroup(kind, count, window if kind == "sliding_attention" else None)]
+    smallest, largest = min(buckets.values()), max(buckets.values())
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups = []
+    for kind, count in buckets.items():
+        num_groups = -(-count // group_size)
+        for i in range(num_groups):
+            groups.append(KVCacheGroup(kind, len(range(i, count, num_groups)),
+                                       window if kind == "sliding_attention" else None))
+    return groups
+
+
+def vllm_kv_cache(model: ModelConfig, available: int, *, block_size: int, max_model_len: int,
+                  max_in_flight_tokens: int, tp: int = 1, kv_cache_dtype: str = "auto",
+                  num_gpu_blocks_override: int | None = None) -> dict:
+    """vLLM's KV cache for `available` bytes on one GPU, and how many tokens it fits
+    (vllm/v1/core/kv_cache_planning.py and kv_cache_utils.py):
+    - blocks: get_kv_cache_config_from_groups, available // bytes_per_block, a block's bytes the
+      largest group's pages (_get_kv_cache_bytes_per_block: group layers x one layer's page, the
+      page block_size x the per-layer bytes of `ModelConfig.kv_bytes_per_token`; MLA's page is one
+      latent head, MLAAttentionSpec; `num_gpu_blocks_override` replaces the figure,
+      may_override_num_blocks);
+    - tokens: get_kv_cache_capacity, int(max_concurrency x max_model_len), with max_concurrency =
+      num_blocks / the blocks one request of max_model_len tokens takes from every group together
+      (get_max_concurrency_for_kv_cache_config; `KVCacheGroup.max_blocks_per_request`);
+      `max_in_flight_tokens` is vLLM's max_concurrent_batches x max_num_batched_tokens (2 batches
+      with async scheduling, vllm/config/vllm.py)."""
+    groups = kv_cache_groups(model)
+    layers = model.num_hidden_layers
+    page = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype) // layers
+    bytes_per_block = max(g.num_layers for g in groups) * page
+    num_blocks = available // bytes_per_block if num_gpu_blocks_override is None else num_gpu_blocks_override
+    per_request = sum(g.max_blocks_per_request(block_size, max_model_len, max_in_flight_tokens) for g in groups)
+    concurrency = num_blocks / per_request
+    return {"num_blocks": num_blocks, "bytes_per_block": bytes_per_block, "page_bytes_per_layer": page,
+            "groups": [{"kind": g.kind, "num_layers": g.num_layers, "sliding_window": g.sliding_window,
+                        "max_blocks_per_request": g.max_blocks_per_request(block_size, max_model_len,
+                                                                           max_in_flight_tokens)}
+                       for g in groups],
+            "max_model_len": max_model_len, "max_in_flight_tokens": max_in_flight_tokens,
+            "max_concurrency": concurrency,
+            "tokens": int(concurrency * max_model_len),
+            "formula": "num_blocks = available // bytes_per_block; tokens = int(num_blocks / "
+                       "sum(max_blocks_per_request) x max_model_len) (vLLM get_kv_cache_capacity)"}

@@ -3,8 +3,10 @@ arithmetic every part of servesim takes from it: per-GPU GEMM shapes under tenso
 parameters, weight bytes per dtype, KV bytes per token.
 
 Supported: dense Llama, Mistral, Qwen2 and Qwen3 decoders (GQA; QK-norm for Qwen3; Qwen2's q/k/v
-biases). A config servesim cannot price (mixture of experts, sliding-window attention, MLA) is
-refused with one line naming the file and the field. RoPE settings are read from either layout:
+biases), and the mixture-of-experts, multi-head latent attention (MLA) and sliding-window
+families: Qwen3-MoE, Mixtral, DeepSeek-V3/R1, Kimi K2/K2.5, gpt-oss, MiniMax-M2, Mistral-7B-v0.1,
+Gemma 2 and 3. A config servesim cannot price is refused with one line naming the file and the
+field. RoPE settings are read from either layout:
 the hub's top-level `rope_theta`/`rope_scaling`, or the single `rope_parameters` object that
 transformers 5 writes.
 
@@ -29,6 +31,14 @@ from sim.errors import ServesimError
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}  # --dtype: weights (and GEMM inputs)
 KV_CACHE_DTYPES = ("auto", "fp8")  # --kv-cache-dtype: auto is the model's dtype (bf16)
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vocab_parallel_embedding.py)
+# Weights' storage, per quantization (quantization_config of the checkpoint): fp8-block is
+# DeepSeek's e4m3 with one fp32 scale per 128 x 128 block (weight_block_size); mxfp4 is OCP MX fp4,
+# one e8m0 byte per 32 weights along the input; int4 is compressed-tensors' pack-quantized int4 with
+# one bf16 scale per group of 32 inputs (symmetric: no zero points).
+WEIGHT_DTYPES = ("bf16", "fp8", "fp8-block", "mxfp4", "int4")
+FP8_BLOCK = 128
+FP4_GROUP = 32
+INT4_GROUP = 32
 
 # model_type -> (architecture, QK-norm)
 FAMILIES = {"llama": ("LlamaForCausalLM", False), "mistral": ("MistralForCausalLM", False),
@@ -75,6 +85,33 @@ class ModelConfig:
     rope_scaling: dict | None = None  # Hugging Face's rope_scaling without rope_theta; None: plain RoPE
     architecture: str = "LlamaForCausalLM"
     qkv_bias: bool = False  # Qwen2's q/k/v projections carry biases
+    # The fields below (Hugging Face's names) are those of the mixture-of-experts, MLA and
+    # sliding-window families; their defaults are a dense decoder's, and `describe` leaves them out
+    # when they have them. Mixture of experts: 0 experts is a dense model.
+    model_type: str = ""
+    num_experts: int = 0  # routed experts (num_local_experts, n_routed_experts in some files)
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # one expert's (Mixtral, gpt-oss, MiniMax: intermediate_size)
+    shared_expert_intermediate_size: int = 0  # the shared experts' together (DeepSeek: n_shared x moe_i)
+    norm_topk_prob: bool = False
+    first_k_dense_replace: int = 0  # dense-MLP layers at the front (intermediate_size)
+    # Multi-head latent attention (DeepSeek-V3, Kimi K2): kv_lora_rank 0 is none; q_lora_rank 0:
+    # queries projected from the hidden state directly.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Sliding windows: one entry per layer, "full_attention" or "sliding_attention" (empty: all full).
+    sliding_window: int | None = None
+    layer_types: tuple = ()
+    attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
+    attention_bias: bool = False  # gpt-oss: q, k, v and o projections carry biases
+    sandwich_norms: bool = False  # Gemma 2/3: four RMSNorms per layer
+    # Checkpoint quantization (quantization_config): the dtype of the attention, dense and shared
+    # MLP weights, and of the routed experts'; "" when the checkpoint is not quantized (--dtype).
+    weight_dtype: str = ""
+    expert_dtype: str = ""
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -90,6 +127,42 @@ class ModelConfig:
             raise ServesimError(f"model {self.name}: head_dim must be even for RoPE, got {self.head_dim}")
         if not self.rope_theta > 0:
             raise ServesimError(f"model {self.name}: rope_theta must be positive, got {self.rope_theta}")
+        if self.is_extended:
+            self._check_extended()
+
+    def _check_extended(self) -> None:
+        def fail(message: str) -> None:
+            raise ServesimError(f"model {self.name}: {message}")
+
+        for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                      "first_k_dense_replace", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                      "v_head_dim"):
+            value = getattr(self, field)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                fail(f"{field} must be a whole number >= 0, got {value!r}")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                fail(f"num_experts_per_tok must be in [1, num_experts = {self.num_experts}], got "
+                     f"{self.num_experts_per_tok}")
+            if self.moe_intermediate_size < 1:
+                fail("moe_intermediate_size must be positive for a mixture-of-experts model")
+            if self.first_k_dense_replace >= self.num_hidden_layers:
+                fail(f"first_k_dense_replace ({self.first_k_dense_replace}) leaves no MoE layer of "
+                     f"{self.num_hidden_layers}")
+        if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
+            fail("an MLA model needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_hidden_layers:
+                fail(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+            unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
+            if unknown:
+                fail(f"layer_types holds {sorted(unknown)}; servesim prices full_attention and sliding_attention")
+            if "sliding_attention" in self.layer_types and not (isinstance(self.sliding_window, int)
+                                                                  and self.sliding_window >= 1):
+                fail(f"sliding_window must be a positive whole number, got {self.sliding_window!r}")
+        for field in ("weight_dtype", "expert_dtype"):
+            if getattr(self, field) not in ("",) + WEIGHT_DTYPES:
+                fail(f"{field} must be one of {', '.join(WEIGHT_DTYPES)}, got {getattr(self, field)!r}")
 
     # Construction.
 
@@ -97,6 +170,8 @@ class ModelConfig:
     def from_fields(cls, name: str, fields: dict) -> ModelConfig:
         """From a preset's dict (backends/presets.py)."""
         known = {f: fields[f] for f in cls.__dataclass_fields__ if f != "name" and f in fields}
+        if "layer_types" in known:
+            known["layer_types"] = tuple(known["layer_types"])
         return cls(name=name, **known)
 
     @classmethod
@@ -109,11 +184,13 @@ class ModelConfig:
     def from_hf(cls, path: str | Path) -> ModelConfig:
         """From a Hugging Face `config.json`, or a folder holding one."""
         where, raw = read_config_json(path)
+        if _is_extended(raw):
+            return extended_from_hf(raw, where)
         refuse_unpriceable(raw, where)
         model_type = raw.get("model_type")
         if model_type not in FAMILIES:
-            raise ServesimError(f"{where}: model_type {model_type!r} is not supported; servesim prices dense "
-                                f"{', '.join(FAMILIES)} decoders")
+            raise ServesimError(f"{where}: model_type {model_type!r} is not supported; servesim prices "
+                                f"{', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} decoders")
         fields = hf_fields(raw, where)
         for field in _REQUIRED:
             if field not in fields:
@@ -153,6 +230,9 @@ class ModelConfig:
         """vLLM's divisibility rules for tensor parallelism of degree `tp`."""
         if not (isinstance(tp, int) and tp >= 1):
             raise ServesimError(f"--tp must be a whole number >= 1, got {tp!r}")
+        if self.is_extended:
+            self.check_parallel(tp)
+            return
         nkv = self.num_key_value_heads
         rules = [(self.num_attention_heads % tp == 0, f"num_attention_heads ({self.num_attention_heads})"),
                  (nkv % tp == 0 if nkv >= tp else tp % nkv == 0, f"num_key_value_heads ({nkv})"),
@@ -169,6 +249,9 @@ class ModelConfig:
         """The per-layer matmuls on one GPU under tensor parallelism of degree `tp`: fused QKV and
         gate-up split by output columns, O and down by input rows (each then all-reduced)."""
         self.check_tp(tp)
+        if self.num_experts or self.kv_lora_rank:
+            raise ServesimError(f"model {self.name}: its layers are not all one dense decoder layer; "
+                                "price it with `layer_gemms`")
         h, hd = self.hidden_size, self.head_dim
         heads = self.num_attention_heads // tp
         kv_heads = self.num_kv_heads_per_gpu(tp)
@@ -188,6 +271,8 @@ class ModelConfig:
     def num_parameters(self) -> int:
         """Parameters of the whole decoder (unpadded, one copy): embeddings, attention, MLP, norms,
         the LM head."""
+        if self.is_extended:
+            return self.layout_parameters()
         h, hd, layers = self.hidden_size, self.head_dim, self.num_hidden_layers
         linear = sum(g.k * g.n for g in self.gemms(1))
         per_layer = linear + 2 * h + (2 * hd if self.qk_norm else 0) + (self.q_size + 2 * self.kv_size
@@ -195,14 +280,19 @@ class ModelConfig:
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return layers * per_layer + embeddings + h
 
-    def weight_bytes_per_gpu(self, tp: int = 1, dtype: str = "bf16") -> int:
+    def weight_bytes_per_gpu(self, tp: int = 1, dtype: str = "bf16", dp: int = 1,
+                             enable_expert_parallel: bool = False) -> int:
         """What one GPU holds of the weights, as vLLM loads them: the linear layers' shards in
         `dtype` (fp8: one byte per weight; the per-channel scales, 0.04% of a Llama, are left
         out), the padded vocabulary's shard of the embedding and LM head, norms and biases in bf16,
         and RoPE's cos/sin cache ([max_position_embeddings, head_dim] in bf16, built by vLLM's
-        get_rope and counted in its "model loading took" figure)."""
+        get_rope and counted in its "model loading took" figure). A mixture-of-experts, MLA or
+        sliding-window model: `weight_bytes_by_part` (`dp` and `enable_expert_parallel` place its
+        experts; a dense model's weights do not depend on them)."""
         if dtype not in DTYPE_BYTES:
             raise ServesimError(f"unknown --dtype {dtype!r}; choose bf16 or fp8")
+        if self.is_extended:
+            return sum(self.weight_bytes_by_part(tp, dtype, dp, enable_expert_parallel).values())
         h, hd, layers = self.hidden_size, self.head_dim, self.num_hidden_layers
         gemms = self.gemms(tp)
         linear = layers * sum(g.k * g.n for g in gemms) * DTYPE_BYTES[dtype]
@@ -213,13 +303,209 @@ class ModelConfig:
         return linear + 2 * (small + embeddings + rope_cache)
 
     def kv_bytes_per_token(self, tp: int = 1, kv_cache_dtype: str = "auto") -> int:
-        """K and V of one token over all layers, on one GPU."""
+        """K and V of one token over all layers, on one GPU. MLA caches one latent vector per token
+        and layer, kv_lora_rank + qk_rope_head_dim wide, the same on every GPU (vLLM's
+        MLAAttentionSpec: num_kv_heads 1, head_size kv_lora_rank + qk_rope_head_dim, no separate
+        V; vllm/v1/kv_cache_interface.py). A sliding-window layer's token is the same size as a
+        full one's (SlidingWindowSpec's page): how many tokens a layer keeps is
+        backends/kv_capacity.py's."""
+        if self.kv_lora_rank:
+            return (self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
+                    * kv_cache_dtype_bytes(kv_cache_dtype))
         return (2 * self.num_hidden_layers * self.num_kv_heads_per_gpu(tp) * self.head_dim
                 * kv_cache_dtype_bytes(kv_cache_dtype))
 
+    # Mixture of experts, MLA and sliding windows.
+
+    @property
+    def is_extended(self) -> bool:
+        """Whether the model is one of the MoE, MLA or sliding-window families (priced by
+        `layout_*`, `weight_bytes_by_part` and backends/roofline.py's MoE model)."""
+        return bool(self.model_type or self.num_experts or self.kv_lora_rank or self.layer_types)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_hidden_layers - self.first_k_dense_replace if self.num_experts else 0
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        return self.num_hidden_layers - self.num_moe_layers
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == "sliding_attention")
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
+
+    def linear_dtypes(self, dtype: str = "bf16") -> tuple[str, str]:
+        """(attention, dense and shared MLP weights' dtype, routed experts' dtype): the checkpoint's
+        quantization where it has one, else `dtype` (--dtype)."""
+        weights = self.weight_dtype or dtype
+        return weights, self.expert_dtype or weights
+
+    def moe_parallel(self, tp: int = 1, dp: int = 1, enable_expert_parallel: bool = False) -> tuple[int, int]:
+        """(MoE TP, EP) as vLLM's FusedMoEParallelConfig.make sets them
+        (vllm/model_executor/layers/fused_moe/config.py): the MoE layers run over all tp x dp GPUs,
+        tensor-parallel (EP 1) by default, expert-parallel (MoE TP 1) with --enable-expert-parallel."""
+        ranks = tp * dp
+        return (1, ranks) if enable_expert_parallel and ranks > 1 else (ranks, 1)
+
+    def local_experts(self, tp: int = 1, dp: int = 1, enable_expert_parallel: bool = False) -> int:
+        """Routed experts held by the GPU holding the most (vLLM's determine_expert_map gives the
+        first E mod EP ranks one more)."""
+        _, ep = self.moe_parallel(tp, dp, enable_expert_parallel)
+        return -(-self.num_experts // ep)
+
+    def check_parallel(self, tp: int = 1, dp: int = 1, enable_expert_parallel: bool = False,
+                       dtype: str = "bf16") -> None:
+        """vLLM's divisibility rules for this layout; a block-quantized weight's shard must also
+        hold whole 128 x 128 blocks (vLLM's validate_block_quant_shapes)."""
+        if not (isinstance(tp, int) and tp >= 1):
+            raise ServesimError(f"--tp must be a whole number >= 1, got {tp!r}")
+        if not (isinstance(dp, int) and dp >= 1):
+            raise ServesimError(f"--dp must be a whole number >= 1, got {dp!r}")
+        weights, experts = self.linear_dtypes(dtype)
+        moe_tp, ep = self.moe_parallel(tp, dp, enable_expert_parallel)
+        nkv = self.num_key_value_heads
+        rules = [(self.num_attention_heads % tp == 0, f"num_attention_heads ({self.num_attention_heads})", tp)]
+        if not self.kv_lora_rank:
+            rules.append((nkv % tp == 0 if nkv >= tp else tp % nkv == 0, f"num_key_value_heads ({nkv})", tp))
+        if self.num_dense_mlp_layers:
+            rules.append(self._split_rule("intermediate_size", self.intermediate_size, tp, weights))
+        if self.shared_expert_intermediate_size:
+            rules.append(self._split_rule("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
+                                          tp, weights))
+        if self.num_experts and moe_tp > 1:
+            rules.append(self._split_rule("moe_intermediate_size", self.moe_intermediate_size, moe_tp, experts))
+        for ok, what, among in rules:
+            if not ok:
+                raise ServesimError(f"--tp {tp}" + (f" --dp {dp}" if dp > 1 else "") + f" does not split model "
+                                    f"{self.name}: its {what} cannot be divided among {among} GPUs")
+
+    @staticmethod
+    def _split_rule(field: str, size: int, among: int, dtype: str) -> tuple[bool, str, int]:
+        if size % among:
+            return False, f"{field} ({size})", among
+        if dtype == "fp8-block" and among > 1 and (size // among) % FP8_BLOCK:
+            return False, f"{field} ({size}, in fp8 blocks of {FP8_BLOCK})", among
+        return True, "", among
+
+    def weight_bytes_by_part(self, tp: int = 1, dtype: str = "bf16", dp: int = 1,
+                             enable_expert_parallel: bool = False) -> dict[str, int]:
+        """What one GPU holds, as vLLM loads it, by part. Attention, the dense MLPs, the shared
+        experts, the embedding and the LM head are split by TP as in a dense model and replicated
+        on each DP rank; the routed experts are split over all tp x dp GPUs (`moe_parallel`): each
+        expert's intermediate size divided by MoE TP, or whole experts per GPU under EP. MLA's
+        down-projections to the latents (fused q_a and kv_a) are replicated (vLLM's
+        MergedReplicatedLinear), and vLLM keeps bf16 copies of kv_b_proj's two halves, W_UK and
+        W_UV, beside it (split_kv_b_proj in vllm/model_executor/layers/attention/mla_attention.py).
+        Routers, norms, biases, sinks, embeddings and the LM head stay bf16 (routing-score biases
+        fp32); the linear layers are in `linear_dtypes`."""
+        self.check_parallel(tp, dp, enable_expert_parallel, dtype)
+        weights, experts = self.linear_dtypes(dtype)
+        return self._layout(tp, dp, enable_expert_parallel, weights, experts, count=False)
+
+    def layout_parameters(self) -> int:
+        """Parameters of the whole model, one copy (no W_UK/W_UV copies, no padding)."""
+        return sum(self._layout(1, 1, False, "bf16", "bf16", count=True).values())
+
+    def active_parameters(self) -> int:
+        """Parameters a token runs through: the routed experts' top-k of num_experts."""
+        parts = self._layout(1, 1, False, "bf16", "bf16", count=True)
+        total = sum(parts.values())
+        if self.num_experts:
+            total -= parts["experts"] - parts["experts"] * self.num_experts_per_tok // self.num_experts
+        return total
+
+    def _layout(self, tp: int, dp: int, ep: bool, weights: str, experts: str, count: bool) -> dict[str, int]:
+        def lin(k: int, n: int, dtype: str) -> int:
+            return k * n if count else linear_bytes(k, n, dtype)
+
+        small = 1 if count else 2  # bf16 vectors
+        h, hd, layers = self.hidden_size, self.head_dim, self.num_hidden_layers
+        heads = self.num_attention_heads // tp
+        attention = 0
+        if self.kv_lora_rank:
+            rope, nope, v = self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim
+            q_out = heads * (nope + rope)
+            if self.q_lora_rank:
+                attention += lin(h, self.q_lora_rank + self.kv_lora_rank + rope, weights)  # replicated
+                attention += lin(self.q_lora_rank, q_out, weights) + small * self.q_lora_rank
+            else:
+                attention += lin(h, q_out, weights) + lin(h, self.kv_lora_rank + rope, weights)
+            attention += lin(self.kv_lora_rank, heads * (nope + v), weights) + small * self.kv_lora_rank
+            attention += lin(heads * v, h, weights)
+            if not count:  # W_UK and W_UV in bf16
+                attention += 2 * self.kv_lora_rank * heads * (nope + v)
+        else:
+            kv_heads = self.num_kv_heads_per_gpu(tp)
+            qkv_out = (heads + 2 * kv_heads) * hd
+            attention += lin(h, qkv_out, weights) + lin(heads * hd, h, weights)
+            if self.qkv_bias or self.attention_bias:
+                attention += small * qkv_out
+            if self.attention_bias:
+                attention += small * h
+            if self.attention_sinks:
+                attention += small * heads
+            if self.qk_norm:
+                attention += small * 2 * hd
+        parts = {"attention": layers * attention,
+                 "norms": small * (layers * (4 if self.sandwich_norms else 2) * h + h)}
+        if self.num_dense_mlp_layers:
+            i = self.intermediate_size // tp
+            parts["dense_mlp"] = self.num_dense_mlp_layers * (lin(h, 2 * i, weights) + lin(i, h, weights))
+        if self.num_experts:
+            e = self.num_experts
+            moe_tp, _ = self.moe_parallel(tp, dp, ep)
+            local = self.local_experts(tp, dp, ep)
+            i = self.moe_intermediate_size // moe_tp
+            router = h * e * small
+            if self.model_type in ("deepseek_v3", "kimi_k2", "minimax_m2"):
+                router += e * (1 if count else 4)  # e_score_correction_bias, fp32
+            elif self.attention_bias:
+                router += small * e  # gpt-oss's router bias
+            expert = lin(h, 2 * i, experts) + lin(i, h, experts)
+            if self.attention_bias:  # gpt-oss's experts carry biases (bf16)
+                expert += small * (2 * i + h)
+            parts["router"] = self.num_moe_layers * router
+            parts["experts"] = self.num_moe_layers * local * expert
+            if self.shared_expert_intermediate_size:
+                s = self.shared_expert_intermediate_size // tp
+                parts["shared_experts"] = self.num_moe_layers * (lin(h, 2 * s, weights) + lin(s, h, weights))
+        vocab = self.vocab_size if count else self.padded_vocab(tp)
+        parts["embeddings"] = small * vocab * h * (1 if self.tie_word_embeddings else 2)
+        if not count:
+            parts["rope_cache"] = small * self.max_position_embeddings * self.rotary_dim
+        return parts
+
     def describe(self) -> dict:
-        """The fields, for summary.json."""
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        """The fields, for summary.json (those of the MoE, MLA and sliding-window families only
+        where they differ from a dense decoder's)."""
+        out = {}
+        for f, spec in self.__dataclass_fields__.items():
+            value = getattr(self, f)
+            if f in _EXTENDED_FIELDS and value == spec.default:
+                continue
+            out[f] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def linear_bytes(k: int, n: int, dtype: str) -> int:
+    """Bytes of a [k, n] weight (k inputs, n outputs) stored in `dtype` (WEIGHT_DTYPES), its
+    scales included: fp8 per-tensor or per-channel scales are left out (0.04% of a Llama)."""
+    if dtype == "bf16":
+        return 2 * k * n
+    if dtype == "fp8":
+        return k * n
+    if dtype == "fp8-block":
+        return k * n + 4 * -(-k // FP8_BLOCK) * -(-n // FP8_BLOCK)
+    if dtype == "mxfp4":
+        return -(-k * n // 2) + -(-k // FP4_GROUP) * n
+    if dtype == "int4":
+        return -(-k * n // 2) + 2 * -(-k // INT4_GROUP) * n
+    raise ServesimError(f"unknown weight dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
 
 
 # Reading Hugging Face config files.
@@ -330,3 +616,198 @@ def resolve_model(name_or_path: str) -> ModelConfig:
         return ModelConfig.from_hf(name_or_path)
     raise ServesimError(f"unknown model {name_or_path!r}: not a preset ({', '.join(MODELS)}; see `sim models`) "
                         "and no such config.json or folder")
+
+
+# The mixture-of-experts, MLA and sliding-window families.
+
+# model_type -> (architecture, QK-norm)
+EXTENDED_FAMILIES = {"qwen3_moe": ("Qwen3MoeForCausalLM", True), "mixtral": ("MixtralForCausalLM", False),
+                     "deepseek_v3": ("DeepseekV3ForCausalLM", False), "kimi_k2": ("DeepseekV3ForCausalLM", False),
+                     "gpt_oss": ("GptOssForCausalLM", False), "minimax_m2": ("MiniMaxM2ForCausalLM", True),
+                     "mistral": ("MistralForCausalLM", False), "gemma2": ("Gemma2ForCausalLM", False),
+                     "gemma3_text": ("Gemma3ForCausalLM", True)}
+_EXTENDED_FIELDS = ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "shared_expert_intermediate_size", "norm_topk_prob", "first_k_dense_replace", "kv_lora_rank",
+                    "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
+                    "layer_types", "attention_sinks", "attention_bias", "sandwich_norms", "weight_dtype",
+                    "expert_dtype")
+_DEEPSEEK = ("deepseek_v3", "kimi_k2")
+
+
+def _is_extended(raw: dict) -> bool:
+    """Whether a config.json is read by `extended_from_hf`: a family of EXTENDED_FAMILIES (but a
+    Mistral without a window), a multimodal wrapper, or a model_type no family knows (refused there,
+    naming it)."""
+    model_type = raw.get("model_type")
+    if model_type == "mistral":
+        return (raw.get("sliding_window") is not None and not any(raw.get(f) for f in _MOE_FIELDS)
+                and raw.get("kv_lora_rank") is None)
+    return model_type not in FAMILIES or isinstance(raw.get("text_config"), dict)
+
+
+def _whole(raw: dict, field: str, where: str, default: int | None = None, minimum: int = 0) -> int:
+    value = raw.get(field, default)
+    if value is None and default is not None:
+        value = default
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
+        raise ServesimError(f"{where}: {field} = {value!r}, expected a whole number >= {minimum}")
+    return value
+
+
+def extended_from_hf(raw: dict, where: str) -> ModelConfig:
+    """A Qwen3-MoE, Mixtral, DeepSeek-V3/R1, Kimi K2/K2.5, gpt-oss, MiniMax-M2, Mistral (with its
+    sliding window) or Gemma 2/3 config.json; a multimodal wrapper's `text_config` is read (Kimi
+    K2.5, Gemma 3). What servesim cannot price is refused naming the field."""
+    text = raw.get("text_config")
+    if isinstance(text, dict):
+        quantization = raw.get("quantization_config", text.get("quantization_config"))
+        raw = {**text, "quantization_config": quantization}
+        where = f"{where} (text_config)"
+    model_type = raw.get("model_type")
+    if model_type not in EXTENDED_FAMILIES:
+        raise ServesimError(f"{where}: model_type {model_type!r} is not supported; servesim prices "
+                            f"{', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} decoders")
+    for field, what in (("index_topk", "DeepSeek sparse attention"), ("linear_attn_config", "linear attention"),
+                        ("attention_chunk_size", "chunked local attention")):
+        if raw.get(field) is not None:
+            raise ServesimError(f"{where}: {field} = {raw[field]}: {what} is not supported")
+    fields = hf_fields(raw, where)
+    if model_type in ("mixtral", "gpt_oss", "minimax_m2") and "intermediate_size" in fields:
+        fields["moe_intermediate_size"] = fields["intermediate_size"]  # their experts' own
+    for field in _REQUIRED:
+        if field not in fields:
+            raise ServesimError(f"{where}: no {field} in it")
+    fields.setdefault("num_key_value_heads", fields["num_attention_heads"])
+    fields.setdefault("rope_theta", 10000.0)
+    fields.setdefault("rope_scaling", None)
+    layers = fields["num_hidden_layers"]
+    architecture, qk_norm = EXTENDED_FAMILIES[model_type]
+    architectures = raw.get("architectures")
+    if isinstance(architectures, list) and architectures:
+        architecture = str(architectures[0])
+    fields.update(_moe_fields(raw, where, model_type))
+    fields.update(_mla_fields(raw, where))
+    if fields.get("kv_lora_rank"):
+        fields["head_dim"] = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
+    fields.update(_window_fields(raw, where, model_type, layers))
+    fields["weight_dtype"], fields["expert_dtype"] = _quantization(raw.get("quantization_config"), where,
+                                                                   bool(fields.get("num_experts")))
+    gemma = model_type.startswith("gemma")
+    if model_type == "gpt_oss":
+        fields.update(attention_sinks=True, attention_bias=bool(raw.get("attention_bias", True)))
+    name = Path(where.split(" (")[0]).parent.name or where
+    try:
+        return ModelConfig(name=name, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                           tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)), qk_norm=qk_norm,
+                           architecture=architecture, model_type=model_type, sandwich_norms=gemma, **fields)
+    except ServesimError as e:
+        raise ServesimError(f"{where}: {e}") from None
+
+
+def _moe_fields(raw: dict, where: str, model_type: str) -> dict:
+    counts = [f for f in _MOE_FIELDS if raw.get(f)]
+    if not counts:
+        if model_type in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2") or raw.get("n_routed_experts") == 0:
+            raise ServesimError(f"{where}: no num_experts (or num_local_experts, n_routed_experts) in it")
+        return {}
+    if model_type not in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *_DEEPSEEK):
+        raise ServesimError(f"{where}: {counts[0]} = {raw[counts[0]]}: model_type {model_type!r} has no experts "
+                            "servesim can price")
+    out = {"num_experts": _whole(raw, counts[0], where, minimum=1)}
+    top_k = "experts_per_token" if "experts_per_token" in raw and "num_experts_per_tok" not in raw else \
+        "num_experts_per_tok"
+    out["num_experts_per_tok"] = _whole(raw, top_k, where, minimum=1)
+    if model_type in ("qwen3_moe", *_DEEPSEEK):
+        out["moe_intermediate_size"] = _whole(raw, "moe_intermediate_size", where, minimum=1)
+    out["norm_topk_prob"] = bool(raw.get("norm_topk_prob", model_type in ("mixtral", "gpt_oss", "minimax_m2")))
+    if model_type == "qwen3_moe":
+        if raw.get("mlp_only_layers"):
+            raise ServesimError(f"{where}: mlp_only_layers = {raw['mlp_only_layers']}: dense layers among the "
+                                "MoE layers are not supported")
+        if _whole(raw, "decoder_sparse_step", where, 1, 1) != 1:
+            raise ServesimError(f"{where}: decoder_sparse_step = {raw['decoder_sparse_step']}: MoE on every "
+                                "n-th layer is not supported")
+    if model_type in _DEEPSEEK:
+        if _whole(raw, "moe_layer_freq", where, 1, 1) != 1:
+            raise ServesimError(f"{where}: moe_layer_freq = {raw['moe_layer_freq']}: MoE on every n-th layer is "
+                                "not supported")
+        out["first_k_dense_replace"] = _whole(raw, "first_k_dense_replace", where, 0)
+        out["shared_expert_intermediate_size"] = (_whole(raw, "n_shared_experts", where, 0)
+                                                  * out["moe_intermediate_size"])
+    if model_type == "minimax_m2":
+        out["shared_expert_intermediate_size"] = _whole(raw, "shared_intermediate_size", where, 0)
+    return out
+
+
+def _mla_fields(raw: dict, where: str) -> dict:
+    if raw.get("kv_lora_rank") is None:
+        for field in _MLA_FIELDS:
+            if raw.get(field) is not None:
+                raise ServesimError(f"{where}: {field} = {raw[field]} without kv_lora_rank: cannot price it")
+        return {}
+    out = {f: _whole(raw, f, where, minimum=1) for f in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                                          "v_head_dim")}
+    out["q_lora_rank"] = _whole(raw, "q_lora_rank", where, 0)
+    return out
+
+
+def _window_fields(raw: dict, where: str, model_type: str, layers: int) -> dict:
+    """Which layers slide, as vLLM reads each family (layer_types when the file has them)."""
+    window = raw.get("sliding_window")
+    if model_type == "qwen3_moe":
+        if raw.get("use_sliding_window"):
+            raise ServesimError(f"{where}: use_sliding_window = true: Qwen's max_window_layers windows are not "
+                                "supported")
+        return {}
+    if raw.get("use_sliding_window") is False:
+        window = None
+    types = raw.get("layer_types")
+    if types is not None:
+        if not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+            raise ServesimError(f"{where}: layer_types = {types!r}, expected a list of names")
+    elif model_type == "gemma2":
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    elif model_type == "gemma3_text":
+        pattern = _whole(raw, "sliding_window_pattern", where, 6, 1)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    elif window is not None:
+        types = ["sliding_attention"] * layers  # Mistral-7B-v0.1, Mixtral with a window: every layer
+    if not types or "sliding_attention" not in types:
+        return {}
+    if window is None:
+        raise ServesimError(f"{where}: layer_types has sliding_attention layers but sliding_window is null")
+    window = _whole(raw, "sliding_window", where, minimum=1)
+    return {"sliding_window": window, "layer_types": tuple(types)}
+
+
+def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
+    """(weight_dtype, expert_dtype) of a checkpoint's quantization_config; ("", "") without one."""
+    if config is None:
+        return "", ""
+    if not isinstance(config, dict):
+        raise ServesimError(f"{where}: quantization_config = {config!r}, expected an object")
+    method = config.get("quant_method")
+    if method == "fp8":
+        block = config.get("weight_block_size")
+        if block is None:
+            return "fp8", "fp8"
+        if list(block) != [FP8_BLOCK, FP8_BLOCK]:
+            raise ServesimError(f"{where}: quantization_config weight_block_size = {block}: servesim prices fp8 "
+                                f"blocks of [{FP8_BLOCK}, {FP8_BLOCK}]")
+        return "fp8-block", "fp8-block"
+    if method == "mxfp4":
+        if not has_experts:
+            raise ServesimError(f"{where}: quantization_config quant_method = 'mxfp4' without experts")
+        return "bf16", "mxfp4"  # gpt-oss: attention, router, embeddings and LM head are not converted
+    if method == "compressed-tensors":
+        groups = config.get("config_groups") or {}
+        weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+        int4 = [w for w in weights if w.get("num_bits") == 4 and w.get("type") == "int"]
+        if has_experts and len(int4) == len(weights) == 1 and int4[0].get("group_size") == INT4_GROUP:
+            ignore = " ".join(str(x) for x in config.get("ignore") or [])
+            if "self_attn" in ignore and "shared_experts" in ignore:
+                return "bf16", "int4"  # Kimi K2.5: int4 routed experts, the rest bf16
+        raise ServesimError(f"{where}: quantization_config config_groups = {groups}: servesim prices "
+                            f"compressed-tensors int4 (group {INT4_GROUP}) routed experts only")
+    raise ServesimError(f"{where}: quantization_config quant_method = {method!r} is not supported (fp8, mxfp4, "
+                        "compressed-tensors int4)")

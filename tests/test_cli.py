@@ -206,7 +206,8 @@ def test_models_hardware_and_deployments_from_files(tmp_path, capsys):
 
 @pytest.mark.parametrize("change,fragment", [
     ({"num_local_experts": 8}, "num_local_experts = 8: mixture-of-experts models are not supported"),
-    ({"sliding_window": 4096}, "sliding_window = 4096: sliding-window attention is not supported"),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True},
+     "sliding_window = 4096: sliding-window attention is not supported"),
     ({"kv_lora_rank": 512}, "kv_lora_rank = 512: multi-head latent attention is not supported"),
 ])
 def test_an_unsupported_config_is_exit_2(tmp_path, capsys, change, fragment):

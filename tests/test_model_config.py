@@ -114,13 +114,19 @@ def test_both_rope_layouts_read_alike_and_must_agree(tmp_path):
 
 
 @pytest.mark.parametrize("change,field", [
-    ({"num_local_experts": 8, "model_type": "mixtral"}, "num_local_experts"),
-    ({"num_experts": 128, "model_type": "qwen3_moe"}, "num_experts"),
-    ({"n_routed_experts": 256}, "n_routed_experts"),
+    ({"num_local_experts": 8, "model_type": "mixtral"}, "num_experts_per_tok"),  # MoE fields missing
+    ({"num_experts": 128, "model_type": "qwen3_moe", "num_experts_per_tok": 8}, "moe_intermediate_size"),
+    ({"n_routed_experts": 256}, "n_routed_experts"),  # experts in a dense family
     ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank"),
-    ({"sliding_window": 4096}, "sliding_window = 4096"),  # Mistral-7B-v0.1
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}, "sliding_window = 4096"),
     ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
-    ({"model_type": "gemma2"}, "model_type 'gemma2'"),
+    ({"model_type": "gemma2"}, "sliding_window is null"),
+    ({"model_type": "llama4_text"}, "model_type 'llama4_text'"),
+    ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+      "mlp_only_layers": [0]}, "mlp_only_layers"),
+    ({"model_type": "deepseek_v3", "index_topk": 2048}, "index_topk"),
+    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
+      "quantization_config": {"quant_method": "modelopt"}}, "quant_method = 'modelopt'"),
     ({"hidden_size": None}, "no hidden_size"),
     ({"num_hidden_layers": "32"}, "num_hidden_layers = '32'"),
 ])

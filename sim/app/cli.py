@@ -28,7 +28,8 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                         "path/to/file.py:ClassName or package.module:ClassName (see the README)")
     p.add_argument("--model", default="Llama-3.1-8B", metavar="NAME|CONFIG",
                    help=f"model preset ({', '.join(MODELS)}) or a Hugging Face config.json, or a folder holding "
-                        "one: dense Llama, Mistral, Qwen2, Qwen3 (default: Llama-3.1-8B)")
+                        "one: dense Llama, Mistral, Qwen2, Qwen3; Qwen3-MoE, Mixtral, DeepSeek-V3/R1, Kimi K2, gpt-oss, "
+                        "MiniMax-M2, Gemma 2/3 (docs/moe.md; default: Llama-3.1-8B)")
     p.add_argument("--hardware", default="H100-SXM", metavar="NAME|FILE.json",
                    help=f"hardware preset ({', '.join(HARDWARE)}) or a JSON file with its fields (see the README; "
                         "default: H100-SXM)")
@@ -38,6 +39,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                    help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak (default: bf16)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                    help="the KV cache's dtype: auto (bf16) or fp8, half the bytes per block (default: auto)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="a mixture-of-experts model's experts split whole over the --tp GPUs, as vLLM's flag "
+                        "(default: each expert split by TP)")
     p.add_argument("--backend", default="costmodel",
                    help="step-time backend: costmodel (default) or real (runs every step through a real model)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -121,6 +125,7 @@ def options_from_args(args: argparse.Namespace):
                                   scheduling_policy=args.scheduling_policy),
         cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
         model=args.model, hardware=args.hardware, tp=args.tp, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+        enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
         backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
         device=args.device, weights=args.weights,
         profile=args.profile,

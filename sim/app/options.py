@@ -20,6 +20,7 @@ class ReplayOptions:
     tp: int = 1  # tensor parallelism: GPUs per engine
     dtype: str = "bf16"  # of the weights: bf16 or fp8
     kv_cache_dtype: str = "auto"  # auto (the activations' bf16) or fp8
+    enable_expert_parallel: bool = False  # a mixture of experts' experts split whole over the --tp GPUs
     backend: str = "costmodel"
     seed: int = 0
     slo: SLO = field(default_factory=SLO)
@@ -41,9 +42,10 @@ class ReplayOptions:
             raise ServesimError(f"unknown --dtype {self.dtype!r}; choose bf16 or fp8")
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose auto or fp8")
-        deployment = (self.tp, self.dtype, self.kv_cache_dtype) != (1, "bf16", "auto")
+        deployment = (self.tp, self.dtype, self.kv_cache_dtype) != (1, "bf16", "auto") or self.enable_expert_parallel
         if deployment and self.backend == "real":  # a fitted profile's limits are checked by sim.app.plan
-            raise ServesimError("--tp, --dtype fp8 and --kv-cache-dtype fp8 are priced by the cost model; the real "
+            raise ServesimError("--tp, --dtype fp8, --kv-cache-dtype fp8 and --enable-expert-parallel are priced by "
+                                "the cost model; the real "
                                 "backend runs one device in its own dtype")
         if self.backend not in BACKENDS:
             raise ServesimError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -74,6 +74,8 @@ class RunPlan:
         """The options as the run used them (summary.json, sweep rows). A lone engine's leave the
         cluster out, so its files are those of servesim before clusters."""
         d = asdict(self.options)
+        if not self.options.enable_expert_parallel:  # dense runs' files as before the flag
+            del d["enable_expert_parallel"]
         d["scheduler"]["max_model_len"] = self.max_model_len
         d["cache"]["num_blocks"] = self.num_blocks
         cluster = d.pop("cluster")
@@ -147,7 +149,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          gpu_memory_utilization=cache.gpu_memory_utilization,
                          max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                          tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
-                         max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks)
+                         max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks,
+                         enable_expert_parallel=options.enable_expert_parallel)
         # A tiny model on a big GPU with 1-token blocks would derive 5e8 blocks; no trace fills 2**25.
         num_blocks = min(kv.num_gpu_blocks, MAX_NUM_BLOCKS)
     cluster = options.cluster
@@ -162,6 +165,9 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
 
 def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware, calibration=None) -> Backend:
     if options.backend == "real":
+        if model.is_extended:  # until the real backend runs them (issue 30's item 5)
+            raise ServesimError(f"the real backend runs dense decoders; model {model.name} ({model.model_type or 'MoE'}) "
+                                "is priced by the cost model (--backend costmodel)")
         from backends.real import RealBackend
 
         return RealBackend(model, device=options.device, block_size=options.cache.block_size,
@@ -172,4 +178,4 @@ def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware,
     from backends.costmodel import make_cost_model
 
     return make_cost_model(model, hardware, calibration, tp=options.tp, dtype=options.dtype,
-                           kv_cache_dtype=options.kv_cache_dtype)
+                           kv_cache_dtype=options.kv_cache_dtype, enable_expert_parallel=options.enable_expert_parallel)

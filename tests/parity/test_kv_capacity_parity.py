@@ -1,0 +1,92 @@
+"""servesim's KV cache groups, blocks and token capacity for MLA and sliding-window models against
+vLLM's own functions (vllm/v1/core/kv_cache_planning.py get_kv_cache_groups and
+get_kv_cache_config_from_groups, vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity) on the same
+layers' specs (FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec).
+
+Skipped where vLLM is not installed (the `parity` extra: see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
+pytest.importorskip("vllm.v1.core.kv_cache_planning", reason="vLLM is not installed (pip install '.[parity]')")
+
+import torch  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+from vllm.config import CacheConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import ModelConfig as VllmModelConfig  # noqa: E402
+from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups, get_kv_cache_groups  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec  # noqa: E402
+
+from backends.kv_capacity import kv_cache_groups, vllm_kv_cache  # noqa: E402
+from backends.model_config import ModelConfig, resolve_model  # noqa: E402
+from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, MISTRAL_7B_V01  # noqa: E402
+
+
+def vllm_config(max_model_len: int, block_size: int, max_num_batched_tokens: int) -> VllmConfig:
+    folder = tempfile.mkdtemp(prefix="servesim-kv-parity-")
+    LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, max_position_embeddings=1 << 20,
+                architectures=["LlamaForCausalLM"]).save_pretrained(folder)
+    model = VllmModelConfig(model=folder, skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+                            max_model_len=max_model_len)
+    scheduler = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=max_num_batched_tokens,
+                                max_model_len=max_model_len, is_encoder_decoder=False, enable_chunked_prefill=True)
+    config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=CacheConfig(block_size=block_size))
+    config.cache_config.kv_cache_layout = "NHD"  # what the engine core resolves for FlashAttention
+    return config
+
+
+def specs(model: ModelConfig, block_size: int, tp: int) -> dict:
+    """Each layer's spec as vLLM's attention layers report it."""
+    out = {}
+    for i in range(model.num_hidden_layers):
+        if model.kv_lora_rank:
+            out[f"l{i}"] = MLAAttentionSpec(block_size=block_size, num_kv_heads=1,
+                                            head_size=model.kv_lora_rank + model.qk_rope_head_dim, dtype=torch.bfloat16)
+            continue
+        common = dict(block_size=block_size, num_kv_heads=model.num_kv_heads_per_gpu(tp), head_size=model.head_dim,
+                      dtype=torch.bfloat16)
+        if model.layer_types and model.layer_types[i] == "sliding_attention":
+            out[f"l{i}"] = SlidingWindowSpec(sliding_window=model.sliding_window, **common)
+        else:
+            out[f"l{i}"] = FullAttentionSpec(**common)
+    return out
+
+
+def from_config(config: dict) -> ModelConfig:
+    folder = tempfile.mkdtemp(prefix="servesim-kv-model-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return ModelConfig.from_hf(folder)
+
+
+@pytest.mark.parametrize("name,tp,block_size,max_model_len,available", [
+    ("gpt-oss-120b", 1, 16, 131072, 10 * 2**30),
+    ("gpt-oss-120b", 2, 16, 8192, 3 * 2**30 + 12345),
+    ("DeepSeek-V3", 8, 64, 163840, 40 * 2**30),
+    ("Qwen3-30B-A3B", 2, 16, 40960, 20 * 2**30),
+    ("gemma3", 1, 16, 32768, 3 * 2**30),
+    ("gemma2", 2, 32, 8192, 5 * 2**30),
+    ("mistral-v0.1", 1, 16, 32768, 7 * 2**30),
+])
+def test_blocks_and_tokens_as_vllm(name, tp, block_size, max_model_len, available):
+    configs = {"gemma3": GEMMA3_1B, "gemma2": GEMMA2_9B, "mistral-v0.1": MISTRAL_7B_V01}
+    model = from_config(configs[name]) if name in configs else resolve_model(name)
+    config = vllm_config(max_model_len, block_size, 2048)
+    groups = get_kv_cache_groups(config, specs(model, block_size, tp))
+    theirs = get_kv_cache_config_from_groups(config, groups, available)
+    tokens, _ = get_kv_cache_capacity(config, theirs)
+    ours = vllm_kv_cache(model, available, block_size=block_size, max_model_len=max_model_len,
+                         max_in_flight_tokens=config.max_in_flight_tokens, tp=tp)
+    assert [(g.kind == "sliding_attention", g.num_layers) for g in kv_cache_groups(model)] == [
+        (isinstance(g.kv_cache_spec, SlidingWindowSpec), len(g.layer_names)) for g in groups]
+    assert ours["num_blocks"] == theirs.num_blocks
+    assert ours["tokens"] == tokens
