@@ -165,9 +165,6 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
 
 def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware, calibration=None) -> Backend:
     if options.backend == "real":
-        if model.is_extended:  # until the real backend runs them (issue 30's item 5)
-            raise ServesimError(f"the real backend runs dense decoders; model {model.name} ({model.model_type or 'MoE'}) "
-                                "is priced by the cost model (--backend costmodel)")
         from backends.real import RealBackend
 
         return RealBackend(model, device=options.device, block_size=options.cache.block_size,
