@@ -54,6 +54,15 @@ def test_async_host_time_before_launch():
     assert (t.first_token_s, t.finish_s) == ([44.0, 81.0], [81.0, 92.0])
 
 
+def test_async_output_time_after_the_gpu():
+    """2 s of CPU to process each step's output once the GPU is done: tokens are seen 2 s after their step
+    ends, and the CPU, busy with that, sees request 1 (arrived at 25) at 42 and schedules step 3 then."""
+    t = run_vllm_async(REQUESTS, replace(SETUP, async_scheduling=True), step_time, output_time=lambda s, c: 2.0)
+    assert t.step_times == [(0.0, 0.0, 40.0), (0.0, 40.0, 51.0), (42.0, 51.0, 77.0), (53.0, 77.0, 88.0)]
+    assert t.first_scheduled_s == [0.0, 42.0]
+    assert (t.first_token_s, t.finish_s) == ([42.0, 79.0], [79.0, 90.0])
+
+
 def test_async_matches_sync_without_arrivals_or_host_time():
     """A chunked prompt alone, no host time: the GPU never waits, so every step and time is the synchronous one."""
     requests = [TraceRequest(0.0, tuple(range(1, 41)), (7, 8, 9, 10, 11))]

@@ -90,7 +90,8 @@ class Timeline:
     prefix_hits: int = 0  # of which found cached (PrefixCacheStats.hits)
     # Filled by run_vllm_async only (the asynchronous engine's clock, docs/async-scheduling.md):
     first_scheduled_s: list[float | None] = field(default_factory=list)  # per request: CPU time of its first schedule
-    step_times: list[tuple[float, float, float]] = field(default_factory=list)  # per step: (scheduled, GPU start, GPU end)
+    # per step: (launched: scheduled plus the host time before the launch, GPU start, GPU end)
+    step_times: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 @functools.lru_cache(maxsize=1)
@@ -221,7 +222,8 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
 
 
 def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTime,
-                   host_time: StepTime | None = None, max_steps: int = 1_000_000) -> Timeline:
+                   host_time: StepTime | None = None, output_time: StepTime | None = None,
+                   max_steps: int = 1_000_000) -> Timeline:
     """Replay `requests` through vLLM's `AsyncScheduler` as `EngineCore.step_with_batch_queue` drives it
     (vllm/v1/engine/core.py, batch queue of 2: `VllmConfig.max_concurrent_batches`), the forward pass mocked.
 
@@ -234,11 +236,13 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
             push it on the queue; if the queue is not full and the step ran a model (or requests
             remain): go round again without waiting
         pop the oldest batch; now = max(now, its end)             (future.result())
-        scheduler.update_from_output(its output)                  (tokens appear now)
+        scheduler.update_from_output(its output); now += output_time(it)   (tokens appear now)
 
     An empty batch (nothing schedulable: every running request's last token already in flight) runs
-    no model and is done at once. `host_time` (default none) is the CPU's seconds per scheduled step,
-    spent before the launch; the parity cases use none, so times stay whole numbers.
+    no model and is done at once. `host_time` (default none) is the CPU's seconds per scheduled step
+    spent before its launch (schedule, prepare the inputs); `output_time` (default none) the seconds of
+    processing a step's output once the GPU is done (sampling bookkeeping, update_from_output), after
+    which its tokens are seen. The parity cases use neither, so times stay whole numbers.
 
     Tokens: a scheduled request samples when the step reaches the end of its known tokens plus its
     output placeholders (`not request.is_prefill_chunk` after `_update_after_schedule`); the sampled id
@@ -254,7 +258,7 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
     timeline = Timeline([None] * n, [None] * n, first_scheduled_s=[None] * n)
     index_of = {rid: i for i, rid in enumerate(ids)}
     live: dict[str, Request] = {}
-    queue: list[tuple[object, list[str], list[bool], float]] = []  # oldest first: (out, req ids, samples, end)
+    queue: list[tuple] = []  # oldest first: (out, req ids, samples, GPU end, tokens scheduled, contexts)
     now, gpu_free, next_arrival, num_finished, steps = 0.0, 0.0, 0, 0, 0
     queue_size = 2  # VllmConfig.max_concurrent_batches with async scheduling, pipeline parallel 1
     while num_finished < n:
@@ -273,9 +277,9 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
             out = scheduler.schedule()
             executed = out.total_num_scheduled_tokens > 0
             req_ids = list(out.num_scheduled_tokens)
+            scheduled, contexts = [], []
             samples = [not live[rid].is_prefill_chunk for rid in req_ids]
             if executed:
-                scheduled, contexts = [], []
                 for rid in req_ids:
                     scheduled.append(out.num_scheduled_tokens[rid])
                     contexts.append(live[rid].num_computed_tokens)  # includes tokens still in flight
@@ -290,10 +294,10 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
                 end = gpu_free
             else:
                 end = now
-            queue.append((out, req_ids, samples, end))
+            queue.append((out, req_ids, samples, end, scheduled, contexts))
             if len(queue) < queue_size and (executed or scheduler.has_requests()):
                 continue
-        out, req_ids, samples, end = queue.pop(0)
+        out, req_ids, samples, end, scheduled, contexts = queue.pop(0)
         now = max(now, end)
         sampled = []
         for rid, samples_one in zip(req_ids, samples):
@@ -306,6 +310,8 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
         output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
                                    sampled_token_ids=sampled)
         _count_prefix_stats(timeline, scheduler.update_from_output(out, output))
+        if output_time is not None and scheduled:
+            now += output_time(scheduled, contexts)
         for rid, tokens in zip(req_ids, sampled):
             request = live.get(rid)
             if not tokens or request is None:
