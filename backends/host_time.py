@@ -15,6 +15,14 @@ How host and GPU time make a step (`overlap`): synchronously (vLLM's `EngineCore
 prepares, waits for the GPU, then processes the output, so they add; asynchronously
 (`EngineCore.step_with_batch_queue`, docs/async-scheduling.md) the CPU's work for the next step runs while
 the GPU runs this one, so a step takes the longer of the two.
+
+Which host work is in series (`HostTime.critical_seconds`): with one GPU vLLM runs the model runner in the
+engine core's own process (`ParallelConfig`: distributed_executor_backend "uni" at world size 1), so every
+piece is on one thread; with tensor parallelism (world size > 1, "mp") the model runner's pieces
+(`prepare_inputs`, `sample_bookkeeping`) run in the worker processes. Synchronously they still run one after
+the other (schedule, then the workers prepare, the GPU, the workers' bookkeeping, then update_from_output);
+asynchronously the engine core's thread and the workers each work on a different step, so the busier of
+the two sets the pace.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from sim.errors import ServesimError
 
 HOST_DIR = Path(__file__).resolve().parents[1] / "profiles" / "host"
 PIECES = ("schedule", "prepare_inputs", "sample_bookkeeping", "update_from_output")
+ENGINE_CORE_PIECES = ("schedule", "update_from_output")  # the engine core's thread (vllm/v1/engine/core.py)
+WORKER_PIECES = ("prepare_inputs", "sample_bookkeeping")  # the model runner's (vllm/v1/worker/gpu_model_runner.py)
 DEFAULT_PROFILE = HOST_DIR / "vllm-0.33.0-amd-epyc.json"
 
 
@@ -104,6 +114,17 @@ class HostTime:
         if num_reqs <= 0:
             return {name: 0.0 for name in self.pieces}
         return {name: self.scale * piece.seconds(num_reqs, num_tokens) for name, piece in self.pieces.items()}
+
+    def critical_seconds(self, num_reqs: int, num_tokens: int, asynchronous: bool, multiprocess: bool) -> float:
+        """The host seconds that set a step's pace (the module's docstring): every piece added, except
+        under asynchronous scheduling with worker processes, where it is the longer of the engine core's
+        pieces and the workers'."""
+        seconds = self.piece_seconds(num_reqs, num_tokens)
+        if asynchronous and multiprocess:
+            core = sum(v for k, v in seconds.items() if k not in WORKER_PIECES)
+            worker = sum(v for k, v in seconds.items() if k in WORKER_PIECES)
+            return max(core, worker)
+        return sum(seconds.values())
 
     def step_seconds(self, num_reqs: int, num_tokens: int) -> float:
         """The step's host seconds: every piece's, added (0 for a step that schedules nothing)."""

@@ -56,6 +56,16 @@ def test_step_seconds_worked_example():
     assert host.step_seconds(0, 0) == 0.0
 
 
+def test_critical_seconds_worked_example():
+    host = HostTime({"schedule": Piece(10e-6, 0, 0), "prepare_inputs": Piece(30e-6, 0, 0),
+                     "sample_bookkeeping": Piece(5e-6, 0, 0), "update_from_output": Piece(20e-6, 0, 0)})
+    # One GPU (the model runner on the engine core's thread), or synchronous: all four in series, 65 us.
+    assert host.critical_seconds(1, 1, asynchronous=True, multiprocess=False) == pytest.approx(65e-6, rel=1e-12)
+    assert host.critical_seconds(1, 1, asynchronous=False, multiprocess=True) == pytest.approx(65e-6, rel=1e-12)
+    # Asynchronous with worker processes: the engine core's 30 us beside the workers' 35 us.
+    assert host.critical_seconds(1, 1, asynchronous=True, multiprocess=True) == pytest.approx(35e-6, rel=1e-12)
+
+
 def test_carried_by_reference_loop_ratio(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"reference_loop_s": 0.2, "cpu": "X", "vllm_version": "0.33.0",
