@@ -26,10 +26,12 @@ Each step of a steady batch of R running requests (decoding, prompts of 512 toke
 The step alternates: one step that admits a new request of P prompt tokens (max_tokens 1, so it also finishes
 and frees its blocks) beside the R decodes, then one step of the R decodes alone. Each piece's seconds are fitted
 as a + b * requests + c * tokens (tokens: scheduled this step; non-negative coefficients, least squares on the
-relative error) over the grid R in 1..512, P in {0, 256, 1024, 4096}.
+relative error) over the grid R in 1..512 (14 sizes), P in {0, 256, 1024, 4096}. A piece's seconds are this
+thread's CPU seconds (`time.thread_time`: other processes on a shared machine do not count), the median of
+--reps steps per point.
 
-Not timed here (no GPU): the attention metadata builders and CUDA-graph dispatch (per-step constant work of
-the worker, tens of microseconds in vLLM's own traces; left out rather than guessed), and the engine core's
+Not timed here (no GPU): the attention metadata builders and CUDA-graph dispatch (the worker's per-step work
+that needs CUDA; left out rather than guessed), and the engine core's
 output thread (msgspec encoding of `EngineCoreOutputs`, another thread) and the front end's `OutputProcessor`
 (another process): they run beside the step, not in it.
 """
@@ -281,8 +283,8 @@ def slug(text: str) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="profile file (default profiles/host/vllm-<version>-<cpu>.json)")
-    parser.add_argument("--reps", type=int, default=15, help="steps timed per grid point (median)")
-    parser.add_argument("--requests", default="1,2,4,8,16,32,64,128,256,512")
+    parser.add_argument("--reps", type=int, default=25, help="steps timed per grid point (median)")
+    parser.add_argument("--requests", default="1,2,4,8,16,32,48,64,96,128,192,256,384,512")
     parser.add_argument("--prompts", default="0,256,1024,4096")
     parser.add_argument("--reference-only", action="store_true",
                         help="print this CPU's reference loop seconds (to carry a profile to it) and stop")

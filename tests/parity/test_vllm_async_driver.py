@@ -72,3 +72,24 @@ def test_async_matches_sync_without_arrivals_or_host_time():
     assert asynchronous.steps == sync.steps == [(16, 0, 0), (16, 0, 0), (8, 0, 0)] + [(0, 1, 0)] * 4
     assert (asynchronous.first_token_s, asynchronous.finish_s) == (sync.first_token_s, sync.finish_s)
     assert [end for _, _, end in asynchronous.step_times] == [26.0, 52.0, 70.0, 81.0, 92.0, 103.0, 114.0]
+
+
+@pytest.mark.slow
+def test_async_driver_invariants_on_a_bursty_trace():
+    """A tight cache (preemptions) and bursts of arrivals: every request finishes, scheduled before its first
+    token, its first token no later than its finish; the GPU runs one step at a time, each launched before
+    it starts; every token the trace asks for is computed (preempted work recomputed on top)."""
+    from tests.parity.cases import all_cases, async_variant
+    from tests.parity.servesim_driver import vllm_requests
+
+    case = async_variant(next(c for c in all_cases() if c.name == "bursty-tight-1"))
+    requests = vllm_requests(case.trace, case.setup, case.priority)
+    t = run_vllm_async(requests, case.setup, step_time)
+    assert all(f is not None for f in t.finish_s)
+    for r, scheduled, first, finish in zip(requests, t.first_scheduled_s, t.first_token_s, t.finish_s):
+        assert r.arrival_s <= scheduled < first <= finish
+    assert sum(p for _, _, p in t.steps) > 0, "the tight cache preempts"
+    for (launched, start, end), (_, previous_start, previous_end) in zip(t.step_times[1:], t.step_times):
+        assert launched <= start and start >= previous_end and end > start
+    computed = sum(p + d for p, d, _ in t.steps)
+    assert computed >= sum(len(r.prompt_token_ids) + len(r.output_token_ids) - 1 for r in requests)

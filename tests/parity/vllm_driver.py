@@ -304,7 +304,9 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
             request = live.get(rid)
             if samples_one and request is not None:
                 tokens = requests[index_of[rid]].output_token_ids
-                sampled.append([tokens[min(request.num_output_tokens, len(tokens) - 1)]])
+                if request.num_output_tokens >= len(tokens):
+                    raise RuntimeError(f"vLLM sampled request {rid} past its {len(tokens)} output tokens")
+                sampled.append([tokens[request.num_output_tokens]])
             else:
                 sampled.append([])
         output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
