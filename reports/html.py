@@ -153,6 +153,7 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
     if len(rows) == 1 and is_list(rows.iloc[0].get("replica_requests")):
         sections.append(_section("Load per replica", replica_figure(rows.iloc[0]), REPLICA_NOTE))
     if len(rows) == 1 and len(ok) == 1:
+        sections.append(_section("TTFT in parts", ttft_parts_figure(rows.iloc[0].to_dict()), TTFT_PARTS_NOTE))
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:
         sections.append(f"<h2>Numbers</h2>{_rows_table(rows, swept, label_column)}")
@@ -168,8 +169,32 @@ def _run_page(row: dict, title: str, subtitle: str) -> str:
         sections.append(_section("Step timeline", timeline_figure(rows, [], None), TIMELINE_NOTE))
     if is_list(row.get("replica_requests")):
         sections.append(_section("Load per replica", replica_figure(row), REPLICA_NOTE))
+    sections.append(_section("TTFT in parts", ttft_parts_figure(row), TTFT_PARTS_NOTE))
     sections.append(f"<h2>Numbers</h2>{_stats_table(row)}")
     return _page(title, subtitle, plotly_js(), sections)
+
+
+TTFT_PARTS_NOTE = ("Mean TTFT split into its parts (docs/async-scheduling.md): the API server's share (a client's "
+                   "send to the engine's arrival, where a client is modelled), queueing (arrival to first scheduled), "
+                   "the wait for the GPU after scheduling (host time before the launch; under asynchronous "
+                   "scheduling, the step already queued ahead), and the prefill (the first step's start to the "
+                   "first token). Each request's parts add up to its TTFT exactly (requests.csv).")
+TTFT_PART_LABELS = {"ttft_api_server": "API server", "ttft_queue": "queueing", "ttft_async_wait": "wait for the GPU",
+                    "ttft_prefill": "prefill"}
+
+
+def ttft_parts_figure(row: dict) -> dict | None:
+    """One stacked bar of the run's mean TTFT parts in milliseconds (None when the run has none)."""
+    parts = [(name, row.get(f"{name}_mean")) for name in TTFT_PART_LABELS]
+    parts = [(name, value) for name, value in parts if value is not None and not _is_nan(value)]
+    if not parts:
+        return None
+    data = [{"type": "bar", "orientation": "h", "name": TTFT_PART_LABELS[name], "x": [value * 1e3],
+             "y": ["mean TTFT"], "hovertemplate": f"{TTFT_PART_LABELS[name]}: %{{x:.2f}} ms<extra></extra>"}
+            for name, value in parts]
+    layout = {"barmode": "stack", "height": 220, "margin": {"l": 90, "r": 20, "t": 10, "b": 40},
+              "xaxis": {"title": {"text": "ms"}}, "legend": {"orientation": "h", "y": -0.35}}
+    return {"data": data, "layout": layout}
 
 
 def _page(title: str, subtitle: str, plotly_js: str, sections: list[str]) -> str:
@@ -324,9 +349,13 @@ def _stats_table(row) -> str:
     lines = [f"<table><tr>{first}</tr><tr>{values}</tr></table><br>",
              '<table><tr><th class="t">ms</th>' + "".join(f"<th>{s}</th>" for s in ("mean", "p50", "p90", "p99"))
              + "</tr>"]
-    for metric in ("ttft", "tpot", "itl", "e2e", "scheduling_delay"):
-        cells = "".join(f"<td>{fmt(row.get(f'{metric}_{stat}'), 1e3)}</td>" for stat in ("mean", "p50", "p90", "p99"))
-        lines.append(f'<tr><td class="t">{metric}</td>{cells}</tr>')
+    for metric in ("ttft", *(f"  {p}" for p in TTFT_PART_LABELS), "tpot", "itl", "e2e", "scheduling_delay"):
+        key = metric.strip()
+        if key != metric and row.get(f"{key}_mean") is None:
+            continue  # a part the run does not report (a run from before the parts; no API server)
+        cells = "".join(f"<td>{fmt(row.get(f'{key}_{stat}'), 1e3)}</td>" for stat in ("mean", "p50", "p90", "p99"))
+        label = f"&nbsp;&nbsp;{html.escape(TTFT_PART_LABELS[key])}" if key != metric else metric
+        lines.append(f'<tr><td class="t">{label}</td>{cells}</tr>')
     return "".join(lines) + "</table>"
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from reports import cluster
-from reports.outcomes import RequestOutcomes
+from reports.outcomes import TTFT_PARTS, RequestOutcomes, ttft_parts
 from sim.cluster import ClusterResult
 from sim.engine import SimResult
 from sim.step_log import STEP_COLUMNS
@@ -53,10 +53,23 @@ def requests_table(result: SimResult):
     multi = frame["output_tokens"] > 1
     frame["tpot_s"] = ((frame["e2e_s"] - frame["ttft_s"]) / (frame["output_tokens"] - 1)).where(multi)
     frame["scheduling_delay_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
+    parts = ttft_parts(frame["arrival_s"].to_numpy(np.float64), frame["first_scheduled_s"].to_numpy(np.float64),
+                       np.array([_time(r, "first_step_start_s") for r in rows], dtype=np.float64),
+                       frame["first_token_s"].to_numpy(np.float64),
+                       np.array([_time(r, "client_sent_s") for r in rows], dtype=np.float64),
+                       frame["ttft_s"].to_numpy(np.float64))
+    for name, values in parts.items():
+        frame[name] = values
     if is_cluster(result):
         for name, values in cluster.request_columns(result).items():
             frame[name] = values
     return frame
+
+
+def _time(request, name: str) -> float:
+    """A request's timestamp that the engine may not record (NaN when absent or None)."""
+    value = getattr(request, name, None)
+    return math.nan if value is None else value
 
 
 def is_cluster(result: SimResult) -> bool:
@@ -173,6 +186,11 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start
     }
     for name in METRICS:
         summary[name] = (outcomes.itl if name == "itl" else outcomes.sketches[name]).stats()
+    # TTFT in parts (reports.outcomes.ttft_parts); the API server's share only where a client is modelled.
+    for name in TTFT_PARTS:
+        sketch = outcomes.ttft_part_sketches[name]
+        if sketch.count or name != "ttft_api_server":
+            summary[name] = sketch.stats()
     slo = outcomes.slo
     if slo.is_set:
         summary["slo"] = slo.limits()
@@ -216,4 +234,10 @@ def format_summary(summary: dict) -> str:
     for name in names:
         s = summary[name]
         lines.append(f"{name:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}")
+        if name == "ttft":
+            for part in TTFT_PARTS:
+                if part in summary and summary[part]["mean"] is not None:
+                    p = summary[part]
+                    label = "  " + part.removeprefix("ttft_").replace("_", " ")
+                    lines.append(f"{label:<18}{ms(p['mean'])}{ms(p['p50'])}{ms(p['p90'])}{ms(p['p99'])}")
     return "\n".join(lines)

@@ -12,8 +12,10 @@ the same subtraction as each request's alone, and sketched GAP_BATCH at a time.
 Columns (vLLM's serving-benchmark definitions; times in seconds from the first arrival):
 request_id, arrival_s, prompt_tokens, output_tokens, status, first_scheduled_s, first_token_s,
 finish_s, num_preemptions, prefix_hit_tokens, reject_reason, ttft_s, e2e_s, tpot_s,
-scheduling_delay_s. A missing time is NaN. Goodput counts the finished requests within every limit of the SLO
-(sim.config.SLO: ttft, tpot, e2e, scheduling delay and tbt, a request's longest gap between tokens).
+scheduling_delay_s, then TTFT in parts (`ttft_parts`, docs/async-scheduling.md): ttft_api_server_s,
+ttft_queue_s, ttft_async_wait_s, ttft_prefill_s, client_ttft_s. A missing time is NaN. Goodput counts the
+finished requests within every limit of the SLO (sim.config.SLO: ttft, tpot, e2e, scheduling delay and tbt, a
+request's longest gap between tokens).
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from sim.config import SLO
 
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "status", "first_scheduled_s",
                    "first_token_s", "finish_s", "num_preemptions", "prefix_hit_tokens", "reject_reason",
-                   "ttft_s", "e2e_s", "tpot_s", "scheduling_delay_s")
+                   "ttft_s", "e2e_s", "tpot_s", "scheduling_delay_s",
+                   "ttft_api_server_s", "ttft_queue_s", "ttft_async_wait_s", "ttft_prefill_s", "client_ttft_s")
+# A request's TTFT in parts, in the order they add up (ttft_parts).
+TTFT_PARTS = ("ttft_api_server", "ttft_queue", "ttft_async_wait", "ttft_prefill")
 LATENCIES = ("ttft", "tpot", "e2e", "scheduling_delay")  # per finished request; ITL is per token gap
 SLO_METRICS = {"delay": "scheduling_delay", "tbt": "tbt"}  # an SLO key's metric, where the names differ
 BATCH_ROWS = 65536  # outcomes per batch (a row group of the Parquet table)
@@ -53,6 +58,7 @@ class RequestOutcomes:
         self.writer = writer
         self.batch_rows = batch_rows
         self.sketches = {name: StreamingQuantiles(exact_limit) for name in LATENCIES}
+        self.ttft_part_sketches = {name: StreamingQuantiles(exact_limit) for name in TTFT_PARTS}
         self.itl = StreamingQuantiles(exact_limit)
         self.num_requests = 0
         self.num_completed = 0
@@ -79,7 +85,8 @@ class RequestOutcomes:
         row = [request.request_id, request.arrival_s, request.num_prompt_tokens, request.max_tokens,
                request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
                request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "",
-               None, *extra]  # [11]: the longest gap (for a tbt SLO), set with the gaps
+               None,  # [11]: the longest gap (for a tbt SLO), set with the gaps
+               getattr(request, "first_step_start_s", None), getattr(request, "client_sent_s", None), *extra]
         if token_times is not None and len(token_times) < 2:
             token_times = None  # no gap
         if position != self._next_position:
@@ -140,7 +147,8 @@ class RequestOutcomes:
         if not self._rows:
             return
         self._gaps_of_times()  # the rows' longest gaps
-        columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s", *self.extra_columns), zip(*self._rows)))
+        columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s", "first_step_start_s", "client_sent_s",
+                            *self.extra_columns), zip(*self._rows)))
         self._rows = []
         arrival = np.array(columns["arrival_s"], dtype=np.float64)
         output = np.array(columns["output_tokens"], dtype=np.int64)
@@ -152,13 +160,19 @@ class RequestOutcomes:
             tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
         latencies = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "scheduling_delay": times["first_scheduled_s"] - arrival,
                      "tbt": times.pop("longest_gap_s")}
+        parts = ttft_parts(arrival, times["first_scheduled_s"], np.array(columns["first_step_start_s"], dtype=np.float64),
+                           times["first_token_s"], np.array(columns["client_sent_s"], dtype=np.float64), ttft)
         if self.writer is not None:
             table = {name: columns[name] for name in REQUEST_COLUMNS[:11]}
             table.update(arrival_s=arrival, output_tokens=output, **times)
             table.update({f"{name}_s": latencies[name] for name in ("ttft", "e2e", "tpot", "scheduling_delay")})
+            table.update(parts)
             table.update({name: np.asarray(columns[name]) for name in self.extra_columns})
             self.writer.write(table)
         self._count(columns, arrival, output, times["finish_s"], latencies)
+        done = np.array(columns["status"]) == FINISHED
+        for name in TTFT_PARTS:
+            self.ttft_part_sketches[name].add(parts[f"{name}_s"][done])
 
     def _count(self, columns: dict, arrival: np.ndarray, output: np.ndarray, finish: np.ndarray,
                latencies: dict[str, np.ndarray]) -> None:
@@ -208,6 +222,71 @@ class RequestOutcomes:
         backwards = np.arange(len(counts))[::-1]
         order = backwards[counts[::-1].argsort(kind="quicksort")][::-1]
         return {reasons[i]: int(counts[i]) for i in order.tolist()}
+
+
+def ttft_parts(arrival: np.ndarray, first_scheduled: np.ndarray, first_step_start: np.ndarray,
+               first_token: np.ndarray, client_sent: np.ndarray, ttft: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Each request's TTFT in parts, from its timestamps (arrays, NaN where a time is missing):
+
+    - ttft_api_server_s: the client's send (`client_sent`) to the engine's arrival; NaN without an API server;
+    - ttft_queue_s: arrival to first scheduled;
+    - ttft_async_wait_s: first scheduled to the GPU start of the first step that scheduled it
+      (`first_step_start`; NaN: taken as the first scheduled time, a wait of 0);
+    - ttft_prefill_s: that start to the first token;
+    - client_ttft_s: the client's send to the first token (NaN without an API server).
+
+    The parts add up exactly, left to right in that order, to client_ttft_s where a client is given and
+    to `ttft` (first token minus arrival) otherwise. The prefill is the total less the others, which almost
+    always makes the sum exact; where its rounding does not (parts of very different magnitudes), the parts
+    move by a few units in the last place until it is (_exact_sum)."""
+    if ttft is None:
+        ttft = first_token - arrival
+    queue = first_scheduled - arrival
+    start = np.where(np.isnan(first_step_start), first_scheduled, first_step_start)
+    wait = start - first_scheduled
+    has_client = ~np.isnan(client_sent)
+    api = arrival - client_sent  # NaN without a client
+    client_ttft = first_token - client_sent
+    lead = np.where(has_client, api, 0.0)
+    total = np.where(has_client, client_ttft, ttft)
+    prefill = total - ((lead + queue) + wait)
+    off = np.flatnonzero((((lead + queue) + wait) + prefill != total) & np.isfinite(total))
+    for i in off.tolist():  # rare: the rounding of the sum lands off the total (see _exact_sum)
+        own = [queue[i], wait[i], first_token[i] - start[i]]
+        if has_client[i]:
+            api[i], queue[i], wait[i], prefill[i] = _exact_sum([api[i], *own], float(total[i]))
+        else:
+            queue[i], wait[i], prefill[i] = _exact_sum(own, float(total[i]))
+    return {"ttft_api_server_s": api, "ttft_queue_s": queue, "ttft_async_wait_s": wait, "ttft_prefill_s": prefill,
+            "client_ttft_s": client_ttft}
+
+
+def _exact_sum(parts: list[float], total: float) -> list[float]:
+    """Floats within a few units in the last place of `parts` whose sum, left to right, is exactly `total`.
+    From the last part back: keep the part and find the float partial sum before it that the part brings
+    exactly to the target (one of the few floats around target - part); where none does (the exact sum
+    falls half-way between two floats, a tie rounded away), the part moves by one unit in its last place.
+    The first part is the partial sum left."""
+    xs = [float(x) for x in parts]
+    target = total
+    for k in range(len(xs) - 1, 0, -1):
+        x, found = xs[k], None
+        for _ in range(8):
+            s = target - x
+            for candidate in (s, math.nextafter(s, math.inf), math.nextafter(s, -math.inf),
+                              math.nextafter(math.nextafter(s, math.inf), math.inf),
+                              math.nextafter(math.nextafter(s, -math.inf), -math.inf)):
+                if candidate + x == target:
+                    found = candidate
+                    break
+            if found is not None:
+                break
+            x = math.nextafter(x, math.inf)
+        if found is None:
+            raise AssertionError(f"internal error: TTFT parts {parts} do not add up to {total}")
+        xs[k], target = x, found
+    xs[0] = target
+    return xs
 
 
 def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None) -> RequestOutcomes:

@@ -157,3 +157,14 @@ def compare(vllm: Timeline, servesim: Timeline) -> Agreement:
 
 def with_setup(case: Case, **changes) -> Case:
     return replace(case, setup=replace(case.setup, **changes))
+
+
+def async_variant(case: Case) -> Case:
+    """The case under vLLM's asynchronous scheduling (AsyncScheduler, batch queue of 2), named `<name>-async`."""
+    return replace(with_setup(case, async_scheduling=True), name=f"{case.name}-async")
+
+
+def async_cases() -> list[Case]:
+    """Every case, scheduled asynchronously: vLLM's side runs (tests/parity/vllm_driver.py: run_vllm_async);
+    servesim's side joins when its engine has the asynchronous clock (docs/async-scheduling.md)."""
+    return [async_variant(case) for case in all_cases()]

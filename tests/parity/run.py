@@ -1,15 +1,19 @@
 """Run every parity case and print how many runs and requests agree with vLLM's V1 scheduler:
 
     VLLM_TARGET_DEVICE=cpu PYTHONPATH=$PWD python -m tests.parity.run [NAME_SUBSTRING]
+    VLLM_TARGET_DEVICE=cpu PYTHONPATH=$PWD python -m tests.parity.run --async [NAME_SUBSTRING]
+
+`--async` runs vLLM's AsyncScheduler on every case (vLLM's side only, for now) and prints, per case, its
+steps and how many requests' first-token and finish times differ from vLLM's synchronous scheduling.
 """
 
 from __future__ import annotations
 
 import sys
 
-from tests.parity.cases import Agreement, Case, all_cases, compare, step_time
+from tests.parity.cases import Agreement, Case, all_cases, async_variant, compare, step_time
 from tests.parity.servesim_driver import run_servesim, vllm_requests
-from tests.parity.vllm_driver import Timeline, run_vllm
+from tests.parity.vllm_driver import Timeline, run_vllm, run_vllm_async
 
 _vllm_timelines: dict[str, Timeline] = {}
 
@@ -17,8 +21,8 @@ _vllm_timelines: dict[str, Timeline] = {}
 def vllm_timeline(case: Case) -> Timeline:
     """vLLM's answer for a case, computed once (both fast-forward settings compare against it)."""
     if case.name not in _vllm_timelines:
-        _vllm_timelines[case.name] = run_vllm(vllm_requests(case.trace, case.setup, case.priority), case.setup,
-                                              step_time)
+        run = run_vllm_async if case.setup.async_scheduling else run_vllm
+        _vllm_timelines[case.name] = run(vllm_requests(case.trace, case.setup, case.priority), case.setup, step_time)
     return _vllm_timelines[case.name]
 
 
@@ -28,7 +32,23 @@ def check(case: Case, fast_forward: bool) -> tuple[Agreement, Timeline, Timeline
     return compare(vllm, servesim), vllm, servesim
 
 
+def main_async(pattern: str) -> int:
+    """vLLM's asynchronous scheduling beside its synchronous scheduling, case by case."""
+    for case in all_cases():
+        if pattern not in case.name:
+            continue
+        sync, asynchronous = vllm_timeline(case), vllm_timeline(async_variant(case))
+        a = compare(sync, asynchronous)
+        print(f"{case.name:28s} steps sync {len(sync.steps)} async {len(asynchronous.steps)};"
+              f" requests with the same times {a.num_requests_agreeing}/{a.num_requests};"
+              f" last finish sync {max(f for f in sync.finish_s if f is not None):.0f}"
+              f" async {max(f for f in asynchronous.finish_s if f is not None):.0f}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--async":
+        return main_async(argv[1] if len(argv) > 1 else "")
     pattern = argv[0] if argv else ""
     runs = agreeing_runs = requests = agreeing_requests = 0
     for case in all_cases():

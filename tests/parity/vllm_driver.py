@@ -38,6 +38,7 @@ from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
@@ -75,6 +76,7 @@ class EngineSetup:
     scheduling_policy: str = "fcfs"
     reserve_full_isl: bool = True
     max_model_len: int = 1 << 16
+    async_scheduling: bool = False  # vLLM's AsyncScheduler driven as the engine core's batch queue drives it
 
 
 @dataclass
@@ -86,6 +88,10 @@ class Timeline:
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (prefill tokens, decode tokens, preemptions)
     prefix_queries: int = 0  # tokens looked up at first admissions (vLLM's PrefixCacheStats.queries)
     prefix_hits: int = 0  # of which found cached (PrefixCacheStats.hits)
+    # Filled by run_vllm_async only (the asynchronous engine's clock, docs/async-scheduling.md):
+    first_scheduled_s: list[float | None] = field(default_factory=list)  # per request: CPU time of its first schedule
+    # per step: (launched: scheduled plus the host time before the launch, GPU start, GPU end)
+    step_times: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,7 +116,7 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len, is_encoder_decoder=False, enable_chunked_prefill=True,
         long_prefill_token_threshold=setup.long_prefill_token_threshold, policy=setup.scheduling_policy,
-        scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=False)
+        scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=setup.async_scheduling)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     num_blocks = setup.num_gpu_blocks + 1  # block 0 is vLLM's null block
@@ -119,7 +125,8 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
             block_size=setup.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
     cache.num_gpu_blocks = num_blocks
-    return Scheduler(vllm_config=config, kv_cache_config=kv_cache,
+    kind = AsyncScheduler if setup.async_scheduling else Scheduler
+    return kind(vllm_config=config, kv_cache_config=kv_cache,
                      structured_output_manager=StructuredOutputManager(config),
                      block_size=setup.block_size, log_stats=True)
 
@@ -212,3 +219,144 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
     else:
         raise RuntimeError(f"vLLM did not finish {n} requests in {max_steps} steps")
     return timeline
+
+
+def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTime,
+                   host_time: StepTime | None = None, output_time: StepTime | None = None,
+                   max_steps: int = 1_000_000) -> Timeline:
+    """Replay `requests` through vLLM's `AsyncScheduler` as `EngineCore.step_with_batch_queue` drives it
+    (vllm/v1/engine/core.py, batch queue of 2: `VllmConfig.max_concurrent_batches`), the forward pass mocked.
+
+    The engine core's thread, in discrete time (docs/async-scheduling.md):
+
+        add the requests that arrived by now                      (run_busy_loop: _process_input_queue)
+        if the scheduler has requests:
+            out = scheduler.schedule(); now += host_time(out)     (the CPU's share before the launch)
+            the GPU runs it from max(now, the previous batch's end) for step_time(out) seconds
+            push it on the queue; if the queue is not full and the step ran a model (or requests
+            remain): go round again without waiting
+        pop the oldest batch; now = max(now, its end)             (future.result())
+        scheduler.update_from_output(its output); now += output_time(it)   (tokens appear now)
+
+    An empty batch (nothing schedulable: every running request's last token already in flight) runs
+    no model and is done at once. `host_time` (default none) is the CPU's seconds per scheduled step
+    spent before its launch (schedule, prepare the inputs); `output_time` (default none) the seconds of
+    processing a step's output once the GPU is done (sampling bookkeeping, update_from_output), after
+    which its tokens are seen. The parity cases use neither, so times stay whole numbers.
+
+    Tokens: a scheduled request samples when the step reaches the end of its known tokens plus its
+    output placeholders (`not request.is_prefill_chunk` after `_update_after_schedule`); the sampled id
+    is the next of its output ids when the step's output is processed.
+    """
+    _block_hasher_ready()
+    assert setup.async_scheduling, "run_vllm_async drives the AsyncScheduler: EngineSetup(async_scheduling=True)"
+    scheduler = make_scheduler(setup)
+    hasher = get_request_block_hasher(setup.block_size, sha256)
+    n = len(requests)
+    ids = [f"{i:08d}" for i in range(n)]
+    order = sorted(range(n), key=lambda i: (requests[i].arrival_s, i))
+    timeline = Timeline([None] * n, [None] * n, first_scheduled_s=[None] * n)
+    index_of = {rid: i for i, rid in enumerate(ids)}
+    live: dict[str, Request] = {}
+    queue: list[tuple] = []  # oldest first: (out, req ids, samples, GPU end, tokens scheduled, contexts)
+    now, gpu_free, next_arrival, num_finished, steps = 0.0, 0.0, 0, 0, 0
+    queue_size = 2  # VllmConfig.max_concurrent_batches with async scheduling, pipeline parallel 1
+    while num_finished < n:
+        steps += 1
+        if steps > max_steps:
+            raise RuntimeError(f"vLLM did not finish {n} requests in {max_steps} steps")
+        while next_arrival < n and requests[order[next_arrival]].arrival_s <= now:
+            i = order[next_arrival]
+            live[ids[i]] = _add_request(scheduler, requests[i], ids[i], next_arrival, hasher)
+            next_arrival += 1
+        if not scheduler.has_requests() and not queue:
+            now = requests[order[next_arrival]].arrival_s  # idle until the next arrival
+            continue
+        # step_with_batch_queue
+        if scheduler.has_requests():
+            out = scheduler.schedule()
+            executed = out.total_num_scheduled_tokens > 0
+            req_ids = list(out.num_scheduled_tokens)
+            scheduled, contexts = [], []
+            samples = [not live[rid].is_prefill_chunk for rid in req_ids]
+            if executed:
+                for rid in req_ids:
+                    scheduled.append(out.num_scheduled_tokens[rid])
+                    contexts.append(live[rid].num_computed_tokens)  # includes tokens still in flight
+                    if timeline.first_scheduled_s[index_of[rid]] is None:
+                        timeline.first_scheduled_s[index_of[rid]] = now
+                timeline.steps.append(_classify(out, live, samples))
+                if host_time is not None:
+                    now += host_time(scheduled, contexts)
+                start = max(now, gpu_free)
+                gpu_free = start + step_time(scheduled, contexts)
+                timeline.step_times.append((now, start, gpu_free))
+                end = gpu_free
+            else:
+                end = now
+            queue.append((out, req_ids, samples, end, scheduled, contexts))
+            if len(queue) < queue_size and (executed or scheduler.has_requests()):
+                continue
+        out, req_ids, samples, end, scheduled, contexts = queue.pop(0)
+        now = max(now, end)
+        sampled = []
+        for rid, samples_one in zip(req_ids, samples):
+            request = live.get(rid)
+            if samples_one and request is not None:
+                tokens = requests[index_of[rid]].output_token_ids
+                if request.num_output_tokens >= len(tokens):
+                    raise RuntimeError(f"vLLM sampled request {rid} past its {len(tokens)} output tokens")
+                sampled.append([tokens[request.num_output_tokens]])
+            else:
+                sampled.append([])
+        output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
+                                   sampled_token_ids=sampled)
+        _count_prefix_stats(timeline, scheduler.update_from_output(out, output))
+        if output_time is not None and scheduled:
+            now += output_time(scheduled, contexts)
+        for rid, tokens in zip(req_ids, sampled):
+            request = live.get(rid)
+            if not tokens or request is None:
+                continue
+            i = index_of[rid]
+            if request.num_output_tokens >= 1 and timeline.first_token_s[i] is None:
+                timeline.first_token_s[i] = now
+            if request.is_finished():
+                timeline.finish_s[i] = now
+                num_finished += 1
+                del live[rid]
+    return timeline
+
+
+def _add_request(scheduler: Scheduler, r: TraceRequest, request_id: str, rank: int, hasher) -> Request:
+    """Add one trace request to the scheduler (arrival times as run_vllm gives them)."""
+    params = SamplingParams(max_tokens=len(r.output_token_ids), ignore_eos=True)
+    request = Request(request_id, list(r.prompt_token_ids), params, None, arrival_time=r.arrival_s + rank * 1e-6,
+                      priority=r.priority, block_hasher=hasher)
+    scheduler.add_request(request)
+    return request
+
+
+def _classify(out, live: dict[str, Request], samples: list[bool]) -> tuple[int, int, int]:
+    """(prefill tokens, decode tokens, preemptions) of a step just scheduled by the AsyncScheduler: a decode
+    computes one token of a running request that already has an output (delivered or in flight)."""
+    new_ids = {d.req_id for d in out.scheduled_new_reqs}
+    resumed = set(out.scheduled_cached_reqs.resumed_req_ids)
+    num_prefill = num_decode = 0
+    for (rid, num), samples_one in zip(out.num_scheduled_tokens.items(), samples):
+        request = live[rid]
+        # This step's own placeholder was added at scheduling: earlier outputs are the rest.
+        earlier = request.num_output_tokens + request.num_output_placeholders - (1 if samples_one else 0)
+        if num == 1 and rid not in new_ids and rid not in resumed and samples_one and earlier > 0:
+            num_decode += 1
+        else:
+            num_prefill += num
+    return num_prefill, num_decode, len(out.preempted_req_ids)
+
+
+def _count_prefix_stats(timeline: Timeline, engine_outputs) -> None:
+    for outputs in engine_outputs.values():
+        stats = outputs.scheduler_stats  # this step's, reset by update_from_output (make_stats)
+        if stats is not None and stats.prefix_cache_stats is not None:
+            timeline.prefix_queries += stats.prefix_cache_stats.queries
+            timeline.prefix_hits += stats.prefix_cache_stats.hits

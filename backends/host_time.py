@@ -1,0 +1,138 @@
+"""Host time per step: the seconds vLLM's engine core spends on the CPU each step, and how they meet the GPU's.
+
+A profile (profiles/host/vllm-<version>-<cpu>.json, measured by bench/host_time.py running vLLM's own
+scheduler and worker CPU code) gives each piece of a step (`schedule`, `prepare_inputs`,
+`sample_bookkeeping`, `update_from_output`) as fixed_s + per_request_s * requests + per_token_s * tokens,
+every coefficient non-negative, so a step's host time never falls when it has more requests or tokens.
+
+Carried to the serving host's CPU by one ratio: the host's reference loop seconds over the profile's
+(`bench/host_time.py --reference-only` run on that host; bench/replay_speed.py's loop). The engine core is one
+Python thread doing interpreter-bound work (dicts, lists, small numpy calls), which is what a single-threaded
+pure-Python loop measures; a clock-speed ratio would miss the difference in instructions per clock between
+CPU generations. Without the host's figure the profile is used as measured (scale 1).
+
+How host and GPU time make a step (`overlap`): synchronously (vLLM's `EngineCore.step`) the CPU schedules,
+prepares, waits for the GPU, then processes the output, so they add; asynchronously
+(`EngineCore.step_with_batch_queue`, docs/async-scheduling.md) the CPU's work for the next step runs while
+the GPU runs this one, so a step takes the longer of the two.
+
+Which host work is in series (`HostTime.critical_seconds`): with one GPU vLLM runs the model runner in the
+engine core's own process (`ParallelConfig`: distributed_executor_backend "uni" at world size 1), so every
+piece is on one thread; with tensor parallelism (world size > 1, "mp") the model runner's pieces
+(`prepare_inputs`, `sample_bookkeeping`) run in the worker processes. Synchronously they still run one after
+the other (schedule, then the workers prepare, the GPU, the workers' bookkeeping, then update_from_output);
+asynchronously the engine core's thread and the workers each work on a different step, so the busier of
+the two sets the pace.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.errors import ServesimError
+
+HOST_DIR = Path(__file__).resolve().parents[1] / "profiles" / "host"
+PIECES = ("schedule", "prepare_inputs", "sample_bookkeeping", "update_from_output")
+ENGINE_CORE_PIECES = ("schedule", "update_from_output")  # the engine core's thread (vllm/v1/engine/core.py)
+WORKER_PIECES = ("prepare_inputs", "sample_bookkeeping")  # the model runner's (vllm/v1/worker/gpu_model_runner.py)
+DEFAULT_PROFILE = HOST_DIR / "vllm-0.33.0-amd-epyc.json"
+
+
+def overlap(gpu_s: float, host_s: float, asynchronous: bool) -> float:
+    """A step's seconds from its GPU and host seconds: their sum when scheduling is synchronous, the longer
+    of the two when it is asynchronous (the host's work overlaps the GPU's)."""
+    if gpu_s < 0 or host_s < 0:
+        raise ValueError(f"negative seconds: gpu {gpu_s}, host {host_s}")
+    return max(gpu_s, host_s) if asynchronous else gpu_s + host_s
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a step's host work: fixed_s + per_request_s * requests + per_token_s * tokens."""
+
+    fixed_s: float
+    per_request_s: float
+    per_token_s: float
+
+    def seconds(self, num_reqs: int, num_tokens: int) -> float:
+        return self.fixed_s + self.per_request_s * num_reqs + self.per_token_s * num_tokens
+
+
+class HostTime:
+    """The host seconds of a step of `num_reqs` requests and `num_tokens` scheduled tokens."""
+
+    def __init__(self, pieces: dict[str, Piece], scale: float = 1.0, cpu: str = "", vllm_version: str = "",
+                 reference_loop_s: float | None = None, source: str = ""):
+        if not math.isfinite(scale) or scale <= 0:
+            raise ServesimError(f"host time scale must be a positive number, not {scale}")
+        for name, piece in pieces.items():
+            for value in (piece.fixed_s, piece.per_request_s, piece.per_token_s):
+                if not math.isfinite(value) or value < 0:
+                    raise ServesimError(f"host time piece {name!r}{' of ' + source if source else ''}: coefficients "
+                                        f"must be finite and non-negative, got {piece}")
+        self.pieces = dict(pieces)
+        self.scale = scale
+        self.cpu = cpu
+        self.vllm_version = vllm_version
+        self.reference_loop_s = reference_loop_s
+        self.source = source
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, host_reference_loop_s: float | None = None) -> HostTime:
+        """A profile file (default: the committed one), carried to a host whose reference loop takes
+        `host_reference_loop_s` seconds (None: used as measured)."""
+        path = Path(path) if path is not None else DEFAULT_PROFILE
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise ServesimError(f"host time profile {path}: cannot read it ({e.strerror or e})") from None
+        except json.JSONDecodeError as e:
+            raise ServesimError(f"host time profile {path}: not JSON (line {e.lineno}: {e.msg})") from None
+        try:
+            pieces = {name: Piece(float(c["fixed_s"]), float(c["per_request_s"]), float(c["per_token_s"]))
+                      for name, c in data["pieces"].items()}
+            reference = data.get("reference_loop_s")
+            reference = None if reference is None else float(reference)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ServesimError(f"host time profile {path}: needs 'pieces' of fixed_s, per_request_s and "
+                                f"per_token_s ({type(e).__name__}: {e})") from None
+        scale = 1.0
+        if host_reference_loop_s is not None:
+            if reference is None or reference <= 0:
+                raise ServesimError(f"host time profile {path}: has no reference_loop_s to carry it to another CPU")
+            if not math.isfinite(host_reference_loop_s) or host_reference_loop_s <= 0:
+                raise ServesimError(f"host reference loop seconds must be a positive number, not "
+                                    f"{host_reference_loop_s}")
+            scale = host_reference_loop_s / reference
+        return cls(pieces, scale, str(data.get("cpu", "")), str(data.get("vllm_version", "")), reference, str(path))
+
+    def piece_seconds(self, num_reqs: int, num_tokens: int) -> dict[str, float]:
+        """Each piece's seconds for the step (scaled to the host)."""
+        if num_reqs <= 0:
+            return {name: 0.0 for name in self.pieces}
+        return {name: self.scale * piece.seconds(num_reqs, num_tokens) for name, piece in self.pieces.items()}
+
+    def critical_seconds(self, num_reqs: int, num_tokens: int, asynchronous: bool, multiprocess: bool) -> float:
+        """The host seconds that set a step's pace (the module's docstring): every piece added, except
+        under asynchronous scheduling with worker processes, where it is the longer of the engine core's
+        pieces and the workers'."""
+        seconds = self.piece_seconds(num_reqs, num_tokens)
+        if asynchronous and multiprocess:
+            core = sum(v for k, v in seconds.items() if k not in WORKER_PIECES)
+            worker = sum(v for k, v in seconds.items() if k in WORKER_PIECES)
+            return max(core, worker)
+        return sum(seconds.values())
+
+    def step_seconds(self, num_reqs: int, num_tokens: int) -> float:
+        """The step's host seconds: every piece's, added (0 for a step that schedules nothing)."""
+        if num_reqs < 0 or num_tokens < 0:
+            raise ValueError(f"negative requests or tokens: {num_reqs}, {num_tokens}")
+        if num_reqs == 0:
+            return 0.0
+        fixed = sum(p.fixed_s for p in self.pieces.values())
+        per_request = sum(p.per_request_s for p in self.pieces.values())
+        per_token = sum(p.per_token_s for p in self.pieces.values())
+        return self.scale * (fixed + per_request * num_reqs + per_token * num_tokens)
