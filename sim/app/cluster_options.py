@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from sim.config import LINK_BANDWIDTH_GB_S, LINK_LATENCY_S, POOL_REPLICAS, REPLICAS, check_options, option
 from sim.disagg import KVLink
 from sim.errors import ServesimError
 
@@ -70,19 +71,35 @@ def parse_pool_options(text: str, flag: str) -> tuple[tuple[str, object], ...]:
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    num_replicas: int = 1
-    router: str = "round-robin"
-    num_prefill_replicas: int = 0
-    num_decode_replicas: int = 0
-    kv_transfer_bandwidth_gb_s: float | None = None  # None: by where the pools sit (module docstring)
-    kv_transfer_latency_s: float | None = None
-    prefill_options: str = ""  # KEY=VALUE,... for the prefill pool (POOL_OPTIONS)
-    decode_options: str = ""
+    num_replicas: int = option(1, flag="--replicas", range=REPLICAS, metavar="N",
+                               help="colocated replicas, each an engine with its own policy and KV cache "
+                                    "(default: {default})")
+    router: str = option("round-robin", flag="--router",
+                         help="which replica takes each request: {routers} (default: {default}), or your own as "
+                              "path/to/file.py:ClassName")
+    num_prefill_replicas: int = option(0, flag="--prefill-replicas", range=POOL_REPLICAS, metavar="P",
+                                       help="disaggregated: replicas that prefill and emit the first token")
+    num_decode_replicas: int = option(0, flag="--decode-replicas", range=POOL_REPLICAS, metavar="D",
+                                      help="disaggregated: replicas that decode once a request's KV blocks have "
+                                           "arrived")
+    # None: by where the pools sit (module docstring)
+    kv_transfer_bandwidth_gb_s: float | None = option(
+        None, flag="--kv-transfer-bandwidth", range=LINK_BANDWIDTH_GB_S, metavar="GB/S",
+        help=f"KV link bandwidth per transfer (default: {NVLINK_BANDWIDTH_GB_S:g} GB/s, NVLink-class, when the pools' "
+             f"GPUs fit in one {GPUS_PER_NODE}-GPU node; {RDMA_BANDWIDTH_GB_S:g} GB/s, RDMA-class, across nodes)")
+    kv_transfer_latency_s: float | None = option(
+        None, flag="--kv-transfer-latency", range=LINK_LATENCY_S, metavar="S",
+        help=f"KV link setup time per transfer (default: {NVLINK_LATENCY_S:g} s inside a node, {RDMA_LATENCY_S:g} s "
+             "across nodes)")
+    # KEY=VALUE,... for the prefill pool (POOL_OPTIONS)
+    prefill_options: str = option("", flag="--prefill-options", metavar="KEY=VALUE,...",
+                                  help="the prefill pool's own settings, KEY one of {pool_options}")
+    decode_options: str = option("", flag="--decode-options", metavar="KEY=VALUE,...",
+                                 help="the decode pool's own settings, KEY one of {pool_options}")
 
     def __post_init__(self) -> None:
-        _require(self.num_replicas >= 1, f"--replicas must be at least 1, got {self.num_replicas}")
+        check_options(self)
         p, d = self.num_prefill_replicas, self.num_decode_replicas
-        _require(p >= 0 and d >= 0, f"--prefill-replicas and --decode-replicas must be at least 0, got {p} and {d}")
         _require((p == 0) == (d == 0),
                  f"disaggregation needs both pools: got --prefill-replicas {p} and --decode-replicas {d}")
         _require(not (p and self.num_replicas > 1),
