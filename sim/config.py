@@ -216,7 +216,8 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = option(16, flag="--block-size", range=BLOCK_SIZE, check=lambda flag, value: check_block_size(value, flag), metavar="N",
+    block_size: int = option(16, flag="--block-size", range=BLOCK_SIZE, metavar="N",
+                             check=lambda flag, value: check_block_size(value, flag),
                              help="tokens per KV block, a power of two (default: {default})")
     # vLLM's num_gpu_blocks_override (--num-gpu-blocks); None: derived as vLLM does
     num_blocks: int | None = option(None, flag="--num-gpu-blocks", aliases=("--num-blocks",), dest="num_blocks",

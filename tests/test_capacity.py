@@ -86,13 +86,14 @@ def test_bad_quantiles_and_bounds():
 
 def _service_seconds(prompt_tokens: int) -> float:
     """The time of one step that prefills one whole prompt (the cost model is deterministic)."""
+    from sim.app.plan import resolve
     from sim.app.replay import ReplayOptions, replay
     from sim.config import CacheConfig, SchedulerConfig
     from tests.helpers import make_trace
 
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", prompt_tokens, 1),
                             cache=CacheConfig(enable_prefix_caching=False))
-    result = replay(make_trace([(0.0, prompt_tokens, 1)]), options)
+    result = replay(make_trace([(0.0, prompt_tokens, 1)]), resolve(options))
     assert len(result.steps) == 1
     return float(result.requests[0].first_token_s)
 

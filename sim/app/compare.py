@@ -94,14 +94,9 @@ def join_steps(result: SimResult, recorder: PredictingBackend) -> pd.DataFrame:
     return frame
 
 
-def compare(trace: Trace, measured: ReplayOptions | RunPlan, predicted: ReplayOptions | RunPlan,
-            measured_backend=None, progress=None) -> Comparison:
-    """Replay with the measured run's backend (`measured_backend`, or the plan's), predicting each
-    step with the predicted run's cost model; then replay with the cost model alone."""
-    if not isinstance(measured, RunPlan):
-        measured = resolve(measured, measured_backend)
-    if not isinstance(predicted, RunPlan):
-        predicted = resolve(predicted)
+def compare(trace: Trace, measured: RunPlan, predicted: RunPlan, progress=None) -> Comparison:
+    """Replay with the measured run's backend, predicting each step with the predicted run's cost
+    model; then replay with the cost model alone."""
     if predicted.options.backend != "costmodel":
         raise ServesimError("the predicted run needs the cost-model backend")
     if measured.num_blocks != predicted.num_blocks:
@@ -175,8 +170,8 @@ def format_comparison(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured: ReplayOptions | RunPlan,
-                     predicted: ReplayOptions | RunPlan, info: dict) -> dict:
+def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured: RunPlan, predicted: RunPlan,
+                     info: dict) -> dict:
     """measured/ and predicted/ run folders, steps.csv, compare.json and report.html; returns the figures."""
     measured_summary = write_run(out / "measured", comparison.measured, measured, trace)  # makes `out` too
     predicted_summary = write_run(out / "predicted", comparison.predicted, predicted, trace)
