@@ -66,6 +66,19 @@ class Range:
         if not self.contains(value):
             raise ServesimError(f"{name} must be {self.describe()}, got {value!r} ({self.reason})")
 
+    def flag_type(self, flag: str) -> Callable[[str], Any]:
+        """An argparse type for `flag`: the text as a whole number or a number (else argparse's
+        'invalid whole number value' error), checked against the range (else a ServesimError naming
+        the flag, the value and the range, which `sim` prints as its one-line error, exit code 2)."""
+        def parse(text: str) -> Any:
+            value = int(text) if self.whole else float(text)
+            self.check(flag, value)
+            return value
+
+        parse.__name__ = "whole number" if self.whole else "number"
+        parse.bounds = self  # type: ignore[attr-defined]  # the tests find every numeric flag's range by it
+        return parse
+
 
 # The physical ranges. Each bounds what a user may give so that the simulation means something and
 # fits in memory; values beyond are typing mistakes or tests of the program, not deployments.
@@ -102,6 +115,15 @@ POSITIVE_DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 y
 COUNT = Range(1, 10**7, "", "a run of more than 10,000,000 requests or points does not fit in memory", whole=True)
 OPTIONAL_COUNT = Range(0, 10**7, "", "a run of more than 10,000,000 requests or points does not fit in memory",
                        whole=True)
+REQUEST_RATE_OR_INF = Range(1e-6, 1e9, "requests/s", "inf: all at once; a request every 11.6 days at the slowest; a "
+                            "simulated clock beyond 1e9 s (31 years) loses its microseconds", infinite_ok=True)
+REQUEST_TOKENS = Range(1, MAX_TOKENS, "tokens", "the longest context of any released model is 10M tokens", whole=True)
+OPTIONAL_TOKENS = Range(0, MAX_TOKENS, "tokens", "the longest context of any released model is 10M tokens", whole=True)
+GAMMA_CV = Range(0.0, 100.0, "", "coefficient of variation of inter-arrival times; at 100 nearly every arrival is in "
+                 "one burst", open_low=True)
+REPEATS = Range(1, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
+WARMUP_RUNS = Range(0, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
+JOBS = Range(1, 4096, "processes", "points run at once, a process each", whole=True)
 FRACTION = Range(0.0, 1.0, "", "a fraction")
 OPEN_FRACTION = Range(0.0, 1.0, "", "a fraction above 0", open_low=True)
 # One GPU's datasheet figures (backends/hardware.py's fields), from a CPU core to 100 x today's

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(all_commands=command not in (["replay"], ["models"], ["hardware"]))
     try:
         args = parser.parse_args(argv)
-    except ServesimError as e:  # a number out of its range (sim.app.options.parser_of)
+    except ServesimError as e:  # a number out of its range (sim.config.Range.flag_type)
         print(f"sim: error: {e}", file=sys.stderr)
         return 2
     previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released

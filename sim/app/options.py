@@ -23,7 +23,6 @@ from typing import Any
 from sim.app.cluster_options import ClusterOptions
 from sim.config import SEED, SLO, TENSOR_PARALLEL, CacheConfig, Option, Range, SchedulerConfig, check_options, option, option_of
 from sim.errors import ServesimError
-from traces.cli import number, whole_number
 
 BACKENDS = ("costmodel", "real")
 DEFAULT_DEPLOYMENT = (1, "bf16", "auto")  # (tp, dtype, kv_cache_dtype) of one device in its own dtype
@@ -130,7 +129,7 @@ def add_flags(p, cls: type, **help_words: str) -> None:
         else:
             kwargs: dict[str, Any] = {"default": None if opt.parse else default, "help": text}
             if opt.range is not None:
-                kwargs["type"] = parser_of(opt.range, opt.flag)
+                kwargs["type"] = opt.range.flag_type(opt.flag)
             if opt.metavar is not None:
                 kwargs["metavar"] = opt.metavar
             elif opt.choices is not None:
@@ -175,23 +174,10 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
 
 # Numbers on the command line.
 
-def parser_of(bounds: Range, flag: str):
-    """An argparse type: the text as a whole number or a number (else argparse's error), checked
-    against `bounds` (else a ServesimError naming the flag, the value and the range: exit code 2
-    with the one-line message of every user error)."""
-    def parse(text: str):
-        value: Any = (whole_number if bounds.whole else number)(text)
-        bounds.check(flag, value)
-        return value
-
-    parse.__name__ = "whole number" if bounds.whole else "number"  # argparse's "invalid whole number value"
-    parse.bounds = bounds  # type: ignore[attr-defined]  # read by the tests: every numeric flag has a range
-    return parse
-
-
 def add_number(p, flag: str, bounds: Range, **kwargs: Any) -> None:
-    """A numeric flag of a command that has no config dataclass, checked against `bounds`."""
-    p.add_argument(flag, type=parser_of(bounds, flag), **kwargs)
+    """A numeric flag of a command that has no config dataclass, checked against `bounds` (a
+    sim.config.Range): the same as `p.add_argument(flag, type=bounds.flag_type(flag), ...)`."""
+    p.add_argument(flag, type=bounds.flag_type(flag), **kwargs)
 
 
 # The output flags every command that writes shares.

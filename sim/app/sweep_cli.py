@@ -58,6 +58,7 @@ def add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
 
 def add_run_options(p: argparse.ArgumentParser, what: str) -> None:
     from sim.app.sweep import EXECUTORS
+    from sim.config import JOBS
 
     p.add_argument("--out", default=None, metavar="DIR",
                    help=f"folder of the {what} (default: a new folder under runs/)")
@@ -66,7 +67,7 @@ def add_run_options(p: argparse.ArgumentParser, what: str) -> None:
                         "(and the failed ones) again")
     p.add_argument("--overwrite", action="store_true",
                    help=f"start the {what} again in --out, replacing what it holds")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
+    p.add_argument("--jobs", type=JOBS.flag_type("--jobs"), default=None, metavar="N",
                    help="points run at once (default: the number of CPUs); 1 runs them in this process")
     p.add_argument("--executor", default="process", choices=EXECUTORS,
                    help="where points run: local processes (default) or a Ray cluster (pip install "
