@@ -234,6 +234,7 @@ def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> int
 
 def register(subparsers) -> None:
     from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
+    from sim.app.options import add_output_options
 
     p = subparsers.add_parser(
         "compare", help="replay with the real backend and the calibrated cost model; report their errors",
@@ -243,10 +244,8 @@ def register(subparsers) -> None:
                     "the two runs' folders into --out.")
     p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
-    p.add_argument("--out", required=True, help="folder to write")
-    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a comparison")
+    add_output_options(p, "comparison", required=True)
     p.add_argument("--clock", default="wall", choices=("wall", "thread"),
                    help="how the real backend's steps are timed: wall (its own timing, default) or thread (the "
                         "calling thread's CPU time, for a CPU shared with other processes; --device cpu only)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_compare)

@@ -187,9 +187,9 @@ def add_output_options(p, what: str = "run", *, required: bool = False, resume: 
         -> None:
     """--out, --overwrite (and --resume where a command can continue) and --quiet."""
     if required:
-        p.add_argument("--out", required=True, metavar="DIR", help=f"folder of the {what} to write")
+        p.add_argument("--out", required=True, metavar="DIR", help=f"folder of the {what}")
     else:
-        p.add_argument("--out", default=None, metavar="DIR", help=f"folder of the {what} to write (default: "
+        p.add_argument("--out", default=None, metavar="DIR", help=f"folder of the {what} (default: "
                                                                    f"{default_help})")
     if resume:
         p.add_argument("--resume", action="store_true",
