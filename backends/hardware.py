@@ -95,8 +95,7 @@ def check_hardware_fields(hardware: Hardware) -> None:
         if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth"):
             continue
         if not bounds.contains(value):
-            raise ServesimError(f"hardware {hardware.name}: {field} must be a positive number, {bounds.describe()}, "
-                                f"got {value!r} ({bounds.reason})")
+            bounds.check(f"hardware {hardware.name}: {field}", value)
 
 
 # Datasheet figures. Sources: NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: 312 TFLOP/s dense

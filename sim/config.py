@@ -26,6 +26,15 @@ def _require(condition: bool, message: str) -> None:
         raise ServesimError(message)
 
 
+def show_number(x: Any) -> str:
+    """16,777,216; 0.9; 1e+300 (a huge whole number as a float, not its 300 digits); other values by repr."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return repr(x)
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) < 10**19 else f"{float(x):g}"
+    return f"{x:g}"
+
+
 @dataclass(frozen=True)
 class Range:
     """The values a number may take: [low, high] (low excluded with `open_low`), whole numbers only
@@ -52,19 +61,18 @@ class Range:
         return (value > self.low if self.open_low else value >= self.low) and value <= self.high
 
     def describe(self) -> str:
-        """'a whole number in [1, 16,777,216]', 'a number in (0, 1]'."""
-        def show(x: float) -> str:
-            return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+        """'a whole number from 1 to 16,777,216 tokens', 'a number above 0 and at most 1'."""
         kind = "a whole number" if self.whole else "a number"
-        text = f"{kind} in {'(' if self.open_low else '['}{show(self.low)}, {show(self.high)}]"
+        low, high = show_number(self.low), show_number(self.high)
+        text = f"{kind} above {low} and at most {high}" if self.open_low else f"{kind} from {low} to {high}"
         text += f" {self.unit}" if self.unit else ""
-        return text + (" or inf" if self.infinite_ok else "")
+        return text + (", or inf" if self.infinite_ok else "")
 
     def check(self, name: str, value: Any) -> None:
         """Refuse `value` (exit code 2) unless it is in the range; the message names `name` (a
         flag or a field), the value, the range and why."""
         if not self.contains(value):
-            raise ServesimError(f"{name} must be {self.describe()}, got {value!r} ({self.reason})")
+            raise ServesimError(f"{name} must be {self.describe()}, got {show_number(value)} ({self.reason})")
 
     def flag_type(self, flag: str) -> Callable[[str], Any]:
         """An argparse type for `flag`: the text as a whole number or a number (else argparse's

@@ -52,8 +52,8 @@ def test_replay_of_1e30_tokens_is_exit_2_naming_the_line(tmp_path, capsys):
 
 def test_num_blocks_1e11_is_exit_2(tmp_path, capsys):
     assert sim("replay", *SMALL, "--num-blocks", 10**11, "--out", tmp_path / "run") == 2
-    assert one_error_line(capsys) == ("--num-gpu-blocks must be a whole number in [1, 33,554,432] blocks, got "
-                                      "100000000000 (each KV block takes about 60 bytes of host memory: 33,554,432 "
+    assert one_error_line(capsys) == ("--num-gpu-blocks must be a whole number from 1 to 33,554,432 blocks, got "
+                                      "100,000,000,000 (each KV block takes about 60 bytes of host memory: 33,554,432 "
                                       "take 2 GB; a larger --block-size needs fewer)")
 
 
