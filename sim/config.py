@@ -95,8 +95,8 @@ MAX_TOKENS = 2**24  # 16,777,216 tokens
 # host memory. A larger cache (1e11 blocks) would fail with MemoryError long after the command started.
 MAX_NUM_BLOCKS = 2**25
 MAX_CLUSTER_BLOCKS = 2**27  # every replica's blocks together: ~8 GB of host memory
-TOKENS_PER_STEP = Range(1, MAX_TOKENS, "tokens", "a step of 16,777,216 tokens would need more activation memory than "
-                        "any device has (Llama-3.1-8B: 64 GiB of hidden states alone)", whole=True)
+TOKENS_PER_STEP = Range(1, MAX_TOKENS, "tokens", "no device holds the activations of a step of more tokens",
+                        whole=True)
 TOKEN_CAP = Range(0, MAX_TOKENS, "tokens", "0 means no cap; a step holds at most 16,777,216 tokens", whole=True)
 SEQUENCES = Range(1, 2**20, "requests", "each running request holds at least one KV block; 1,048,576 at once is "
                   "more than any GPU's KV cache holds", whole=True)

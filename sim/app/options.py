@@ -172,6 +172,20 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     return from_args(ReplayOptions, args)
 
 
+def range_of(dest: str) -> Range | None:
+    """The declared range of a replay flag, by its argparse name (a sweep's axes: max_num_seqs,
+    seed, ...; rate_scale is the trace option's)."""
+    from sim.config import RATE_SCALE
+
+    if dest == "rate_scale":
+        return RATE_SCALE
+    for cls in (SchedulerConfig, CacheConfig, ReplayOptions, ClusterOptions):
+        for f, opt in flag_fields(cls):
+            if dest_of(f, opt) == dest:
+                return opt.range
+    return None
+
+
 # Numbers on the command line.
 
 def add_number(p, flag: str, bounds: Range, **kwargs: Any) -> None:
