@@ -121,8 +121,6 @@ DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) los
 POSITIVE_DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) loses its microseconds",
                             open_low=True)
 COUNT = Range(1, 10**7, "", "a run of more than 10,000,000 requests or points does not fit in memory", whole=True)
-OPTIONAL_COUNT = Range(0, 10**7, "", "a run of more than 10,000,000 requests or points does not fit in memory",
-                       whole=True)
 REQUEST_RATE_OR_INF = Range(1e-6, 1e9, "requests/s", "inf: all at once; a request every 11.6 days at the slowest; a "
                             "simulated clock beyond 1e9 s (31 years) loses its microseconds", infinite_ok=True)
 REQUEST_TOKENS = Range(1, MAX_TOKENS, "tokens", "the longest context of any released model is 10M tokens", whole=True)
@@ -131,6 +129,9 @@ GAMMA_CV = Range(0.0, 100.0, "", "coefficient of variation of inter-arrival time
                  "one burst", open_low=True)
 REPEATS = Range(1, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
 WARMUP_RUNS = Range(0, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
+PROMPTS_PER_CLIENT = Range(1, 10**4, "requests", "requests per client of one benchmark; InferenceMAX sends 10",
+                           whole=True)
+UNIQUE_PROMPTS = Range(0, 2**20, "prompts", "prompts the client cycles through; AIPerf's dataset has 100", whole=True)
 JOBS = Range(1, 4096, "processes", "points run at once, a process each", whole=True)
 FRACTION = Range(0.0, 1.0, "", "a fraction")
 OPEN_FRACTION = Range(0.0, 1.0, "", "a fraction above 0", open_low=True)

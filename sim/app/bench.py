@@ -126,6 +126,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          discard_on_failure=True) as folder:
         warn(folder.took_over)
         plan = resolve(options)
+        for message in plan.warnings():  # a capped KV cache
+            warn(message)
         out = folder.folder
         progress = Progress.for_replay(spec.num_prompts, quiet=args.quiet)
         started = time.perf_counter()

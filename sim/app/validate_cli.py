@@ -51,12 +51,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from sim.app.options import add_output_options
-    from sim.config import OPEN_FRACTION, SEED, TOKENS_PER_STEP, Range
+    from sim.config import OPEN_FRACTION, PROMPTS_PER_CLIENT, SEED, TOKENS_PER_STEP, UNIQUE_PROMPTS
 
-    prompts_per_client = Range(1, 10**4, "requests", "requests per client of one benchmark; InferenceMAX sends 10",
-                               whole=True)
-    unique_prompts = Range(0, 2**20, "prompts", "prompts the client cycles through; AIPerf's dataset has 100",
-                           whole=True)
     default = Protocol()  # the defaults, written once there
     p = sub.add_parser(
         "validate", help="simulate measured deployments and compare TTFT and TPOT",
@@ -74,7 +70,7 @@ def register(sub) -> None:
     p.add_argument("--range-ratio", type=OPEN_FRACTION.flag_type("--range-ratio"), default=default.range_ratio,
                    metavar="R", help="prompt and output lengths uniform in [R x ISL, ISL] and [R x OSL, OSL] "
                                      f"(default: {default.range_ratio}, InferenceMAX's client; 1: fixed lengths)")
-    p.add_argument("--prompts-per-client", type=prompts_per_client.flag_type("--prompts-per-client"),
+    p.add_argument("--prompts-per-client", type=PROMPTS_PER_CLIENT.flag_type("--prompts-per-client"),
                    default=default.prompts_per_client, metavar="K",
                    help=f"requests per benchmark: K x concurrency (default: {default.prompts_per_client}, as "
                         "InferenceMAX)")
@@ -92,7 +88,7 @@ def register(sub) -> None:
                    help="leave the first K x C requests sent out of the means; auto (default): 0, as vLLM's "
                         "benchmark counts every request, but 1 for a row whose measured TTFT is below what a "
                         "counted first wave allows")
-    p.add_argument("--unique-prompts", type=unique_prompts.flag_type("--unique-prompts"),
+    p.add_argument("--unique-prompts", type=UNIQUE_PROMPTS.flag_type("--unique-prompts"),
                    default=default.unique_prompts, metavar="N",
                    help="the client cycles through N prompts (AIPerf's and genai-perf's dataset of 100 by default) "
                         "and the server caches prefixes, vLLM's default (default: 0, every prompt its own and no "
