@@ -12,7 +12,8 @@ FORMAT_HELP = ("trace format: canonical, azure (2023 and 2024), mooncake, burstg
 
 
 def whole_number(text: str) -> int:
-    """argparse type for counts (of every command); their ranges are checked where they are used."""
+    """A plain whole number. A flag's type is its range's (sim.config.Range.flag_type), which parses
+    and checks it; tests/test_options.py refuses a flag of this type."""
     try:
         return int(text)
     except ValueError:

@@ -11,7 +11,7 @@ import time
 from datetime import datetime, timezone
 
 from sim.errors import ServesimError
-from traces.cli import add_trace_options, whole_number  # noqa: F401  (whole_number: imported from here)
+from traces.cli import add_trace_options
 
 DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
 
