@@ -207,7 +207,7 @@ def test_a_sweep_row_carries_the_load_per_replica(tmp_path):
     (["--replicas", "2", "--router", "nearest"], "unknown router 'nearest'"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "policy=fifo"], "unknown policy 'fifo'"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "tp=0"],
-     "--tp must be a whole number from 1 to 1,024 GPUs, got 0"),
+     "--decode-options: tp must be a whole number from 1 to 1,024 GPUs, got 0"),
 ])
 def test_nonsense_cluster_options_are_one_line_errors(tmp_path, capsys, args, fragment):
     from sim.app.cli import main

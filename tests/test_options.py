@@ -226,6 +226,12 @@ def test_an_uncapped_kv_cache_says_nothing_of_a_cap(tmp_path, capsys):
 
 # Clusters and links.
 
+def test_every_pool_option_is_a_declared_field():
+    from sim.app.cluster_options import POOL_OPTIONS, pool_fields
+
+    assert sorted(pool_fields()) == sorted(POOL_OPTIONS)
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["--replicas", "100000"], "--replicas must be a whole number from 1 to 1,024 replicas, got 100,000"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-transfer-bandwidth", "1e-300"],
@@ -235,7 +241,9 @@ def test_an_uncapped_kv_cache_says_nothing_of_a_cap(tmp_path, capsys):
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-transfer-latency", "inf"],
      "--kv-transfer-latency must be a number from 0 to 10 s, got inf"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "max-num-seqs=0"],
-     "--max-num-seqs must be a whole number from 1 to 1,048,576 requests, got 0"),
+     "--decode-options: max-num-seqs must be a whole number from 1 to 1,048,576 requests, got 0"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--prefill-options", "gpu-memory-utilization=nan"],
+     "--prefill-options: gpu-memory-utilization must be a number above 0 and at most 1, got nan"),
     (["--replicas", "8", "--num-gpu-blocks", str(MAX_NUM_BLOCKS)], "servesim simulates at most 134,217,728"),
 ])
 def test_absurd_cluster_values_are_exit_2(tmp_path, capsys, args, fragment):

@@ -17,7 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sim.config import LINK_BANDWIDTH_GB_S, LINK_LATENCY_S, POOL_REPLICAS, REPLICAS, check_options, option
+from sim.config import (
+    LINK_BANDWIDTH_GB_S,
+    LINK_LATENCY_S,
+    POOL_REPLICAS,
+    REPLICAS,
+    CacheConfig,
+    Range,
+    SchedulerConfig,
+    check_options,
+    option,
+)
 from sim.disagg import KVLink
 from sim.errors import ServesimError
 
@@ -29,21 +39,24 @@ NVLINK_BANDWIDTH_GB_S, NVLINK_LATENCY_S = 450.0, 5e-6
 RDMA_BANDWIDTH_GB_S, RDMA_LATENCY_S = 50.0, 2e-5
 
 # What a pool may set for itself (--prefill-options / --decode-options KEY=VALUE,...), named as the
-# replay flags are: the options part that holds it, its field, its type.
-POOL_OPTIONS: dict[str, tuple[str | None, str, type]] = {
-    "policy": ("scheduler", "policy", str),
-    "max-num-batched-tokens": ("scheduler", "max_num_batched_tokens", int),
-    "max-num-seqs": ("scheduler", "max_num_seqs", int),
-    "num-gpu-blocks": ("cache", "num_blocks", int),
-    "num-blocks": ("cache", "num_blocks", int),  # the replay flag's other name
-    "block-size": ("cache", "block_size", int),
-    "gpu-memory-utilization": ("cache", "gpu_memory_utilization", float),
-    "hardware": (None, "hardware", str),
-    "tp": (None, "tp", int),
-    "dtype": (None, "dtype", str),
-    "kv-cache-dtype": (None, "kv_cache_dtype", str),
-    "profile": (None, "profile", str),
-}
+# replay flags are (--num-blocks is --num-gpu-blocks' other name). Where each is held, its type and
+# its range are its field's (`pool_fields`).
+POOL_OPTIONS = ("policy", "max-num-batched-tokens", "max-num-seqs", "num-gpu-blocks", "num-blocks", "block-size",
+                "gpu-memory-utilization", "hardware", "tp", "dtype", "kv-cache-dtype", "profile")
+
+
+def pool_fields() -> dict[str, tuple[str | None, str, Range | None]]:
+    """KEY -> (the options part that holds it: scheduler, cache or None for ReplayOptions itself,
+    its field, its range: None for text), from the fields' declarations."""
+    from sim.app.options import ReplayOptions, flag_fields
+
+    table: dict[str, tuple[str | None, str, Range | None]] = {}
+    for part, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig), (None, ReplayOptions)):
+        for f, opt in flag_fields(cls):
+            for flag in (opt.flag, *opt.aliases):
+                if flag[2:] in POOL_OPTIONS:
+                    table[flag[2:]] = (part, f.name, opt.range)
+    return table
 
 
 def _require(condition: bool, message: str) -> None:
@@ -60,12 +73,15 @@ def parse_pool_options(text: str, flag: str) -> tuple[tuple[str, object], ...]:
         _require(sep == "=" and key in POOL_OPTIONS,
                  f"{flag}: cannot read {part!r}; expected KEY=VALUE with KEY one of {', '.join(POOL_OPTIONS)}")
         _require(key not in pairs, f"{flag}: {key} is given twice")
-        kind = POOL_OPTIONS[key][2]
-        try:
-            pairs[key] = kind(raw.strip())
+        bounds = pool_fields()[key][2]
+        if bounds is None:
+            pairs[key] = raw.strip()
+            continue
+        try:  # the replay flag's own parsing and range, named by the pool's flag and key
+            pairs[key] = bounds.flag_type(f"{flag}: {key}")(raw.strip())
         except ValueError:
-            raise ServesimError(f"{flag}: {key} value {raw.strip()!r} is not {'a whole number' if kind is int else 'a number'}") \
-                from None
+            raise ServesimError(f"{flag}: {key} value {raw.strip()!r} is not "
+                                f"{'a whole number' if bounds.whole else 'a number'}") from None
     return tuple(pairs.items())
 
 
@@ -145,8 +161,9 @@ class ClusterOptions:
             (self.decode_options, "--decode-options")
         top: dict = {"cluster": ClusterOptions()}
         parts: dict[str, dict] = {"scheduler": {}, "cache": {}}
+        fields_by_key = pool_fields()
         for key, value in parse_pool_options(text, flag):
-            part, name, _ = POOL_OPTIONS[key]
+            part, name, _ = fields_by_key[key]
             (top if part is None else parts[part])[name] = value
         if role == "decode":
             parts["cache"]["enable_prefix_caching"] = False  # decode replicas hold transferred KV only
