@@ -214,7 +214,7 @@ def test_a_capped_kv_cache_is_reported_as_capped(tmp_path, capsys):
     assert kv["num_gpu_blocks"] == MAX_NUM_BLOCKS
     assert kv["capped"] == {"derived_num_gpu_blocks": 524645431, "cap": MAX_NUM_BLOCKS,
                             "why": "each KV block takes about 60 bytes of host memory"}
-    assert f"{MAX_NUM_BLOCKS} KV blocks" in err.out
+    assert f"{MAX_NUM_BLOCKS} KV blocks (capped from 524645431)" in err.out
 
 
 def test_an_uncapped_kv_cache_says_nothing_of_a_cap(tmp_path, capsys):

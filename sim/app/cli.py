@@ -98,6 +98,8 @@ def describe(plan) -> str:
         where = f"{gpus}{plan.hardware.name} (costmodel, {options.dtype}"
         where += (", fp8 KV cache)" if options.kv_cache_dtype == "fp8" else ")")
     text = f"{plan.model.name} on {where}, {plan.num_blocks} KV blocks"
+    if plan.kv is not None and plan.kv.capped_from is not None:
+        text += f" (capped from {plan.kv.capped_from})"
     return text + (f", profile {options.profile}" if options.profile else "")
 
 
