@@ -117,6 +117,7 @@ LINK_LATENCY_S = Range(0.0, 10.0, "s", "setup time of one transfer; a round trip
 REQUEST_RATE = Range(1e-6, 1e9, "requests/s", "a request every 11.6 days at the slowest; a simulated clock beyond "
                      "1e9 s (31 years) loses its microseconds", open_low=False)
 RATE_SCALE = Range(1e-6, 1e6, "", "a factor on the arrival rate; beyond it the trace spans centuries or nanoseconds")
+SLO_SECONDS = Range(1e-6, 1e9, "s", "a latency limit: from a microsecond, less than any step takes, to 31 years")
 DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) loses its microseconds")
 POSITIVE_DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) loses its microseconds",
                             open_low=True)
@@ -289,8 +290,7 @@ def parse_slo(text: str) -> dict[str, float | None]:
             values[key] = float(raw)
         except ValueError:
             raise ServesimError(f"--slo: {key} value {raw.strip()!r} is not a number") from None
-        _require(math.isfinite(values[key]) and values[key] > 0,
-                 f"--slo {key} must be a positive number of seconds, got {raw.strip()}")
+        SLO_SECONDS.check(f"--slo {key}", values[key])
     return values
 
 
@@ -309,7 +309,8 @@ class SLO:
     def __post_init__(self) -> None:
         for name in SLO_KEYS:
             value = getattr(self, name)
-            _require(value is None or value > 0, f"--slo {name} must be positive, got {value}")
+            if value is not None:
+                SLO_SECONDS.check(f"--slo {name}", value)
 
     @property
     def is_set(self) -> bool:

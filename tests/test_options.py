@@ -245,6 +245,8 @@ def test_every_pool_option_is_a_declared_field():
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--prefill-options", "gpu-memory-utilization=nan"],
      "--prefill-options: gpu-memory-utilization must be a number above 0 and at most 1, got nan"),
     (["--replicas", "8", "--num-gpu-blocks", str(MAX_NUM_BLOCKS)], "servesim simulates at most 134,217,728"),
+    (["--slo", "tbt=1e-300"], "--slo tbt must be a number from 1e-06 to 1e+09 s, got 1e-300"),
+    (["--slo", "ttft=inf"], "--slo ttft must be a number from 1e-06 to 1e+09 s, got inf"),
 ])
 def test_absurd_cluster_values_are_exit_2(tmp_path, capsys, args, fragment):
     assert main(["replay", SAMPLE, "--limit", "3", "--out", str(tmp_path / "o"), *args]) == 2
