@@ -288,3 +288,12 @@ def test_bench_request_rate_inf_is_all_at_once():
     args = build_parser().parse_args(["bench", "--concurrency", "1", "--input-len", "1", "--output-len", "1",
                                       "--num-prompts", "1", "--request-rate", "inf"])
     assert args.request_rate == math.inf
+
+
+def test_every_range_is_in_the_docs():
+    import sim.config
+
+    text = (ROOT / "docs" / "options.md").read_text()
+    for name, value in vars(sim.config).items():
+        if isinstance(value, Range):
+            assert f"| `{name}` | {value.describe()} |" in text, name
