@@ -20,7 +20,6 @@ A hardware file is one JSON object with these fields (numbers in base units):
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -40,13 +39,7 @@ class Hardware:
     description: str = ""
 
     def __post_init__(self) -> None:
-        for field in ("peak_bf16_flops", "peak_fp8_flops", "memory_bandwidth", "memory_bytes", "nvlink_bandwidth"):
-            value = getattr(self, field)
-            if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth"):
-                continue
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                    and value > 0):
-                raise ServesimError(f"hardware {self.name}: {field} must be a positive number, got {value!r}")
+        check_hardware_fields(self)
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense tensor-core FLOP/s for GEMMs whose weights are in `dtype` (bf16 or fp8)."""
@@ -88,6 +81,21 @@ class Hardware:
             return cls(name=p.stem, **raw)
         except ServesimError as e:
             raise ServesimError(f"{p}: {e}") from None
+
+
+def check_hardware_fields(hardware: Hardware) -> None:
+    """Each figure of a GPU within its physical range (sim.config: FLOPS, MEMORY_BANDWIDTH,
+    MEMORY_BYTES, NVLINK_BANDWIDTH, each with its reason); null only where the GPU may have none."""
+    from sim.config import FLOPS, MEMORY_BANDWIDTH, MEMORY_BYTES, NVLINK_BANDWIDTH
+
+    ranges = {"peak_bf16_flops": FLOPS, "peak_fp8_flops": FLOPS, "memory_bandwidth": MEMORY_BANDWIDTH,
+              "memory_bytes": MEMORY_BYTES, "nvlink_bandwidth": NVLINK_BANDWIDTH}
+    for field, bounds in ranges.items():
+        value = getattr(hardware, field)
+        if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth"):
+            continue
+        if not bounds.contains(value):
+            bounds.check(f"hardware {hardware.name}: {field}", value)
 
 
 # Datasheet figures. Sources: NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: 312 TFLOP/s dense

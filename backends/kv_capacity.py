@@ -36,6 +36,10 @@ What vLLM measures, servesim models (each constant's source is beside it):
   the default capture sizes (51 piecewise graphs up to 512 tokens: 0.52, 0.62, 0.76 GiB).
 Blocks counted this way are within about 1% of what a vLLM log prints; `--num-gpu-blocks` takes
 the logged figure exactly.
+
+A derived count above sim.config.MAX_NUM_BLOCKS (a tiny model with small blocks on a big GPU: each
+block costs the simulator ~60 bytes of host memory) is capped to it, and said so: `capped_from` holds
+the derived figure, summary.json's kv_cache reports it beside the cap, and the command warns.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 
 from backends.hardware import Hardware
 from backends.model_config import ModelConfig
+from sim.config import MAX_NUM_BLOCKS
 from sim.errors import ServesimError
 
 GIB = 2**30
@@ -63,15 +68,30 @@ class KVCapacity:
     terms: dict  # requested, weights, activation_peak, non_torch, cuda_graph_pool, available
     source: str  # "derived" or "--num-gpu-blocks"
     vllm: dict | None = None  # MoE, MLA and sliding-window models: `vllm_kv_cache` (groups, tokens)
+    capped_from: int | None = None  # the derived count, when it was above MAX_NUM_BLOCKS and capped to it
 
     def as_dict(self) -> dict:
-        out = {"num_gpu_blocks": self.num_gpu_blocks, "source": self.source, "block_bytes": self.block_bytes,
-               "bytes_per_gpu": {k: int(v) for k, v in self.terms.items()},
-               "formula": "floor((memory x gpu_memory_utilization - weights - activation_peak - non_torch "
-                          "- cuda_graph_pool) / block_bytes), per GPU"}
+        d = {"num_gpu_blocks": self.num_gpu_blocks, "source": self.source, "block_bytes": self.block_bytes,
+             "bytes_per_gpu": {k: int(v) for k, v in self.terms.items()},
+             "formula": "floor((memory x gpu_memory_utilization - weights - activation_peak - non_torch "
+                        "- cuda_graph_pool) / block_bytes), per GPU"}
+        if self.capped_from is not None:
+            d["capped"] = {"derived_num_gpu_blocks": self.capped_from, "cap": MAX_NUM_BLOCKS,
+                           "why": CAP_REASON}
         if self.vllm is not None:
-            out["vllm"] = self.vllm
-        return out
+            d["vllm"] = self.vllm
+        return d
+
+    def warning(self) -> str | None:
+        """What a command prints when the cache was capped."""
+        if self.capped_from is None:
+            return None
+        return (f"the KV cache derived for this GPU holds {self.capped_from:,} blocks; servesim simulates at most "
+                f"{MAX_NUM_BLOCKS:,} ({CAP_REASON}), so it runs with {self.num_gpu_blocks:,}: a larger --block-size "
+                "or --num-gpu-blocks gives the figure you mean")
+
+
+CAP_REASON = "each KV block takes about 60 bytes of host memory"
 
 
 def activation_peak_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1,
@@ -118,9 +138,7 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     available = int(terms["requested"] - terms["weights"] - terms["activation_peak"] - terms["non_torch"]
                     - terms["cuda_graph_pool"])
     terms["available"] = available
-    if num_gpu_blocks_override is not None:
-        if num_gpu_blocks_override < 1:
-            raise ServesimError(f"--num-gpu-blocks must be at least 1, got {num_gpu_blocks_override}")
+    if num_gpu_blocks_override is not None:  # checked by sim.config.CacheConfig
         vllm = _vllm(model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype,
                      num_gpu_blocks_override)
         if vllm is not None and len(vllm["groups"]) > 1:
@@ -145,12 +163,13 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
                 f"{len(vllm['groups'])} KV cache groups) cannot hold one request of --max-model-len "
                 f"{vllm['max_model_len']} tokens ({needed} blocks); vLLM would not start. Lower --max-model-len "
                 "or raise --gpu-memory-utilization")
-        return KVCapacity(num_blocks, block_bytes, terms, "derived", vllm)
-    if max_model_len is not None and -(-max_model_len // block_size) > num_blocks:
+    elif max_model_len is not None and -(-max_model_len // block_size) > num_blocks:
         raise ServesimError(
             f"the KV cache of {where} ({num_blocks} blocks of {block_size} tokens) cannot hold one request of "
             f"--max-model-len {max_model_len} tokens; vLLM would not start. Lower --max-model-len (at most "
             f"{num_blocks * block_size}) or raise --gpu-memory-utilization")
+    if num_blocks > MAX_NUM_BLOCKS:  # no trace fills 2**25 blocks; reported as capped
+        return KVCapacity(MAX_NUM_BLOCKS, block_bytes, terms, "derived", vllm, capped_from=num_blocks)
     return KVCapacity(num_blocks, block_bytes, terms, "derived", vllm)
 
 

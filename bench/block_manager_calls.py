@@ -36,6 +36,7 @@ from bench.replay_speed import MOONCAKE, MOONCAKE_SAMPLE, reference_loop, shared
 def record(trace_path: str) -> dict:
     """Replay the trace with a recording block manager; its calls and the requests they name."""
     import sim.app.plan as plan
+    from sim.app.plan import resolve
     from sim.app.replay import ReplayOptions, replay
     from sim.block_manager import BlockManager
     from sim.config import SchedulerConfig
@@ -87,7 +88,7 @@ def record(trace_path: str) -> dict:
     try:
         options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048), model="Llama-3.1-8B",
                                 hardware="H100-SXM")
-        replay(read_trace(trace_path), options)
+        replay(read_trace(trace_path), resolve(options))
     finally:
         plan.BlockManager = original
     if len(shape) != 1:

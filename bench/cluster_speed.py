@@ -42,6 +42,7 @@ def reference_loop() -> float:
 def one(trace_path: str, replicas: int, rate: float, router: str, fast_forward: bool) -> dict:
     from sim.app.cluster_options import ClusterOptions
     from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
     from sim.app.replay import replay
     from sim.config import SchedulerConfig
     from traces import read_trace
@@ -53,7 +54,7 @@ def one(trace_path: str, replicas: int, rate: float, router: str, fast_forward: 
                             cluster=ClusterOptions(num_replicas=replicas, router=router))
     reference_s = reference_loop()
     started, cpu_started = time.perf_counter(), time.process_time()
-    result = replay(trace, options, fast_forward=fast_forward)
+    result = replay(trace, resolve(options), fast_forward=fast_forward)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     return {"replicas": replicas, "rate": rate, "requests": len(trace), "wall_s": wall, "cpu_s": cpu,
             "reference_s": reference_s,

@@ -35,6 +35,7 @@ SAMPLE = ROOT / "traces" / "samples" / "azure_conv_2023_first5min.csv"
 REPLAYS = """
 import sys
 from sim.app.replay import ReplayOptions, replay
+from sim.app.plan import resolve
 from sim.config import SchedulerConfig
 from traces import read_trace
 
@@ -42,7 +43,7 @@ trace = read_trace(sys.argv[1])
 options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048), model="Llama-3.1-8B",
                         hardware="H100-SXM")
 for _ in range(int(sys.argv[2])):
-    replay(trace, options)
+    replay(trace, resolve(options))
 """
 
 

@@ -134,6 +134,11 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
         from sim.app.replay import ReplayOptions, replay
     except ImportError:  # a checkout from before the application layer moved to sim/app
         from sim.replay import ReplayOptions, replay
+    try:
+        from sim.app.plan import resolve  # replay() takes a plan
+    except ImportError:  # a checkout whose replay() resolved the options itself
+        def resolve(options):
+            return options
     from sim.config import SchedulerConfig
     from traces import read_trace
     from traces.transforms import scale_rate
@@ -144,7 +149,7 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
     collector_tuned()
     ref = reference_loop()
     started, cpu_started = time.perf_counter(), time.process_time()
-    result = replay(trace, options, fast_forward=fast_forward)
+    result = replay(trace, resolve(options), fast_forward=fast_forward)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     return {"policy": policy, "rate": rate, "sim_s": wall, "cpu_s": cpu, "ref_s": ref, "simulated_s": result.end_s,
             "steps": len(result.steps), "finished": sum(r.finish_s is not None for r in result.requests),

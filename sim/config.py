@@ -1,9 +1,22 @@
-"""Frozen configuration, one dataclass per concern, checked when it is built."""
+"""Frozen configuration, one dataclass per concern, checked when it is built.
+
+Every option a user can set is declared once, here and in sim/app/options.py and
+sim/app/cluster_options.py, as a dataclass field made by `option(...)`: its default, its flag, its
+help and its `Range`. The command line's flags are generated from those fields
+(sim.app.options.add_flags, as vLLM's EngineArgs derives its flags from its configs: vllm/engine/
+arg_utils.py, `EngineArgs.add_cli_args` and `get_kwargs`), and the dataclasses check every value
+against its range when they are built (`check_options`), from the command line or from Python.
+
+The physical ranges of every number a user gives (options, hardware files, cluster links) are the
+`Range` constants below, each with its reason: a value outside is refused with exit code 2, the
+message naming the flag or field, the value and the range.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Callable
 
 from sim.errors import ServesimError
 
@@ -13,76 +26,245 @@ def _require(condition: bool, message: str) -> None:
         raise ServesimError(message)
 
 
-def check_block_size(block_size: int) -> None:
+def show_number(x: Any) -> str:
+    """16,777,216; 0.9; 1e+300 (a huge whole number as a float, not its 300 digits); other values by repr."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return repr(x)
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) < 10**19 else f"{float(x):g}"
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: [low, high] (low excluded with `open_low`), whole numbers only
+    with `whole`; `infinite_ok`: math.inf is accepted too (it means "without limit" there). NaN is
+    never in a range."""
+
+    low: float
+    high: float
+    unit: str
+    reason: str
+    whole: bool = False
+    open_low: bool = False
+    infinite_ok: bool = False
+
+    def contains(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.infinite_ok and value == math.inf:
+            return True
+        if self.whole and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        return (value > self.low if self.open_low else value >= self.low) and value <= self.high
+
+    def describe(self) -> str:
+        """'a whole number from 1 to 16,777,216 tokens', 'a number above 0 and at most 1'."""
+        kind = "a whole number" if self.whole else "a number"
+        low, high = show_number(self.low), show_number(self.high)
+        text = f"{kind} above {low} and at most {high}" if self.open_low else f"{kind} from {low} to {high}"
+        text += f" {self.unit}" if self.unit else ""
+        return text + (", or inf" if self.infinite_ok else "")
+
+    def check(self, name: str, value: Any) -> None:
+        """Refuse `value` (exit code 2) unless it is in the range; the message names `name` (a
+        flag or a field), the value, the range and why."""
+        if not self.contains(value):
+            raise ServesimError(f"{name} must be {self.describe()}, got {show_number(value)} ({self.reason})")
+
+    def flag_type(self, flag: str) -> Callable[[str], Any]:
+        """An argparse type for `flag`: the text as a whole number or a number (else argparse's
+        'invalid whole number value' error), checked against the range (else a ServesimError naming
+        the flag, the value and the range, which `sim` prints as its one-line error, exit code 2)."""
+        def parse(text: str) -> Any:
+            value = int(text) if self.whole else float(text)
+            self.check(flag, value)
+            return value
+
+        parse.__name__ = "whole number" if self.whole else "number"
+        parse.bounds = self  # type: ignore[attr-defined]  # the tests find every numeric flag's range by it
+        return parse
+
+
+# The physical ranges. Each bounds what a user may give so that the simulation means something and
+# fits in memory; values beyond are typing mistakes or tests of the program, not deployments.
+MAX_TOKENS = 2**24  # 16,777,216 tokens
+# The block manager keeps a few Python objects per KV block (~60 bytes): 2**25 blocks take ~2 GB of
+# host memory. A larger cache (1e11 blocks) would fail with MemoryError long after the command started.
+MAX_NUM_BLOCKS = 2**25
+MAX_CLUSTER_BLOCKS = 2**27  # every replica's blocks together: ~8 GB of host memory
+TOKENS_PER_STEP = Range(1, MAX_TOKENS, "tokens", "no device holds the activations of a step of more tokens",
+                        whole=True)
+TOKEN_CAP = Range(0, MAX_TOKENS, "tokens", "0 means no cap; a step holds at most 16,777,216 tokens", whole=True)
+SEQUENCES = Range(1, 2**20, "requests", "each running request holds at least one KV block; 1,048,576 at once is "
+                  "more than any GPU's KV cache holds", whole=True)
+MODEL_LEN = Range(2, MAX_TOKENS, "tokens", "a prompt and one output token at least; the longest context of any "
+                  "released model is 10M tokens", whole=True)
+BLOCK_SIZE = Range(1, 2**16, "tokens", "tokens per KV block, a power of two; vLLM's are 16 to 256", whole=True)
+NUM_BLOCKS = Range(1, MAX_NUM_BLOCKS, "blocks", "each KV block takes about 60 bytes of host memory: 33,554,432 "
+                   "take 2 GB; a larger --block-size needs fewer", whole=True)
+MEMORY_FRACTION = Range(0.0, 1.0, "", "a fraction of the device's memory", open_low=True)
+SEED = Range(0, 2**63 - 1, "", "a random seed is a 64-bit signed integer", whole=True)
+TENSOR_PARALLEL = Range(1, 1024, "GPUs", "GPUs of one engine; the largest NVLink domain has 576", whole=True)
+REPLICAS = Range(1, 1024, "replicas", "each replica is an engine with its own KV cache in this process's memory",
+                 whole=True)
+POOL_REPLICAS = Range(0, 1024, "replicas", "0: no disaggregation; each replica is an engine with its own KV cache "
+                      "in this process's memory", whole=True)
+LINK_BANDWIDTH_GB_S = Range(1e-3, 1e5, "GB/s", "from a 10 Mb/s line (0.00125 GB/s) to 100 x NVLink 5 (1,800 GB/s)")
+LINK_LATENCY_S = Range(0.0, 10.0, "s", "setup time of one transfer; a round trip around the Earth takes 0.2 s")
+REQUEST_RATE = Range(1e-6, 1e9, "requests/s", "a request every 11.6 days at the slowest; a simulated clock beyond "
+                     "1e9 s (31 years) loses its microseconds", open_low=False)
+RATE_SCALE = Range(1e-6, 1e6, "", "a factor on the arrival rate; beyond it the trace spans centuries or nanoseconds")
+SLO_SECONDS = Range(1e-6, 1e9, "s", "a latency limit: from a microsecond, less than any step takes, to 31 years")
+DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) loses its microseconds")
+POSITIVE_DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) loses its microseconds",
+                            open_low=True)
+COUNT = Range(1, 10**7, "", "a run of more than 10,000,000 requests or points does not fit in memory", whole=True)
+REQUEST_RATE_OR_INF = Range(1e-6, 1e9, "requests/s", "inf: all at once; a request every 11.6 days at the slowest; a "
+                            "simulated clock beyond 1e9 s (31 years) loses its microseconds", infinite_ok=True)
+REQUEST_TOKENS = Range(1, MAX_TOKENS, "tokens", "the longest context of any released model is 10M tokens", whole=True)
+OPTIONAL_TOKENS = Range(0, MAX_TOKENS, "tokens", "the longest context of any released model is 10M tokens", whole=True)
+GAMMA_CV = Range(0.0, 100.0, "", "coefficient of variation of inter-arrival times; at 100 nearly every arrival is in "
+                 "one burst", open_low=True)
+REPEATS = Range(1, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
+WARMUP_RUNS = Range(0, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
+PROMPTS_PER_CLIENT = Range(1, 10**4, "requests", "requests per client of one benchmark; InferenceMAX sends 10",
+                           whole=True)
+UNIQUE_PROMPTS = Range(0, 2**20, "prompts", "prompts the client cycles through; AIPerf's dataset has 100", whole=True)
+JOBS = Range(1, 4096, "processes", "points run at once, a process each", whole=True)
+FRACTION = Range(0.0, 1.0, "", "a fraction")
+OPEN_FRACTION = Range(0.0, 1.0, "", "a fraction above 0", open_low=True)
+# One GPU's datasheet figures (backends/hardware.py's fields), from a CPU core to 100 x today's
+# largest GPU (B200: 2.25e15 dense bf16 FLOP/s, 8e12 B/s of HBM, 192e9 bytes, NVLink 5: 900e9 B/s).
+FLOPS = Range(1e9, 1e18, "FLOP/s", "from a CPU core (~1e10) to 400 x a B200 (2.25e15 dense bf16)")
+MEMORY_BANDWIDTH = Range(1e9, 1e15, "bytes/s", "from one DDR channel (~1e10) to 100 x a B200's HBM (8e12)")
+MEMORY_BYTES = Range(2**27, 2**44, "bytes", "from 128 MiB to 16 TiB: 85 x a B200's 192 GB", whole=True)
+NVLINK_BANDWIDTH = Range(1e8, 1e14, "bytes/s", "from 1 Gb/s Ethernet to 100 x NVLink 5 (900e9 one way)")
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a config field is set from the command line (sim.app.options.add_flags).
+
+    `help` may hold '{default}': the field's default. `dest`: the argparse name when it is not the
+    field's (e.g. `replicas` for num_replicas); `negate`: a store-true flag that sets the field False
+    (--no-prefix-caching); `boolean`: a --flag/--no-flag pair; `parse`: turns the flag's text into the
+    field's value (--slo); `choices`: the values allowed."""
+
+    flag: str
+    help: str
+    range: Range | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()
+    dest: str | None = None
+    negate: bool = False
+    boolean: bool = False
+    parse: Callable[[str], Any] | None = None
+    check: Callable[[str, Any], None] | None = None  # a check beyond the range (e.g. a power of two)
+
+
+def option(default: Any = MISSING, *, default_factory: Any = MISSING, **kwargs: Any) -> Any:
+    """A dataclass field with its command-line `Option` (its keyword arguments)."""
+    return field(default=default, default_factory=default_factory, metadata={"option": Option(**kwargs)})
+
+
+def option_of(f) -> Option | None:
+    return f.metadata.get("option")
+
+
+def check_options(config: Any) -> None:
+    """Check every declared option of a config dataclass against its range and choices: None is
+    the 'not given' of an optional field (default None) and is not checked."""
+    for f in fields(config):
+        opt = option_of(f)
+        if opt is None:
+            continue
+        value = getattr(config, f.name)
+        if value is None and f.default is None:
+            continue
+        if opt.range is not None:
+            opt.range.check(opt.flag, value)
+        if opt.choices is not None:
+            _require(value in opt.choices, f"unknown {opt.flag} {value!r}; choose {' or '.join(opt.choices)}")
+        if opt.check is not None:
+            opt.check(opt.flag, value)
+
+
+def check_block_size(block_size: Any, flag: str = "--block-size") -> None:
     """KV blocks hold a power of two of tokens (the kernels' tiles and vLLM's sizes are)."""
     _require(isinstance(block_size, int) and block_size >= 1 and block_size & (block_size - 1) == 0,
-             f"--block-size must be a power of two, got {block_size}")
+             f"{flag} must be a power of two, got {block_size}")
 
 
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
+DEFAULT_BUDGET = 2048  # vLLM's max_num_batched_tokens for online serving on most GPUs (vllm/engine/arg_utils.py)
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    policy: str = "chunked"  # a name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy)
-    max_num_batched_tokens: int = 2048  # the token budget of one step
-    max_num_seqs: int = 256  # requests running at once
-    max_model_len: int | None = None  # prompt + output limit; None means the model's own limit
+    # A name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy); the flag's help
+    # lists the policies (sim.app.options).
+    policy: str = option("chunked", flag="--policy", help="scheduling policy: {policies} (default: {default}), or "
+                         "your own as path/to/file.py:ClassName or package.module:ClassName (see the README)")
+    max_num_batched_tokens: int = option(DEFAULT_BUDGET, flag="--max-num-batched-tokens", range=TOKENS_PER_STEP,
+                                         metavar="N", help="token budget of one step (default: {default})")
+    max_num_seqs: int = option(256, flag="--max-num-seqs", range=SEQUENCES, metavar="N",
+                               help="most requests running at once (default: {default})")
+    max_model_len: int | None = option(None, flag="--max-model-len", range=MODEL_LEN, metavar="N",
+                                       help="longest prompt + output accepted; longer requests are rejected "
+                                            "(default: the model's max_position_embeddings)")
     # Admit a waiting request only if blocks for its whole current sequence are free, not just its
     # first chunk's (vLLM 0.33's scheduler_reserve_full_isl, default True).
-    reserve_full_isl: bool = True
+    reserve_full_isl: bool = option(True, flag="--reserve-full-isl", boolean=True,
+                                    help="admit a waiting request only if KV blocks for its whole prompt (and any "
+                                         "tokens it generated before a preemption) are free, not just its first "
+                                         "chunk's: vLLM's scheduler_reserve_full_isl (default: on)")
     # Cap of a prefill's chunk per step, in tokens; 0: no cap (vLLM's long_prefill_token_threshold).
     # vLLM lifts it in a step with only one request waiting or running.
-    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold: int = option(
+        0, flag="--long-prefill-token-threshold", range=TOKEN_CAP, metavar="N",
+        help="chunked: most prompt tokens one request computes in a step, so long prompts share the budget; 0 for "
+             "no cap (vLLM's option and default; vLLM lifts it when a single request is waiting or running)")
     # fcfs: by arrival; priority: by the trace's priority (lower first), then arrival (vLLM's policy).
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = option(
+        "fcfs", flag="--scheduling-policy", choices=SCHEDULING_POLICIES, metavar="fcfs|priority",
+        help="order of the waiting queue: fcfs (arrival) or priority (the trace's priority column, lower first, "
+             "then arrival; preemption takes the running request with the largest priority value), as vLLM's "
+             "--scheduling-policy (default: {default})")
 
     def __post_init__(self) -> None:
         _require(bool(self.policy), "--policy must not be empty")
-        _require(
-            self.max_num_batched_tokens >= 1,
-            f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}",
-        )
-        _require(self.max_num_seqs >= 1, f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        check_options(self)
         # As in vLLM: every running request must be able to get its decode token in one step.
         _require(
             self.max_num_batched_tokens >= self.max_num_seqs,
             f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be at least "
             f"--max-num-seqs ({self.max_num_seqs}), so that every running decode fits in one step",
         )
-        _require(
-            self.max_model_len is None or self.max_model_len >= 2,
-            f"--max-model-len must be at least 2, got {self.max_model_len}",
-        )
-        _require(isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0,
-                 f"--long-prefill-token-threshold must be a whole number >= 0, got {self.long_prefill_token_threshold}")
-        _require(self.scheduling_policy in SCHEDULING_POLICIES,
-                 f"unknown --scheduling-policy {self.scheduling_policy!r}; choose {' or '.join(SCHEDULING_POLICIES)}")
-
-
-# The block manager keeps a few Python objects per KV block (~60 bytes): 2**25 blocks take ~2 GB of
-# host memory. A larger cache (1e11 blocks) would fail with MemoryError long after the command started
-# (sim.app.plan.resolve refuses it, once the real backend has had its say about its own memory).
-MAX_NUM_BLOCKS = 2**25
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16  # tokens per KV block
-    num_blocks: int | None = None  # vLLM's num_gpu_blocks_override (--num-gpu-blocks); None: derived as vLLM does
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
+    block_size: int = option(16, flag="--block-size", range=BLOCK_SIZE, metavar="N",
+                             check=lambda flag, value: check_block_size(value, flag),
+                             help="tokens per KV block, a power of two (default: {default})")
+    # vLLM's num_gpu_blocks_override (--num-gpu-blocks); None: derived as vLLM does
+    num_blocks: int | None = option(None, flag="--num-gpu-blocks", aliases=("--num-blocks",), dest="num_blocks",
+                                    range=NUM_BLOCKS, metavar="N",
+                                    help="KV blocks per GPU, the figure a vLLM log prints (vLLM's "
+                                         "--num-gpu-blocks-override; default: derived as vLLM derives it, see the "
+                                         "README)")
+    gpu_memory_utilization: float = option(0.9, flag="--gpu-memory-utilization", range=MEMORY_FRACTION, metavar="F",
+                                           help="fraction of device memory for weights, activations and KV cache "
+                                                "(default: {default})")
+    enable_prefix_caching: bool = option(True, flag="--no-prefix-caching", negate=True,
+                                         help="turn prefix caching off")
 
     def __post_init__(self) -> None:
-        check_block_size(self.block_size)
-        _require(
-            self.num_blocks is None or self.num_blocks >= 1,
-            f"--num-gpu-blocks must be at least 1, got {self.num_blocks}",
-        )
-        _require(
-            0.0 < self.gpu_memory_utilization <= 1.0,
-            f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}",
-        )
+        check_options(self)
 
 
 # --slo keys, the same for replay's goodput and capacity's criterion: each limits one latency.
@@ -108,8 +290,7 @@ def parse_slo(text: str) -> dict[str, float | None]:
             values[key] = float(raw)
         except ValueError:
             raise ServesimError(f"--slo: {key} value {raw.strip()!r} is not a number") from None
-        _require(math.isfinite(values[key]) and values[key] > 0,
-                 f"--slo {key} must be a positive number of seconds, got {raw.strip()}")
+        SLO_SECONDS.check(f"--slo {key}", values[key])
     return values
 
 
@@ -128,7 +309,8 @@ class SLO:
     def __post_init__(self) -> None:
         for name in SLO_KEYS:
             value = getattr(self, name)
-            _require(value is None or value > 0, f"--slo {name} must be positive, got {value}")
+            if value is not None:
+                SLO_SECONDS.check(f"--slo {name}", value)
 
     @property
     def is_set(self) -> bool:

@@ -296,12 +296,12 @@ def test_replay_with_a_profile_predicts_with_it(standin_profile, tmp_path):
     path, profile, _, _ = standin_profile
     trace = make_trace([(0.0, 100, 3)])
     options = ReplayOptions(model="tiny", hardware="H200", profile=str(path), cache=CacheConfig(num_blocks=64))
-    result = replay(trace, options)
+    result = replay(trace, resolve(options))
     # The first step is the whole 100-token prompt: one request, 100 tokens, one logits row.
     first = predict(ModelConfig.from_preset("tiny"), profile.calibration, np.array([[100]]), np.array([[100]]), np.array([1]))
     assert result.steps.seconds[0] == pytest.approx(float(first[0]), rel=1e-12)
     # The profile alone sets the step time: any --hardware gives the same run.
-    other = replay(trace, ReplayOptions(model="tiny", hardware="A100-80GB", profile=str(path), cache=options.cache))
+    other = replay(trace, resolve(ReplayOptions(model="tiny", hardware="A100-80GB", profile=str(path), cache=options.cache)))
     assert np.array_equal(other.steps.seconds, result.steps.seconds)
     with pytest.raises(ServesimError, match="does not apply"):
         ReplayOptions(model="tiny", backend="real", profile=str(path))

@@ -128,17 +128,18 @@ def test_unreadable_files(tmp_path, capsys):
     (["--policy", "fifo"], "unknown policy 'fifo'"),
     (["--model", "gpt-5"], "unknown model 'gpt-5'"),
     (["--hardware", "TPU"], "unknown hardware 'TPU'"),
-    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1, got 0"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be a whole number from 1 to 16,777,216 tokens, got 0"),
     (["--max-num-batched-tokens", "100"], "must be at least --max-num-seqs (256)"),
     (["--block-size", "3"], "--block-size must be a power of two, got 3"),
-    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1], got 1.5"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be a number above 0 and at most 1, got 1.5"),
     (["--slo", "ttft=fast"], "--slo: ttft value 'fast' is not a number"),
     (["--slo", "latency=3"], "cannot read 'latency=3'"),
-    (["--max-model-len", "999999999"], "more than Llama-3.1-8B's max_position_embeddings"),
+    (["--max-model-len", "999999999"], "--max-model-len must be a whole number from 2 to 16,777,216 tokens, got 999,999,999"),
+    (["--max-model-len", "200000"], "more than Llama-3.1-8B's max_position_embeddings"),
     (["--model", "Llama-3.1-70B"], "do not fit"),
-    (["--backend", "magic"], "unknown backend 'magic'"),
+    (["--backend", "magic"], "unknown --backend 'magic'; choose costmodel or real"),
     (["--scheduling-policy", "lifo"], "unknown --scheduling-policy 'lifo'; choose fcfs or priority"),
-    (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be a whole number >= 0, got -1"),
+    (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be a whole number from 0 to 16,777,216 tokens, got -1"),
 ])
 def test_nonsense_options(tmp_path, capsys, args, fragment):
     trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
@@ -224,7 +225,7 @@ def test_an_unsupported_config_is_exit_2(tmp_path, capsys, change, fragment):
 def test_deployment_options_are_checked(tmp_path, capsys):
     trace = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
     expect_error(capsys, ["replay", trace, "--tp", "3"], "--tp 3 does not split model Llama-3.1-8B")
-    expect_error(capsys, ["replay", trace, "--tp", "0"], "--tp must be a whole number >= 1")
+    expect_error(capsys, ["replay", trace, "--tp", "0"], "--tp must be a whole number from 1 to 1,024 GPUs, got 0")
     expect_error(capsys, ["replay", trace, "--hardware", str(tmp_path / "nope.json")], "nope.json")
     expect_error(capsys, ["replay", trace, "--model", "Llama-3.1-70B", "--tp", "2", "--max-model-len", "131072"],
                  "cannot hold one request of --max-model-len 131072")

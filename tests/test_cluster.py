@@ -48,7 +48,7 @@ def test_two_round_robin_replicas():
     # Replica 0: t=0 R0's prompt; t=1 R0 decodes and R2's prompt (R2 done at 2); t=2 R0 decodes.
     # Replica 1 sleeps until R1 arrives at 0.5: its prompt, then one decode.
     result = replay(make_trace([(0.0, 4, 3), (0.5, 6, 2), (0.5, 3, 1)]),
-                    options(ClusterOptions(num_replicas=2)), backend=ConstantBackend(1.0))
+                    resolve(options(ClusterOptions(num_replicas=2)), backend=ConstantBackend(1.0)))
     assert steps(result) == [(0, 0.0, 4, 0), (1, 0.5, 6, 0), (0, 1.0, 3, 1), (1, 1.5, 0, 1), (0, 2.0, 0, 1)]
     assert tokens(result) == {"0": [1.0, 2.0, 3.0], "1": [1.5, 2.5], "2": [2.0]}
     assert result.replica_of.tolist() == [0, 1, 0]
@@ -66,7 +66,7 @@ def test_one_prefill_one_decode_replica():
     #            t=3.5 R1 decodes (token 2 at 4.5)
     cluster = ClusterOptions(num_prefill_replicas=1, num_decode_replicas=1, kv_transfer_latency_s=0.25,
                              kv_transfer_bandwidth_gb_s=BLOCK_BYTES / 0.25 / 1e9, decode_options="num-blocks=2")
-    result = replay(make_trace([(0.0, 4, 3), (0.5, 4, 2)]), options(cluster), backend=ConstantBackend(1.0))
+    result = replay(make_trace([(0.0, 4, 3), (0.5, 4, 2)]), resolve(options(cluster), backend=ConstantBackend(1.0)))
     # (0.25 + 458752 / (1835008.0000000002 B/s) rounds to 0.5 exactly: these times are exact.)
     assert steps(result) == [(0, 0.0, 4, 0), (0, 1.0, 4, 0), (1, 1.5, 0, 1), (1, 2.5, 0, 1), (1, 3.5, 0, 1)]
     assert tokens(result) == {"0": [1.0, 2.5, 3.5], "1": [2.0, 4.5]}
@@ -85,14 +85,14 @@ def test_one_prefill_one_decode_replica():
 
 def test_a_request_with_one_output_token_finishes_on_its_prefill_replica():
     cluster = ClusterOptions(num_prefill_replicas=1, num_decode_replicas=1)
-    result = replay(make_trace([(0.0, 4, 1)]), options(cluster), backend=ConstantBackend(1.0))
+    result = replay(make_trace([(0.0, 4, 1)]), resolve(options(cluster), backend=ConstantBackend(1.0)))
     assert tokens(result) == {"0": [1.0]}
     assert np.isnan(result.transfers["start_s"]).all() and len(result.replicas[1].steps) == 0
 
 
 def test_a_request_the_decode_replica_can_never_hold_is_rejected_when_it_arrives():
     cluster = ClusterOptions(num_prefill_replicas=1, num_decode_replicas=1, decode_options="num-blocks=1")
-    result = replay(make_trace([(0.0, 4, 3), (0.0, 2, 2)]), options(cluster), backend=ConstantBackend(1.0))
+    result = replay(make_trace([(0.0, 4, 3), (0.0, 2, 2)]), resolve(options(cluster), backend=ConstantBackend(1.0)))
     rejected, kept = result.requests
     assert rejected.reject_reason == "needs 2 KV blocks, the decode replica's whole cache has 1"
     assert tokens(result)["1"] == pytest.approx([1.0, 2.0], abs=1e-3)
@@ -114,10 +114,11 @@ def test_pools_take_their_own_options():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(num_prefill_replicas=2), "disaggregation needs both pools"),
-    (dict(num_replicas=0), "--replicas must be at least 1"),
+    (dict(num_replicas=0), "--replicas must be a whole number from 1 to 1,024 replicas, got 0"),
     (dict(num_replicas=2, num_prefill_replicas=1, num_decode_replicas=1), "counts colocated replicas"),
     (dict(num_replicas=2, kv_transfer_latency_s=0.1), "apply only with --prefill-replicas"),
-    (dict(num_prefill_replicas=1, num_decode_replicas=1, kv_transfer_bandwidth_gb_s=0.0), "must be positive"),
+    (dict(num_prefill_replicas=1, num_decode_replicas=1, kv_transfer_bandwidth_gb_s=0.0),
+     "--kv-transfer-bandwidth must be a number from 0.001 to 100000 GB/s, got 0 "),
     (dict(num_prefill_replicas=1, num_decode_replicas=1, decode_options="colour=red"), "cannot read 'colour=red'"),
     (dict(num_prefill_replicas=1, num_decode_replicas=1, prefill_options="num-blocks=many"), "not a whole number"),
 ])
@@ -205,7 +206,8 @@ def test_a_sweep_row_carries_the_load_per_replica(tmp_path):
     (["--replicas", "2", "--backend", "real"], "a cluster replays with the cost model"),
     (["--replicas", "2", "--router", "nearest"], "unknown router 'nearest'"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "policy=fifo"], "unknown policy 'fifo'"),
-    (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "tp=0"], "--tp must be a whole number >= 1"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-options", "tp=0"],
+     "--decode-options: tp must be a whole number from 1 to 1,024 GPUs, got 0"),
 ])
 def test_nonsense_cluster_options_are_one_line_errors(tmp_path, capsys, args, fragment):
     from sim.app.cli import main

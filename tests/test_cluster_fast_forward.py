@@ -15,14 +15,15 @@ from policies import POLICIES
 from policies.routers import ROUTERS
 from sim.app.cluster_options import ClusterOptions
 from sim.app.options import ReplayOptions
+from sim.app.plan import resolve
 from sim.app.replay import replay
 from sim.config import CacheConfig, SchedulerConfig
 from tests.helpers import make_trace
 
 
 def compare(trace, options):
-    fast, slow = (replay(trace, options, fast_forward=ff,
-                         backend=RooflineCostModel(ModelConfig.from_preset(options.model), HARDWARE[options.hardware]))
+    backend = RooflineCostModel(ModelConfig.from_preset(options.model), HARDWARE[options.hardware])
+    fast, slow = (replay(trace, resolve(options, backend=backend), fast_forward=ff)
                   for ff in (True, False))
     assert np.array_equal(fast.token_times, slow.token_times, equal_nan=True)
     for a, b in zip(fast.requests, slow.requests):

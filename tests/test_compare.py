@@ -15,6 +15,7 @@ from backends.costmodel import CostModel
 from backends.model_config import ModelConfig
 from backends.profile import load_profile, save_profile
 from sim.app.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison
+from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
 from tests.helpers import make_trace
@@ -52,7 +53,7 @@ def test_step_join_is_exact(setup):
     standin = StandInBackend("tiny", num_blocks=256, seed=3)
     predictor = CountingPredictor(CalibratedCostModel(ModelConfig.from_preset("tiny"), load_profile(path).calibration))
     recorder = PredictingBackend(standin, predictor)
-    result = replay(trace, measured_options, backend=recorder)
+    result = replay(trace, resolve(measured_options, backend=recorder))
     steps = join_steps(result, recorder)
     # Every executed step was measured once and predicted once, from the same batch.
     assert standin.num_executed == len(predictor.batches) == len(steps) == len(result.steps) > 10
@@ -83,10 +84,11 @@ def test_step_kinds():
 def test_compare_writes_every_error_figure_and_the_report(setup):
     folder, path, measured_options, predicted_options = setup
     trace = make_trace(ROWS)
-    comparison = compare(trace, measured_options, predicted_options,
-                         measured_backend=StandInBackend("tiny", num_blocks=256, seed=4))
+    measured = resolve(measured_options, StandInBackend("tiny", num_blocks=256, seed=4))
+    predicted = resolve(predicted_options)
+    comparison = compare(trace, measured, predicted)
     out = folder / "out"
-    figures = write_comparison(out, comparison, trace, measured_options, predicted_options,
+    figures = write_comparison(out, comparison, trace, measured, predicted,
                                {"model": "tiny", "device": "cpu", "policy": "chunked", "trace": "test"})
     for name in ("compare.json", "steps.csv", "report.html", "measured/summary.json", "predicted/summary.json",
                  "measured/steps.parquet", "predicted/requests.csv"):
@@ -126,7 +128,7 @@ def test_compare_refuses_different_kv_caches(setup):
 
     other = replace(predicted_options, cache=CacheConfig(num_blocks=128))
     with pytest.raises(ServesimError, match="same number of KV blocks"):
-        compare(make_trace(ROWS), measured_options, other, measured_backend=StandInBackend("tiny"))
+        compare(make_trace(ROWS), resolve(measured_options, StandInBackend("tiny")), resolve(other))
 
 
 def test_compare_needs_a_profile(tmp_path, capsys):

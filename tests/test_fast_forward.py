@@ -16,6 +16,7 @@ from backends.hardware import HARDWARE
 from backends.model_config import ModelConfig
 from backends.roofline import RooflineCostModel
 from policies import POLICIES
+from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
 from tests.helpers import make_trace
@@ -33,7 +34,7 @@ def compare(trace, options, hardware="H100-SXM", calibrated=False):
             return CalibratedCostModel(ModelConfig.from_preset(options.model), CALIBRATION)
         return RooflineCostModel(ModelConfig.from_preset(options.model), HARDWARE[hardware])
 
-    results = [replay(trace, options, backend=backend(), fast_forward=ff) for ff in (True, False)]
+    results = [replay(trace, resolve(options, backend=backend()), fast_forward=ff) for ff in (True, False)]
     fast, slow = results
     assert np.allclose(fast.token_times, slow.token_times, rtol=0, atol=TOLERANCE_S, equal_nan=True)
     for a, b in zip(fast.requests, slow.requests):
@@ -132,8 +133,8 @@ def test_a_run_folds_the_step_that_admitted_a_request_and_answers_stay_the_same(
     assert Engine.folds_admitting_steps and not Engine2.folds_admitting_steps
     monkeypatch.setattr(ChunkedPolicy, "decodes_all_when_none_waits", False)
     folded.clear()
-    unfolded = replay(trace, options, backend=RooflineCostModel(ModelConfig.from_preset(options.model),
-                                                                HARDWARE["H100-SXM"]))
+    unfolded = replay(trace, resolve(options, backend=RooflineCostModel(ModelConfig.from_preset(options.model),
+                                                                HARDWARE["H100-SXM"])))
     assert not folded
     for a, b in ((fast, unfolded), (fast, slow)):
         assert np.array_equal(a.token_times, b.token_times, equal_nan=True)
@@ -209,9 +210,9 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
                             cache=CacheConfig(num_blocks=6000))
     folded, through = [], []
     lengths = _count_chunk_runs(monkeypatch, folded, through)
-    fast = replay(trace, options)
+    fast = replay(trace, resolve(options))
     runs = list(lengths)
-    slow = replay(trace, options, fast_forward=False)
+    slow = replay(trace, resolve(options), fast_forward=False)
     assert len(lengths) == len(runs), "no chunk runs step by step"
     assert len(runs) > 100 and min(runs) >= 2 and sum(runs) > len(fast.steps) / 2
     # Both kinds: from a step of decodes and a chunk, and from one that ends a prompt and begins the next.
@@ -222,7 +223,7 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
 
     lengths.clear()
     monkeypatch.setattr(ChunkedPolicy, "repeats_full_chunk_steps", False)
-    _same_replays(replay(trace, options), slow)
+    _same_replays(replay(trace, resolve(options)), slow)
     assert not lengths
     monkeypatch.undo()
 
@@ -230,7 +231,7 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
     capped = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048,
                                                      long_prefill_token_threshold=1024),
                            cache=CacheConfig(num_blocks=6000))
-    _same_replays(replay(trace, capped), replay(trace, capped, fast_forward=False))
+    _same_replays(replay(trace, resolve(capped)), replay(trace, resolve(capped), fast_forward=False))
     assert not lengths
     assert ChunkedPolicy(SchedulerConfig("chunked", 2048, long_prefill_token_threshold=4096)).chunk_run_budget() == 2048
 
@@ -249,9 +250,9 @@ def test_chunk_runs_stop_where_blocks_run_short_and_preemptions_begin(monkeypatc
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=1024, reserve_full_isl=False),
                             cache=CacheConfig(num_blocks=2600))
     lengths = _count_chunk_runs(monkeypatch)
-    fast = replay(trace, options)
+    fast = replay(trace, resolve(options))
     assert len(lengths) > 20 and fast.num_preemptions > 0
-    _same_replays(fast, replay(trace, options, fast_forward=False))
+    _same_replays(fast, replay(trace, resolve(options), fast_forward=False))
 
 
 @settings(max_examples=150, deadline=None)
@@ -262,7 +263,6 @@ def test_a_chunk_runs_steps_cost_what_execute_gives_each(num_decodes, first_cont
                                                           num_steps, tp):
     """Both cost models' chunk_steps give, step by step, bitwise the seconds and parts that
     `execute` gives the same batch built by hand (decodes one token each, then the chunk)."""
-    from sim.app.plan import resolve
     from sim.batch import Batch
 
     computed = [first_context + (i * 7919) % (spread + 1) for i in range(num_decodes)]
@@ -309,16 +309,15 @@ def test_a_lone_engines_own_clock_gives_what_simpys_clock_gives_step_by_step(row
     trace = make_trace(rows)
     options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=budget, max_num_seqs=6),
                             cache=CacheConfig(block_size=4, num_blocks=num_blocks), model="Qwen3-0.6B")
-    own = replay(trace, options, fast_forward=fast_forward)
+    own = replay(trace, resolve(options), fast_forward=fast_forward)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TraceArrivals, "busy_engine_alone", False)
-        stepped = replay(trace, options, fast_forward=fast_forward)
+        stepped = replay(trace, resolve(options), fast_forward=fast_forward)
     _same_result_bitwise(own, stepped)
 
 
 def test_a_closed_loops_engine_keeps_its_own_clock_with_the_same_bench(monkeypatch):
     from sim.app.bench import BenchSpec, run_bench
-    from sim.app.plan import resolve
     from sim.arrivals import ClosedLoop
 
     spec = BenchSpec(concurrency=6, input_len=300, output_len=90, num_prompts=60, request_rate=40.0)

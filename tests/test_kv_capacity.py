@@ -81,10 +81,10 @@ def test_hardware_presets_and_files(tmp_path):
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"memory_bytes": None}, "memory_bytes must be a positive number"),
-    ({"peak_bf16_flops": "fast"}, "peak_bf16_flops must be a positive number"),
+    ({"memory_bytes": None}, "memory_bytes must be a whole number from 134,217,728 to"),
+    ({"peak_bf16_flops": "fast"}, "peak_bf16_flops must be a number from 1e+09 to 1e+18 FLOP/s, got 'fast'"),
     ({"hbm": 1}, "unknown field 'hbm'"),
-    ({"nvlink_bandwidth": -1}, "nvlink_bandwidth must be a positive number"),
+    ({"nvlink_bandwidth": -1}, "nvlink_bandwidth must be a number from 1e+08 to 1e+14 bytes/s, got -1"),
 ])
 def test_bad_hardware_files_name_the_file_and_field(tmp_path, change, message):
     spec = {"peak_bf16_flops": 1e15, "peak_fp8_flops": None, "memory_bandwidth": 2e12, "memory_bytes": 8e10,

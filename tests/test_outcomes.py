@@ -15,6 +15,7 @@ from reports.metrics import inter_token_latencies, requests_table
 from reports.outcomes import REQUEST_COLUMNS, RequestOutcomes, outcomes_from_result
 from reports.run_tables import TableWriter, read_run_table, write_table
 from sim.app.cli import main
+from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, replay
 from sim.config import SLO, CacheConfig, SchedulerConfig
 from traces import AZURE_CONV_SAMPLE, read_trace
@@ -27,7 +28,7 @@ def result():
     trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=120, max_model_len=None)
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_model_len=2600),
                             cache=CacheConfig(num_blocks=400))
-    run = replay(trace, options)
+    run = replay(trace, resolve(options))
     assert run.num_preemptions > 0 and {r.status.value for r in run.requests} == {"finished", "rejected"}
     return run
 
@@ -179,14 +180,14 @@ def test_steps_table_formats(tmp_path):
 
 @pytest.mark.parametrize("steps,requests", [("parquet", "csv"), ("csv", "parquet")])
 def test_a_streamed_replay_writes_the_files_of_an_in_memory_one(tmp_path, steps, requests):
-    from sim.app.plan import resolve
     from sim.app.replay import replay_to, write_run
 
     trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=150, max_model_len=None)
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_model_len=2600),
                             cache=CacheConfig(num_blocks=400), slo=SLO(ttft=1.0))
     streamed = replay_to(tmp_path / "streamed", trace, resolve(options), steps, requests, step_batch_rows=37)
-    kept = write_run(tmp_path / "kept", replay(trace, options), options, trace, steps=steps, requests=requests,
+    plan = resolve(options)
+    kept = write_run(tmp_path / "kept", replay(trace, plan), plan, trace, steps=steps, requests=requests,
                      step_batch_rows=37)
     assert streamed == kept and streamed["preemptions"] > 0 and streamed["rejected"] > 0
     names = sorted(p.name for p in (tmp_path / "kept").iterdir())

@@ -13,6 +13,7 @@ from backends.real import RealBackend  # noqa: E402
 from backends.real.reference import dense_logits  # noqa: E402
 from reports.run_tables import read_run_table  # noqa: E402
 from sim.app.cli import main  # noqa: E402
+from sim.app.plan import resolve  # noqa: E402
 from sim.app.replay import ReplayOptions, replay  # noqa: E402
 from sim.config import CacheConfig, SchedulerConfig  # noqa: E402
 from sim.request import Status  # noqa: E402
@@ -67,7 +68,7 @@ def test_generated_tokens_are_the_models_greedy_continuation(tmp_path):
     backend = RealBackend("tiny", block_size=8, num_blocks=14, seed=3)
     trace_file = tmp_path / "at_once.csv"
     trace_file.write_text(AT_ONCE)
-    result = replay(read_trace(trace_file), options, backend=backend)
+    result = replay(read_trace(trace_file), resolve(options, backend=backend))
     assert result.num_preemptions > 0
     for r in result.requests:
         assert r.status is Status.FINISHED
@@ -81,7 +82,7 @@ def test_generated_tokens_are_the_models_greedy_continuation(tmp_path):
 def test_replay_sizes_the_block_manager_from_the_backend(trace_file):
     backend = RealBackend("tiny", block_size=16, num_blocks=40)
     options = ReplayOptions(model="tiny", backend="real", cache=CacheConfig(16, None))
-    result = replay(read_trace(trace_file), options, backend=backend)
+    result = replay(read_trace(trace_file), resolve(options, backend=backend))
     assert max(result.steps.num_kv_blocks_used) <= 40
     assert all(r.status is Status.FINISHED for r in result.requests)
 
@@ -112,7 +113,7 @@ def test_prefix_cache_hits_read_the_blocks_another_request_wrote(tmp_path):
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", 16, 4), cache=CacheConfig(4, 40),
                             model="tiny", backend="real", seed=1)
     backend = RealBackend("tiny", block_size=4, num_blocks=40, seed=1)
-    result = replay(read_trace(path), options, backend=backend)
+    result = replay(read_trace(path), resolve(options, backend=backend))
     assert result.num_prefix_hit_tokens >= 24 + 16
     for r in result.requests:
         ids = r.token_ids(0, r.num_prompt_tokens + r.max_tokens, backend.runner.token_spec)

@@ -80,7 +80,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     cases = [
         (["--model", "Llama-3.1-70B"], "too large for this machine's memory"),
         (["--model", "tiny", "--weights", str(tmp_path / "nowhere")], "not a folder"),
-        (["--model", "tiny", "--num-blocks", str(10**9)], "--num-blocks 1000000000 needs"),
+        (["--model", "tiny", "--num-blocks", str(2**25)], "--num-blocks 33554432 needs"),  # in range, too big here
+        (["--model", "tiny", "--num-blocks", str(10**9)], "--num-gpu-blocks must be a whole number from 1 to "
+                                                          "33,554,432 blocks, got 1,000,000,000"),
     ]
     if not torch.cuda.is_available():
         cases.append((["--model", "tiny", "--device", "cuda"], "sees no CUDA GPU"))

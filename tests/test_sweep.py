@@ -110,7 +110,7 @@ def test_resume_refuses_a_table_of_other_options(tmp_path, capsys):
     (["--seed", "1,1"], "--seed: '1' is listed twice"),
     (["--seed", "-1"], "--seed: '-1' must not be negative"),
     (["--model", "GPT-9"], "GPT-9"),
-    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--jobs", "0"], "--jobs must be a whole number from 1 to 4,096 processes, got 0"),
     (["--address", "auto"], "--address is the Ray cluster's"),
 ])
 def test_bad_grids_are_one_line_errors(tmp_path, capsys, args, fragment):

@@ -9,6 +9,7 @@ Token budget 8, block size 4, plenty of blocks.
 import numpy as np
 import pytest
 
+from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
 from tests.helpers import ConstantBackend, make_trace
@@ -20,7 +21,7 @@ def run(policy):
     options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=8, max_num_seqs=4),
                             cache=CacheConfig(block_size=4, num_blocks=64))
     backend = ConstantBackend(1.0)
-    result = replay(make_trace(TRACE), options, backend=backend)
+    result = replay(make_trace(TRACE), resolve(options, backend=backend))
     tokens = {r.request_id: result.tokens_of(i).tolist() for i, r in enumerate(result.requests)}
     steps = list(zip(result.steps.start_s, result.steps.num_prefill_tokens, result.steps.num_decode_tokens))
     return result, tokens, steps

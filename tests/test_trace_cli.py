@@ -98,7 +98,7 @@ def test_replay_help_lists_trace_options(capsys):
 
 @pytest.mark.parametrize("args,fragment", [
     (["trace", "stats", AZURE_CONV_SAMPLE, "--time-window", "5"], "--time-window must be START:END"),
-    (["trace", "stats", AZURE_CONV_SAMPLE, "--rate-scale", "0"], "--rate-scale must be a positive number, got 0"),
+    (["trace", "stats", AZURE_CONV_SAMPLE, "--rate-scale", "0"], "--rate-scale must be a number from 1e-06 to 1e+06, got 0 "),
     (["trace", "stats", AZURE_CONV_SAMPLE, "--rate-scale", "2", "--target-rate", "3"], "not both"),
     (["trace", "stats", AZURE_CONV_SAMPLE, "--on-too-long", "truncate"], "needs --max-model-len"),
     (["trace", "stats", AZURE_CONV_SAMPLE, "--model-filter", "GPT-4"], "applies to BurstGPT traces only"),
@@ -106,7 +106,7 @@ def test_replay_help_lists_trace_options(capsys):
     (["trace", "stats", "nope.csv"], "nope.csv: no such file"),
     (["trace", "synth", "x.csv", "--prompt-len", "gauss:3"], "--prompt-len: cannot read 'gauss:3'"),
     (["trace", "synth", "x.csv", "--cv", "2"], "--cv applies to gamma arrivals"),
-    (["replay", AZURE_CONV_SAMPLE, "--limit", "0"], "--limit must be at least 1, got 0"),
+    (["replay", AZURE_CONV_SAMPLE, "--limit", "0"], "--limit must be a whole number from 1 to 10,000,000, got 0"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, fragment):
     expect_error(capsys, args, fragment)

@@ -207,7 +207,8 @@ def test_a_field_too_many_is_named_not_warned(tmp_path, capfd, rows, line):
 
 def test_synth_hash_block_tokens_0_exits_2(tmp_path, capsys):
     assert run("trace", "synth", tmp_path / "s.csv", "--hash-block-tokens", 0) == 2
-    assert one_error_line(capsys) == "sim: error: --hash-block-tokens must be at least 1, got 0\n"
+    assert one_error_line(capsys).startswith("sim: error: --hash-block-tokens must be a whole number from 1 to 65,536 "
+                                             "tokens, got 0 (")
     assert not (tmp_path / "s.csv").exists()
 
 
@@ -262,8 +263,8 @@ def test_convert_writes_gzip_through_a_temporary_file(tmp_path, capsys):
 
 def test_rate_scale_that_would_overflow_the_span_is_refused(capsys):
     assert run("trace", "stats", AZURE_CONV_SAMPLE, "--rate-scale", "1e-300") == 2
-    assert one_error_line(capsys) == ("sim: error: rate scale 1e-300 stretches the trace's 299.884 s to 3e+302 s, "
-                                      "more than 1e+09 s\n")
+    assert one_error_line(capsys).startswith("sim: error: --rate-scale must be a number from 1e-06 to 1e+06, got "
+                                             "1e-300 (")
 
 
 def _umask() -> int:

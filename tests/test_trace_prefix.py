@@ -9,6 +9,7 @@ import numpy as np
 
 from backends.model_config import ModelConfig
 from sim.app.cli import main
+from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, make_requests, replay, write_run
 from sim.config import CacheConfig, SchedulerConfig
 from sim.tokens import TokenSpec
@@ -35,22 +36,22 @@ HAND_MADE = [
 
 def test_hand_made_trace_has_the_hit_rate_computed_by_hand(tmp_path):
     trace = make_trace([r for r, _, _ in HAND_MADE], hash_ids=[h for _, h, _ in HAND_MADE], hash_block_tokens=16)
-    result = replay(trace, options(), backend=ConstantBackend(0.001))
+    result = replay(trace, resolve(options(), backend=ConstantBackend(0.001)))
     assert [r.num_prefix_hit_tokens for r in result.requests] == [hit for _, _, hit in HAND_MADE]
     assert result.num_prefix_queried_tokens == 64 + 64 + 80 + 40 + 40
     assert result.num_prefix_hit_tokens == 112
-    summary = write_run(tmp_path / "run", result, options(), trace)
+    summary = write_run(tmp_path / "run", result, resolve(options(), build_backend=False), trace)
     assert summary["prefix_cache_hit_rate"] == 112 / 288
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["prefix_cache_hit_rate"] == 112 / 288
 
-    off = replay(trace, options(enable_prefix_caching=False), backend=ConstantBackend(0.001))
+    off = replay(trace, resolve(options(enable_prefix_caching=False), backend=ConstantBackend(0.001)))
     assert off.num_prefix_hit_tokens == 0 and all(r.num_prefix_hit_tokens == 0 for r in off.requests)
 
 
 def test_hash_blocks_larger_than_kv_blocks():
     # Hash blocks of 32 tokens hold two KV blocks each: b shares the first hash block with a (32 tokens).
     trace = make_trace([(0, 64, 2), (10, 48, 2)], hash_ids=[[5, 6], [5, 8]], hash_block_tokens=32)
-    result = replay(trace, options(), backend=ConstantBackend(0.001))
+    result = replay(trace, resolve(options(), backend=ConstantBackend(0.001)))
     assert [r.num_prefix_hit_tokens for r in result.requests] == [0, 32]
 
 

@@ -19,6 +19,7 @@ from reports.outcomes import outcomes_from_result
 from sim.app.capacity import CapacitySLO
 from sim.app.cli import main
 from sim.app.options import ReplayOptions
+from sim.app.plan import resolve
 from sim.app.replay import replay
 from sim.config import SLO, SLO_KEYS, SchedulerConfig
 from tests.helpers import ConstantBackend, make_trace
@@ -51,9 +52,9 @@ def test_replay_of_1e30_tokens_is_exit_2_naming_the_line(tmp_path, capsys):
 
 def test_num_blocks_1e11_is_exit_2(tmp_path, capsys):
     assert sim("replay", *SMALL, "--num-blocks", 10**11, "--out", tmp_path / "run") == 2
-    assert one_error_line(capsys) == ("--num-blocks 100000000000 is more KV blocks than servesim can simulate (at "
-                                      "most 33,554,432; each takes about 60 bytes of host memory); a larger "
-                                      "--block-size needs fewer")
+    assert one_error_line(capsys) == ("--num-gpu-blocks must be a whole number from 1 to 33,554,432 blocks, got "
+                                      "100,000,000,000 (each KV block takes about 60 bytes of host memory: 33,554,432 "
+                                      "take 2 GB; a larger --block-size needs fewer)")
 
 
 def test_a_corrupt_safetensors_file_is_exit_2_naming_it(tmp_path, capsys):
@@ -140,7 +141,7 @@ def test_goodput_with_tbt_and_delay_limits():
     # 0.1 s; their scheduling delays are 0 and 0.3 s.
     trace = make_trace([(0.0, 10, 3), (0.0, 10, 3)])
     options = ReplayOptions(scheduler=SchedulerConfig("chunked", 64, 1), model="tiny")
-    result = replay(trace, options, backend=ConstantBackend(0.1))
+    result = replay(trace, resolve(options, backend=ConstantBackend(0.1)))
     requests = requests_table(result)
     assert requests["scheduling_delay_s"].tolist() == pytest.approx([0.0, 0.3])
     for text, attainment in (("tbt=0.11", 1.0), ("tbt=0.09", 0.0), ("delay=0.2", 0.5), ("tbt=0.11,delay=0.31", 1.0)):

@@ -74,7 +74,7 @@ def test_a_subclass_overriding_schedule_decodes_is_called_as_before():
 
     trace = apply(read_trace(AZURE_CONV_SAMPLE), num_requests=60)
     options = ReplayOptions(scheduler=SchedulerConfig("chunked"), cache=CacheConfig(num_blocks=3000))
-    plain = replay(trace, options)
+    plain = replay(trace, resolve(options))
     counted = replay(trace, replace(resolve(options), policy=Counting))
     assert len(calls) > 100 and max(calls) > 1
     assert np.array_equal(counted.token_times, plain.token_times, equal_nan=True)

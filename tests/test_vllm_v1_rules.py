@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
 from tests.helpers import ConstantBackend, make_trace
@@ -19,7 +20,7 @@ def run(rows, num_blocks, budget, max_num_seqs=4, block_size=16, caching=True, h
     trace = make_trace(rows, hash_ids, hash_block_tokens)
     if priority is not None:
         trace.priority = np.asarray(priority, dtype=np.int64)
-    result = replay(trace, options, backend=ConstantBackend(1.0))
+    result = replay(trace, resolve(options, backend=ConstantBackend(1.0)))
     steps = list(zip(result.steps.num_prefill_tokens.tolist(), result.steps.num_decode_tokens.tolist(),
                      result.steps.num_preemptions.tolist()))
     return result, steps

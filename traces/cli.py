@@ -12,7 +12,8 @@ FORMAT_HELP = ("trace format: canonical, azure (2023 and 2024), mooncake, burstg
 
 
 def whole_number(text: str) -> int:
-    """argparse type for counts (of every command); their ranges are checked where they are used."""
+    """A plain whole number. A flag's type is its range's (sim.config.Range.flag_type), which parses
+    and checks it; tests/test_options.py refuses a flag of this type."""
     try:
         return int(text)
     except ValueError:
@@ -27,17 +28,20 @@ def number(text: str) -> float:
 
 
 def add_trace_options(p: argparse.ArgumentParser) -> None:
-    """Reading options and workload transforms (applied in this order: window, limit, rate, too-long)."""
+    """Reading options and workload transforms (applied in this order: window, limit, rate, too-long);
+    their numbers checked against sim.config's physical ranges."""
+    from sim.config import COUNT, RATE_SCALE, REQUEST_RATE
+
     p.add_argument("--format", default=None, metavar="NAME", help=FORMAT_HELP)
     p.add_argument("--model-filter", default=None, metavar="MODEL",
                    help="BurstGPT: keep only the requests of this model (e.g. ChatGPT or GPT-4)")
     p.add_argument("--time-window", default=None, metavar="START:END",
                    help="keep requests arriving in [START, END) seconds from the first arrival; either may be "
                         "empty (e.g. 600:1200 or :300)")
-    p.add_argument("--limit", type=whole_number, default=None, metavar="N", help="keep the first N requests")
-    p.add_argument("--rate-scale", type=number, default=None, metavar="X",
+    p.add_argument("--limit", type=COUNT.flag_type("--limit"), default=None, metavar="N", help="keep the first N requests")
+    p.add_argument("--rate-scale", type=RATE_SCALE.flag_type("--rate-scale"), default=None, metavar="X",
                    help="divide arrival times by X (2 doubles the request rate)")
-    p.add_argument("--target-rate", type=number, default=None, metavar="R",
+    p.add_argument("--target-rate", type=REQUEST_RATE.flag_type("--target-rate"), default=None, metavar="R",
                    help="stretch or compress arrivals to a mean rate of R requests/s")
     p.add_argument("--on-too-long", choices=("reject", "truncate"), default="reject",
                    help="requests longer than --max-model-len: reject them (the engine's default) or truncate "

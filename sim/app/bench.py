@@ -126,6 +126,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          discard_on_failure=True) as folder:
         warn(folder.took_over)
         plan = resolve(options)
+        for message in plan.warnings():  # a capped KV cache
+            warn(message)
         out = folder.folder
         progress = Progress.for_replay(spec.num_prompts, quiet=args.quiet)
         started = time.perf_counter()
@@ -143,24 +145,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from sim.app.cli import add_replay_options, whole_number
+    from sim.app.cli import add_replay_options
+    from sim.app.options import add_output_options
+    from sim.config import COUNT, REQUEST_RATE_OR_INF, REQUEST_TOKENS, SEQUENCES
 
     p = sub.add_parser(
         "bench", help="a closed-loop benchmark, as vllm bench serve --max-concurrency runs it",
         description="C clients send N fixed-length prompts of random tokens, each its next when its previous "
                     "one finishes (with --request-rate, sends are also paced by a Poisson process), and the "
                     "run is reported as vllm bench serve reports it. Writes a run folder like sim replay.")
-    p.add_argument("--concurrency", type=whole_number, required=True, metavar="C",
+    p.add_argument("--concurrency", type=SEQUENCES.flag_type("--concurrency"), required=True, metavar="C",
                    help="most requests in flight (vllm bench's --max-concurrency)")
-    p.add_argument("--input-len", type=whole_number, required=True, metavar="I", help="prompt tokens per request")
-    p.add_argument("--output-len", type=whole_number, required=True, metavar="O", help="output tokens per request")
-    p.add_argument("--num-prompts", type=whole_number, required=True, metavar="N", help="requests sent in all")
-    p.add_argument("--request-rate", type=float, default=math.inf, metavar="R",
+    p.add_argument("--input-len", type=REQUEST_TOKENS.flag_type("--input-len"), required=True, metavar="I",
+                   help="prompt tokens per request")
+    p.add_argument("--output-len", type=REQUEST_TOKENS.flag_type("--output-len"), required=True, metavar="O",
+                   help="output tokens per request")
+    p.add_argument("--num-prompts", type=COUNT.flag_type("--num-prompts"), required=True, metavar="N", help="requests sent in all")
+    p.add_argument("--request-rate", type=REQUEST_RATE_OR_INF.flag_type("--request-rate"), default=math.inf, metavar="R",
                    help="requests created per second, on a Poisson schedule (default: inf, all at once)")
     add_replay_options(p)
-    p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
-    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a run")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_output_options(p)
     p.add_argument("--no-fast-forward", action="store_true",
                    help="simulate every decode step one by one (same results, slower; for checking)")
     p.set_defaults(func=cmd_bench)

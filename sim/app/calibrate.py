@@ -67,6 +67,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
+    from sim.config import BLOCK_SIZE, NUM_BLOCKS, REPEATS, SEED, TENSOR_PARALLEL, WARMUP_RUNS
+
     p = subparsers.add_parser(
         "calibrate", help="fit a cost-model profile on the real backend, or derive one from operator tables",
         description="Run a grid of batch shapes (decode, prefill chunks, mixed) on the real backend, keep the "
@@ -84,7 +86,8 @@ def register(subparsers) -> None:
     p.add_argument("--hardware", default=None, metavar="NAME|FILE.json",
                    help="with --from-ops: the GPU the tables were measured on (its NVLink bandwidth prices "
                         "large all-reduces; needed for --tp > 1)")
-    p.add_argument("--tp", type=int, default=1, metavar="N", help="with --from-ops: tensor parallelism (default: 1)")
+    p.add_argument("--tp", type=TENSOR_PARALLEL.flag_type("--tp"), default=1, metavar="N",
+                   help="with --from-ops: tensor parallelism (default: 1)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"), help="with --from-ops: weights (default: bf16)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                    help="with --from-ops: KV cache (default: auto, bf16)")
@@ -94,15 +97,17 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace --out (and its .csv) if they exist")
     p.add_argument("--grid", default=None, choices=list(GRIDS),
                    help="grid of shapes (default: cpu on a CPU, full on a GPU; small for a quick look)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N", help="unmeasured runs per shape (default: 2)")
-    p.add_argument("--repeats", type=int, default=5, metavar="N",
+    p.add_argument("--warmup", type=WARMUP_RUNS.flag_type("--warmup"), default=2, metavar="N",
+                   help="unmeasured runs per shape (default: 2)")
+    p.add_argument("--repeats", type=REPEATS.flag_type("--repeats"), default=5, metavar="N",
                    help="measured runs per shape; the median is fitted (default: 5)")
-    p.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block (default: 16)")
-    p.add_argument("--num-blocks", type=int, default=None, metavar="N",
+    p.add_argument("--block-size", type=BLOCK_SIZE.flag_type("--block-size"), default=16, metavar="N",
+                   help="tokens per KV block (default: 16)")
+    p.add_argument("--num-blocks", type=NUM_BLOCKS.flag_type("--num-blocks"), default=None, metavar="N",
                    help="KV blocks to allocate (default: on a CPU, what the largest shape needs; on a GPU, "
                         "derived from its memory); shapes that need more are skipped")
     p.add_argument("--weights", default=None, help="local safetensors weights (default: random, seeded)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, token ids and block ids (default: 0)")
+    p.add_argument("--seed", type=SEED.flag_type("--seed"), default=0, help="seed of weights, token ids and block ids (default: 0)")
     p.add_argument("--clock", default="wall", choices=CLOCKS,
                    help="wall: the backend's own timing (default); thread: the CPU time of the calling thread, "
                         "for a CPU shared with other processes (--device cpu only)")

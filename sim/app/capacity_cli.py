@@ -26,6 +26,7 @@ from sim.errors import ServesimError
 
 def register(sub) -> None:
     from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
+    from sim.config import OPEN_FRACTION, RATE_SCALE
 
     p = sub.add_parser(
         "capacity", conflict_handler="resolve",
@@ -40,15 +41,15 @@ def register(sub) -> None:
     p.add_argument("--slo", default=None, metavar="tbt=S[,ttft=S,tpot=S,e2e=S,delay=S]",
                    help="limits in seconds: tbt (time between tokens), ttft, tpot, e2e at --quantile, and delay "
                         "(scheduling delay, default 2; delay=none drops it) at --delay-quantile")
-    p.add_argument("--quantile", type=float, default=0.99, metavar="Q",
+    p.add_argument("--quantile", type=OPEN_FRACTION.flag_type("--quantile"), default=0.99, metavar="Q",
                    help="quantile of tbt, ttft, tpot and e2e held to the SLO (default: 0.99)")
-    p.add_argument("--delay-quantile", type=float, default=0.5, metavar="Q",
+    p.add_argument("--delay-quantile", type=OPEN_FRACTION.flag_type("--delay-quantile"), default=0.5, metavar="Q",
                    help="quantile of the scheduling delay held to its limit (default: 0.5, the median)")
-    p.add_argument("--min-rate-scale", type=float, default=1 / 64, metavar="X",
+    p.add_argument("--min-rate-scale", type=RATE_SCALE.flag_type("--min-rate-scale"), default=1 / 64, metavar="X",
                    help="lowest rate scale tried (default: 1/64)")
-    p.add_argument("--max-rate-scale", type=float, default=64.0, metavar="X",
+    p.add_argument("--max-rate-scale", type=RATE_SCALE.flag_type("--max-rate-scale"), default=64.0, metavar="X",
                    help="highest rate scale tried (default: 64)")
-    p.add_argument("--tolerance", type=float, default=0.02, metavar="F",
+    p.add_argument("--tolerance", type=OPEN_FRACTION.flag_type("--tolerance"), default=0.02, metavar="F",
                    help="stop when the highest passing and lowest failing scale are within this fraction "
                         "(default: 0.02)")
     add_run_options(p, "capacity")

@@ -11,128 +11,24 @@ import time
 from datetime import datetime, timezone
 
 from sim.errors import ServesimError
-from traces.cli import add_trace_options, whole_number
+from traces.cli import add_trace_options
 
 DEFAULT_TRACE_HELP = "the bundled Azure conversation sample is traces/samples/azure_conv_2023_first5min.csv"
 
 
 def add_replay_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that replays a trace."""
-    from backends.hardware import HARDWARE
-    from backends.presets import MODELS
-    from policies import POLICIES
+    """Options shared by every command that replays a trace: the trace's (traces/cli.py) and every
+    field of ReplayOptions, generated from the dataclasses (sim/app/options.py)."""
+    from sim.app.options import add_replay_flags
 
     add_trace_options(p)  # --format, --model-filter and the workload transforms
-    p.add_argument("--policy", default="chunked",
-                   help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked), or your own as "
-                        "path/to/file.py:ClassName or package.module:ClassName (see the README)")
-    p.add_argument("--model", default="Llama-3.1-8B", metavar="NAME|CONFIG",
-                   help=f"model preset ({', '.join(MODELS)}) or a Hugging Face config.json, or a folder holding "
-                        "one: dense Llama, Mistral, Qwen2, Qwen3; Qwen3-MoE, Mixtral, DeepSeek-V3/R1, Kimi K2, gpt-oss, "
-                        "MiniMax-M2, Gemma 2/3 (docs/moe.md; default: Llama-3.1-8B)")
-    p.add_argument("--hardware", default="H100-SXM", metavar="NAME|FILE.json",
-                   help=f"hardware preset ({', '.join(HARDWARE)}) or a JSON file with its fields (see the README; "
-                        "default: H100-SXM)")
-    p.add_argument("--tp", type=whole_number, default=1, metavar="N",
-                   help="tensor parallelism: GPUs per engine, joined by NVLink (default: 1)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"),
-                   help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak (default: bf16)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
-                   help="the KV cache's dtype: auto (bf16) or fp8, half the bytes per block (default: auto)")
-    p.add_argument("--enable-expert-parallel", action="store_true",
-                   help="a mixture-of-experts model's experts split whole over the --tp GPUs, as vLLM's flag "
-                        "(default: each expert split by TP)")
-    p.add_argument("--backend", default="costmodel",
-                   help="step-time backend: costmodel (default) or real (runs every step through a real model)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                   help="the real backend's device (default: cpu)")
-    p.add_argument("--weights", default=None, metavar="DIR",
-                   help="the real backend's weights: a local safetensors folder with Hugging Face tensor names "
-                        "matching --model (default: random weights, seeded by --seed)")
-    p.add_argument("--max-num-batched-tokens", type=whole_number, default=2048, metavar="N",
-                   help="token budget of one step (default: 2048)")
-    p.add_argument("--max-num-seqs", type=whole_number, default=256, metavar="N",
-                   help="most requests running at once (default: 256)")
-    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N",
-                   help="longest prompt + output accepted; longer requests are rejected "
-                        "(default: the model's max_position_embeddings)")
-    p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
-                   help="admit a waiting request only if KV blocks for its whole prompt (and any tokens it "
-                        "generated before a preemption) are free, not just its first chunk's: vLLM's "
-                        "scheduler_reserve_full_isl (default: on)")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
-                   help="chunked: most prompt tokens one request computes in a step, so long prompts share "
-                        "the budget; 0 for no cap (vLLM's option and default; vLLM lifts it when a single "
-                        "request is waiting or running)")
-    p.add_argument("--scheduling-policy", default="fcfs", metavar="fcfs|priority",
-                   help="order of the waiting queue: fcfs (arrival) or priority (the trace's priority column, "
-                        "lower first, then arrival; preemption takes the running request with the largest "
-                        "priority value), as vLLM's --scheduling-policy (default: fcfs)")
-    p.add_argument("--block-size", type=whole_number, default=16, metavar="N",
-                   help="tokens per KV block, a power of two (default: 16)")
-    p.add_argument("--num-gpu-blocks", "--num-blocks", dest="num_blocks", type=whole_number, default=None,
-                   metavar="N", help="KV blocks per GPU, the figure a vLLM log prints (vLLM's "
-                                     "--num-gpu-blocks-override; default: derived as vLLM derives it, see the README)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
-                   help="fraction of device memory for weights, activations and KV cache (default: 0.9)")
-    p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
-    p.add_argument("--seed", type=whole_number, default=0, help="seed of the synthetic token ids (default: 0)")
-    p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S,tbt=S,delay=S",
-                   help="service-level objectives in seconds, for goodput: a request counts when its TTFT, TPOT, "
-                        "E2E latency, every gap between its tokens (tbt) and its scheduling delay are within "
-                        "those given (the keys of sim capacity's --slo)")
-    p.add_argument("--profile", default=None, metavar="PROFILE.json|roofline",
-                   help="cost-model profile from `sim calibrate` (fitted, e.g. profiles/tiny-cpu.json, or derived "
-                        "from operator tables with --from-ops); roofline: the datasheet roofline (default: the "
-                        "operator-table profile in profiles/ops/ matching the model, hardware, --tp and dtypes, "
-                        "else the roofline)")
-    add_cluster_options(p)
-
-
-def add_cluster_options(p: argparse.ArgumentParser) -> None:
-    from policies.routers import ROUTERS
-    from sim.app.cluster_options import POOL_OPTIONS
-
-    g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (see the README)")
-    g.add_argument("--replicas", type=whole_number, default=1, metavar="N",
-                   help="colocated replicas, each an engine with its own policy and KV cache (default: 1)")
-    g.add_argument("--router", default="round-robin",
-                   help=f"which replica takes each request: {', '.join(ROUTERS)} (default: round-robin), or your "
-                        "own as path/to/file.py:ClassName")
-    g.add_argument("--prefill-replicas", type=whole_number, default=0, metavar="P",
-                   help="disaggregated: replicas that prefill and emit the first token")
-    g.add_argument("--decode-replicas", type=whole_number, default=0, metavar="D",
-                   help="disaggregated: replicas that decode once a request's KV blocks have arrived")
-    g.add_argument("--kv-transfer-bandwidth", type=float, default=None, metavar="GB/S",
-                   help="KV link bandwidth per transfer (default: 450 GB/s, NVLink-class, when the pools' GPUs fit "
-                        "in one 8-GPU node; 50 GB/s, RDMA-class, across nodes)")
-    g.add_argument("--kv-transfer-latency", type=float, default=None, metavar="S",
-                   help="KV link setup time per transfer (default: 5e-6 s inside a node, 2e-5 s across nodes)")
-    for pool in ("prefill", "decode"):
-        g.add_argument(f"--{pool}-options", default="", metavar="KEY=VALUE,...",
-                       help=f"the {pool} pool's own settings, KEY one of {', '.join(POOL_OPTIONS)}")
+    add_replay_flags(p)
 
 
 def options_from_args(args: argparse.Namespace):
-    from sim.app.cluster_options import ClusterOptions
-    from sim.app.options import ReplayOptions
-    from sim.config import SLO, CacheConfig, SchedulerConfig
+    from sim.app.options import options_from_args
 
-    return ReplayOptions(
-        scheduler=SchedulerConfig(args.policy, args.max_num_batched_tokens, args.max_num_seqs, args.max_model_len,
-                                  reserve_full_isl=args.reserve_full_isl,
-                                  long_prefill_token_threshold=args.long_prefill_token_threshold,
-                                  scheduling_policy=args.scheduling_policy),
-        cache=CacheConfig(args.block_size, args.num_blocks, args.gpu_memory_utilization, not args.no_prefix_caching),
-        model=args.model, hardware=args.hardware, tp=args.tp, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-        enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
-        backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
-        device=args.device, weights=args.weights,
-        profile=args.profile,
-        cluster=ClusterOptions(args.replicas, args.router, args.prefill_replicas, args.decode_replicas,
-                               args.kv_transfer_bandwidth, args.kv_transfer_latency, args.prefill_options,
-                               args.decode_options),
-    )
+    return options_from_args(args)
 
 
 def run_stamp() -> str:
@@ -159,6 +55,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                          discard_on_failure=True) as folder:
         warn(folder.took_over)
         plan = resolve(options)
+        for message in plan.warnings():
+            warn(message)
         trace = load_trace(args.trace, args, plan.max_model_len)
         progress = Progress.for_replay(len(trace), quiet=args.quiet)
         started = time.perf_counter()
@@ -200,6 +98,8 @@ def describe(plan) -> str:
         where = f"{gpus}{plan.hardware.name} (costmodel, {options.dtype}"
         where += (", fp8 KV cache)" if options.kv_cache_dtype == "fp8" else ")")
     text = f"{plan.model.name} on {where}, {plan.num_blocks} KV blocks"
+    if plan.kv is not None and plan.kv.capped_from is not None:
+        text += f" (capped from {plan.kv.capped_from})"
     return text + (f", profile {options.profile}" if options.profile else "")
 
 
@@ -234,6 +134,8 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
     """The `sim` parser; without `all_commands`, only the commands defined here (replay, models,
     hardware), which parse their own arguments exactly as in the whole parser."""
+    from sim.app.options import add_output_options
+
     parser = argparse.ArgumentParser(prog="sim", description="servesim: replay LLM-serving traces through "
                                      "scheduling policies, with predicted or measured step times.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -246,9 +148,7 @@ def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
     p.add_argument("trace", help="trace file: canonical CSV, Azure 2023/2024, Mooncake JSONL, BurstGPT or "
                                    f"Vidur CSV, gzip too; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
-    p.add_argument("--out", default=None, help="run folder to write (default: a new folder under runs/)")
-    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a run")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_output_options(p)
     p.add_argument("--no-fast-forward", action="store_true",
                    help="simulate every decode step one by one (same results, slower; for checking)")
     p.add_argument("--steps", choices=("parquet", "csv", "none"), default="parquet",
@@ -292,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     # A command of this module needs none of the others' modules (their imports are most of a
     # replay's start-up but for pandas): a parser without them parses its arguments the same.
     parser = build_parser(all_commands=command not in (["replay"], ["models"], ["hardware"]))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except ServesimError as e:  # a number out of its range (sim.config.Range.flag_type)
+        print(f"sim: error: {e}", file=sys.stderr)
+        return 2
     previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
     # A replay makes hundreds of thousands of objects that live for a while (requests, their token
     # times): at Python's default first threshold (700 new objects) the cyclic collector ran 250

@@ -17,6 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from sim.config import (
+    LINK_BANDWIDTH_GB_S,
+    LINK_LATENCY_S,
+    POOL_REPLICAS,
+    REPLICAS,
+    CacheConfig,
+    Range,
+    SchedulerConfig,
+    check_options,
+    option,
+)
 from sim.disagg import KVLink
 from sim.errors import ServesimError
 
@@ -28,21 +39,24 @@ NVLINK_BANDWIDTH_GB_S, NVLINK_LATENCY_S = 450.0, 5e-6
 RDMA_BANDWIDTH_GB_S, RDMA_LATENCY_S = 50.0, 2e-5
 
 # What a pool may set for itself (--prefill-options / --decode-options KEY=VALUE,...), named as the
-# replay flags are: the options part that holds it, its field, its type.
-POOL_OPTIONS: dict[str, tuple[str | None, str, type]] = {
-    "policy": ("scheduler", "policy", str),
-    "max-num-batched-tokens": ("scheduler", "max_num_batched_tokens", int),
-    "max-num-seqs": ("scheduler", "max_num_seqs", int),
-    "num-gpu-blocks": ("cache", "num_blocks", int),
-    "num-blocks": ("cache", "num_blocks", int),  # the replay flag's other name
-    "block-size": ("cache", "block_size", int),
-    "gpu-memory-utilization": ("cache", "gpu_memory_utilization", float),
-    "hardware": (None, "hardware", str),
-    "tp": (None, "tp", int),
-    "dtype": (None, "dtype", str),
-    "kv-cache-dtype": (None, "kv_cache_dtype", str),
-    "profile": (None, "profile", str),
-}
+# replay flags are (--num-blocks is --num-gpu-blocks' other name). Where each is held, its type and
+# its range are its field's (`pool_fields`).
+POOL_OPTIONS = ("policy", "max-num-batched-tokens", "max-num-seqs", "num-gpu-blocks", "num-blocks", "block-size",
+                "gpu-memory-utilization", "hardware", "tp", "dtype", "kv-cache-dtype", "profile")
+
+
+def pool_fields() -> dict[str, tuple[str | None, str, Range | None]]:
+    """KEY -> (the options part that holds it: scheduler, cache or None for ReplayOptions itself,
+    its field, its range: None for text), from the fields' declarations."""
+    from sim.app.options import ReplayOptions, flag_fields
+
+    table: dict[str, tuple[str | None, str, Range | None]] = {}
+    for part, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig), (None, ReplayOptions)):
+        for f, opt in flag_fields(cls):
+            for flag in (opt.flag, *opt.aliases):
+                if flag[2:] in POOL_OPTIONS:
+                    table[flag[2:]] = (part, f.name, opt.range)
+    return table
 
 
 def _require(condition: bool, message: str) -> None:
@@ -59,30 +73,49 @@ def parse_pool_options(text: str, flag: str) -> tuple[tuple[str, object], ...]:
         _require(sep == "=" and key in POOL_OPTIONS,
                  f"{flag}: cannot read {part!r}; expected KEY=VALUE with KEY one of {', '.join(POOL_OPTIONS)}")
         _require(key not in pairs, f"{flag}: {key} is given twice")
-        kind = POOL_OPTIONS[key][2]
-        try:
-            pairs[key] = kind(raw.strip())
+        bounds = pool_fields()[key][2]
+        if bounds is None:
+            pairs[key] = raw.strip()
+            continue
+        try:  # the replay flag's own parsing and range, named by the pool's flag and key
+            pairs[key] = bounds.flag_type(f"{flag}: {key}")(raw.strip())
         except ValueError:
-            raise ServesimError(f"{flag}: {key} value {raw.strip()!r} is not {'a whole number' if kind is int else 'a number'}") \
-                from None
+            raise ServesimError(f"{flag}: {key} value {raw.strip()!r} is not "
+                                f"{'a whole number' if bounds.whole else 'a number'}") from None
     return tuple(pairs.items())
 
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    num_replicas: int = 1
-    router: str = "round-robin"
-    num_prefill_replicas: int = 0
-    num_decode_replicas: int = 0
-    kv_transfer_bandwidth_gb_s: float | None = None  # None: by where the pools sit (module docstring)
-    kv_transfer_latency_s: float | None = None
-    prefill_options: str = ""  # KEY=VALUE,... for the prefill pool (POOL_OPTIONS)
-    decode_options: str = ""
+    num_replicas: int = option(1, flag="--replicas", range=REPLICAS, metavar="N",
+                               help="colocated replicas, each an engine with its own policy and KV cache "
+                                    "(default: {default})")
+    router: str = option("round-robin", flag="--router",
+                         help="which replica takes each request: {routers} (default: {default}), or your own as "
+                              "path/to/file.py:ClassName")
+    num_prefill_replicas: int = option(0, flag="--prefill-replicas", range=POOL_REPLICAS, metavar="P",
+                                       help="disaggregated: replicas that prefill and emit the first token")
+    num_decode_replicas: int = option(0, flag="--decode-replicas", range=POOL_REPLICAS, metavar="D",
+                                      help="disaggregated: replicas that decode once a request's KV blocks have "
+                                           "arrived")
+    # None: by where the pools sit (module docstring)
+    kv_transfer_bandwidth_gb_s: float | None = option(
+        None, flag="--kv-transfer-bandwidth", range=LINK_BANDWIDTH_GB_S, metavar="GB/S",
+        help=f"KV link bandwidth per transfer (default: {NVLINK_BANDWIDTH_GB_S:g} GB/s, NVLink-class, when the pools' "
+             f"GPUs fit in one {GPUS_PER_NODE}-GPU node; {RDMA_BANDWIDTH_GB_S:g} GB/s, RDMA-class, across nodes)")
+    kv_transfer_latency_s: float | None = option(
+        None, flag="--kv-transfer-latency", range=LINK_LATENCY_S, metavar="S",
+        help=f"KV link setup time per transfer (default: {NVLINK_LATENCY_S:g} s inside a node, {RDMA_LATENCY_S:g} s "
+             "across nodes)")
+    # KEY=VALUE,... for the prefill pool (POOL_OPTIONS)
+    prefill_options: str = option("", flag="--prefill-options", metavar="KEY=VALUE,...",
+                                  help="the prefill pool's own settings, KEY one of {pool_options}")
+    decode_options: str = option("", flag="--decode-options", metavar="KEY=VALUE,...",
+                                 help="the decode pool's own settings, KEY one of {pool_options}")
 
     def __post_init__(self) -> None:
-        _require(self.num_replicas >= 1, f"--replicas must be at least 1, got {self.num_replicas}")
+        check_options(self)
         p, d = self.num_prefill_replicas, self.num_decode_replicas
-        _require(p >= 0 and d >= 0, f"--prefill-replicas and --decode-replicas must be at least 0, got {p} and {d}")
         _require((p == 0) == (d == 0),
                  f"disaggregation needs both pools: got --prefill-replicas {p} and --decode-replicas {d}")
         _require(not (p and self.num_replicas > 1),
@@ -128,8 +161,9 @@ class ClusterOptions:
             (self.decode_options, "--decode-options")
         top: dict = {"cluster": ClusterOptions()}
         parts: dict[str, dict] = {"scheduler": {}, "cache": {}}
+        fields_by_key = pool_fields()
         for key, value in parse_pool_options(text, flag):
-            part, name, _ = POOL_OPTIONS[key]
+            part, name, _ = fields_by_key[key]
             (top if part is None else parts[part])[name] = value
         if role == "decode":
             parts["cache"]["enable_prefix_caching"] = False  # decode replicas hold transferred KV only

@@ -94,14 +94,9 @@ def join_steps(result: SimResult, recorder: PredictingBackend) -> pd.DataFrame:
     return frame
 
 
-def compare(trace: Trace, measured: ReplayOptions | RunPlan, predicted: ReplayOptions | RunPlan,
-            measured_backend=None, progress=None) -> Comparison:
-    """Replay with the measured run's backend (`measured_backend`, or the plan's), predicting each
-    step with the predicted run's cost model; then replay with the cost model alone."""
-    if not isinstance(measured, RunPlan):
-        measured = resolve(measured, measured_backend)
-    if not isinstance(predicted, RunPlan):
-        predicted = resolve(predicted)
+def compare(trace: Trace, measured: RunPlan, predicted: RunPlan, progress=None) -> Comparison:
+    """Replay with the measured run's backend, predicting each step with the predicted run's cost
+    model; then replay with the cost model alone."""
     if predicted.options.backend != "costmodel":
         raise ServesimError("the predicted run needs the cost-model backend")
     if measured.num_blocks != predicted.num_blocks:
@@ -175,8 +170,8 @@ def format_comparison(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured: ReplayOptions | RunPlan,
-                     predicted: ReplayOptions | RunPlan, info: dict) -> dict:
+def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured: RunPlan, predicted: RunPlan,
+                     info: dict) -> dict:
     """measured/ and predicted/ run folders, steps.csv, compare.json and report.html; returns the figures."""
     measured_summary = write_run(out / "measured", comparison.measured, measured, trace)  # makes `out` too
     predicted_summary = write_run(out / "predicted", comparison.predicted, predicted, trace)
@@ -239,6 +234,7 @@ def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> int
 
 def register(subparsers) -> None:
     from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
+    from sim.app.options import add_output_options
 
     p = subparsers.add_parser(
         "compare", help="replay with the real backend and the calibrated cost model; report their errors",
@@ -248,10 +244,8 @@ def register(subparsers) -> None:
                     "the two runs' folders into --out.")
     p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
-    p.add_argument("--out", required=True, help="folder to write")
-    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds a comparison")
+    add_output_options(p, "comparison", required=True)
     p.add_argument("--clock", default="wall", choices=("wall", "thread"),
                    help="how the real backend's steps are timed: wall (its own timing, default) or thread (the "
                         "calling thread's CPU time, for a CPU shared with other processes; --device cpu only)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_compare)

@@ -1,56 +1,86 @@
-"""The options of one run, as the user gave them (checked as values, not yet resolved)."""
+"""The options of one run, as the user gave them (checked as values, not yet resolved), and the
+command line's flags, generated from them.
+
+Every option is a field of a config dataclass (ReplayOptions here, SchedulerConfig and CacheConfig
+in sim/config.py, ClusterOptions in sim/app/cluster_options.py) declared with `sim.config.option`:
+default, flag, help and range in one place. `add_flags` turns a dataclass's fields into argparse
+flags and `from_args` builds the dataclass back from the parsed flags, by keyword, as vLLM's
+EngineArgs derives its flags from its configs' fields (vllm/engine/arg_utils.py: `get_kwargs`
+reads each field's type, default and docstring; `EngineArgs.add_cli_args` adds them by config
+group; `create_engine_config` builds the configs by keyword).
+
+A new option of a run: add a field to the dataclass it belongs to with `option(default, flag=...,
+help=..., range=...)`; the flag, its check and its place in summary.json follow. The output flags
+every command shares (--out, --overwrite, --resume, --quiet) are `add_output_options`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any
 
 from sim.app.cluster_options import ClusterOptions
-from sim.config import SLO, CacheConfig, SchedulerConfig
+from sim.config import SEED, SLO, TENSOR_PARALLEL, CacheConfig, Option, Range, SchedulerConfig, check_options, option, option_of
 from sim.errors import ServesimError
 
 BACKENDS = ("costmodel", "real")
+DEFAULT_DEPLOYMENT = (1, "bf16", "auto")  # (tp, dtype, kv_cache_dtype) of one device in its own dtype
 
 
 @dataclass(frozen=True)
 class ReplayOptions:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    model: str = "Llama-3.1-8B"  # a preset's name, or a config.json (or a folder holding one)
-    hardware: str = "H100-SXM"  # a preset's name, or a hardware JSON file
-    tp: int = 1  # tensor parallelism: GPUs per engine
-    dtype: str = "bf16"  # of the weights: bf16 or fp8
-    kv_cache_dtype: str = "auto"  # auto (the activations' bf16) or fp8
-    enable_expert_parallel: bool = False  # a mixture of experts' experts split whole over the --tp GPUs
-    backend: str = "costmodel"
-    seed: int = 0
-    slo: SLO = field(default_factory=SLO)
-    device: str = "cpu"  # the real backend's device: cpu or cuda
-    weights: str | None = None  # the real backend's safetensors folder; None: random weights
+    # A preset's name, or a config.json (or a folder holding one)
+    model: str = option("Llama-3.1-8B", flag="--model", metavar="NAME|CONFIG",
+                        help="model preset ({models}) or a Hugging Face config.json, or a folder holding one: dense "
+                             "Llama, Mistral, Qwen2, Qwen3 (default: {default})")
+    hardware: str = option("H100-SXM", flag="--hardware", metavar="NAME|FILE.json",
+                           help="hardware preset ({hardware}) or a JSON file with its fields (see the README; "
+                                "default: {default})")
+    tp: int = option(1, flag="--tp", range=TENSOR_PARALLEL, metavar="N",
+                     help="tensor parallelism: GPUs per engine, joined by NVLink (default: {default})")
+    dtype: str = option("bf16", flag="--dtype", choices=("bf16", "fp8"),
+                        help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak (default: {default})")
+    kv_cache_dtype: str = option("auto", flag="--kv-cache-dtype", choices=("auto", "fp8"),
+                                 help="the KV cache's dtype: auto (bf16) or fp8, half the bytes per block "
+                                      "(default: {default})")
+    enable_expert_parallel: bool = option(False, flag="--enable-expert-parallel", boolean=True,
+                                          help="a mixture-of-experts model's experts split whole over the --tp GPUs, "
+                                               "as vLLM's flag (default: off, each expert split by TP)")
+    backend: str = option("costmodel", flag="--backend", choices=BACKENDS, metavar="costmodel|real",
+                          help="step-time backend: costmodel (default) or real (runs every step through a real "
+                               "model)")
+    seed: int = option(0, flag="--seed", range=SEED, help="seed of the synthetic token ids (default: {default})")
+    slo: SLO = option(default_factory=SLO, flag="--slo", parse=SLO.parse,
+                      metavar="ttft=S,tpot=S,e2e=S,tbt=S,delay=S",
+                      help="service-level objectives in seconds, for goodput: a request counts when its TTFT, TPOT, "
+                           "E2E latency, every gap between its tokens (tbt) and its scheduling delay are within "
+                           "those given (the keys of sim capacity's --slo)")
+    device: str = option("cpu", flag="--device", choices=("cpu", "cuda"),
+                         help="the real backend's device (default: {default})")
+    # The real backend's safetensors folder; None: random weights
+    weights: str | None = option(None, flag="--weights", metavar="DIR",
+                                 help="the real backend's weights: a local safetensors folder with Hugging Face "
+                                      "tensor names matching --model (default: random weights, seeded by --seed)")
     # A cost-model profile (sim calibrate: fitted, or --from-ops operator tables); "roofline": the
     # datasheet roofline; None: the committed operator-table profile matching the run, else the roofline.
-    profile: str | None = None
+    profile: str | None = option(None, flag="--profile", metavar="PROFILE.json|roofline",
+                                 help="cost-model profile from `sim calibrate` (fitted, e.g. profiles/tiny-cpu.json, "
+                                      "or derived from operator tables with --from-ops); roofline: the datasheet "
+                                      "roofline (default: the operator-table profile in profiles/ops/ matching the "
+                                      "model, hardware, --tp and dtypes, else the roofline)")
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # one replica by default
 
     def __post_init__(self) -> None:
         """Checks of the values alone; what they name (model, hardware, policy, profile) is looked
         up, once, by sim.app.plan.resolve."""
-        if self.seed < 0:
-            raise ServesimError(f"--seed must not be negative, got {self.seed}")
-        if not (isinstance(self.tp, int) and self.tp >= 1):
-            raise ServesimError(f"--tp must be a whole number >= 1, got {self.tp}")
-        if self.dtype not in ("bf16", "fp8"):
-            raise ServesimError(f"unknown --dtype {self.dtype!r}; choose bf16 or fp8")
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose auto or fp8")
-        deployment = (self.tp, self.dtype, self.kv_cache_dtype) != (1, "bf16", "auto") or self.enable_expert_parallel
-        if deployment and self.backend == "real":  # a fitted profile's limits are checked by sim.app.plan
+        check_options(self)
+        if not self.is_default_deployment and self.backend == "real":  # a fitted profile's: sim.app.plan
             raise ServesimError("--tp, --dtype fp8, --kv-cache-dtype fp8 and --enable-expert-parallel are priced by "
                                 "the cost model; the real "
                                 "backend runs one device in its own dtype")
-        if self.backend not in BACKENDS:
-            raise ServesimError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.device not in ("cpu", "cuda"):
-            raise ServesimError(f"unknown device {self.device!r}; choose cpu or cuda")
         if self.device != "cpu" and self.backend != "real":
             raise ServesimError(f"--device {self.device} is the real backend's; it does not apply to --backend "
                                 f"{self.backend} (whose hardware is --hardware)")
@@ -60,3 +90,131 @@ class ReplayOptions:
             raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
         if self.profile is not None and self.backend != "costmodel":
             raise ServesimError(f"--profile calibrates the cost model; it does not apply to --backend {self.backend}")
+
+    @property
+    def is_default_deployment(self) -> bool:
+        """One device in its own dtype: what the real backend runs and a fitted profile measured."""
+        return (self.tp, self.dtype, self.kv_cache_dtype) == DEFAULT_DEPLOYMENT and not self.enable_expert_parallel
+
+
+# Generating flags from the fields.
+
+def _parts(cls: type) -> list[tuple[str, type]]:
+    """The nested config dataclasses of `cls` (ReplayOptions: scheduler, cache, cluster), by field."""
+    return [(f.name, f.default_factory) for f in fields(cls)  # type: ignore[misc]
+            if f.default_factory is not MISSING and is_dataclass(f.default_factory)
+            and any(option_of(g) and option_of(g).flag for g in fields(f.default_factory))]
+
+
+def flag_fields(cls: type) -> list[tuple[Any, Option]]:
+    """(field, option) of every flag `cls` declares itself (not its nested parts)."""
+    return [(f, option_of(f)) for f in fields(cls) if option_of(f) is not None and option_of(f).flag]
+
+
+def dest_of(f, opt: Option) -> str:
+    return opt.dest or opt.flag.lstrip("-").replace("-", "_")
+
+
+def _default(f) -> Any:
+    return f.default if f.default is not MISSING else None
+
+
+def add_flags(p, cls: type, **help_words: str) -> None:
+    """Add the flags `cls`'s fields declare to parser or group `p`; '{default}' in a help is the
+    field's default, other '{word}'s are `help_words` (lists of presets)."""
+    for f, opt in flag_fields(cls):
+        default = _default(f)
+        text = opt.help.format(default=default, **help_words)
+        names = (opt.flag, *opt.aliases)
+        if opt.boolean:
+            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif opt.negate:
+            p.add_argument(*names, action="store_true", help=text)
+        else:
+            kwargs: dict[str, Any] = {"default": None if opt.parse else default, "help": text}
+            if opt.range is not None:
+                kwargs["type"] = opt.range.flag_type(opt.flag)
+            if opt.metavar is not None:
+                kwargs["metavar"] = opt.metavar
+            elif opt.choices is not None:
+                kwargs["choices"] = opt.choices
+            p.add_argument(*names, dest=dest_of(f, opt), **kwargs)
+
+
+def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
+    """`cls` built by keyword from the flags `add_flags` declared (and its nested parts from theirs);
+    `given`: fields set otherwise."""
+    kwargs: dict[str, Any] = {}
+    for f, opt in flag_fields(cls):
+        value = getattr(args, dest_of(f, opt))
+        if opt.negate:
+            value = not value
+        elif opt.parse is not None:
+            value = opt.parse(value)
+        kwargs[f.name] = value
+    for name, part in _parts(cls):
+        kwargs[name] = from_args(part, args)
+    return cls(**{**kwargs, **given})
+
+
+def add_replay_flags(p: argparse.ArgumentParser) -> None:
+    """Every flag of ReplayOptions: the scheduler's, the KV cache's, the run's, the cluster's (in a group)."""
+    from backends.hardware import HARDWARE
+    from backends.presets import MODELS
+    from policies import POLICIES
+    from policies.routers import ROUTERS
+    from sim.app.cluster_options import POOL_OPTIONS
+
+    add_flags(p, SchedulerConfig, policies=", ".join(POLICIES))
+    add_flags(p, ReplayOptions, models=", ".join(MODELS), hardware=", ".join(HARDWARE))
+    add_flags(p, CacheConfig)
+    g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (see the README)")
+    add_flags(g, ClusterOptions, routers=", ".join(ROUTERS), pool_options=", ".join(POOL_OPTIONS))
+
+
+def options_from_args(args: argparse.Namespace) -> ReplayOptions:
+    return from_args(ReplayOptions, args)
+
+
+def range_of(dest: str) -> Range | None:
+    """The declared range of a replay flag, by its argparse name (a sweep's axes: max_num_seqs,
+    seed, ...; rate_scale is the trace option's)."""
+    from sim.config import RATE_SCALE
+
+    if dest == "rate_scale":
+        return RATE_SCALE
+    for cls in (SchedulerConfig, CacheConfig, ReplayOptions, ClusterOptions):
+        for f, opt in flag_fields(cls):
+            if dest_of(f, opt) == dest:
+                return opt.range
+    return None
+
+
+# Numbers on the command line.
+
+def add_number(p, flag: str, bounds: Range, **kwargs: Any) -> None:
+    """A numeric flag of a command that has no config dataclass, checked against `bounds` (a
+    sim.config.Range): the same as `p.add_argument(flag, type=bounds.flag_type(flag), ...)`."""
+    p.add_argument(flag, type=bounds.flag_type(flag), **kwargs)
+
+
+# The output flags every command that writes shares.
+
+def add_output_options(p, what: str = "run", *, required: bool = False, resume: bool = False,
+                       default_help: str = "a new folder under runs/", quiet_help: str = "print nothing on success") \
+        -> None:
+    """--out, --overwrite (and --resume where a command can continue) and --quiet."""
+    if required:
+        p.add_argument("--out", required=True, metavar="DIR", help=f"folder of the {what}")
+    else:
+        p.add_argument("--out", default=None, metavar="DIR", help=f"folder of the {what} (default: "
+                                                                   f"{default_help})")
+    if resume:
+        p.add_argument("--resume", action="store_true",
+                       help="continue the interrupted run in --out: keep its finished points, run the rest "
+                            "(and the failed ones) again")
+        p.add_argument("--overwrite", action="store_true", help=f"start the {what} again in --out, replacing what "
+                                                                 "it holds")
+    else:
+        p.add_argument("--overwrite", action="store_true", help=f"write into --out even if it holds a {what}")
+    p.add_argument("--quiet", action="store_true", help=quiet_help)

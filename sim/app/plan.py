@@ -24,7 +24,7 @@ from sim.app.opprofiles import ROOFLINE, check_matches, matching_profile, read_p
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
 from sim.block_manager import BlockManager
-from sim.config import MAX_NUM_BLOCKS
+from sim.config import MAX_CLUSTER_BLOCKS
 from sim.errors import ServesimError
 from sim.tokens import TokenSpec
 
@@ -87,6 +87,29 @@ class RunPlan:
                                                                 "kv_cache_dtype", "profile")}
         return d
 
+    def total_blocks(self) -> int:
+        """KV blocks of every replica together (each a block manager in this process's memory)."""
+        cluster = self.options.cluster
+        if cluster.is_disaggregated:
+            prefill, decode = self.pools
+            return cluster.num_prefill_replicas * prefill.num_blocks + cluster.num_decode_replicas * decode.num_blocks
+        return cluster.num_replicas * self.num_blocks
+
+    def check_host_memory(self) -> None:
+        """A cluster's block managers together fit in host memory (sim.config.MAX_CLUSTER_BLOCKS)."""
+        if self.options.cluster.is_single:
+            return
+        total = self.total_blocks()
+        if total > MAX_CLUSTER_BLOCKS:
+            raise ServesimError(f"the cluster's replicas hold {total:,} KV blocks together; servesim simulates at most "
+                                f"{MAX_CLUSTER_BLOCKS:,} (each block takes about 60 bytes of host memory): fewer "
+                                "replicas, a larger --block-size or a smaller --num-gpu-blocks")
+
+    def warnings(self) -> list[str]:
+        """What the command prints before it runs: a capped KV cache, the pools' too."""
+        plans = (self, *self.pools)
+        return [w for p in plans if p.kv is not None for w in [p.kv.warning()] if w]
+
     def kv_cache(self) -> dict:
         """The KV blocks used and how they were derived (summary.json)."""
         if self.kv is None:
@@ -119,7 +142,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
             else:
                 from backends.profile import load_profile
 
-                if (options.tp, options.dtype, options.kv_cache_dtype) != (1, "bf16", "auto"):
+                if not options.is_default_deployment:
                     raise ServesimError("--tp, --dtype fp8 and --kv-cache-dtype fp8 need the roofline or an "
                                         "operator-table profile; a fitted profile was measured on one device in its "
                                         "own dtype")
@@ -137,10 +160,6 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         else:
             backend = make_backend(options, model, hardware, calibration)
     cache, scheduler = options.cache, options.scheduler
-    if cache.num_blocks is not None and cache.num_blocks > MAX_NUM_BLOCKS:
-        raise ServesimError(f"--num-blocks {cache.num_blocks} is more KV blocks than servesim can simulate (at most "
-                            f"{MAX_NUM_BLOCKS:,}; each takes about 60 bytes of host memory); a larger --block-size "
-                            "needs fewer")
     kv = None
     if backend is not None and backend.num_blocks is not None:
         num_blocks = backend.num_blocks  # the real backend's cache: hand out exactly its block ids
@@ -151,16 +170,17 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
                          max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks,
                          enable_expert_parallel=options.enable_expert_parallel)
-        # A tiny model on a big GPU with 1-token blocks would derive 5e8 blocks; no trace fills 2**25.
-        num_blocks = min(kv.num_gpu_blocks, MAX_NUM_BLOCKS)
+        num_blocks = kv.num_gpu_blocks  # capped to MAX_NUM_BLOCKS, and said so (kv.capped_from)
     cluster = options.cluster
     router = load_router(cluster.router)
     pools = ()
     if cluster.is_disaggregated:
         # Each pool resolves from the options as given: its own hardware, TP or dtype picks its own default profile.
         pools = tuple(resolve(cluster.pool(given, role), backend, build_backend) for role in ("prefill", "decode"))
-    return RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
+    plan = RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
                    TokenSpec(options.seed, model.vocab_size), router, pools)
+    plan.check_host_memory()
+    return plan
 
 
 def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware, calibration=None) -> Backend:

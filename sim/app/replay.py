@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.app.options import ReplayOptions
-from sim.app.plan import RunPlan, resolve
+from sim.app.plan import RunPlan
 from sim.arrivals import RequestStream, TraceArrivals, simulate
 from sim.cluster import Cluster
 from sim.disagg import DisaggregatedCluster, PrefillEngine
@@ -39,11 +39,11 @@ def make_requests(trace: Trace) -> list[Request]:
     ]
 
 
-def replay(trace: Trace, options: ReplayOptions | RunPlan, backend=None,
-           progress: Callable[[float, int], None] | None = None, fast_forward: bool = True) -> SimResult:
-    """Simulate the trace. `fast_forward=False` steps every decode step one by one (same answers,
-    slower; see sim/fast_forward.py)."""
-    plan = options if isinstance(options, RunPlan) else resolve(options, backend)
+def replay(trace: Trace, plan: RunPlan, progress: Callable[[float, int], None] | None = None,
+           fast_forward: bool = True) -> SimResult:
+    """Simulate the trace with the plan (sim.app.plan.resolve(options, backend) makes it).
+    `fast_forward=False` steps every decode step one by one (same answers, slower; see
+    sim/fast_forward.py)."""
     requests = sorted(make_requests(trace), key=lambda r: (r.arrival_s, r.index))  # arrival order, ties in trace order
     if not plan.options.cluster.is_single:
         return make_cluster(plan, requests, fast_forward, progress).run()
@@ -79,7 +79,7 @@ def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = Tr
     return built
 
 
-def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace: Trace, extra: dict | None = None,
+def write_run(out: Path, result: SimResult, plan: RunPlan, trace: Trace, extra: dict | None = None,
               start_s: float | None = None, steps: str = "parquet", requests: str = "csv",
               step_batch_rows: int = BATCH_ROWS) -> dict:
     """Write an in-memory result's run folder (the requests and steps tables, summary.json,
@@ -88,8 +88,6 @@ def write_run(out: Path, result: SimResult, plan: RunPlan | ReplayOptions, trace
     `requests`: csv or parquet; the steps table is written in row groups of `step_batch_rows`."""
     from sim.app.run_folder import write_run_folder
 
-    if not isinstance(plan, RunPlan):
-        plan = resolve(plan, build_backend=False)
     return write_run_folder(out, result, run_options(plan, trace), plan.options.slo, steps, requests,
                             step_batch_rows, {**(extra or {}), **plan_entries(plan)}, start_s)
 

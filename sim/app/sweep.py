@@ -29,7 +29,7 @@ import pandas as pd
 from reports.axes import AXES
 from reports.tables import RESULTS, read_table  # noqa: F401 (RESULTS, read_table: for callers)
 from sim.app import workers
-from sim.app.options import ReplayOptions
+from sim.app.options import ReplayOptions, range_of
 from sim.app.plan import resolve
 from sim.app.replay import replay
 from sim.app.results_table import ResultsTable  # noqa: F401 (for callers)
@@ -61,6 +61,9 @@ def parse_axis(name: str, text: str) -> tuple:
             raise ServesimError(f"{flag}: {part!r} must be a positive finite number")
         if kind is int and value < 0:
             raise ServesimError(f"{flag}: {part!r} must not be negative")
+        bounds = range_of(name)  # the flag's physical range (sim.config)
+        if bounds is not None:
+            bounds.check(flag, value)
         if value in values:
             raise ServesimError(f"{flag}: {part!r} is listed twice")
         values.append(value)

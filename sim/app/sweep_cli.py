@@ -57,23 +57,18 @@ def add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
 
 
 def add_run_options(p: argparse.ArgumentParser, what: str) -> None:
+    from sim.app.options import add_output_options
     from sim.app.sweep import EXECUTORS
+    from sim.config import JOBS
 
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help=f"folder of the {what} (default: a new folder under runs/)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the interrupted run in --out: keep its finished points, run the rest "
-                        "(and the failed ones) again")
-    p.add_argument("--overwrite", action="store_true",
-                   help=f"start the {what} again in --out, replacing what it holds")
-    p.add_argument("--jobs", type=int, default=None, metavar="N",
+    add_output_options(p, what, resume=True, quiet_help="no progress bar and no table")
+    p.add_argument("--jobs", type=JOBS.flag_type("--jobs"), default=None, metavar="N",
                    help="points run at once (default: the number of CPUs); 1 runs them in this process")
     p.add_argument("--executor", default="process", choices=EXECUTORS,
                    help="where points run: local processes (default) or a Ray cluster (pip install "
                         "'servesim[ray]')")
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="Ray cluster to join (e.g. ray://head:10001 or auto); default: start Ray on this machine")
-    p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
 
 
 # Building points from the command line.

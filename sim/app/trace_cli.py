@@ -8,8 +8,20 @@ import json
 from pathlib import Path
 
 from sim.app.outputs import atomic_path, check_file_destination
+from sim.config import (
+    BLOCK_SIZE,
+    COUNT,
+    DURATION_S,
+    FRACTION,
+    GAMMA_CV,
+    MODEL_LEN,
+    OPTIONAL_TOKENS,
+    POSITIVE_DURATION_S,
+    REQUEST_RATE,
+    SEED,
+)
 from sim.errors import ServesimError
-from traces.cli import add_trace_options, load_trace, number, whole_number
+from traces.cli import add_trace_options, load_trace
 
 
 def _check_max_model_len(args: argparse.Namespace) -> None:
@@ -77,7 +89,8 @@ def register(subparsers) -> None:
                                    "and prefix-sharing ratio (after the transforms given).")
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     add_trace_options(p)
-    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
+    p.add_argument("--max-model-len", type=MODEL_LEN.flag_type("--max-model-len"), default=None, metavar="N",
+                   help="for --on-too-long truncate")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_stats)
 
@@ -88,7 +101,8 @@ def register(subparsers) -> None:
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     p.add_argument("out", help="canonical CSV to write")
     add_trace_options(p)
-    p.add_argument("--max-model-len", type=whole_number, default=None, metavar="N", help="for --on-too-long truncate")
+    p.add_argument("--max-model-len", type=MODEL_LEN.flag_type("--max-model-len"), default=None, metavar="N",
+                   help="for --on-too-long truncate")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("synth", help="write a seeded synthetic trace",
@@ -96,12 +110,13 @@ def register(subparsers) -> None:
                                    "uniform:LO:HI or zipf:S:LO:HI. Multi-turn sessions (--turns) share their "
                                    "conversation prefix through hash ids.")
     p.add_argument("out", help="canonical CSV to write")
-    p.add_argument("--num-requests", type=whole_number, default=1000, metavar="N", help="requests in all (default: 1000)")
-    p.add_argument("--rate", type=number, default=1.0, metavar="R",
+    p.add_argument("--num-requests", type=COUNT.flag_type("--num-requests"), default=1000, metavar="N",
+                   help="requests in all (default: 1000)")
+    p.add_argument("--rate", type=REQUEST_RATE.flag_type("--rate"), default=1.0, metavar="R",
                    help="sessions started per second; requests per second with one turn (default: 1)")
     p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson",
                    help="arrival process (default: poisson)")
-    p.add_argument("--cv", type=number, default=1.0, metavar="CV",
+    p.add_argument("--cv", type=GAMMA_CV.flag_type("--cv"), default=1.0, metavar="CV",
                    help="gamma arrivals: coefficient of variation of inter-arrival times, >1 is burstier")
     p.add_argument("--prompt-len", default="fixed:512", metavar="DIST",
                    help="new prompt tokens per request (per turn) (default: fixed:512)")
@@ -111,17 +126,17 @@ def register(subparsers) -> None:
     p.add_argument("--format", default=None, metavar="NAME", help="format of the --lengths-from trace")
     p.add_argument("--model-filter", default=None, metavar="MODEL", help="BurstGPT --lengths-from: one model")
     p.add_argument("--turns", default="fixed:1", metavar="DIST", help="requests per session (default: fixed:1)")
-    p.add_argument("--think-time", type=number, default=10.0, metavar="S",
+    p.add_argument("--think-time", type=DURATION_S.flag_type("--think-time"), default=10.0, metavar="S",
                    help="mean seconds between a session's turns, exponential (default: 10)")
-    p.add_argument("--system-prompt-tokens", type=whole_number, default=0, metavar="N",
+    p.add_argument("--system-prompt-tokens", type=OPTIONAL_TOKENS.flag_type("--system-prompt-tokens"), default=0, metavar="N",
                    help="a prefix every request shares, a multiple of --hash-block-tokens (default: 0)")
-    p.add_argument("--hash-block-tokens", type=whole_number, default=16, metavar="N",
+    p.add_argument("--hash-block-tokens", type=BLOCK_SIZE.flag_type("--hash-block-tokens"), default=16, metavar="N",
                    help="tokens per prefix hash id (default: 16)")
-    p.add_argument("--diurnal", type=number, default=0.0, metavar="A",
+    p.add_argument("--diurnal", type=FRACTION.flag_type("--diurnal"), default=0.0, metavar="A",
                    help="daily rate pattern: sessions start at rate * (1 - A cos(2 pi t / period)), lowest at "
                         "t = 0, highest half a period later; 0 <= A < 1 (default: 0, a constant rate)")
-    p.add_argument("--diurnal-period", type=number, default=86400.0, metavar="S",
+    p.add_argument("--diurnal-period", type=POSITIVE_DURATION_S.flag_type("--diurnal-period"), default=86400.0, metavar="S",
                    help="period of the --diurnal pattern in seconds (default: 86400, a day)")
-    p.add_argument("--seed", type=whole_number, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=SEED.flag_type("--seed"), default=0, help="random seed (default: 0)")
     p.set_defaults(func=cmd_synth, time_window=None, limit=None, rate_scale=None, target_rate=None,
                    on_too_long="reject")

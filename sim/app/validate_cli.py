@@ -18,8 +18,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except ValueError:
             raise ServesimError(f"--warmup-waves must be auto or a whole number, got {warmup!r}") from None
     asynchronous = False if args.sync_scheduling else (True if args.async_scheduling else None)
-    protocol = Protocol(args.range_ratio, args.prompts_per_client, args.max_num_batched_tokens, args.seed,
-                        args.kv_cache_dtype, asynchronous, warmup, args.unique_prompts)
+    protocol = Protocol(range_ratio=args.range_ratio, prompts_per_client=args.prompts_per_client,
+                        max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
+                        kv_cache_dtype=args.kv_cache_dtype, async_scheduling=asynchronous, warmup_waves=warmup,
+                        unique_prompts=args.unique_prompts)
     started = time.perf_counter()
     show = sys.stderr.isatty() and not args.quiet
 
@@ -48,6 +50,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    from sim.app.options import add_output_options
+    from sim.config import OPEN_FRACTION, PROMPTS_PER_CLIENT, SEED, TOKENS_PER_STEP, UNIQUE_PROMPTS
+
+    default = Protocol()  # the defaults, written once there
     p = sub.add_parser(
         "validate", help="simulate measured deployments and compare TTFT and TPOT",
         description="For every row of MEASURED.csv (AIConfigurator's silicon format) that servesim can express, "
@@ -60,16 +66,20 @@ def register(sub) -> None:
     p.add_argument("--models", default=None, metavar="DIR",
                    help="Hugging Face-style folders DIR/ORG/NAME/config.json for the rows' model_path (default: "
                         "presets, by name)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write")
-    p.add_argument("--overwrite", action="store_true", help="write into --out even if it holds files")
-    p.add_argument("--range-ratio", type=float, default=0.8, metavar="R",
-                   help="prompt and output lengths uniform in [R x ISL, ISL] and [R x OSL, OSL] (default: 0.8, "
-                        "InferenceMAX's client; 1: fixed lengths)")
-    p.add_argument("--prompts-per-client", type=int, default=10, metavar="K",
-                   help="requests per benchmark: K x concurrency (default: 10, as InferenceMAX)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N",
-                   help="the servers' token budget per step (default: 8192, vLLM's on H100/H200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the lengths (default: 0)")
+    add_output_options(p, "validation", required=True)
+    p.add_argument("--range-ratio", type=OPEN_FRACTION.flag_type("--range-ratio"), default=default.range_ratio,
+                   metavar="R", help="prompt and output lengths uniform in [R x ISL, ISL] and [R x OSL, OSL] "
+                                     f"(default: {default.range_ratio}, InferenceMAX's client; 1: fixed lengths)")
+    p.add_argument("--prompts-per-client", type=PROMPTS_PER_CLIENT.flag_type("--prompts-per-client"),
+                   default=default.prompts_per_client, metavar="K",
+                   help=f"requests per benchmark: K x concurrency (default: {default.prompts_per_client}, as "
+                        "InferenceMAX)")
+    p.add_argument("--max-num-batched-tokens", type=TOKENS_PER_STEP.flag_type("--max-num-batched-tokens"),
+                   default=default.max_num_batched_tokens, metavar="N",
+                   help=f"the servers' token budget per step (default: {default.max_num_batched_tokens}, vLLM's on "
+                        "H100/H200)")
+    p.add_argument("--seed", type=SEED.flag_type("--seed"), default=default.seed,
+                   help=f"seed of the lengths (default: {default.seed})")
     p.add_argument("--kv-cache-dtype", default="recipe", choices=("recipe", "auto", "fp8"),
                    help="the deployments' KV cache, which the rows do not state: recipe (default) takes it from "
                         "the source's launch scripts where servesim knows them (InferenceMAX: fp8 on H200, auto on "
@@ -78,7 +88,8 @@ def register(sub) -> None:
                    help="leave the first K x C requests sent out of the means; auto (default): 0, as vLLM's "
                         "benchmark counts every request, but 1 for a row whose measured TTFT is below what a "
                         "counted first wave allows")
-    p.add_argument("--unique-prompts", type=int, default=0, metavar="N",
+    p.add_argument("--unique-prompts", type=UNIQUE_PROMPTS.flag_type("--unique-prompts"),
+                   default=default.unique_prompts, metavar="N",
                    help="the client cycles through N prompts (AIPerf's and genai-perf's dataset of 100 by default) "
                         "and the server caches prefixes, vLLM's default (default: 0, every prompt its own and no "
                         "prefix caching, as InferenceMAX's vLLM servers)")
@@ -88,5 +99,4 @@ def register(sub) -> None:
     sched.add_argument("--async-scheduling", action="store_true",
                        help="every row: schedule step k + 1 while step k runs (a new request waits one step more); "
                             "default: per row, asynchronous but for vLLM before 0.14")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_validate)

@@ -80,7 +80,7 @@ def run_servesim(trace: Trace, setup: EngineSetup, step_time: StepTime, fast_for
                  priority=None) -> Timeline:
     if priority is not None and hasattr(trace, "priority"):
         trace = replace(trace, priority=np.asarray(priority, dtype=np.int64))
-    result = replay(trace, options_for(setup), backend=StepTimeBackend(step_time), fast_forward=fast_forward)
+    result = replay(trace, resolve(options_for(setup), backend=StepTimeBackend(step_time)), fast_forward=fast_forward)
     n = len(trace)
     timeline = Timeline([None] * n, [None] * n)
     for r in result.requests:
