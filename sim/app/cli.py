@@ -26,6 +26,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="chunked",
                    help=f"scheduling policy: {', '.join(POLICIES)} (default: chunked), or your own as "
                         "path/to/file.py:ClassName or package.module:ClassName (see the README)")
+    p.add_argument("--policy-timeout", type=policy_timeout, default=None, metavar="S",
+                   help="stop the run (exit 2) when your own policy's or router's call does not return within S "
+                        "seconds; 0 for no bound (default: 10)")
     p.add_argument("--model", default="Llama-3.1-8B", metavar="NAME|CONFIG",
                    help=f"model preset ({', '.join(MODELS)}) or a Hugging Face config.json, or a folder holding "
                         "one: dense Llama, Mistral, Qwen2, Qwen3 (default: Llama-3.1-8B)")
@@ -107,6 +110,17 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     for pool in ("prefill", "decode"):
         g.add_argument(f"--{pool}-options", default="", metavar="KEY=VALUE,...",
                        help=f"the {pool} pool's own settings, KEY one of {', '.join(POOL_OPTIONS)}")
+
+
+def policy_timeout(text: str) -> float:
+    """--policy-timeout's value: seconds from 0 (no bound) to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 86400:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be between 0 (no bound) and 86400 s, got {text}")
+    return value
 
 
 def options_from_args(args: argparse.Namespace):
@@ -289,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(all_commands=command not in (["replay"], ["models"], ["hardware"]))
     args = parser.parse_args(argv)
     previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
+    if getattr(args, "policy_timeout", None) is not None:  # read by policies/checked.py, here and in workers
+        os.environ["SERVESIM_POLICY_TIMEOUT"] = repr(args.policy_timeout)
     # A replay makes hundreds of thousands of objects that live for a while (requests, their token
     # times): at Python's default first threshold (700 new objects) the cyclic collector ran 250
     # times over the Azure hour and walked them, 3-5% of the run. Reference counting frees them

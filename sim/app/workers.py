@@ -27,6 +27,8 @@ WATCH_S = 0.5
 class Terminated(Exception):
     """SIGTERM reached the command (exit 143, as a shell reports a process ended by SIGTERM)."""
 
+    from_outside = True  # not the user's code's error, where it interrupts it (policies/checked.py)
+
 
 def terminate_on_sigterm():
     """In the command's main thread: SIGTERM raises Terminated instead of ending it at once.
