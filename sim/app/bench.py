@@ -112,7 +112,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from reports.bench_table import format_bench_table
     from sim.app.cli import describe as describe_plan
     from sim.app.cli import options_from_args, run_stamp, warn
-    from sim.app.outputs import open_run_folder
+    from sim.app.outputs import command_inputs, open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
 
@@ -123,7 +123,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     # The run folder is claimed (made, locked, refused if it holds a run) before any work.
     with open_run_folder(args.out, f"{run_stamp()}-bench", overwrite=args.overwrite,
-                         discard_on_failure=True) as folder:
+                         discard_on_failure=True, inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
         plan = resolve(options)
         out = folder.folder
@@ -137,7 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"sim bench {describe(spec)}: {describe_plan(plan)}")
         print(format_bench_table(summary, spec.concurrency,
                                  None if math.isinf(spec.request_rate) else spec.request_rate))
-        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/",
+        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {folder.final}/",
               file=sys.stderr)
     return 0
 

@@ -15,6 +15,7 @@ from sim.app.sweep_cli import (
     add_run_options,
     check_executor,
     check_table_folder,
+    interrupted_words,
     load_sweep_trace,
     open_folder,
     parse_grid,
@@ -112,8 +113,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                                   lambda: RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance))
         except (KeyboardInterrupt, Terminated):
             bar.close()
-            print(f"sim: interrupted; the finished probes are in {out / PROBES}; "
-                  "continue with the same command and --resume", file=sys.stderr)
+            print(interrupted_words(folder, f"the finished probes are in {out / PROBES}"), file=sys.stderr)
             raise
         bar.close()
         capacity = pd.DataFrame([_capacity_row(config, search, probes, slo)
@@ -123,7 +123,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         report = write_report(out)
     if not args.quiet:
         print(format_capacity(capacity, [n for n in names if len(axes[n]) > 1] or ["policy"], slo))
-        print(f"wrote {out / 'capacity.csv'}, {out / PROBES} and {report}")
+        final = folder.final
+        print(f"wrote {final / 'capacity.csv'}, {final / PROBES} and {final / report.name}")
     errors = capacity[capacity["status"] == "error"]
     if len(errors):
         print(f"sim: {len(errors)} searches stopped on a failing probe (first: {errors.iloc[0]['error']})",

@@ -156,7 +156,7 @@ def warn(message: str | None) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from reports.metrics import format_summary
-    from sim.app.outputs import open_run_folder
+    from sim.app.outputs import command_inputs, open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
     from sim.app.replay import replay, replay_to, write_run
@@ -165,7 +165,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     # The run folder is claimed (made, locked, refused if it holds a run) before any work.
     with open_run_folder(args.out, f"{run_stamp()}-{options.scheduler.policy}", overwrite=args.overwrite,
-                         discard_on_failure=True) as folder:
+                         discard_on_failure=True, inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
         plan = resolve(options)
         trace = load_trace(args.trace, args, plan.max_model_len)
@@ -184,7 +184,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}"
               + _cluster_words(plan))
         print(format_summary(summary))
-        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
+        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {folder.final}/")
     return 0
 
 
