@@ -76,11 +76,30 @@ def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool 
     if not plan.options.cluster.is_single:
         raise ServesimError("sim bench's closed loop drives one engine; --replicas, --router and the prefill and "
                             "decode pools are for sim replay, sim sweep and sim capacity")
+    check_runnable(spec, plan)
     requests = spec.requests()
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
                     plan.max_model_len, fast_forward=fast_forward, progress=progress)
     workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine)
     return simulate(engine, workload), workload
+
+
+def check_runnable(spec: BenchSpec, plan: RunPlan) -> None:
+    """Refuse, before anything runs, a benchmark whose requests the engine would reject (all are
+    alike): prompt + output over the model length, or more KV blocks than the whole cache
+    (the engine's own tests, `Engine.submit`)."""
+    total = spec.input_len + spec.output_len
+    if total > plan.max_model_len:
+        raise ServesimError(f"--input-len {spec.input_len} + --output-len {spec.output_len} = {total} tokens, more than "
+                            f"--max-model-len {plan.max_model_len}: every request would be rejected; shorten them "
+                            "or raise --max-model-len")
+    request = Request(0, "bench-0", 0.0, spec.input_len, spec.output_len)
+    bm = plan.make_block_manager()
+    needed = bm.blocks_for(request.max_kv_tokens)
+    if needed > bm.num_blocks:
+        raise ServesimError(f"each request (--input-len {spec.input_len}, --output-len {spec.output_len}) needs "
+                            f"{needed} KV blocks, and the whole cache has {bm.num_blocks}: every request would be "
+                            "rejected; shorten them, or give more blocks (--num-gpu-blocks, --gpu-memory-utilization)")
 
 
 def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) -> dict:
