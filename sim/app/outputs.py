@@ -401,6 +401,7 @@ class FolderLock:
 
     def __exit__(self, kind, value, traceback) -> None:
         if self.staged:
+            staging = str(self.folder)
             try:
                 if kind is None:
                     self._swap_in()
@@ -409,6 +410,8 @@ class FolderLock:
                     shutil.rmtree(self.folder, ignore_errors=True)
                     self.folder, self.staged = self.final, False
                 self.release()
+            if isinstance(value, ServesimError) and staging in str(value):  # name the folder the user named
+                raise ServesimError(str(value).replace(staging, str(self.final))) from None
             return
         self.release()
         if kind is not None and self.created:  # the command failed in a folder it made

@@ -114,8 +114,34 @@ def check_executor(args: argparse.Namespace) -> None:
         raise ServesimError(f"--jobs must be at least 1, got {args.jobs}")
     if args.address and args.executor != "ray":
         raise ServesimError("--address is the Ray cluster's; it needs --executor ray")
+    if args.address:
+        check_reachable(args.address)
     if args.resume and args.overwrite:
         raise ServesimError("give --resume or --overwrite, not both")
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Refuse, within `timeout_s`, a Ray address nothing answers at: ray.init retries an unreachable
+    head for minutes, blind to SIGTERM while it waits in its own code. `auto` (a cluster on this
+    machine) is left to Ray, which fails at once when there is none."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ServesimError(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ServesimError(f"--address {address}: no Ray cluster answers there ({reason}, {timeout_s:g} s "
+                            "limit); start it (`ray start --head`) or check the host and port") from None
 
 
 def open_folder(args: argparse.Namespace, what: str):
