@@ -232,7 +232,7 @@ def test_replay_out_on_the_folder_of_its_own_input_is_refused_whatever_the_flags
     assert sim("replay", trace, "--out", other, "--overwrite", "--quiet") == 2
     capsys.readouterr()
     hardware = folder / "gpu.json"
-    hardware.write_text('{"peak_flops": 1e15, "peak_fp8_flops": null, "memory_bandwidth": 3e12, '
+    hardware.write_text('{"peak_bf16_flops": 1e15, "peak_fp8_flops": null, "memory_bandwidth": 3e12, '
                         '"memory_bytes": 85000000000, "nvlink_bandwidth": null}')
     assert sim("replay", *SMALL, "--hardware", hardware, "--out", folder, "--overwrite", "--quiet") == 2
     assert "holds the input" in error_text(capsys)
@@ -483,3 +483,18 @@ def test_an_unreachable_ray_address_is_refused_quickly():
     with pytest.raises(ServesimError, match="no Ray cluster answers there"):
         check_reachable("192.0.2.1:6379", timeout_s=0.5)  # TEST-NET-1: never answers
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow  # a cache of 2**25 blocks takes seconds to build
+def test_a_capped_kv_cache_is_reported_as_capped(tmp_path, capsys):
+    import json
+
+    hardware = tmp_path / "huge.json"
+    hardware.write_text('{"peak_bf16_flops": 1e15, "peak_fp8_flops": null, "memory_bandwidth": 3e12, '
+                        '"memory_bytes": 1e300, "nvlink_bandwidth": null}')
+    assert sim("replay", AZURE_CONV_SAMPLE, "--limit", 5, "--hardware", hardware, "--out", tmp_path / "r",
+               "--quiet") == 0
+    assert "KV blocks; servesim simulates at most 33,554,432 (capped" in capsys.readouterr().err
+    kv = json.loads((tmp_path / "r" / "summary.json").read_text())["kv_cache"]
+    assert kv["num_gpu_blocks"] == 33_554_432 and kv["derived_num_gpu_blocks"] > 10**290
+    assert kv["capped"].startswith("the memory would hold 4.292e+293 KV blocks")

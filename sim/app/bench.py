@@ -145,6 +145,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          discard_on_failure=True, inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
         plan = resolve(options)
+        warn(plan.capped_blocks())
         out = folder.folder
         progress = Progress.for_replay(spec.num_prompts, quiet=args.quiet)
         started = time.perf_counter()

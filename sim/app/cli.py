@@ -168,6 +168,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                          discard_on_failure=True, inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
         plan = resolve(options)
+        warn(plan.capped_blocks())
         trace = load_trace(args.trace, args, plan.max_model_len)
         progress = Progress.for_replay(len(trace), quiet=args.quiet)
         started = time.perf_counter()

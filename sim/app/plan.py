@@ -89,7 +89,18 @@ class RunPlan:
         """The KV blocks used and how they were derived (summary.json)."""
         if self.kv is None:
             return {"num_gpu_blocks": self.num_blocks, "source": "the real backend's own allocation"}
-        return self.kv.as_dict()
+        d = self.kv.as_dict()
+        if self.num_blocks < self.kv.num_gpu_blocks:  # the blocks simulated, and what the memory would hold
+            d.update(num_gpu_blocks=self.num_blocks, derived_num_gpu_blocks=self.kv.num_gpu_blocks,
+                     capped=self.capped_blocks())
+        return d
+
+    def capped_blocks(self) -> str | None:
+        """A warning when the derived KV cache is larger than servesim simulates (MAX_NUM_BLOCKS)."""
+        if self.kv is None or self.num_blocks >= self.kv.num_gpu_blocks:
+            return None
+        return (f"the memory would hold {self.kv.num_gpu_blocks:.4g} KV blocks; servesim simulates at most "
+                f"{self.num_blocks:,} (capped: every figure of this run is for {self.num_blocks:,} blocks)")
 
 
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
