@@ -22,6 +22,7 @@ are not wrapped in a run (they are servesim's own code, checked by the tests wit
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import signal
 import threading
@@ -212,9 +213,19 @@ def checked_policy_class(cls: type, spec: str) -> type:
         method.__name__ = name
         return method
 
+    def retry_s(self, state, now):
+        when = self._guard.call("retry_s", lambda: cls.retry_s(self, state, now), step=state.step_index)
+        if when is not None and not (isinstance(when, (int, float)) and not isinstance(when, bool) and when > now
+                                     and math.isfinite(when)):
+            raise ServesimError(f"your policy {self._guard.label} ({spec}) broke a rule of the engine at step "
+                                f"{state.step_index} (t={now:.6f} s): after an empty batch, retry_s answered {when!r}; "
+                                f"it must be None (wait for the next arrival) or a time later than now ({now!r}), "
+                                "or the engine would try again for ever")
+        return when
+
     namespace: dict[str, Any] = {promise: getattr(cls, promise, False) for promise in PROMISES}
-    namespace.update(__init__=__init__, schedule=schedule, __doc__=cls.__doc__, checked_class=cls)
-    for name in ("retry_s", "finish_may_admit", "chunk_run_budget"):
+    namespace.update(__init__=__init__, schedule=schedule, retry_s=retry_s, __doc__=cls.__doc__, checked_class=cls)
+    for name in ("finish_may_admit", "chunk_run_budget"):
         namespace[name] = guarded(name)
     checked = type(cls.__name__, (cls,), namespace)
     checked.__qualname__ = f"checked({cls.__qualname__})"

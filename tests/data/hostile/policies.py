@@ -85,3 +85,13 @@ class NegativeRouter(Router):
 class RaisingRouter(Router):
     def route(self, request, replicas):
         raise KeyError("no such replica")
+
+
+class RetriesNow(ChunkedPolicy):
+    """Holds every request back and asks to be tried again at once, for ever."""
+
+    def schedule(self, state, now):
+        return Batch()
+
+    def retry_s(self, state, now):
+        return now
