@@ -136,8 +136,8 @@ def test_over_the_budget_and_over_the_cache():
     ("Twice", "request 0 is in the batch twice"),
     ("StealsBlocks", "KV blocks in use of the"),
     ("ReturnsNone", "schedule must return a sim.batch.Batch, it returned NoneType"),
-    ("RetriesNow", "after an empty batch, retry_s answered 0.0; it must be None (wait for the next arrival) or a "
-                   "time later than now (0.0)"),
+    ("RetriesNow", "after an empty batch, retry_s answered 0; it must be None (wait for the next arrival) or a "
+                   "time later than now (0)"),
 ])
 def test_a_policy_breaking_a_rule_stops_the_run_naming_policy_step_and_rule(tmp_path, capsys, policy, words):
     out = tmp_path / "run"
