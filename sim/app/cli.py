@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(all_commands=command not in (["replay"], ["models"], ["hardware"]))
     args = parser.parse_args(argv)
     previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
+    timeout_before = os.environ.get("SERVESIM_POLICY_TIMEOUT")
     if getattr(args, "policy_timeout", None) is not None:  # read by policies/checked.py, here and in workers
         os.environ["SERVESIM_POLICY_TIMEOUT"] = repr(args.policy_timeout)
     # A replay makes hundreds of thousands of objects that live for a while (requests, their token
@@ -334,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         gc.set_threshold(*thresholds)
+        if timeout_before is None:  # as it was: main() may run again in this process (tests)
+            os.environ.pop("SERVESIM_POLICY_TIMEOUT", None)
+        else:
+            os.environ["SERVESIM_POLICY_TIMEOUT"] = timeout_before
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
