@@ -500,3 +500,36 @@ def test_a_capped_kv_cache_is_reported_as_capped(tmp_path, capsys):
     kv = json.loads((tmp_path / "r" / "summary.json").read_text())["kv_cache"]
     assert kv["num_gpu_blocks"] == 33_554_432 and kv["derived_num_gpu_blocks"] > 10**290
     assert kv["capped"].startswith("the memory would hold 4.292e+293 KV blocks")
+
+
+def test_every_command_refuses_an_out_folder_holding_its_input(tmp_path, capsys):
+    """The input, whatever its flag, is inside --out: refused before any work, the input kept."""
+    folder = tmp_path / "D"
+    folder.mkdir()
+    trace = folder / "trace.csv"
+    trace.write_bytes(Path(AZURE_CONV_SAMPLE).read_bytes())
+    hardware = folder / "gpu.json"
+    hardware.write_text('{"peak_bf16_flops": 1e15, "peak_fp8_flops": null, "memory_bandwidth": 3e12, '
+                        '"memory_bytes": 85000000000, "nvlink_bandwidth": null}')
+    profile = folder / "p.json"
+    profile.write_bytes((ROOT / "profiles" / "tiny-cpu.json").read_bytes())
+    measured = folder / "silicon.csv"
+    measured.write_text("x\n")
+    before = snapshot(folder)
+    commands = {
+        "sweep": ["sweep", trace, "--jobs", 1],
+        "capacity": ["capacity", trace, "--slo", "tbt=0.1", "--jobs", 1],
+        "bench": ["bench", "--concurrency", 1, "--input-len", 8, "--output-len", 2, "--num-prompts", 2,
+                  "--hardware", hardware],
+        "compare": ["compare", trace, "--profile", profile, "--model", "tiny"],
+        "validate": ["validate", measured, "--ops", tmp_path],
+    }
+    for name, args in commands.items():
+        assert sim(*args, "--out", folder, "--overwrite", "--quiet") == 2, name
+        assert f"{folder}: holds the input " in error_text(capsys), name
+        assert snapshot(folder) == before, name
+    # A file output over an input named by any flag: a profile over the --hardware file.
+    assert sim("calibrate", "--from-ops", tmp_path, "--system", "h100_sxm", "--model", "Llama-3.1-8B",
+               "--hardware", hardware, "--out", hardware.with_suffix(".json"), "--overwrite", "--quiet") == 2
+    assert "writing it would destroy it" in error_text(capsys)
+    assert snapshot(folder) == before
