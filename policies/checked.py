@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 import traceback
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,8 @@ def batch_violation(batch: Any, state: Any, config: Any) -> str | None:
         if id(r) in seen:
             return f"request {rid} is in the batch twice"
         seen.add(id(r))
-        if type(num_tokens) is not int or num_tokens < 1:
+        if not (type(num_tokens) is int or (isinstance(num_tokens, Integral) and not isinstance(num_tokens, bool))) \
+                or num_tokens < 1:
             return f"request {rid} is scheduled {num_tokens!r} tokens; each request must get a whole number >= 1"
         total += num_tokens
         status = getattr(r, "status", None)
@@ -243,7 +245,7 @@ def checked_router_class(cls: type, spec: str) -> type:
     def route(self, request, replicas):
         choice = self._guard.call("route", lambda: cls.route(self, request, replicas))
         n = len(replicas)
-        if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < n:
+        if isinstance(choice, bool) or not isinstance(choice, Integral) or not 0 <= choice < n:
             raise ServesimError(f"your router {self._guard.label} ({spec}) answered {choice!r} for request "
                                 f"{getattr(request, 'request_id', '?')}; route must return the index of a replica "
                                 f"it was shown, a whole number from 0 to {n - 1}")
