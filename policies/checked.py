@@ -82,7 +82,7 @@ def batch_violation(batch: Any, state: Any, config: Any) -> str | None:
     for i in range(n):
         r = requests[i]
         num_tokens, num_computed = batch.num_scheduled_tokens[i], batch.num_computed_tokens[i]
-        rid = getattr(r, "request_id", repr(r))
+        rid = r.request_id if hasattr(r, "request_id") else "?"
         if id(r) in seen:
             return f"request {rid} is in the batch twice"
         seen.add(id(r))
@@ -109,7 +109,8 @@ def batch_violation(batch: Any, state: Any, config: Any) -> str | None:
         if len(table) * block_size < num_computed + num_tokens:
             return (f"request {rid} holds {len(table)} KV blocks of {block_size} tokens, too few for its "
                     f"{num_computed + num_tokens} tokens (reserve them with the Policy helpers)")
-        for block in table:
+        # The blocks this step writes (those of earlier steps were checked at their steps).
+        for block in table[num_computed // block_size:(num_computed + num_tokens - 1) // block_size + 1]:
             if type(block) is not int or not 0 <= block < num_blocks:
                 return f"request {rid} holds KV block {block!r}, which does not exist (the cache has {num_blocks})"
     k = batch.num_leading_decodes
