@@ -533,3 +533,14 @@ def test_every_command_refuses_an_out_folder_holding_its_input(tmp_path, capsys)
                "--hardware", hardware, "--out", hardware.with_suffix(".json"), "--overwrite", "--quiet") == 2
     assert "writing it would destroy it" in error_text(capsys)
     assert snapshot(folder) == before
+
+
+def test_an_overwrite_through_a_link_replaces_the_folder_it_names_and_keeps_the_link(tmp_path):
+    real, link = tmp_path / "real", tmp_path / "link"
+    assert sim("replay", *SMALL, "--out", real, "--quiet") == 0
+    link.symlink_to(real)
+    before = snapshot(real)
+    assert sim("replay", *SMALL, "--policy", "decode-first", "--out", link, "--overwrite", "--quiet") == 0
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert snapshot(real).keys() == before.keys() and snapshot(real) != before
+    assert not leftovers(tmp_path)

@@ -323,7 +323,8 @@ class FolderLock:
         """Write the run into a new folder beside the locked one, to replace it whole on success
         (`__exit__`). Staged folders left by a killed command are removed first: the lock is ours,
         so no live command is writing one."""
-        parent, name = self.final.parent, self.final.name
+        target = self.final.resolve()  # a link to a folder: the folder it names is replaced, the link kept
+        parent, name = target.parent, target.name
         for stale in parent.glob(f".{glob_escape(name)}{STAGE_MARK}*"):
             shutil.rmtree(stale, ignore_errors=True)
         try:
@@ -338,7 +339,7 @@ class FolderLock:
         """The staged folder takes the final one's place in one step; the old run is removed after."""
         new, final = self.folder, self.final
         try:
-            _exchange(new, final)  # `new` now holds the old run
+            _exchange(new, final.resolve())  # `new` now holds the old run
         except OSError as e:
             raise ServesimError(f"{final}: cannot replace it with the new run ({e.strerror or e}); the old run "
                                 "is unchanged") from None
