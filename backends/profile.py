@@ -64,7 +64,9 @@ class Profile:
 def save_profile(profile: Profile, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+    from backends.opprofile import write_whole
+
+    write_whole(path, json.dumps(profile.to_json(), indent=2) + "\n")  # never a truncated profile
 
 
 def load_profile(path: str | Path, model: str | None = None) -> Profile:

@@ -16,6 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
+from policies.checked import checked_router_class
 from sim.errors import ServesimError
 from sim.plugins import load_class
 from sim.request import Request
@@ -198,8 +199,10 @@ ROUTERS: dict[str, type[Router]] = {
 
 
 def load_router(spec: str) -> type[Router]:
-    """A built-in router by name, or a user's `FILE.py:Class` / `module:Class` (a `Router` subclass)."""
-    return load_class(spec, ROUTERS, Router, "router")
+    """A built-in router by name, or a user's `FILE.py:Class` / `module:Class` (a `Router` subclass),
+    wrapped so that its answers are checked and its errors reported as its own (policies/checked.py)."""
+    cls = load_class(spec, ROUTERS, Router, "router")
+    return cls if spec in ROUTERS else checked_router_class(cls, spec)
 
 
 def make_router(spec: str, seed: int = 0) -> Router:

@@ -133,6 +133,7 @@ WARMUP_RUNS = Range(0, 10**4, "runs", "runs of one shape; 10,000 of each shape w
 PROMPTS_PER_CLIENT = Range(1, 10**4, "requests", "requests per client of one benchmark; InferenceMAX sends 10",
                            whole=True)
 UNIQUE_PROMPTS = Range(0, 2**20, "prompts", "prompts the client cycles through; AIPerf's dataset has 100", whole=True)
+POLICY_TIMEOUT_S = Range(0.0, 86400.0, "s", "0 means no bound; a step's schedule call of a day has hung")
 JOBS = Range(1, 4096, "processes", "points run at once, a process each", whole=True)
 FRACTION = Range(0.0, 1.0, "", "a fraction")
 OPEN_FRACTION = Range(0.0, 1.0, "", "a fraction above 0", open_low=True)

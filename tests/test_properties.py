@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from policies import POLICIES
+from policies.checked import batch_violation
 from sim.app.replay import make_requests
 from sim.arrivals import TraceArrivals
 from sim.arrivals import simulate as run_engine
@@ -39,6 +40,9 @@ class CheckedPolicy:
         preemptions_before = {id(r): r.num_preemptions for r in running_before}
         num_preemptions = state.num_preemptions
         batch = self.inner.schedule(state, now)
+        # The engine's rules, checked by the same checker that guards a user's policy in a run.
+        problem = batch_violation(batch, state, self.config)
+        assert problem is None, f"{self.name} at step {state.step_index}: {problem}"
         bm.check_invariants(state.running)
         self.num_steps += 1
         assert self.num_steps <= MAX_STEPS, f"{MAX_STEPS} steps and still running: requests are not finishing"

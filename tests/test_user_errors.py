@@ -104,9 +104,9 @@ def test_capacity_of_another_trace_in_a_sweeps_folder_is_refused_naming_both(tmp
         f"{AZURE_CONV_SAMPLE} would be reported with, but it has a different trace (its requests differ); choose "
         "another --out, or pass --overwrite to remove it")
     assert sim(*args, "--overwrite") == 0
-    err = capsys.readouterr().err
-    assert f"sim: warning: {out / 'results.parquet'}: removed (--overwrite): a sweep with a different trace" in err
+    # --overwrite replaces the folder as a whole (issue 32): the sweep of the other trace is gone with it.
     assert sorted(p.name for p in out.iterdir()) == ["capacity.csv", "probes.parquet", "report.html"]
+    assert not list(tmp_path.glob(".x.servesim-new-*"))
 
 
 def test_same_trace_sweep_and_capacity_share_a_folder(tmp_path, capsys):

@@ -76,11 +76,30 @@ def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool 
     if not plan.options.cluster.is_single:
         raise ServesimError("sim bench's closed loop drives one engine; --replicas, --router and the prefill and "
                             "decode pools are for sim replay, sim sweep and sim capacity")
+    check_runnable(spec, plan)
     requests = spec.requests()
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
                     plan.max_model_len, fast_forward=fast_forward, progress=progress)
     workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine)
     return simulate(engine, workload), workload
+
+
+def check_runnable(spec: BenchSpec, plan: RunPlan) -> None:
+    """Refuse, before anything runs, a benchmark whose requests the engine would reject (all are
+    alike): prompt + output over the model length, or more KV blocks than the whole cache
+    (the engine's own tests, `Engine.submit`)."""
+    total = spec.input_len + spec.output_len
+    if total > plan.max_model_len:
+        raise ServesimError(f"--input-len {spec.input_len} + --output-len {spec.output_len} = {total} tokens, more than "
+                            f"--max-model-len {plan.max_model_len}: every request would be rejected; shorten them "
+                            "or raise --max-model-len")
+    request = Request(0, "bench-0", 0.0, spec.input_len, spec.output_len)
+    bm = plan.make_block_manager()
+    needed = bm.blocks_for(request.max_kv_tokens)
+    if needed > bm.num_blocks:
+        raise ServesimError(f"each request (--input-len {spec.input_len}, --output-len {spec.output_len}) needs "
+                            f"{needed} KV blocks, and the whole cache has {bm.num_blocks}: every request would be "
+                            "rejected; shorten them, or give more blocks (--num-gpu-blocks, --gpu-memory-utilization)")
 
 
 def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) -> dict:
@@ -112,7 +131,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from reports.bench_table import format_bench_table
     from sim.app.cli import describe as describe_plan
     from sim.app.cli import options_from_args, run_stamp, warn
-    from sim.app.outputs import open_run_folder
+    from sim.app.outputs import command_inputs, open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
 
@@ -123,7 +142,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     # The run folder is claimed (made, locked, refused if it holds a run) before any work.
     with open_run_folder(args.out, f"{run_stamp()}-bench", overwrite=args.overwrite,
-                         discard_on_failure=True) as folder:
+                         discard_on_failure=True, inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
         plan = resolve(options)
         for message in plan.warnings():  # a capped KV cache
@@ -139,7 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"sim bench {describe(spec)}: {describe_plan(plan)}")
         print(format_bench_table(summary, spec.concurrency,
                                  None if math.isinf(spec.request_rate) else spec.request_rate))
-        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/",
+        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {folder.final}/",
               file=sys.stderr)
     return 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from backends.calibration import GRIDS, calibrate, default_grid, format_profile, grid_num_blocks
 from backends.presets import get_model
 from backends.profile import save_profile
-from sim.app.outputs import atomic_path, check_file_destination
+from sim.app.outputs import atomic_path, check_file_destination, command_inputs
 from sim.app.progress import Progress
 from sim.errors import ServesimError
 
@@ -37,8 +37,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if out.suffix != ".json":
         raise ServesimError(f"--out {out}: a profile is a .json file")
     csv = out.with_suffix(".csv")
-    for path in (out, csv):  # checked before the measuring, which takes minutes
-        check_file_destination(path)
+    for path in (out, csv):  # checked before the measuring, which takes minutes; never over an input
+        check_file_destination(path, command_inputs(args))
         if path.exists() and not args.overwrite:
             raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose another --out "
                                 "(profiles/tiny-cpu.json is the bundled profile the tests use)")

@@ -88,6 +88,16 @@ class CapacitySLO:
         return all(value is None or value <= self.limits()[key][0] for key, value in measured.items())
 
 
+BURST_S = 1e-6  # a trace compressed into a microsecond arrives as one burst: far below any step's time
+UNBOUNDED = "unbounded: the whole trace at once meets the SLO"
+
+
+def burst_scale(duration_s: float) -> float:
+    """The rate scale past which a trace spanning `duration_s` arrives within BURST_S: every higher
+    scale replays the same burst of all its requests (a trace whose requests arrive together: 1)."""
+    return max(duration_s / BURST_S, 1.0) if math.isfinite(duration_s) and duration_s > 0 else 1.0
+
+
 @dataclass
 class RateSearch:
     """Bracket, then bisect, the rate scale at which a monotone pass/fail test flips."""
@@ -100,6 +110,9 @@ class RateSearch:
     failed: float | None = None  # lowest scale that did not
     probes: list[tuple[float, bool]] = field(default_factory=list)
     error: str | None = None  # a probe failed to run: the search stops
+    # The scale past which the whole trace arrives within BURST_S (`burst_scale`): every higher
+    # scale replays the same burst, so once it passes there, no queue can be built within the bounds.
+    burst_scale: float = math.inf
 
     def __post_init__(self) -> None:
         if not 0 < self.min_scale <= self.max_scale or not math.isfinite(self.max_scale):
@@ -115,7 +128,9 @@ class RateSearch:
         if self.passed is None and self.failed is None:
             return min(max(self.start, self.min_scale), self.max_scale)
         if self.failed is None:
-            return None if self.passed >= self.max_scale else min(self.passed * 2, self.max_scale)
+            if self.passed >= self.max_scale or self.passed >= self.burst_scale:
+                return None
+            return min(self.passed * 2, self.max_scale)
         if self.passed is None:
             return None if self.failed <= self.min_scale else max(self.failed / 2, self.min_scale)
         if self.failed - self.passed <= self.tolerance * self.passed:
@@ -134,6 +149,8 @@ class RateSearch:
         if self.error is not None:
             return "error"
         if self.failed is None:
+            if self.passed is not None and self.passed >= self.burst_scale and self.passed < self.max_scale:
+                return UNBOUNDED
             return "at or above --max-rate-scale"
         if self.passed is None:
             return "below --min-rate-scale"

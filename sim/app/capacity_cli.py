@@ -15,6 +15,7 @@ from sim.app.sweep_cli import (
     add_run_options,
     check_executor,
     check_table_folder,
+    interrupted_words,
     load_sweep_trace,
     open_folder,
     parse_grid,
@@ -60,7 +61,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from reports.axes import AXES
-    from sim.app.capacity import CapacitySLO, RateSearch, search_all
+    from sim.app.capacity import BURST_S, UNBOUNDED, CapacitySLO, RateSearch, burst_scale, search_all
     from sim.app.outputs import atomic_path
     from sim.app.plan import resolve
     from sim.app.report import write_report
@@ -110,11 +111,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
         try:
             outcomes = search_all(list(range(len(configs))), make_probe, run_probes, slo.is_met,
-                                  lambda: RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance))
+                                  lambda: RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance,
+                                                     burst_scale=burst_scale(trace.duration_s)))
         except (KeyboardInterrupt, Terminated):
             bar.close()
-            print(f"sim: interrupted; the finished probes are in {out / PROBES}; "
-                  "continue with the same command and --resume", file=sys.stderr)
+            print(interrupted_words(folder, f"the finished probes are in {out / PROBES}"), file=sys.stderr)
             raise
         bar.close()
         capacity = pd.DataFrame([_capacity_row(config, search, probes, slo)
@@ -124,7 +125,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         report = write_report(out)
     if not args.quiet:
         print(format_capacity(capacity, [n for n in names if len(axes[n]) > 1] or ["policy"], slo))
-        print(f"wrote {out / 'capacity.csv'}, {out / PROBES} and {report}")
+        final = folder.final
+        print(f"wrote {final / 'capacity.csv'}, {final / PROBES} and {final / report.name}")
+    unbounded = capacity[capacity["status"] == UNBOUNDED]
+    if len(unbounded):
+        print(f"sim: warning: {len(unbounded)} of {len(capacity)} searches stopped at rate scale "
+              f"{unbounded['capacity_rate_scale'].min():g}, where the whole trace ({trace.source}, {len(trace)} "
+              f"requests) arrives within {BURST_S:g} s and still meets the SLO: this trace is too short to build a "
+              "queue, so no capacity can be found within --max-rate-scale; use a longer trace (or --target-rate "
+              "on a longer one)", file=sys.stderr)
     errors = capacity[capacity["status"] == "error"]
     if len(errors):
         print(f"sim: {len(errors)} searches stopped on a failing probe (first: {errors.iloc[0]['error']})",
@@ -155,18 +164,22 @@ def format_capacity(capacity, keys: list[str], slo) -> str:
     from reports.metrics import latency_unit
 
     measured = [f"{key}_at_capacity" for key in slo.limits()]
-    unit, scale = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
+    # Latencies in capacity.csv are in seconds; shown in `unit`, each multiplied by `per_second`.
+    unit, per_second = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
     head = ("".join(f"{axis_name(k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
             + "".join(f"{k.removesuffix('_at_capacity') + ' ' + unit:>12}" for k in measured) + f"{'probes':>8}  status")
     lines = [f"capacity: {slo.describe()}", head]
     for _, row in capacity.iterrows():
         line = "".join(f"{row[k]!s:>14}" for k in keys)
-        scale, rate = row["capacity_rate_scale"], row["capacity_request_rate"]
-        line += f"{scale:>9.3g}" if scale == scale and scale is not None else f"{'-':>9}"
-        line += f"{rate:>9.2f}" if rate == rate and rate is not None else f"{'-':>9}"
+        rate_scale, rate = row["capacity_rate_scale"], row["capacity_request_rate"]
+        line += f"{rate_scale:>9.3g}" if rate_scale is not None and rate_scale == rate_scale else f"{'-':>9}"
+        if rate is None or rate != rate:
+            line += f"{'-':>9}"
+        else:
+            line += f"{rate:>9.2f}" if abs(rate) < 1e5 else f"{rate:>9.3g}"
         for k in measured:
             value = row.get(k)
-            line += f"{value * scale:>12.1f}" if value is not None and value == value else f"{'-':>12}"
+            line += f"{value * per_second:>12.4g}" if value is not None and value == value else f"{'-':>12}"
         line += f"{row['num_probes']:>8}  {row['status']}"
         lines.append(line)
     return "\n".join(lines)

@@ -20,9 +20,15 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that replays a trace: the trace's (traces/cli.py) and every
     field of ReplayOptions, generated from the dataclasses (sim/app/options.py)."""
     from sim.app.options import add_replay_flags
+    from sim.config import POLICY_TIMEOUT_S
 
     add_trace_options(p)  # --format, --model-filter and the workload transforms
     add_replay_flags(p)
+    # Not an option of the run (its answers do not depend on it): how long your own policy's or
+    # router's call may take (policies/checked.py reads it from the environment, workers too).
+    p.add_argument("--policy-timeout", type=POLICY_TIMEOUT_S.flag_type("--policy-timeout"), default=None,
+                   metavar="S", help="stop the run (exit 2) when your own policy's or router's call does not return "
+                                     "within S seconds; 0 for no bound (default: 10)")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -43,7 +49,7 @@ def warn(message: str | None) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from reports.metrics import format_summary
-    from sim.app.outputs import open_run_folder
+    from sim.app.outputs import command_inputs, open_run_folder
     from sim.app.plan import resolve
     from sim.app.progress import Progress
     from sim.app.replay import replay, replay_to, write_run
@@ -52,7 +58,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     # The run folder is claimed (made, locked, refused if it holds a run) before any work.
     with open_run_folder(args.out, f"{run_stamp()}-{options.scheduler.policy}", overwrite=args.overwrite,
-                         discard_on_failure=True) as folder:
+                         discard_on_failure=True, inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
         plan = resolve(options)
         for message in plan.warnings():
@@ -73,7 +79,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}"
               + _cluster_words(plan))
         print(format_summary(summary))
-        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {out}/")
+        print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {folder.final}/")
     return 0
 
 
@@ -198,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sim: error: {e}", file=sys.stderr)
         return 2
     previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
+    timeout_before = os.environ.get("SERVESIM_POLICY_TIMEOUT")
+    if getattr(args, "policy_timeout", None) is not None:  # read by policies/checked.py, here and in workers
+        os.environ["SERVESIM_POLICY_TIMEOUT"] = repr(args.policy_timeout)
     # A replay makes hundreds of thousands of objects that live for a while (requests, their token
     # times): at Python's default first threshold (700 new objects) the cyclic collector ran 250
     # times over the Azure hour and walked them, 3-5% of the run. Reference counting frees them
@@ -226,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         gc.set_threshold(*thresholds)
+        if timeout_before is None:  # as it was: main() may run again in this process (tests)
+            os.environ.pop("SERVESIM_POLICY_TIMEOUT", None)
+        else:
+            os.environ["SERVESIM_POLICY_TIMEOUT"] = timeout_before
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -26,7 +26,7 @@ import pandas as pd
 from backends.profile import ape_stats, load_profile
 from reports.compare_page import STEP_KINDS, write_compare_report
 from sim.app.options import ReplayOptions
-from sim.app.outputs import atomic_path, atomic_write_text, open_run_folder
+from sim.app.outputs import atomic_path, atomic_write_text, command_inputs, open_run_folder
 from sim.app.plan import RunPlan, resolve
 from sim.app.replay import replay, write_run
 from sim.backend import StepResult
@@ -193,12 +193,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.profile is None:
         raise ServesimError("sim compare needs --profile (make one with `sim calibrate`)")
     options = options_from_args(args)
-    with open_run_folder(args.out, "compare", overwrite=args.overwrite, discard_on_failure=True) as folder:
+    with open_run_folder(args.out, "compare", overwrite=args.overwrite, discard_on_failure=True,
+                         inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
-        return _compare(args, options, folder.folder)
+        lines = _compare(args, options, folder.folder)
+    if not args.quiet:
+        print("\n".join(lines))
+        print(f"wrote {folder.final}/ (compare.json, steps.csv, report.html, measured/, predicted/)")
+    return 0
 
 
-def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> int:
+def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> list[str]:
+    """Run the comparison into `out`; returns what to print once the folder is in place."""
     from backends.real.timing import with_clock
     from sim.app.progress import Progress
     from traces.cli import load_trace
@@ -224,12 +230,8 @@ def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> int
             "profile_repeat_noise": profile.fit.get("repeat_noise"), "clock": args.clock, "num_requests": len(trace),
             "num_blocks": measured.num_blocks, "wall_s": time.perf_counter() - started}
     figures = write_comparison(out, comparison, trace, measured, predicted, info)
-    if not args.quiet:
-        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {device}, "
-              f"profile {args.profile}")
-        print(format_comparison(figures))
-        print(f"wrote {out}/ (compare.json, steps.csv, report.html, measured/, predicted/)")
-    return 0
+    return [f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {options.model} on {device}, "
+            f"profile {args.profile}", format_comparison(figures)]
 
 
 def register(subparsers) -> None:

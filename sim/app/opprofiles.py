@@ -38,6 +38,10 @@ def read_profile_json(path: str | Path) -> dict:
         raise ServesimError(f"{path}: cannot read the profile: {e}") from None
 
 
+# The hardware preset of each system whose operator tables servesim reads (AIConfigurator's names).
+SYSTEM_HARDWARE = {"h100_sxm": "H100-SXM", "h200_sxm": "H200", "a100_sxm": "A100-80GB"}
+
+
 def check_matches(profile: OpProfile, path, model, hardware, tp: int, dtype: str, kv_cache_dtype: str) -> None:
     """Refuse an operator-table profile derived for another model shape, GPU, TP degree or dtype."""
     wanted = {"tp": tp, "dtype": dtype, "kv_cache_dtype": kv_name(kv_cache_dtype)}
@@ -50,6 +54,15 @@ def check_matches(profile: OpProfile, path, model, hardware, tp: int, dtype: str
     if profile.hardware is not None and profile.hardware != hardware.name:
         raise ServesimError(f"{path} was derived from {profile.source.get('system')} tables for {profile.hardware}, "
                             f"not {hardware.name}")
+    # Derived without --hardware: its kernel times are still its system's GPU's (issue 32).
+    system = profile.source.get("system")
+    if profile.hardware is None and SYSTEM_HARDWARE.get(system) != hardware.name:
+        measured_on = SYSTEM_HARDWARE.get(system, f"the GPU of system {system!r}")
+        raise ServesimError(f"{path} holds kernel times measured on {measured_on} ({system} tables), not "
+                            f"{hardware.name}: derive a profile from {hardware.name}'s tables, or run with "
+                            f"--hardware {measured_on}" if system in SYSTEM_HARDWARE else
+                            f"{path} holds kernel times of {system!r} tables, a system servesim does not map "
+                            f"to --hardware {hardware.name}: derive it again with --hardware")
 
 
 def matching_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
@@ -69,12 +82,12 @@ def cmd_from_ops(args) -> int:
     from backends.model_config import resolve_model
     from backends.opprofile import build_profile, save_op_profile
     from backends.optables import load_tables
-    from sim.app.outputs import check_file_destination
+    from sim.app.outputs import check_file_destination, command_inputs
 
     out = Path(args.out)
     if out.suffix != ".json":
         raise ServesimError(f"--out {out}: a profile is a .json file")
-    check_file_destination(out, (args.from_ops,))
+    check_file_destination(out, command_inputs(args))
     if args.system is None:
         raise ServesimError("--from-ops needs --system, the tables' system name (e.g. h100_sxm)")
     model = resolve_model(args.model)
@@ -85,7 +98,10 @@ def cmd_from_ops(args) -> int:
     profile = build_profile(tables, model.name, model, None if hardware is None else hardware.name, args.tp,
                             args.dtype, kv_name(args.kv_cache_dtype),
                             nvlink_bytes_per_s=None if hardware is None else hardware.nvlink_bandwidth)
-    save_op_profile(profile, out)
+    try:
+        save_op_profile(profile, out)  # under a temporary name, then renamed: a full disk keeps the old profile
+    except OSError as e:
+        raise ServesimError(f"{out}: cannot write ({e.strerror or e}); the file there is unchanged") from None
     if not args.quiet:
         print(format_op_profile(profile))
         print(f"wrote {out}")

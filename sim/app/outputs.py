@@ -11,6 +11,12 @@ not at all, run folders never overwritten unawares, one writer per folder.
                                                           run (unless --overwrite or --resume)
     FolderLock                                           the lock file holding pid and host
     check_not_input                                      an output is none of the command's inputs
+    command_inputs                                       every file or folder a command's arguments name
+
+An --overwrite of a folder that holds a run never loses it: the new run is written into a new
+folder beside it (`.NAME.servesim-new-XXXX`, `FolderLock.staged`) and swapped in whole when the
+command succeeds (renameat2 RENAME_EXCHANGE: one atomic step), the old run removed only then. A
+kill, a full disk or an error leaves the old folder as it was, whole and usable.
 
 A rename within one folder is atomic on POSIX file systems, so a reader (or a crash) sees either
 the old file or the new one, never a part. Every problem is a `ServesimError` naming the path.
@@ -18,6 +24,7 @@ the old file or the new one, never a part. Every problem is a `ServesimError` na
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -73,16 +80,52 @@ def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = ()
     return path
 
 
-def check_not_input(output: str | Path, inputs: tuple[str | Path, ...]) -> None:
-    """Refuse an output that is one of the inputs (by any path: links, `./`, another spelling)."""
+def check_not_input(output: str | Path, inputs: tuple | list, folder: bool = False) -> None:
+    """Refuse an output that is one of the inputs (by any path: links, `./`, another spelling; by
+    resolved path and by inode), or with `folder`, an output folder that holds one of them (a
+    folder is replaced as a whole)."""
     for source in inputs:
         try:
             same = os.path.samefile(output, source)
         except OSError:  # either one does not exist (yet)
-            continue
+            same = False
+        if not same:
+            try:
+                same = Path(output).resolve() == Path(source).resolve()
+            except (OSError, RuntimeError):
+                same = False
         if same:
             raise ServesimError(f"{output}: is the input {source}; writing it would destroy it: "
                                 f"name another output")
+        if folder and _inside(source, output):
+            raise ServesimError(f"{output}: holds the input {source}; this command writes the folder as a whole, "
+                                "which would destroy it: name another --out, or move the input out of it")
+
+
+def _inside(source: str | Path, folder: str | Path) -> bool:
+    """Whether `source` lies under `folder` (resolved: links and `..` followed)."""
+    try:
+        s, f = Path(source).resolve(), Path(folder).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return s != f and s.is_relative_to(f)
+
+
+def command_inputs(args) -> list[str]:
+    """Every existing file or folder that a command's arguments name (a trace, a profile, a hardware
+    or model file, operator tables, a policy's FILE.py:Class, ...), whatever the flag: what no
+    output of the command may overwrite. `out` is the output, not an input."""
+    found: list[str] = []
+    for key, value in sorted(vars(args).items()):
+        if key in ("out", "func") or value is None:
+            continue
+        for text in (value if isinstance(value, (list, tuple)) else [value]):
+            if not isinstance(text, (str, Path)) or not str(text):
+                continue
+            for candidate in (str(text), str(text).rpartition(":")[0]):
+                if candidate and len(candidate) < 4096 and os.path.exists(candidate):
+                    found.append(candidate)
+    return found
 
 
 def _probe(folder: Path) -> None:
@@ -202,11 +245,15 @@ def make_run_folder(parent: str | Path, name: str) -> Path:
 
 
 def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = False,
-                 hint: str = "pass --overwrite to replace it, or choose another --out") -> FolderLock:
+                 hint: str = "pass --overwrite to replace it, or choose another --out",
+                 inputs: tuple | list = ()) -> FolderLock:
     """Make (or take) the folder `path` and lock it. A folder already holding files is refused,
     naming a few, unless `overwrite` or `resume`; the check is made under the lock, so two
-    commands cannot both find it empty."""
+    commands cannot both find it empty. With `overwrite`, a folder holding files is not written
+    into: the command writes `lock.folder`, a new folder beside it, swapped in whole when the
+    command succeeds (`FolderLock.stage`). A folder that is or holds one of `inputs` is refused."""
     path = check_folder_destination(path)
+    check_not_input(path, inputs, folder=True)
     created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -220,18 +267,25 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
             lock.release()
             shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
             raise ServesimError(f"{path}: already holds a run ({shown}); {hint}")
+    elif overwrite and not resume and any(entry.name != LOCK_NAME for entry in path.iterdir()):
+        try:
+            lock.stage()
+        except BaseException:
+            lock.release()
+            raise
     return lock
 
 
 def open_run_folder(out: str | Path | None, default_name: str, *, parent: str | Path = "runs",
                     overwrite: bool = False, resume: bool = False, discard_on_failure: bool = False,
-                    hint: str = "pass --overwrite to replace it, or choose another --out") -> FolderLock:
+                    hint: str = "pass --overwrite to replace it, or choose another --out",
+                    inputs: tuple | list = ()) -> FolderLock:
     """The locked folder a command writes: `out` claimed (claim_folder), or a new one under
     `parent` named after `default_name` (made now, so that no other command can take it). Use it
     as a context manager: a folder this call made is removed again if the command fails, when
     empty, or whatever it holds with `discard_on_failure`."""
     if out is not None:
-        lock = claim_folder(out, overwrite=overwrite, resume=resume, hint=hint)
+        lock = claim_folder(out, overwrite=overwrite, resume=resume, hint=hint, inputs=inputs)
     else:
         check_folder_destination(parent)
         lock = FolderLock(make_run_folder(parent, safe_name(default_name))).acquire()
@@ -262,6 +316,36 @@ class FolderLock:
         self.took_over: str | None = None
         self.created = False  # whether the command made the folder (removed again if it fails)
         self.discard_on_failure = False  # remove what it holds too (a replay), not only when empty (a sweep)
+        self.final = self.folder  # the folder the user named; `folder` is where to write (a staged one)
+        self.staged = False
+
+    def stage(self) -> None:
+        """Write the run into a new folder beside the locked one, to replace it whole on success
+        (`__exit__`). Staged folders left by a killed command are removed first: the lock is ours,
+        so no live command is writing one."""
+        target = self.final.resolve()  # a link to a folder: the folder it names is replaced, the link kept
+        parent, name = target.parent, target.name
+        for stale in parent.glob(f".{glob_escape(name)}{STAGE_MARK}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            self.folder = Path(tempfile.mkdtemp(prefix=f".{name}{STAGE_MARK}", dir=parent))
+            os.chmod(self.folder, _mode_for_folder(self.final))
+        except OSError as e:
+            raise ServesimError(f"{parent}: cannot make a folder beside {self.final} for the new run "
+                                f"({e.strerror or e}); the old run is unchanged") from None
+        self.staged = True
+
+    def _swap_in(self) -> None:
+        """The staged folder takes the final one's place in one step; the old run is removed after."""
+        new, final = self.folder, self.final
+        try:
+            _exchange(new, final.resolve())  # `new` now holds the old run
+        except OSError as e:
+            raise ServesimError(f"{final}: cannot replace it with the new run ({e.strerror or e}); the old run "
+                                "is unchanged") from None
+        self.folder, self.staged = final, False
+        _fsync_folder(final.parent)
+        shutil.rmtree(new, ignore_errors=True)
 
     def acquire(self) -> FolderLock:
         for _ in range(100):  # another process may remove the file between our open and our flock
@@ -317,6 +401,19 @@ class FolderLock:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
+        if self.staged:
+            staging = str(self.folder)
+            try:
+                if kind is None:
+                    self._swap_in()
+            finally:
+                if self.staged:  # failed, or the swap did: the new run is discarded, the old one stays
+                    shutil.rmtree(self.folder, ignore_errors=True)
+                    self.folder, self.staged = self.final, False
+                self.release()
+            if isinstance(value, ServesimError) and staging in str(value):  # name the folder the user named
+                raise ServesimError(str(value).replace(staging, str(self.final))) from None
+            return
         self.release()
         if kind is not None and self.created:  # the command failed in a folder it made
             if self.discard_on_failure:
@@ -326,6 +423,48 @@ class FolderLock:
                     self.folder.rmdir()  # only if nothing was written into it (a sweep keeps its rows)
                 except OSError:
                     pass
+
+
+STAGE_MARK = ".servesim-new-"
+RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _mode_for_folder(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o755
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two folders' names atomically (Linux renameat2 RENAME_EXCHANGE); where the call or the
+    file system lacks it, three renames (a crash between them leaves the old run whole, beside)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+        except (OSError, AttributeError):
+            renameat2 = None
+        if renameat2 is not None:
+            at_fdcwd = -100
+            if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+                return
+            err = ctypes.get_errno()
+            if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # other than "not supported here"
+                raise OSError(err, os.strerror(err))
+    aside = a.with_name(a.name + "-old")
+    os.rename(b, aside)
+    try:
+        os.rename(a, b)
+    except OSError:
+        os.rename(aside, b)
+        raise
+    os.rename(aside, a)
 
 
 def _is_file_at(fd: int, path: Path) -> bool:

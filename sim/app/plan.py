@@ -114,7 +114,7 @@ class RunPlan:
         """The KV blocks used and how they were derived (summary.json)."""
         if self.kv is None:
             return {"num_gpu_blocks": self.num_blocks, "source": "the real backend's own allocation"}
-        return self.kv.as_dict()
+        return self.kv.as_dict()  # a capped cache says so (KVCapacity.capped_from)
 
 
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:

@@ -109,21 +109,57 @@ def check_executor(args: argparse.Namespace) -> None:
         raise ServesimError(f"--jobs must be at least 1, got {args.jobs}")
     if args.address and args.executor != "ray":
         raise ServesimError("--address is the Ray cluster's; it needs --executor ray")
+    if args.address:
+        check_reachable(args.address)
     if args.resume and args.overwrite:
         raise ServesimError("give --resume or --overwrite, not both")
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Refuse, within `timeout_s`, a Ray address nothing answers at: ray.init retries an unreachable
+    head for minutes, blind to SIGTERM while it waits in its own code. `auto` (a cluster on this
+    machine) is left to Ray, which fails at once when there is none."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ServesimError(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ServesimError(f"--address {address}: no Ray cluster answers there ({reason}, {timeout_s:g} s "
+                            "limit); start it (`ray start --head`) or check the host and port") from None
 
 
 def open_folder(args: argparse.Namespace, what: str):
     """The locked run folder (sim.app.outputs.open_run_folder), claimed before any work."""
     from sim.app.cli import run_stamp, warn
-    from sim.app.outputs import open_run_folder
+    from sim.app.outputs import command_inputs, open_run_folder
 
     if args.resume and args.out is None:
         raise ServesimError("--resume continues the run in --out; name it")
     folder = open_run_folder(args.out, f"{run_stamp()}-{what}", overwrite=args.overwrite, resume=args.resume,
-                             hint="pass --resume to continue it, --overwrite to start again, or choose another --out")
+                             hint="pass --resume to continue it, --overwrite to start again, or choose another --out",
+                             inputs=command_inputs(args))
     warn(folder.took_over)
     return folder
+
+
+def interrupted_words(folder, kept: str) -> str:
+    """What an interrupted sweep or capacity search leaves: its rows to --resume, or, when it was
+    replacing a run (--overwrite), the old run, whole, in its place."""
+    if folder.staged:
+        return (f"sim: interrupted; {folder.final} still holds the run it had (this --overwrite run is "
+                "discarded)")
+    return f"sim: interrupted; {kept}; continue with the same command and --resume"
 
 
 def check_table_folder(out: Path, name: str, identity: dict, trace, overwrite: bool) -> None:
@@ -177,15 +213,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             result = sweep(trace, points, table, args.executor, args.jobs, args.address, on_row=_on_row(bar))
         except (KeyboardInterrupt, Terminated):
             bar.close()
-            print(f"sim: interrupted; {len(table.rows)} finished points are in {out / RESULTS}; "
-                  "continue with the same command and --resume", file=sys.stderr)
+            print(interrupted_words(folder, f"{len(table.rows)} finished points are in {out / RESULTS}"),
+                  file=sys.stderr)
             raise
         bar.close()
         report = write_report(out)
     if not args.quiet:
         print(format_sweep(result.frame))
         print(f"{len(points)} points ({len(points) - result.num_run} already done), {result.num_failed} failed; "
-              f"wrote {out / RESULTS} and {report}")
+              f"wrote {folder.final / RESULTS} and {folder.final / report.name}")
     return _report_failures(result.frame)
 
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sim.app.outputs import atomic_path, check_file_destination
+from sim.app.outputs import atomic_path, check_file_destination, command_inputs
 from sim.config import (
     BLOCK_SIZE,
     COUNT,
@@ -41,7 +41,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     _check_max_model_len(args)
-    out = check_file_destination(args.out, inputs=(args.file,))  # before the work, never over the input
+    check_csv_name(args.out)
+    out = check_file_destination(args.out, inputs=command_inputs(args))  # before the work, never over an input
     trace = load_trace(args.file, args, args.max_model_len)
     write_trace(trace, out)
     hashes = "with" if trace.hash_ids is not None else "without"
@@ -52,7 +53,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_synth(args: argparse.Namespace) -> int:
     from traces.synth import Lengths, SynthConfig, write_synthetic
 
-    out = check_file_destination(args.out, inputs=(args.lengths_from,) if args.lengths_from else ())
+    check_csv_name(args.out)
+    out = check_file_destination(args.out, inputs=command_inputs(args))
     lengths_from = None
     if args.lengths_from is not None:
         lengths_from = load_trace(args.lengths_from, args, None)
@@ -68,6 +70,17 @@ def cmd_synth(args: argparse.Namespace) -> int:
         num_requests, span_s = write_synthetic(config, temp, compress=out.suffix == ".gz")
     print(f"wrote {num_requests:,} synthetic requests over {span_s:,.1f} s to {args.out}")
     return 0
+
+
+def check_csv_name(out: str) -> None:
+    """The trace writers write canonical CSV (gzipped for a .gz name): refuse a name that says another
+    format, which `sim` would then read as that format and refuse (a .jsonl is read as Mooncake JSON Lines)."""
+    from traces.formats import suffix
+
+    ext = suffix(Path(out))
+    if ext not in ("", ".csv"):
+        raise ServesimError(f"{out}: sim trace writes canonical CSV, not {ext}; name it .csv or .csv.gz "
+                            "(a .jsonl or .json name would be read back as Mooncake JSON Lines)")
 
 
 def write_trace(trace, out: Path) -> None:

@@ -29,10 +29,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if show:
             print(f"\r{done} simulated, {skipped} skipped of {total} rows", end="", file=sys.stderr, flush=True)
 
-    from sim.app.outputs import claim_folder
+    from sim.app.outputs import claim_folder, command_inputs
 
-    with claim_folder(args.out, overwrite=args.overwrite):  # checked and locked before any work
-        summary = validate(args.measured, args.ops, args.out, args.models, protocol, progress)
+    # Checked and locked before any work; with --overwrite the new run is written beside and swapped in whole.
+    with claim_folder(args.out, overwrite=args.overwrite, inputs=command_inputs(args)) as folder:
+        summary = validate(args.measured, args.ops, folder.folder, args.models, protocol, progress)
     if show:
         print(file=sys.stderr)
     if not args.quiet:

@@ -24,8 +24,12 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCH_S = 0.5
 
 
-class Terminated(Exception):
-    """SIGTERM reached the command (exit 143, as a shell reports a process ended by SIGTERM)."""
+class Terminated(BaseException):
+    """SIGTERM reached the command (exit 143, as a shell reports a process ended by SIGTERM). A
+    BaseException, as KeyboardInterrupt is: no `except Exception` (a user's policy's, a library's)
+    swallows it, so every command ends promptly on SIGTERM."""
+
+    from_outside = True  # not the user's code's error, where it interrupts it (policies/checked.py)
 
 
 def terminate_on_sigterm():

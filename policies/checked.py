@@ -1,0 +1,259 @@
+"""User code checked, never trusted: a policy or router loaded from the user's own file or module
+is wrapped so that
+
+- every batch its `schedule` returns is checked against the engine's rules (`batch_violation`):
+  the token budget, `max_num_seqs`, positive whole token counts, each request once, only requests
+  that are running once scheduled (admitted from the waiting queue or already running), token
+  counts that the request has, KV blocks that exist and cover the tokens; a violation stops the
+  run (a `ServesimError`, exit 2) naming the policy, the step and the rule;
+- an exception raised in the user's code stops the run as the user's error, not servesim's:
+  "error in your policy FILE:LINE", with the traceback of their code;
+- a call that does not return within the policy timeout (`--policy-timeout`, default 10 s)
+  stops the run (an interval timer, SIGALRM, in the main thread; elsewhere the call runs
+  unbounded, as signals reach only the main thread);
+- a router's answer must be an index of the replicas it was shown (`int`, 0 <= i < n: never a
+  Python negative index).
+
+The wrapper is a subclass of the user's class that keeps its fast-forward promises as the user
+declared them (policies/base.py), so answers are those of the unwrapped class. Built-in policies
+are not wrapped in a run (they are servesim's own code, checked by the tests with the same
+`batch_violation` on every step of the property tests)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import signal
+import threading
+import time
+import traceback
+from numbers import Integral
+from pathlib import Path
+from typing import Any
+
+from sim.batch import Batch
+from sim.errors import ServesimError
+from sim.request import Status
+
+PROMISES = ("supports_fast_forward", "decodes_all_when_none_waits", "repeats_full_chunk_steps")
+TIMEOUT_ENV = "SERVESIM_POLICY_TIMEOUT"  # set by the CLI's --policy-timeout; spawned workers inherit it
+DEFAULT_TIMEOUT_S = 10.0
+_SERVESIM_ROOT = Path(__file__).resolve().parent.parent
+
+
+def policy_timeout_s() -> float:
+    """The bound on one call of a user's policy or router, in seconds (0: none)."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ServesimError(f"--policy-timeout must be a number of seconds, got {text!r}") from None
+    if not (0 <= value <= 86400):  # NaN fails too
+        raise ServesimError(f"--policy-timeout must be between 0 (no bound) and 86400 s, got {text}")
+    return value
+
+
+def batch_violation(batch: Any, state: Any, config: Any) -> str | None:
+    """The first of the engine's rules that `batch`, just returned by a policy's `schedule(state,
+    now)`, breaks, in words; None when it keeps them all. `config`: the policy's SchedulerConfig."""
+    if not isinstance(batch, Batch):
+        return f"schedule must return a sim.batch.Batch, it returned {type(batch).__name__}"
+    requests = batch.requests
+    n = len(requests)
+    columns = (batch.num_computed_tokens, batch.num_scheduled_tokens, batch.needs_logits, batch.is_decode)
+    if any(len(c) != n for c in columns):
+        return "the batch's columns have different lengths (add requests with Batch.add_request)"
+    if not n:
+        if state.running:
+            return f"an empty batch while {len(state.running)} requests are running (it may be empty only with none)"
+        return None
+    if n > config.max_num_seqs:
+        return f"{n} requests in one step, more than --max-num-seqs {config.max_num_seqs}"
+    if len(state.running) > config.max_num_seqs:
+        return f"{len(state.running)} requests running, more than --max-num-seqs {config.max_num_seqs}"
+    running = {id(r) for r in state.running}
+    seen: set[int] = set()
+    bm = state.block_manager
+    block_size, num_blocks = bm.block_size, bm.num_blocks
+    total = 0
+    for i in range(n):
+        r = requests[i]
+        num_tokens, num_computed = batch.num_scheduled_tokens[i], batch.num_computed_tokens[i]
+        rid = r.request_id if hasattr(r, "request_id") else "?"
+        if id(r) in seen:
+            return f"request {rid} is in the batch twice"
+        seen.add(id(r))
+        if not (type(num_tokens) is int or (isinstance(num_tokens, Integral) and not isinstance(num_tokens, bool))) \
+                or num_tokens < 1:
+            return f"request {rid} is scheduled {num_tokens!r} tokens; each request must get a whole number >= 1"
+        total += num_tokens
+        status = getattr(r, "status", None)
+        if status is not Status.RUNNING or id(r) not in running:
+            where = "not in the running list" if status is Status.RUNNING else f"{getattr(status, 'name', status)}"
+            return (f"request {rid} is scheduled but is {where.lower()}: a batch may hold only running requests "
+                    "(admit a waiting one with Policy._try_admit)")
+        if num_computed != r.num_computed_tokens:
+            return (f"request {rid}: the batch says {num_computed!r} tokens computed, the request has "
+                    f"{r.num_computed_tokens}")
+        if num_computed + num_tokens > r.num_tokens:
+            return (f"request {rid} is scheduled {num_tokens} tokens from {num_computed}, past its "
+                    f"{r.num_tokens} known tokens (prompt and outputs so far)")
+        if batch.needs_logits[i] != (num_computed + num_tokens == r.num_tokens):
+            return f"request {rid}: needs_logits must be True exactly when its step reaches its last known token"
+        if batch.is_decode[i] and not (num_tokens == 1 and r.is_decoding):
+            return f"request {rid} is marked a decode but is not one token of a decoding request"
+        table = r.block_table
+        if len(table) * block_size < num_computed + num_tokens:
+            return (f"request {rid} holds {len(table)} KV blocks of {block_size} tokens, too few for its "
+                    f"{num_computed + num_tokens} tokens (reserve them with the Policy helpers)")
+        # The blocks this step writes (those of earlier steps were checked at their steps).
+        for block in table[num_computed // block_size:(num_computed + num_tokens - 1) // block_size + 1]:
+            if type(block) is not int or not 0 <= block < num_blocks:
+                return f"request {rid} holds KV block {block!r}, which does not exist (the cache has {num_blocks})"
+    k = batch.num_leading_decodes
+    if not (0 <= k <= n and all(batch.is_decode[:k])):
+        return "num_leading_decodes does not count decodes at the head of the batch"
+    budget = config.max_num_batched_tokens
+    if total > budget and n > 1:
+        return (f"{total} tokens in one step, more than the token budget --max-num-batched-tokens {budget} "
+                "(only a batch of one request may exceed it)")
+    if bm.num_free_blocks < 0 or bm.num_used_blocks > num_blocks:
+        return (f"{bm.num_used_blocks} KV blocks in use of the {num_blocks} that exist "
+                "(reserve blocks only where BlockManager.can_allocate/can_append allow)")
+    return None
+
+
+class _Timeout(BaseException):
+    """The policy timeout's alarm (a BaseException, so that a user's `except Exception` does not swallow it)."""
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+class _Guard:
+    """Runs calls into user code: their exceptions become the user's errors, and in the main thread
+    a call that outlives the timeout is stopped (SIGALRM from an interval timer; an alarm already
+    set by someone else, pytest-timeout's say, is put back afterwards with the time it has left)."""
+
+    def __init__(self, cls: type, what: str, spec: str):
+        self.cls, self.what, self.spec = cls, what, spec
+        self.label = cls.__qualname__
+        self.timeout_s = policy_timeout_s()
+
+    def call(self, method: str, fn, *args, step: int | None = None):
+        timed = self.timeout_s > 0 and threading.current_thread() is threading.main_thread()
+        if timed:
+            previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+            previous_timer = signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+            started = time.monotonic()
+        try:
+            return fn(*args)
+        except _Timeout:
+            at = "" if step is None else f" at step {step}"
+            raise ServesimError(f"your {self.what} {self.label} ({self.spec}): {method} did not return within "
+                                f"--policy-timeout {self.timeout_s:g} s{at}; stopped") from None
+        except ServesimError:
+            raise
+        except Exception as e:
+            if getattr(e, "from_outside", False):  # SIGTERM's exception (sim.app.workers.Terminated)
+                raise
+            raise ServesimError(self.describe(e, method, step)) from None
+        finally:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous_handler)
+                if previous_timer[0] > 0:
+                    left = previous_timer[0] - (time.monotonic() - started)
+                    signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), previous_timer[1])
+
+    def describe(self, e: BaseException, method: str, step: int | None) -> str:
+        """'error in your policy FILE:LINE ...' and the traceback from the user's call on."""
+        frames = traceback.extract_tb(e.__traceback__)
+        frames = [f for f in frames if Path(f.filename).resolve() != Path(__file__).resolve()]
+        try:
+            own_file = str(Path(inspect.getfile(self.cls)).resolve())
+        except (TypeError, OSError):
+            own_file = ""
+        place = None
+        for f in reversed(frames):
+            if str(Path(f.filename).resolve()) == own_file:
+                place = f
+                break
+        if place is None:
+            outside = [f for f in frames if not Path(f.filename).resolve().is_relative_to(_SERVESIM_ROOT)]
+            place = outside[-1] if outside else (frames[-1] if frames else None)
+        where = f"{place.filename}:{place.lineno}" if place is not None else own_file or self.spec
+        at = "" if step is None else f" at step {step}"
+        lines = "".join(traceback.format_list(frames)).rstrip()
+        return (f"error in your {self.what} {where} ({self.label}.{method}{at}): {type(e).__name__}: {e}\n"
+                f"Traceback of your {self.what} (most recent call last):\n{lines}")
+
+
+def checked_policy_class(cls: type, spec: str) -> type:
+    """A subclass of the user's policy class whose every call from the engine is guarded and whose
+    every batch is checked (`batch_violation`); its fast-forward promises are the user's."""
+
+    def __init__(self, config, *args, **kwargs):
+        self._guard = _Guard(cls, "policy", spec)
+        self._guard.call("__init__", lambda: cls.__init__(self, config, *args, **kwargs))
+
+    def schedule(self, state, now):
+        step = state.step_index
+        batch = self._guard.call("schedule", lambda: cls.schedule(self, state, now), step=step)
+        problem = batch_violation(batch, state, self.config)
+        if problem is not None:
+            raise ServesimError(f"your policy {self._guard.label} ({spec}) broke a rule of the engine at step "
+                                f"{step} (t={now:.6f} s): {problem}")
+        return batch
+
+    def guarded(name):
+        def method(self, *args):
+            return self._guard.call(name, lambda: getattr(cls, name)(self, *args))
+        method.__name__ = name
+        return method
+
+    def retry_s(self, state, now):
+        when = self._guard.call("retry_s", lambda: cls.retry_s(self, state, now), step=state.step_index)
+        if when is not None and not (isinstance(when, (int, float)) and not isinstance(when, bool) and when > now
+                                     and math.isfinite(when)):
+            raise ServesimError(f"your policy {self._guard.label} ({spec}) broke a rule of the engine at step "
+                                f"{state.step_index} (t={now:.6f} s): after an empty batch, retry_s answered {when!r}; "
+                                f"it must be None (wait for the next arrival) or a time later than now ({now!r}), "
+                                "or the engine would try again for ever")
+        return when
+
+    namespace: dict[str, Any] = {promise: getattr(cls, promise, False) for promise in PROMISES}
+    namespace.update(__init__=__init__, schedule=schedule, retry_s=retry_s, __doc__=cls.__doc__, checked_class=cls)
+    for name in ("finish_may_admit", "chunk_run_budget"):
+        namespace[name] = guarded(name)
+    checked = type(cls.__name__, (cls,), namespace)
+    checked.__qualname__ = f"checked({cls.__qualname__})"
+    return checked
+
+
+def checked_router_class(cls: type, spec: str) -> type:
+    """A subclass of the user's router class whose `route` is guarded and must answer an index of
+    the replicas it was shown."""
+
+    def __init__(self, *args, **kwargs):
+        self._guard = _Guard(cls, "router", spec)
+        self._guard.call("__init__", lambda: cls.__init__(self, *args, **kwargs))
+
+    def route(self, request, replicas):
+        choice = self._guard.call("route", lambda: cls.route(self, request, replicas))
+        n = len(replicas)
+        if isinstance(choice, bool) or not isinstance(choice, Integral) or not 0 <= choice < n:
+            raise ServesimError(f"your router {self._guard.label} ({spec}) answered {choice!r} for request "
+                                f"{getattr(request, 'request_id', '?')}; route must return the index of a replica "
+                                f"it was shown, a whole number from 0 to {n - 1}")
+        return int(choice)
+
+    namespace: dict[str, Any] = {"reads_state": getattr(cls, "reads_state", True), "__init__": __init__,
+                                 "route": route, "__doc__": cls.__doc__, "checked_class": cls}
+    checked = type(cls.__name__, (cls,), namespace)
+    checked.__qualname__ = f"checked({cls.__qualname__})"
+    return checked

@@ -1,0 +1,97 @@
+"""Hostile user policies and routers (tests/test_hostile.py): each breaks one rule of the engine,
+raises, loops or returns garbage. servesim must stop the run with exit 2 naming the rule."""
+
+from policies.base import Policy
+from policies.chunked import ChunkedPolicy
+from policies.routers import Router
+from sim.batch import Batch
+
+
+class OverBudget(ChunkedPolicy):
+    """Schedules every waiting prompt whole, whatever the budget."""
+
+    def schedule(self, state, now):
+        batch = Batch()
+        self._schedule_all_decodes(state, batch)
+        while state.waiting and len(state.running) < self.config.max_num_seqs:
+            if not self._try_admit(state, batch, now, max_chunk=None):
+                break
+        return batch
+
+
+class ZeroTokens(ChunkedPolicy):
+    def schedule(self, state, now):
+        batch = super().schedule(state, now)
+        batch.num_scheduled_tokens[0] = 0
+        return batch
+
+
+class Twice(ChunkedPolicy):
+    def schedule(self, state, now):
+        batch = super().schedule(state, now)
+        r = batch.requests[0]
+        batch.add_request(r, r.num_computed_tokens, 1, False, False)
+        return batch
+
+
+class TooManySeqs(ChunkedPolicy):
+    """Admits past --max-num-seqs."""
+
+    def schedule(self, state, now):
+        batch = super().schedule(state, now)
+        while state.waiting:
+            if not self._try_admit(state, batch, now, max_chunk=1):
+                break
+        return batch
+
+
+class StealsBlocks(ChunkedPolicy):
+    """Takes KV blocks that are not free (the block manager asked no question)."""
+
+    def schedule(self, state, now):
+        batch = super().schedule(state, now)
+        if batch.requests:
+            r = batch.requests[0]
+            state.block_manager.append(r, state.block_manager.block_size * (state.block_manager.num_blocks + 5))
+        return batch
+
+
+class Raises(ChunkedPolicy):
+    def schedule(self, state, now):
+        if state.step_index == 3:
+            return 1 / 0
+        return super().schedule(state, now)
+
+
+class ReturnsNone(ChunkedPolicy):
+    def schedule(self, state, now):
+        super().schedule(state, now)
+
+
+class Loops(Policy):
+    def schedule(self, state, now):
+        while True:
+            try:
+                pass
+            except Exception:
+                pass
+
+
+class NegativeRouter(Router):
+    def route(self, request, replicas):
+        return -1
+
+
+class RaisingRouter(Router):
+    def route(self, request, replicas):
+        raise KeyError("no such replica")
+
+
+class RetriesNow(ChunkedPolicy):
+    """Holds every request back and asks to be tried again at once, for ever."""
+
+    def schedule(self, state, now):
+        return Batch()
+
+    def retry_s(self, state, now):
+        return now
