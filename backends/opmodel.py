@@ -93,11 +93,14 @@ class OperatorModel:
         self.attention_floor_s = float(self._gen.grid[0, 0])
         ar = derived["allreduce"]
         self._allreduce = None if ar is None else {
-            mode: Curve(ar[mode]["message_bytes"], ar[mode]["seconds"]) for mode in ("graph", "eager")}
+            mode: Curve(ar[mode]["message_bytes"], ar[mode]["seconds"]) for mode in ("graph", "eager") if mode in ar}
+        self._nccl = None if ar is None or "nccl" not in ar else Curve(ar["nccl"]["message_bytes"], ar["nccl"]["seconds"])
+        self._ring_latency_s = 0.0 if ar is None else float(ar.get("ring_latency_s", 0.0))
         if ar is not None:
-            self._table_max_bytes = float(ar["table_max_bytes"])
+            self._table_max_bytes = float(ar["table_max_bytes"]) if self._allreduce else 0.0
             # A ring all-reduce moves 2 (n - 1) / n of the message through each GPU's link.
-            self._nvlink_s_per_byte = 2.0 * (tp - 1) / tp / ar["nvlink_bytes_per_s"]
+            link = ar.get("link_bytes_per_s", ar.get("nvlink_bytes_per_s"))
+            self._nvlink_s_per_byte = 2.0 * (tp - 1) / tp / link
         if (ar is None) != (tp == 1):
             raise ServesimError(f"the derived curves are for {1 if ar is None else ar['num_gpus']} GPU(s), not --tp {tp}")
         mem = derived["memory"]
@@ -148,10 +151,20 @@ class OperatorModel:
         size = np.asarray(message_bytes, dtype=np.float64)
         if self._allreduce is None:
             return np.zeros_like(size)
+        if not self._allreduce:  # no custom all-reduce (PCIe past two GPUs, or no table): NCCL throughout
+            return self._large_allreduce(np.maximum(size, 1.0))
         custom = np.minimum(size, self._table_max_bytes)
         table = np.where(graph, self._lookup(self._allreduce["graph"], custom),
                          self._lookup(self._allreduce["eager"], custom))
-        return np.where(size > self._table_max_bytes, np.maximum(table, size * self._nvlink_s_per_byte), table)
+        if self._nccl is None and not self._ring_latency_s:  # the link's ring past the table (profiles before NCCL)
+            return np.where(size > self._table_max_bytes, np.maximum(table, size * self._nvlink_s_per_byte), table)
+        return np.where(size > self._table_max_bytes, np.maximum(table, self._large_allreduce(size)), table)
+
+    def _large_allreduce(self, size):
+        """NCCL's all-reduce: its table where the system has one, else a ring over the stated link."""
+        if self._nccl is not None:
+            return self._lookup(self._nccl, size)
+        return size * self._nvlink_s_per_byte + self._ring_latency_s
 
     def decode_attention(self, num_decodes, mean_kv_len):
         """One layer's attention of `num_decodes` decodes at a mean KV length (0 decodes: 0)."""

@@ -82,6 +82,10 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                         "from operator tables with --from-ops); roofline: the datasheet roofline (default: the "
                         "operator-table profile in profiles/ops/ matching the model, hardware, --tp and dtypes, "
                         "else the roofline)")
+    p.add_argument("--vllm-version", default=None, metavar="X.Y.Z",
+                   help="price the run with the operator tables of this vLLM version (AIConfigurator's package, "
+                        "pip install -e '.[tables]'): the version itself, else the nearest the system has (said on "
+                        "the terminal and in summary.json); default: a committed profile, else the newest")
     add_cluster_options(p)
 
 
@@ -123,7 +127,7 @@ def options_from_args(args: argparse.Namespace):
         model=args.model, hardware=args.hardware, tp=args.tp, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
         backend=args.backend, seed=args.seed, slo=SLO.parse(args.slo),
         device=args.device, weights=args.weights,
-        profile=args.profile,
+        profile=args.profile, vllm_version=getattr(args, "vllm_version", None),
         cluster=ClusterOptions(args.replicas, args.router, args.prefill_replicas, args.decode_replicas,
                                args.kv_transfer_bandwidth, args.kv_transfer_latency, args.prefill_options,
                                args.decode_options),
@@ -195,7 +199,8 @@ def describe(plan) -> str:
         where = f"{gpus}{plan.hardware.name} (costmodel, {options.dtype}"
         where += (", fp8 KV cache)" if options.kv_cache_dtype == "fp8" else ")")
     text = f"{plan.model.name} on {where}, {plan.num_blocks} KV blocks"
-    return text + (f", profile {options.profile}" if options.profile else "")
+    text += f", profile {options.profile}" if options.profile else ""
+    return text + (f"\n{plan.tables['note']}" if getattr(plan, "tables", None) else "")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -215,14 +220,31 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_hardware(args: argparse.Namespace) -> int:
     from backends.hardware import HARDWARE
+    from backends.systems import DISTRIBUTION, INSTALL_HINT, list_systems, package_systems_dir, package_version
 
-    print(f"{'hardware':<12}{'bf16 TFLOP/s':>14}{'fp8 TFLOP/s':>13}{'HBM TB/s':>10}{'memory GiB':>12}"
-          f"{'NVLink GB/s':>13}  description")
-    for name, h in HARDWARE.items():
+    def row(name, h, tables=""):
         fp8 = "-" if h.peak_fp8_flops is None else f"{h.peak_fp8_flops / 1e12:.1f}"
-        nvlink = "-" if h.nvlink_bandwidth is None else f"{h.nvlink_bandwidth / 1e9:.0f}"
-        print(f"{name:<12}{h.peak_bf16_flops / 1e12:>14.1f}{fp8:>13}{h.memory_bandwidth / 1e12:>10.2f}"
-              f"{h.memory_bytes / 2**30:>12.1f}{nvlink:>13}  {h.description}")
+        link = "-" if h.link is None else f"{h.link} {h.link_bandwidth / 1e9:.0f}"
+        print(f"{name:<22}{h.peak_bf16_flops / 1e12:>14.1f}{fp8:>13}{h.memory_bandwidth / 1e12:>10.2f}"
+              f"{h.memory_bytes / 2**30:>12.1f}{link:>13}  {tables or h.description}")
+
+    print(f"{'hardware':<22}{'bf16 TFLOP/s':>14}{'fp8 TFLOP/s':>13}{'HBM TB/s':>10}{'memory GiB':>12}"
+          f"{'link GB/s':>13}  description / vLLM tables")
+    for name, h in HARDWARE.items():
+        row(name, h)
+    if package_systems_dir() is None:
+        print(f"(more systems, with their measured vLLM tables: {INSTALL_HINT})")
+        return 0
+    from backends.hardware import resolve_hardware
+    from backends.systems import system_table_versions
+
+    print(f"systems of {DISTRIBUTION} {package_version()} (--hardware NAME; --vllm-version picks their tables):")
+    for name in list_systems():
+        versions = system_table_versions(name)
+        gemm, attention = versions["gemm"], versions["context_attention"]
+        tables = (f"vLLM GEMM {', '.join(gemm)}; attention {', '.join(attention) or '-'}; all-reduce "
+                  f"{', '.join(versions['custom_allreduce']) or '-'}") if gemm else "no vLLM tables: the roofline only"
+        row(name, resolve_hardware(name), tables)
     return 0
 
 
@@ -254,7 +276,7 @@ def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the model presets")
     p.set_defaults(func=cmd_models)
-    p = sub.add_parser("hardware", help="list the hardware presets")
+    p = sub.add_parser("hardware", help="list the hardware presets and the systems of the tables extra")
     p.set_defaults(func=cmd_hardware)
     if all_commands:
         for register in _command_modules():

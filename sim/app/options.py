@@ -29,6 +29,9 @@ class ReplayOptions:
     # datasheet roofline; None: the committed operator-table profile matching the run, else the roofline.
     profile: str | None = None
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # one replica by default
+    # The vLLM version whose operator tables price the run (AIConfigurator's package, the tables
+    # extra): that version, else the nearest the system has; None: the newest (sim/app/opprofiles.py).
+    vllm_version: str | None = None
 
     def __post_init__(self) -> None:
         """Checks of the values alone; what they name (model, hardware, policy, profile) is looked
@@ -56,5 +59,8 @@ class ReplayOptions:
             raise ServesimError(f"--weights loads the real backend's model; it does not apply to --backend {self.backend}")
         if self.backend == "real" and not self.cluster.is_single:
             raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
+        if self.vllm_version is not None and self.backend != "costmodel":
+            raise ServesimError("--vllm-version picks the operator tables the cost model is priced from; it does not "
+                                f"apply to --backend {self.backend}")
         if self.profile is not None and self.backend != "costmodel":
             raise ServesimError(f"--profile calibrates the cost model; it does not apply to --backend {self.backend}")
