@@ -20,8 +20,15 @@ from backends.model_config import ModelConfig, resolve_model
 from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
 from policies.routers import load_router
-from sim.app.opprofiles import (ROOFLINE, check_matches, matching_profile, read_profile_json, system_has_tables,
-                                system_profile, tables_summary)
+from sim.app.opprofiles import (
+    ROOFLINE,
+    check_matches,
+    matching_profile,
+    read_profile_json,
+    system_has_tables,
+    system_profile,
+    tables_summary,
+)
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
 from sim.block_manager import BlockManager
@@ -134,8 +141,9 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         else:
             found = None if options.vllm_version else matching_profile(model, hardware, options.tp, options.dtype,
                                                                         options.kv_cache_dtype)
-            if found is None and (options.vllm_version is not None or hardware.system is not None
-                                  and system_has_tables(hardware.system)):
+            if found is None and backend is None and build_backend and (
+                    options.vllm_version is not None or hardware.system is not None
+                    and system_has_tables(hardware.system)):
                 # A system of the package (or a vLLM version asked for): its tables, derived once and cached.
                 found = system_profile(model, hardware, options.tp, options.dtype, options.kv_cache_dtype,
                                        options.vllm_version)
