@@ -48,7 +48,7 @@ KERNELS = {
     ("allreduce", "graph"): "vLLM_custom_graph",
     ("allreduce", "eager"): "vLLM_custom_eager",
 }
-GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # servesim's name -> the tables' gemm_dtype
+GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}  # servesim's name -> the tables' gemm_dtype
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 _NAME = re.compile(r"^(?P<system>[^_]+(?:_[^_]+)*?)__(?P<framework>[A-Za-z]+)-(?P<version>[^_]+)__"
                    r"(?P<kind>" + "|".join(KINDS) + r")_perf\.(?P<ext>parquet|csv)$")

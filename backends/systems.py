@@ -92,14 +92,15 @@ def version_key(version: str) -> tuple:
     return tuple(int(p) for p in parts[:3]) + (0,) * (3 - min(3, len(parts))) + (version,)
 
 
-def _distance(a: str, b: str) -> tuple:
+def _distance(a: str, b: str) -> int:
+    """How far apart two versions are on one number line: major x 10^6 + minor x 10^3 + patch."""
     ka, kb = version_key(a)[:3], version_key(b)[:3]
-    return tuple(abs(x - y) for x, y in zip(ka, kb))
+    return abs(sum(x * 1000**(2 - i) for i, x in enumerate(ka)) - sum(y * 1000**(2 - i) for i, y in enumerate(kb)))
 
 
 def choose_version(available, wanted: str | None) -> tuple[str, str]:
     """(the version to read, how it was chosen): `wanted` itself, else the nearest available
-    (component by component: major, then minor, then patch; ties to the newer); None: the newest."""
+    (`_distance`; a tie goes to the newer); None: the newest."""
     available = sorted(set(available), key=version_key)
     if not available:
         raise ValueError("no versions")
