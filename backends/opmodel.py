@@ -53,6 +53,7 @@ MAX_TABLE = 1 << 18  # token and logits counts past this are costed without the 
 RUN_CHUNK = 512  # decode steps per cached stretch of a batch size's step times (see decode_run_values)
 MAX_RUN_CHUNKS = 2048  # cached stretches at most (16 MiB); the cache starts afresh past it
 MAX_FIRST_CHUNKS = 1 << 16  # first chunks' attention kept by length (see _first_chunk_attention)
+QUANTIZED_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}  # bytes per quantized activation (nvfp4: 16-element blocks)
 SAMPLER_PASSES = 3  # reads of the fp32 logits by the sampler: softmax/log-softmax, top-p/top-k, the draw
 
 
@@ -197,8 +198,9 @@ class OperatorModel:
         if m.get("qk_norm"):  # Qwen3: an RMSNorm on every query and key head, read and write
             per_token += 2 * (self.heads + self.kv_heads) * hd * b
             kernels += 1
-        if self.dtype == "fp8":
-            per_token += self.heads * hd * (b + 1)  # the attention output's quantization
+        if self.dtype in QUANTIZED_BYTES:
+            # The attention output's quantization (fp8: one byte; nvfp4: half a byte and an fp8 scale per 16).
+            per_token += self.heads * hd * (b + QUANTIZED_BYTES[self.dtype])
             kernels += 1
         return per_token, kernels
 

@@ -204,7 +204,7 @@ SHARED = shared_dir() / "gpu-data" / "aiconfigurator"
 
 
 @pytest.mark.skipif(not (SHARED / "silicon_qwen3_32b_tp2.csv").exists(), reason="needs ../shared/gpu-data")
-def test_validate_a_5_row_cut_with_each_rows_version_and_b200(package, tmp_path):
+def test_validate_a_5_row_cut_with_each_rows_version_and_b200_fp4(package, tmp_path):
     qwen = pd.read_csv(SHARED / "silicon_qwen3_32b_tp2.csv", keep_default_na=False)
     llama = pd.read_csv(SHARED / "silicon_llama3.1.csv", keep_default_na=False)
     b200 = llama[(llama["system"] == "b200_sxm") & (llama["backend"] == "vllm")]
@@ -216,8 +216,10 @@ def test_validate_a_5_row_cut_with_each_rows_version_and_b200(package, tmp_path)
     out = tmp_path / "out"
     assert main(["validate", str(csv), "--out", str(out), "--quiet"]) == 0  # the package's tables
     summary = json.loads((out / "validate.json").read_text())
-    assert [(g["system"], g["rows"]) for g in summary["groups"]] == [("b200_sxm", 2), ("h100_sxm", 2)]
-    assert len(summary["skipped"]) == 1 and "precision fp4" in summary["skipped"][0]["reason"]
+    # B200 rows are simulated, fp4 too (the nvfp4 GEMM rows of b200_sxm's tables).
+    assert [(g["system"], g["precision"], g["rows"]) for g in summary["groups"]] == \
+        [("b200_sxm", "fp4", 1), ("b200_sxm", "fp8", 2), ("h100_sxm", "", 2)]
+    assert summary["skipped"] == []
     rows = pd.read_csv(out / "validate.csv")
     qwen_rows = rows[rows["system"] == "h100_sxm"]
     assert qwen_rows["tables"].str.contains("asked 0.12.0").all()

@@ -40,7 +40,7 @@ class ReplayOptions:
             raise ServesimError(f"--seed must not be negative, got {self.seed}")
         if not (isinstance(self.tp, int) and self.tp >= 1):
             raise ServesimError(f"--tp must be a whole number >= 1, got {self.tp}")
-        if self.dtype not in ("bf16", "fp8"):
+        if self.dtype not in ("bf16", "fp8", "fp4"):  # fp4 (nvfp4): operator tables only (sim/app/plan.py)
             raise ServesimError(f"unknown --dtype {self.dtype!r}; choose bf16 or fp8")
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose auto or fp8")

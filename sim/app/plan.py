@@ -151,6 +151,9 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
             if found is not None:  # the committed (or derived) operator-table profile of this deployment
                 op_profile, path = found
                 options = replace(options, profile=str(path))
+    if options.dtype == "fp4" and op_profile is None and backend is None:
+        raise ServesimError("fp4 weights are priced from operator tables that measure them (nvfp4 GEMMs), not the "
+                            "roofline")
     if backend is None and build_backend:
         if op_profile is not None:
             from backends.opbackend import OpTableBackend

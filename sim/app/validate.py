@@ -2,7 +2,8 @@
 
 MEASURED.csv has the columns of AIConfigurator's silicon file (../shared/gpu-data/aiconfigurator/
 silicon_llama3.1.csv): one row per benchmark of a real deployment. For every row servesim can
-express (aggregated serving, pp_size 1, bf16 or fp8 weights, a system with operator tables in DIR,
+express (aggregated serving, pp_size 1, bf16, fp8 or fp4 weights (fp4: nvfp4, where the system's
+tables measure its GEMMs), a system with operator tables in DIR,
 a model it can read) it builds the operator-table profile of (system, model, TP, precision, vLLM
 version) once, simulates the row's closed-loop benchmark and compares mean TTFT and TPOT. A row it
 cannot express is skipped with its reason, never guessed.
@@ -289,8 +290,8 @@ def skip_reason(row, systems: list[str], models_dir) -> str | None:
         return f"mode {row['mode']}: disaggregated serving (prefill and decode workers) is not simulated"
     if int(row["pp_size"]) != 1:
         return f"pipeline parallelism (pp_size {row['pp_size']}) is not simulated"
-    if str(row["precision"]) not in ("", "fp8", "bf16"):
-        return f"precision {row['precision']}: servesim's cost model prices bf16 and fp8 weights only"
+    if str(row["precision"]) not in ("", "fp8", "bf16", "fp4"):
+        return f"precision {row['precision']}: servesim's cost model prices bf16, fp8 and fp4 (nvfp4) weights only"
     if row["system"] not in systems:
         return f"no operator tables for system {row['system']} (tables for {', '.join(systems) or 'none'})"
     if hardware_for(row["system"]) is None:
@@ -407,7 +408,7 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
         if reason is None:
             row = row.copy()
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
-            dtype = "fp8" if row["precision"] == "fp8" else "bf16"
+            dtype = str(row["precision"]) if row["precision"] in ("fp8", "fp4") else "bf16"
             kv_cache, kv_why = protocol.kv_cache_for(row)
             kv = kv_name(kv_cache)
             version = tables_version_for(row)
