@@ -78,7 +78,10 @@ def require_package() -> Path:
 
 
 def _yaml(path: Path):
-    import yaml  # a dependency of aiconfigurator-core: present wherever the package is
+    try:
+        import yaml  # a dependency of aiconfigurator-core: present wherever the package is
+    except ImportError:
+        raise ServesimError(f"{path}: reading it needs pyyaml (pip install pyyaml, or {INSTALL_HINT})") from None
 
     try:
         return yaml.safe_load(path.read_text())

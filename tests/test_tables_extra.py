@@ -32,6 +32,11 @@ TINY_1024 = dict(TINY, vocab_size=1024)  # its LM head, n = 1024, is the shape m
 NVLINK, PCIE = 450e9, 32e9
 
 
+@pytest.fixture(autouse=True)
+def _yaml():
+    pytest.importorskip("yaml")  # reuse.yaml (pyyaml comes with the tables extra)
+
+
 def op_model(derived, model=TINY_1024, tp=1):
     return OperatorModel(derived, model, tp, "bf16", "bf16", StepOverhead(0.0, "none"))
 
