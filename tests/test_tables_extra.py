@@ -231,3 +231,23 @@ def test_validate_a_5_row_cut_with_each_rows_version_and_b200_fp4(package, tmp_p
     assert qwen_rows["tables"].str.contains("custom_allreduce 0.14.0 \\(the nearest\\)").all()
     assert rows[rows["system"] == "b200_sxm"]["tables"].str.contains("asked the newest").all()
     assert np.isfinite(rows["predicted_tpot_ms"]).all()
+
+
+def test_a_hardware_file_states_its_pcie_link_and_summary_json_says_so(tmp_path):
+    spec = {"peak_bf16_flops": 362e12, "peak_fp8_flops": 733e12, "memory_bandwidth": 864e9,
+            "memory_bytes": 46068 * 2**20, "nvlink_bandwidth": None, "pcie_bandwidth": 32e9}
+    path = tmp_path / "pcie_gpu.json"
+    path.write_text(json.dumps(spec))
+    summary = replay(tmp_path, "--hardware", str(path), "--tp", "2")
+    assert summary["hardware"]["pcie_bandwidth"] == 32e9 and summary["hardware"]["nvlink_bandwidth"] is None
+    # The roofline's all-reduce: a ring over the PCIe link, 2 (T - 1) / T of the bytes, plus 5 us.
+    from backends.hardware import Hardware
+    from backends.model_config import ModelConfig
+    from backends.tensor_parallel import tp_allreduce_seconds
+
+    hw = Hardware.from_json(path)
+    model = ModelConfig.from_preset("Llama-3.1-8B")
+    one = 1000 * model.hidden_size * 2 / 32e9 + 5e-6
+    assert tp_allreduce_seconds(model, 1000, 2, hw) == pytest.approx(2 * model.num_hidden_layers * one, rel=1e-12)
+    path.write_text(json.dumps(dict(spec, pcie_bandwidth=None)))
+    assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r2"), "--hardware", str(path), "--tp", "2"]) == 2
