@@ -13,13 +13,20 @@ A hardware file is one JSON object with these fields (numbers in base units):
                                        few hundred MiB more.
      "nvlink_bandwidth": 450e9,        bytes/s one GPU sends to the others in one direction (the
                                        datasheet's NVLink figure counts both directions: half of
-                                       it); null: no NVLink, --tp 1 only
+                                       it); null: no NVLink
+     "pcie_bandwidth": 64e9,           optional: where nvlink_bandwidth is null, the PCIe link's
+                                       bytes/s one GPU sends to another, one direction (--tp > 1
+                                       over PCIe); neither: --tp 1 only
      "description": "..."}             optional
+
+`--hardware` also takes a system AIConfigurator's package describes (h100_sxm, l40s, ...; `sim
+hardware` lists them), its figures from the package's systems/<system>.yaml (backends/systems.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -37,6 +44,8 @@ class Hardware:
     memory_bytes: int
     nvlink_bandwidth: float | None
     description: str = ""
+    pcie_bandwidth: float | None = None  # the link where there is no NVLink
+    system: str | None = None  # the package's system it describes (its tables price it), if any
 
     def __post_init__(self) -> None:
         check_hardware_fields(self)
@@ -47,13 +56,28 @@ class Hardware:
             return self.peak_fp8_flops
         return self.peak_bf16_flops
 
+    @property
+    def link(self) -> str | None:
+        """The GPUs' link for tensor parallelism: nvlink, pcie, or None (--tp 1 only)."""
+        return "nvlink" if self.nvlink_bandwidth is not None else ("pcie" if self.pcie_bandwidth is not None else None)
+
+    @property
+    def link_bandwidth(self) -> float | None:
+        return self.nvlink_bandwidth if self.nvlink_bandwidth is not None else self.pcie_bandwidth
+
     def check_tp(self, tp: int) -> None:
-        if tp > 1 and self.nvlink_bandwidth is None:
-            raise ServesimError(f"--tp {tp} needs an NVLink bandwidth; hardware {self.name} has nvlink_bandwidth "
-                                "null")
+        if tp > 1 and self.link is None:
+            raise ServesimError(f"--tp {tp} needs a link between the GPUs; hardware {self.name} has neither "
+                                "nvlink_bandwidth nor pcie_bandwidth")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields (summary.json): the link's own (nvlink_bandwidth, or pcie_bandwidth where it is
+        the link), the package system where it is one."""
+        d = asdict(self)
+        for key in ("pcie_bandwidth", "system"):
+            if d[key] is None:
+                del d[key]
+        return d
 
     @classmethod
     def from_json(cls, path: str | Path) -> Hardware:
@@ -64,11 +88,11 @@ class Hardware:
             raise ServesimError(f"{p}: cannot read it as a hardware JSON file ({e})") from None
         if not isinstance(raw, dict):
             raise ServesimError(f"{p}: a hardware file is one JSON object")
-        names = [f.name for f in fields(cls) if f.name != "name"]
+        names = [f.name for f in fields(cls) if f.name not in ("name", "system")]
         unknown = sorted(set(raw) - set(names))
         if unknown:
             raise ServesimError(f"{p}: unknown field {unknown[0]!r}; a hardware file has {', '.join(names)}")
-        missing = [n for n in names if n not in raw and n != "description"]
+        missing = [n for n in names if n not in raw and n not in ("description", "pcie_bandwidth")]
         if missing:
             raise ServesimError(f"{p}: no {missing[0]} in it (null where the GPU has none: peak_fp8_flops, "
                                 "nvlink_bandwidth)")
@@ -89,10 +113,11 @@ def check_hardware_fields(hardware: Hardware) -> None:
     from sim.config import FLOPS, MEMORY_BANDWIDTH, MEMORY_BYTES, NVLINK_BANDWIDTH
 
     ranges = {"peak_bf16_flops": FLOPS, "peak_fp8_flops": FLOPS, "memory_bandwidth": MEMORY_BANDWIDTH,
-              "memory_bytes": MEMORY_BYTES, "nvlink_bandwidth": NVLINK_BANDWIDTH}
+              "memory_bytes": MEMORY_BYTES, "nvlink_bandwidth": NVLINK_BANDWIDTH,
+              "pcie_bandwidth": NVLINK_BANDWIDTH}  # a link's range: from 1 Gb/s Ethernet to 100 x NVLink 5
     for field, bounds in ranges.items():
         value = getattr(hardware, field)
-        if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth"):
+        if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth", "pcie_bandwidth"):
             continue
         if not bounds.contains(value):
             bounds.check(f"hardware {hardware.name}: {field}", value)
@@ -113,10 +138,18 @@ HARDWARE: dict[str, Hardware] = {
 
 
 def resolve_hardware(name_or_path: str) -> Hardware:
-    """A preset's name, or a path to a hardware JSON file."""
+    """A preset's name, a path to a hardware JSON file, or a system of AIConfigurator's package."""
     if name_or_path in HARDWARE:
         return HARDWARE[name_or_path]
     if name_or_path.endswith(".json") or Path(name_or_path).exists():
         return Hardware.from_json(name_or_path)
-    raise ServesimError(f"unknown hardware {name_or_path!r}: not a preset ({', '.join(HARDWARE)}; see "
-                        "`sim hardware`) and no such JSON file")
+    from backends.systems import INSTALL_HINT, list_systems, package_systems_dir, system_hardware
+
+    if package_systems_dir() is None:
+        if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+|[a-z]+\d+[a-z]*", name_or_path):  # a system's name, e.g. l40s
+            raise ServesimError(f"unknown hardware {name_or_path!r}: the package's systems need the tables extra, "
+                                f"{INSTALL_HINT}; presets: {', '.join(HARDWARE)}")
+    elif name_or_path in list_systems():
+        return system_hardware(name_or_path)
+    raise ServesimError(f"unknown hardware {name_or_path!r}: not a preset ({', '.join(HARDWARE)}), a package system "
+                        "or a JSON file; see `sim hardware`")

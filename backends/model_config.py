@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from sim.errors import ServesimError
 
-DTYPE_BYTES = {"bf16": 2, "fp8": 1}  # --dtype: weights (and GEMM inputs)
+DTYPE_BYTES = {"bf16": 2, "fp8": 1, "fp4": 0.5 + 1 / 16}  # weights (and GEMM inputs); fp4: nvfp4, an fp8 scale per 16
 KV_CACHE_DTYPES = ("auto", "fp8")  # --kv-cache-dtype: auto is the model's dtype (bf16)
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vocab_parallel_embedding.py)
 # Weights' storage, per quantization (quantization_config of the checkpoint): fp8-block is
@@ -295,7 +295,7 @@ class ModelConfig:
             return sum(self.weight_bytes_by_part(tp, dtype, dp, enable_expert_parallel).values())
         h, hd, layers = self.hidden_size, self.head_dim, self.num_hidden_layers
         gemms = self.gemms(tp)
-        linear = layers * sum(g.k * g.n for g in gemms) * DTYPE_BYTES[dtype]
+        linear = int(layers * sum(g.k * g.n for g in gemms) * DTYPE_BYTES[dtype])
         qkv_out = gemms[0].n
         small = layers * (2 * h + (2 * hd if self.qk_norm else 0) + (qkv_out if self.qkv_bias else 0)) + h
         embeddings = self.padded_vocab(tp) * h * (1 if self.tie_word_embeddings else 2)

@@ -24,7 +24,7 @@ class OpTableBackend:
         self.ops = op_model
         self.device = device  # the system the tables were measured on
         self.device_name = f"{device} (operator tables)"
-        self.dtype = {"bf16": "bfloat16", "fp8": "float8"}[op_model.dtype]
+        self.dtype = {"bf16": "bfloat16", "fp8": "float8", "fp4": "nvfp4"}[op_model.dtype]
         self.profile_name = profile_name
 
     def _total(self, parts: dict):

@@ -3,21 +3,23 @@
 What a profile stores (`derive` returns it, plain JSON data): for the model's per-GPU shapes at
 tensor-parallel degree `tp` and GEMM dtype `dtype`,
 
-- GEMMs: one time curve over the table's m grid for each of QKV, O, gate-up, down (dtype's rows)
+- GEMMs: one time curve over its own rows' m grid for each of QKV, O, gate-up, down (dtype's rows)
   and the LM head (bf16 rows: vLLM does not quantize lm_head). A shape off the grid is
   interpolated between the neighbouring grid n and k, log-log (bilinear in log n, log k of log
   time, at every grid m); a dimension past the grid's largest is split into equal parts that
   are on it (p GEMMs of n / p: the same FLOPs and weight bytes) and one below the smallest is
   clamped to it; both are noted in `notes`.
-- attention: the context (prefill) grid over batch x isl and the generation (decode) grid over
+- attention: of the kernel the tables measured for the framework version (FlashAttention 3 on
+  Hopper, others elsewhere: `attention_kernel`), the context (prefill) grid over batch x isl and the generation (decode) grid over
   batch x KV length, for the model's per-GPU heads, KV heads, head_dim and KV-cache dtype.
   The tables are triangular (few cells with batch x length past ~128k tokens); missing cells
   are the column's largest measured batch scaled linearly in batch (independent sequences on a
   full GPU), marked in `measured`. A head count absent from the tables is interpolated linearly
   in heads between the nearest present counts with the same KV heads and head_dim (noted).
-- all-reduce: the time curve over message bytes for `tp` GPUs, CUDA-graph and eager kernels, up
-  to 8 MiB (vLLM's custom all-reduce limit); past it vLLM uses symmetric memory or NCCL, priced by
-  the operator model from the NVLink bandwidth (stored here too).
+- all-reduce (read only under TP > 1): vLLM's custom all-reduce, CUDA-graph and eager kernels, up
+  to 8 MiB, where vLLM uses it (NVLink, or two PCIe GPUs); NCCL past it and where the custom kernel
+  is off: the system's NCCL table where there is one, else a ring over the hardware's stated link
+  (NVLink or PCIe bandwidth, stored here too). The tables count messages in bf16 elements.
 - memory: HBM bandwidth achieved by the table's own memory-bound GEMMs (the median of bf16
   GEMMs at m = 1 with the largest weights: bytes / time) and the kernel floor (the table's
   shortest GEMM): elementwise kernels are priced from these two, not from a datasheet.
@@ -50,6 +52,8 @@ MiB = 2**20
 # symmetric memory, which no table measures); larger messages (symmetric memory, NCCL) are priced
 # from the NVLink bandwidth.
 TABLE_ALLREDUCE_MAX_BYTES = 8 * MiB
+ALLREDUCE_ELEMENT_BYTES = 2  # the tables' all-reduces are of bf16 elements (see _curve)
+RING_LATENCY_S = 5e-6  # a ring all-reduce's fixed time where no table measures it (backends/tensor_parallel.py)
 VOCAB_PADDING = 64  # vLLM pads the vocabulary to a multiple of 64 (vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE)
 
 
@@ -116,28 +120,69 @@ def gemm_curve(rows: pd.DataFrame, n: int, k: int, what: str, notes: list) -> tu
     return np.asarray(ms, dtype=np.int64), seconds * (parts_n * parts_k)
 
 
-def derive_gemms(tables: TableSet, model: dict, tp: int, dtype: str, notes: list) -> dict:
-    if dtype not in GEMM_DTYPES:
-        raise ServesimError(f"unknown dtype {dtype!r}; choose bf16 or fp8")
-    out = {}
-    for op, (n, k) in gemm_shapes(model, tp).items():
-        op_dtype = "bf16" if op == "lm_head" else dtype
-        kernel = KERNELS[("gemm", op_dtype)]
-        g = tables.gemm
-        rows = g[(g["gemm_dtype"] == GEMM_DTYPES[op_dtype]) & (g["kernel_source"] == kernel)]
-        if rows.empty:
-            raise ServesimError(f"{tables.files['gemm']}: no {GEMM_DTYPES[op_dtype]} GEMM rows of kernel {kernel} "
-                                f"for {tables.system}")
-        ms, seconds = gemm_curve(rows, n, k, op, notes)
-        out[op] = {"n": n, "k": k, "dtype": op_dtype, "kernel": kernel, "m": ms.tolist(), "seconds": seconds.tolist()}
-    grids = {tuple(v["m"]) for v in out.values()}
-    if len(grids) != 1:
-        raise ServesimError(f"{tables.files['gemm']}: the GEMM shapes of this model have different m grids")
+def kernels_by_preference(tables: TableSet, kind: str, rows: pd.DataFrame) -> list[str]:
+    """The kernels of `rows` the framework may read (the layout's reuse manifest), the version's own
+    before those only a reuse.yaml donor measured, then by their number of rows."""
+    own = rows[~rows["reused"]] if "reused" in rows.columns else rows
+    out = []
+    for part in (own, rows):
+        for k in part["kernel_source"].value_counts().index:
+            if str(k) not in out and tables.kernel_allowed(kind, str(k)):
+                out.append(str(k))
     return out
 
 
-def _attention_rows(frame: pd.DataFrame, heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> pd.DataFrame:
-    return frame[(frame["kernel_source"] == KERNELS[("attention", None)]) & (frame["window_size"] == 0)
+def gemm_kernel(tables: TableSet, dtype: str) -> tuple[str, pd.DataFrame]:
+    """The kernel whose rows price `dtype`'s GEMMs, and its rows: the one vLLM picks on Hopper
+    (`KERNELS`) where the tables have it, else the kernel the tables measured most for that dtype
+    (one per dtype on most systems: e.g. A100's `vllm_default`, Blackwell's nvfp4 kernels)."""
+    g = tables.gemm
+    rows = g[g["gemm_dtype"] == GEMM_DTYPES[dtype]]
+    allowed = kernels_by_preference(tables, "gemm", rows)
+    if not allowed:
+        have = ", ".join(sorted(str(x) for x in g["gemm_dtype"].unique()))
+        raise ServesimError(f"{tables.files['gemm']}: no {GEMM_DTYPES[dtype]} GEMM rows for {tables.system} "
+                            f"(GEMM dtypes there: {have})")
+    kernel = KERNELS.get(("gemm", dtype))
+    if kernel not in allowed:
+        kernel = str(allowed[0])  # value_counts: the most rows first
+    return kernel, rows[rows["kernel_source"] == kernel]
+
+
+def derive_gemms(tables: TableSet, model: dict, tp: int, dtype: str, notes: list) -> dict:
+    """Each GEMM's curve on the m grid its own rows have (shapes may be measured to different m)."""
+    if dtype not in GEMM_DTYPES:
+        raise ServesimError(f"unknown dtype {dtype!r}; choose {', '.join(GEMM_DTYPES)}")
+    out = {}
+    for op, (n, k) in gemm_shapes(model, tp).items():
+        op_dtype = "bf16" if op == "lm_head" else dtype
+        kernel, rows = gemm_kernel(tables, op_dtype)
+        ms, seconds = gemm_curve(rows, n, k, op, notes)
+        out[op] = {"n": n, "k": k, "dtype": op_dtype, "kernel": kernel, "m": ms.tolist(), "seconds": seconds.tolist()}
+    return out
+
+
+def attention_kernel(tables: TableSet, kind: str, kv_dtype: str, head_dim: int) -> str:
+    """The attention kernel of `kind` (context, generation) the tables measured for this KV-cache
+    dtype and head_dim: vLLM's FlashAttention 3 where there (Hopper), else the kernel with the most
+    such rows (FlashAttention 2 on Ada, FlashInfer's TRT-LLM kernels on Blackwell, ...)."""
+    frame = getattr(tables, f"{kind}_attention")
+    rows = frame[(frame["window_size"] == 0) & (frame["kv_cache_dtype"] == KV_DTYPES[kv_dtype])
+                 & (frame["head_dim"] == head_dim)]
+    allowed = kernels_by_preference(tables, f"{kind}_attention", rows)
+    if not allowed:
+        have = sorted({(str(a), str(b), int(c)) for a, b, c in
+                       frame[["kernel_source", "kv_cache_dtype", "head_dim"]].drop_duplicates().values})
+        raise ServesimError(f"{tables.files[kind + '_attention']}: no {kind} attention rows for KV cache {kv_dtype}, "
+                            f"head_dim {head_dim} on {tables.system} ({tables.framework} {tables.version}); "
+                            f"(kernel, KV dtype, head_dim) there: {have}")
+    preferred = KERNELS[("attention", None)]
+    return preferred if preferred in allowed else allowed[0]
+
+
+def _attention_rows(frame: pd.DataFrame, heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
+                    kernel: str) -> pd.DataFrame:
+    return frame[(frame["kernel_source"] == kernel) & (frame["window_size"] == 0)
                  & (frame["kv_cache_dtype"] == KV_DTYPES[kv_dtype]) & (frame["head_dim"] == head_dim)
                  & (frame["num_heads"] == heads) & (frame["num_key_value_heads"] == kv_heads)]
 
@@ -157,35 +202,38 @@ def derive_attention(tables: TableSet, model: dict, tp: int, kv_dtype: str, note
     out = {}
     for kind, length, offset in (("context", "isl", 0), ("generation", "step", 1)):
         frame = getattr(tables, f"{kind}_attention")
-        rows = _attention_rows(frame, heads, kv_heads, hd, kv_dtype)
+        kernel = attention_kernel(tables, kind, kv_dtype, hd)
+        rows = _attention_rows(frame, heads, kv_heads, hd, kv_dtype, kernel)
         if not rows.empty:
             batch, lengths, grid = _attention_grid(rows, length, offset)
         else:
             batch, lengths, grid = _between_head_counts(frame, heads, kv_heads, hd, kv_dtype, length, offset, kind, notes,
-                                                        tables)
+                                                        tables, kernel)
         full, filled = fill_rows_by_scaling(np.asarray(batch, dtype=np.float64), grid)
         out[kind] = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": hd, "kv_cache_dtype": kv_dtype,
-                     "kernel": KERNELS[("attention", None)], "batch": batch,
+                     "kernel": kernel, "batch": batch,
                      "isl" if kind == "context" else "kv_len": lengths,
                      "seconds": full.tolist(), "measured": (~filled).tolist()}
     return out
 
 
-def _between_head_counts(frame, heads, kv_heads, hd, kv_dtype, length, offset, kind, notes, tables):
+def _between_head_counts(frame, heads, kv_heads, hd, kv_dtype, length, offset, kind, notes, tables, kernel):
     """A grid for a head count the tables lack: linear in heads between the nearest present ones
-    (same KV heads, head_dim, KV dtype), on the cells both have."""
-    k = frame[(frame["kernel_source"] == KERNELS[("attention", None)]) & (frame["window_size"] == 0)
+    (same kernel, KV heads, head_dim, KV dtype), on the cells both have."""
+    k = frame[(frame["kernel_source"] == kernel) & (frame["window_size"] == 0)
               & (frame["kv_cache_dtype"] == KV_DTYPES[kv_dtype]) & (frame["head_dim"] == hd)
               & (frame["num_key_value_heads"] == kv_heads)]
     present = sorted(k["num_heads"].unique())
     below = [h for h in present if h < heads]
     above = [h for h in present if h > heads]
     if not below or not above:
-        have = sorted({(int(a), int(b)) for a, b in frame[frame["head_dim"] == hd][["num_heads",
-                                                                                    "num_key_value_heads"]].values})
-        raise ServesimError(f"{tables.files[kind + '_attention']}: no {kind} attention rows for {heads} heads, "
-                            f"{kv_heads} KV heads, head_dim {hd}, KV cache {kv_dtype} on {tables.system}, nor head "
-                            f"counts on both sides to interpolate; (heads, KV heads) there: {have}")
+        same = frame[(frame["kernel_source"] == kernel) & (frame["head_dim"] == hd)
+                     & (frame["kv_cache_dtype"] == KV_DTYPES[kv_dtype])]
+        have = sorted({(int(a), int(b)) for a, b in same[["num_heads", "num_key_value_heads"]].values})
+        raise ServesimError(f"{tables.files[kind + '_attention']}: no {kind} attention rows of kernel {kernel} for "
+                            f"{heads} heads, {kv_heads} KV heads, head_dim {hd}, KV cache {kv_dtype} on "
+                            f"{tables.system} ({tables.framework} {tables.version}), nor head counts on both sides "
+                            f"to interpolate; (heads, KV heads) there: {have}")
     lo, hi = below[-1], above[0]
     b0, l0, g0 = _attention_grid(k[k["num_heads"] == lo], length, offset)
     b1, l1, g1 = _attention_grid(k[k["num_heads"] == hi], length, offset)
@@ -200,28 +248,66 @@ def _between_head_counts(frame, heads, kv_heads, hd, kv_dtype, length, offset, k
     return batch, lengths, (1 - w) * g0 + w * g1
 
 
-def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None) -> dict | None:
-    """The all-reduce curves for tp GPUs up to vLLM's custom all-reduce limit, and the NVLink
-    bandwidth (bytes/s per GPU per direction) that prices larger messages."""
+def _curve(rows: pd.DataFrame) -> tuple[list[int], list[float]]:
+    """(message bytes, seconds) of all-reduce rows of bf16 elements: the tables' `message_size`
+    counts elements (AIConfigurator's collector/collect_all_reduce.py all-reduces a bf16 tensor of
+    `message_size` elements; collect_nccl.py stores bytes // bytes per element), 2 bytes each."""
+    curve = rows.groupby("message_size")["seconds"].mean().sort_index()
+    return [int(x) * ALLREDUCE_ELEMENT_BYTES for x in curve.index], curve.tolist()
+
+
+def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None,
+                     pcie_bytes_per_s: float | None = None, notes: list | None = None) -> dict | None:
+    """How an all-reduce among tp GPUs is priced (nothing at TP 1: the table is not read there).
+
+    vLLM's custom all-reduce takes messages below 8 MiB where every GPU reaches every other over
+    NVLink, or on two GPUs over PCIe (custom_all_reduce.py: "not supported on more than two PCIe-only
+    GPUs"); the tables' CUDA-graph and eager rows price it. Larger messages, and every message where
+    the custom kernel is not used, go to NCCL: the system's NCCL table (`nccl_perf`, all_reduce, half)
+    where there is one for tp GPUs, else a ring over the hardware's stated link (NVLink or PCIe:
+    2 (tp - 1) / tp of the message through each GPU's link, plus tensor_parallel's fixed latency)."""
+    notes = [] if notes is None else notes
     if tp == 1:
         return None
-    if nvlink_bytes_per_s is None or not nvlink_bytes_per_s > 0:
-        raise ServesimError(f"--tp {tp} needs the hardware's NVLink bandwidth (for messages past vLLM's custom "
-                            "all-reduce); give a --hardware that has one")
+    if nvlink_bytes_per_s is not None and nvlink_bytes_per_s > 0:
+        link, bandwidth = "nvlink", float(nvlink_bytes_per_s)
+    elif pcie_bytes_per_s is not None and pcie_bytes_per_s > 0:
+        link, bandwidth = "pcie", float(pcie_bytes_per_s)
+    else:
+        raise ServesimError(f"--tp {tp} needs the hardware's link (nvlink_bandwidth or pcie_bandwidth) to price "
+                            "its all-reduces; give a --hardware that states one")
+    out: dict = {"num_gpus": tp, "link": link, "link_bytes_per_s": bandwidth, "table_max_bytes": 0}
+    if link == "nvlink":
+        out["nvlink_bytes_per_s"] = bandwidth
+    custom_used = link == "nvlink" or tp == 2
     a = tables.custom_allreduce
-    rows = a[a["num_gpus"] == tp]
-    if rows.empty:
-        have = ", ".join(str(int(x)) for x in sorted(a["num_gpus"].unique()))
-        raise ServesimError(f"{tables.files['custom_allreduce']}: no all-reduce rows for {tp} GPUs on "
-                            f"{tables.system} (GPUs there: {have}); choose --tp among them")
-    out = {"num_gpus": tp, "table_max_bytes": TABLE_ALLREDUCE_MAX_BYTES,
-           "nvlink_bytes_per_s": float(nvlink_bytes_per_s)}
-    for mode in ("graph", "eager"):
-        kernel = KERNELS[("allreduce", mode)]
-        curve = rows[rows["kernel_source"] == kernel].groupby("message_size")["seconds"].mean().sort_index()
-        if curve.empty:
-            raise ServesimError(f"{tables.files['custom_allreduce']}: no {kernel} rows for {tp} GPUs")
-        out[mode] = {"kernel": kernel, "message_bytes": [int(x) for x in curve.index], "seconds": curve.tolist()}
+    rows = a[a["num_gpus"] == tp] if a is not None and custom_used else None
+    if rows is not None and not rows.empty:
+        curves = {}
+        for mode in ("graph", "eager"):
+            kernel = KERNELS[("allreduce", mode)]
+            mine = rows[rows["kernel_source"] == kernel]
+            if mine.empty:
+                raise ServesimError(f"{tables.files['custom_allreduce']}: no {kernel} rows for {tp} GPUs on "
+                                    f"{tables.system} ({tables.framework} {tables.version})")
+            message_bytes, seconds = _curve(mine)
+            curves[mode] = {"kernel": kernel, "message_bytes": message_bytes, "seconds": seconds}
+        out.update(curves, table_max_bytes=TABLE_ALLREDUCE_MAX_BYTES)
+    elif custom_used:
+        where = "no custom all-reduce table" if a is None else f"no custom all-reduce rows for {tp} GPUs"
+        notes.append(f"all-reduce: {where} on {tables.system}; every message priced as NCCL's")
+    else:
+        notes.append(f"all-reduce: vLLM's custom kernel is off on {tp} PCIe GPUs; every message priced as NCCL's")
+    n = tables.nccl
+    nccl = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] == tp)
+                                    & (n["nccl_dtype"] == "half")]
+    if nccl is not None and not nccl.empty:
+        message_bytes, seconds = _curve(nccl)
+        out["nccl"] = {"kernel": "NCCL all_reduce (half)", "message_bytes": message_bytes, "seconds": seconds}
+    else:
+        out["ring_latency_s"] = RING_LATENCY_S
+        notes.append(f"all-reduce: no NCCL table for {tp} GPUs on {tables.system}; NCCL's messages priced as a "
+                     f"ring over {link} at {bandwidth / 1e9:g} GB/s")
     return out
 
 
@@ -239,10 +325,10 @@ def derive_memory(tables: TableSet) -> dict:
 
 
 def derive(tables: TableSet, model: dict, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "bf16",
-           nvlink_bytes_per_s: float | None = None) -> dict:
+           nvlink_bytes_per_s: float | None = None, pcie_bytes_per_s: float | None = None) -> dict:
     """Everything the operator model needs for one model, TP degree and dtype (see the module doc)."""
     notes: list[str] = []
     return {"gemm": derive_gemms(tables, model, tp, dtype, notes),
             "attention": derive_attention(tables, model, tp, kv_cache_dtype, notes),
-            "allreduce": derive_allreduce(tables, tp, nvlink_bytes_per_s), "memory": derive_memory(tables),
-            "notes": notes}
+            "allreduce": derive_allreduce(tables, tp, nvlink_bytes_per_s, pcie_bytes_per_s, notes),
+            "memory": derive_memory(tables), "notes": notes}

@@ -53,6 +53,7 @@ MAX_TABLE = 1 << 18  # token and logits counts past this are costed without the 
 RUN_CHUNK = 512  # decode steps per cached stretch of a batch size's step times (see decode_run_values)
 MAX_RUN_CHUNKS = 2048  # cached stretches at most (16 MiB); the cache starts afresh past it
 MAX_FIRST_CHUNKS = 1 << 16  # first chunks' attention kept by length (see _first_chunk_attention)
+QUANTIZED_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}  # bytes per quantized activation (nvfp4: 16-element blocks)
 SAMPLER_PASSES = 3  # reads of the fp32 logits by the sampler: softmax/log-softmax, top-p/top-k, the draw
 
 
@@ -93,11 +94,14 @@ class OperatorModel:
         self.attention_floor_s = float(self._gen.grid[0, 0])
         ar = derived["allreduce"]
         self._allreduce = None if ar is None else {
-            mode: Curve(ar[mode]["message_bytes"], ar[mode]["seconds"]) for mode in ("graph", "eager")}
+            mode: Curve(ar[mode]["message_bytes"], ar[mode]["seconds"]) for mode in ("graph", "eager") if mode in ar}
+        self._nccl = None if ar is None or "nccl" not in ar else Curve(ar["nccl"]["message_bytes"], ar["nccl"]["seconds"])
+        self._ring_latency_s = 0.0 if ar is None else float(ar.get("ring_latency_s", 0.0))
         if ar is not None:
-            self._table_max_bytes = float(ar["table_max_bytes"])
+            self._table_max_bytes = float(ar["table_max_bytes"]) if self._allreduce else 0.0
             # A ring all-reduce moves 2 (n - 1) / n of the message through each GPU's link.
-            self._nvlink_s_per_byte = 2.0 * (tp - 1) / tp / ar["nvlink_bytes_per_s"]
+            link = ar.get("link_bytes_per_s", ar.get("nvlink_bytes_per_s"))
+            self._nvlink_s_per_byte = 2.0 * (tp - 1) / tp / link
         if (ar is None) != (tp == 1):
             raise ServesimError(f"the derived curves are for {1 if ar is None else ar['num_gpus']} GPU(s), not --tp {tp}")
         mem = derived["memory"]
@@ -148,10 +152,20 @@ class OperatorModel:
         size = np.asarray(message_bytes, dtype=np.float64)
         if self._allreduce is None:
             return np.zeros_like(size)
+        if not self._allreduce:  # no custom all-reduce (PCIe past two GPUs, or no table): NCCL throughout
+            return self._large_allreduce(np.maximum(size, 1.0))
         custom = np.minimum(size, self._table_max_bytes)
         table = np.where(graph, self._lookup(self._allreduce["graph"], custom),
                          self._lookup(self._allreduce["eager"], custom))
-        return np.where(size > self._table_max_bytes, np.maximum(table, size * self._nvlink_s_per_byte), table)
+        if self._nccl is None and not self._ring_latency_s:  # the link's ring past the table (profiles before NCCL)
+            return np.where(size > self._table_max_bytes, np.maximum(table, size * self._nvlink_s_per_byte), table)
+        return np.where(size > self._table_max_bytes, np.maximum(table, self._large_allreduce(size)), table)
+
+    def _large_allreduce(self, size):
+        """NCCL's all-reduce: its table where the system has one, else a ring over the stated link."""
+        if self._nccl is not None:
+            return self._lookup(self._nccl, size)
+        return size * self._nvlink_s_per_byte + self._ring_latency_s
 
     def decode_attention(self, num_decodes, mean_kv_len):
         """One layer's attention of `num_decodes` decodes at a mean KV length (0 decodes: 0)."""
@@ -184,8 +198,9 @@ class OperatorModel:
         if m.get("qk_norm"):  # Qwen3: an RMSNorm on every query and key head, read and write
             per_token += 2 * (self.heads + self.kv_heads) * hd * b
             kernels += 1
-        if self.dtype == "fp8":
-            per_token += self.heads * hd * (b + 1)  # the attention output's quantization
+        if self.dtype in QUANTIZED_BYTES:
+            # The attention output's quantization (fp8: one byte; nvfp4: half a byte and an fp8 scale per 16).
+            per_token += self.heads * hd * (b + QUANTIZED_BYTES[self.dtype])
             kernels += 1
         return per_token, kernels
 

@@ -23,7 +23,7 @@ Kernels, as vLLM 0.24 picks them on Hopper (H100, H200):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,7 +48,7 @@ KERNELS = {
     ("allreduce", "graph"): "vLLM_custom_graph",
     ("allreduce", "eager"): "vLLM_custom_eager",
 }
-GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # servesim's name -> the tables' gemm_dtype
+GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}  # servesim's name -> the tables' gemm_dtype
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 _NAME = re.compile(r"^(?P<system>[^_]+(?:_[^_]+)*?)__(?P<framework>[A-Za-z]+)-(?P<version>[^_]+)__"
                    r"(?P<kind>" + "|".join(KINDS) + r")_perf\.(?P<ext>parquet|csv)$")
@@ -56,7 +56,10 @@ _NAME = re.compile(r"^(?P<system>[^_]+(?:_[^_]+)*?)__(?P<framework>[A-Za-z]+)-(?
 
 @dataclass(frozen=True)
 class TableSet:
-    """One system's four tables for one framework version (rows as read, latency in seconds)."""
+    """One system's tables for one framework (rows as read, latency in seconds). A table the
+    source lacks is None: the derivation refuses it, by name, only where the run reads it (the
+    all-reduce under TP > 1). `versions`: kind -> the framework version its rows were read from,
+    and how it was chosen; `nccl`: the system's NCCL table (all-reduce rows), where there is one."""
 
     system: str
     framework: str
@@ -66,16 +69,40 @@ class TableSet:
     gemm: pd.DataFrame
     context_attention: pd.DataFrame
     generation_attention: pd.DataFrame
-    custom_allreduce: pd.DataFrame
+    custom_allreduce: pd.DataFrame | None
+    nccl: pd.DataFrame | None = None
+    versions: dict = field(default_factory=dict)  # kind -> (version, how chosen)
+    data_dir: Path | None = None  # the layout's data folder (its reuse manifest is beside it)
+    asked_version: str | None = None  # the framework version asked for (None: the newest)
 
     @property
     def source(self) -> dict:
-        return {"system": self.system, "framework": self.framework, "framework_version": self.version,
-                "device": self.device, "files": {k: Path(p).name for k, p in self.files.items()}}
+        out = {"system": self.system, "framework": self.framework, "framework_version": self.version,
+               "device": self.device, "files": {k: Path(p).name for k, p in self.files.items()}}
+        if self.versions:  # each kind's own version and how it was chosen (as asked, the nearest, the newest)
+            out["asked_version"] = self.asked_version
+            out["table_versions"] = {k: v for k, (v, _) in self.versions.items()}
+            out["table_version_choice"] = {k: how for k, (_, how) in self.versions.items()}
+        return out
+
+    def version_note(self) -> str:
+        """One line: which version's tables each kind was read from, and why."""
+        if not self.versions:
+            return f"{self.framework} {self.version} tables"
+        parts = [f"{k} {v} ({how})" for k, (v, how) in self.versions.items()]
+        return f"{self.system} {self.framework} tables: " + "; ".join(parts)
+
+    def kernel_allowed(self, kind: str, kernel: str) -> bool:
+        if self.data_dir is None:
+            return True
+        from backends.systems import TABLES, kernel_allowed
+
+        table = "nccl_perf" if kind == "nccl" else TABLES[kind][1]
+        return kernel_allowed(self.data_dir, table, kernel, self.framework)
 
 
 def list_tables(folder: str | Path) -> dict[tuple[str, str, str], dict[str, Path]]:
-    """(system, framework, version) -> {kind: path} of every table file in `folder`."""
+    """(system, framework, version) -> {kind: path} of every table file in `folder` (flat names)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ServesimError(f"{folder}: no such folder of operator tables")
@@ -92,17 +119,27 @@ def list_tables(folder: str | Path) -> dict[tuple[str, str, str], dict[str, Path
     return found
 
 
-def _read(path: Path, kind: str) -> pd.DataFrame:
+KIND_OF_TABLE = {f"{k}_perf": k for k in KINDS}
+
+
+def read_frame(path: Path, table: str) -> pd.DataFrame:
+    """One table file (parquet or CSV) with a `seconds` column; `table` is its kind (gemm ...) or
+    its file stem (gemm_perf, nccl_perf, moe_perf ...): a known kind's columns are checked."""
     import pandas as pd  # here, not at import: a replay loading a profile never needs it
 
+    kind = KIND_OF_TABLE.get(table, table)
     try:
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except (OSError, ValueError) as e:
         raise ServesimError(f"{path}: cannot read the {kind} table: {e}") from None
-    missing = [c for c in COLUMNS[kind] if c not in frame.columns]
+    missing = [c for c in COLUMNS.get(kind, ("latency",)) if c not in frame.columns]
+    if kind in ("context_attention", "generation_attention") and "window_size" in missing:
+        missing.remove("window_size")  # older tables (A100's) have no sliding windows: all rows are full
     if missing:
         raise ServesimError(f"{path}: the {kind} table lacks column(s) {', '.join(missing)}")
     frame = frame.copy()
+    if "window_size" not in frame.columns and kind in ("context_attention", "generation_attention"):
+        frame["window_size"] = 0
     frame["seconds"] = frame["latency"].astype(float) * 1e-3
     bad = frame[~(frame["seconds"] > 0)]
     if len(bad):
@@ -111,28 +148,78 @@ def _read(path: Path, kind: str) -> pd.DataFrame:
     return frame
 
 
+_read = read_frame
+
+
+def is_layout(folder: str | Path) -> bool:
+    from backends.systems import find_data_dir
+
+    return find_data_dir(folder) is not None
+
+
 def load_tables(folder: str | Path, system: str, framework: str = "vllm", version: str | None = None) -> TableSet:
-    """The four tables of `system` for `framework` (and `version`; None: the only one there)."""
+    """The tables of `system` for `framework` from `folder`, flat files or the package's layout:
+    each kind at `version` if there, else the nearest version there is (None: the newest)."""
+    from backends.systems import find_data_dir
+
+    data_dir = find_data_dir(folder) if Path(folder).is_dir() else None
+    if data_dir is not None:
+        return load_layout(data_dir, system, framework, version)
     found = list_tables(folder)
-    matches = {k: v for k, v in found.items() if k[0] == system and k[1] == framework.lower()
-               and (version is None or k[2] == version)}
+    matches = {k: v for k, v in found.items() if k[0] == system and k[1] == framework.lower()}
     if not matches:
         have = ", ".join(sorted({f"{s} ({f}-{v})" for s, f, v in found})) or "none"
         want = f"{system} ({framework}{'-' + version if version else ''})"
         raise ServesimError(f"{folder}: no operator tables for {want}; tables there: {have}")
-    if len(matches) > 1:
-        versions = ", ".join(sorted(k[2] for k in matches))
-        raise ServesimError(f"{folder}: {system} has tables for {framework} versions {versions}; choose one")
-    (system, framework, version), files = next(iter(matches.items()))
-    missing = [k for k in KINDS if k not in files]
+    from backends.systems import choose_version
+
+    asked = version
+    chosen, how = choose_version([k[2] for k in matches], asked)
+    (system, framework, version), files = next((k, v) for k, v in matches.items() if k[2] == chosen)
+    missing = [k for k in KINDS if k not in files and k != "custom_allreduce"]
     if missing:
         raise ServesimError(f"{folder}: {system} ({framework}-{version}) lacks the table(s) "
                             + ", ".join(f"{system}__{framework}-{version}__{k}_perf.parquet" for k in missing))
-    frames = {k: _read(files[k], k) for k in KINDS}
+    frames = {k: (_read(files[k], k) if k in files else None) for k in KINDS}
     device = str(frames["gemm"]["device"].iloc[0]) if "device" in frames["gemm"].columns else system
-    return TableSet(system, framework, version, device, files, **frames)
+    versions = {k: (version, how) for k in files} if asked is not None and how != "as asked" else {}
+    return TableSet(system, framework, version, device, files, **frames, versions=versions, asked_version=asked)
+
+
+def load_layout(data_dir: Path, system: str, framework: str = "vllm", version: str | None = None) -> TableSet:
+    """A system's tables from a folder in the package's layout (backends/systems.py), each kind at
+    `version` or the nearest version that kind has, reuse.yaml followed; the NCCL table (the
+    system's newest) where there is one."""
+    from backends.systems import TABLES, layout_systems, read_layout_table
+
+    if not (data_dir / system).is_dir():
+        have = ", ".join(layout_systems(data_dir, framework)) or "none"
+        raise ServesimError(f"{data_dir}: no operator tables for system {system}; systems there: {have}")
+    frames, files, versions = {}, {}, {}
+    for kind, (family, table) in TABLES.items():
+        read = read_layout_table(data_dir, system, family, framework, table, version)
+        if read is None:
+            if kind != "custom_allreduce":  # read only under TP > 1, refused there by name
+                raise ServesimError(f"{data_dir / system / family / framework}: {system} has no {table} table for "
+                                    f"{framework} (any version)")
+            frames[kind] = None
+            continue
+        frames[kind], files[kind], versions[kind] = read.frame, read.path, (read.version, read.how)
+    nccl = read_layout_table(data_dir, system, "comm", "nccl", "nccl_perf", None)
+    if nccl is not None:
+        files["nccl"] = nccl.path
+    gemm_version = versions["gemm"][0]
+    device = str(frames["gemm"]["device"].iloc[0]) if "device" in frames["gemm"].columns else system
+    return TableSet(system, framework, gemm_version, device, files, **frames,
+                    nccl=None if nccl is None else nccl.frame, versions=versions, data_dir=data_dir,
+                    asked_version=version)
 
 
 def systems_in(folder: str | Path) -> list[str]:
     """The systems that have tables in `folder` (for messages and `sim validate`'s skips)."""
+    from backends.systems import find_data_dir, layout_systems
+
+    data_dir = find_data_dir(folder) if Path(folder).is_dir() else None
+    if data_dir is not None:
+        return layout_systems(data_dir)
     return sorted({k[0] for k in list_tables(folder)})

@@ -80,7 +80,9 @@ def validate_report_html(rows: pd.DataFrame, summary: dict, protocol, source: st
             ("predicted_tpot_ms", "predicted", ".2f"), ("tpot_error_pct", "error %", "+.1f"),
             ("num_preemptions", "preemptions", "d"), ("kv_cache_dtype", "KV", "s"),
             ("warmup_waves", "waves left out", "d"), ("implied_tokens_per_s", "implied tok/s", ",.0f"),
-            ("tables_max_tokens_per_s", "tables' GEMM max tok/s", ",.0f")]))
+            ("tables_max_tokens_per_s", "tables' GEMM max tok/s", ",.0f")]
+            + ([("tables", "vLLM tables (per kind; the nearest where not the row's version)", "s")]
+               if "tables" in rows.columns else [])))
         fast = rows[rows["faster_than_tables"].astype(bool)]
         if len(fast):
             sections.append(f'<div class="note">{len(fast)} of {len(rows)} rows imply a token rate above what '

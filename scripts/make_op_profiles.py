@@ -23,7 +23,7 @@ from backends.presets import MODELS
 from sim.app.opprofiles import OPS_DIR, kv_name, profile_file_name
 from sim.errors import ServesimError
 
-DATA = Path(__file__).resolve().parents[1] / ".." / ".." / "shared" / "gpu-data" / "aiconfigurator"
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu-data" / "aiconfigurator"
 SYSTEMS = {"H100-SXM": "h100_sxm", "H200": "h200_sxm"}
 
 
@@ -47,7 +47,8 @@ def main() -> None:
                                 max_num_batched_tokens=8192, max_num_seqs=1024, tp=tp, dtype=dtype,
                                 kv_cache_dtype=kv, max_model_len=8192)
                     profile = build_profile(tables, name, model, hardware_name, tp, dtype, kv_name(kv),
-                                            nvlink_bytes_per_s=hardware.nvlink_bandwidth)
+                                            nvlink_bytes_per_s=hardware.nvlink_bandwidth,
+                                            pcie_bytes_per_s=hardware.pcie_bandwidth)
                 except ServesimError as e:
                     print(f"skip {hardware_name} {name} TP {tp} {dtype} KV {kv}: {e}")
                     continue

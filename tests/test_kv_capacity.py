@@ -64,7 +64,7 @@ def test_models_too_big_are_refused_as_vllm_refuses_them():
         blocks(llama_70b, tp=2, max_model_len=131072)
     assert blocks(llama_70b, tp=4, max_model_len=131072).num_gpu_blocks > 8192
     assert blocks(llama_70b, num_gpu_blocks_override=100).num_gpu_blocks == 100  # taken as given
-    with pytest.raises(ServesimError, match="nvlink_bandwidth null"):
+    with pytest.raises(ServesimError, match="neither nvlink_bandwidth nor pcie_bandwidth"):
         blocks(hardware=Hardware("pcie", 1e14, None, 1e12, 80 * GIB, None), tp=2)
 
 

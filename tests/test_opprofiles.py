@@ -112,11 +112,11 @@ def test_tp2_looks_up_halved_shapes_and_adds_the_tables_all_reduces(h100):
         assert (d["gemm"][op]["m"], d["gemm"][op]["seconds"]) == table_curve(h100, "bfloat16", *shapes[op])
     ops = OperatorModel(d, model, 2, "bf16", "bf16", StepOverhead(0.0, "none"))
     a = h100.custom_allreduce
-    graph = a[(a["num_gpus"] == 2) & (a["kernel_source"] == "vLLM_custom_graph") & (a["message_size"] == 8 * 4096 * 2)]
+    graph = a[(a["num_gpus"] == 2) & (a["kernel_source"] == "vLLM_custom_graph") & (a["message_size"] == 8 * 4096)]
     eager = a[(a["num_gpus"] == 2) & (a["kernel_source"] == "vLLM_custom_eager") & (a["message_size"] == 4 * 2**20)]
     parts = ops.decode_steps(np.array([8]), np.array([8 * 1000]))
-    # 2 x 32 + 1 all-reduces of 8 tokens x 4096 x 2 bytes, and the logits' all-gather (8 x 128256 rows of bf16,
-    # priced as an all-reduce of half of it: 4,104,192 bytes, log-log between the table's 2 and 4 MiB).
+    # 2 x 32 + 1 all-reduces of 8 tokens x 4096 bf16 elements (the table's message_size counts elements), and
+    # the logits' all-gather (8 x 128256 rows of bf16, priced as an all-reduce of half of it: 4,104,192 bytes).
     gather = ops.allreduce(np.array([8 * 128256 * 2 / 2]), np.array([False]))[0]
     assert parts["allreduce"][0] == pytest.approx(65 * graph["latency"].iloc[0] * 1e-3 + gather, rel=1e-12)
     assert gather < eager["latency"].iloc[0] * 1e-3

@@ -62,7 +62,7 @@ def test_validate_writes_the_issue_shape_and_skips_with_reasons(tmp_path):
         [("sglang", "0.5", "", 1), ("vllm", "", "", 2)]
     assert summary["skipped"] == [
         {"id": "d", "reason": "mode disagg: disaggregated serving (prefill and decode workers) is not simulated"},
-        {"id": "e", "reason": "precision fp4: no operator tables for it"}]
+        {"id": "e", "reason": "no operator tables for system b200_sxm (tables for h100_sxm)"}]
     rows = pd.read_csv(out / "validate.csv")
     assert rows["id"].tolist() == ["a", "b", "c"]
     assert rows["concurrency"].tolist() == [2, 4, 2]  # row b's source column wins over its batch_size
@@ -111,7 +111,8 @@ def test_validate_on_a_cut_of_the_shared_measurements(tmp_path):
     summary = json.loads((out / "validate.json").read_text())
     assert [(g["system"], g["backend"], g["rows"]) for g in summary["groups"]] == \
         [("h100_sxm", "vllm", 1), ("h100_sxm", "trtllm", 1), ("h200_sxm", "vllm", 2)]
-    assert summary["skipped"] == [{"id": ids[3], "reason": "precision fp4: no operator tables for it"}]
+    assert summary["skipped"] == [{"id": ids[3], "reason": "no operator tables for system b200_sxm (tables for h100_sxm, "
+                                                           "h200_sxm)"}]
     rows = pd.read_csv(out / "validate.csv")
     vllm = rows[rows["backend"] == "vllm"]
     assert (vllm["tpot_error_pct"].abs() < 10).all() and (vllm["ttft_error_pct"].abs() < 30).all()

@@ -106,7 +106,8 @@ def describe(plan) -> str:
     text = f"{plan.model.name} on {where}, {plan.num_blocks} KV blocks"
     if plan.kv is not None and plan.kv.capped_from is not None:
         text += f" (capped from {plan.kv.capped_from})"
-    return text + (f", profile {options.profile}" if options.profile else "")
+    text += f", profile {options.profile}" if options.profile else ""
+    return text + (f"\n{plan.tables['note']}" if getattr(plan, "tables", None) else "")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -126,14 +127,31 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_hardware(args: argparse.Namespace) -> int:
     from backends.hardware import HARDWARE
+    from backends.systems import DISTRIBUTION, INSTALL_HINT, list_systems, package_systems_dir, package_version
 
-    print(f"{'hardware':<12}{'bf16 TFLOP/s':>14}{'fp8 TFLOP/s':>13}{'HBM TB/s':>10}{'memory GiB':>12}"
-          f"{'NVLink GB/s':>13}  description")
-    for name, h in HARDWARE.items():
+    def row(name, h, tables=""):
         fp8 = "-" if h.peak_fp8_flops is None else f"{h.peak_fp8_flops / 1e12:.1f}"
-        nvlink = "-" if h.nvlink_bandwidth is None else f"{h.nvlink_bandwidth / 1e9:.0f}"
-        print(f"{name:<12}{h.peak_bf16_flops / 1e12:>14.1f}{fp8:>13}{h.memory_bandwidth / 1e12:>10.2f}"
-              f"{h.memory_bytes / 2**30:>12.1f}{nvlink:>13}  {h.description}")
+        link = "-" if h.link is None else f"{h.link} {h.link_bandwidth / 1e9:.0f}"
+        print(f"{name:<22}{h.peak_bf16_flops / 1e12:>14.1f}{fp8:>13}{h.memory_bandwidth / 1e12:>10.2f}"
+              f"{h.memory_bytes / 2**30:>12.1f}{link:>13}  {tables or h.description}")
+
+    print(f"{'hardware':<22}{'bf16 TFLOP/s':>14}{'fp8 TFLOP/s':>13}{'HBM TB/s':>10}{'memory GiB':>12}"
+          f"{'link GB/s':>13}  description / vLLM tables")
+    for name, h in HARDWARE.items():
+        row(name, h)
+    if package_systems_dir() is None:
+        print(f"(more systems, with their measured vLLM tables: {INSTALL_HINT})")
+        return 0
+    from backends.hardware import resolve_hardware
+    from backends.systems import system_table_versions
+
+    print(f"systems of {DISTRIBUTION} {package_version()} (--hardware NAME; --vllm-version picks their tables):")
+    for name in list_systems():
+        versions = system_table_versions(name)
+        gemm, attention = versions["gemm"], versions["context_attention"]
+        tables = (f"vLLM GEMM {', '.join(gemm)}; attention {', '.join(attention) or '-'}; all-reduce "
+                  f"{', '.join(versions['custom_allreduce']) or '-'}") if gemm else "no vLLM tables: the roofline only"
+        row(name, resolve_hardware(name), tables)
     return 0
 
 
@@ -165,7 +183,7 @@ def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the model presets")
     p.set_defaults(func=cmd_models)
-    p = sub.add_parser("hardware", help="list the hardware presets")
+    p = sub.add_parser("hardware", help="list the hardware presets and the systems of the tables extra")
     p.set_defaults(func=cmd_hardware)
     if all_commands:
         for register in _command_modules():

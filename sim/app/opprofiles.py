@@ -5,11 +5,19 @@ Committed operator-table profiles live in profiles/ops/, one per (hardware, mode
 dtype), named `<hardware>__<model>__tp<N>__<dtype>__kv-<kv dtype>.json`. A run without --profile
 whose model (by its shapes), hardware, --tp, --dtype and --kv-cache-dtype match one of them uses
 it, and summary.json names it (options.profile); `--profile roofline` forces the datasheet roofline.
+
+A run on a system of AIConfigurator's package (`--hardware l40s`, ...; the `tables` extra), or any
+run given `--vllm-version`, derives its profile from that system's vLLM tables when no committed
+profile matches (`system_profile`), once: the profile is cached under $SERVESIM_CACHE (default
+~/.cache/servesim/ops/), keyed by the package's version, the system, the vLLM version asked for,
+the model's shapes, TP and dtypes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 from backends.opprofile import OpProfile, is_op_profile, model_shape, op_profile_from_json
@@ -76,6 +84,82 @@ def matching_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
     return None
 
 
+# Today's named hardware and the package's system whose tables measured the same GPU.
+PRESET_SYSTEMS = {"H100-SXM": "h100_sxm", "H200": "h200_sxm", "A100-80GB": "a100_sxm"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SERVESIM_CACHE") or Path.home() / ".cache" / "servesim") / "ops"
+
+
+def system_of(hardware) -> str | None:
+    """The package system whose tables price this hardware: its own, or a named preset's."""
+    return hardware.system or PRESET_SYSTEMS.get(hardware.name)
+
+
+def system_has_tables(system: str) -> bool:
+    from backends.systems import has_tables
+
+    return has_tables(system)
+
+
+def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
+                   vllm_version: str | None = None) -> tuple[OpProfile, Path]:
+    """The operator-table profile of this deployment derived from the package's tables of the
+    hardware's system (each table at `vllm_version` or the nearest the system has; None: the
+    newest), from the cache where it was derived before."""
+    from backends.opprofile import build_profile, load_op_profile, save_op_profile
+    from backends.optables import load_layout
+    from backends.systems import INSTALL_HINT, package_systems_dir, package_version, require_package
+
+    system = system_of(hardware)
+    if system is None:
+        raise ServesimError(f"--vllm-version picks the tables of a system of AIConfigurator's package; hardware "
+                            f"{hardware.name} is none (see `sim hardware`)")
+    if package_systems_dir() is None:
+        raise ServesimError(f"the tables of {system} need the tables extra: {INSTALL_HINT}")
+    shape = model_shape(model)
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+    path = (cache_dir() / package_version() / system / f"vllm-{vllm_version or 'newest'}"
+            / f"{model.name}-{digest}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}.json")
+    if path.is_file():
+        try:
+            return load_op_profile(path), path
+        except ServesimError:
+            pass  # a cache file from another servesim: derive it afresh
+    tables = load_layout(require_package() / "data", system, "vllm", vllm_version)
+    profile = build_profile(tables, model.name, model, hardware.name, tp, dtype, kv_name(kv_cache_dtype),
+                            nvlink_bytes_per_s=hardware.nvlink_bandwidth, pcie_bytes_per_s=hardware.pcie_bandwidth)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    save_op_profile(profile, partial)
+    os.replace(partial, path)  # whole or not at all: another run may read it at once
+    return profile, path
+
+
+def tables_note(profile: OpProfile) -> str:
+    """One line: the system and the vLLM version each table kind was read from."""
+    src = profile.source
+    versions = src.get("table_versions") or {}
+    asked = src.get("asked_version")
+    parts = ", ".join(f"{kind} {v}" + (" (the nearest)" if asked and v != asked else "")
+                      for kind, v in versions.items()) or src.get("framework_version", "?")
+    head = f"{src.get('system')} vLLM tables ({asked if asked else 'newest'} asked)"
+    return f"{head}: {parts}"
+
+
+def tables_summary(profile: OpProfile, hardware) -> dict:
+    """summary.json's `operator_tables`: the system, the vLLM version asked for and each table's,
+    how each was chosen, and the link its all-reduces cross."""
+    src = profile.source
+    ar = profile.operators.get("allreduce") or {}
+    return {"system": src.get("system"), "device": src.get("device"), "asked_vllm_version": src.get("asked_version"),
+            "table_versions": src.get("table_versions"), "table_version_choice": src.get("table_version_choice"),
+            "link": hardware.link, "link_bandwidth": hardware.link_bandwidth,
+            "allreduce": None if not ar else ("custom all-reduce table" if "graph" in ar else "none custom")
+            + (", NCCL table" if "nccl" in ar else ", ring over the link"), "note": tables_note(profile)}
+
+
 def cmd_from_ops(args) -> int:
     """`sim calibrate --from-ops DIR --system S --model M [--hardware H] [--tp N] [--dtype D] --out P`."""
     from backends.hardware import resolve_hardware
@@ -93,11 +177,13 @@ def cmd_from_ops(args) -> int:
     model = resolve_model(args.model)
     hardware = resolve_hardware(args.hardware) if args.hardware else None
     if args.tp > 1 and hardware is None:
-        raise ServesimError(f"--tp {args.tp} needs --hardware (its NVLink bandwidth prices the large all-reduces)")
-    tables = load_tables(args.from_ops, args.system, args.framework)
+        raise ServesimError(f"--tp {args.tp} needs --hardware (its link's bandwidth prices the all-reduces no table "
+                            "measures)")
+    tables = load_tables(args.from_ops, args.system, args.framework, getattr(args, "vllm_version", None))
     profile = build_profile(tables, model.name, model, None if hardware is None else hardware.name, args.tp,
                             args.dtype, kv_name(args.kv_cache_dtype),
-                            nvlink_bytes_per_s=None if hardware is None else hardware.nvlink_bandwidth)
+                            nvlink_bytes_per_s=None if hardware is None else hardware.nvlink_bandwidth,
+                            pcie_bytes_per_s=None if hardware is None else hardware.pcie_bandwidth)
     try:
         save_op_profile(profile, out)  # under a temporary name, then renamed: a full disk keeps the old profile
     except OSError as e:

@@ -41,8 +41,9 @@ class ReplayOptions:
                                 "default: {default})")
     tp: int = option(1, flag="--tp", range=TENSOR_PARALLEL, metavar="N",
                      help="tensor parallelism: GPUs per engine, joined by NVLink (default: {default})")
-    dtype: str = option("bf16", flag="--dtype", choices=("bf16", "fp8"),
-                        help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak (default: {default})")
+    dtype: str = option("bf16", flag="--dtype", choices=("bf16", "fp8", "fp4"),
+                        help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak; fp4 (nvfp4) is priced "
+                             "from operator tables only (default: {default})")
     kv_cache_dtype: str = option("auto", flag="--kv-cache-dtype", choices=("auto", "fp8"),
                                  help="the KV cache's dtype: auto (bf16) or fp8, half the bytes per block "
                                       "(default: {default})")
@@ -72,6 +73,13 @@ class ReplayOptions:
                                       "roofline (default: the operator-table profile in profiles/ops/ matching the "
                                       "model, hardware, --tp and dtypes, else the roofline)")
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # one replica by default
+    # The vLLM version whose operator tables price the run (AIConfigurator's package, the tables
+    # extra): that version, else the nearest the system has; None: the newest (sim/app/opprofiles.py).
+    vllm_version: str | None = option(None, flag="--vllm-version", metavar="X.Y.Z",
+                                      help="price the run with the operator tables of this vLLM version "
+                                           "(AIConfigurator's package, pip install -e '.[tables]'): the version itself, "
+                                           "else the nearest the system has (said on the terminal and in summary.json); "
+                                           "default: a committed profile, else the newest")
 
     def __post_init__(self) -> None:
         """Checks of the values alone; what they name (model, hardware, policy, profile) is looked
@@ -88,6 +96,9 @@ class ReplayOptions:
             raise ServesimError(f"--weights loads the real backend's model; it does not apply to --backend {self.backend}")
         if self.backend == "real" and not self.cluster.is_single:
             raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
+        if self.vllm_version is not None and self.backend != "costmodel":
+            raise ServesimError("--vllm-version picks the operator tables the cost model is priced from; it does not "
+                                f"apply to --backend {self.backend}")
         if self.profile is not None and self.backend != "costmodel":
             raise ServesimError(f"--profile calibrates the cost model; it does not apply to --backend {self.backend}")
 

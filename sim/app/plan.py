@@ -20,7 +20,15 @@ from backends.model_config import ModelConfig, resolve_model
 from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
 from policies.routers import load_router
-from sim.app.opprofiles import ROOFLINE, check_matches, matching_profile, read_profile_json
+from sim.app.opprofiles import (
+    ROOFLINE,
+    check_matches,
+    matching_profile,
+    read_profile_json,
+    system_has_tables,
+    system_profile,
+    tables_summary,
+)
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
 from sim.block_manager import BlockManager
@@ -42,6 +50,7 @@ class RunPlan:
     token_spec: TokenSpec
     router: type | None = None  # the cluster's router class (policies/routers.py)
     pools: tuple["RunPlan", ...] = ()  # disaggregated: the prefill pool's plan and the decode pool's
+    tables: dict | None = None  # a profile derived from the package's tables: their system and versions
 
     @property
     def scheduler(self):
@@ -76,6 +85,10 @@ class RunPlan:
         d = asdict(self.options)
         if not self.options.enable_expert_parallel:  # dense runs' files as before the flag
             del d["enable_expert_parallel"]
+        if d["vllm_version"] is None:
+            del d["vllm_version"]  # runs without it keep the summary they had
+        if self.tables is not None:
+            d["operator_tables"] = self.tables
         d["scheduler"]["max_model_len"] = self.max_model_len
         d["cache"]["num_blocks"] = self.num_blocks
         cluster = d.pop("cluster")
@@ -131,7 +144,10 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         raise ServesimError(f"--max-model-len {max_model_len} is more than {model.name}'s "
                             f"max_position_embeddings ({limit})")
     policy = load_policy(options.scheduler.policy)
-    calibration, op_profile = None, None
+    calibration, op_profile, tables = None, None, None
+    if options.vllm_version is not None and options.profile is not None:
+        raise ServesimError(f"--vllm-version picks the tables a profile is derived from; it does not apply with "
+                            f"--profile {options.profile}")
     if options.backend == "costmodel" and options.profile != ROOFLINE:
         if options.profile is not None:
             data = read_profile_json(options.profile)
@@ -148,10 +164,21 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                                         "own dtype")
                 calibration = load_profile(options.profile, model.name).calibration  # refuses another model's
         else:
-            found = matching_profile(model, hardware, options.tp, options.dtype, options.kv_cache_dtype)
-            if found is not None:  # the committed operator-table profile of this deployment
+            found = None if options.vllm_version else matching_profile(model, hardware, options.tp, options.dtype,
+                                                                        options.kv_cache_dtype)
+            if found is None and backend is None and build_backend and (
+                    options.vllm_version is not None or hardware.system is not None
+                    and system_has_tables(hardware.system)):
+                # A system of the package (or a vLLM version asked for): its tables, derived once and cached.
+                found = system_profile(model, hardware, options.tp, options.dtype, options.kv_cache_dtype,
+                                       options.vllm_version)
+                tables = tables_summary(found[0], hardware)
+            if found is not None:  # the committed (or derived) operator-table profile of this deployment
                 op_profile, path = found
                 options = replace(options, profile=str(path))
+    if options.dtype == "fp4" and op_profile is None and backend is None:
+        raise ServesimError("fp4 weights are priced from operator tables that measure them (nvfp4 GEMMs), not the "
+                            "roofline")
     if backend is None and build_backend:
         if op_profile is not None:
             from backends.opbackend import OpTableBackend
@@ -178,7 +205,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         # Each pool resolves from the options as given: its own hardware, TP or dtype picks its own default profile.
         pools = tuple(resolve(cluster.pool(given, role), backend, build_backend) for role in ("prefill", "decode"))
     plan = RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
-                   TokenSpec(options.seed, model.vocab_size), router, pools)
+                   TokenSpec(options.seed, model.vocab_size), router, pools, tables)
     plan.check_host_memory()
     return plan
 

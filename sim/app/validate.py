@@ -2,10 +2,18 @@
 
 MEASURED.csv has the columns of AIConfigurator's silicon file (../shared/gpu-data/aiconfigurator/
 silicon_llama3.1.csv): one row per benchmark of a real deployment. For every row servesim can
-express (aggregated serving, pp_size 1, bf16 or fp8 weights, a system with operator tables in DIR,
-a model it can read) it builds the operator-table profile of (system, model, TP, precision) once,
-simulates the row's closed-loop benchmark and compares mean TTFT and TPOT. A row it cannot
-express is skipped with its reason, never guessed.
+express (aggregated serving, pp_size 1, bf16, fp8 or fp4 weights (fp4: nvfp4, where the system's
+tables measure its GEMMs), a system with operator tables in DIR,
+a model it can read) it builds the operator-table profile of (system, model, TP, precision, vLLM
+version) once, simulates the row's closed-loop benchmark and compares mean TTFT and TPOT. A row it
+cannot express is skipped with its reason, never guessed.
+
+Tables per row: a vLLM row is priced with its own vLLM version's tables, each table kind at that
+version or the nearest the system has (validate.csv's `tables` says which, per row); other
+frameworks' rows, and rows with no version, with the newest. DIR is a folder of flat table files or
+of the package's layout; without --ops, the tables extra's package (every system it covers: a row's
+hardware is the named preset for H100 SXM and H200, else the package's system description).
+Models: --models DIR, else a preset by name, else the package's model_configs/ (ORG--NAME_config.json).
 
 The benchmark, as the rows were measured (InferenceMAX's client, github.com/InferenceMAX,
 `benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts 10 x C
@@ -73,7 +81,7 @@ GROUP = ("system", "model", "backend", "backend_version", "precision")
 # validate.csv's columns taken as they are from predict_row, after the measured and predicted means.
 PREDICTED_COLUMNS = ("predicted_engine_ttft_ms", "num_gpu_blocks", "num_preemptions", "async_scheduling",
                      "warmup_waves", "warmup_from", "implied_tokens_per_s", "tables_max_tokens_per_s",
-                     "faster_than_tables")
+                     "faster_than_tables", "tables")
 
 
 # InferenceMAX's published results (the dashboard's export: `source_file=<date>.csv; model=...`),
@@ -241,13 +249,40 @@ def read_measured(path: str | Path) -> pd.DataFrame:
 
 def model_source(model_path: str, models_dir: str | Path | None) -> str | None:
     """A config.json folder under --models for `model_path`, else the preset its name names
-    (org and -Instruct / -FP8 suffixes dropped), else None."""
+    (org and -Instruct / -FP8 suffixes dropped), else the package's model_configs/ file, else None."""
     from backends.presets import MODELS
 
     if models_dir is not None and (Path(models_dir) / model_path / "config.json").is_file():
         return str(Path(models_dir) / model_path)
     name = re.sub(r"(-instruct|-fp8)+$", "", model_path.split("/")[-1], flags=re.IGNORECASE)
-    return next((p for p in MODELS if p.lower() == name.lower()), None)
+    preset = next((p for p in MODELS if p.lower() == name.lower()), None)
+    if preset is not None:
+        return preset
+    from backends.systems import package_systems_dir
+
+    systems = package_systems_dir()
+    if systems is not None:
+        config = systems.parent / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
+        if config.is_file():
+            return str(config)
+    return None
+
+
+def hardware_for(system: str) -> str | None:
+    """The --hardware of a row's system: the named preset where there is one, else the package's
+    system (with the tables extra), else None."""
+    if system in SYSTEM_HARDWARE:
+        return SYSTEM_HARDWARE[system]
+    from backends.systems import list_systems
+
+    return system if system in list_systems() else None
+
+
+def tables_version_for(row) -> str | None:
+    """The vLLM version whose tables price the row: its own for a vLLM row that states one, else
+    None (the newest)."""
+    version = str(row.get("backend_version", "")).strip()
+    return version if row["backend"] == "vllm" and re.match(r"\d+\.\d+", version) else None
 
 
 def skip_reason(row, systems: list[str], models_dir) -> str | None:
@@ -255,12 +290,12 @@ def skip_reason(row, systems: list[str], models_dir) -> str | None:
         return f"mode {row['mode']}: disaggregated serving (prefill and decode workers) is not simulated"
     if int(row["pp_size"]) != 1:
         return f"pipeline parallelism (pp_size {row['pp_size']}) is not simulated"
-    if str(row["precision"]) not in ("", "fp8", "bf16"):
-        return f"precision {row['precision']}: no operator tables for it"
+    if str(row["precision"]) not in ("", "fp8", "bf16", "fp4"):
+        return f"precision {row['precision']}: servesim's cost model prices bf16, fp8 and fp4 (nvfp4) weights only"
     if row["system"] not in systems:
         return f"no operator tables for system {row['system']} (tables for {', '.join(systems) or 'none'})"
-    if row["system"] not in SYSTEM_HARDWARE:
-        return f"no hardware preset for system {row['system']}"
+    if hardware_for(row["system"]) is None:
+        return f"no hardware for system {row['system']}: a preset or, with the tables extra, the package's system"
     if model_source(str(row["model_path"]), models_dir) is None:
         return f"no config for {row['model_path']}: give --models DIR holding {row['model_path']}/config.json"
     return None
@@ -274,7 +309,7 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl),
         cache=CacheConfig(enable_prefix_caching=protocol.unique_prompts > 0), model=row["model_source"],
-        hardware=SYSTEM_HARDWARE[row["system"]], tp=profile.tp, dtype=profile.dtype,
+        hardware=hardware_for(row["system"]), tp=profile.tp, dtype=profile.dtype,
         kv_cache_dtype="fp8" if profile.kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
     ops = profile.op_model()
     plan = resolve(options, backend=OpTableBackend(ops, device=profile.source["system"]))
@@ -300,7 +335,18 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
             "predicted_engine_ttft_ms": 1e3 * ttft_engine, "num_gpu_blocks": plan.num_blocks,
             "num_preemptions": result.num_preemptions, "async_scheduling": asynchronous,
             "warmup_waves": warmup, "warmup_from": warmup_why, "implied_tokens_per_s": implied,
-            "tables_max_tokens_per_s": tokens_per_s, "faster_than_tables": bool(implied > tokens_per_s)}
+            "tables_max_tokens_per_s": tokens_per_s, "faster_than_tables": bool(implied > tokens_per_s),
+            "tables": row_tables_note(profile)}
+
+
+def row_tables_note(profile) -> str:
+    """Which version's tables priced the row: each kind's, with "the nearest" where not the one asked."""
+    src = profile.source
+    asked = src.get("asked_version")
+    versions = src.get("table_versions") or {"all": src.get("framework_version")}
+    kinds = [k for k in versions if k != "custom_allreduce" or profile.tp > 1]
+    text = ", ".join(f"{k} {versions[k]}" + (" (the nearest)" if asked and versions[k] != asked else "") for k in kinds)
+    return f"{src.get('system')} vLLM {text}; asked {asked or 'the newest'}"
 
 
 def first_wave_ttft_bound_ms(concurrency: int, mean_isl: float, tokens_per_s: float, prompts_per_client: int) -> float:
@@ -340,10 +386,21 @@ def summarize(rows: pd.DataFrame, skipped: list[dict]) -> dict:
     return {"groups": groups, "all": overall, "skipped": skipped}
 
 
+def default_ops_dir() -> Path:
+    """The package's tables (the tables extra), for `sim validate` without --ops."""
+    from backends.systems import INSTALL_HINT, package_systems_dir
+
+    folder = package_systems_dir()
+    if folder is None:
+        raise ServesimError(f"give --ops DIR (operator tables), or install the field's published tables: {INSTALL_HINT}")
+    return folder / "data"
+
+
 def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol = Protocol(),
              progress=None) -> dict:
     """Run every expressible row; write validate.csv, validate.json and report.html to out_dir."""
     frame = read_measured(measured_csv)
+    ops_dir = default_ops_dir() if ops_dir is None else ops_dir
     systems = systems_in(ops_dir)
     tables, profiles, out, skipped = {}, {}, [], []
     for i, row in frame.iterrows():
@@ -351,21 +408,23 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
         if reason is None:
             row = row.copy()
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
-            dtype = "fp8" if row["precision"] == "fp8" else "bf16"
+            dtype = str(row["precision"]) if row["precision"] in ("fp8", "fp4") else "bf16"
             kv_cache, kv_why = protocol.kv_cache_for(row)
             kv = kv_name(kv_cache)
-            key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv)
+            version = tables_version_for(row)
+            key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv, version)
             try:
                 if key not in profiles:
                     from backends.hardware import resolve_hardware
                     from backends.model_config import resolve_model
 
-                    if row["system"] not in tables:
-                        tables[row["system"]] = load_tables(ops_dir, row["system"])
-                    hardware = resolve_hardware(SYSTEM_HARDWARE[row["system"]])
+                    if (row["system"], version) not in tables:
+                        tables[row["system"], version] = load_tables(ops_dir, row["system"], version=version)
+                    hardware = resolve_hardware(hardware_for(row["system"]))
                     model = resolve_model(row["model_source"])
-                    profiles[key] = build_profile(tables[row["system"]], model.name, model, hardware.name, key[2],
-                                                  dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth)
+                    profiles[key] = build_profile(tables[row["system"], version], model.name, model, hardware.name,
+                                                  key[2], dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth,
+                                                  pcie_bytes_per_s=hardware.pcie_bandwidth)
                 prediction = predict_row(row, profiles[key], protocol)
             except ServesimError as e:
                 reason = str(e)

@@ -63,7 +63,10 @@ def register(sub) -> None:
                     "validate.csv, validate.json and report.html to --out.")
     p.add_argument("measured", metavar="MEASURED.csv", help="measured deployments, e.g. "
                                                             "../shared/gpu-data/aiconfigurator/silicon_llama3.1.csv")
-    p.add_argument("--ops", required=True, metavar="DIR", help="folder of operator tables (see sim calibrate --from-ops)")
+    p.add_argument("--ops", default=None, metavar="DIR",
+                   help="operator tables: flat files (see sim calibrate --from-ops) or a folder in the package's "
+                        "layout; default: the tables extra's package (pip install -e '.[tables]'), every system "
+                        "it covers")
     p.add_argument("--models", default=None, metavar="DIR",
                    help="Hugging Face-style folders DIR/ORG/NAME/config.json for the rows' model_path (default: "
                         "presets, by name)")

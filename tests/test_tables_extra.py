@@ -1,0 +1,253 @@
+"""The field's published tables: AIConfigurator's layout, versions, reuse.yaml, the import that refuses
+only what a run reads, and PCIe links.
+
+The first tests run anywhere, on a tiny fixture in the package's layout (tests/data/aic_layout:
+synthetic closed-form times from tests/optables_fixture.py; vLLM 0.20.0 and 0.22.0, whose context
+attention was measured with another kernel and whose generation attention reuses 0.20.0's by
+reuse.yaml; an LM head measured to m = 256 only; a custom all-reduce for 2 GPUs; an NCCL table for
+2 and 4). The last ones need the tables extra (aiconfigurator-core) and skip where it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from backends.opderive import derive
+from backends.opmodel import OperatorModel, StepOverhead
+from backends.optables import load_tables
+from backends.systems import choose_version
+from sim.app.cli import main
+from sim.errors import ServesimError
+from tests.helpers import shared_dir
+from tests.optables_fixture import TINY, gemm_ms, table_set
+
+LAYOUT = Path(__file__).parent / "data" / "aic_layout"
+TINY_1024 = dict(TINY, vocab_size=1024)  # its LM head, n = 1024, is the shape measured to m = 256
+NVLINK, PCIE = 450e9, 32e9
+
+
+@pytest.fixture(autouse=True)
+def _yaml():
+    pytest.importorskip("yaml")  # reuse.yaml (pyyaml comes with the tables extra)
+
+
+def op_model(derived, model=TINY_1024, tp=1):
+    return OperatorModel(derived, model, tp, "bf16", "bf16", StepOverhead(0.0, "none"))
+
+
+def test_the_version_asked_else_the_nearest_else_the_newest():
+    have = ["0.14.0", "0.19.0", "0.24.0"]
+    assert choose_version(have, "0.19.0") == ("0.19.0", "as asked")
+    assert choose_version(have, None) == ("0.24.0", "the newest")
+    assert choose_version(have, "0.12.0")[0] == "0.14.0"
+    assert choose_version(have, "0.22.0")[0] == "0.24.0"
+    assert choose_version(have, "0.21.5")[0] == "0.19.0"  # minor 21 is 2 from 19 and 3 from 24
+    assert choose_version(["0.20.0", "0.22.0"], "0.21.0")[0] == "0.22.0"  # a tie goes to the newer
+    assert choose_version(have, "1.0.0")[0] == "0.24.0"
+    assert "the nearest to 0.12.0" in choose_version(have, "0.12.0")[1]
+
+
+def test_the_layout_reads_each_kind_at_its_version_and_follows_reuse_yaml():
+    tables = load_tables(LAYOUT, "tiny_gpu", version="0.22.0")
+    assert {k: v for k, (v, _) in tables.versions.items()} == {
+        "gemm": "0.20.0", "context_attention": "0.22.0", "generation_attention": "0.22.0",
+        "custom_allreduce": "0.20.0"}
+    assert "the nearest to 0.22.0" in tables.versions["gemm"][1]
+    # 0.22.0 has no generation table of its own: its reuse.yaml reads 0.20.0's.
+    assert tables.files["generation_attention"].parent.name == "0.20.0"
+    assert tables.files["context_attention"].parent.name == "0.22.0" and tables.nccl is not None
+    d = derive(tables, TINY_1024)
+    # The attention kernel is the one the version measured: 0.22.0's context rows are FlashAttention 2.
+    assert d["attention"]["context"]["kernel"] == "vllm_flash_attn_fa2"
+    assert d["attention"]["generation"]["kernel"] == "vllm_flash_attn_fa3"
+    assert d["attention"]["context"]["seconds"][0][0] == pytest.approx((0.01 + 16**2 * 1e-7) * 1.1e-3, rel=1e-12)
+    old = derive(load_tables(LAYOUT, "tiny_gpu", version="0.20.0"), TINY_1024)
+    assert old["attention"]["context"]["kernel"] == "vllm_flash_attn_fa3"
+    assert load_tables(LAYOUT, "tiny_gpu").versions["context_attention"] == ("0.22.0", "the newest")
+
+
+def test_each_gemm_is_interpolated_on_its_own_m_grid():
+    d = derive(load_tables(LAYOUT, "tiny_gpu"), TINY_1024)
+    assert d["gemm"]["lm_head"]["m"][-1] == 256 and d["gemm"]["qkv"]["m"][-1] == 1024
+    assert d["gemm"]["lm_head"]["seconds"] == pytest.approx([gemm_ms(m, 1024, 128) * 1e-3 for m in
+                                                             (1, 2, 4, 8, 16, 64, 256)], rel=1e-12)
+    ops = op_model(d)
+    assert ops.lm_head(256) == pytest.approx(gemm_ms(256, 1024, 128) * 1e-3, rel=1e-12)
+    assert ops.lm_head(512) == pytest.approx(2 * gemm_ms(256, 1024, 128) * 1e-3, rel=1e-12)  # scaled with m
+    assert ops.gemms(1024) == pytest.approx(sum(gemm_ms(1024, n, k) for n, k in
+                                                ((256, 128), (128, 128), (512, 128), (128, 256))) * 1e-3, rel=1e-12)
+
+
+def test_tp1_reads_no_all_reduce_table():
+    tables = table_set()
+    tables = type(tables)(**{**tables.__dict__, "custom_allreduce": None})
+    d = derive(tables, TINY)
+    assert d["allreduce"] is None and op_model(d, TINY).allreduce(np.array([1e6]), np.array([True]))[0] == 0.0
+    # Under TP 2 the missing table is said, and NCCL's ring over the link prices the all-reduces.
+    d2 = derive(tables, TINY, tp=2, nvlink_bytes_per_s=NVLINK)
+    assert "graph" not in d2["allreduce"] and any("no custom all-reduce table" in n for n in d2["notes"])
+    ops = op_model(d2, TINY, tp=2)
+    assert ops.allreduce(np.array([1e6]), np.array([True]))[0] == pytest.approx(1e6 / NVLINK + 5e-6, rel=1e-12)
+
+
+def test_pcie_two_gpus_use_the_custom_kernel_four_use_nccls_table():
+    tables = load_tables(LAYOUT, "tiny_gpu")
+    two = derive(tables, TINY, tp=2, pcie_bytes_per_s=PCIE)["allreduce"]
+    assert two["link"] == "pcie" and "graph" in two and "nccl" in two and "nvlink_bytes_per_s" not in two
+    # The tables count bf16 elements: message_size 128 is 256 bytes.
+    assert two["graph"]["message_bytes"][0] == 256 and two["nccl"]["message_bytes"][0] == 512
+    four_heads = dict(TINY, num_attention_heads=8, num_key_value_heads=4)
+    notes: list = []
+    four = derive(tables, four_heads, tp=4, pcie_bytes_per_s=PCIE)
+    notes = four["notes"]
+    assert "graph" not in four["allreduce"] and any("custom kernel is off on 4 PCIe GPUs" in n for n in notes)
+    ops = OperatorModel(four, four_heads, 4, "bf16", "bf16", StepOverhead(0.0, "none"))
+    # 2**16 elements (128 KiB) is on the NCCL table's grid: its time exactly, from the smallest message on.
+    assert ops.allreduce(np.array([2.0**17]), np.array([True]))[0] == pytest.approx((0.04 + 2**16 * 2e-8) * 1e-3)
+    # NVLink at 4 GPUs keeps the custom kernel (the fixture has rows for 2 only: NCCL's table then).
+    nv = derive(tables, four_heads, tp=4, nvlink_bytes_per_s=NVLINK)["allreduce"]
+    assert nv["link"] == "nvlink" and "nccl" in nv
+
+
+def test_a_missing_table_or_rows_are_refused_by_name(tmp_path):
+    copy = tmp_path / "aic"
+    shutil.copytree(LAYOUT, copy)
+    shutil.rmtree(copy / "systems" / "data" / "tiny_gpu" / "gemm")
+    with pytest.raises(ServesimError, match=r"tiny_gpu has no gemm_perf table for vllm"):
+        load_tables(copy, "tiny_gpu")
+    with pytest.raises(ServesimError, match=r"no operator tables for system h100_sxm; systems there: tiny_gpu"):
+        load_tables(LAYOUT, "h100_sxm")
+    tables = table_set()
+    bf16_only = type(tables)(**{**tables.__dict__, "generation_attention": tables.generation_attention[
+        tables.generation_attention["kv_cache_dtype"] == "bfloat16"]})
+    with pytest.raises(ServesimError, match=r"no generation attention rows for KV cache fp8, head_dim 32 on tiny_gpu "
+                                            r"\(vllm 0\.24\.0\); \(kernel, KV dtype, head_dim\) there: "
+                                            r"\[\('vllm_flash_attn_fa3', 'bfloat16', 32\)\]"):
+        derive(bf16_only, TINY, kv_cache_dtype="fp8")
+    with pytest.raises(ServesimError, match=r"no context attention rows of kernel vllm_flash_attn_fa3 for 8 heads, "
+                                            r"2 KV heads, head_dim 32, KV cache bf16 on tiny_gpu \(vllm 0\.24\.0\)"):
+        derive(tables, dict(TINY, num_attention_heads=8, num_key_value_heads=2))
+    with pytest.raises(ServesimError, match="no nvfp4 GEMM rows for tiny_gpu"):
+        from backends.opderive import gemm_kernel
+
+        gemm_kernel(tables, "fp4")
+
+
+def test_calibrate_from_a_layout_folder_names_the_versions(tmp_path, capsys):
+    models = tmp_path / "toy.json"
+    models.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+                                  "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 4096}))
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--from-ops", str(LAYOUT), "--system", "tiny_gpu", "--model", str(models),
+                 "--out", str(out), "--quiet"]) == 0
+    source = json.loads(out.read_text())["source"]
+    assert source["table_versions"]["context_attention"] == "0.22.0" and source["framework_version"] == "0.20.0"
+
+
+# -- with the tables extra -----------------------------------------------------------------------------
+
+SAMPLE = Path(__file__).parents[1] / "traces" / "samples" / "azure_conv_2023_first5min.csv"
+
+
+def replay(tmp_path, *args) -> dict:
+    out = tmp_path / "run"
+    assert main(["replay", str(SAMPLE), "--out", str(out), "--overwrite", "--quiet", "--limit", "200", *args]) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    pytest.importorskip("aiconfigurator_core")
+    monkeypatch.setenv("SERVESIM_CACHE", str(tmp_path / "cache"))
+
+
+def test_tp2_on_a_pcie_system_from_its_tables(package, tmp_path):
+    summary = replay(tmp_path, "--hardware", "l40s", "--tp", "2")
+    tables = summary["options"]["operator_tables"]
+    assert tables["system"] == "l40s" and tables["link"] == "pcie" and tables["link_bandwidth"] == 32e9
+    assert tables["allreduce"] == "custom all-reduce table, NCCL table"
+    assert summary["options"]["profile"].startswith(str(tmp_path / "cache"))
+    # Cached: a second run reads the same profile file.
+    cached = list((tmp_path / "cache").rglob("*.json"))
+    assert len(cached) == 1 and replay(tmp_path, "--hardware", "l40s", "--tp", "2")["options"]["profile"] == \
+        str(cached[0])
+
+
+def test_a_pcie_system_without_tables_runs_tp2_as_a_ring_over_its_link(package, tmp_path):
+    summary = replay(tmp_path, "--hardware", "h100_pcie", "--tp", "2")
+    assert summary["hardware"]["pcie_bandwidth"] == 64e9 and summary["hardware"]["nvlink_bandwidth"] is None
+    assert "operator_tables" not in summary["options"]  # no vLLM tables for it: the roofline
+
+
+def test_vllm_version_picks_the_nearest_tables_and_says_so(package, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["replay", str(SAMPLE), "--out", str(out), "--limit", "50", "--hardware", "h100_sxm", "--tp", "2",
+                 "--vllm-version", "0.12.0"]) == 0
+    assert "custom_allreduce 0.14.0 (the nearest)" in capsys.readouterr().out
+    tables = json.loads((out / "summary.json").read_text())["options"]["operator_tables"]
+    assert tables["asked_vllm_version"] == "0.12.0" and tables["table_versions"]["custom_allreduce"] == "0.14.0"
+    assert tables["table_versions"]["gemm"] == "0.24.0" and "nearest" in tables["table_version_choice"]["gemm"]
+
+
+def test_a_system_name_without_the_extra_is_a_one_line_error(monkeypatch, tmp_path, capsys):
+    import backends.systems
+
+    monkeypatch.setattr(backends.systems, "package_systems_dir", lambda: None)
+    assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r"), "--hardware", "l40s"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install -e '.[tables]'" in err
+
+
+SHARED = shared_dir() / "gpu-data" / "aiconfigurator"
+
+
+@pytest.mark.skipif(not (SHARED / "silicon_qwen3_32b_tp2.csv").exists(), reason="needs ../shared/gpu-data")
+def test_validate_a_5_row_cut_with_each_rows_version_and_b200_fp4(package, tmp_path):
+    qwen = pd.read_csv(SHARED / "silicon_qwen3_32b_tp2.csv", keep_default_na=False)
+    llama = pd.read_csv(SHARED / "silicon_llama3.1.csv", keep_default_na=False)
+    b200 = llama[(llama["system"] == "b200_sxm") & (llama["backend"] == "vllm")]
+    cut = pd.concat([qwen[(qwen["isl"] == 1024) & (qwen["osl"] == 128)].head(2),
+                     b200[(b200["precision"] == "fp8") & (b200["tp_size"] == 8)].sort_values("batch_size").head(2),
+                     b200[b200["precision"] == "fp4"].head(1)])
+    csv = tmp_path / "cut.csv"
+    cut.to_csv(csv, index=False)
+    out = tmp_path / "out"
+    assert main(["validate", str(csv), "--out", str(out), "--quiet"]) == 0  # the package's tables
+    summary = json.loads((out / "validate.json").read_text())
+    # B200 rows are simulated, fp4 too (the nvfp4 GEMM rows of b200_sxm's tables).
+    assert [(g["system"], g["precision"], g["rows"]) for g in summary["groups"]] == \
+        [("b200_sxm", "fp4", 1), ("b200_sxm", "fp8", 2), ("h100_sxm", "", 2)]
+    assert summary["skipped"] == []
+    rows = pd.read_csv(out / "validate.csv")
+    qwen_rows = rows[rows["system"] == "h100_sxm"]
+    assert qwen_rows["tables"].str.contains("asked 0.12.0").all()
+    assert qwen_rows["tables"].str.contains("custom_allreduce 0.14.0 \\(the nearest\\)").all()
+    assert rows[rows["system"] == "b200_sxm"]["tables"].str.contains("asked the newest").all()
+    assert np.isfinite(rows["predicted_tpot_ms"]).all()
+
+
+def test_a_hardware_file_states_its_pcie_link_and_summary_json_says_so(tmp_path):
+    spec = {"peak_bf16_flops": 362e12, "peak_fp8_flops": 733e12, "memory_bandwidth": 864e9,
+            "memory_bytes": 46068 * 2**20, "nvlink_bandwidth": None, "pcie_bandwidth": 32e9}
+    path = tmp_path / "pcie_gpu.json"
+    path.write_text(json.dumps(spec))
+    summary = replay(tmp_path, "--hardware", str(path), "--tp", "2")
+    assert summary["hardware"]["pcie_bandwidth"] == 32e9 and summary["hardware"]["nvlink_bandwidth"] is None
+    # The roofline's all-reduce: a ring over the PCIe link, 2 (T - 1) / T of the bytes, plus 5 us.
+    from backends.hardware import Hardware
+    from backends.model_config import ModelConfig
+    from backends.tensor_parallel import tp_allreduce_seconds
+
+    hw = Hardware.from_json(path)
+    model = ModelConfig.from_preset("Llama-3.1-8B")
+    one = 1000 * model.hidden_size * 2 / 32e9 + 5e-6
+    assert tp_allreduce_seconds(model, 1000, 2, hw) == pytest.approx(2 * model.num_hidden_layers * one, rel=1e-12)
+    path.write_text(json.dumps(dict(spec, pcie_bandwidth=None)))
+    assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r2"), "--hardware", str(path), "--tp", "2"]) == 2
