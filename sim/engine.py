@@ -143,17 +143,17 @@ class Engine:
         self.num_finished = 0
         self.workload: Any = None  # set by the workload that feeds this engine (sim/arrivals.py)
         self.fast_forward: FastForward | None = None
-        if (fast_forward and backend.supports_fast_forward and policy.supports_fast_forward
-                and isinstance(backend, DecodeRunBackend)):
+        promises = policy.promises  # policies/base.py, Promises
+        if fast_forward and backend.supports_fast_forward and promises.fast_forward and isinstance(backend, DecodeRunBackend):
             self.fast_forward = FastForward(self)
         # Fold a step that admits requests into the decode run after it (the policy's second promise).
         self._fold = (self.fast_forward is not None and self.folds_admitting_steps
-                      and getattr(policy, "decodes_all_when_none_waits", False))
+                      and promises.decodes_all_when_none_waits)
         # Take runs of steps that carry a prefill forward beside the decodes in one go (chunk runs,
         # sim/fast_forward.py): the policy's third promise, for the steps its budget fills.
         self._chunk_budget = None
         if (self.fast_forward is not None and self.folds_admitting_steps and isinstance(backend, ChunkStepsBackend)
-                and getattr(policy, "repeats_full_chunk_steps", False)):
+                and promises.repeats_full_chunk_steps):
             self._chunk_budget = policy.chunk_run_budget()
         self._wake: simpy.Event | None = None  # what the engine waits on while idle
 

@@ -55,6 +55,17 @@ if TYPE_CHECKING:
     from sim.engine import Engine
 
 MAX_RUN_STEPS = 4096  # bounds the arrays of one run
+# Sizing a decode run before the next arrival or observation, from the last decode step's length
+# L (the steps of a run grow slowly, one token of context each, so the next ones are about L).
+# These only size what is costed: the run is then cut exactly where the event falls (`plan`), so
+# they change how much work planning does, never an answer.
+# - A step is taken to last at least STEP_SLACK * L: a run is not tried when the event falls
+#   before the steps it needs could end (two from step 0's start, one from a folded step 0's end).
+# - As many steps are costed as COST_MARGIN * (time to the event) / L, plus the step that crosses
+#   the event and one spare (and, for a folded run, its step 0, which is before that time).
+STEP_SLACK = 0.9
+COST_MARGIN = 1.25
+SPARE_STEPS = 2  # the step that crosses the event, and one more
 # A chunk run shorter than this is stepped one by one instead: planning and applying a run costs
 # about what stepping two or three steps does (the same answers either way).
 MIN_CHUNK_RUN_STEPS = 3
@@ -128,12 +139,12 @@ class FastForward:
             start = now  # of the first step costed as a decode step
             computed = [c + 1 for c in batch.num_computed_tokens]  # after step 0
             if next_event < np.inf and last_s:
-                # Cost only about as many steps as fit before the next arrival, judging by the last
-                # decode step's length (a guess: a short one merely ends this run early), and none
-                # when clearly fewer than two fit (a guess too: a missed run is stepped one by one).
-                if next_arrival - now < 0.9 * last_s or next_observation - now < 1.8 * last_s:
+                # Cost only about as many steps as fit before the next event (STEP_SLACK and
+                # COST_MARGIN above): step 1 must start before the next arrival, steps 0 and 1
+                # end before the next observation.
+                if next_arrival - now < STEP_SLACK * last_s or next_observation - now < 2 * STEP_SLACK * last_s:
                     return None
-                max_steps = min(max_steps, int(1.25 * (next_event - now) / last_s) + 2)
+                max_steps = min(max_steps, int(COST_MARGIN * (next_event - now) / last_s) + SPARE_STEPS)
                 if max_steps < 2:
                     return None
             seconds, parts = self.backend.decode_run(computed, max_steps, remaining)  # contexts after step 0
@@ -144,9 +155,11 @@ class FastForward:
             if next_arrival <= start or next_observation <= start:
                 return None
             if next_event < np.inf and last_s:
-                if next_observation - start < 0.9 * last_s:
+                # As above, from step 0's end: step 1 must end before the next observation, and
+                # step 0 is one more step than those that fit after it.
+                if next_observation - start < STEP_SLACK * last_s:
                     return None
-                max_steps = min(max_steps, int(1.25 * (next_event - start) / last_s) + 3)
+                max_steps = min(max_steps, 1 + int(COST_MARGIN * (next_event - start) / last_s) + SPARE_STEPS)
             # The decode steps 1.. of the requests that do not finish in step 0: their contexts after step 1.
             contexts = [c + 1 for c, rem in zip(computed, remaining) if rem > 1]
             seconds, parts = self.backend.decode_run(contexts, max_steps - 1, [rem - 1 for rem in remaining if rem > 1])
