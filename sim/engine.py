@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from struct import pack
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import simpy
@@ -33,6 +33,7 @@ from sim.fast_forward import ChunkRun, DecodeRun, FastForward
 from sim.request import Request, Status
 from sim.state import EngineState
 from sim.step_log import StepLog
+from sim.workload import Workload
 
 
 def delay_to(now: float, when: float) -> float:
@@ -118,6 +119,8 @@ class SimResult:
 
 
 class Engine:
+    workload: Workload  # what sends it requests (`attach`)
+
     # Whether a run of decode steps may begin with the step that admitted a request (a folded run,
     # sim/fast_forward.py), applied by the run instead of `advance` and logged by it instead of
     # `_log_step`: a subclass that overrides either loses it.
@@ -141,7 +144,6 @@ class Engine:
         self.state = EngineState(block_manager, priority=policy.config.scheduling_policy == "priority")
         self.steps = steps if steps is not None else StepLog()
         self.num_finished = 0
-        self.workload: Any = None  # set by the workload that feeds this engine (sim/arrivals.py)
         self.fast_forward: FastForward | None = None
         promises = policy.promises  # policies/base.py, Promises
         if fast_forward and backend.supports_fast_forward and promises.fast_forward and isinstance(backend, DecodeRunBackend):
@@ -158,6 +160,10 @@ class Engine:
         self._wake: simpy.Event | None = None  # what the engine waits on while idle
 
     # Requests in.
+
+    def attach(self, workload: Workload) -> None:
+        """The workload that feeds this engine (sim/workload.py); each workload attaches itself."""
+        self.workload = workload
 
     @property
     def is_idle(self) -> bool:
@@ -201,7 +207,7 @@ class Engine:
         Either way the clock takes the same values: each step's end is its start plus its seconds,
         added in order."""
         state, workload = self.state, self.workload
-        alone = getattr(workload, "busy_engine_alone", False)
+        alone = workload.busy_engine_alone
         now = env.now
         while True:
             workload.deliver(now)
@@ -265,7 +271,7 @@ class Engine:
     def _sleep(self, env: simpy.Environment, until_s: float | None):
         """Sleep until the workload wakes the engine (an arrival), or until `until_s` if given."""
         self._wake = env.event()
-        self.workload.engine_idle(self)
+        self.workload.engine_idle()
         if until_s is None:
             yield self._wake
         else:

@@ -367,7 +367,7 @@ class FastForward:
         ends = list(accumulate(seconds, initial=start))
         if next_observation < np.inf:  # every step ends before it
             num_steps = min(num_steps, bisect_left(ends, next_observation))
-        if not getattr(workload, "delivers_by_time", False):
+        if not workload.delivers_by_time:
             # Its `deliver` hands over whatever reached it by then, not what arrived by a given
             # time: a step starting at or after the next arrival is scheduled normally.
             num_steps = min(num_steps, 1 + bisect_left(ends, workload.next_arrival_s, 0, num_steps - 1))
@@ -421,7 +421,7 @@ class FastForward:
             taken = upto
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
         # (plan_chunks), and what arrived since is for the step after the run.
-        by_time = getattr(workload, "delivers_by_time", False)
+        by_time = workload.delivers_by_time
         used, num_waiting_at = [], []  # steps 1..'s
         f, num_finishing = 0, len(finishing)
         while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
