@@ -184,8 +184,7 @@ class Policy:
                     self._schedule_running(state, batch, request, 1)
             return state.num_preemptions != num_preemptions
         if opening:
-            for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
-                request.block_table.append(block)
+            bm.grow_tables(opening)
         step = state.step_index
         num_computed = []
         for request in decoders:
@@ -231,7 +230,7 @@ class Policy:
     # Waiting requests.
 
     def _try_admit(self, state: EngineState, batch: Batch, now: float, max_chunk: int | None) -> int:
-        """Admit the head of the waiting queue if its blocks fit. With `max_chunk` the prefill is
+        """Admit the head of the waiting queue if its blocks fit (its cached prefix is computed). With `max_chunk` the prefill is
         chunked to it; without, the whole remaining prompt is scheduled. Returns tokens scheduled
         (0 when it could not be admitted).
 
@@ -246,7 +245,9 @@ class Policy:
         if not bm.can_allocate(cached, remaining if self.config.reserve_full_isl else num_tokens):
             return 0
         state.waiting.popleft()
-        bm.allocate(request, cached, num_tokens)
+        num_hit = bm.allocate(request, cached, num_tokens)
+        request.num_computed_tokens = num_hit
+        request.num_prefix_hit_tokens += num_hit
         request.status = Status.RUNNING
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now

@@ -513,20 +513,17 @@ class BlockManager:
             return 0
         return len(self._shared_hits(request, request.num_shared_blocks(self.block_size))[0])
 
-    def can_allocate(self, cached_blocks: list[int], num_new_tokens: int) -> bool:
-        """Whether a request with these cached blocks (`cached_prefix`'s) can get blocks for
-        `num_new_tokens` more."""
-        num_new = self.blocks_for(len(cached_blocks) * self.block_size + num_new_tokens) - len(cached_blocks)
-        if isinstance(cached_blocks, CachedPrefix):
-            num_taken_from_free = cached_blocks.num_free
-        else:  # a list made by hand (tests): each block looked for among the free ones
-            free = set(self._free_plain + self.cached_free_blocks())
-            num_taken_from_free = sum(1 for b in cached_blocks if b in free)
-        return num_new + num_taken_from_free <= self.num_free_blocks
+    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int) -> bool:
+        """Whether a request with this cached prefix (`cached_prefix`'s answer) can get blocks for
+        `num_new_tokens` more (SingleTypeKVCacheManager.get_num_blocks_to_allocate: a hit on a
+        free block takes it out of the free queue too)."""
+        num_new = self.blocks_for(len(cached) * self.block_size + num_new_tokens) - len(cached)
+        return num_new + cached.num_free <= self.num_free_blocks
 
-    def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> None:
+    def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> int:
         """Give an admitted request its cached prefix (`cached_prefix`'s blocks, looked up just
-        before) and blocks for `num_new_tokens` more tokens."""
+        before) and blocks for `num_new_tokens` more tokens. Returns the prefix hit in tokens: the
+        request's computed tokens now (the caller sets them; this changes only its blocks)."""
         num_cached = len(cached_blocks)
         if num_cached:
             skip, state = self._lru_skip, self._state
@@ -564,11 +561,14 @@ class BlockManager:
             else:
                 self.num_queried_tokens += request.num_tokens
                 self.num_hit_tokens += num_hit
-        request.block_table = list(cached_blocks)
+        request.block_table = table = list(cached_blocks)
         request.num_hashed_blocks = num_cached
-        request.num_computed_tokens = num_hit
-        request.num_prefix_hit_tokens += num_hit
-        self.append(request, num_new_tokens)
+        num_after = num_hit + num_new_tokens
+        num_new = self.blocks_for(num_after) - num_cached
+        if num_new > 0:
+            table.extend(self.pop_free_blocks(num_new))
+        self.index_full_blocks(request, num_after)
+        return num_hit
 
     # Growth of a running request.
 
@@ -585,6 +585,20 @@ class BlockManager:
         if num_new > 0:
             table.extend(self.pop_free_blocks(num_new))
         self.index_full_blocks(request, num_after)
+
+    def grow_tables(self, owners: list[Request]) -> None:
+        """Give each of `owners` one new block, taken from the free queue in that order (a request
+        named more than once gets one each time): the blocks that a step's or a run's tokens open,
+        in the order step-by-step scheduling takes them (the caller checked there are enough). The
+        one way, with `allocate`, `append` and `take_over`, that a block table grows."""
+        for request, block in zip(owners, self.pop_free_blocks(len(owners))):
+            request.block_table.append(block)
+
+    def take_over(self, request: Request, num_tokens: int) -> None:
+        """A fresh table for a request whose first `num_tokens` tokens' KV arrive from elsewhere (a
+        decode replica receiving a prefilled request, sim/disagg.py): nothing indexed."""
+        request.block_table = self.pop_free_blocks(self.blocks_for(num_tokens))
+        request.num_hashed_blocks = 0
 
     def index_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Index the shared blocks that the request's first `num_tokens` tokens fill: `append`'s

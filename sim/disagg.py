@@ -176,8 +176,7 @@ class DecodeReplica(Replica):
             if bm.blocks_for(r.num_computed_tokens + 1) > bm.num_free_blocks:
                 break
             waiting.popleft()
-            r.block_table = bm.pop_free_blocks(bm.blocks_for(r.num_computed_tokens))
-            r.num_hashed_blocks = 0
+            bm.take_over(r, r.num_computed_tokens)
             r.last_scheduled_step = None  # its prefill replica's step numbers mean nothing here
             r.status = Status.RUNNING
             state.running.append(r)

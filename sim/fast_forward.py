@@ -404,8 +404,7 @@ class FastForward:
         # The blocks of each step 1..: its decodes' opening blocks in batch order, then the
         # prefill's new ones.
         bs = bm.block_size
-        table = prefill.block_table
-        num_table = len(table)
+        num_table = len(prefill.block_table)
         computed = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
         counts = []  # per step 1..: (the decodes' new blocks, the prefill's)
         taken = 0
@@ -437,21 +436,19 @@ class FastForward:
         while j < k:
             end = finishing[f][0] + 1 if f < num_finishing else k  # steps j..end - 1
             stretch = counts[j - 1:end - 1]
-            total = sum([a + b for a, b in stretch])
-            blocks = bm.pop_free_blocks(total) if total else []
-            used_now = bm.num_used_blocks - total  # before step j
-            at = 0
+            owners = []  # who takes each of the stretch's blocks, in order
+            for num_decode_blocks, new in stretch:
+                if num_decode_blocks:
+                    owners += [reqs[o % n] for o in opens[taken:taken + num_decode_blocks]]
+                    taken += num_decode_blocks
+                if new:
+                    owners += [prefill] * new
+            used_now = bm.num_used_blocks  # before step j
+            if owners:
+                bm.grow_tables(owners)
             for step, (num_decode_blocks, new) in enumerate(stretch, j):
                 if by_time:
                     workload.deliver(ends[step - 1])  # it starts when the step before ends
-                if num_decode_blocks:
-                    for o, block in zip(opens[taken:taken + num_decode_blocks], blocks[at:at + num_decode_blocks]):
-                        reqs[o % n].block_table.append(block)
-                    taken += num_decode_blocks
-                    at += num_decode_blocks
-                if new:
-                    table += blocks[at:at + new]
-                    at += new
                 used_now += num_decode_blocks + new
                 used.append(used_now)
                 num_waiting_at.append(len(waiting))
@@ -524,6 +521,5 @@ def _hand_out(bm, reqs: list, n: int, opens: list[int], taken: int, last_step: i
     index, sorted), taken from the free queue in that order; returns how many of `opens` are given."""
     upto = bisect_left(opens, (last_step + 1) * n, taken)
     if upto > taken:
-        for o, block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
-            reqs[o % n].block_table.append(block)
+        bm.grow_tables([reqs[o % n] for o in opens[taken:upto]])
     return upto

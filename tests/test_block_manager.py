@@ -44,8 +44,8 @@ def test_prefix_hit_reuses_blocks_and_leaves_one_token():
     # All 3 of b's blocks are cached, but one token must be computed: the last block is given back.
     assert cached == a.block_table[:2]
     assert bm.can_allocate(cached, 4)
-    bm.allocate(b, cached, 4)
-    assert b.num_computed_tokens == 8 and b.num_prefix_hit_tokens == 8
+    assert bm.allocate(b, cached, 4) == 8  # the hit, in tokens: it leaves the request's fields to the policy
+    assert b.num_computed_tokens == 0 and b.block_table[:2] == a.block_table[:2]
     assert bm.ref_counts[a.block_table[0]] == 2
     assert bm.num_used_blocks == 5
     c = req(2, 16, hash_ids=[1, 3])  # shares only the first hash block (8 tokens = 2 blocks)
