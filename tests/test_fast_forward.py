@@ -94,11 +94,9 @@ def test_fast_forward_on_the_bundled_sample_is_bitwise_identical():
 
 def test_a_run_folds_the_step_that_admitted_a_request_and_answers_stay_the_same(monkeypatch):
     """With the policy's second promise (`decodes_all_when_none_waits`) a run begins with the mixed
-    step that admitted a request; without it (or in an engine that overrides `advance`) that step
-    is a single step and the run begins after it. Every answer is the same in all three ways, and
-    step by step."""
+    step that admitted a request; without it that step is a single step and the run begins after
+    it. Every answer is the same in all three ways, and step by step."""
     from policies.chunked import ChunkedPolicy
-    from sim.engine import Engine
     from sim.fast_forward import FastForward
     from traces import AZURE_CONV_SAMPLE, read_trace
     from traces.trace import Trace
@@ -121,11 +119,6 @@ def test_a_run_folds_the_step_that_admitted_a_request_and_answers_stay_the_same(
     fast, slow = compare(trace, options)
     assert len(folded) > 50 and min(folded) >= 2
 
-    class Engine2(Engine):
-        def advance(self, batch, result, now):
-            super().advance(batch, result, now)
-
-    assert Engine.folds_admitting_steps and not Engine2.folds_admitting_steps
     monkeypatch.setattr(ChunkedPolicy, "promises", Promises(fast_forward=True, repeats_full_chunk_steps=True))
     folded.clear()
     unfolded = replay(trace, options, backend=RooflineCostModel(ModelConfig.from_preset(options.model),
