@@ -138,17 +138,19 @@ class Engine:
         self.num_finished = 0
         self.busy_until_s = 0.0  # when the step or run under way ends (a decode replica reads a prefill replica's)
         self.fast_forward: FastForward | None = None
-        promises = policy.promises  # policies/base.py, Promises
-        if (fast_forward and self.plans_runs and backend.supports_fast_forward and promises.fast_forward
-                and isinstance(backend, DecodeRunBackend)):
-            self.fast_forward = FastForward(self)
-        # Fold a step that admits requests into the decode run after it (the policy's second promise).
-        self._fold = self.fast_forward is not None and promises.decodes_all_when_none_waits
-        # Take runs of steps that carry a prefill forward beside the decodes in one go (chunk runs,
-        # sim/fast_forward.py): the policy's third promise, for the steps its budget fills.
-        self._chunk_budget = None
-        if self.fast_forward is not None and isinstance(backend, ChunkStepsBackend) and promises.repeats_full_chunk_steps:
-            self._chunk_budget = policy.chunk_run_budget()
+        self._fold = False
+        self._chunk_budget: int | None = None
+        # The policy's promises (policies/base.py, Promises) are read only where runs could be taken.
+        if fast_forward and self.plans_runs and backend.supports_fast_forward and isinstance(backend, DecodeRunBackend):
+            promises = policy.promises
+            if promises.fast_forward:
+                self.fast_forward = FastForward(self)
+                # Fold a step that admits requests into the decode run after it (the second promise).
+                self._fold = promises.decodes_all_when_none_waits
+                # Take runs of steps that carry a prefill forward beside the decodes in one go
+                # (chunk runs, sim/fast_forward.py): the third promise, for the steps its budget fills.
+                if isinstance(backend, ChunkStepsBackend) and promises.repeats_full_chunk_steps:
+                    self._chunk_budget = policy.chunk_run_budget()
         self._wake: simpy.Event | None = None  # what the engine waits on while idle
 
     # Requests in.

@@ -47,6 +47,7 @@ def compare(trace, options, hardware="H100-SXM", calibrated=False):
     return fast, slow
 
 
+@pytest.mark.slow  # 200 random workloads, each replayed twice (the bundled sample stays in the fast subset)
 @settings(max_examples=200, deadline=None)
 @given(
     rows=st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(1, 80),
