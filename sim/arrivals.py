@@ -45,6 +45,9 @@ class _WakesEngine:
 
     reacts_to_finishes: bool
     delivers_by_time = True  # deliver(t) hands over exactly the requests arrived by t, whenever it is called
+    # Nothing else in the simulation acts while the engine is busy (this sleeps meanwhile), so the
+    # engine may keep its own clock through a busy period (Engine.run).
+    busy_engine_alone = True
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -142,7 +145,7 @@ class ClosedLoop(_WakesEngine):
     a slot is not part of them)."""
 
     reacts_to_finishes = True  # a finish sends the next request
-    # (delivers_by_time as TraceArrivals: sends that finishes cause are delivered by time too)
+    # (delivers_by_time and busy_engine_alone as TraceArrivals: sends that finishes cause are delivered by time)
 
     def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine):
         if concurrency < 1:

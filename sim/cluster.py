@@ -56,6 +56,7 @@ class Replica:
     role = "colocated"
     reacts_to_finishes = False
     delivers_by_time = False  # deliver hands over whatever was routed here by then
+    busy_engine_alone = False  # the router reads every replica at each arrival
 
     def __init__(self, cluster: "Cluster", index: int, engine: Engine):
         self.cluster = cluster

@@ -14,8 +14,9 @@ events and the backend's costs); `apply` is the one place that makes a step's ef
 of any length, with exactly the answers of stepping one by one.
 
 The engine takes its requests from a workload (sim/workload.py) at the start of each step and
-sleeps on an event when it has nothing to do. There is one clock, SimPy's: each step or run moves
-it by its seconds, added in order, before its effects are applied.
+sleeps on an event when it has nothing to do. It keeps the time of its next step itself (`now`)
+through a busy period where nothing else in the simulation acts meanwhile (a lone engine), and
+moves SimPy's clock with each step or run otherwise (a cluster's replica): see `run` for why.
 """
 
 from __future__ import annotations
@@ -48,18 +49,22 @@ def delay_to(now: float, when: float) -> float:
     return delay
 
 
-def _catch_up(env: simpy.Environment, when: float, run: Run):
-    """Move SimPy's clock to `when`, the end of `run` (which starts at env.now): in one move where
-    it lands exactly there, else as the run's steps add up to it (their seconds one by one, as
-    stepping would), so the clock takes exactly the values that stepping one by one gives it."""
-    if env.now + (when - env.now) == when:
-        if when > env.now:
-            yield env.timeout(when - env.now)
+def _catch_up(env: simpy.Environment, now: float, run=None):
+    """Bring SimPy's clock to `now`, the engine's: in one move where it lands exactly there, else
+    as the steps of `run` add up to it (their seconds one by one, as stepping would), or without a
+    run in moves that never pass it (`delay_to`)."""
+    if env.now + (now - env.now) == now:
+        if now > env.now:
+            yield env.timeout(now - env.now)
         return
-    if run.first is not None:
-        yield env.timeout(run.first.seconds)
-    for seconds in (run.seconds if isinstance(run.seconds, list) else run.seconds.tolist()):
-        yield env.timeout(seconds)
+    if run is not None:
+        if run.first is not None:
+            yield env.timeout(run.first.seconds)
+        for seconds in (run.seconds if isinstance(run.seconds, list) else run.seconds.tolist()):
+            yield env.timeout(seconds)
+        return
+    while env.now < now:
+        yield env.timeout(delay_to(env.now, now))
 
 
 class TokenTimes:
@@ -191,30 +196,41 @@ class Engine:
 
     def run(self, env: simpy.Environment):
         """The engine's SimPy process: step while there is work, sleep while there is none, end
-        when the workload has nothing more to send. One clock, SimPy's: it moves through each step
-        or run (`_catch_up`) before the run's effects are applied, so what another process reads
-        meanwhile (a cluster's router, a decode replica waiting on a prefill) is what stepping one
-        by one would show."""
+        when the workload has nothing more to send.
+
+        Two clocks, on purpose. Where the workload says that nothing else in the simulation acts
+        while the engine is busy (`busy_engine_alone`: a lone engine's trace or closed loop, which
+        hand over arrivals by time), the engine keeps the time of its next step itself (`now`)
+        and brings SimPy's clock to it only when it sleeps or ends: a busy period costs no SimPy
+        events (one timeout per step would cost the lone engine's replay about a third more
+        time). Elsewhere (a cluster's replica, whose router reads it) each step or run moves
+        SimPy's clock as it goes. Either way the clock takes the same values, so the answers are
+        the same: each step's end is its start plus its seconds, added in order."""
         state, workload = self.state, self.workload
+        alone = workload.busy_engine_alone
+        now = env.now
         while True:
-            now = env.now
             workload.deliver(now)
             if not state.has_work:
+                yield from _catch_up(env, now)
                 if workload.is_exhausted:
                     return
                 yield from self._sleep(env, None)
+                now = env.now
                 continue
             steps_before, num_preempted_before = state.step_index, state.num_preemptions
             batch = self.policy.schedule(state, now)
             if not batch.requests:  # the policy holds its waiting requests back for now
                 yield from self._wait_for_policy(env, now)
+                now = env.now
                 continue
             run = self.plan(batch, now, state.num_preemptions - num_preempted_before)
-            end = self.busy_until_s = run.ends[-1]
-            yield from _catch_up(env, end, run)
-            self.apply(batch, run, now)
+            self.busy_until_s = run.ends[-1]
+            if not alone:
+                yield from _catch_up(env, run.ends[-1], run)
+            now = self.apply(batch, run, now)
             if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
-                self.progress(end, self.num_finished)
+                self.progress(now, self.num_finished)
 
     def _wait_for_policy(self, env: simpy.Environment, now: float):
         """The policy scheduled nothing though requests wait: sleep until its retry time or the next
@@ -226,6 +242,7 @@ class Engine:
                 f"internal error: policy {self.policy.name} scheduled nothing at t={now:.6f}s "
                 f"with {len(state.waiting)} waiting and {len(state.running)} running, "
                 f"and asks to try again at {retry_s}")
+        yield from _catch_up(env, now)
         yield from self._sleep(env, retry_s)
 
     def plan(self, batch: Batch, now: float, num_preempted: int) -> Run:

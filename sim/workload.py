@@ -4,7 +4,7 @@ A workload hands the engine the requests that have arrived by the start of each 
 (`deliver`), says when it has nothing more to send (`is_exhausted`), hears when the engine falls
 asleep (`engine_idle`) and of every request that ends (`on_done`). Fast-forward (sim/fast_forward.py)
 reads when the next request may arrive (`next_arrival_s`) and when something outside next reads the
-engine (`next_observation_s`), and two facts about how the workload behaves. The engine holds its
+engine (`next_observation_s`), and three facts about how the workload behaves. The engine holds its
 workload as this type (`Engine.attach`); the workloads are sim/arrivals.py's `TraceArrivals` and
 `ClosedLoop`, and a cluster's replicas (sim/cluster.py, sim/disagg.py).
 """
@@ -27,6 +27,12 @@ class Workload(Protocol):
     def delivers_by_time(self) -> bool:
         """Whether `deliver(t)` hands over exactly the requests that arrived by t, whenever it is
         called (so a run may deliver them after the fact, step by step)."""
+        ...
+
+    @property
+    def busy_engine_alone(self) -> bool:
+        """Whether nothing else in the simulation acts while the engine is busy, so the engine may
+        keep its own clock through a busy period (Engine.run)."""
         ...
 
     @property

@@ -268,3 +268,53 @@ def test_a_chunk_runs_steps_cost_what_execute_gives_each(num_decodes, first_cont
             result = backend.execute(batch)
             assert seconds[j] == result.seconds
             assert {k: v[j] for k, v in parts.items()} == result.breakdown
+
+
+def _same_result_bitwise(a, b):
+    assert np.array_equal(a.token_times, b.token_times, equal_nan=True)
+    for x, y in zip(a.requests, b.requests):
+        assert (x.status, x.first_scheduled_s, x.first_token_s, x.finish_s, x.num_preemptions, x.block_table) == \
+               (y.status, y.first_scheduled_s, y.first_token_s, y.finish_s, y.num_preemptions, y.block_table)
+    ac, bc = a.steps.columns(), b.steps.columns()
+    assert ac.keys() == bc.keys()
+    for key in ac:
+        assert np.array_equal(ac[key], bc[key], equal_nan=True), key
+    assert a.end_s == b.end_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(1, 80)), min_size=1, max_size=14),
+    policy=st.sampled_from(sorted(POLICIES)),
+    num_blocks=st.integers(8, 200),
+    budget=st.integers(8, 512),
+    fast_forward=st.booleans(),
+)
+def test_a_lone_engines_own_clock_gives_what_simpys_clock_gives_step_by_step(rows, policy, num_blocks, budget,
+                                                                            fast_forward):
+    """A lone engine keeps its own clock through a busy period (Engine.run, `busy_engine_alone`);
+    with SimPy's clock moved at every step or run instead, every answer is the same, bit for bit."""
+    from sim.arrivals import TraceArrivals
+
+    trace = make_trace(rows)
+    options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=budget, max_num_seqs=6),
+                            cache=CacheConfig(block_size=4, num_blocks=num_blocks), model="Qwen3-0.6B")
+    own = replay(trace, options, fast_forward=fast_forward)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TraceArrivals, "busy_engine_alone", False)
+        stepped = replay(trace, options, fast_forward=fast_forward)
+    _same_result_bitwise(own, stepped)
+
+
+def test_a_closed_loops_engine_keeps_its_own_clock_with_the_same_bench(monkeypatch):
+    from sim.app.bench import BenchSpec, run_bench
+    from sim.app.plan import resolve
+    from sim.arrivals import ClosedLoop
+
+    spec = BenchSpec(concurrency=6, input_len=300, output_len=90, num_prompts=60, request_rate=40.0)
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=512),
+                            cache=CacheConfig(block_size=16, num_blocks=400), model="Qwen3-0.6B")
+    own, _ = run_bench(spec, resolve(options))
+    monkeypatch.setattr(ClosedLoop, "busy_engine_alone", False)
+    stepped, _ = run_bench(spec, resolve(options))
+    _same_result_bitwise(own, stepped)
