@@ -41,6 +41,9 @@ class BlockPool:
         self._lru_skip = [0] * num_blocks
         self._num_stale = 0  # sum of _lru_skip
         self._num_lru = 0
+        # Whether an evicted block may need more than the queue's head moving past it (set by the
+        # prefix index while it holds duplicates or own keys: `_forget_evicted`); most evictions don't.
+        self._index_may_hold_evicted = False
 
     @property
     def num_free_blocks(self) -> int:
@@ -80,7 +83,8 @@ class BlockPool:
         if self._num_stale and any(_gather(self._lru_skip, evicted)):  # a hit took some out of the queue
             evicted, head = self._without_stale(start, num_evict)
         self._lru_head = head
-        self._forget_evicted(evicted)
+        if self._index_may_hold_evicted:
+            self._forget_evicted(evicted)
         if head >= 4096 and 2 * head >= len(lru):  # drop the entries taken
             del lru[:head]
             self._lru_offset += head

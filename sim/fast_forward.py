@@ -104,9 +104,15 @@ class Run(NamedTuple):
     num_waiting: int = 0
 
 
+_new_tuple = tuple.__new__  # makes a Run without the NamedTuple's own __new__, a Python call (a single step's is hot)
+_NONE: list = []  # a single step's empty fields, shared: never changed
+_NO_PARTS: dict = {}
+
+
 def single_step(start: float, result: "StepResult", num_preempted: int, num_used_blocks: int, num_waiting: int) -> Run:
     """The run of one step: `result` (the backend's `execute`) from `start`."""
-    return Run([start + result.seconds], result, [], {}, [], [], None, None, num_preempted, num_used_blocks, num_waiting)
+    return _new_tuple(Run, ([start + result.seconds], result, _NONE, _NO_PARTS, _NONE, _NONE, None, None,  # type: ignore[return-value]
+                            num_preempted, num_used_blocks, num_waiting))
 
 
 class FastForward:

@@ -159,10 +159,12 @@ class PrefixIndex(BlockPool):
                         else:  # an identical block is indexed already: this one after it
                             self._duplicates.setdefault(slot, []).append(block)
                             self._dup_state[block] = HELD
+                            self._index_may_hold_evicted = True
         start = max(start, num_shared)
         if start < num_full:  # the request's own blocks
             keys = request.block_hashes(self.block_size, num_full)
             block_hash, index = self.block_hash, self.hash_to_block.setdefault
+            self._index_may_hold_evicted = True
             for key, block in zip(keys[start:num_full], table[start:num_full]):
                 block_hash[block] = key
                 if index(key, block) != block:
