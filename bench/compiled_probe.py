@@ -47,13 +47,11 @@ COMPILE_EDITS = [
     ("sim/block_manager.py", "class CachedPrefix(list):",
      "from mypy_extensions import mypyc_attr\n\n\n@mypyc_attr(native_class=False)\nclass CachedPrefix(list):"),
     # A native class's attributes cannot be set on the class after it is made: the hook that
-    # withdraws the promises of a subclass that overrides scheduling goes (the built-in policies
-    # that override it set their own promises).
+    # makes the promises of a policy declaring the old flags goes (the built-in policies state
+    # `promises` in their class bodies).
     ("policies/base.py",
-     "        if any(m in cls.__dict__ for m in SCHEDULING_METHODS):\n"
-     "            for promise in (\"supports_fast_forward\", \"decodes_all_when_none_waits\", \"repeats_full_chunk_steps\"):\n"
-     "                if promise not in cls.__dict__:\n"
-     "                    setattr(cls, promise, False)\n", ""),
+     "            cls.promises = Promises(**{f.name: legacy.get(f.name, getattr(inherited, f.name)) for f in fields(Promises)})\n",
+     "            del inherited\n"),
     # A runtime-checkable Protocol compiled by mypyc is no longer a protocol class to `isinstance`.
     ("sim/batch.py", "@runtime_checkable\nclass TokenSource", "class TokenSource"),
     ("sim/batch.py", "isinstance(src, TokenSource)", "callable(getattr(src, \"token_ids\", None))"),

@@ -4,15 +4,44 @@ cannot grow)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
 from sim.batch import Batch
 from sim.config import SchedulerConfig
 from sim.request import Request, Status
 from sim.state import EngineState
 
 # Methods that decide admission or the decodes of a step: a subclass overriding any of them
-# changes what fast-forward relies on (see `Policy`).
+# changes what fast-forward relies on, so it must state its promises itself (see `Policy`).
 SCHEDULING_METHODS = ("schedule", "finish_may_admit", "_try_admit", "_admit_whole_prompts", "_schedule_decodes",
                       "_schedule_all_decodes", "_schedule_running", "_victim", "_split_running")
+
+
+@dataclass(frozen=True)
+class Promises:
+    """What a policy promises the engine about the steps it would schedule, so that the engine may
+    plan runs of them instead of asking it step by step (sim/fast_forward.py). Each is explained
+    in `Policy`'s docstring; the second and third are relied on only together with the first.
+
+    - `fast_forward`: after a decode-only step of every running request, the same decodes until
+      the next arrival, admitting only where `finish_may_admit` says so;
+    - `decodes_all_when_none_waits`: with none waiting and every running request decoding, the
+      next step decodes them all (a run may begin with the step that admitted a request);
+    - `repeats_full_chunk_steps`: a step that the decodes and one prefill chunk fill to
+      `chunk_run_budget()` repeats (a chunk run)."""
+
+    fast_forward: bool = False
+    decodes_all_when_none_waits: bool = False
+    repeats_full_chunk_steps: bool = False
+
+
+NO_PROMISES = Promises()
+# The class attributes that declared the promises before `Promises` (a policy written with them
+# keeps working: `Policy.__init_subclass__` reads them): old name -> Promises field.
+LEGACY_PROMISES = {"supports_fast_forward": "fast_forward",
+                   "decodes_all_when_none_waits": "decodes_all_when_none_waits",
+                   "repeats_full_chunk_steps": "repeats_full_chunk_steps"}
 
 
 def victim_key(request: Request) -> tuple[int, float, int]:
@@ -39,46 +68,65 @@ class Policy:
     reservations (`_schedule_running`, `_schedule_decodes`) and preemption (`_preempt`). It must
     not touch the backend, the clock, the step log, or a request's timeline fields.
 
-    Fast-forward. `supports_fast_forward = True` is a promise the engine relies on to skip steps
-    (sim/fast_forward.py): whenever this policy has scheduled a decode-only step of every running
-    request without preempting, then until the next arrival, and as long as the free blocks cover
-    the decodes' growth, it would schedule exactly the same requests one decode token each and
-    admit no waiting request, whatever `now` is; and after a running request finishes, a waiting
-    request could be admitted only where `finish_may_admit(state)` says so. The three built-in
-    policies make it. The base class does not, and a subclass that overrides any method of
-    `SCHEDULING_METHODS` loses an inherited promise unless it sets `supports_fast_forward` again
-    in its own class body: a policy that admits by waiting time, say, must not make it.
+    Promises. `promises` (a `Promises`, one typed value on the class) says what the engine may rely
+    on to plan runs of steps instead of asking the policy step by step (sim/fast_forward.py). The
+    base class makes none; the three built-in policies make theirs. A subclass inherits its
+    parent's promises as long as it overrides none of `SCHEDULING_METHODS`; one that overrides any
+    of them must state its own in its class body (`promises = Promises()` to make none, or
+    `promises = ChunkedPolicy.promises` to keep them, having checked they still hold): otherwise
+    defining the class raises TypeError. Nothing is withdrawn behind a class's back.
 
-    A second promise, `decodes_all_when_none_waits = True`, lets a run of decode steps begin with
-    the step before it, the one that admitted a request (a mixed or prefill step), so that one
-    plan costs and applies both: whenever no request waits and every running request is decoding,
-    the next step this policy schedules is a decode-only step of every running request, one token
-    each, in running order, unless their new blocks do not fit. The engine relies on it only
-    together with `supports_fast_forward`. The three built-in policies make it too; it is
-    inherited, and lost, the same way.
+    `Promises.fast_forward` is a promise the engine relies on to skip steps: whenever this policy
+    has scheduled a decode-only step of every running request without preempting, then until the
+    next arrival, and as long as the free blocks cover the decodes' growth, it would schedule
+    exactly the same requests one decode token each and admit no waiting request, whatever `now`
+    is; and after a running request finishes, a waiting request could be admitted only where
+    `finish_may_admit(state)` says so. A policy that admits by waiting time, say, must not make it.
 
-    A third promise, `repeats_full_chunk_steps = True`, lets the engine take a run of steps that
-    carry a long prompt's prefill forward chunk by chunk beside the decodes in one go (a chunk run,
+    `Promises.decodes_all_when_none_waits` lets a run of decode steps begin with the step before
+    it, the one that admitted a request (a mixed or prefill step), so that one plan costs and
+    applies both: whenever no request waits and every running request is decoding, the next step
+    this policy schedules is a decode-only step of every running request, one token each, in
+    running order, unless their new blocks do not fit.
+
+    `Promises.repeats_full_chunk_steps` lets the engine take a run of steps that carry a long
+    prompt's prefill forward chunk by chunk beside the decodes in one go (a chunk run,
     sim/fast_forward.py): whenever every running request but the last (in running order) is
     decoding, and the last has a prefill with more tokens left than the budget that
     `chunk_run_budget()` returns leaves after one token for each decode, then as long as the free
     blocks cover the step, the next step this policy schedules is the decodes one token each and
     the last request the rest of the budget, admitting no one, whatever arrived meanwhile. Only
-    `chunked` makes it (whole-prompt policies never schedule such steps); inherited and lost as the
-    other two, and relied on only together with `supports_fast_forward`.
+    `chunked` makes it (whole-prompt policies never schedule such steps).
+
+    Before `Promises`, policies declared them as three booleans in the class body
+    (`supports_fast_forward`, `decodes_all_when_none_waits`, `repeats_full_chunk_steps`). A class
+    that still does keeps working: its promises are made from them, those it does not set
+    inherited, or none where it overrides a scheduling method (the old rule). It may not set both.
     """
 
     name = ""
-    supports_fast_forward = False
-    decodes_all_when_none_waits = False
-    repeats_full_chunk_steps = False
+    promises: ClassVar[Promises] = NO_PROMISES
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if any(m in cls.__dict__ for m in SCHEDULING_METHODS):
-            for promise in ("supports_fast_forward", "decodes_all_when_none_waits", "repeats_full_chunk_steps"):
-                if promise not in cls.__dict__:
-                    setattr(cls, promise, False)
+        own = cls.__dict__
+        overridden = [m for m in SCHEDULING_METHODS if m in own]
+        legacy = {field: bool(own[old]) for old, field in LEGACY_PROMISES.items() if old in own}
+        if legacy:
+            if "promises" in own:
+                raise TypeError(f"policy class {cls.__qualname__} sets both `promises` and the old "
+                                f"{', '.join(LEGACY_PROMISES)} flags: keep `promises` only")
+            inherited = NO_PROMISES if overridden else cls.promises
+            cls.promises = Promises(**{f.name: legacy.get(f.name, getattr(inherited, f.name)) for f in fields(Promises)})
+        elif "promises" in own:
+            if not isinstance(own["promises"], Promises):
+                raise TypeError(f"policy class {cls.__qualname__}: `promises` must be a policies.base.Promises, "
+                                f"not {type(own['promises']).__name__}")
+        elif overridden and cls.promises != NO_PROMISES:
+            raise TypeError(
+                f"policy class {cls.__qualname__} overrides {', '.join(overridden)} and would inherit the promises "
+                f"{cls.promises}: state them in its class body, `promises = Promises()` to make none or "
+                f"`promises = <its parent>.promises` to keep them (see policies.base.Policy)")
 
     def __init__(self, config: SchedulerConfig):
         self.config = config
@@ -88,7 +136,7 @@ class Policy:
         raise NotImplementedError
 
     def chunk_run_budget(self) -> int | None:
-        """The token budget of the steps that `repeats_full_chunk_steps` is about; None where the
+        """The token budget of the steps that `Promises.repeats_full_chunk_steps` is about; None where the
         promise is not made (the base class never makes it)."""
         return None
 
@@ -136,8 +184,7 @@ class Policy:
                     self._schedule_running(state, batch, request, 1)
             return state.num_preemptions != num_preemptions
         if opening:
-            for request, block in zip(opening, bm.pop_free_blocks(len(opening))):
-                request.block_table.append(block)
+            bm.grow_tables(opening)
         step = state.step_index
         num_computed = []
         for request in decoders:
@@ -183,7 +230,7 @@ class Policy:
     # Waiting requests.
 
     def _try_admit(self, state: EngineState, batch: Batch, now: float, max_chunk: int | None) -> int:
-        """Admit the head of the waiting queue if its blocks fit. With `max_chunk` the prefill is
+        """Admit the head of the waiting queue if its blocks fit (its cached prefix is computed). With `max_chunk` the prefill is
         chunked to it; without, the whole remaining prompt is scheduled. Returns tokens scheduled
         (0 when it could not be admitted).
 
@@ -198,7 +245,9 @@ class Policy:
         if not bm.can_allocate(cached, remaining if self.config.reserve_full_isl else num_tokens):
             return 0
         state.waiting.popleft()
-        bm.allocate(request, cached, num_tokens)
+        num_hit = bm.allocate(request, cached, num_tokens)
+        request.num_computed_tokens = num_hit
+        request.num_prefix_hit_tokens += num_hit
         request.status = Status.RUNNING
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now

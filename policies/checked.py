@@ -32,11 +32,11 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from policies.base import NO_PROMISES
 from sim.batch import Batch
 from sim.errors import ServesimError
 from sim.request import Status
 
-PROMISES = ("supports_fast_forward", "decodes_all_when_none_waits", "repeats_full_chunk_steps")
 TIMEOUT_ENV = "SERVESIM_POLICY_TIMEOUT"  # set by the CLI's --policy-timeout; spawned workers inherit it
 DEFAULT_TIMEOUT_S = 10.0
 _SERVESIM_ROOT = Path(__file__).resolve().parent.parent
@@ -226,7 +226,9 @@ def checked_policy_class(cls: type, spec: str) -> type:
                                 "or the engine would try again for ever")
         return when
 
-    namespace: dict[str, Any] = {promise: getattr(cls, promise, False) for promise in PROMISES}
+    # The user's promises, restated (policies.base.Policy.__init_subclass__ asks a subclass that
+    # overrides `schedule` to state them): the checked class promises exactly what the user's does.
+    namespace: dict[str, Any] = {"promises": getattr(cls, "promises", NO_PROMISES)}
     namespace.update(__init__=__init__, schedule=schedule, retry_s=retry_s, __doc__=cls.__doc__, checked_class=cls)
     for name in ("finish_may_admit", "chunk_run_budget"):
         namespace[name] = guarded(name)

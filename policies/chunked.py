@@ -14,7 +14,7 @@ prefill chunks and decodes.
 
 from __future__ import annotations
 
-from policies.base import Policy, victim_key
+from policies.base import Policy, Promises, victim_key
 from sim.batch import Batch
 from sim.request import Request
 from sim.state import EngineState
@@ -22,9 +22,9 @@ from sim.state import EngineState
 
 class ChunkedPolicy(Policy):
     name = "chunked"
-    supports_fast_forward = True  # the promise of policies/base.py: admission only as finish_may_admit says
-    decodes_all_when_none_waits = True  # policies/base.py: with none waiting, every running request decodes
-    repeats_full_chunk_steps = True  # policies/base.py: a step that the decodes and a chunk fill repeats
+    # The promises of policies/base.py: admission only as finish_may_admit says; with none waiting, every
+    # running request decodes; a step that the decodes and a chunk fill repeats.
+    promises = Promises(fast_forward=True, decodes_all_when_none_waits=True, repeats_full_chunk_steps=True)
 
     def chunk_run_budget(self) -> int | None:
         """The step budget, where the decodes and one prefill fill it (`Policy`'s third promise):
@@ -36,7 +36,7 @@ class ChunkedPolicy(Policy):
         step's cap only while more than one request runs or waits, which arrivals change."""
         cfg = self.config
         threshold = cfg.long_prefill_token_threshold
-        if not self.repeats_full_chunk_steps or 0 < threshold < cfg.max_num_batched_tokens:
+        if not self.promises.repeats_full_chunk_steps or 0 < threshold < cfg.max_num_batched_tokens:
             return None
         return cfg.max_num_batched_tokens
 

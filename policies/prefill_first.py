@@ -7,15 +7,16 @@ one token. Decodes stall while prompts are admitted.
 
 from __future__ import annotations
 
-from policies.base import Policy
+from policies.base import Policy, Promises
 from sim.batch import Batch
 from sim.state import EngineState
 
 
 class PrefillFirstPolicy(Policy):
     name = "prefill-first"
-    supports_fast_forward = True  # the promise of policies/base.py: admission only as finish_may_admit says
-    decodes_all_when_none_waits = True  # policies/base.py: with none waiting, every running request decodes
+    # The promises of policies/base.py: admission only as finish_may_admit says; with none waiting, every
+    # running request decodes.
+    promises = Promises(fast_forward=True, decodes_all_when_none_waits=True)
 
     def schedule(self, state: EngineState, now: float) -> Batch:
         batch = Batch()

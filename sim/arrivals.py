@@ -4,21 +4,23 @@
 does. `ClosedLoop` is `vllm bench serve --max-concurrency C`: at most C requests in flight, the
 next sent when one ends. A workload hands the engine every request that has arrived by the start of each step
 (`deliver`), wakes the engine when it sleeps with nothing to do, and hears of every request that
-ends (`on_done`), so that a closed-loop workload can send the next one. Fast-forward reads
-`next_arrival_s`, `next_observation_s` and `reacts_to_finishes` to know where a run of decode
-steps must stop.
+ends (`on_done`), so that a closed-loop workload can send the next one: the `Workload` protocol
+(sim/workload.py), which both implement. They share the process that wakes an idle engine
+(`_WakesEngine`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import simpy
 
 from sim.engine import Engine, SimResult, delay_to
 from sim.request import Request
+from sim.workload import Workload
 
 
 class RequestStream:
@@ -36,19 +38,50 @@ class RequestStream:
 WINDOW = 1 << 16  # arrival times of a RequestStream read as Python floats this many at a time
 
 
-class TraceArrivals:
-    """Requests enter at their arrival times (sorted by time, then trace order): a list of
-    requests, or a RequestStream. `on_done(position, request)`, if given, hears of every request
-    that ends (finished or rejected) with its place in arrival order."""
+class _WakesEngine:
+    """What a lone engine's workloads share: attaching to the engine, and the SimPy process that
+    wakes it when it is idle and the next request arrives (a busy engine takes the requests that
+    arrived by each step's start itself, so this sleeps while it is busy)."""
 
-    reacts_to_finishes = False  # an open loop sends nothing when a request ends
+    reacts_to_finishes: bool
     delivers_by_time = True  # deliver(t) hands over exactly the requests arrived by t, whenever it is called
     # Nothing else in the simulation acts while the engine is busy (this sleeps meanwhile), so the
     # engine may keep its own clock through a busy period (Engine.run).
     busy_engine_alone = True
 
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        engine.attach(cast(Workload, self))  # (each subclass is one)
+        self._engine_idle: simpy.Event | None = None  # what the process waits on while the engine is busy
+
+    def engine_idle(self) -> None:
+        if self._engine_idle is not None and not self._engine_idle.triggered:
+            self._engine_idle.succeed()
+
+    def process(self, env: simpy.Environment):
+        """Wake the engine when it is idle and the next request arrives (one that no finish causes)."""
+        engine, workload = self.engine, cast(Workload, self)  # (each subclass is one)
+        while not workload.is_exhausted:
+            if not engine.is_idle:
+                self._engine_idle = env.event()
+                yield self._engine_idle
+                continue
+            arrival_s = workload.next_arrival_s
+            while arrival_s > env.now:
+                yield env.timeout(delay_to(env.now, arrival_s))
+            yield engine.wake()  # let the engine take the request before looking again
+
+
+class TraceArrivals(_WakesEngine):
+    """Requests enter at their arrival times (sorted by time, then trace order): a list of
+    requests, or a RequestStream. `on_done(position, request)`, if given, hears of every request
+    that ends (finished or rejected) with its place in arrival order."""
+
+    reacts_to_finishes = False  # an open loop sends nothing when a request ends
+
     def __init__(self, requests: list[Request] | RequestStream, engine: Engine,
                  on_done: Callable[[int, Request], None] | None = None):
+        super().__init__(engine)
         if isinstance(requests, RequestStream):
             self.requests = None  # not kept
             self._arrival_s, self._make = requests.arrival_s, requests.make
@@ -59,13 +92,10 @@ class TraceArrivals:
             self._window = [r.arrival_s for r in requests]
         self._num_requests = len(requests)
         self._window_start = 0  # the request whose arrival time is _window[0]
-        self.engine = engine
-        engine.workload = self
         self._listener = on_done
         self._positions: dict[Request, int] = {}  # requests in the engine -> their place, for the listener
         self._next = 0  # the next request to arrive
         self.next_arrival_s = self._arrival(0) if self._num_requests else math.inf  # its arrival time
-        self._engine_idle: simpy.Event | None = None  # what the arrivals process waits on meanwhile
 
     @property
     def is_exhausted(self) -> bool:
@@ -99,31 +129,13 @@ class TraceArrivals:
             submit(r)
         self.next_arrival_s = self._arrival(self._next) if self._next < self._num_requests else math.inf
 
-    def engine_idle(self, engine: Engine) -> None:
-        if self._engine_idle is not None and not self._engine_idle.triggered:
-            self._engine_idle.succeed()
-
     def on_done(self, request: Request, now: float | None) -> None:
         """A request finished at `now` (None: it was rejected)."""
         if self._listener is not None:
             self._listener(self._positions.pop(request), request)
 
-    def process(self, env: simpy.Environment):
-        """Wake the engine when it is idle and the next request arrives. A busy engine takes the
-        requests that arrived by each step's start itself, so this sleeps while it is busy."""
-        engine = self.engine
-        while not self.is_exhausted:
-            if not engine.is_idle:
-                self._engine_idle = env.event()
-                yield self._engine_idle
-                continue
-            arrival_s = self.next_arrival_s
-            while arrival_s > env.now:
-                yield env.timeout(delay_to(env.now, arrival_s))
-            yield engine.wake()  # let the engine take the request before looking again
 
-
-class ClosedLoop:
+class ClosedLoop(_WakesEngine):
     """vLLM's benchmark client with --max-concurrency (vllm/benchmarks/serve.py, `benchmark` and
     `get_request`): request i is created at `created_s[i]` (all at 0 for an infinite request rate,
     else on a Poisson schedule) and waits, in creation order, for one of `concurrency` slots; it is
@@ -133,21 +145,18 @@ class ClosedLoop:
     a slot is not part of them)."""
 
     reacts_to_finishes = True  # a finish sends the next request
-    delivers_by_time = True  # deliver(t) hands over exactly the requests sent by t (TraceArrivals)
-    busy_engine_alone = True  # (TraceArrivals): sends that finishes cause are delivered by time
+    # (delivers_by_time and busy_engine_alone as TraceArrivals: sends that finishes cause are delivered by time)
 
     def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine):
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        super().__init__(engine)
         self.requests, self.created_s, self.concurrency = requests, created_s, concurrency
-        self.engine = engine
-        engine.workload = self
         self.num_in_flight = 0
         self.max_in_flight = 0
         self._next = 0  # the next request to send
         self._sent: list[Request] = []  # sent, not yet handed to the engine (in send order)
         self._now = 0.0  # the latest time the engine told us of
-        self._engine_idle: simpy.Event | None = None
 
     def _send(self, at: float) -> None:
         r = self.requests[self._next]
@@ -185,10 +194,6 @@ class ClosedLoop:
         while self._sent and self._sent[0].arrival_s <= now:
             self.engine.submit(self._sent.pop(0))  # a rejection frees its slot at once (on_done)
 
-    def engine_idle(self, engine: Engine) -> None:
-        if self._engine_idle is not None and not self._engine_idle.triggered:
-            self._engine_idle.succeed()
-
     def on_done(self, request: Request, now: float | None) -> None:
         """Free the request's slot; the oldest created request waiting for one is sent now."""
         now = self._now if now is None else now
@@ -196,19 +201,6 @@ class ClosedLoop:
         self.num_in_flight -= 1
         if self._next < len(self.requests) and self.created_s[self._next] <= now:
             self._send(now)
-
-    def process(self, env: simpy.Environment):
-        """Wake the idle engine at the next send that no finish causes."""
-        engine = self.engine
-        while not self.is_exhausted:
-            if not engine.is_idle:
-                self._engine_idle = env.event()
-                yield self._engine_idle
-                continue
-            arrival_s = self.next_arrival_s
-            while arrival_s > env.now:
-                yield env.timeout(delay_to(env.now, arrival_s))
-            yield engine.wake()
 
 
 def simulate(engine: Engine, workload: TraceArrivals | ClosedLoop):

@@ -68,7 +68,7 @@ class Batch:
         self.needs_logits: list[bool] = []
         self.is_decode: list[bool] = []
         # Requests at the head of the batch that add_decodes put into it while it was empty:
-        # decoding requests, one token each, so each emits a token after the step (Engine.advance's
+        # decoding requests, one token each, so each emits a token after the step (Engine._apply_step's
         # fast loop).
         self.num_leading_decodes = 0
 

@@ -55,12 +55,14 @@ class Replica:
 
     role = "colocated"
     reacts_to_finishes = False
+    delivers_by_time = False  # deliver hands over whatever was routed here by then
+    busy_engine_alone = False  # the router reads every replica at each arrival
 
     def __init__(self, cluster: "Cluster", index: int, engine: Engine):
         self.cluster = cluster
         self.index = index  # its number in the cluster (steps tables, summary)
         self.engine = engine
-        engine.workload = self
+        engine.attach(self)
         self.inbox: deque[Request] = deque()  # routed, not yet taken by the engine
         self.num_in_flight = 0  # routed here and not finished (or passed on)
         self.num_routed = 0
@@ -128,7 +130,7 @@ class Replica:
         while inbox:
             submit(inbox.popleft())
 
-    def engine_idle(self, engine: Engine) -> None:
+    def engine_idle(self) -> None:
         """Nothing waits on an idle engine: the arrivals process wakes it when it routes a request here."""
 
     def on_done(self, request: Request, now: float | None) -> None:

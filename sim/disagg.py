@@ -30,9 +30,11 @@ from typing import Callable
 
 import numpy as np
 
+from sim.batch import Batch
 from sim.cluster import Cluster, Instant, Replica
 from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
+from sim.fast_forward import Run
 from sim.request import Request, Status
 
 
@@ -56,21 +58,19 @@ class KVLink:
 class PrefillEngine(Engine):
     """An engine that hands each request off once it has emitted its first token."""
 
-    busy_until_s = 0.0  # when the step under way ends (bounds when its next hand-off can be)
+    plans_runs = False  # its `apply` hands requests off after each step: every step is applied alone
+    workload: "PrefillReplica"
 
-    def _log_step(self, batch, start: float, result, num_preempted: int) -> None:
-        super()._log_step(batch, start, result, num_preempted)
-        self.busy_until_s = start + result.seconds
-
-    def advance(self, batch, result, now: float) -> None:
-        super().advance(batch, result, now)
+    def apply(self, batch: Batch, run: Run, start: float) -> float:
+        end = super().apply(batch, run, start)
         handed = [r for r in batch.requests if r.status is Status.RUNNING and r.num_output_tokens == 1]
         if handed:
             for r in handed:
                 r.status = Status.TRANSFERRING
             self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
             for r in handed:
-                self.workload.hand_off(r, now)
+                self.workload.hand_off(r, end)
+        return end
 
 
 class PrefillReplica(Replica):
@@ -176,8 +176,7 @@ class DecodeReplica(Replica):
             if bm.blocks_for(r.num_computed_tokens + 1) > bm.num_free_blocks:
                 break
             waiting.popleft()
-            r.block_table = bm.pop_free_blocks(bm.blocks_for(r.num_computed_tokens))
-            r.num_hashed_blocks = 0
+            bm.take_over(r, r.num_computed_tokens)
             r.last_scheduled_step = None  # its prefill replica's step numbers mean nothing here
             r.status = Status.RUNNING
             state.running.append(r)

@@ -1,38 +1,43 @@
 """One serving engine (a replica): its step loop as a SimPy process.
 
-Each step is three calls, as in every engine this field holds up as a model:
+Each turn of the loop is the same few calls, whatever the step:
 
-    batch  = policy.schedule(state, now)      # which requests get how many tokens
-    result = backend.execute(batch)           # how long the step takes
-    advance(batch, result, now + seconds)     # computed tokens, emitted tokens, finishes
+    workload.deliver(now)                     # the requests that arrived by now join the queue
+    batch = policy.schedule(state, now)       # which requests get how many tokens
+    run   = plan(batch, now)                  # the steps to take from it: one, or a run of them
+                                              #   (fast-forward plans; backend.execute prices)
+    now   = apply(batch, run, now)            # every step's tokens, blocks, finishes, log rows
 
-The engine takes its requests from a workload (`sim/arrivals.py`) at the start of each step and
-sleeps on an event when it has nothing to do. It keeps its own clock through a busy period where
-nothing else in the simulation acts meanwhile (a lone engine), and SimPy's otherwise (`run`).
-When the policy and the backend both allow it, runs of identical decode-only steps are costed in
-one call instead (`sim/fast_forward.py`), with exactly the answers of stepping one by one; such a
-run may begin with the step that admitted a request (a folded run), priced by `execute` before the
-run is planned. So may a run of steps that each decode the same requests and carry one long
-prompt's prefill forward by a chunk (a chunk run), from the step before them (the one that ends a
-prompt and begins the next, say).
+A `Run` (sim/fast_forward.py) is k >= 1 steps of the same running requests; a single step is a run
+of one. Fast-forward only plans (a pure function of the engine's state, the workload's next
+events and the backend's costs); `apply` is the one place that makes a step's effects, for a run
+of any length, with exactly the answers of stepping one by one.
+
+The engine takes its requests from a workload (sim/workload.py) at the start of each step and
+sleeps on an event when it has nothing to do. It keeps the time of its next step itself (`now`)
+through a busy period where nothing else in the simulation acts meanwhile (a lone engine), and
+moves SimPy's clock with each step or run otherwise (a cluster's replica): see `run` for why.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from itertools import accumulate
 from struct import pack
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import simpy
 
-from sim.backend import Backend, ChunkStepsBackend, DecodeRunBackend
+from sim.backend import Backend, ChunkStepsBackend, DecodeRunBackend, StepResult
 from sim.batch import Batch
 from sim.block_manager import BlockManager
-from sim.fast_forward import ChunkRun, DecodeRun, FastForward
+from sim.fast_forward import FastForward, Run, single_step
 from sim.request import Request, Status
 from sim.state import EngineState
 from sim.step_log import StepLog
+from sim.workload import Workload
 
 
 def delay_to(now: float, when: float) -> float:
@@ -118,16 +123,11 @@ class SimResult:
 
 
 class Engine:
-    # Whether a run of decode steps may begin with the step that admitted a request (a folded run,
-    # sim/fast_forward.py), applied by the run instead of `advance` and logged by it instead of
-    # `_log_step`: a subclass that overrides either loses it.
-    folds_admitting_steps = True
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        own = vars(cls)
-        if "folds_admitting_steps" not in own and ("advance" in own or "_log_step" in own):
-            cls.folds_admitting_steps = False
+    workload: Workload  # what sends it requests (`attach`)
+    # Whether this engine takes runs of more than one step (sim/fast_forward.py). An engine whose
+    # `apply` does more after a step than the steps' effects (a prefill replica hands a request
+    # off once it has its first token, sim/disagg.py) states False: its steps are applied one by one.
+    plans_runs = True
 
     def __init__(self, policy, backend: Backend, block_manager: BlockManager, token_times: TokenTimes | None,
                  max_model_len: int, fast_forward: bool = True,
@@ -141,23 +141,28 @@ class Engine:
         self.state = EngineState(block_manager, priority=policy.config.scheduling_policy == "priority")
         self.steps = steps if steps is not None else StepLog()
         self.num_finished = 0
-        self.workload: Any = None  # set by the workload that feeds this engine (sim/arrivals.py)
+        self.busy_until_s = 0.0  # when the step or run under way ends (a decode replica reads a prefill replica's)
         self.fast_forward: FastForward | None = None
-        if (fast_forward and backend.supports_fast_forward and policy.supports_fast_forward
-                and isinstance(backend, DecodeRunBackend)):
-            self.fast_forward = FastForward(self)
-        # Fold a step that admits requests into the decode run after it (the policy's second promise).
-        self._fold = (self.fast_forward is not None and self.folds_admitting_steps
-                      and getattr(policy, "decodes_all_when_none_waits", False))
-        # Take runs of steps that carry a prefill forward beside the decodes in one go (chunk runs,
-        # sim/fast_forward.py): the policy's third promise, for the steps its budget fills.
-        self._chunk_budget = None
-        if (self.fast_forward is not None and self.folds_admitting_steps and isinstance(backend, ChunkStepsBackend)
-                and getattr(policy, "repeats_full_chunk_steps", False)):
-            self._chunk_budget = policy.chunk_run_budget()
+        self._fold = False
+        self._chunk_budget: int | None = None
+        # The policy's promises (policies/base.py, Promises) are read only where runs could be taken.
+        if fast_forward and self.plans_runs and backend.supports_fast_forward and isinstance(backend, DecodeRunBackend):
+            promises = policy.promises
+            if promises.fast_forward:
+                self.fast_forward = FastForward(self)
+                # Fold a step that admits requests into the decode run after it (the second promise).
+                self._fold = promises.decodes_all_when_none_waits
+                # Take runs of steps that carry a prefill forward beside the decodes in one go
+                # (chunk runs, sim/fast_forward.py): the third promise, for the steps its budget fills.
+                if isinstance(backend, ChunkStepsBackend) and promises.repeats_full_chunk_steps:
+                    self._chunk_budget = policy.chunk_run_budget()
         self._wake: simpy.Event | None = None  # what the engine waits on while idle
 
     # Requests in.
+
+    def attach(self, workload: Workload) -> None:
+        """The workload that feeds this engine (sim/workload.py); each workload attaches itself."""
+        self.workload = workload
 
     @property
     def is_idle(self) -> bool:
@@ -193,15 +198,17 @@ class Engine:
         """The engine's SimPy process: step while there is work, sleep while there is none, end
         when the workload has nothing more to send.
 
-        The engine keeps the time of its next step itself (`now`). Where the workload says that
-        nothing else in the simulation acts while the engine is busy (`busy_engine_alone`: a lone
-        engine's trace or closed loop, which hand over arrivals by time), SimPy's clock is brought
-        to it only when the engine sleeps or ends: a busy period costs no events. Elsewhere (a
-        cluster's replica, whose router reads it) each step or run moves SimPy's clock as it goes.
-        Either way the clock takes the same values: each step's end is its start plus its seconds,
-        added in order."""
+        Two clocks, on purpose. Where the workload says that nothing else in the simulation acts
+        while the engine is busy (`busy_engine_alone`: a lone engine's trace or closed loop, which
+        hand over arrivals by time), the engine keeps the time of its next step itself (`now`)
+        and brings SimPy's clock to it only when it sleeps or ends: a busy period costs no SimPy
+        events (a timeout per step or run would cost 2.3% more instructions on the bundled
+        sample's replay with fast-forward, about 8% more CPU on the Azure hour stepped one by one,
+        for the same answers: docs/architecture.md). Elsewhere (a cluster's replica, whose router
+        reads it) each step or run moves SimPy's clock before it is applied. Either way the clock
+        takes the same values: each step's end is its start plus its seconds, added in order."""
         state, workload = self.state, self.workload
-        alone = getattr(workload, "busy_engine_alone", False)
+        alone = workload.busy_engine_alone
         now = env.now
         while True:
             workload.deliver(now)
@@ -212,73 +219,92 @@ class Engine:
                 yield from self._sleep(env, None)
                 now = env.now
                 continue
-            steps_before = state.step_index
-            num_preempted_before = state.num_preemptions
+            steps_before, num_preempted_before = state.step_index, state.num_preemptions
             batch = self.policy.schedule(state, now)
             if not batch.requests:  # the policy holds its waiting requests back for now
-                retry_s = self.policy.retry_s(state, now)
-                if state.running or (retry_s is None and workload.is_exhausted) or (
-                        retry_s is not None and retry_s <= now):
-                    raise RuntimeError(
-                        f"internal error: policy {self.policy.name} scheduled nothing at t={now:.6f}s "
-                        f"with {len(state.waiting)} waiting and {len(state.running)} running, "
-                        f"and asks to try again at {retry_s}")
-                yield from _catch_up(env, now)
-                yield from self._sleep(env, retry_s)
+                yield from self._wait_for_policy(env, now)
                 now = env.now
                 continue
-            num_preempted = state.num_preemptions - num_preempted_before
-            run: DecodeRun | ChunkRun | None = None
-            result = None
-            if self.fast_forward is not None and not num_preempted and len(batch) == len(state.running):
-                if all(batch.is_decode):
-                    run = self.fast_forward.plan(batch, now)
-                elif self._fold and not state.waiting and all(batch.needs_logits) and batch.requests == state.running:
-                    # Every running request emits a token in this step and none waits: the steps
-                    # after it decode them all (the policy's promise), so one run may take both.
-                    result = self.backend.execute(batch)
-                    run = self.fast_forward.plan(batch, now, result)
-                elif (self._chunk_budget is not None and not batch.needs_logits[-1]
-                      and batch.needs_logits.count(False) == 1 and batch.requests == state.running):
-                    # Every running request but the last emits a token in this step, so decodes
-                    # after it; the last carries a prefill forward: where the decodes and that
-                    # prefill fill the budget, the steps after it repeat (the policy's promise).
-                    result = self.backend.execute(batch)
-                    run = self.fast_forward.plan_chunks(batch, now, result, self._chunk_budget)
-            if run is not None:
-                if not alone:
-                    yield from _catch_up(env, run.ends[-1], run)
-                now = self.fast_forward.apply(batch, now, run)  # type: ignore[union-attr]  # it planned the run
-            else:
-                start = now
-                if result is None:
-                    result = self.backend.execute(batch)
-                self._log_step(batch, start, result, num_preempted)
-                now = start + result.seconds
-                if not alone:
-                    yield env.timeout(result.seconds)
-                self.advance(batch, result, now)
-                state.step_index += 1
+            run = self.plan(batch, now, state.num_preemptions - num_preempted_before)
+            self.busy_until_s = run.ends[-1]
+            if not alone:
+                yield from _catch_up(env, run.ends[-1], run)
+            now = self.apply(batch, run, now)
             if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
                 self.progress(now, self.num_finished)
+
+    def _wait_for_policy(self, env: simpy.Environment, now: float):
+        """The policy scheduled nothing though requests wait: sleep until its retry time or the next
+        arrival, or fail where it broke its contract (`Policy.retry_s`)."""
+        state = self.state
+        retry_s = self.policy.retry_s(state, now)
+        if state.running or (retry_s is None and self.workload.is_exhausted) or (retry_s is not None and retry_s <= now):
+            raise RuntimeError(
+                f"internal error: policy {self.policy.name} scheduled nothing at t={now:.6f}s "
+                f"with {len(state.waiting)} waiting and {len(state.running)} running, "
+                f"and asks to try again at {retry_s}")
+        yield from _catch_up(env, now)
+        yield from self._sleep(env, retry_s)
+
+    def plan(self, batch: Batch, now: float, num_preempted: int) -> Run:
+        """The steps to take from `batch` (just scheduled, having preempted `num_preempted`): a run
+        that fast-forward plans where the policy's promises allow one, else the single step. The
+        backend prices step 0 (`execute`) unless a decode run costs it with the others."""
+        state, fast_forward = self.state, self.fast_forward
+        result: StepResult | None = None
+        if fast_forward is not None and not num_preempted and len(batch) == len(state.running):
+            run = None
+            if all(batch.is_decode):
+                run = fast_forward.plan(batch, now)
+            elif self._fold and not state.waiting and all(batch.needs_logits) and batch.requests == state.running:
+                # Every running request emits a token in this step and none waits: the steps
+                # after it decode them all (the policy's promise), so one run may take both.
+                result = self.backend.execute(batch)
+                run = fast_forward.plan(batch, now, result)
+            elif (self._chunk_budget is not None and not batch.needs_logits[-1]
+                  and batch.needs_logits.count(False) == 1 and batch.requests == state.running):
+                # Every running request but the last emits a token in this step, so decodes
+                # after it; the last carries a prefill forward: where the decodes and that
+                # prefill fill the budget, the steps after it repeat (the policy's promise).
+                result = self.backend.execute(batch)
+                run = fast_forward.plan_chunks(batch, now, result, self._chunk_budget)
+            if run is not None:
+                return run
+        return single_step(now, self.backend.execute(batch) if result is None else result, num_preempted,
+                           self.block_manager.num_used_blocks, len(state.waiting))
 
     def _sleep(self, env: simpy.Environment, until_s: float | None):
         """Sleep until the workload wakes the engine (an arrival), or until `until_s` if given."""
         self._wake = env.event()
-        self.workload.engine_idle(self)
+        self.workload.engine_idle()
         if until_s is None:
             yield self._wake
         else:
             yield env.any_of([self._wake, env.timeout(delay_to(env.now, until_s))])
         self._wake = None
 
-    def _log_step(self, batch: Batch, start: float, result, num_preempted: int) -> None:
-        self.steps.append_step(batch, start, result, self.block_manager.num_used_blocks, len(self.state.waiting),
-                               num_preempted)
+    # A run's effects.
 
-    def advance(self, batch: Batch, result, now: float) -> None:
-        """After a step: advance computed tokens; a request that caught up emits a token; finished
-        requests free their blocks."""
+    def apply(self, batch: Batch, run: Run, start: float) -> float:
+        """Make every effect of the run's steps, from `start`, in the order stepping one by one
+        makes them: each step's tokens (computed, emitted, sampled), the blocks its tokens open
+        (through the block manager), the requests that finish in it, and its step-log row.
+        Returns the run's end."""
+        if len(run.ends) == 1:
+            self._apply_step(batch, run, start)
+        elif run.chunks is None:
+            self._log_decode_run(batch, start, run.num_waiting, run, self._advance_decode_run(batch, run))
+        else:
+            self._apply_chunk_run(batch, start, run.num_waiting, run)
+        return run.ends[-1]
+
+    def _apply_step(self, batch: Batch, run: Run, start: float) -> None:
+        """One step: its log row; computed tokens advance, a request that caught up emits a token
+        (and a sampling backend's token is kept), finished requests free their blocks. The policy
+        reserved the step's blocks when it scheduled it."""
+        result: StepResult = run.first  # type: ignore[assignment]  # a single step is priced
+        self.steps.append_step(batch, start, result, run.num_used_blocks, run.num_waiting, run.num_preempted)
+        now = run.ends[0]
         sampled = result.sampled_token_ids
         if sampled is not None:  # a sampling backend: each logits row's token to its request
             logits_row = 0
@@ -314,13 +340,160 @@ class Engine:
             r.num_output_tokens = num_output + 1
             if num_output + 1 == r.max_tokens:
                 finished.append(r)
-        self._finish_all(finished, now)
-
-    def _finish_all(self, finished: list[Request], now: float) -> None:
-        for r in finished:
-            self.finish(r, now)
         if finished:
+            for r in finished:
+                self.finish(r, now)
             self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
+        self.state.step_index += 1
+
+    def _advance_decode_run(self, batch: Batch, run: Run) -> list[int]:
+        """Apply a decode run's tokens, blocks and finishes; returns the blocks in use at each step."""
+        ends_list = run.ends
+        k = len(ends_list)
+        reqs = batch.requests
+        engine = self
+        finishing = _emit_tokens(reqs, batch.num_scheduled_tokens, run.active_steps, ends_list,
+                                 engine.state.step_index)
+        # Hand out new blocks and free finished requests' blocks in the order step-by-step
+        # simulation would: each step's new blocks in batch order, then at its end the requests
+        # that finished in it, in batch order (freed blocks are the next ones taken).
+        bm = engine.block_manager
+        used_before = bm.num_used_blocks  # step 0's blocks were reserved by the policy
+        change = [0] * (k + 1)  # change[j]: blocks in use at step j less at step j - 1
+        opens, taken, n = run.opens, 0, len(reqs)
+        for o in opens:
+            change[o // n] += 1
+        for last_step, i in finishing + [(k - 1, None)]:  # the last: the run's remaining blocks
+            taken = _hand_out(bm, reqs, n, opens, taken, last_step)  # the blocks opened up to last_step
+            if i is not None:
+                before = bm.num_used_blocks
+                engine.finish(reqs[i], ends_list[last_step])
+                change[last_step + 1] -= before - bm.num_used_blocks  # freed at the end of its last step
+        if finishing:
+            engine.state.running = [r for r in engine.state.running if r.status is Status.RUNNING]
+        engine.state.step_index += k
+        used = list(accumulate(change[:k], initial=used_before))
+        del used[0]
+        return used
+
+    def _log_decode_run(self, batch: Batch, now: float, num_waiting: int, run: Run, num_used_blocks: list[int]) -> None:
+        """The step log's rows of a decode run: step 0's alone where `execute` priced it, then the
+        decode steps in one go."""
+        ends = run.ends
+        k = len(ends)
+        n = len(batch)
+        num_running: int | np.ndarray = n
+        if min(run.active_steps) < k:  # some finish before the last step
+            num_running = n - np.searchsorted(sorted(run.active_steps), np.arange(k), side="right")
+        steps = self.steps
+        first = run.first
+        if first is None:
+            starts = [now]
+            starts += ends[:-1]
+        else:  # step 0 as a single step logs it, then the decode steps
+            steps.append_step(batch, now, first, num_used_blocks[0], num_waiting, 0)
+            starts = ends[:-1]
+            if not isinstance(num_running, int):
+                num_running = num_running[1:]
+            num_used_blocks = num_used_blocks[1:]
+            k -= 1
+        steps.extend(k, {
+            "start_s": starts, "seconds": run.seconds, "num_decode_tokens": num_running,
+            "num_requests": num_running, "num_kv_blocks_used": num_used_blocks, "num_waiting": num_waiting,
+        }, run.parts)  # no prefill tokens, no preemptions
+
+    def _apply_chunk_run(self, batch: Batch, start: float, num_waiting: int, run: Run) -> None:
+        """Apply and log a chunk run, doing what step-by-step simulation does in its order: before
+        each step after the first, the arrivals up to its start join the queue, the decodes take
+        the blocks they open, in batch order, then the prefill its chunk's (indexed as the policy
+        indexes them); at the end of a step, the decodes that emitted their last token in it
+        leave, in batch order, their blocks freed before the next step takes any."""
+        engine = self
+        state, bm, workload = engine.state, engine.block_manager, engine.workload
+        waiting = state.waiting
+        reqs = batch.requests
+        n = len(reqs) - 1
+        prefill = reqs[-1]
+        ends, opens = run.ends, run.opens
+        chunks: list[int] = run.chunks  # type: ignore[assignment]  # a chunk run has them
+        k = len(ends)
+        first_step = state.step_index
+        # Step 0's row: the policy reserved its blocks.
+        engine.steps.append_step(batch, start, run.first, run.num_used_blocks, num_waiting, 0)
+        # The decodes' tokens, all of each one's steps at once (a finish, below, needs them all).
+        finishing = _emit_tokens(reqs[:n], batch.num_scheduled_tokens, run.active_steps, ends, first_step)
+        # The blocks of each step 1..: its decodes' opening blocks in batch order, then the
+        # prefill's new ones.
+        bs = bm.block_size
+        num_table = len(prefill.block_table)
+        computed = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
+        counts = []  # per step 1..: (the decodes' new blocks, the prefill's)
+        taken = 0
+        for j in range(1, k):
+            upto = bisect_left(opens, (j + 1) * n, taken) if n else 0
+            computed += chunks[j - 1]
+            new = -(-computed // bs) - num_table
+            if new > 0:
+                num_table += new
+            else:
+                new = 0
+            counts.append((upto - taken, new))
+            taken = upto
+        # Where the workload cannot deliver by time, nothing arrived before the last step's start
+        # (plan_chunks), and what arrived since is for the step after the run.
+        by_time = workload.delivers_by_time
+        used, num_waiting_at = [], []  # steps 1..'s
+        f, num_finishing = 0, len(finishing)
+        while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
+            engine.finish(reqs[finishing[f][1]], ends[0])
+            f += 1
+        # Between two finishes, the steps' blocks are taken from the free queue in one go, in the
+        # order above (nothing is freed meanwhile, so taking them step by step takes the same
+        # blocks). The prefill's full blocks are indexed once, after the run: nobody looks the
+        # index up meanwhile, and its blocks are held, so no eviction or free meets them (a block
+        # indexed with the same key before is found first either way).
+        taken = 0
+        j = 1
+        while j < k:
+            end = finishing[f][0] + 1 if f < num_finishing else k  # steps j..end - 1
+            owners = []  # who takes each of the stretch's blocks, in order
+            used_now = bm.num_used_blocks  # before step j
+            for step, (num_decode_blocks, new) in enumerate(counts[j - 1:end - 1], j):
+                if by_time:
+                    workload.deliver(ends[step - 1])  # it starts when the step before ends (no block moves)
+                if num_decode_blocks:
+                    owners += [reqs[o % n] for o in opens[taken:taken + num_decode_blocks]]
+                    taken += num_decode_blocks
+                if new:
+                    owners += [prefill] * new
+                used_now += num_decode_blocks + new
+                used.append(used_now)
+                num_waiting_at.append(len(waiting))
+            if owners:
+                bm.grow_tables(owners)
+            while f < num_finishing and finishing[f][0] == end - 1:  # at the end of step end - 1
+                engine.finish(reqs[finishing[f][1]], ends[end - 1])
+                f += 1
+            j = end
+        prefill.num_computed_tokens = computed
+        bm.index_full_blocks(prefill, computed)
+        prefill.last_scheduled_step = first_step + k - 1
+        run_decodes: list[int] = run.num_decodes  # type: ignore[assignment]  # a chunk run has them
+        num_decodes: int | list[int] = run_decodes
+        num_requests: int | list[int]
+        logged_chunks: int | list[int] = chunks
+        if run_decodes[-1] == n:  # none finished before the last step
+            num_decodes, num_requests, logged_chunks = n, n + 1, chunks[0]
+        else:
+            num_requests = [d + 1 for d in run_decodes]
+        engine.steps.extend(k - 1, {
+            "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": logged_chunks, "num_decode_tokens": num_decodes,
+            "num_requests": num_requests, "num_kv_blocks_used": used, "num_waiting": num_waiting_at,
+        }, run.parts)  # no preemptions
+        if finishing:
+            state.running = [r for r in state.running if r.status is Status.RUNNING]
+        state.step_index += k
+
 
     def finish(self, r: Request, now: float) -> None:
         r.status = Status.FINISHED
@@ -332,3 +505,38 @@ class Engine:
             self.token_times.store(r)
         self.workload.on_done(r, now)
         r.token_times = None
+
+
+def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends: list[float],
+                 first_step: int) -> list[tuple[int, int]]:
+    """Apply a run's tokens to its requests: in step 0 each computes its `scheduled` tokens (all it
+    had left: a decode's one, or a prompt's last chunk), in each later step one more, and it emits
+    a token at the end of each of the `active_steps` it takes part in (`ends`: each step's end;
+    step 0 of the run is engine step `first_step`). Returns (its last step, index) of the
+    requests that emitted their last token, sorted: they finish then."""
+    k = len(ends)
+    finishing = []
+    for i, (r, q, num) in enumerate(zip(reqs, scheduled, active_steps)):
+        num_output = r.num_output_tokens
+        if num_output:
+            r.token_times.extend(ends if num == k else ends[:num])
+        else:  # its prompt ended in step 0: its first token
+            r.first_token_s = ends[0]
+            r.token_times = ends[:num]
+        r.num_computed_tokens += q + num - 1
+        num_output += num
+        r.num_output_tokens = num_output
+        r.last_scheduled_step = first_step + num - 1
+        if num_output == r.max_tokens:
+            finishing.append((num - 1, i))
+    finishing.sort()
+    return finishing
+
+
+def _hand_out(bm, reqs: list, n: int, opens: list[int], taken: int, last_step: int) -> int:
+    """Give the requests the blocks they open up to `last_step` (`opens[taken:]`: step * n + batch
+    index, sorted), taken from the free queue in that order; returns how many of `opens` are given."""
+    upto = bisect_left(opens, (last_step + 1) * n, taken)
+    if upto > taken:
+        bm.grow_tables([reqs[o % n] for o in opens[taken:upto]])
+    return upto

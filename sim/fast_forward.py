@@ -1,4 +1,8 @@
-"""Fast-forward over runs of decode-only steps.
+"""Fast-forward: planning runs of steps (`Run`) that the engine applies in one go.
+
+Fast-forward only plans: `FastForward.plan` and `plan_chunks` read the engine's state, the
+workload's next events and the backend's costs, and return a `Run` or None, changing nothing.
+`Engine.apply` (sim/engine.py) makes a run's effects, as it makes a single step's.
 
 Most steps of a long replay are decode-only steps of the same requests. Once the policy has
 scheduled such a step (every running request decodes, nothing was preempted), the steps that
@@ -16,7 +20,7 @@ follow are the same batch with every context one token longer, for as long as:
   loop does): then the others decode on without it.
 
 This is a promise about the policy: that, meanwhile, it would schedule exactly the same decodes
-and admit no one. A policy makes it by setting `supports_fast_forward = True` (see
+and admit no one. A policy makes it in its `promises` (`Promises.fast_forward`, see
 policies/base.py); for any other policy the engine steps one by one. The backend makes its own
 promise: `decode_run` costs each step of the run exactly as `execute` would. So the engine costs
 the whole run in one call and advances the clock once; the answers are exactly those of
@@ -26,17 +30,17 @@ A run may also begin one step earlier, with the step that admitted a request (a 
 prefill step), when after it every running request is decoding and none waits (a folded run): that
 step is costed by the backend's `execute`, the steps after it as above, and one plan, one move of
 the clock, one update of the requests and one write to the step log take both. This rests on the
-policy's second promise (`decodes_all_when_none_waits`): with none waiting and every running
-request decoding, its next step decodes them all. It saves, per arrival, a call of the policy and
-a single step's bookkeeping. The step must schedule every running request, in running order,
-without preempting; an engine whose class overrides `advance` or `_log_step` (a prefill replica
-hands its requests off after their first token) never folds (`Engine.folds_admitting_steps`).
+policy's second promise (`Promises.decodes_all_when_none_waits`): with none waiting and every
+running request decoding, its next step decodes them all. It saves, per arrival, a call of the
+policy and a single step's bookkeeping. The step must schedule every running request, in running
+order, without preempting. An engine that applies its steps one by one (`Engine.plans_runs =
+False`: a prefill replica hands its requests off after their first token) plans no runs.
 
 Under a queue of long prompts most steps are the running requests' decodes and one prompt's
-prefill chunk, which together fill the budget: a chunk run (`plan_chunks`, `_apply_chunks`) takes
+prefill chunk, which together fill the budget: a chunk run (`plan_chunks`; Engine._apply_chunk_run) takes
 them in one go, from the step before them (which may end one prompt and begin the next) until the
 prompt's last chunk, decodes leaving as they finish. It rests on the policy's third promise
-(`repeats_full_chunk_steps`) and on the backend's `chunk_steps` (exactly `execute`'s seconds).
+(`Promises.repeats_full_chunk_steps`) and on the backend's `chunk_steps` (exactly `execute`'s seconds).
 """
 
 from __future__ import annotations
@@ -48,62 +52,79 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 import numpy as np
 
 from sim.batch import Batch
-from sim.request import Status
 
 if TYPE_CHECKING:
     from sim.backend import ChunkStepsBackend, DecodeRunBackend, StepResult
     from sim.engine import Engine
 
 MAX_RUN_STEPS = 4096  # bounds the arrays of one run
+# Sizing a decode run before the next arrival or observation, from the last decode step's length
+# L (the steps of a run grow slowly, one token of context each, so the next ones are about L).
+# These only size what is costed: the run is then cut exactly where the event falls (`plan`), so
+# they change how much work planning does, never an answer.
+# - A step is taken to last at least STEP_SLACK * L: a run is not tried when the event falls
+#   before the steps it needs could end (two from step 0's start, one from a folded step 0's end).
+# - As many steps are costed as COST_MARGIN * (time to the event) / L, plus the step that crosses
+#   the event and one spare (and, for a folded run, its step 0, which is before that time).
+STEP_SLACK = 0.9
+COST_MARGIN = 1.25
+SPARE_STEPS = 2  # the step that crosses the event, and one more
 # A chunk run shorter than this is stepped one by one instead: planning and applying a run costs
 # about what stepping two or three steps does (the same answers either way).
 MIN_CHUNK_RUN_STEPS = 3
 
 
-class DecodeRun(NamedTuple):
-    """A planned run of steps: step 0 as the policy scheduled it, then decode-only steps."""
+class Run(NamedTuple):
+    """k >= 1 steps of the same running requests, from the batch the policy scheduled (step 0):
+    what `Engine.apply` applies. A single step is a run of one (`single_step`). Fast-forward plans
+    longer ones, of two kinds:
 
-    ends: list[float]  # [steps] end time of each step
-    first: "StepResult | None"  # step 0's cost when it is a mixed or prefill step (a folded run); None: it decodes
-    seconds: np.ndarray  # the decode-only steps' seconds: [steps], or [steps - 1] after a folded step 0
+    - decode runs (`chunks` None): step 0 as scheduled, then decode-only steps of the requests
+      still running, one token each;
+    - chunk runs: step 0 as scheduled (each request but the last computing all its tokens, the
+      last a prefill chunk), then the same requests while they last, all but the last decoding
+      and the last carried forward by `chunks[j - 1]` tokens in step j.
+
+    Step 0 is priced already (`first`, the backend's `execute`) unless a decode run costs it with
+    the others (`first` None: step 0 is a decode-only step)."""
+
+    ends: list[float]  # [k] each step's end, as the clock adds the steps' seconds one by one
+    first: "StepResult | None"  # step 0's cost, from execute; None: costed in `seconds` (a decode run)
+    seconds: "np.ndarray | list[float]"  # the steps costed by the run: [k], or [k - 1] after a priced step 0
     parts: dict  # their breakdown (the backend's): per key a float (every step) or an array like `seconds`
-    opens: list[int]  # step * len(batch) + batch index of each block opened, in the order taken
-    active_steps: list[int]  # per request, the steps it takes part in (it finishes in the last, or runs on)
+    opens: list[int]  # step * n + index of each block the decodes open in steps 1.., in the order taken (n: decodes)
+    active_steps: list[int]  # per decode, the steps it takes part in (it finishes in the last, or runs on)
+    chunks: list[int] | None = None  # a chunk run's prefill tokens in steps 1..; None: a decode run
+    num_decodes: list[int] | None = None  # a chunk run's decodes in steps 1..
+    num_preempted: int = 0  # requests step 0 preempted (a run of more than one step preempts none)
+    # Step 0's start, as its step-log row records it (the policy has reserved its blocks). Read
+    # when the run is planned: in a cluster the clock then moves through the run before it is
+    # applied, and meanwhile a KV transfer that ends may free blocks of this replica's.
+    num_used_blocks: int = 0
+    num_waiting: int = 0
 
 
-class ChunkRun(NamedTuple):
-    """A planned chunk run: step 0 as the policy scheduled it (each request but the last computing
-    all its tokens, the last a prefill chunk), then the same requests again while they last, all
-    but the last decoding and the prefill carried forward by the rest of the budget each step."""
+_new_tuple = tuple.__new__  # makes a Run without the NamedTuple's own __new__, a Python call (a single step's is hot)
+_NONE: list = []  # a single step's empty fields, shared: never changed
+_NO_PARTS: dict = {}
 
-    ends: list[float]  # [steps] end time of each step
-    first: "StepResult"  # step 0's cost (the backend's `execute`)
-    seconds: list[float]  # steps 1..'s seconds
-    parts: dict  # their breakdown: per key a list like `seconds`
-    chunks: list[int]  # steps 1..'s prefill tokens (the budget less that step's decodes)
-    num_decodes: list[int]  # steps 1..'s decodes
-    opens: list[int]  # step * n + decode index of each block the decodes open in steps 1.., in order (n: step 0's decodes)
-    active_steps: list[int]  # per decode of step 0, the steps it takes part in (it finishes in the last, or runs on)
+
+def single_step(start: float, result: "StepResult", num_preempted: int, num_used_blocks: int, num_waiting: int) -> Run:
+    """The run of one step: `result` (the backend's `execute`) from `start`."""
+    return _new_tuple(Run, ([start + result.seconds], result, _NONE, _NO_PARTS, _NONE, _NONE, None, None,  # type: ignore[return-value]
+                            num_preempted, num_used_blocks, num_waiting))
 
 
 class FastForward:
-    """Plans, executes and logs the runs of one engine."""
+    """Plans the runs of one engine: reads the engine's state, the workload and the backend's
+    costs, and changes nothing (Engine.apply applies what it plans)."""
 
     def __init__(self, engine: "Engine"):
         self.engine = engine
         self.backend = cast("DecodeRunBackend", engine.backend)  # the engine makes a FastForward for such a backend only
-        self._last_decode_step_s = 0.0  # sizes the next decode run
+        self._last_decode_step_s = 0.0  # sizes the next decode run (planning's own memory, not the engine's state)
 
-    def apply(self, batch: Batch, start: float, run: DecodeRun | ChunkRun) -> float:
-        """Apply and log the run that starts with `batch` at `start`; returns its end."""
-        num_waiting = len(self.engine.state.waiting)
-        if isinstance(run, ChunkRun):
-            self._apply_chunks(batch, start, num_waiting, run)
-        else:
-            self._log(batch, start, num_waiting, run, self._advance(batch, run))
-        return run.ends[-1]
-
-    def plan(self, batch: Batch, now: float, first: "StepResult | None" = None) -> DecodeRun | None:
+    def plan(self, batch: Batch, now: float, first: "StepResult | None" = None) -> Run | None:
         """The run of steps starting with `batch` (already scheduled), or None when it would be a
         single step. Without `first`, `batch` is a decode-only step of every running request and
         the run's steps are all costed as decode steps. With `first` (its cost, from the backend's
@@ -128,12 +149,12 @@ class FastForward:
             start = now  # of the first step costed as a decode step
             computed = [c + 1 for c in batch.num_computed_tokens]  # after step 0
             if next_event < np.inf and last_s:
-                # Cost only about as many steps as fit before the next arrival, judging by the last
-                # decode step's length (a guess: a short one merely ends this run early), and none
-                # when clearly fewer than two fit (a guess too: a missed run is stepped one by one).
-                if next_arrival - now < 0.9 * last_s or next_observation - now < 1.8 * last_s:
+                # Cost only about as many steps as fit before the next event (STEP_SLACK and
+                # COST_MARGIN above): step 1 must start before the next arrival, steps 0 and 1
+                # end before the next observation.
+                if next_arrival - now < STEP_SLACK * last_s or next_observation - now < 2 * STEP_SLACK * last_s:
                     return None
-                max_steps = min(max_steps, int(1.25 * (next_event - now) / last_s) + 2)
+                max_steps = min(max_steps, int(COST_MARGIN * (next_event - now) / last_s) + SPARE_STEPS)
                 if max_steps < 2:
                     return None
             seconds, parts = self.backend.decode_run(computed, max_steps, remaining)  # contexts after step 0
@@ -144,9 +165,11 @@ class FastForward:
             if next_arrival <= start or next_observation <= start:
                 return None
             if next_event < np.inf and last_s:
-                if next_observation - start < 0.9 * last_s:
+                # As above, from step 0's end: step 1 must end before the next observation, and
+                # step 0 is one more step than those that fit after it.
+                if next_observation - start < STEP_SLACK * last_s:
                     return None
-                max_steps = min(max_steps, int(1.25 * (next_event - start) / last_s) + 3)
+                max_steps = min(max_steps, 1 + int(COST_MARGIN * (next_event - start) / last_s) + SPARE_STEPS)
             # The decode steps 1.. of the requests that do not finish in step 0: their contexts after step 1.
             contexts = [c + 1 for c, rem in zip(computed, remaining) if rem > 1]
             seconds, parts = self.backend.decode_run(contexts, max_steps - 1, [rem - 1 for rem in remaining if rem > 1])
@@ -182,66 +205,12 @@ class FastForward:
             num_costed = num_steps if first is None else num_steps - 1
             seconds = seconds[:num_costed]
             parts = {k: v[:num_costed] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
-        return DecodeRun(ends, first, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining])
-
-    def _log(self, batch: Batch, now: float, num_waiting: int, run: DecodeRun,
-             num_used_blocks: list[int]) -> None:
-        ends = run.ends
-        k = len(ends)
-        n = len(batch)
-        num_running: int | np.ndarray = n
-        if min(run.active_steps) < k:  # some finish before the last step
-            num_running = n - np.searchsorted(sorted(run.active_steps), np.arange(k), side="right")
-        steps = self.engine.steps
-        first = run.first
-        if first is None:
-            starts = [now]
-            starts += ends[:-1]
-        else:  # step 0 as a single step logs it, then the decode steps
-            steps.append_step(batch, now, first, num_used_blocks[0], num_waiting, 0)
-            starts = ends[:-1]
-            if not isinstance(num_running, int):
-                num_running = num_running[1:]
-            num_used_blocks = num_used_blocks[1:]
-            k -= 1
-        steps.extend(k, {
-            "start_s": starts, "seconds": run.seconds, "num_decode_tokens": num_running,
-            "num_requests": num_running, "num_kv_blocks_used": num_used_blocks, "num_waiting": num_waiting,
-        }, run.parts)  # no prefill tokens, no preemptions
-
-    def _advance(self, batch: Batch, run: DecodeRun) -> list[int]:
-        """Apply the run's tokens, blocks and finishes; returns the blocks in use at each step."""
-        ends_list = run.ends
-        k = len(ends_list)
-        reqs = batch.requests
-        engine = self.engine
-        finishing = _emit_tokens(reqs, batch.num_scheduled_tokens, run.active_steps, ends_list,
-                                 engine.state.step_index)
-        # Hand out new blocks and free finished requests' blocks in the order step-by-step
-        # simulation would: each step's new blocks in batch order, then at its end the requests
-        # that finished in it, in batch order (freed blocks are the next ones taken).
-        bm = engine.block_manager
-        used_before = bm.num_used_blocks  # step 0's blocks were reserved by the policy
-        change = [0] * (k + 1)  # change[j]: blocks in use at step j less at step j - 1
-        opens, taken, n = run.opens, 0, len(reqs)
-        for o in opens:
-            change[o // n] += 1
-        for last_step, i in finishing + [(k - 1, None)]:  # the last: the run's remaining blocks
-            taken = _hand_out(bm, reqs, n, opens, taken, last_step)  # the blocks opened up to last_step
-            if i is not None:
-                before = bm.num_used_blocks
-                engine.finish(reqs[i], ends_list[last_step])
-                change[last_step + 1] -= before - bm.num_used_blocks  # freed at the end of its last step
-        if finishing:
-            engine.state.running = [r for r in engine.state.running if r.status is Status.RUNNING]
-        engine.state.step_index += k
-        used = list(accumulate(change[:k], initial=used_before))
-        del used[0]
-        return used
+        return Run(ends, first, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining],
+                   None, None, 0, engine.block_manager.num_used_blocks, len(engine.state.waiting))
 
     # Chunk runs.
 
-    def plan_chunks(self, batch: Batch, now: float, first: "StepResult", budget: int) -> ChunkRun | None:
+    def plan_chunks(self, batch: Batch, now: float, first: "StepResult", budget: int) -> Run | None:
         """The chunk run starting with `batch`, or None when it would be a single step. `batch`
         (already scheduled, costed `first` by the backend's `execute`) schedules every running
         request in running order without preempting, each but the last computing all its tokens
@@ -354,7 +323,7 @@ class FastForward:
         ends = list(accumulate(seconds, initial=start))
         if next_observation < np.inf:  # every step ends before it
             num_steps = min(num_steps, bisect_left(ends, next_observation))
-        if not getattr(workload, "delivers_by_time", False):
+        if not workload.delivers_by_time:
             # Its `deliver` hands over whatever reached it by then, not what arrived by a given
             # time: a step starting at or after the next arrival is scheduled normally.
             num_steps = min(num_steps, 1 + bisect_left(ends, workload.next_arrival_s, 0, num_steps - 1))
@@ -366,130 +335,8 @@ class FastForward:
         del chunks[num_steps - 1:], num_decodes[num_steps - 1:]
         if n:
             del opens[bisect_left(opens, num_steps * n):]
-        return ChunkRun(ends, first, seconds, parts, chunks, num_decodes, opens,
-                        [rem if rem < num_steps else num_steps for rem in remaining])
-
-    def _apply_chunks(self, batch: Batch, start: float, num_waiting: int, run: ChunkRun) -> None:
-        """Apply and log a chunk run, doing what step-by-step simulation does in its order: before
-        each step after the first, the arrivals up to its start join the queue, the decodes take
-        the blocks they open, in batch order, then the prefill its chunk's (indexed as the policy
-        indexes them); at the end of a step, the decodes that emitted their last token in it
-        leave, in batch order, their blocks freed before the next step takes any."""
-        engine = self.engine
-        state, bm, workload = engine.state, engine.block_manager, engine.workload
-        waiting = state.waiting
-        reqs = batch.requests
-        n = len(reqs) - 1
-        prefill = reqs[-1]
-        ends, chunks, opens = run.ends, run.chunks, run.opens
-        k = len(ends)
-        first_step = state.step_index
-        # Step 0's row: the policy reserved its blocks.
-        engine.steps.append_step(batch, start, run.first, bm.num_used_blocks, num_waiting, 0)
-        # The decodes' tokens, all of each one's steps at once (a finish, below, needs them all).
-        finishing = _emit_tokens(reqs[:n], batch.num_scheduled_tokens, run.active_steps, ends, first_step)
-        # The blocks of each step 1..: its decodes' opening blocks in batch order, then the
-        # prefill's new ones.
-        bs = bm.block_size
-        table = prefill.block_table
-        num_table = len(table)
-        computed = batch.num_computed_tokens[-1] + batch.num_scheduled_tokens[-1]  # the prefill's, before step 1
-        counts = []  # per step 1..: (the decodes' new blocks, the prefill's)
-        taken = 0
-        for j in range(1, k):
-            upto = bisect_left(opens, (j + 1) * n, taken) if n else 0
-            computed += chunks[j - 1]
-            new = -(-computed // bs) - num_table
-            if new > 0:
-                num_table += new
-            else:
-                new = 0
-            counts.append((upto - taken, new))
-            taken = upto
-        # Where the workload cannot deliver by time, nothing arrived before the last step's start
-        # (plan_chunks), and what arrived since is for the step after the run.
-        by_time = getattr(workload, "delivers_by_time", False)
-        used, num_waiting_at = [], []  # steps 1..'s
-        f, num_finishing = 0, len(finishing)
-        while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
-            engine.finish(reqs[finishing[f][1]], ends[0])
-            f += 1
-        # Between two finishes, the steps' blocks are taken from the free queue in one go, in the
-        # order above (nothing is freed meanwhile, so taking them step by step takes the same
-        # blocks). The prefill's full blocks are indexed once, after the run: nobody looks the
-        # index up meanwhile, and its blocks are held, so no eviction or free meets them (a block
-        # indexed with the same key before is found first either way).
-        taken = 0
-        j = 1
-        while j < k:
-            end = finishing[f][0] + 1 if f < num_finishing else k  # steps j..end - 1
-            stretch = counts[j - 1:end - 1]
-            total = sum([a + b for a, b in stretch])
-            blocks = bm.pop_free_blocks(total) if total else []
-            used_now = bm.num_used_blocks - total  # before step j
-            at = 0
-            for step, (num_decode_blocks, new) in enumerate(stretch, j):
-                if by_time:
-                    workload.deliver(ends[step - 1])  # it starts when the step before ends
-                if num_decode_blocks:
-                    for o, block in zip(opens[taken:taken + num_decode_blocks], blocks[at:at + num_decode_blocks]):
-                        reqs[o % n].block_table.append(block)
-                    taken += num_decode_blocks
-                    at += num_decode_blocks
-                if new:
-                    table += blocks[at:at + new]
-                    at += new
-                used_now += num_decode_blocks + new
-                used.append(used_now)
-                num_waiting_at.append(len(waiting))
-            while f < num_finishing and finishing[f][0] == end - 1:  # at the end of step end - 1
-                engine.finish(reqs[finishing[f][1]], ends[end - 1])
-                f += 1
-            j = end
-        prefill.num_computed_tokens = computed
-        bm.index_full_blocks(prefill, computed)
-        prefill.last_scheduled_step = first_step + k - 1
-        num_decodes: int | list[int] = run.num_decodes
-        num_requests: int | list[int]
-        logged_chunks: int | list[int] = chunks
-        if run.num_decodes[-1] == n:  # none finished before the last step
-            num_decodes, num_requests, logged_chunks = n, n + 1, chunks[0]
-        else:
-            num_requests = [d + 1 for d in run.num_decodes]
-        engine.steps.extend(k - 1, {
-            "start_s": ends[:-1], "seconds": run.seconds, "num_prefill_tokens": logged_chunks, "num_decode_tokens": num_decodes,
-            "num_requests": num_requests, "num_kv_blocks_used": used, "num_waiting": num_waiting_at,
-        }, run.parts)  # no preemptions
-        if finishing:
-            state.running = [r for r in state.running if r.status is Status.RUNNING]
-        state.step_index += k
-
-
-def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends: list[float],
-                 first_step: int) -> list[tuple[int, int]]:
-    """Apply a run's tokens to its requests: in step 0 each computes its `scheduled` tokens (all it
-    had left: a decode's one, or a prompt's last chunk), in each later step one more, and it emits
-    a token at the end of each of the `active_steps` it takes part in (`ends`: each step's end;
-    step 0 of the run is engine step `first_step`). Returns (its last step, index) of the
-    requests that emitted their last token, sorted: they finish then."""
-    k = len(ends)
-    finishing = []
-    for i, (r, q, num) in enumerate(zip(reqs, scheduled, active_steps)):
-        num_output = r.num_output_tokens
-        if num_output:
-            r.token_times.extend(ends if num == k else ends[:num])
-        else:  # its prompt ended in step 0: its first token
-            r.first_token_s = ends[0]
-            r.token_times = ends[:num]
-        r.num_computed_tokens += q + num - 1
-        num_output += num
-        r.num_output_tokens = num_output
-        r.last_scheduled_step = first_step + num - 1
-        if num_output == r.max_tokens:
-            finishing.append((num - 1, i))
-    finishing.sort()
-    return finishing
-
+        return Run(ends, first, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining],
+                   chunks, num_decodes, 0, bm.num_used_blocks, len(engine.state.waiting))
 
 def _opening_blocks(computed: list[int], remaining: list[int], num_steps: int, bs: int) -> list[int]:
     """The blocks that decodes open in steps 1..num_steps - 1 of a run, as step * n + batch index,
@@ -506,11 +353,3 @@ def _opening_blocks(computed: list[int], remaining: list[int], num_steps: int, b
     return opens
 
 
-def _hand_out(bm, reqs: list, n: int, opens: list[int], taken: int, last_step: int) -> int:
-    """Give the requests the blocks they open up to `last_step` (`opens[taken:]`: step * n + batch
-    index, sorted), taken from the free queue in that order; returns how many of `opens` are given."""
-    upto = bisect_left(opens, (last_step + 1) * n, taken)
-    if upto > taken:
-        for o, block in zip(opens[taken:upto], bm.pop_free_blocks(upto - taken)):
-            reqs[o % n].block_table.append(block)
-    return upto

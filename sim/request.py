@@ -55,7 +55,7 @@ class Request:
     token_times: list[float] | None = None  # each emitted token's time, while it is in the engine
     _block_hashes: list[int] | None = None
     _prefix_chain: list[int] | None = None
-    _block_runs: list[tuple[int, int, int]] | None = None
+    _block_spans: list[tuple[int, int, int]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -122,24 +122,24 @@ class Request:
             self._prefix_chain = chain
         return chain
 
-    def block_runs(self, block_size: int) -> list[tuple[int, int, int]]:
+    def block_spans(self, block_size: int) -> list[tuple[int, int, int]]:
         """(chain[j], first, end) for each trace block j of `prefix_chain` that a block ends in:
-        blocks [first, end) end there (the last run's `end` may pass the prompt's full blocks)."""
-        runs = self._block_runs
-        if runs is None:
+        blocks [first, end) end there (the last span's `end` may pass the prompt's full blocks)."""
+        spans = self._block_spans
+        if spans is None:
             h_tokens = self.hash_block_tokens
-            runs = [(chain_hash, j * h_tokens // block_size, (j + 1) * h_tokens // block_size)
-                    for j, chain_hash in enumerate(self.prefix_chain(block_size))]
+            spans = [(chain_hash, j * h_tokens // block_size, (j + 1) * h_tokens // block_size)
+                     for j, chain_hash in enumerate(self.prefix_chain(block_size))]
             if block_size > h_tokens:  # then no block ends in some trace blocks
-                runs = [run for run in runs if run[2] > run[1]]
-            self._block_runs = runs
-        return runs
+                spans = [span for span in spans if span[2] > span[1]]
+            self._block_spans = spans
+        return spans
 
     def drop_block_hashes(self) -> None:
         """Forget the block keys (a finished request needs them no more; they are recomputed if asked)."""
         self._block_hashes = None
         self._prefix_chain = None
-        self._block_runs = None
+        self._block_spans = None
 
     def token_ids(self, start: int, end: int, spec: tokens.TokenSpec) -> np.ndarray:
         """Ids of the known tokens at positions [start, end): synthesised from `spec` (the run's

@@ -44,8 +44,8 @@ def test_prefix_hit_reuses_blocks_and_leaves_one_token():
     # All 3 of b's blocks are cached, but one token must be computed: the last block is given back.
     assert cached == a.block_table[:2]
     assert bm.can_allocate(cached, 4)
-    bm.allocate(b, cached, 4)
-    assert b.num_computed_tokens == 8 and b.num_prefix_hit_tokens == 8
+    assert bm.allocate(b, cached, 4) == 8  # the hit, in tokens: it leaves the request's fields to the policy
+    assert b.num_computed_tokens == 0 and b.block_table[:2] == a.block_table[:2]
     assert bm.ref_counts[a.block_table[0]] == 2
     assert bm.num_used_blocks == 5
     c = req(2, 16, hash_ids=[1, 3])  # shares only the first hash block (8 tokens = 2 blocks)
@@ -127,43 +127,43 @@ def test_duplicate_blocks_stay_indexed_and_the_first_is_found():
 
 
 def test_empty_chunks_stay_until_a_sweep_takes_them_out_for_reuse():
-    bm = BlockManager(num_blocks=40, block_size=4)  # trace blocks of 8 tokens: 2 slots a chunk
+    bm = BlockManager(num_blocks=40, block_size=4)  # trace blocks of 8 tokens: 2 slots a row
     a = req(0, 80, hash_ids=list(range(1, 11)))
-    bm.allocate(a, [], 80)  # 20 full blocks indexed in 10 chunks
+    bm.allocate(a, [], 80)  # 20 full blocks indexed in 10 rows
     bm.free(a)
     x = req(1, 160)
     bm.allocate(x, [], 160)  # the 20 plain blocks, then evicts all of a's
-    assert len(bm._chunk_of) == 10 and all(bm.indexed_blocks(a, i) == [] for i in range(20))  # empty, still in
+    assert len(bm._row_of) == 10 and all(bm.indexed_blocks(a, i) == [] for i in range(20))  # empty, still in
     assert bm.cached_prefix(req(2, 81, hash_ids=list(range(1, 12)))) == []
     bm.free(x)
     b = req(3, 80, hash_ids=list(range(101, 111)))
-    bm.allocate(b, [], 80)  # 5 new chunks make 16 (chunk 0 counted), then a sweep frees a's 10 for b's other 5
-    assert len(bm._chunk_hash) == 16 and len(bm._chunk_of) == 10 and len(bm._unused_chunks) == 5
-    assert not set(a.prefix_chain(4)) & set(bm._chunk_of)
+    bm.allocate(b, [], 80)  # 5 new rows make 16 (row 0 counted), then a sweep frees a's 10 for b's other 5
+    assert len(bm._row_hash) == 16 and len(bm._row_of) == 10 and len(bm._unused_rows) == 5
+    assert not set(a.prefix_chain(4)) & set(bm._row_of)
     assert bm.cached_prefix(req(4, 81, hash_ids=list(range(101, 112)))) == b.block_table
     bm.check_invariants([b])
 
 
 def test_trace_blocks_new_to_the_index_take_chunks_in_a_row_and_their_slots_are_one_stretch():
-    """A prompt's trace blocks that the index has not seen get chunks numbered in a row, new ones
+    """A prompt's trace blocks that the index has not seen get rows numbered in a row, new ones
     or (after a sweep) emptied ones, so its blocks' slots follow one another: indexing them, and
-    freeing them, is one slice store per stretch (`_slot_runs`), with the lookups of one by one."""
-    bm = BlockManager(num_blocks=40, block_size=4)  # trace blocks of 8 tokens: 2 slots a chunk
+    freeing them, is one slice store per stretch (`_slot_spans`), with the lookups of one by one."""
+    bm = BlockManager(num_blocks=40, block_size=4)  # trace blocks of 8 tokens: 2 slots a row
     a = req(0, 80, hash_ids=list(range(1, 11)))
-    bm.allocate(a, [], 80)  # 20 full blocks in chunks 1..10
-    assert [bm._chunk_of[h] for h in a.prefix_chain(4)] == list(range(1, 11))
-    assert bm._slot_runs(a, 20) == [(2, 0, 20)]  # chunk 1's first slot, blocks 0..19
-    assert bm._slot_runs(a, 7) == [(2, 0, 7)]
+    bm.allocate(a, [], 80)  # 20 full blocks in rows 1..10
+    assert [bm._row_of[h] for h in a.prefix_chain(4)] == list(range(1, 11))
+    assert bm._slot_spans(a, 20) == [(2, 0, 20)]  # row 1's first slot, blocks 0..19
+    assert bm._slot_spans(a, 7) == [(2, 0, 7)]
     assert bm.cached_prefix(req(1, 81, hash_ids=list(range(1, 12)))) == a.block_table
     bm.free(a)
     x = req(2, 160)
-    bm.allocate(x, [], 160)  # evicts all of a's blocks: its chunks are empty
+    bm.allocate(x, [], 160)  # evicts all of a's blocks: its rows are empty
     bm.free(x)
     b = req(3, 80, hash_ids=list(range(101, 111)))
-    bm.allocate(b, [], 80)  # 5 new chunks (11..15), then a sweep empties a's 10 for b's other 5
-    chunks = [bm._chunk_of[h] for h in b.prefix_chain(4)]
-    assert chunks[:5] == list(range(11, 16)) and chunks[5:] == list(range(1, 6))  # the smallest emptied first
-    assert bm._slot_runs(b, 20) == [(22, 0, 10), (2, 10, 20)]
+    bm.allocate(b, [], 80)  # 5 new rows (11..15), then a sweep empties a's 10 for b's other 5
+    rows = [bm._row_of[h] for h in b.prefix_chain(4)]
+    assert rows[:5] == list(range(11, 16)) and rows[5:] == list(range(1, 6))  # the smallest emptied first
+    assert bm._slot_spans(b, 20) == [(22, 0, 10), (2, 10, 20)]
     assert bm.cached_prefix(req(4, 81, hash_ids=list(range(101, 112)))) == b.block_table
     c = req(5, 81, hash_ids=list(range(101, 112)))
     bm.allocate(c, bm.cached_prefix(c), 1)  # shares b's 20 blocks

@@ -5,6 +5,7 @@ it and step by step give the same requests, tokens, routes, transfers and steps 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +43,7 @@ def compare(trace, options):
     return fast, slow
 
 
+@pytest.mark.slow  # 80 random clusters, each replayed twice (the bundled sample stays in the fast subset)
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.lists(st.tuples(st.floats(0, 0.3), st.integers(1, 2000), st.integers(1, 80),

@@ -6,6 +6,7 @@ no prefill on a decode replica but to recompute after a preemption)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,6 +65,7 @@ def check_blocks(cluster) -> None:
         engine.block_manager.check_invariants(holders)
 
 
+@pytest.mark.slow  # 120 random clusters, checked at every step
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=rows, shape=shapes, cfg=configs)
 def test_cluster_invariants(rows, shape, cfg):

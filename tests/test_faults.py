@@ -246,6 +246,7 @@ def _holder_pid(folder: Path) -> int | None:
         return None
 
 
+@pytest.mark.slow  # a sweep of a policy that sleeps 20 ms a step, run to its end
 def test_a_second_sweep_or_capacity_into_a_busy_folder_is_exit_2_naming_the_first(tmp_path, capsys):
     out = tmp_path / "x"
     first = sim_process("sweep", *SMALL, "--policy", SLOW, "--out", out, "--jobs", 1, "--quiet")

@@ -192,6 +192,7 @@ def test_a_router_answering_a_negative_index_or_raising_stops_the_run(tmp_path, 
 
 
 def test_user_classes_are_checked_and_keep_their_promises_built_ins_are_not_wrapped():
+    from policies.base import Promises
     from policies import POLICIES
     from policies.routers import ROUTERS
 
@@ -199,10 +200,10 @@ def test_user_classes_are_checked_and_keep_their_promises_built_ins_are_not_wrap
     assert all(load_router(name) is cls for name, cls in ROUTERS.items())
     cls = load_policy(f"{HOSTILE}:OverBudget")
     assert cls.checked_class.__name__ == "OverBudget" and issubclass(cls, cls.checked_class)
-    # OverBudget overrides schedule without declaring the promise: it loses it, wrapped or not.
-    assert cls.supports_fast_forward is False
+    # OverBudget overrides schedule and states that it promises nothing: wrapped, it still does not.
+    assert cls.promises == Promises() == cls.checked_class.promises
     promising = load_policy(f"{ROOT / 'tests' / 'data' / 'policies' / 'slow.py'}:SlowChunked")
-    assert promising.supports_fast_forward is False and promising.name == "slow-chunked"
+    assert promising.promises == promising.checked_class.promises and promising.name == "slow-chunked"
 
 
 def test_a_checked_user_policy_gives_the_answers_of_the_unwrapped_class(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -123,6 +124,7 @@ def simulate(rows, cfg, check=True):
     return run_engine(engine, TraceArrivals(requests, engine)), bm
 
 
+@pytest.mark.slow  # 300 random workloads, the block manager checked at every step
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces, configs)
 def test_invariants(rows, cfg):
@@ -163,6 +165,7 @@ tight_configs = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow  # 150 random workloads, checked at every step
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shared_prefix_traces, tight_configs)
 def test_invariants_with_shared_prefixes_under_tight_memory(rows, cfg):

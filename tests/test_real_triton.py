@@ -20,6 +20,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 if not INTERPRETED:
 
+    @pytest.mark.slow  # about 15 s: the Triton kernels under its CPU interpreter
     def test_triton_kernels_match_torch_references_under_the_interpreter():
         env = dict(os.environ, TRITON_INTERPRET="1")
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],

@@ -236,6 +236,7 @@ def test_readme_calibrate_example_leaves_the_bundled_profile_alone(tmp_path, cap
     assert existing.read_text() == "{}"
 
 
+@pytest.mark.slow  # a whole replay_speed run on a sample
 def test_bench_replay_speed_without_arguments_uses_a_trace_it_has(tmp_path):
     bench = ROOT / "bench" / "replay_speed.py"
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from policies import POLICIES, load_policy
-from policies.base import Policy
+from policies.base import Policy, Promises
 from policies.chunked import ChunkedPolicy
 from reports.run_tables import read_run_table
 from sim.app.cli import main
@@ -24,34 +24,67 @@ SPEC = f"{PATIENT}:PatientPolicy"
 def test_a_user_policy_loads_from_a_file_and_makes_no_fast_forward_promise():
     cls = load_policy(SPEC)
     assert issubclass(cls, Policy) and cls.name == "patient"
-    assert cls.supports_fast_forward is False
-    assert cls.decodes_all_when_none_waits is False
-    assert all(POLICIES[name].supports_fast_forward for name in POLICIES)
+    assert cls.promises == Promises() == Policy.promises
+    assert all(POLICIES[name].promises.fast_forward and POLICIES[name].promises.decodes_all_when_none_waits
+               for name in POLICIES)
+    assert [name for name in POLICIES if POLICIES[name].promises.repeats_full_chunk_steps] == ["chunked"]
 
 
-def test_a_subclass_that_changes_scheduling_loses_an_inherited_promise():
-    class Waits(ChunkedPolicy):
+def test_a_subclass_inherits_its_promises_or_states_them_never_loses_them_silently():
+    class Renamed(ChunkedPolicy):
+        name = "renamed"  # changes nothing the promises are about: inherited
+
+    class Keeps(ChunkedPolicy):
+        promises = ChunkedPolicy.promises  # restated: it checked they still hold
+
         def schedule(self, state, now):
             return super().schedule(state, now)
 
+    class Makes(ChunkedPolicy):
+        promises = Promises()
+
+        def schedule(self, state, now):
+            return super().schedule(state, now)
+
+    class FromScratch(Policy):  # nothing to inherit: no promise
+        def schedule(self, state, now):
+            raise NotImplementedError
+
+    assert Renamed.promises == Keeps.promises == ChunkedPolicy.promises
+    assert Makes.promises == FromScratch.promises == Promises()
+    with pytest.raises(TypeError, match=r"Waits overrides schedule and would inherit the promises .*"
+                                        r"promises = Promises\(\)"):
+        class Waits(ChunkedPolicy):
+            def schedule(self, state, now):
+                return super().schedule(state, now)
+    with pytest.raises(TypeError, match="must be a policies.base.Promises"):
+        class Flag(ChunkedPolicy):
+            promises = True  # type: ignore[assignment]
+
+
+def test_a_policy_declaring_the_old_flags_keeps_working():
+    """Before `Promises`, the promises were three booleans in the class body; a policy written
+    that way gets the same promises as before (undeclared ones inherited, or none where it
+    overrides scheduling, the old rule), and may not mix both ways."""
     class Declares(ChunkedPolicy):
         supports_fast_forward = True
 
         def schedule(self, state, now):
             return super().schedule(state, now)
 
-    class Renamed(ChunkedPolicy):
-        name = "renamed"  # changes nothing the promise is about
+    class Steps(ChunkedPolicy):
+        supports_fast_forward = False
 
-    assert Waits.supports_fast_forward is False
-    assert Declares.supports_fast_forward is True
-    assert Renamed.supports_fast_forward is True
-    # The second promise (a run may begin with the step that admitted a request) goes the same way.
-    assert all(POLICIES[name].decodes_all_when_none_waits for name in POLICIES)
-    assert Policy.decodes_all_when_none_waits is False
-    assert Waits.decodes_all_when_none_waits is False
-    assert Declares.decodes_all_when_none_waits is False  # it declared the first promise only
-    assert Renamed.decodes_all_when_none_waits is True
+    class Renamed(Declares):
+        decodes_all_when_none_waits = True
+
+    assert Declares.promises == Promises(fast_forward=True)
+    assert Steps.promises == Promises(False, True, True)
+    assert Renamed.promises == Promises(True, True, False)
+    with pytest.raises(TypeError, match="sets both"):
+        class Both(ChunkedPolicy):
+            promises = Promises()
+            supports_fast_forward = False
 
 
 def test_a_subclass_overriding_schedule_decodes_is_called_as_before():
@@ -68,6 +101,8 @@ def test_a_subclass_overriding_schedule_decodes_is_called_as_before():
     calls = []
 
     class Counting(ChunkedPolicy):
+        promises = Promises()  # it overrides scheduling: it states its promises (none)
+
         def _schedule_decodes(self, state, batch, decoders):
             calls.append(len(decoders))
             return super()._schedule_decodes(state, batch, decoders)

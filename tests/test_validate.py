@@ -163,6 +163,7 @@ def test_the_kv_cache_dtype_comes_from_the_sources_launch_scripts():
         Protocol(warmup_waves=10)
 
 
+@pytest.mark.slow  # two validate runs over a deployment table
 def test_an_fp8_kv_cache_holds_twice_the_tokens_and_validate_csv_says_why(tmp_path):
     csv, ops, models = setup(tmp_path)
     frame = pd.read_csv(csv, keep_default_na=False)

@@ -23,20 +23,23 @@ from traces.trace import Trace
 __all__ = ["ReplayOptions", "make_cluster", "make_requests", "replay", "replay_to", "write_run"]
 
 
+def request_maker(trace: Trace) -> Callable[[int], Request]:
+    """make(j): the request of the trace's row j (the one way a trace row becomes a Request)."""
+    arrival, ids, hash_ids, block_tokens = trace.arrival_s, trace.request_ids, trace.hash_ids, trace.hash_block_tokens
+    prompt, output, priority = trace.prompt_tokens, trace.output_tokens, trace.priority
+
+    def make(j: int) -> Request:
+        return Request(j, str(j) if ids is None else ids[j], float(arrival[j]), int(prompt[j]), int(output[j]),
+                       hash_ids=None if hash_ids is None else hash_ids[j], hash_block_tokens=block_tokens,
+                       priority=0 if priority is None else int(priority[j]))
+
+    return make
+
+
 def make_requests(trace: Trace) -> list[Request]:
     """The trace's requests, in trace order."""
-    ids = trace.ids()
-    hash_ids = trace.hash_ids
-    arrival = trace.arrival_s.tolist()
-    prompt = trace.prompt_tokens.tolist()
-    output = trace.output_tokens.tolist()
-    priority = [0] * len(trace) if trace.priority is None else trace.priority.tolist()
-    return [
-        Request(i, ids[i], arrival[i], prompt[i], output[i],
-                hash_ids=None if hash_ids is None else hash_ids[i], hash_block_tokens=trace.hash_block_tokens,
-                priority=priority[i])
-        for i in range(len(trace))
-    ]
+    make = request_maker(trace)
+    return [make(j) for j in range(len(trace))]
 
 
 def replay(trace: Trace, plan: RunPlan, progress: Callable[[float, int], None] | None = None,
@@ -118,15 +121,8 @@ def request_stream(trace: Trace) -> RequestStream:
     """The trace's requests in arrival order (ties in trace order), each made when it arrives."""
     arrival = trace.arrival_s
     order = None if bool((arrival[1:] >= arrival[:-1]).all()) else np.argsort(arrival, kind="stable")
-    ids, hash_ids, block_tokens = trace.request_ids, trace.hash_ids, trace.hash_block_tokens
-    prompt, output, priority = trace.prompt_tokens, trace.output_tokens, trace.priority
-
-    def make(i: int) -> Request:
-        j = i if order is None else int(order[i])
-        return Request(j, str(j) if ids is None else ids[j], float(arrival[j]), int(prompt[j]), int(output[j]),
-                       hash_ids=None if hash_ids is None else hash_ids[j], hash_block_tokens=block_tokens,
-                       priority=0 if priority is None else int(priority[j]))
-
+    make_row = request_maker(trace)
+    make = make_row if order is None else (lambda i: make_row(int(order[i])))
     return RequestStream(arrival if order is None else arrival[order], make)
 
 

@@ -1,7 +1,7 @@
 """Hostile user policies and routers (tests/test_hostile.py): each breaks one rule of the engine,
 raises, loops or returns garbage. servesim must stop the run with exit 2 naming the rule."""
 
-from policies.base import Policy
+from policies.base import Policy, Promises
 from policies.chunked import ChunkedPolicy
 from policies.routers import Router
 from sim.batch import Batch
@@ -9,6 +9,7 @@ from sim.batch import Batch
 
 class OverBudget(ChunkedPolicy):
     """Schedules every waiting prompt whole, whatever the budget."""
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
 
     def schedule(self, state, now):
         batch = Batch()
@@ -20,6 +21,8 @@ class OverBudget(ChunkedPolicy):
 
 
 class ZeroTokens(ChunkedPolicy):
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
+
     def schedule(self, state, now):
         batch = super().schedule(state, now)
         batch.num_scheduled_tokens[0] = 0
@@ -27,6 +30,8 @@ class ZeroTokens(ChunkedPolicy):
 
 
 class Twice(ChunkedPolicy):
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
+
     def schedule(self, state, now):
         batch = super().schedule(state, now)
         r = batch.requests[0]
@@ -36,6 +41,7 @@ class Twice(ChunkedPolicy):
 
 class TooManySeqs(ChunkedPolicy):
     """Admits past --max-num-seqs."""
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
 
     def schedule(self, state, now):
         batch = super().schedule(state, now)
@@ -47,6 +53,7 @@ class TooManySeqs(ChunkedPolicy):
 
 class StealsBlocks(ChunkedPolicy):
     """Takes KV blocks that are not free (the block manager asked no question)."""
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
 
     def schedule(self, state, now):
         batch = super().schedule(state, now)
@@ -57,6 +64,8 @@ class StealsBlocks(ChunkedPolicy):
 
 
 class Raises(ChunkedPolicy):
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
+
     def schedule(self, state, now):
         if state.step_index == 3:
             return 1 / 0
@@ -64,6 +73,8 @@ class Raises(ChunkedPolicy):
 
 
 class ReturnsNone(ChunkedPolicy):
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
+
     def schedule(self, state, now):
         super().schedule(state, now)
 
@@ -89,6 +100,7 @@ class RaisingRouter(Router):
 
 class RetriesNow(ChunkedPolicy):
     """Holds every request back and asks to be tried again at once, for ever."""
+    promises = Promises()  # it overrides schedule: it states what it promises (none)
 
     def schedule(self, state, now):
         return Batch()
