@@ -192,8 +192,8 @@ def test_a_router_answering_a_negative_index_or_raising_stops_the_run(tmp_path, 
 
 
 def test_user_classes_are_checked_and_keep_their_promises_built_ins_are_not_wrapped():
-    from policies.base import Promises
     from policies import POLICIES
+    from policies.base import Promises
     from policies.routers import ROUTERS
 
     assert all(load_policy(name) is cls for name, cls in POLICIES.items())
