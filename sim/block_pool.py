@@ -123,13 +123,21 @@ class BlockPool:
 
     # Growing block tables.
 
-    def grow_tables(self, owners: list[Request]) -> None:
-        """Give each of `owners` one new block, taken from the free queue in that order (a request
-        named more than once gets one each time): the blocks that a step's or a run's tokens open,
-        in the order step-by-step scheduling takes them (the caller checked there are enough). The
-        one way, with `allocate`, `append` and `take_over`, that a block table grows."""
-        for request, block in zip(owners, self.pop_free_blocks(len(owners))):
-            request.block_table.append(block)
+    def grow_tables(self, owners: list[Request], counts: list[int] | None = None) -> None:
+        """Give each of `owners` one new block (or `counts[i]` blocks), taken from the free queue in
+        that order (a request named more than once gets its blocks each time): the blocks that a
+        step's or a run's tokens open, in the order step-by-step scheduling takes them (the caller
+        checked there are enough). The one way, with `allocate`, `append` and `take_over`, that a
+        block table grows."""
+        if counts is None:
+            for request, block in zip(owners, self.pop_free_blocks(len(owners))):
+                request.block_table.append(block)
+            return
+        blocks = self.pop_free_blocks(sum(counts))
+        at = 0
+        for request, count in zip(owners, counts):
+            request.block_table += blocks[at:at + count]
+            at += count
 
     def take_over(self, request: Request, num_tokens: int) -> None:
         """A fresh table for a request whose first `num_tokens` tokens' KV arrive from elsewhere (a

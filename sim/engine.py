@@ -456,21 +456,24 @@ class Engine:
         j = 1
         while j < k:
             end = finishing[f][0] + 1 if f < num_finishing else k  # steps j..end - 1
-            owners = []  # who takes each of the stretch's blocks, in order
+            owners: list[Request] = []  # who takes the stretch's blocks, in order, and how many each
+            num_taken: list[int] = []
             used_now = bm.num_used_blocks  # before step j
             for step, (num_decode_blocks, new) in enumerate(counts[j - 1:end - 1], j):
                 if by_time:
                     workload.deliver(ends[step - 1])  # it starts when the step before ends (no block moves)
                 if num_decode_blocks:
                     owners += [reqs[o % n] for o in opens[taken:taken + num_decode_blocks]]
+                    num_taken += [1] * num_decode_blocks
                     taken += num_decode_blocks
                 if new:
-                    owners += [prefill] * new
+                    owners.append(prefill)
+                    num_taken.append(new)
                 used_now += num_decode_blocks + new
                 used.append(used_now)
                 num_waiting_at.append(len(waiting))
             if owners:
-                bm.grow_tables(owners)
+                bm.grow_tables(owners, num_taken)
             while f < num_finishing and finishing[f][0] == end - 1:  # at the end of step end - 1
                 engine.finish(reqs[finishing[f][1]], ends[end - 1])
                 f += 1

@@ -146,3 +146,14 @@ def test_fast_forward_cannot_change_a_user_policys_answers(tmp_path):
     step_starts = fast_steps["start_s"].to_numpy()
     assert scheduled[1] == step_starts[step_starts >= 0.07][0] < 0.08
     assert len(fast_steps) == 404  # r0's prefill; 399 steps with r0's decodes (r1's prefill rides in the 4th); r1's last 4
+
+
+def test_a_user_subclass_that_would_inherit_promises_silently_is_a_one_line_error(tmp_path, capsys):
+    source = tmp_path / "waits.py"
+    source.write_text("from policies.chunked import ChunkedPolicy\n\n\nclass Waits(ChunkedPolicy):\n"
+                      "    def schedule(self, state, now):\n        return super().schedule(state, now)\n")
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,4\n")
+    assert main(["replay", str(trace), "--policy", f"{source}:Waits", "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Waits overrides schedule" in err and "promises = Promises()" in err
