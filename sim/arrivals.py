@@ -69,6 +69,8 @@ class _WakesEngine:
             arrival_s = workload.next_arrival_s
             while arrival_s > env.now:
                 yield env.timeout(delay_to(env.now, arrival_s))
+            if not engine.is_idle:  # it woke by itself meanwhile (its policy's retry time, Policy.retry_s)
+                continue
             yield engine.wake()  # let the engine take the request before looking again
 
 

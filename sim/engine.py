@@ -33,6 +33,7 @@ import simpy
 from sim.backend import Backend, ChunkStepsBackend, DecodeRunBackend, StepResult
 from sim.batch import Batch
 from sim.block_manager import BlockManager
+from sim.errors import ServesimError
 from sim.fast_forward import FastForward, Run, single_step
 from sim.request import Request, Status
 from sim.state import EngineState
@@ -239,10 +240,12 @@ class Engine:
         state = self.state
         retry_s = self.policy.retry_s(state, now)
         if state.running or (retry_s is None and self.workload.is_exhausted) or (retry_s is not None and retry_s <= now):
-            raise RuntimeError(
-                f"internal error: policy {self.policy.name} scheduled nothing at t={now:.6f}s "
-                f"with {len(state.waiting)} waiting and {len(state.running)} running, "
-                f"and asks to try again at {retry_s}")
+            # The policy broke its contract (a user's policy can; servesim's own are tested not to).
+            raise ServesimError(
+                f"policy {self.policy.name} scheduled nothing at t={now:.6f} s with {len(state.waiting)} waiting and "
+                f"{len(state.running)} running, and asked to try again at {retry_s}: a policy must schedule a request "
+                "while any runs, and otherwise give a retry time later than now, or None only while more requests "
+                "will arrive (Policy.retry_s)")
         yield from _catch_up(env, now)
         yield from self._sleep(env, retry_s)
 

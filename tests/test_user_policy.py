@@ -157,3 +157,28 @@ def test_a_user_subclass_that_would_inherit_promises_silently_is_a_one_line_erro
     assert main(["replay", str(trace), "--policy", f"{source}:Waits", "--out", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Waits overrides schedule" in err and "promises = Promises()" in err
+
+
+def test_a_policy_that_wakes_the_engine_at_an_arrivals_instant_replays(tmp_path):
+    """The engine wakes itself at the policy's retry time while the workload waits for the next
+    arrival: at 0.05 s the patient policy admits the first request, and the second arrives at
+    0.06 s while the engine is busy (the workload must not wake an engine that is awake)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,400\n0.06,100,400\n")
+    assert main(["replay", str(trace), "--policy", SPEC, "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    requests = pd.read_csv(tmp_path / "r" / "requests.csv")
+    assert requests["status"].tolist() == ["finished", "finished"]
+
+
+def test_a_policy_that_holds_requests_back_for_ever_is_the_policys_error(tmp_path, capsys):
+    """Nothing scheduled, nothing more to arrive and no retry time: the run stops with exit 2
+    naming the policy's contract (Policy.retry_s), not as an internal error of servesim."""
+    policy = tmp_path / "never.py"
+    policy.write_text("from policies.base import Policy\nfrom sim.batch import Batch\n\n\n"
+                      "class Never(Policy):\n    name = 'never'\n\n"
+                      "    def schedule(self, state, now):\n        return Batch()\n")
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,4\n")
+    assert main(["replay", str(trace), "--policy", f"{policy}:Never", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "policy never scheduled nothing" in err and "Policy.retry_s" in err and "internal error" not in err
