@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from backends.hardware import Hardware, resolve_hardware
-from backends.kv_capacity import KVCapacity, kv_capacity
+from backends.kv_capacity import ASYNC_BATCHES, KVCapacity, kv_cache_groups, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
 from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
@@ -31,7 +31,7 @@ from sim.app.opprofiles import (
 )
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
-from sim.block_manager import BlockManager
+from sim.block_manager import BlockManager, HybridBlockManager
 from sim.config import MAX_CLUSTER_BLOCKS
 from sim.errors import ServesimError
 from sim.tokens import TokenSpec
@@ -64,7 +64,18 @@ class RunPlan:
         return self.policy(self.options.scheduler)
 
     def make_block_manager(self) -> BlockManager:
+        """The KV cache's block manager. A model with sliding-window and full-attention layers (several
+        KV cache groups) gets vLLM's hybrid manager, its layout handed over as plain data (the core
+        imports no backend): each group's kind and window, and SlidingWindowSpec's admission tokens
+        (window - 1 + vLLM's tokens in flight, at most max_model_len)."""
         cache = self.options.cache
+        groups = kv_cache_groups(self.model)
+        if len(groups) > 1 and any(g.kind == "sliding_attention" for g in groups):
+            window = max(g.sliding_window or 0 for g in groups)
+            in_flight = ASYNC_BATCHES * self.options.scheduler.max_num_batched_tokens
+            return HybridBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                      tuple((g.kind, g.sliding_window) for g in groups),
+                                      min(window - 1 + in_flight, self.max_model_len))
         return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
 
     def make_router(self, pool: int = 0):
