@@ -105,7 +105,6 @@ class DPRank(Replica):
         super().__init__(cluster, index, engine)
         self.group = cluster
         self.reported: tuple[int, int, float] = (0, 0, 0.0)  # what it last sent the coordinator
-        self.num_steps = 0  # lockstep steps with a batch of its own
         self.num_dummy_steps = 0
 
     def wake(self) -> None:
@@ -141,13 +140,16 @@ class DPResult(SimResult):
         self.rank_of = group.replica_of
         self.num_lockstep_steps = group.num_lockstep_steps
         self.num_waves = group.num_waves
-        self.per_rank = [{"dp_rank": rank.index, "requests": rank.num_routed, "steps": rank.num_steps,
+        self.lockstep = group.lockstep
+        self.per_rank = [{"dp_rank": rank.index, "requests": rank.num_routed, "steps": len(rank.engine.steps),
                           "dummy_steps": rank.num_dummy_steps, "kv_blocks": rank.engine.block_manager.num_blocks,
                           "preemptions": rank.engine.state.num_preemptions}
                          for rank in ranks]
 
     def summary(self) -> dict:
-        return {"dp": len(self.per_rank), "lockstep_steps": self.num_lockstep_steps, "waves": self.num_waves,
+        return {"dp": len(self.per_rank), "lockstep": self.lockstep,
+                "lockstep_steps": self.num_lockstep_steps if self.lockstep else None,
+                "waves": self.num_waves if self.lockstep else None,
                 "load_balancer": "vLLM DPLBAsyncMPClient (one API client)", "ranks": self.per_rank}
 
 
@@ -244,7 +246,6 @@ class DataParallelGroup(Cluster):
                 run = single_step(now, StepResult(seconds, breakdown, result.sampled_token_ids), num_preempted, used,
                                   waiting)
                 rank.engine.apply(batch, run, now)
-                rank.num_steps += 1
             if steps:
                 end_s = env.now
             self.num_lockstep_steps += 1
