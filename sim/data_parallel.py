@@ -249,6 +249,8 @@ class DataParallelGroup(Cluster):
             if steps:
                 end_s = env.now
             self.num_lockstep_steps += 1
+            if self.progress is not None and not self.num_lockstep_steps % 4096:
+                self.progress(env.now, self.num_done)
             for rank in ranks:
                 rank.report()
             counter += 1
