@@ -121,9 +121,9 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     groups) blocks are vLLM's shared pool, a block one page of each layer of one group
     (`block_bytes` then that), and it starts when one request of max_model_len tokens fits in the
     blocks it takes from every group (vLLM's _check_enough_kv_cache_memory over
-    max_memory_usage_bytes). servesim's block manager charges a request the full-attention group's
-    blocks of its tokens; what a sliding group holds besides (`KVCacheGroup.blocks_held`, at most
-    its window's blocks) is not charged yet."""
+    max_memory_usage_bytes). servesim's block manager (sim/block_manager.py HybridBlockManager)
+    charges a request every group's blocks: all of them under full attention, a window's under a
+    sliding one (`KVCacheGroup.blocks_held`)."""
     hardware.check_tp(tp)
     if enable_expert_parallel and not model.num_experts:
         raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
@@ -227,7 +227,7 @@ class KVCacheGroup:
         under a window, less those wholly before it, which vLLM frees (SlidingWindowManager's
         get_num_skipped_tokens: max(0, computed - window + 1) tokens skipped; remove_skipped_blocks
         frees the skipped // block_size blocks before them, vllm/v1/core/single_type_kv_cache_manager.py).
-        What servesim's block manager will call to hold only a window's blocks."""
+        sim/block_manager.py HybridBlockManager holds this many (tests/test_hybrid_blocks.py)."""
         blocks = -(-num_tokens // block_size)
         if self.kind == "full_attention":
             return blocks

@@ -132,7 +132,7 @@ def step_table_columns(log_columns: dict[str, np.ndarray], first_step: int = 0) 
     num_steps = len(log_columns["start_s"])
     columns = {"step": np.arange(first_step, first_step + num_steps)}
     for name, values in log_columns.items():
-        columns[name if name in STEP_COLUMNS else f"{name}_s"] = values
+        columns[name if name in STEP_COLUMNS or name == "dp_rank" else f"{name}_s"] = values  # (a DP group's rank)
     return columns
 
 

@@ -48,10 +48,16 @@ def check_invariants(bm: "BlockManager", running: list[Request]) -> None:
     each block match the block tables, the index's parts agree, and each free indexed block's
     state is its entry's place in the LRU queue."""
     counts = [0] * bm.num_blocks
+    extra = [0] * bm.num_blocks  # a hybrid cache's other groups' blocks: plain, each held by one request
     for r in running:
         for b in r.block_table:
             counts[b] += 1
-    assert counts == ref_counts(bm), "reference counts differ from the running block tables"
+        for b in bm.extra_blocks(r):
+            extra[b] += 1
+    assert max(extra, default=0) <= 1 and not any(c and e for c, e in zip(counts, extra)), "a block in two tables"
+    refs = ref_counts(bm)
+    assert [c + e for c, e in zip(counts, extra)] == refs, "reference counts differ from the running block tables"
+    counts = [c + e for c, e in zip(counts, extra)]
     num_used = sum(1 for c in counts if c > 0)
     assert num_used + bm.num_free_blocks == bm.num_blocks, "free + used != total"
     slot_of = _check_index(bm)

@@ -147,7 +147,8 @@ class Engine:
         self._fold = False
         self._chunk_budget: int | None = None
         # The policy's promises (policies/base.py, Promises) are read only where runs could be taken.
-        if fast_forward and self.plans_runs and backend.supports_fast_forward and isinstance(backend, DecodeRunBackend):
+        if (fast_forward and self.plans_runs and backend.supports_fast_forward and isinstance(backend, DecodeRunBackend)
+                and not block_manager.slides_windows):  # (a run's blocks are handed out in one go)
             promises = policy.promises
             if promises.fast_forward:
                 self.fast_forward = FastForward(self)
@@ -183,8 +184,8 @@ class Engine:
         total = r.num_prompt_tokens + r.max_tokens
         if total > self.max_model_len:
             self._reject(r, f"prompt + output is {total} tokens, more than --max-model-len {self.max_model_len}")
-        elif bm.blocks_for(r.max_kv_tokens) > bm.num_blocks:
-            self._reject(r, f"needs {bm.blocks_for(r.max_kv_tokens)} KV blocks, the whole cache has {bm.num_blocks}")
+        elif bm.max_blocks_needed(r.max_kv_tokens) > bm.num_blocks:
+            self._reject(r, f"needs {bm.max_blocks_needed(r.max_kv_tokens)} KV blocks, the whole cache has {bm.num_blocks}")
         else:
             self.state.waiting.append(r)
 
@@ -347,6 +348,8 @@ class Engine:
             for r in finished:
                 self.finish(r, now)
             self.state.running = [r for r in self.state.running if r.status is Status.RUNNING]
+        if self.block_manager.slides_windows:  # sliding windows free the blocks they passed
+            self.block_manager.slide(self.state.running)
         self.state.step_index += 1
 
     def _advance_decode_run(self, batch: Batch, run: Run) -> list[int]:

@@ -73,9 +73,9 @@ class BenchSpec:
 
 
 def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool = True) -> tuple[SimResult, ClosedLoop]:
-    if not plan.options.cluster.is_single:
-        raise ServesimError("sim bench's closed loop drives one engine; --replicas, --router and the prefill and "
-                            "decode pools are for sim replay, sim sweep and sim capacity")
+    if not plan.options.cluster.is_single or plan.options.dp > 1:
+        raise ServesimError("sim bench's closed loop drives one engine; --replicas, --router, --dp and the prefill "
+                            "and decode pools are for sim replay, sim sweep and sim capacity")
     check_runnable(spec, plan)
     requests = spec.requests()
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),

@@ -25,7 +25,9 @@ from sim.config import SEED, SLO, TENSOR_PARALLEL, CacheConfig, Option, Range, S
 from sim.errors import ServesimError
 
 BACKENDS = ("costmodel", "real")
-DEFAULT_DEPLOYMENT = (1, "bf16", "auto")  # (tp, dtype, kv_cache_dtype) of one device in its own dtype
+DEFAULT_DEPLOYMENT = (1, "bf16", "auto")
+DATA_PARALLEL = Range(1, 64, "ranks", "engine ranks of one data-parallel group, each a scheduler and KV cache in this "
+                      "process's memory", whole=True)  # (tp, dtype, kv_cache_dtype) of one device in its own dtype
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ class ReplayOptions:
     kv_cache_dtype: str = option("auto", flag="--kv-cache-dtype", choices=("auto", "fp8"),
                                  help="the KV cache's dtype: auto (bf16) or fp8, half the bytes per block "
                                       "(default: {default})")
+    # vLLM's --data-parallel-size: engine ranks in lockstep behind its DP load balancer (sim/data_parallel.py)
+    dp: int = option(1, flag="--dp", range=DATA_PARALLEL, metavar="N",
+                     help="data parallelism (vLLM's --data-parallel-size): N engine ranks of --tp GPUs each, each "
+                          "with its own scheduler and KV cache, fed by vLLM's DP load balancer and stepping "
+                          "together through the MoE layers (default: {default})")
     enable_expert_parallel: bool = option(False, flag="--enable-expert-parallel", boolean=True,
                                           help="a mixture-of-experts model's experts split whole over the --tp GPUs, "
                                                "as vLLM's flag (default: off, each expert split by TP)")
@@ -94,6 +101,9 @@ class ReplayOptions:
                                 f"{self.backend} (whose hardware is --hardware)")
         if self.weights is not None and self.backend != "real":
             raise ServesimError(f"--weights loads the real backend's model; it does not apply to --backend {self.backend}")
+        if self.dp > 1 and (self.backend == "real" or not self.cluster.is_single):
+            raise ServesimError(f"--dp {self.dp} runs one data-parallel group with the cost model; it does not combine "
+                                "with --backend real, --replicas or disaggregated pools")
         if self.backend == "real" and not self.cluster.is_single:
             raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
         if self.vllm_version is not None and self.backend != "costmodel":

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from backends.hardware import Hardware, resolve_hardware
-from backends.kv_capacity import KVCapacity, kv_capacity
+from backends.kv_capacity import ASYNC_BATCHES, KVCapacity, kv_cache_groups, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
 from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
@@ -31,7 +31,7 @@ from sim.app.opprofiles import (
 )
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
-from sim.block_manager import BlockManager
+from sim.block_manager import BlockManager, HybridBlockManager
 from sim.config import MAX_CLUSTER_BLOCKS
 from sim.errors import ServesimError
 from sim.tokens import TokenSpec
@@ -64,7 +64,18 @@ class RunPlan:
         return self.policy(self.options.scheduler)
 
     def make_block_manager(self) -> BlockManager:
+        """The KV cache's block manager. A model with sliding-window and full-attention layers (several
+        KV cache groups) gets vLLM's hybrid manager, its layout handed over as plain data (the core
+        imports no backend): each group's kind and window, and SlidingWindowSpec's admission tokens
+        (window - 1 + vLLM's tokens in flight, at most max_model_len)."""
         cache = self.options.cache
+        groups = kv_cache_groups(self.model)
+        if len(groups) > 1 and any(g.kind == "sliding_attention" for g in groups):
+            window = max(g.sliding_window or 0 for g in groups)
+            in_flight = ASYNC_BATCHES * self.options.scheduler.max_num_batched_tokens
+            return HybridBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                      tuple((g.kind, g.sliding_window) for g in groups),
+                                      min(window - 1 + in_flight, self.max_model_len))
         return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
 
     def make_router(self, pool: int = 0):
@@ -85,6 +96,8 @@ class RunPlan:
         d = asdict(self.options)
         if not self.options.enable_expert_parallel:  # dense runs' files as before the flag
             del d["enable_expert_parallel"]
+        if self.options.dp == 1:  # runs without data parallelism keep the summary they had
+            del d["dp"]
         if d["vllm_version"] is None:
             del d["vllm_version"]  # runs without it keep the summary they had
         if self.tables is not None:
@@ -103,6 +116,8 @@ class RunPlan:
     def total_blocks(self) -> int:
         """KV blocks of every replica together (each a block manager in this process's memory)."""
         cluster = self.options.cluster
+        if self.options.dp > 1:
+            return self.options.dp * self.num_blocks
         if cluster.is_disaggregated:
             prefill, decode = self.pools
             return cluster.num_prefill_replicas * prefill.num_blocks + cluster.num_decode_replicas * decode.num_blocks
@@ -110,7 +125,7 @@ class RunPlan:
 
     def check_host_memory(self) -> None:
         """A cluster's block managers together fit in host memory (sim.config.MAX_CLUSTER_BLOCKS)."""
-        if self.options.cluster.is_single:
+        if self.options.cluster.is_single and self.options.dp == 1:
             return
         total = self.total_blocks()
         if total > MAX_CLUSTER_BLOCKS:
@@ -138,6 +153,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     hardware = resolve_hardware(options.hardware)
     model.check_tp(options.tp)
     hardware.check_tp(options.tp)
+    if options.dp > 1:  # vLLM's divisibility rules for the experts over tp x dp GPUs
+        model.check_parallel(options.tp, options.dp, options.enable_expert_parallel, options.dtype)
     limit = model.max_position_embeddings
     max_model_len = options.scheduler.max_model_len
     if max_model_len is not None and max_model_len > limit:
@@ -196,7 +213,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                          tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
                          max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks,
-                         enable_expert_parallel=options.enable_expert_parallel)
+                         dp=options.dp, enable_expert_parallel=options.enable_expert_parallel)
         num_blocks = kv.num_gpu_blocks  # capped to MAX_NUM_BLOCKS, and said so (kv.capped_from)
     cluster = options.cluster
     router = load_router(cluster.router)

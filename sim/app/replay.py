@@ -14,13 +14,14 @@ from sim.app.options import ReplayOptions
 from sim.app.plan import RunPlan
 from sim.arrivals import RequestStream, TraceArrivals, simulate
 from sim.cluster import Cluster
+from sim.data_parallel import DataParallelGroup, DPResult
 from sim.disagg import DisaggregatedCluster, PrefillEngine
 from sim.engine import Engine, SimResult, TokenTimes
 from sim.request import Request
 from sim.step_log import BATCH_ROWS, StepLog
 from traces.trace import Trace
 
-__all__ = ["ReplayOptions", "make_cluster", "make_requests", "replay", "replay_to", "write_run"]
+__all__ = ["ReplayOptions", "make_cluster", "make_dp_group", "make_requests", "replay", "replay_to", "write_run"]
 
 
 def request_maker(trace: Trace) -> Callable[[int], Request]:
@@ -48,6 +49,8 @@ def replay(trace: Trace, plan: RunPlan, progress: Callable[[float, int], None] |
     `fast_forward=False` steps every decode step one by one (same answers, slower; see
     sim/fast_forward.py)."""
     requests = sorted(make_requests(trace), key=lambda r: (r.arrival_s, r.index))  # arrival order, ties in trace order
+    if plan.options.dp > 1:
+        return make_dp_group(plan, requests, fast_forward, progress).run()
     if not plan.options.cluster.is_single:
         return make_cluster(plan, requests, fast_forward, progress).run()
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
@@ -82,6 +85,20 @@ def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = Tr
     return built
 
 
+def make_dp_group(plan: RunPlan, requests: list[Request], fast_forward: bool = True,
+                  progress: Callable[[float, int], None] | None = None) -> DataParallelGroup:
+    """The plan's --dp engine ranks (sim/data_parallel.py), each with its own policy, KV cache
+    (`plan.num_blocks`, one rank's: kv_capacity with dp) and step log, sharing the backend. A
+    mixture of experts' ranks step in lockstep, one step at a time; a dense model's each on its own."""
+    token_times = TokenTimes(requests)
+    lockstep = bool(plan.model.num_experts)
+    group = DataParallelGroup(requests, token_times, plan.options.dp, lockstep, progress)
+    for _ in range(plan.options.dp):
+        group.add_rank(Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), token_times,
+                              plan.max_model_len, fast_forward=fast_forward and not lockstep))
+    return group
+
+
 def write_run(out: Path, result: SimResult, plan: RunPlan, trace: Trace, extra: dict | None = None,
               start_s: float | None = None, steps: str = "parquet", requests: str = "csv",
               step_batch_rows: int = BATCH_ROWS) -> dict:
@@ -91,6 +108,8 @@ def write_run(out: Path, result: SimResult, plan: RunPlan, trace: Trace, extra: 
     `requests`: csv or parquet; the steps table is written in row groups of `step_batch_rows`."""
     from sim.app.run_folder import write_run_folder
 
+    if isinstance(result, DPResult):
+        extra = {**(extra or {}), "data_parallel": result.summary()}
     return write_run_folder(out, result, run_options(plan, trace), plan.options.slo, steps, requests,
                             step_batch_rows, {**(extra or {}), **plan_entries(plan)}, start_s)
 
@@ -103,6 +122,9 @@ def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", re
     batches. The same files as `write_run(out, replay(...))`; returns the summary."""
     from sim.app.run_folder import RunFolder
 
+    if plan.options.dp > 1:  # every rank's steps in one table: kept in memory, written at the end
+        return write_run(out, replay(trace, plan, progress, fast_forward), plan, trace, steps=steps,
+                         requests=requests, step_batch_rows=step_batch_rows)
     folder = RunFolder(out, run_options(plan, trace), plan.options.slo, steps, requests)
     try:
         log = StepLog(sink=folder.on_steps, spill_rows=step_batch_rows)

@@ -1,0 +1,277 @@
+"""Data parallelism as vLLM runs a mixture of experts (`--dp N`, vLLM's --data-parallel-size): N
+engine ranks, each with its own scheduler and KV cache, fed by vLLM's DP load balancer, stepping
+together through the MoE layers.
+
+    trace ──> arrivals ──DP load balancer──> rank 0: inbox -> engine (policy, KV cache, step log)
+                                       └───> rank 1: inbox -> engine
+                                                  ... all ranks step in lockstep
+
+What vLLM 0.33 does, and where (vllm/v1/engine/):
+
+- The load balancer (core_client.py, DPLBAsyncMPClient.get_core_engine_for_request), one API
+  client: it scans the ranks from `eng_start_index` (0, then one further after every request, so
+  that ties rotate) and takes the first with the lowest score
+  max(its exact in-flight count, waiting + running) + waiting x 6 x max(0, kv_cache_usage - 0.5),
+  where waiting, running and kv_cache_usage are the coordinator's latest snapshot (`lb_engines`);
+  the chosen rank's snapshot waiting count then grows by one until the next snapshot replaces it.
+  The in-flight count (`engine_inflight`) grows when a request is sent and shrinks when its
+  finish comes back (process_engine_outputs).
+- The snapshot (coordinator.py, DPCoordinatorProc.process_input_socket): each engine sends its
+  (waiting, running, kv_cache_usage) when they change, before and after each step
+  (core.py DPEngineCoreProc._maybe_publish_request_counts); the coordinator publishes them all to the
+  client every `min_stats_update_interval_ms` = 100 ms when they changed, else every 5 s. Here: at
+  each multiple of 0.1 s (of 5 s when nothing changed), the counts each rank last sent (`Coordinator`).
+  The coordinator's 50 ms floor and its step-stamped copies (last_step_counts) are left out.
+- Lockstep (core.py DPEngineCoreProc.run_busy_loop): while a wave runs, every rank steps each turn;
+  a rank with no request to run (none, or none its scheduler could schedule) runs
+  `execute_dummy_batch` (vllm/v1/worker/gpu_worker.py: a 1-token uniform decode forward,
+  `_dummy_run(1, uniform_decode=True)`, no sampling), so that the MoE layers' collectives meet. The
+  step lasts as long as the slowest rank's (they wait for each other in the MoE all-to-all).
+  After a step each rank counts it (`step_counter`) and, at the wave's first step and every
+  `dp_sync_interval` = 16 steps (vllm/config/parallel.py), all-reduces whether any rank has
+  unfinished requests (_has_global_unfinished_reqs); when none has, the wave ends and the ranks
+  pause until a request arrives, which starts the next wave on every rank (START_DP_WAVE).
+
+A dense model's ranks do not step together (vllm/v1/engine/core.py run_engine_core makes a
+DPEngineCoreProc only for a mixture of experts; utils.py enables wave coordination only then):
+each rank is its own engine (with fast-forward), behind the same balancer; the coordinator's
+snapshot then holds each rank's counts as of the tick.
+
+Each rank's step is priced by the backend for its own batch (the dummy batch as one 1-token decode
+with no logits); the lockstep step's seconds are the largest, and each rank's step-log row records
+that, with `dp_wait` (the difference from its own) in its breakdown. The ranks step one by one
+(no fast-forward under DP). A rank's dummy steps log no row; they are counted per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import simpy
+
+from sim.backend import StepResult
+from sim.batch import Batch
+from sim.cluster import Cluster, ClusterSteps, Replica
+from sim.engine import Engine, SimResult, TokenTimes, delay_to
+from sim.fast_forward import single_step
+from sim.request import Request
+
+DP_SYNC_INTERVAL = 16  # vllm/config/parallel.py ParallelConfig.dp_sync_interval
+STATS_UPDATE_S = 0.1  # coordinator.py: min_stats_update_interval_ms = 100
+STATS_IDLE_S = 5.0  # ... or every 5 s when no engine's counts changed
+KV_PENALTY = 6.0  # get_core_engine_for_request: waiting x 6 x max(0, kv_cache_usage - 0.5)
+
+
+def dummy_batch() -> Batch:
+    """What an idle rank runs (gpu_worker.py execute_dummy_batch): one token of a decode, no logits."""
+    batch = Batch()
+    batch.add("dp-dummy", 0, 1, [0], needs_logits=False, is_decode=True, token_source=[0])
+    return batch
+
+
+class DPLoadBalancer:
+    """vLLM's DP load balancer for one API client (core_client.py, DPLBAsyncMPClient.
+    get_core_engine_for_request): reads the coordinator's snapshot and each rank's in-flight count."""
+
+    reads_state = True
+
+    def __init__(self, num_ranks: int):
+        self.lb_engines: list[list[float]] = [[0, 0, 0.0] for _ in range(num_ranks)]  # [waiting, running, kv usage]
+        self.eng_start_index = 0  # len(core_engines) x client_index // client_count, client 0 of 1
+
+    def route(self, request: Request, ranks: list["DPRank"]) -> int:
+        counts = self.lb_engines
+        num = len(counts)
+        best, best_score = 0, float("inf")
+        for i in range(num):
+            idx = (self.eng_start_index + i) % num
+            waiting, running, usage = counts[idx]
+            score = max(ranks[idx].num_in_flight, waiting + running)
+            if waiting:
+                score += waiting * KV_PENALTY * max(0.0, usage - 0.5)
+            if score < best_score:
+                best, best_score = idx, score
+        counts[best][0] += 1
+        self.eng_start_index = (self.eng_start_index + 1) % num
+        return best
+
+
+class DPRank(Replica):
+    """One DP rank: its engine's workload (requests routed to it) and what the balancer reads."""
+
+    role = "dp_rank"
+
+    def __init__(self, cluster: "DataParallelGroup", index: int, engine: Engine):
+        super().__init__(cluster, index, engine)
+        self.group = cluster
+        self.reported: tuple[int, int, float] = (0, 0, 0.0)  # what it last sent the coordinator
+        self.num_dummy_steps = 0
+
+    def wake(self) -> None:
+        if self.group.lockstep:
+            self.group.wake()
+        else:
+            super().wake()
+
+    def report(self) -> None:
+        """Send (waiting, running, kv usage) to the coordinator if they changed
+        (_maybe_publish_request_counts; get_kv_cache_usage: used / usable blocks)."""
+        engine = self.engine
+        bm = engine.block_manager
+        counts = (len(engine.state.waiting), len(engine.state.running), bm.num_used_blocks / bm.num_blocks)
+        if counts != self.reported:
+            self.reported = counts
+            self.group.counts_changed = True
+
+
+class DPResult(SimResult):
+    """A DP group's run: every request and token, every rank's steps in one table (with `dp_rank`),
+    and per rank its load (`per_rank`)."""
+
+    def __init__(self, group: "DataParallelGroup", end_s: float):
+        ranks = group.ranks
+        engines = [rank.engine for rank in ranks]
+        steps = ClusterSteps([e.steps for e in engines])
+        steps._columns["dp_rank"] = steps.replica  # the steps table's column (no `replica`: not a cluster)
+        super().__init__(group.requests, group.token_times, steps, end_s,  # type: ignore[arg-type]  # a StepLog's interface
+                         sum(e.state.num_preemptions for e in engines),
+                         sum(e.block_manager.num_queried_tokens for e in engines),
+                         sum(e.block_manager.num_hit_tokens for e in engines))
+        self.rank_of = group.replica_of
+        self.num_lockstep_steps = group.num_lockstep_steps
+        self.num_waves = group.num_waves
+        self.lockstep = group.lockstep
+        self.per_rank = [{"dp_rank": rank.index, "requests": rank.num_routed, "steps": len(rank.engine.steps),
+                          "dummy_steps": rank.num_dummy_steps, "kv_blocks": rank.engine.block_manager.num_blocks,
+                          "preemptions": rank.engine.state.num_preemptions}
+                         for rank in ranks]
+
+    def summary(self) -> dict:
+        return {"dp": len(self.per_rank), "lockstep": self.lockstep,
+                "lockstep_steps": self.num_lockstep_steps if self.lockstep else None,
+                "waves": self.num_waves if self.lockstep else None,
+                "load_balancer": "vLLM DPLBAsyncMPClient (one API client)", "ranks": self.per_rank}
+
+
+class DataParallelGroup(Cluster):
+    """N engine ranks stepping in lockstep behind vLLM's DP load balancer. Build with
+    `add_rank(engine)` once per rank (each engine made with fast_forward=False); `run()`
+    returns a `DPResult`."""
+
+    def __init__(self, requests: list[Request], token_times: TokenTimes, num_ranks: int, lockstep: bool = True,
+                 progress: Callable[[float, int], None] | None = None):
+        super().__init__(requests, token_times, DPLoadBalancer(num_ranks), progress)
+        self.lockstep = lockstep  # a mixture of experts' ranks step together; a dense model's do not
+        self.counts_changed = False
+        self.num_lockstep_steps = 0
+        self.num_waves = 0
+        self._wake: simpy.Event | None = None
+        self._dummy: StepResult | None = None
+        self.ranks: list[DPRank] = []
+
+    def add_rank(self, engine: Engine) -> DPRank:
+        """Rank len(ranks): `engine`, fed by the balancer."""
+        rank = self.add_replica(engine, DPRank)
+        assert isinstance(rank, DPRank)
+        self.ranks.append(rank)
+        return rank
+
+    def wake(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _coordinator(self, env: simpy.Environment):
+        """Publish the ranks' last reported counts to the balancer every 0.1 s when some changed,
+        every 5 s otherwise (DPCoordinatorProc.process_input_socket), while requests still arrive."""
+        tick, last = 0, 0.0
+        balancer: DPLoadBalancer = self.router
+        while not self.arrivals_done:
+            tick += 1
+            yield env.timeout(delay_to(env.now, tick * STATS_UPDATE_S))
+            while env.now < tick * STATS_UPDATE_S:
+                yield env.timeout(delay_to(env.now, tick * STATS_UPDATE_S))
+            if not self.lockstep:  # independent engines: their counts as of now
+                for rank in self.ranks:
+                    rank.report()
+            if self.counts_changed or env.now - last >= STATS_IDLE_S:
+                balancer.lb_engines = [list(rank.reported) for rank in self.ranks]
+                self.counts_changed = False
+                last = env.now
+
+    def dummy_step(self, engine: Engine) -> StepResult:
+        if self._dummy is None:
+            self._dummy = engine.backend.execute(dummy_batch())
+        return self._dummy
+
+    def _lockstep(self, env: simpy.Environment):
+        """DPEngineCoreProc.run_busy_loop for all ranks at once (module docstring)."""
+        ranks = self.ranks
+        running, counter = False, 0
+        end_s = env.now
+        while True:
+            now = env.now
+            for rank in ranks:
+                rank.deliver(now)
+                rank.report()
+            if not running:
+                if not any(rank.engine.state.has_work for rank in ranks):
+                    if self.arrivals_done and all(rank.is_exhausted for rank in ranks):
+                        return end_s
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                    continue
+                running = True  # a request starts a wave on every rank (START_DP_WAVE)
+                self.num_waves += 1
+            steps = []
+            seconds = 0.0
+            for rank in ranks:
+                engine = rank.engine
+                state = engine.state
+                if state.has_work:
+                    preempted_before = state.num_preemptions
+                    batch = engine.policy.schedule(state, now)
+                    if batch.requests:
+                        result = engine.backend.execute(batch)
+                        steps.append((rank, batch, result, state.num_preemptions - preempted_before,
+                                      engine.block_manager.num_used_blocks, len(state.waiting)))
+                        seconds = max(seconds, result.seconds)
+                        continue
+                rank.num_dummy_steps += 1
+                seconds = max(seconds, self.dummy_step(engine).seconds)
+            yield env.timeout(seconds)  # the slowest rank's step; arrivals meanwhile are routed
+            for rank, batch, result, num_preempted, used, waiting in steps:
+                breakdown = dict(result.breakdown)
+                breakdown["dp_wait"] = seconds - result.seconds
+                run = single_step(now, StepResult(seconds, breakdown, result.sampled_token_ids), num_preempted, used,
+                                  waiting)
+                rank.engine.apply(batch, run, now)
+            if steps:
+                end_s = env.now
+            self.num_lockstep_steps += 1
+            if self.progress is not None and not self.num_lockstep_steps % 4096:
+                self.progress(env.now, self.num_done)
+            for rank in ranks:
+                rank.report()
+            counter += 1
+            if counter == 1 or counter % DP_SYNC_INTERVAL == 0:  # the all-reduce of unfinished requests
+                running = any(rank.engine.state.has_work for rank in ranks)
+                if not running:
+                    counter = 0
+            if self.arrivals_done and not any(rank.engine.state.has_work or rank.inbox for rank in ranks):
+                return end_s  # nothing more will run: the trailing dummy steps change no answer
+
+    def run(self) -> DPResult:  # type: ignore[override]
+        env = self.env
+        for rank in self.ranks:
+            rank.pool_size = len(self.replicas)
+        env.process(self._arrivals(env))
+        env.process(self._coordinator(env))
+        if not self.lockstep:  # vLLM's EngineCoreProc per rank (core.py run_engine_core: DP lockstep is for MoE)
+            engines = [env.process(rank.engine.run(env)) for rank in self.replicas]
+            env.run(until=env.all_of(engines))
+            return DPResult(self, env.now)
+        group = env.process(self._lockstep(env))
+        env.run(until=group)
+        end_s: float = group.value  # type: ignore[assignment]  # _lockstep returns its last step's end
+        return DPResult(self, end_s)

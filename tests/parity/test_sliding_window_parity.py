@@ -1,0 +1,44 @@
+"""The blocks a sliding group frees (sim/block_manager.py HybridBlockManager) against vLLM 0.33's own
+SlidingWindowManager.get_num_skipped_tokens (vllm/v1/core/single_type_kv_cache_manager.py), called on
+a stand-in holding the fields it reads, and remove_skipped_blocks' rule (skipped // block_size blocks,
+at most the table's): after each step a request holds its table less those blocks.
+
+Skipped where vLLM is not installed (the `parity` extra: see the README).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from types import SimpleNamespace
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
+stkcm = pytest.importorskip("vllm.v1.core.single_type_kv_cache_manager",
+                            reason="vLLM is not installed (pip install '.[parity]')")
+
+from sim.block_manager import HybridBlockManager  # noqa: E402
+from sim.request import Request  # noqa: E402
+
+
+@pytest.mark.parametrize("window,block_size", [(128, 16), (512, 16), (4096, 16), (128, 32), (5, 4)])
+def test_held_blocks_follow_vllms_skipped_tokens(window, block_size):
+    vllm = SimpleNamespace(sliding_window=window, extra_retained_tokens=0)
+    rng = random.Random(window + block_size)
+    bm = HybridBlockManager(100_000, block_size, False, (("sliding_attention", window), ("full_attention", None)),
+                            window - 1 + 4096)
+    r = Request(0, "0", 0.0, rng.randint(1, 3 * window), 400)
+    chunk = rng.randint(1, 2 * window)
+    bm.allocate(r, [], min(chunk, r.num_prompt_tokens))
+    scheduled = min(chunk, r.num_prompt_tokens)
+    while r.num_computed_tokens < r.num_prompt_tokens + 300:
+        r.num_computed_tokens += scheduled
+        bm.slide([r])
+        skipped = stkcm.SlidingWindowManager.get_num_skipped_tokens(vllm, r.num_computed_tokens)
+        table = len(r.block_table)  # the sliding group's table length is the full group's
+        assert bm.held_by_group(r) == [table, table - min(skipped // block_size, table)]
+        scheduled = min(chunk, r.num_prompt_tokens - r.num_computed_tokens) if r.num_computed_tokens < r.num_prompt_tokens else 1
+        bm.append(r, scheduled)
+    bm.free(r)
+    assert bm.num_used_blocks == 0

@@ -1,0 +1,151 @@
+"""Sliding-window layers in the block manager (sim/block_manager.py HybridBlockManager): a request
+holds only its window's blocks in a sliding group, every block in a full-attention group, from one
+shared pool; checked against vLLM's formula (backends/kv_capacity.py KVCacheGroup.blocks_held:
+SlidingWindowManager.get_num_skipped_tokens / remove_skipped_blocks) on worked examples, and
+blocks conserved under random workloads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.kv_capacity import KVCacheGroup, kv_cache_groups
+from backends.model_config import ModelConfig, resolve_model
+from policies import load_policy
+from sim.arrivals import TraceArrivals, simulate
+from sim.block_manager import BlockManager, HybridBlockManager
+from sim.config import SchedulerConfig
+from sim.engine import Engine, TokenTimes
+from sim.request import Request, Status
+from tests.helpers import ConstantBackend
+from tests.moe_configs import GEMMA3_1B
+
+GPT_OSS = (("sliding_attention", 128), ("full_attention", None))  # kv_cache_groups(gpt-oss-120b)
+
+
+def test_gpt_oss_layout_is_what_the_plan_passes():
+    groups = kv_cache_groups(resolve_model("gpt-oss-120b"))
+    assert tuple((g.kind, g.sliding_window) for g in groups) == GPT_OSS
+
+
+def test_gpt_oss_window_worked_by_hand():
+    # Block size 16, window 128. A 300-token prompt: 19 blocks in each group at admission
+    # (cdiv(300, 16)); once its 300 tokens are computed, max(0, 300 - 128 + 1) = 173 tokens are
+    # skipped, 173 // 16 = 10 blocks freed: 9 held in the sliding group, 19 in the full one.
+    bm = HybridBlockManager(100, 16, False, GPT_OSS, 127 + 4096)
+    r = Request(0, "0", 0.0, 300, 40)
+    bm.allocate(r, [], 300)
+    assert bm.held_by_group(r) == [19, 19] and bm.num_used_blocks == 38
+    r.num_computed_tokens = 300
+    bm.slide([r])
+    assert bm.held_by_group(r) == [19, 9] and bm.num_used_blocks == 28
+    window = KVCacheGroup("sliding_attention", 18, 128)
+    for _ in range(40):  # decodes: each step appends a token, then the window slides
+        bm.append(r, 1)
+        tokens = r.num_computed_tokens + 1
+        assert bm.held_by_group(r) == [-(-tokens // 16), window.blocks_held(r.num_computed_tokens, tokens, 16)]
+        r.num_computed_tokens += 1
+        bm.slide([r])
+        assert bm.held_by_group(r)[1] == window.blocks_held(r.num_computed_tokens, tokens, 16)
+    # 340 computed: 21.25 -> 22 blocks allocated (341 tokens), skipped (340 - 127) // 16 = 13: 9 held.
+    assert bm.held_by_group(r) == [22, 9]
+    bm.free(r)
+    assert bm.num_used_blocks == 0
+    bm.check_invariants([])
+
+
+def test_gemma3_groups_worked_by_hand(tmp_path):
+    # Gemma 3 1B: 4 full-attention layers and 22 sliding (window 512) -> one full group and six
+    # sliding groups (kv_cache_groups). A 1000-token prompt, computed: 63 blocks in the full group;
+    # each sliding group skips (1000 - 511) // 16 = 30 blocks and holds 33; 63 + 6 x 33 = 261.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA3_1B))
+    groups = kv_cache_groups(ModelConfig.from_hf(path))
+    layout = tuple((g.kind, g.sliding_window) for g in groups)
+    assert sorted(layout, key=str) == sorted([("full_attention", None)] + [("sliding_attention", 512)] * 6, key=str)
+    bm = HybridBlockManager(1000, 16, True, layout, 511 + 4096)
+    r = Request(0, "0", 0.0, 1000, 5)
+    bm.allocate(r, [], 1000)
+    r.num_computed_tokens = 1000
+    bm.slide([r])
+    held = bm.held_by_group(r)
+    assert held == [63] + [33] * 6 and bm.num_used_blocks == 261
+    for g in groups:
+        assert g.blocks_held(1000, 1000, 16) == (63 if g.kind == "full_attention" else 33)
+
+
+def test_admission_counts_every_group():
+    # 40 free blocks; a 300-token prompt needs 19 + 19 at admission (no tokens computed yet).
+    bm = HybridBlockManager(40, 16, False, GPT_OSS, 127 + 4096)
+    r = Request(0, "0", 0.0, 300, 4)
+    assert bm.can_allocate(bm.cached_prefix(r), 300)
+    bm2 = HybridBlockManager(37, 16, False, GPT_OSS, 127 + 4096)
+    assert not bm2.can_allocate(bm2.cached_prefix(r), 300)
+    # A request longer than the cache with both groups is rejected when it arrives, not stalled:
+    # 3000 tokens: 188 full blocks + a window's at most cdiv(127 + 4096, 16) + 1 = 265 -> 188 + 188.
+    assert bm.max_blocks_needed(3000) == 188 + 188
+    assert BlockManager(40, 16).max_blocks_needed(3000) == 188
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 200), st.integers(1, 30), st.integers(0, 3)),
+                min_size=1, max_size=20),
+       st.integers(24, 80), st.sampled_from([16, 32]), st.booleans(), st.sampled_from([2, 3]))
+def test_blocks_conserved_and_windows_held(rows, num_blocks, window, caching, num_sliding):
+    layout = (("sliding_attention", window),) * num_sliding + (("full_attention", None),)
+    bm = HybridBlockManager(num_blocks, 4, caching, layout, window - 1 + 2 * 32)
+    requests = [Request(i, str(i), float(t), p, o, hash_ids=np.array([h, h + 1] * (p // 8 + 1)), hash_block_tokens=4)
+                for i, (t, p, o, h) in enumerate(sorted(rows))]
+    engine = None
+
+    def check(batch):  # at every step: the pool adds up, each group holds what vLLM's formula says
+        running = engine.state.running
+        bm.check_invariants(running)
+        for r in running:
+            held = bm.held_by_group(r)
+            skip = max(0, r.num_computed_tokens - window + 1) // 4
+            assert held[1:] == [len(r.block_table) - min(skip, len(r.block_table))] * num_sliding
+
+    policy = load_policy("chunked")(SchedulerConfig("chunked", max_num_batched_tokens=32, max_num_seqs=4))
+    engine = Engine(policy, ConstantBackend(on_execute=check), bm, TokenTimes(requests), 10_000)
+    result = simulate(engine, TraceArrivals(requests, engine))
+    for i, r in enumerate(result.requests):
+        assert r.status in (Status.FINISHED, Status.REJECTED)
+        if r.status is Status.FINISHED:
+            assert len(result.tokens_of(i)) == r.max_tokens
+    assert bm.num_used_blocks == 0
+    bm.check_invariants([])
+
+
+def test_the_plan_builds_the_hybrid_manager():
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+
+    plan = resolve(ReplayOptions(model="gpt-oss-120b", hardware="H200"), build_backend=False)
+    bm = plan.make_block_manager()
+    assert isinstance(bm, HybridBlockManager) and bm.windows == [128]  # the full group is the primary
+    assert bm.max_admission_tokens == 127 + 2 * 2048  # window - 1 + two batches in flight
+    dense = resolve(ReplayOptions(model="Qwen3-30B-A3B", hardware="H200"), build_backend=False)
+    assert type(dense.make_block_manager()) is BlockManager
+
+
+@pytest.mark.slow
+def test_gpt_oss_replay_holds_fewer_blocks(tmp_path):
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.app.replay import replay
+    from tests.helpers import make_trace
+
+    trace = make_trace([(0.1 * i, 2000, 50) for i in range(20)])
+    result = replay(trace, resolve(ReplayOptions(model="gpt-oss-120b", hardware="H200")))
+    assert all(r.status is Status.FINISHED for r in result.requests)
+    # A decode-only step's blocks: each running request holds cdiv(tokens, 16) full blocks and at
+    # most 9 in the 128-token window (not the 125 of its prompt).
+    s = result.steps
+    decode = (s.num_prefill_tokens == 0) & (s.num_requests > 0)
+    assert decode.any()
+    assert (s.num_kv_blocks_used[decode] <= s.num_requests[decode] * (129 + 9)).all()
