@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from backends.costmodel.optables.profile import is_op_profile, op_profile_from_json
 from backends.hardware import Hardware, resolve_hardware
 from backends.kv_capacity import KVCapacity, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
-from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
 from policies.routers import load_router
 from sim.app.opprofiles import (
@@ -181,7 +181,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                             "roofline")
     if backend is None and build_backend:
         if op_profile is not None:
-            from backends.opbackend import OpTableBackend
+            from backends.costmodel.optables.backend import OpTableBackend
 
             backend = OpTableBackend(op_profile.op_model(), device=hardware.name, profile_name=options.profile)
         else:

@@ -61,9 +61,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from backends.opbackend import OpTableBackend
-from backends.opprofile import ClientOverhead, build_profile
-from backends.optables import load_tables, systems_in
+from backends.costmodel.optables.backend import OpTableBackend
+from backends.costmodel.optables.profile import ClientOverhead, build_profile
+from backends.costmodel.optables.tables import load_tables, systems_in
 from sim.app.opprofiles import kv_name
 from sim.app.options import ReplayOptions
 from sim.app.outputs import atomic_write_text
@@ -258,7 +258,7 @@ def model_source(model_path: str, models_dir: str | Path | None) -> str | None:
     preset = next((p for p in MODELS if p.lower() == name.lower()), None)
     if preset is not None:
         return preset
-    from backends.systems import package_systems_dir
+    from backends.costmodel.optables.systems import package_systems_dir
 
     systems = package_systems_dir()
     if systems is not None:
@@ -273,7 +273,7 @@ def hardware_for(system: str) -> str | None:
     system (with the tables extra), else None."""
     if system in SYSTEM_HARDWARE:
         return SYSTEM_HARDWARE[system]
-    from backends.systems import list_systems
+    from backends.costmodel.optables.systems import list_systems
 
     return system if system in list_systems() else None
 
@@ -388,7 +388,7 @@ def summarize(rows: pd.DataFrame, skipped: list[dict]) -> dict:
 
 def default_ops_dir() -> Path:
     """The package's tables (the tables extra), for `sim validate` without --ops."""
-    from backends.systems import INSTALL_HINT, package_systems_dir
+    from backends.costmodel.optables.systems import INSTALL_HINT, package_systems_dir
 
     folder = package_systems_dir()
     if folder is None:

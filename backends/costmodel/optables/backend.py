@@ -1,8 +1,8 @@
 """The operator-table backend: a step's time is the sum of measured operator times.
 
 It answers the engine as the cost-model backend does (`execute`, `decode_run`, `breakdown`,
-`step_seconds`), from an `OperatorModel` (backends/opmodel.py) built from a profile written by
-`sim calibrate --from-ops` (backends/opprofile.py). Decode-only runs are costed in one
+`step_seconds`), from an `OperatorModel` (backends/costmodel/optables/model.py) built from a profile written by
+`sim calibrate --from-ops` (backends/costmodel/optables/profile.py). Decode-only runs are costed in one
 vectorised call whose every step has exactly the seconds `execute` gives that step.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.opmodel import OperatorModel
+from backends.costmodel.optables.model import OperatorModel
 from sim.backend import StepResult
 from sim.batch import Batch
 
