@@ -376,6 +376,17 @@ class MoETableCostModel(MoERooflineCostModel):
         parts["attention"] = float(attention) if np.ndim(attention) == 0 else attention
         return parts
 
+    def max_tokens_per_s(self, max_tokens: int) -> float:
+        """The most tokens per second a step of at most `max_tokens` tokens allows with its linear
+        layers, router, MoE layers and all-reduces alone (attention and the rest come on top):
+        `sim validate`'s physical check, as OperatorModel.max_gemm_tokens_per_s is the dense model's."""
+        sizes = sorted({2 ** i for i in range(max(int(max_tokens), 1).bit_length())} | {max(int(max_tokens), 1)})
+        best = 0.0
+        for t in sizes:
+            linear, router, moe, _, _, _, allreduce = self.dense(t, 0)
+            best = max(best, t / float(linear + router + moe + allreduce))
+        return best
+
     def cost_model_summary(self) -> dict:
         """summary.json's `cost_model`: the table or roofline that priced each operator, and what was scaled."""
         out = {"kind": "operator tables (MoE)", "system": self.system, "operators": dict(self.sources)}
