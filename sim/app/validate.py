@@ -124,8 +124,11 @@ class Protocol:
     async_scheduling: bool | None = None  # per row (`async_for`), or True / False for every row
     warmup_waves: int | str = "auto"  # the first K x C requests sent are not counted; auto: per row (`warmup_for`)
     unique_prompts: int = 0  # 0: every prompt its own (vLLM's random dataset); N: N prompts sent in turn
+    moe_cost_model: str = "tables"  # MoE, MLA, sliding-window rows: "tables" (MoETableCostModel) or "roofline"
 
     def __post_init__(self) -> None:
+        if self.moe_cost_model not in ("tables", "roofline"):
+            raise ServesimError(f"unknown --moe-cost-model {self.moe_cost_model!r}; choose tables or roofline")
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose recipe, auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
@@ -398,7 +401,8 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     the clients (the first C mod DP ranks one more); the engine has no lockstep of DP ranks yet, so the
     ranks are independent (the MoE layer is priced at DP x this rank's tokens, the ranks' dispatch and
     combine included); the means are over every rank's requests."""
-    from backends.costmodel.optables.moe import moe_table_model
+    from backends.costmodel.optables.moe import max_tokens_per_s, moe_table_model
+    from backends.costmodel.roofline import MoERooflineCostModel
     from backends.hardware import resolve_hardware
     from backends.kv_capacity import kv_capacity
 
@@ -407,8 +411,13 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     dtype = "fp8" if str(row["precision"]) == "fp8" and not model.weight_dtype else "bf16"
     key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version)
     if key not in cache:
-        cache[key] = moe_table_model(model, hardware, row["system"], data_dir, tp, dtype, kv_cache, ep, dp=dp,
-                                     vllm_version=version)
+        if protocol.moe_cost_model == "roofline":
+            cache[key] = MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
+                                              enable_expert_parallel=ep)
+            cache[key].moe_tp, cache[key].ep = model.moe_parallel(tp, dp, ep)
+        else:
+            cache[key] = moe_table_model(model, hardware, row["system"], data_dir, tp, dtype, kv_cache, ep, dp=dp,
+                                         vllm_version=version)
     backend = cache[key]
     c = int(row["concurrency"])
     shares = [c // dp + (1 if r < c % dp else 0) for r in range(dp)]
@@ -417,13 +426,14 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     kv = kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=budget,
                      max_num_seqs=max(shares), tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
                      max_model_len=int(row["isl"]) + int(row["osl"]), dp=dp, enable_expert_parallel=ep)
-    ops = backend.cost_model_summary()["operators"]
+    ops = backend.cost_model_summary()["operators"] if hasattr(backend, "cost_model_summary") else \
+        {"moe": "the MoE roofline (--moe-cost-model roofline)"}
     note = "; ".join(f"{k}: {v}" for k, v in ops.items() if k in ("moe", "linear", "attention", "allreduce",
                                                                       "dispatch", "combine"))
     results, weights = [], []
     for share in sorted(set(shares)):
         results.append(simulate_row(row, backend, tp, dtype, kv_cache, ClientOverhead(),
-                                    backend.max_tokens_per_s(budget), note, protocol, concurrency=share,
+                                    max_tokens_per_s(backend, budget), note, protocol, concurrency=share,
                                     num_blocks=kv.num_gpu_blocks))
         weights.append(shares.count(share) * share)
     out = dict(results[-1])

@@ -359,9 +359,29 @@ class MoETableCostModel(MoERooflineCostModel):
             total += self._sliding_layers * self._window_attention(self.model.sliding_window, q, c)
         return total
 
+    def _decodes_attention(self, window: int, kv_lens: list[int]) -> float:
+        """One layer's attention of a step's decodes as one batch at their mean KV length (the
+        generation table's batch x KV length grid, as the dense operator model prices them)."""
+        if not kv_lens:
+            return 0.0
+        t, scaled = self._attention[window, "generation"].at(len(kv_lens), sum(kv_lens) / len(kv_lens))
+        self._count("attention", [scaled])
+        return t
+
     def parts(self, agg: StepAggregates, chunks: list[tuple[int, int]], dense: tuple) -> dict:
-        if self._attention is None or not self.decodes_from_sums:
+        if self._attention is None:
             return super().parts(agg, chunks, dense)
+        if not self.decodes_from_sums:  # sliding layers: `chunks` are every request's (q, c)
+            parts = super().parts(agg, [], dense)
+            decodes = [c for q, c in chunks if q == 1]
+            w = self.model.sliding_window
+            attention = sum(self.request_seconds(q, c) for q, c in chunks if q != 1)
+            if self._full_layers:
+                attention += self._full_layers * self._decodes_attention(0, decodes)
+            if self._sliding_layers:
+                attention += self._sliding_layers * self._decodes_attention(w, [min(c, w) for c in decodes])
+            parts["attention"] = attention
+            return parts
         # Full-attention GQA: the decodes as one batch at their mean KV length (the generation
         # table's batch x KV length grid, as the dense operator model prices them), each prefill
         # chunk on its own.
@@ -376,17 +396,6 @@ class MoETableCostModel(MoERooflineCostModel):
         parts["attention"] = float(attention) if np.ndim(attention) == 0 else attention
         return parts
 
-    def max_tokens_per_s(self, max_tokens: int) -> float:
-        """The most tokens per second a step of at most `max_tokens` tokens allows with its linear
-        layers, router, MoE layers and all-reduces alone (attention and the rest come on top):
-        `sim validate`'s physical check, as OperatorModel.max_gemm_tokens_per_s is the dense model's."""
-        sizes = sorted({2 ** i for i in range(max(int(max_tokens), 1).bit_length())} | {max(int(max_tokens), 1)})
-        best = 0.0
-        for t in sizes:
-            linear, router, moe, _, _, _, allreduce = self.dense(t, 0)
-            best = max(best, t / float(linear + router + moe + allreduce))
-        return best
-
     def cost_model_summary(self) -> dict:
         """summary.json's `cost_model`: the table or roofline that priced each operator, and what was scaled."""
         out = {"kind": "operator tables (MoE)", "system": self.system, "operators": dict(self.sources)}
@@ -397,6 +406,19 @@ class MoETableCostModel(MoERooflineCostModel):
         if self.notes:
             out["notes"] = list(self.notes)
         return out
+
+
+def max_tokens_per_s(cost_model, max_tokens: int) -> float:
+    """The most tokens per second a step of at most `max_tokens` tokens allows with its linear
+    layers, router, MoE layers and all-reduces alone (attention and the rest come on top), for the
+    MoE roofline or table model (`dense`): `sim validate`'s physical check, as
+    OperatorModel.max_gemm_tokens_per_s is the dense model's."""
+    sizes = sorted({2 ** i for i in range(max(int(max_tokens), 1).bit_length())} | {max(int(max_tokens), 1)})
+    best = 0.0
+    for t in sizes:
+        linear, router, moe, _, _, _, allreduce = cost_model.dense(t, 0)
+        best = max(best, t / float(linear + router + moe + allreduce))
+    return best
 
 
 def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, dtype: str = "bf16",
