@@ -186,6 +186,7 @@ class MoETableCostModel(MoERooflineCostModel):
         self._linear_curves = self._derive_linear(tables)
         self._derive_attention(tables, kv_cache_dtype)
         self._derive_collectives(tables)
+        self._by_tokens: dict[int, tuple] = {}  # dense()'s table parts by token count
         self._tables_ready = True
         self._dense_cache.clear()
 
@@ -312,6 +313,14 @@ class MoETableCostModel(MoERooflineCostModel):
         linear, router, moe, kv_write, elementwise, lm_head, allreduce = super().dense(t, num_logits)
         if not getattr(self, "_tables_ready", False):
             return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+        by_tokens = self._by_tokens.get(t)
+        if by_tokens is None:
+            by_tokens = self._by_tokens[t] = self._token_parts(t, linear, moe, allreduce)
+        linear, moe, allreduce = by_tokens
+        return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+
+    def _token_parts(self, t: int, linear, moe, allreduce) -> tuple:
+        """(linear, moe, allreduce) of t tokens from the tables (the roofline's where none)."""
         m, h = self.model, self.model.hidden_size
         tokens = max(t, 1)
         if self._linear_curves is not None:
@@ -333,7 +342,7 @@ class MoETableCostModel(MoERooflineCostModel):
             dispatch = self._pair("dispatch", self._gather, d) if self._gather is not None else self._ring(d, self._dp)
             combine = self._pair("combine", self._scatter, c) if self._scatter is not None else self._ring(c, self._dp)
             moe = moe + m.num_moe_layers * float(dispatch + combine)
-        return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+        return linear, moe, allreduce
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
         """One layer's attention of one request from the tables at `window` (0: full attention)."""
@@ -386,6 +395,15 @@ class MoETableCostModel(MoERooflineCostModel):
         # table's batch x KV length grid, as the dense operator model prices them), each prefill
         # chunk on its own.
         parts = super().parts(agg, [], dense)
+        if np.ndim(agg.num_decodes) == 0 and np.ndim(agg.decode_sum_context) == 0:  # one step: scalar lookups
+            n0 = int(agg.num_decodes)
+            attention = 0.0
+            if n0:
+                t0, scaled0 = self._attention[0, "generation"].at(n0, max(agg.decode_sum_context / n0, 1.0))
+                self._count("attention", [scaled0])
+                attention = self.model.num_hidden_layers * t0
+            parts["attention"] = attention + sum(self.request_seconds(q, c) for q, c in chunks)
+            return parts
         n = np.asarray(agg.num_decodes, dtype=np.float64)
         mean = np.asarray(agg.decode_sum_context, dtype=np.float64) / np.maximum(n, 1.0)
         t, scaled = self._attention[0, "generation"].many(np.maximum(n, 1.0), np.maximum(mean, 1.0))
