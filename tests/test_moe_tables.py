@@ -186,3 +186,26 @@ def test_validate_a_5_row_moe_cut(package, tmp_path):
     assert rows["tables"].str.contains("moe: moe_perf").all()
     assert np.isfinite(rows[["predicted_ttft_ms", "predicted_tpot_ms"]].to_numpy()).all()
     assert (rows["predicted_tpot_ms"] > 0).all()
+
+
+@pytest.mark.parametrize("row, layout", [
+    ({"tp_size": 2, "attention_dp_size": "", "moe_tp_size": 2, "moe_ep_size": 1}, (2, 1, False)),
+    ({"tp_size": 1, "attention_dp_size": "", "moe_tp_size": 2, "moe_ep_size": 1}, (1, 2, False)),
+    ({"tp_size": 2, "attention_dp_size": "", "moe_tp_size": 1, "moe_ep_size": 2}, (2, 1, True)),
+    ({"tp_size": 1, "attention_dp_size": 4, "moe_tp_size": 1, "moe_ep_size": 4}, (1, 4, True)),
+    ({"tp_size": 2, "attention_dp_size": 2, "moe_tp_size": 1, "moe_ep_size": 4}, (2, 2, True)),
+])
+def test_a_moe_rows_layout(row, layout):
+    from backends.model_config import resolve_model
+    from sim.app.validate import moe_layout
+
+    assert moe_layout(row, resolve_model("Qwen3-235B-A22B")) == layout
+
+
+def test_a_layout_vllm_would_not_make_is_refused_naming_it():
+    from backends.model_config import resolve_model
+    from sim.app.validate import moe_layout
+
+    with pytest.raises(ServesimError, match="moe_tp_size 4 x moe_ep_size 1 is not vLLM's layout of TP 2 x DP 1"):
+        moe_layout({"tp_size": 2, "attention_dp_size": 1, "moe_tp_size": 4, "moe_ep_size": 1},
+                   resolve_model("Qwen3-235B-A22B"))
