@@ -20,7 +20,7 @@ A hardware file is one JSON object with these fields (numbers in base units):
      "description": "..."}             optional
 
 `--hardware` also takes a system AIConfigurator's package describes (h100_sxm, l40s, ...; `sim
-hardware` lists them), its figures from the package's systems/<system>.yaml (backends/systems.py).
+hardware` lists them), its figures from the package's systems/<system>.yaml (backends/costmodel/optables/systems.py).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def resolve_hardware(name_or_path: str) -> Hardware:
         return HARDWARE[name_or_path]
     if name_or_path.endswith(".json") or Path(name_or_path).exists():
         return Hardware.from_json(name_or_path)
-    from backends.systems import INSTALL_HINT, list_systems, package_systems_dir, system_hardware
+    from backends.costmodel.optables.systems import INSTALL_HINT, list_systems, package_systems_dir, system_hardware
 
     if package_systems_dir() is None:
         if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+|[a-z]+\d+[a-z]*", name_or_path):  # a system's name, e.g. l40s

@@ -320,7 +320,7 @@ class ModelConfig:
     @property
     def is_extended(self) -> bool:
         """Whether the model is one of the MoE, MLA or sliding-window families (priced by
-        `layout_*`, `weight_bytes_by_part` and backends/roofline.py's MoE model)."""
+        `layout_*`, `weight_bytes_by_part` and backends/costmodel/roofline.py's MoE model)."""
         return bool(self.model_type or self.num_experts or self.kv_lora_rank or self.layer_types)
 
     @property

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.calibrated import FEATURES, Calibration, step_features
 from backends.costmodel import step_aggregates
+from backends.costmodel.fitted import FEATURES, Calibration, step_features
 from backends.model_config import ModelConfig
 from sim.errors import ServesimError
 
@@ -64,7 +64,7 @@ class Profile:
 def save_profile(profile: Profile, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from backends.opprofile import write_whole
+    from backends.costmodel.optables.profile import write_whole
 
     write_whole(path, json.dumps(profile.to_json(), indent=2) + "\n")  # never a truncated profile
 

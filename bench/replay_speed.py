@@ -1,11 +1,13 @@
 """Replay speed: the Azure LLM inference 2023 conversation trace (19,366 requests, about an hour)
 with the cost model (Llama-3.1-8B on H100-SXM by default, budget 2048) under each policy, at 1x,
-2x and 4x rate under chunked, and the Mooncake synthetic trace (prefix caching) under chunked.
+2x and 4x rate under chunked, the Mooncake synthetic trace (prefix caching) under chunked, and
+`moe`: the Azure trace under chunked at 1x on Qwen3-30B-A3B (a mixture of experts, priced from the
+operator tables where the hardware's system has them), with its time over chunked 1x's.
 
     python bench/replay_speed.py [--trace FILE] [--mooncake FILE] [--only CONFIG ...] [--repeat N]
                                  [--model NAME] [--hardware NAME] [--no-fast-forward] [--no-e2e]
 
-CONFIG is POLICY:RATE on the Azure trace (chunked:2) or `mooncake`; with --only the figures of each
+CONFIG is POLICY:RATE on the Azure trace (chunked:2), `mooncake` or `moe`; with --only the figures of each
 configuration asked for are printed as one JSON line (the table otherwise). Without --trace the traces are
 looked up beside the repository (`../shared/traces/raw/`, from this checkout or from the main
 checkout of a git worktree); when they are not there the bundled samples are replayed instead, and
@@ -44,7 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = "synthetic_trace.jsonl"
-CONFIGS = ("decode-first:1", "prefill-first:1", "chunked:1", "chunked:2", "chunked:4", "mooncake")
+CONFIGS = ("decode-first:1", "prefill-first:1", "chunked:1", "chunked:2", "chunked:4", "mooncake", "moe")
+MOE_MODEL = "Qwen3-30B-A3B"  # the `moe` row: chunked 1x on the Azure trace with this model (issue 30: within 1.5x of --model)
 AZURE_SAMPLE = ROOT / "traces" / "samples" / "azure_conv_2023_first5min.csv"
 MOONCAKE_SAMPLE = ROOT / "traces" / "samples" / "mooncake_synthetic_last200.jsonl"
 BUDGET = 2048
@@ -101,6 +104,8 @@ def parse_config(text: str) -> tuple[str, float, bool]:
     """(policy, rate, is_mooncake) of a CONFIG."""
     if text == "mooncake":
         return "chunked", 1.0, True
+    if text == "moe":
+        return "chunked", 1.0, False
     policy, sep, rate = text.partition(":")
     try:
         return policy, float(rate) if sep else 1.0, False
@@ -217,10 +222,12 @@ def main() -> None:
     if table:
         print(f"{'config':<17}{'sim s':>8}{'cpu s':>8}{'ref s':>7}{'simulated':>11}{'x real':>8}{'steps':>9}"
               f"{'RSS MB':>8}{'e2e s':>8}{'e2e cpu':>8}{'e2e MB':>8}")
+    seen: dict[str, float] = {}
     for config in args.only or CONFIGS:
         policy, rate, is_mooncake = parse_config(config)
         trace = mooncake if is_mooncake else azure
-        cmd = [sys.executable, __file__, "--worker", f"{policy}|{rate}|{trace}", "--model", args.model,
+        model = MOE_MODEL if config == "moe" else args.model
+        cmd = [sys.executable, __file__, "--worker", f"{policy}|{rate}|{trace}", "--model", model,
                "--hardware", args.hardware] + ([] if fast_forward else ["--no-fast-forward"])
         runs = []
         for _ in range(args.repeat):
@@ -229,10 +236,11 @@ def main() -> None:
                 sys.exit(f"replay_speed: {config} failed:\n{done.stderr}")
             run = json.loads(done.stdout)
             if not args.no_e2e:
-                run.update(end_to_end(trace, policy, rate, args.model, args.hardware, fast_forward))
+                run.update(end_to_end(trace, policy, rate, model, args.hardware, fast_forward))
             runs.append(run)
-        label = "mooncake chunked" if is_mooncake else f"{policy} {rate:g}x"
+        label = "mooncake chunked" if is_mooncake else f"{MOE_MODEL} 1x" if config == "moe" else f"{policy} {rate:g}x"
         sim_s, simulated = best(runs, "sim_s"), runs[0]["simulated_s"]
+        seen[config] = sim_s
         if not table:
             row = dict(runs[0], config=config, x_real=simulated / sim_s)
             row.update({key: best(runs, key) for key in row if key.endswith(("_s", "_mb")) and key != "simulated_s"})
@@ -242,6 +250,8 @@ def main() -> None:
             f"{best(runs, 'e2e_s'):>8.2f}{best(runs, 'e2e_cpu_s'):>8.2f}{best(runs, 'e2e_rss_mb'):>8.0f}"
         print(f"{label:<17}{sim_s:>8.2f}{best(runs, 'cpu_s'):>8.2f}{best(runs, 'ref_s'):>7.2f}{simulated:>11.0f}"
               f"{simulated / sim_s:>8.0f}{runs[0]['steps']:>9}{best(runs, 'rss_mb'):>8.0f}" + e2e, flush=True)
+    if "moe" in seen and "chunked:1" in seen:
+        say(f"{MOE_MODEL} / {args.model} (chunked 1x, sim s): {seen['moe'] / seen['chunked:1']:.2f}x (target <= 1.5x)")
 
 
 if __name__ == "__main__":

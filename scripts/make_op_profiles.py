@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from backends.costmodel.optables.profile import build_profile, save_op_profile
+from backends.costmodel.optables.tables import load_tables
 from backends.hardware import resolve_hardware
 from backends.kv_capacity import kv_capacity
 from backends.model_config import resolve_model
-from backends.opprofile import build_profile, save_op_profile
-from backends.optables import load_tables
 from backends.presets import MODELS
 from sim.app.opprofiles import OPS_DIR, kv_name, profile_file_name
 from sim.errors import ServesimError

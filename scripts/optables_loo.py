@@ -1,11 +1,11 @@
 """The operator tables' own interpolation error, measured on the tables (no model, no silicon rows).
 
 1. GEMM, leave-one-out in (n, k): every interior grid shape's curve over m is predicted from its
-   neighbours n-1, n+1 and k-1, k+1 (bilinear in log n, log k of log time, as backends/opderive.py
+   neighbours n-1, n+1 and k-1, k+1 (bilinear in log n, log k of log time, as backends/costmodel/optables/derive.py
    interpolates an off-grid shape) and compared with its measured times at every m.
 2. GEMM, leave-one-out in m: every interior m of every shape predicted from m-1 and m+1 (log-log,
-   as backends/interp.py interpolates between grid m).
-3. Decode attention of unequal lengths priced as one batch at the mean length (backends/opmodel.py):
+   as backends/costmodel/optables/interp.py interpolates between grid m).
+3. Decode attention of unequal lengths priced as one batch at the mean length (backends/costmodel/optables/model.py):
    a batch of 2b sequences, b at length L1 and b at L2, is measured by the table as two calls,
    t(b, L1) + t(b, L2) minus one call's floor; the model says t(2b, (L1 + L2) / 2).
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from backends.interp import fill_rows_by_scaling, interp_loglog_2d
-from backends.optables import GEMM_DTYPES, KERNELS, load_tables, systems_in
+from backends.costmodel.optables.interp import fill_rows_by_scaling, interp_loglog_2d
+from backends.costmodel.optables.tables import GEMM_DTYPES, KERNELS, load_tables, systems_in
 
 DATA = Path(__file__).resolve().parents[1] / ".." / ".." / "shared" / "gpu-data" / "aiconfigurator"
 

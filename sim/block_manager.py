@@ -424,10 +424,11 @@ class HybridBlockManager(BlockManager):
         super().append(request, num_new_tokens)
         self._grow_others(request, request.num_computed_tokens + num_new_tokens)
 
-    def grow_tables(self, owners: list[Request]) -> None:
+    def grow_tables(self, owners: list[Request], counts: list[int] | None = None) -> None:
         """A decode step's opening blocks (the policy's bulk path): each owner's primary block,
-        then its other groups' (fast-forward, which hands out a run's blocks in one go, is off
-        for a hybrid cache: `slides_windows`)."""
+        then its other groups' (fast-forward, which hands out a run's blocks in one go with
+        `counts`, is off for a hybrid cache: `slides_windows`)."""
+        assert counts is None, "a hybrid cache grows one decode step at a time (no fast-forward runs)"
         for request in owners:
             super().grow_tables([request])
             self._grow_others(request, request.num_computed_tokens + 1)

@@ -12,7 +12,7 @@ import itertools
 
 import pandas as pd
 
-from backends.optables import TableSet
+from backends.costmodel.optables.tables import TableSet
 
 GEMM_GRID = [64, 128, 256, 512]
 M_GRID = [1, 2, 4, 8, 16, 64, 256, 1024]

@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from backends.calibrated import FEATURES, CalibratedCostModel, Calibration, step_features
 from backends.calibration import SETTLE_RUNS, calibrate, make_grid, measure, shape_batch
 from backends.costmodel import make_cost_model
+from backends.costmodel.fitted import FEATURES, CalibratedCostModel, Calibration, step_features
+from backends.costmodel.roofline import Efficiencies, RooflineCostModel
 from backends.hardware import HARDWARE
 from backends.model_config import ModelConfig
 from backends.profile import fit_calibration, load_profile, nnls, pad, predict, save_profile
-from backends.roofline import Efficiencies, RooflineCostModel
 from sim.app.cli import main
 from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, replay

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from backends.costmodel.roofline import RooflineCostModel
 from backends.hardware import HARDWARE
 from backends.model_config import ModelConfig
-from backends.roofline import RooflineCostModel
 from policies import POLICIES
 from policies.routers import ROUTERS
 from sim.app.cluster_options import ClusterOptions

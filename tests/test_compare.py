@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from backends.calibrated import CalibratedCostModel
 from backends.calibration import calibrate
 from backends.costmodel import CostModel
+from backends.costmodel.fitted import CalibratedCostModel
 from backends.model_config import ModelConfig
 from backends.profile import load_profile, save_profile
 from sim.app.compare import PredictingBackend, compare, join_steps, step_kind, write_comparison

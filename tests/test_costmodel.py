@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from backends.costmodel.roofline import Efficiencies, RooflineCostModel
 from backends.hardware import HARDWARE
 from backends.model_config import ModelConfig
-from backends.roofline import Efficiencies, RooflineCostModel
 from sim.batch import Batch
 from sim.errors import ServesimError
 
@@ -95,7 +95,7 @@ def test_a_config_json_costs_what_its_preset_costs(tmp_path, preset):
 
 
 def test_tp2_halves_the_gemms_and_adds_two_allreduces_per_layer():
-    from backends.tensor_parallel import ALLREDUCE_LATENCY_S
+    from backends.costmodel.tensor_parallel import ALLREDUCE_LATENCY_S
 
     m = ModelConfig.from_preset("Llama-3.1-8B")
     b = Batch()

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.calibrated import FEATURES, CalibratedCostModel, Calibration
+from backends.costmodel.fitted import FEATURES, CalibratedCostModel, Calibration
+from backends.costmodel.roofline import RooflineCostModel
 from backends.hardware import HARDWARE
 from backends.model_config import ModelConfig
-from backends.roofline import RooflineCostModel
 from policies import POLICIES
 from policies.base import Promises
 from sim.app.plan import resolve

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backends.costmodel.roofline import MoERooflineCostModel, window_pairs
 from backends.hardware import HARDWARE
 from backends.kv_capacity import KVCacheGroup, kv_cache_groups, kv_capacity, vllm_kv_cache
 from backends.model_config import ModelConfig, linear_bytes, resolve_model
 from backends.presets import MODELS
-from backends.roofline import MoERooflineCostModel, window_pairs
 from sim.batch import Batch
 from sim.errors import ServesimError
 from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, MISTRAL_7B_V01

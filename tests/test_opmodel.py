@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.interp import Curve, Grid, fill_rows_by_scaling, interp_loglog, interp_loglog_2d
-from backends.opbackend import OpTableBackend
-from backends.opderive import derive, gemm_shapes
-from backends.opmodel import OperatorModel, StepOverhead, padded_tokens
-from backends.opprofile import build_profile, load_op_profile, save_op_profile
-from backends.optables import load_tables
+from backends.costmodel.optables.backend import OpTableBackend
+from backends.costmodel.optables.derive import derive, gemm_shapes
+from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling, interp_loglog, interp_loglog_2d
+from backends.costmodel.optables.model import OperatorModel, StepOverhead, padded_tokens
+from backends.costmodel.optables.profile import build_profile, load_op_profile, save_op_profile
+from backends.costmodel.optables.tables import load_tables
 from sim.batch import Batch
 from sim.errors import ServesimError
 from tests.optables_fixture import (
@@ -214,7 +214,7 @@ def test_decode_run_equals_step_by_step(contexts, num_steps, data, tp):
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=6), st.data())
 def test_decode_runs_reading_cached_stretches_equal_step_by_step(contexts, data):
     """Decode runs read their step times from stretches cached by earlier runs of the same batch
-    size (backends/opmodel.py, decode_run_values): runs that start inside a cached stretch, cross
+    size (backends/costmodel/optables/model.py, decode_run_values): runs that start inside a cached stretch, cross
     into the next one, or shrink as requests leave still give exactly the steps' own times."""
     be = OpTableBackend(op_model(overhead=2e-4))
     for _ in range(3):

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.opbackend import OpTableBackend
-from backends.opderive import derive, gemm_shapes
-from backends.opmodel import OperatorModel, StepOverhead
-from backends.opprofile import load_op_profile, model_shape
-from backends.optables import load_tables
+from backends.costmodel.optables.backend import OpTableBackend
+from backends.costmodel.optables.derive import derive, gemm_shapes
+from backends.costmodel.optables.model import OperatorModel, StepOverhead
+from backends.costmodel.optables.profile import load_op_profile, model_shape
+from backends.costmodel.optables.tables import load_tables
 from sim.app.cli import main
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve

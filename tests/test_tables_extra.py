@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from backends.opderive import derive
-from backends.opmodel import OperatorModel, StepOverhead
-from backends.optables import load_tables
-from backends.systems import choose_version
+from backends.costmodel.optables.derive import derive
+from backends.costmodel.optables.model import OperatorModel, StepOverhead
+from backends.costmodel.optables.systems import choose_version
+from backends.costmodel.optables.tables import load_tables
 from sim.app.cli import main
 from sim.errors import ServesimError
 from tests.helpers import shared_dir
@@ -134,7 +134,7 @@ def test_a_missing_table_or_rows_are_refused_by_name(tmp_path):
                                             r"2 KV heads, head_dim 32, KV cache bf16 on tiny_gpu \(vllm 0\.24\.0\)"):
         derive(tables, dict(TINY, num_attention_heads=8, num_key_value_heads=2))
     with pytest.raises(ServesimError, match="no nvfp4 GEMM rows for tiny_gpu"):
-        from backends.opderive import gemm_kernel
+        from backends.costmodel.optables.derive import gemm_kernel
 
         gemm_kernel(tables, "fp4")
 
@@ -197,9 +197,9 @@ def test_vllm_version_picks_the_nearest_tables_and_says_so(package, tmp_path, ca
 
 
 def test_a_system_name_without_the_extra_is_a_one_line_error(monkeypatch, tmp_path, capsys):
-    import backends.systems
+    import backends.costmodel.optables.systems
 
-    monkeypatch.setattr(backends.systems, "package_systems_dir", lambda: None)
+    monkeypatch.setattr(backends.costmodel.optables.systems, "package_systems_dir", lambda: None)
     assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r"), "--hardware", "l40s"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install -e '.[tables]'" in err
@@ -241,9 +241,9 @@ def test_a_hardware_file_states_its_pcie_link_and_summary_json_says_so(tmp_path)
     summary = replay(tmp_path, "--hardware", str(path), "--tp", "2")
     assert summary["hardware"]["pcie_bandwidth"] == 32e9 and summary["hardware"]["nvlink_bandwidth"] is None
     # The roofline's all-reduce: a ring over the PCIe link, 2 (T - 1) / T of the bytes, plus 5 us.
+    from backends.costmodel.tensor_parallel import tp_allreduce_seconds
     from backends.hardware import Hardware
     from backends.model_config import ModelConfig
-    from backends.tensor_parallel import tp_allreduce_seconds
 
     hw = Hardware.from_json(path)
     model = ModelConfig.from_preset("Llama-3.1-8B")

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from backends.hardware import HARDWARE
-from backends.model_config import ModelConfig
-from backends.tensor_parallel import (
+from backends.costmodel.tensor_parallel import (
     layer_gemms_seconds,
     ring_allreduce_seconds,
     tp_allreduce_seconds,
 )
+from backends.hardware import HARDWARE
+from backends.model_config import ModelConfig
 
 LLAMA = ModelConfig.from_preset("Llama-3.1-8B")
 H100 = HARDWARE["H100-SXM"]

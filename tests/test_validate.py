@@ -123,7 +123,7 @@ def test_async_scheduling_makes_a_new_request_wait_one_step_more(async_schedulin
     """Steps of 1 s, two clients. a (3 tokens) and b (5 tokens) prefill in [0, 1]; a's third token
     ends it at 3 and c is sent then. Synchronously c joins the step starting at 3 (first token at
     4); asynchronously the step [3, 4] was scheduled at 2, so c first runs in [4, 5]."""
-    from backends.opprofile import ClientOverhead
+    from backends.costmodel.optables.profile import ClientOverhead
     from policies import load_policy
     from sim.app.validate import ThroughApiServer
     from sim.arrivals import simulate
@@ -228,7 +228,7 @@ def test_warmup_waves_leave_the_first_wave_out_of_the_means():
     for prefill: a's first token at 1; b's chunks share the budget with a's decodes (3 tokens, then
     1), its first token at 3; c and d are sent as a and b end. With one warm-up wave only c and d
     count."""
-    from backends.opprofile import ClientOverhead
+    from backends.costmodel.optables.profile import ClientOverhead
     from policies import load_policy
     from sim.app.validate import ThroughApiServer, client_means
     from sim.arrivals import simulate
@@ -259,7 +259,7 @@ def test_unique_prompts_cycle_a_dataset_and_hit_the_prefix_cache():
     """--unique-prompts 2: requests send prompts 0, 1, 0, 1 (each prompt keeps its length, each
     request its output length); a prompt sent again finds its blocks cached (all but the last
     token's block, as vLLM: 48 of 64 tokens, then 16 of 20)."""
-    from backends.opprofile import ClientOverhead
+    from backends.costmodel.optables.profile import ClientOverhead
     from policies import load_policy
     from sim.app.validate import Protocol, ThroughApiServer
     from sim.arrivals import simulate
@@ -286,7 +286,7 @@ def test_fast_forward_gives_the_same_validation_run_with_long_prompts(async_sche
     """vLLM's benchmark client through the API server (`ThroughApiServer`, which delivers by the
     times it is given) with prompts of several budgets each: chunk runs and decode runs give the
     answers of stepping one by one, with and without async scheduling."""
-    from backends.opprofile import ClientOverhead
+    from backends.costmodel.optables.profile import ClientOverhead
     from sim.app.options import ReplayOptions
     from sim.app.plan import resolve
     from sim.app.validate import ThroughApiServer

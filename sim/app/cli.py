@@ -126,8 +126,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
+    from backends.costmodel.optables.systems import DISTRIBUTION, INSTALL_HINT, list_systems, package_systems_dir, package_version
     from backends.hardware import HARDWARE
-    from backends.systems import DISTRIBUTION, INSTALL_HINT, list_systems, package_systems_dir, package_version
 
     def row(name, h, tables=""):
         fp8 = "-" if h.peak_fp8_flops is None else f"{h.peak_fp8_flops / 1e12:.1f}"
@@ -142,8 +142,8 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     if package_systems_dir() is None:
         print(f"(more systems, with their measured vLLM tables: {INSTALL_HINT})")
         return 0
+    from backends.costmodel.optables.systems import system_table_versions
     from backends.hardware import resolve_hardware
-    from backends.systems import system_table_versions
 
     print(f"systems of {DISTRIBUTION} {package_version()} (--hardware NAME; --vllm-version picks their tables):")
     for name in list_systems():

@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from backends.opprofile import OpProfile, is_op_profile, model_shape, op_profile_from_json
+from backends.costmodel.optables.profile import OpProfile, is_op_profile, model_shape, op_profile_from_json
 from sim.errors import ServesimError
 
 ROOFLINE = "roofline"
@@ -98,7 +98,7 @@ def system_of(hardware) -> str | None:
 
 
 def system_has_tables(system: str) -> bool:
-    from backends.systems import has_tables
+    from backends.costmodel.optables.systems import has_tables
 
     return has_tables(system)
 
@@ -108,9 +108,9 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
     """The operator-table profile of this deployment derived from the package's tables of the
     hardware's system (each table at `vllm_version` or the nearest the system has; None: the
     newest), from the cache where it was derived before."""
-    from backends.opprofile import build_profile, load_op_profile, save_op_profile
-    from backends.optables import load_layout
-    from backends.systems import INSTALL_HINT, package_systems_dir, package_version, require_package
+    from backends.costmodel.optables.profile import build_profile, load_op_profile, save_op_profile
+    from backends.costmodel.optables.systems import INSTALL_HINT, package_systems_dir, package_version, require_package
+    from backends.costmodel.optables.tables import load_layout
 
     system = system_of(hardware)
     if system is None:
@@ -162,10 +162,10 @@ def tables_summary(profile: OpProfile, hardware) -> dict:
 
 def cmd_from_ops(args) -> int:
     """`sim calibrate --from-ops DIR --system S --model M [--hardware H] [--tp N] [--dtype D] --out P`."""
+    from backends.costmodel.optables.profile import build_profile, save_op_profile
+    from backends.costmodel.optables.tables import load_tables
     from backends.hardware import resolve_hardware
     from backends.model_config import resolve_model
-    from backends.opprofile import build_profile, save_op_profile
-    from backends.optables import load_tables
     from sim.app.outputs import check_file_destination, command_inputs
 
     out = Path(args.out)

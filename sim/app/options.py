@@ -24,6 +24,12 @@ from sim.app.cluster_options import ClusterOptions
 from sim.config import SEED, SLO, TENSOR_PARALLEL, CacheConfig, Option, Range, SchedulerConfig, check_options, option, option_of
 from sim.errors import ServesimError
 
+
+def check_moe_distribution(flag: str, value) -> None:
+    from backends.costmodel.optables.moe import check_moe_distribution as check
+
+    check(flag, str(value))
+
 BACKENDS = ("costmodel", "real")
 DEFAULT_DEPLOYMENT = (1, "bf16", "auto")
 DATA_PARALLEL = Range(1, 64, "ranks", "engine ranks of one data-parallel group, each a scheduler and KV cache in this "
@@ -57,6 +63,11 @@ class ReplayOptions:
     enable_expert_parallel: bool = option(False, flag="--enable-expert-parallel", boolean=True,
                                           help="a mixture-of-experts model's experts split whole over the --tp GPUs, "
                                                "as vLLM's flag (default: off, each expert split by TP)")
+    moe_distribution: str = option("balanced", flag="--moe-distribution", check=check_moe_distribution,
+                                   metavar="balanced|power-law:ALPHA",
+                                   help="how a mixture of experts' tokens spread over its experts, priced from the "
+                                        "moe_perf tables that measured it: balanced (default) or power-law:ALPHA "
+                                        "(the tables measure 1.01 and 1.2)")
     backend: str = option("costmodel", flag="--backend", choices=BACKENDS, metavar="costmodel|real",
                           help="step-time backend: costmodel (default) or real (runs every step through a real "
                                "model)")

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from backends.costmodel.optables.profile import is_op_profile, op_profile_from_json
 from backends.hardware import Hardware, resolve_hardware
 from backends.kv_capacity import ASYNC_BATCHES, KVCapacity, kv_cache_groups, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
-from backends.opprofile import is_op_profile, op_profile_from_json
 from policies import Policy, load_policy
 from policies.routers import load_router
 from sim.app.opprofiles import (
@@ -26,6 +26,7 @@ from sim.app.opprofiles import (
     matching_profile,
     read_profile_json,
     system_has_tables,
+    system_of,
     system_profile,
     tables_summary,
 )
@@ -102,6 +103,10 @@ class RunPlan:
             del d["vllm_version"]  # runs without it keep the summary they had
         if self.tables is not None:
             d["operator_tables"] = self.tables
+        if d["moe_distribution"] == "balanced":
+            del d["moe_distribution"]  # runs without it keep the summary they had
+        if hasattr(self.backend, "cost_model_summary"):
+            d["cost_model"] = self.backend.cost_model_summary()  # per operator: the table or the roofline
         d["scheduler"]["max_model_len"] = self.max_model_len
         d["cache"]["num_blocks"] = self.num_blocks
         cluster = d.pop("cluster")
@@ -180,6 +185,15 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                                         "operator-table profile; a fitted profile was measured on one device in its "
                                         "own dtype")
                 calibration = load_profile(options.profile, model.name).calibration  # refuses another model's
+        elif model.is_extended and backend is None and build_backend and system_of(hardware) is not None \
+                and system_has_tables(system_of(hardware)):
+            # MoE, MLA and sliding windows: each operator from the system's measured tables, else the roofline.
+            from backends.costmodel.optables.moe import moe_table_model
+            from backends.costmodel.optables.systems import require_package
+
+            backend = moe_table_model(model, hardware, system_of(hardware), require_package() / "data", options.tp,
+                                      options.dtype, options.kv_cache_dtype, options.enable_expert_parallel,
+                                      distribution=options.moe_distribution, vllm_version=options.vllm_version)
         else:
             found = None if options.vllm_version else matching_profile(model, hardware, options.tp, options.dtype,
                                                                         options.kv_cache_dtype)
@@ -198,7 +212,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                             "roofline")
     if backend is None and build_backend:
         if op_profile is not None:
-            from backends.opbackend import OpTableBackend
+            from backends.costmodel.optables.backend import OpTableBackend
 
             backend = OpTableBackend(op_profile.op_model(), device=hardware.name, profile_name=options.profile)
         else:

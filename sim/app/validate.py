@@ -61,9 +61,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from backends.opbackend import OpTableBackend
-from backends.opprofile import ClientOverhead, build_profile
-from backends.optables import load_tables, systems_in
+from backends.costmodel.optables.backend import OpTableBackend
+from backends.costmodel.optables.profile import ClientOverhead, build_profile
+from backends.costmodel.optables.tables import load_tables, systems_in
 from sim.app.opprofiles import kv_name
 from sim.app.options import ReplayOptions
 from sim.app.outputs import atomic_write_text
@@ -81,7 +81,7 @@ GROUP = ("system", "model", "backend", "backend_version", "precision")
 # validate.csv's columns taken as they are from predict_row, after the measured and predicted means.
 PREDICTED_COLUMNS = ("predicted_engine_ttft_ms", "num_gpu_blocks", "num_preemptions", "async_scheduling",
                      "warmup_waves", "warmup_from", "implied_tokens_per_s", "tables_max_tokens_per_s",
-                     "faster_than_tables", "tables")
+                     "faster_than_tables", "tables", "notes")
 
 
 # InferenceMAX's published results (the dashboard's export: `source_file=<date>.csv; model=...`),
@@ -124,8 +124,11 @@ class Protocol:
     async_scheduling: bool | None = None  # per row (`async_for`), or True / False for every row
     warmup_waves: int | str = "auto"  # the first K x C requests sent are not counted; auto: per row (`warmup_for`)
     unique_prompts: int = 0  # 0: every prompt its own (vLLM's random dataset); N: N prompts sent in turn
+    moe_cost_model: str = "tables"  # MoE, MLA, sliding-window rows: "tables" (MoETableCostModel) or "roofline"
 
     def __post_init__(self) -> None:
+        if self.moe_cost_model not in ("tables", "roofline"):
+            raise ServesimError(f"unknown --moe-cost-model {self.moe_cost_model!r}; choose tables or roofline")
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose recipe, auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
@@ -254,11 +257,14 @@ def model_source(model_path: str, models_dir: str | Path | None) -> str | None:
 
     if models_dir is not None and (Path(models_dir) / model_path / "config.json").is_file():
         return str(Path(models_dir) / model_path)
+    packaged = package_model_config(model_path)
+    if packaged is not None and is_moe_config(packaged):  # a MoE checkpoint's own quantization (block fp8, MXFP4)
+        return str(packaged)
     name = re.sub(r"(-instruct|-fp8)+$", "", model_path.split("/")[-1], flags=re.IGNORECASE)
     preset = next((p for p in MODELS if p.lower() == name.lower()), None)
     if preset is not None:
         return preset
-    from backends.systems import package_systems_dir
+    from backends.costmodel.optables.systems import package_systems_dir
 
     systems = package_systems_dir()
     if systems is not None:
@@ -268,12 +274,32 @@ def model_source(model_path: str, models_dir: str | Path | None) -> str | None:
     return None
 
 
+def package_model_config(model_path: str) -> Path | None:
+    """The tables package's model_configs/ file of `model_path` (ORG--NAME_config.json), if any."""
+    from backends.costmodel.optables.systems import package_systems_dir
+
+    systems = package_systems_dir()
+    if systems is None:
+        return None
+    config = systems.parent / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
+    return config if config.is_file() else None
+
+
+def is_moe_config(path: Path) -> bool:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    raw = raw.get("text_config", raw)
+    return any(raw.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
 def hardware_for(system: str) -> str | None:
     """The --hardware of a row's system: the named preset where there is one, else the package's
     system (with the tables extra), else None."""
     if system in SYSTEM_HARDWARE:
         return SYSTEM_HARDWARE[system]
-    from backends.systems import list_systems
+    from backends.costmodel.optables.systems import list_systems
 
     return system if system in list_systems() else None
 
@@ -303,24 +329,33 @@ def skip_reason(row, systems: list[str], models_dir) -> str | None:
 
 def predict_row(row, profile, protocol: Protocol) -> dict:
     """Simulate one measured benchmark with an operator-table profile."""
-    c, isl, osl = int(row["concurrency"]), int(row["isl"]), int(row["osl"])
+    ops = profile.op_model()
+    budget = max(protocol.max_num_batched_tokens, int(row["concurrency"]))
+    return simulate_row(row, OpTableBackend(ops, device=profile.source["system"]), profile.tp, profile.dtype,
+                        profile.kv_cache_dtype, profile.client_overhead, ops.max_gemm_tokens_per_s(budget),
+                        row_tables_note(profile), protocol)
+
+
+def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client: ClientOverhead,
+                 tokens_per_s: float, tables: str, protocol: Protocol, concurrency: int | None = None,
+                 num_blocks: int | None = None) -> dict:
+    """Simulate one measured benchmark (or one DP rank's share of its clients, `concurrency`)."""
+    c, isl, osl = int(row["concurrency"] if concurrency is None else concurrency), int(row["isl"]), int(row["osl"])
     n = protocol.prompts_per_client * c
     budget = max(protocol.max_num_batched_tokens, c)
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl),
-        cache=CacheConfig(enable_prefix_caching=protocol.unique_prompts > 0), model=row["model_source"],
-        hardware=hardware_for(row["system"]), tp=profile.tp, dtype=profile.dtype,
-        kv_cache_dtype="fp8" if profile.kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
-    ops = profile.op_model()
-    plan = resolve(options, backend=OpTableBackend(ops, device=profile.source["system"]))
+        cache=CacheConfig(num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
+        model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
+        kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
+    plan = resolve(options, backend=backend)
     isls, osls = protocol.lengths(isl, osl, n)
     requests = protocol.requests(isls, osls)
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
-    tokens_per_s = ops.max_gemm_tokens_per_s(budget)
     warmup, warmup_why = protocol.warmup_for(
         row, first_wave_ttft_bound_ms(c, float(np.mean(isls)), tokens_per_s, protocol.prompts_per_client))
     asynchronous = protocol.async_for(row)
-    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, asynchronous)
+    workload = ThroughApiServer(requests, [0.0] * n, c, engine, client, asynchronous)
     result = simulate(engine, workload)
     rejected = [r for r in result.requests if r.reject_reason is not None]
     if rejected:
@@ -336,7 +371,80 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
             "num_preemptions": result.num_preemptions, "async_scheduling": asynchronous,
             "warmup_waves": warmup, "warmup_from": warmup_why, "implied_tokens_per_s": implied,
             "tables_max_tokens_per_s": tokens_per_s, "faster_than_tables": bool(implied > tokens_per_s),
-            "tables": row_tables_note(profile)}
+            "tables": tables}
+
+
+def moe_layout(row, model) -> tuple[int, int, bool]:
+    """(attention TP, DP ranks, expert parallel) of a MoE row: `tp_size` within a DP rank,
+    `attention_dp_size` ranks (where blank: moe_tp_size x moe_ep_size / tp_size GPUs over the ranks),
+    expert parallel when `moe_ep_size` > 1; refused where vLLM's layout (ModelConfig.moe_parallel)
+    would not give the row's MoE TP and EP."""
+    tp = int(row["tp_size"])
+
+    def number(column: str, default: int) -> int:
+        value = str(row.get(column, "")).strip()
+        return int(float(value)) if value not in ("", "nan") else default
+
+    moe_tp, moe_ep = number("moe_tp_size", tp), number("moe_ep_size", 1)
+    dp = number("attention_dp_size", max(moe_tp * moe_ep // tp, 1))
+    ep = moe_ep > 1
+    if model.moe_parallel(tp, dp, ep) != (moe_tp, moe_ep):
+        raise ServesimError(f"moe_tp_size {moe_tp} x moe_ep_size {moe_ep} is not vLLM's layout of TP {tp} x DP {dp}"
+                            f"{' with' if ep else ' without'} expert parallelism")
+    return tp, dp, ep
+
+
+def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str | None, kv_cache: str,
+                    cache: dict) -> dict:
+    """Simulate a MoE (MLA, sliding-window) row with the operator tables of its system
+    (backends/costmodel/optables/moe.py). DP > 1: each DP rank an engine of its own with its share of
+    the clients (the first C mod DP ranks one more); the engine has no lockstep of DP ranks yet, so the
+    ranks are independent (the MoE layer is priced at DP x this rank's tokens, the ranks' dispatch and
+    combine included); the means are over every rank's requests."""
+    from backends.costmodel.optables.moe import max_tokens_per_s, moe_table_model
+    from backends.costmodel.roofline import MoERooflineCostModel
+    from backends.hardware import resolve_hardware
+    from backends.kv_capacity import kv_capacity
+
+    tp, dp, ep = moe_layout(row, model)
+    hardware = resolve_hardware(hardware_for(row["system"]))
+    dtype = "fp8" if str(row["precision"]) == "fp8" and not model.weight_dtype else "bf16"
+    key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version)
+    if key not in cache:
+        if protocol.moe_cost_model == "roofline":
+            cache[key] = MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
+                                              enable_expert_parallel=ep)
+            cache[key].moe_tp, cache[key].ep = model.moe_parallel(tp, dp, ep)
+        else:
+            cache[key] = moe_table_model(model, hardware, row["system"], data_dir, tp, dtype, kv_cache, ep, dp=dp,
+                                         vllm_version=version)
+    backend = cache[key]
+    c = int(row["concurrency"])
+    shares = [c // dp + (1 if r < c % dp else 0) for r in range(dp)]
+    shares = [s for s in shares if s > 0]
+    budget = max(protocol.max_num_batched_tokens, max(shares))
+    kv = kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=budget,
+                     max_num_seqs=max(shares), tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
+                     max_model_len=int(row["isl"]) + int(row["osl"]), dp=dp, enable_expert_parallel=ep)
+    ops = backend.cost_model_summary()["operators"] if hasattr(backend, "cost_model_summary") else \
+        {"moe": "the MoE roofline (--moe-cost-model roofline)"}
+    note = "; ".join(f"{k}: {v}" for k, v in ops.items() if k in ("moe", "linear", "attention", "allreduce",
+                                                                      "dispatch", "combine"))
+    results, weights = [], []
+    for share in sorted(set(shares)):
+        results.append(simulate_row(row, backend, tp, dtype, kv_cache, ClientOverhead(),
+                                    max_tokens_per_s(backend, budget), note, protocol, concurrency=share,
+                                    num_blocks=kv.num_gpu_blocks))
+        weights.append(shares.count(share) * share)
+    out = dict(results[-1])
+    for k in ("predicted_ttft_ms", "predicted_tpot_ms", "predicted_engine_ttft_ms"):
+        out[k] = float(np.average([r[k] for r in results], weights=weights))
+    out["num_preemptions"] = sum(r["num_preemptions"] * shares.count(s) for r, s in zip(results, sorted(set(shares))))
+    out["notes"] = (f"TP {tp} x DP {dp}{' EP' if ep else ''} (MoE TP {backend.moe_tp}, EP {backend.ep}): "
+                    + ("one engine" if dp == 1 else
+                       f"DP ranks simulated as independent engines with {'/'.join(map(str, shares))} of the "
+                       f"{c} clients (no lockstep of DP ranks yet); the MoE layer priced at DP x a rank's tokens"))
+    return out
 
 
 def row_tables_note(profile) -> str:
@@ -386,9 +494,17 @@ def summarize(rows: pd.DataFrame, skipped: list[dict]) -> dict:
     return {"groups": groups, "all": overall, "skipped": skipped}
 
 
+def layout_dir(ops_dir) -> Path:
+    """The package-layout data folder the MoE tables are read from: --ops where it is one, else the package's."""
+    from backends.costmodel.optables.systems import find_data_dir
+
+    found = find_data_dir(ops_dir)
+    return found if found is not None else default_ops_dir()
+
+
 def default_ops_dir() -> Path:
     """The package's tables (the tables extra), for `sim validate` without --ops."""
-    from backends.systems import INSTALL_HINT, package_systems_dir
+    from backends.costmodel.optables.systems import INSTALL_HINT, package_systems_dir
 
     folder = package_systems_dir()
     if folder is None:
@@ -402,7 +518,7 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
     frame = read_measured(measured_csv)
     ops_dir = default_ops_dir() if ops_dir is None else ops_dir
     systems = systems_in(ops_dir)
-    tables, profiles, out, skipped = {}, {}, [], []
+    tables, profiles, out, skipped, models, moe_models = {}, {}, [], [], {}, {}
     for i, row in frame.iterrows():
         reason = skip_reason(row, systems, models_dir)
         if reason is None:
@@ -414,7 +530,14 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
             version = tables_version_for(row)
             key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv, version)
             try:
-                if key not in profiles:
+                from backends.model_config import resolve_model
+
+                model = models.get(row["model_source"]) or models.setdefault(row["model_source"],
+                                                                             resolve_model(row["model_source"]))
+                if model.is_extended:
+                    prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
+                                                 "fp8" if kv == "fp8" else "auto", moe_models)
+                elif key not in profiles:
                     from backends.hardware import resolve_hardware
                     from backends.model_config import resolve_model
 
@@ -425,7 +548,8 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     profiles[key] = build_profile(tables[row["system"], version], model.name, model, hardware.name,
                                                   key[2], dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth,
                                                   pcie_bytes_per_s=hardware.pcie_bandwidth)
-                prediction = predict_row(row, profiles[key], protocol)
+                if not model.is_extended:
+                    prediction = predict_row(row, profiles[key], protocol)
             except ServesimError as e:
                 reason = str(e)
         if reason is not None:
@@ -440,7 +564,7 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     "measured_tpot_ms": measured_tpot, "predicted_tpot_ms": prediction["predicted_tpot_ms"],
                     "tpot_error_pct": 100 * (prediction["predicted_tpot_ms"] / measured_tpot - 1),
                     "kv_cache_dtype": kv_cache, "kv_cache_dtype_from": kv_why,
-                    **{k: prediction[k] for k in PREDICTED_COLUMNS}})
+                    **{k: prediction.get(k, "") for k in PREDICTED_COLUMNS}})
         if progress is not None:
             progress(len(out), len(skipped), len(frame))
     rows = pd.DataFrame(out, columns=["id", *GROUP, "tp", "isl", "osl", "concurrency", "measured_ttft_ms",

@@ -25,18 +25,6 @@ from typing import Any
 import numpy as np
 
 
-def check_grid(xs, ys, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """A grid as float arrays: sizes strictly increasing and positive, times positive and finite."""
-    xs, ys = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
-    if xs.ndim != 1 or len(xs) == 0 or xs.shape[0] != ys.shape[0]:
-        raise ValueError(f"{what}: a grid needs as many sizes as times, got {xs.shape} and {ys.shape}")
-    if not (np.all(xs > 0) and np.all(np.diff(xs) > 0)):
-        raise ValueError(f"{what}: grid sizes must be positive and strictly increasing")
-    if not np.all(np.isfinite(ys) & (ys > 0)):
-        raise ValueError(f"{what}: grid times must be positive and finite")
-    return xs, ys
-
-
 def log_steps(xs: np.ndarray) -> np.ndarray:
     """log(xs[i + 1] / xs[i]) for each grid point but the last (1.0 there, never used): the
     denominators of the log-space weights, computed once per grid."""

@@ -9,7 +9,7 @@
      "client_overhead": {"fixed_s": ..., "per_prompt_token_s": ..., "source": "..."},
      "operators": {"gemm": ..., "attention": ..., "allreduce": ..., "memory": ..., "notes": [...]}}
 
-`operators` is backends/opderive.py's output: the model's curves, not the raw tables. A loaded
+`operators` is backends/costmodel/optables/derive.py's output: the model's curves, not the raw tables. A loaded
 profile builds the same `OperatorModel` as the tables did, so it gives the same step times.
 """
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backends.opderive import derive
-from backends.opmodel import OperatorModel, StepOverhead
-from backends.optables import TableSet
+from backends.costmodel.optables.derive import derive
+from backends.costmodel.optables.model import OperatorModel, StepOverhead
+from backends.costmodel.optables.tables import TableSet
 from sim.errors import ServesimError
 
 PROFILE_FORMAT = "servesim-profile"

@@ -1,4 +1,4 @@
-"""One model's operator curves, derived from a system's operator tables (backends/optables.py).
+"""One model's operator curves, derived from a system's operator tables (backends/costmodel/optables/tables.py).
 
 What a profile stores (`derive` returns it, plain JSON data): for the model's per-GPU shapes at
 tensor-parallel degree `tp` and GEMM dtype `dtype`,
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.interp import fill_rows_by_scaling
-from backends.optables import GEMM_DTYPES, KERNELS, KV_DTYPES, TableSet
+from backends.costmodel.optables.interp import fill_rows_by_scaling
+from backends.costmodel.optables.tables import GEMM_DTYPES, KERNELS, KV_DTYPES, TableSet
 from sim.errors import ServesimError
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ MiB = 2**20
 # from the NVLink bandwidth.
 TABLE_ALLREDUCE_MAX_BYTES = 8 * MiB
 ALLREDUCE_ELEMENT_BYTES = 2  # the tables' all-reduces are of bf16 elements (see _curve)
-RING_LATENCY_S = 5e-6  # a ring all-reduce's fixed time where no table measures it (backends/tensor_parallel.py)
+RING_LATENCY_S = 5e-6  # a ring all-reduce's fixed time where no table measures it (backends/costmodel/tensor_parallel.py)
 VOCAB_PADDING = 64  # vLLM pads the vocabulary to a multiple of 64 (vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE)
 
 

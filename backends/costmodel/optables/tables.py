@@ -7,7 +7,7 @@ A folder of tables holds, per system and framework version, four files named
 with kind one of gemm, context_attention, generation_attention, custom_allreduce: the layout of
 NVIDIA AIConfigurator's `systems/data/<system>/{gemm,attention,comm}/<framework>/<version>/`
 flattened (see ../shared/gpu-data/SOURCES.md). `latency` is in milliseconds; this module keeps
-the raw rows, converted to seconds; backends/opderive.py turns them into one model's curves.
+the raw rows, converted to seconds; backends/costmodel/optables/derive.py turns them into one model's curves.
 
 Kernels, as vLLM 0.24 picks them on Hopper (H100, H200):
 - bf16 GEMMs: `torch.nn.functional.linear` (UnquantizedLinearMethod, vllm/model_executor/layers/linear.py).
@@ -95,7 +95,7 @@ class TableSet:
     def kernel_allowed(self, kind: str, kernel: str) -> bool:
         if self.data_dir is None:
             return True
-        from backends.systems import TABLES, kernel_allowed
+        from backends.costmodel.optables.systems import TABLES, kernel_allowed
 
         table = "nccl_perf" if kind == "nccl" else TABLES[kind][1]
         return kernel_allowed(self.data_dir, table, kernel, self.framework)
@@ -152,7 +152,7 @@ _read = read_frame
 
 
 def is_layout(folder: str | Path) -> bool:
-    from backends.systems import find_data_dir
+    from backends.costmodel.optables.systems import find_data_dir
 
     return find_data_dir(folder) is not None
 
@@ -160,7 +160,7 @@ def is_layout(folder: str | Path) -> bool:
 def load_tables(folder: str | Path, system: str, framework: str = "vllm", version: str | None = None) -> TableSet:
     """The tables of `system` for `framework` from `folder`, flat files or the package's layout:
     each kind at `version` if there, else the nearest version there is (None: the newest)."""
-    from backends.systems import find_data_dir
+    from backends.costmodel.optables.systems import find_data_dir
 
     data_dir = find_data_dir(folder) if Path(folder).is_dir() else None
     if data_dir is not None:
@@ -171,7 +171,7 @@ def load_tables(folder: str | Path, system: str, framework: str = "vllm", versio
         have = ", ".join(sorted({f"{s} ({f}-{v})" for s, f, v in found})) or "none"
         want = f"{system} ({framework}{'-' + version if version else ''})"
         raise ServesimError(f"{folder}: no operator tables for {want}; tables there: {have}")
-    from backends.systems import choose_version
+    from backends.costmodel.optables.systems import choose_version
 
     asked = version
     chosen, how = choose_version([k[2] for k in matches], asked)
@@ -187,10 +187,10 @@ def load_tables(folder: str | Path, system: str, framework: str = "vllm", versio
 
 
 def load_layout(data_dir: Path, system: str, framework: str = "vllm", version: str | None = None) -> TableSet:
-    """A system's tables from a folder in the package's layout (backends/systems.py), each kind at
+    """A system's tables from a folder in the package's layout (backends/costmodel/optables/systems.py), each kind at
     `version` or the nearest version that kind has, reuse.yaml followed; the NCCL table (the
     system's newest) where there is one."""
-    from backends.systems import TABLES, layout_systems, read_layout_table
+    from backends.costmodel.optables.systems import TABLES, layout_systems, read_layout_table
 
     if not (data_dir / system).is_dir():
         have = ", ".join(layout_systems(data_dir, framework)) or "none"
@@ -217,7 +217,7 @@ def load_layout(data_dir: Path, system: str, framework: str = "vllm", version: s
 
 def systems_in(folder: str | Path) -> list[str]:
     """The systems that have tables in `folder` (for messages and `sim validate`'s skips)."""
-    from backends.systems import find_data_dir, layout_systems
+    from backends.costmodel.optables.systems import find_data_dir, layout_systems
 
     data_dir = find_data_dir(folder) if Path(folder).is_dir() else None
     if data_dir is not None:

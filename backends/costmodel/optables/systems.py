@@ -205,7 +205,7 @@ def read_layout_table(data_dir: Path, system: str, family: str, framework: str, 
     Rows a reuse.yaml donor adds carry `reused` True: a kernel's choice prefers the version's own."""
     import pandas as pd
 
-    from backends.optables import read_frame
+    from backends.costmodel.optables.tables import read_frame
 
     versions = table_versions(data_dir, system, family, framework, table)
     if not versions:

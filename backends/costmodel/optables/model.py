@@ -1,4 +1,4 @@
-"""Step time as the sum of measured operator times (curves from backends/opderive.py).
+"""Step time as the sum of measured operator times (curves from backends/costmodel/optables/derive.py).
 
 A step of t tokens (q tokens per request, contexts c after the step) costs, summed over layers:
 
@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from backends.interp import Curve, Grid
-from backends.opderive import GEMM_OPS, per_gpu_heads
+from backends.costmodel.optables.derive import GEMM_OPS, per_gpu_heads
+from backends.costmodel.optables.interp import Curve, Grid
 from sim.errors import ServesimError
 
 CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)), dtype=np.int64)
@@ -146,7 +146,7 @@ class OperatorModel:
         return np.where(n > 0, self._lookup(self._gemms["lm_head"], np.maximum(n, 1.0)), 0.0)
 
     def allreduce(self, message_bytes, graph):
-        """One all-reduce: the table's custom all-reduce up to 8 MiB (see backends/opderive.py); past
+        """One all-reduce: the table's custom all-reduce up to 8 MiB (see backends/costmodel/optables/derive.py); past
         it the NVLink ring time, never less than the table's at 8 MiB (vLLM leaves the custom
         kernel there for faster ones, not slower)."""
         size = np.asarray(message_bytes, dtype=np.float64)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.costmodel import CostModel, StepAggregates, step_aggregates
+from backends.costmodel.frame import CostModel, StepAggregates, step_aggregates
 from backends.model_config import ModelConfig
 from sim.errors import ServesimError
 

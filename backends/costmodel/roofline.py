@@ -9,7 +9,7 @@ costed from their summed contexts.
 
 Under tensor parallelism of degree T one GPU runs 1/T of the heads and of the MLP
 (`ModelConfig.gemms`), its KV heads (at least one), its shard of the LM head's vocabulary, and two
-all-reduces per layer (backends/tensor_parallel.py); the GPUs run in lockstep, so one GPU's time is
+all-reduces per layer (backends/costmodel/tensor_parallel.py); the GPUs run in lockstep, so one GPU's time is
 the step's. `dtype` is the weights' (fp8: one byte per weight and the fp8 tensor cores' peak);
 activations stay bf16; `kv_cache_dtype` fp8 stores K and V in one byte each.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.costmodel import CostModel, StepAggregates
+from backends.costmodel.frame import CostModel, StepAggregates
+from backends.costmodel.tensor_parallel import ACTIVATION_BYTES, gemm_seconds, tp_allreduce_seconds
 from backends.hardware import Hardware
 from backends.model_config import ModelConfig, kv_cache_dtype_bytes, linear_bytes
-from backends.tensor_parallel import ACTIVATION_BYTES, gemm_seconds, tp_allreduce_seconds
 from sim.errors import ServesimError
 
 

@@ -1,7 +1,7 @@
 """The cost-model backend: a step's time predicted from its batch's shape.
 
-Two models share one frame: `RooflineCostModel` (backends/roofline.py, datasheet peaks and
-efficiencies) and `CalibratedCostModel` (backends/calibrated.py, coefficients fitted to measured
+Two models share one frame: `RooflineCostModel` (backends/costmodel/roofline.py, datasheet peaks and
+efficiencies) and `CalibratedCostModel` (backends/costmodel/fitted.py, coefficients fitted to measured
 steps). Both cost a step from `StepAggregates`, a few exact integer sums over its requests, plus,
 for the roofline, a per-request attention roofline of the requests that are not plain decodes.
 
@@ -194,13 +194,13 @@ def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str =
         raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
                             "none")
     if calibration is not None:
-        from backends.calibrated import CalibratedCostModel
+        from backends.costmodel.fitted import CalibratedCostModel
 
         if model.is_extended:
             raise ServesimError(f"a fitted profile prices dense decoders; model {model.name} needs the roofline "
                                 "(--profile roofline)")
         return CalibratedCostModel(model, calibration)
-    from backends.roofline import MoERooflineCostModel, RooflineCostModel
+    from backends.costmodel.roofline import MoERooflineCostModel, RooflineCostModel
 
     if model.is_extended:  # mixture of experts, MLA, sliding windows
         return MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,

@@ -1,8 +1,8 @@
 """The operator-table backend: a step's time is the sum of measured operator times.
 
 It answers the engine as the cost-model backend does (`execute`, `decode_run`, `breakdown`,
-`step_seconds`), from an `OperatorModel` (backends/opmodel.py) built from a profile written by
-`sim calibrate --from-ops` (backends/opprofile.py). Decode-only runs are costed in one
+`step_seconds`), from an `OperatorModel` (backends/costmodel/optables/model.py) built from a profile written by
+`sim calibrate --from-ops` (backends/costmodel/optables/profile.py). Decode-only runs are costed in one
 vectorised call whose every step has exactly the seconds `execute` gives that step.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.opmodel import OperatorModel
+from backends.costmodel.optables.model import OperatorModel
 from sim.backend import StepResult
 from sim.batch import Batch
 
@@ -80,9 +80,6 @@ class OpTableBackend:
         sum_c = tail_sums[left_before] + num_running * steps
         parts = self.ops.decode_steps(num_running, sum_c)
         return self._total(parts), parts
-
-    def decode_run_seconds(self, context_lens, num_steps: int) -> np.ndarray:
-        return self.decode_run(context_lens, num_steps)[0]
 
     def breakdown(self, q: np.ndarray, c: np.ndarray, num_logits: np.ndarray) -> dict[str, np.ndarray]:
         """Seconds per part for each row: q, c [steps, requests] query and context lengths

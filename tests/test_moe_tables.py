@@ -1,0 +1,211 @@
+"""MoE, MLA and sliding-window models priced from the tables package's measured tables
+(backends/costmodel/optables/moe.py): moe_perf lookups exact on grid points, vLLM's Hopper kernel
+choice, EP dispatch and combine sizes worked by hand, the per-operator fallback to the roofline said
+in summary.json, --moe-distribution, and a 5-row MoE cut of `sim validate`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from backends.costmodel.optables.moe import (
+    MoEShape,
+    check_moe_distribution,
+    combine_bytes,
+    dispatch_bytes,
+    moe_curve,
+    nccl_curve,
+    table_distribution,
+)
+from sim.app.cli import main
+from sim.errors import ServesimError
+from tests.helpers import shared_dir
+
+
+def moe_frame() -> pd.DataFrame:
+    """A small moe_perf table: two kernels of block fp8 at one shape, bf16 at another."""
+    rows = []
+    for kernel, scale in (("vllm_fp8moe_triton_tritonexperts", 1.0), ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts", 2.0)):
+        for ep in (1, 2):
+            for t, ms in ((1, 0.05), (8, 0.07), (64, 0.2)):
+                rows.append({"kernel_source": kernel, "moe_dtype": "fp8_block", "num_tokens": t, "hidden_size": 4096,
+                             "inter_size": 1536, "topk": 8, "num_experts": 128, "moe_tp_size": 1, "moe_ep_size": ep,
+                             "distribution": "balanced", "seconds": scale * ms * 1e-3})
+    frame = pd.DataFrame(rows)
+    bf16 = frame[frame["kernel_source"].str.contains("triton")].assign(
+        moe_dtype="bfloat16", kernel_source="vllm_unquantizedfusedmoe_triton_tritonexperts", distribution="power_law_1.2")
+    return pd.concat([frame, bf16], ignore_index=True)
+
+
+def shape(**kw) -> MoEShape:
+    base = dict(hidden_size=4096, inter_size=1536, topk=8, num_experts=128, moe_tp_size=1, moe_ep_size=1,
+                moe_dtype="fp8_block", distribution="balanced")
+    return MoEShape(**{**base, **kw})
+
+
+def test_moe_curve_is_the_table_on_grid_points_and_picks_vllms_hopper_kernel():
+    kernel, xs, ys = moe_curve(moe_frame(), shape())
+    # Block fp8 on Hopper: Triton under TP (EP 1), FlashInfer CUTLASS under EP (vLLM's _get_priority_backends).
+    assert kernel == "vllm_fp8moe_triton_tritonexperts"
+    assert xs.tolist() == [1.0, 8.0, 64.0] and ys.tolist() == [1.0 * ms * 1e-3 for ms in (0.05, 0.07, 0.2)]
+    kernel, _, ys = moe_curve(moe_frame(), shape(moe_ep_size=2))
+    assert kernel == "vllm_fp8moe_flashinfer_cutlass_flashinferexperts"
+    assert ys.tolist() == [2.0 * ms * 1e-3 for ms in (0.05, 0.07, 0.2)]
+    kernel, _, _ = moe_curve(moe_frame(), shape(moe_dtype="bfloat16", distribution="power_law_1.2"))
+    assert kernel == "vllm_unquantizedfusedmoe_triton_tritonexperts"
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(hidden_size=2048), "no moe_perf rows for hidden 2048"),
+    (dict(moe_dtype="int4_wo"), "no moe_perf rows in int4_wo"),
+    (dict(moe_tp_size=2), "MoE TP 2, EP 1"),
+    (dict(distribution="power_law_1.01"), "power_law_1.01"),
+])
+def test_a_shape_the_table_lacks_is_a_reason_never_a_guess(change, says):
+    reason = moe_curve(moe_frame(), shape(**change))
+    assert isinstance(reason, str) and says in reason
+
+
+def test_dispatch_and_combine_sizes_worked_by_hand():
+    # vLLM's allgather_reducescatter: dispatch gathers each DP rank's hidden states (bf16), top-k weights
+    # (fp32) and ids (int32); combine reduce-scatters the MoE output (bf16) of every rank's tokens.
+    # DP 2, 3 tokens a rank, hidden 4096, top-8: 2 x 3 x (4096 x 2 + 8 x 8) = 6 x 8256 = 49,536 bytes.
+    assert dispatch_bytes(3, 4096, 8, 2) == 49_536
+    assert combine_bytes(3, 4096, 2) == 2 * 3 * 4096 * 2 == 49_152
+    # DP 4, one token: 4 x (2880 x 2 + 4 x 8) = 23,168 bytes.
+    assert dispatch_bytes(1, 2880, 4, 4) == 23_168
+
+
+def test_nccl_table_counts_2_byte_elements():
+    frame = pd.DataFrame({"op_name": ["all_gather"] * 2 + ["reduce_scatter"], "num_gpus": [2, 2, 2],
+                          "nccl_dtype": ["half"] * 3, "message_size": [1024, 2048, 1024], "seconds": [1e-5, 2e-5, 3e-5]})
+    xs, ys = nccl_curve(frame, "all_gather", 2)
+    assert xs.tolist() == [2048.0, 4096.0] and ys.tolist() == [1e-5, 2e-5]
+    assert nccl_curve(frame, "all_gather", 4) is None and nccl_curve(None, "all_gather", 2) is None
+
+
+def test_moe_distribution_values():
+    assert table_distribution("balanced") == "balanced"
+    assert table_distribution("power-law:1.2") == "power_law_1.2"
+    for bad in ("power-law", "power_law_1.2", "zipf:1.1", "power-law:-1"):
+        with pytest.raises(ServesimError, match="balanced or power-law:ALPHA"):
+            check_moe_distribution("--moe-distribution", bad)
+
+
+def test_a_bad_moe_distribution_is_a_one_line_error(capsys):
+    assert main(["replay", "x.csv", "--moe-distribution", "zipf"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--moe-distribution 'zipf'" in err and len(err.splitlines()) == 1
+
+
+# ---- against the tables package (skipped without it)
+
+
+@pytest.fixture(scope="module")
+def package():
+    pytest.importorskip("aiconfigurator_core")
+    from backends.costmodel.optables.systems import require_package
+
+    return require_package()
+
+
+def qwen30b(package, **kw):
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    return moe_table_model(resolve_model("Qwen3-30B-A3B"), resolve_hardware("H200"), "h200_sxm", package / "data", **kw)
+
+
+def test_moe_layer_is_the_measured_row_on_grid_points(package):
+    from backends.costmodel.optables.systems import read_layout_table
+
+    model = qwen30b(package)
+    table = read_layout_table(package / "data", "h200_sxm", "moe", "vllm", "moe_perf", None).frame
+    rows = table[(table.hidden_size == 2048) & (table.inter_size == 768) & (table.topk == 8) & (table.num_experts == 128)
+                 & (table.moe_dtype == "bfloat16") & (table.moe_tp_size == 1) & (table.moe_ep_size == 1)
+                 & (table.distribution == "balanced")]
+    for t in (1, 64, 1024, 16384):
+        measured = rows[rows.num_tokens == t]["seconds"].mean()
+        assert model.dense(t, 0)[2] == 48 * measured  # 48 MoE layers x the table's time, exactly
+    assert "moe" not in model.extrapolated
+    model.dense(20000, 0)  # past the grid's 16384 tokens: scaled, and counted
+    assert model.extrapolated["moe"] == 1
+    skewed = qwen30b(package, distribution="power-law:1.2")
+    assert "power_law_1.2" in skewed.sources["moe"] and skewed.dense(64, 0)[2] != model.dense(64, 0)[2]
+
+
+def test_no_moe_table_falls_back_to_the_roofline_and_says_so(package):
+    from backends.costmodel.optables.moe import MoETableCostModel
+    from backends.costmodel.optables.tables import load_layout
+    from backends.costmodel.roofline import MoERooflineCostModel
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    model, hw = resolve_model("Qwen3-30B-A3B"), resolve_hardware("H200")
+    tables = load_layout(package / "data", "h200_sxm")
+    priced = MoETableCostModel(model, hw, tables, moe_table=None)
+    assert priced.cost_model_summary()["operators"]["moe"].startswith("roofline: h200_sxm has no moe_perf table")
+    assert priced.dense(64, 0)[2] == MoERooflineCostModel(model, hw).dense(64, 0)[2]
+
+
+def test_summary_json_says_each_operators_source(package, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,300,20\n0.01,200,10\n0.02,900,5\n")
+    assert main(["replay", str(trace), "--model", "DeepSeek-V3", "--hardware", "H200", "--tp", "8",
+                 "--block-size", "64", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    ops = summary["options"]["cost_model"]["operators"]
+    assert ops["moe"].startswith("moe_perf") and "fp8_block" in ops["moe"] and "MoE TP 8 EP 1" in ops["moe"]
+    assert ops["attention"].startswith("roofline: MLA") and ops["linear"].startswith("roofline: MLA")
+    assert ops["allreduce"].startswith("custom all-reduce table") and ops["router"] == "roofline"
+
+
+def test_dense_runs_keep_their_summary(package, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,300,20\n")
+    assert main(["replay", str(trace), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    options = json.loads((tmp_path / "run" / "summary.json").read_text())["options"]
+    assert "cost_model" not in options and "moe_distribution" not in options
+
+
+def test_validate_a_5_row_moe_cut(package, tmp_path):
+    measured = pd.read_csv(shared_dir() / "gpu-data" / "aiconfigurator" / "silicon_moe.csv")
+    # TP 2; TP 1 x DP 2; TP 2 with EP; a long prompt; gpt-oss (MXFP4 experts, sliding layers).
+    cut = measured[measured["id"].isin(measured["id"].iloc[[0, 1, 15, 34, 62]])]
+    path = tmp_path / "cut.csv"
+    cut.to_csv(path, index=False)
+    assert main(["validate", str(path), "--out", str(tmp_path / "v"), "--quiet"]) == 0
+    rows = pd.read_csv(tmp_path / "v" / "validate.csv")
+    summary = json.loads((tmp_path / "v" / "validate.json").read_text())
+    assert len(rows) == 5 and not summary["skipped"]
+    assert rows["notes"].str.contains("independent engines with 4/4 of the 8 clients").sum() == 1
+    assert rows["tables"].str.contains("moe: moe_perf").all()
+    assert np.isfinite(rows[["predicted_ttft_ms", "predicted_tpot_ms"]].to_numpy()).all()
+    assert (rows["predicted_tpot_ms"] > 0).all()
+
+
+@pytest.mark.parametrize("row, layout", [
+    ({"tp_size": 2, "attention_dp_size": "", "moe_tp_size": 2, "moe_ep_size": 1}, (2, 1, False)),
+    ({"tp_size": 1, "attention_dp_size": "", "moe_tp_size": 2, "moe_ep_size": 1}, (1, 2, False)),
+    ({"tp_size": 2, "attention_dp_size": "", "moe_tp_size": 1, "moe_ep_size": 2}, (2, 1, True)),
+    ({"tp_size": 1, "attention_dp_size": 4, "moe_tp_size": 1, "moe_ep_size": 4}, (1, 4, True)),
+    ({"tp_size": 2, "attention_dp_size": 2, "moe_tp_size": 1, "moe_ep_size": 4}, (2, 2, True)),
+])
+def test_a_moe_rows_layout(row, layout):
+    from backends.model_config import resolve_model
+    from sim.app.validate import moe_layout
+
+    assert moe_layout(row, resolve_model("Qwen3-235B-A22B")) == layout
+
+
+def test_a_layout_vllm_would_not_make_is_refused_naming_it():
+    from backends.model_config import resolve_model
+    from sim.app.validate import moe_layout
+
+    with pytest.raises(ServesimError, match="moe_tp_size 4 x moe_ep_size 1 is not vLLM's layout of TP 2 x DP 1"):
+        moe_layout({"tp_size": 2, "attention_dp_size": 1, "moe_tp_size": 4, "moe_ep_size": 1},
+                   resolve_model("Qwen3-235B-A22B"))
