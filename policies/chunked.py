@@ -51,7 +51,7 @@ class ChunkedPolicy(Policy):
         # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).
         if state.num_preemptions == num_preemptions:
             chunk_cap = min(budget, threshold) if threshold else budget
-            while state.waiting and budget > 0 and len(state.running) < cfg.max_num_seqs:
+            while state.waiting and budget > 0 and len(state.running) + state.num_finishing < cfg.max_num_seqs:
                 admitted = self._try_admit(state, batch, now, max_chunk=chunk_cap)
                 if not admitted:
                     break

@@ -157,6 +157,15 @@ class Engine:
                 if isinstance(backend, ChunkStepsBackend) and promises.repeats_full_chunk_steps:
                     self._chunk_budget = policy.chunk_run_budget()
         self._wake: simpy.Event | None = None  # what the engine waits on while idle
+        # vLLM's AsyncScheduler with the engine core's batch queue (docs/async-scheduling.md): step n+1 is
+        # scheduled when step n is launched, so it sees the arrivals up to step n's start (`_last_start`).
+        self.asynchronous = bool(getattr(policy.config, "async_scheduling", False))
+        self._last_start = 0.0  # the start of the last step taken
+        # Requests that finished in the step in flight: vLLM frees their blocks when it processes that step's
+        # output, after the next step was scheduled (`_free_pending`).
+        self._pending_free: list[Request] = []
+        if self.asynchronous:
+            self._chunk_budget = None  # chunk runs deliver and free by the synchronous clock: stepped instead
 
     # Requests in.
 
@@ -209,9 +218,16 @@ class Engine:
         takes the same values: each step's end is its start plus its seconds, added in order."""
         state, workload = self.state, self.workload
         alone = workload.busy_engine_alone
+        asynchronous = self.asynchronous
         now = env.now
         while True:
-            workload.deliver(now)
+            # The time this step is scheduled at: now; asynchronously, while a step is in flight, when
+            # the step before this one was launched (its start): arrivals since wait one step more.
+            pipelined = asynchronous and bool(state.running)
+            if asynchronous and not pipelined and self._pending_free:
+                self._free_pending()  # nothing in flight: the last step's output is processed before this one
+            scheduled_s = self._last_start if pipelined else now
+            workload.deliver(scheduled_s)
             if not state.has_work:
                 yield from _catch_up(env, now)
                 if workload.is_exhausted:
@@ -220,15 +236,27 @@ class Engine:
                 now = env.now
                 continue
             steps_before, num_preempted_before = state.step_index, state.num_preemptions
-            batch = self.policy.schedule(state, now)
+            freed = bool(self._pending_free)
+            if freed:  # scheduled while the step in which they finished was in flight: their seats taken
+                state.num_finishing = len(self._pending_free)
+            batch = self.policy.schedule(state, scheduled_s)
+            if freed:
+                state.num_finishing = 0
+                self._free_pending()  # the step in flight ends: its finished requests' blocks are freed
             if not batch.requests:  # the policy holds its waiting requests back for now
                 yield from self._wait_for_policy(env, now)
                 now = env.now
                 continue
-            run = self.plan(batch, now, state.num_preemptions - num_preempted_before)
-            self.busy_until_s = run.ends[-1]
+            for r in batch.requests[batch.num_leading_decodes:]:  # a request's first step is never a leading decode
+                if r.first_step_start_s is None:
+                    r.first_step_start_s = now
+            # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request.
+            run = self.plan(batch, now, state.num_preemptions - num_preempted_before, freed and bool(state.waiting))
+            ends = run.ends
+            self.busy_until_s = ends[-1]
             if not alone:
-                yield from _catch_up(env, run.ends[-1], run)
+                yield from _catch_up(env, ends[-1], run)
+            self._last_start = ends[-2] if len(ends) > 1 else now
             now = self.apply(batch, run, now)
             if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
                 self.progress(now, self.num_finished)
@@ -246,13 +274,13 @@ class Engine:
         yield from _catch_up(env, now)
         yield from self._sleep(env, retry_s)
 
-    def plan(self, batch: Batch, now: float, num_preempted: int) -> Run:
+    def plan(self, batch: Batch, now: float, num_preempted: int, alone: bool = False) -> Run:
         """The steps to take from `batch` (just scheduled, having preempted `num_preempted`): a run
-        that fast-forward plans where the policy's promises allow one, else the single step. The
+        that fast-forward plans where the policy's promises allow one (and not `alone`), else the single step. The
         backend prices step 0 (`execute`) unless a decode run costs it with the others."""
         state, fast_forward = self.state, self.fast_forward
         result: StepResult | None = None
-        if fast_forward is not None and not num_preempted and len(batch) == len(state.running):
+        if fast_forward is not None and not num_preempted and not alone and len(batch) == len(state.running):
             run = None
             if all(batch.is_decode):
                 run = fast_forward.plan(batch, now)
@@ -442,6 +470,7 @@ class Engine:
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
         # (plan_chunks), and what arrived since is for the step after the run.
         by_time = workload.delivers_by_time
+        asynchronous = engine.asynchronous
         used, num_waiting_at = [], []  # steps 1..'s
         f, num_finishing = 0, len(finishing)
         while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
@@ -459,8 +488,9 @@ class Engine:
             owners = []  # who takes each of the stretch's blocks, in order
             used_now = bm.num_used_blocks  # before step j
             for step, (num_decode_blocks, new) in enumerate(counts[j - 1:end - 1], j):
-                if by_time:
-                    workload.deliver(ends[step - 1])  # it starts when the step before ends (no block moves)
+                if by_time:  # it starts when the step before ends (no block moves); asynchronously it was
+                    # scheduled when the step before started (`run`)
+                    workload.deliver((ends[step - 2] if step > 1 else start) if asynchronous else ends[step - 1])
                 if num_decode_blocks:
                     owners += [reqs[o % n] for o in opens[taken:taken + num_decode_blocks]]
                     taken += num_decode_blocks
@@ -495,11 +525,20 @@ class Engine:
         state.step_index += k
 
 
+    def _free_pending(self) -> None:
+        for r in self._pending_free:
+            self.block_manager.free(r)
+            r.drop_block_hashes()
+        self._pending_free = []
+
     def finish(self, r: Request, now: float) -> None:
         r.status = Status.FINISHED
         r.finish_s = now
-        self.block_manager.free(r)
-        r.drop_block_hashes()
+        if self.asynchronous:  # its blocks are freed once the next step is scheduled (`run`)
+            self._pending_free.append(r)
+        else:
+            self.block_manager.free(r)
+            r.drop_block_hashes()
         self.num_finished += 1
         if self.token_times is not None:
             self.token_times.store(r)

@@ -227,7 +227,7 @@ class ThroughApiServer(ClosedLoop):
     def _send(self, at: float) -> None:
         super()._send(at)
         r = self._sent[-1]
-        self.sent_s[r.index] = at
+        self.sent_s[r.index] = r.client_sent_s = at
         self._server_free_s = max(self._server_free_s, at) + self.client.seconds(r.num_prompt_tokens)
         r.arrival_s = self._server_free_s
 
@@ -306,8 +306,9 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     c, isl, osl = int(row["concurrency"]), int(row["isl"]), int(row["osl"])
     n = protocol.prompts_per_client * c
     budget = max(protocol.max_num_batched_tokens, c)
+    asynchronous = protocol.async_for(row)
     options = ReplayOptions(
-        scheduler=SchedulerConfig("chunked", budget, c, isl + osl),
+        scheduler=SchedulerConfig("chunked", budget, c, isl + osl, async_scheduling=asynchronous),
         cache=CacheConfig(enable_prefix_caching=protocol.unique_prompts > 0), model=row["model_source"],
         hardware=hardware_for(row["system"]), tp=profile.tp, dtype=profile.dtype,
         kv_cache_dtype="fp8" if profile.kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
@@ -319,8 +320,8 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     tokens_per_s = ops.max_gemm_tokens_per_s(budget)
     warmup, warmup_why = protocol.warmup_for(
         row, first_wave_ttft_bound_ms(c, float(np.mean(isls)), tokens_per_s, protocol.prompts_per_client))
-    asynchronous = protocol.async_for(row)
-    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, asynchronous)
+    # The engine schedules as vLLM's AsyncScheduler does (sim/engine.py), so the client delivers at once.
+    workload = ThroughApiServer(requests, [0.0] * n, c, engine, profile.client_overhead, False)
     result = simulate(engine, workload)
     rejected = [r for r in result.requests if r.reject_reason is not None]
     if rejected:

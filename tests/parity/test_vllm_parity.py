@@ -17,14 +17,15 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM is not installed (pip install '.[parity]')")
 
-from tests.parity.cases import all_cases
+from tests.parity.cases import all_cases, async_cases
 from tests.parity.run import check
 
 CASES = all_cases()
+ASYNC_CASES = async_cases()
 
 
 @pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", CASES + ASYNC_CASES, ids=[c.name for c in CASES + ASYNC_CASES])
 def test_servesim_schedules_as_vllm(case, fast_forward):
     agreement, vllm, servesim = check(case, fast_forward)
     k = agreement.first_step_differing
