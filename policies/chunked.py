@@ -45,7 +45,8 @@ class ChunkedPolicy(Policy):
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         # vLLM lifts the cap when a single request waits or runs: it has nobody to starve.
-        threshold = cfg.long_prefill_token_threshold if len(state.running) + len(state.waiting) > 1 else 0
+        threshold = (cfg.long_prefill_token_threshold
+                     if len(state.running) + state.num_finishing + len(state.waiting) > 1 else 0)
         num_preemptions = state.num_preemptions
         budget = self._schedule_running_in_order(state, batch, budget, threshold)
         # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).

@@ -164,6 +164,7 @@ class Engine:
         # Requests that finished in the step in flight: vLLM frees their blocks when it processes that step's
         # output, after the next step was scheduled (`_free_pending`).
         self._pending_free: list[Request] = []
+        self._in_flight = False  # a step was taken since the engine last slept or waited (asynchronously)
         if self.asynchronous:
             self._chunk_budget = None  # chunk runs deliver and free by the synchronous clock: stepped instead
 
@@ -221,32 +222,31 @@ class Engine:
         asynchronous = self.asynchronous
         now = env.now
         while True:
-            # The time this step is scheduled at: now; asynchronously, while a step is in flight, when
-            # the step before this one was launched (its start): arrivals since wait one step more.
-            pipelined = asynchronous and bool(state.running)
-            if asynchronous and not pipelined and self._pending_free:
-                self._free_pending()  # nothing in flight: the last step's output is processed before this one
-            scheduled_s = self._last_start if pipelined else now
-            workload.deliver(scheduled_s)
-            if not state.has_work:
-                yield from _catch_up(env, now)
-                if workload.is_exhausted:
-                    return
-                yield from self._sleep(env, None)
-                now = env.now
-                continue
             steps_before, num_preempted_before = state.step_index, state.num_preemptions
-            freed = bool(self._pending_free)
-            if freed:  # scheduled while the step in which they finished was in flight: their seats taken
-                state.num_finishing = len(self._pending_free)
-            batch = self.policy.schedule(state, scheduled_s)
-            if freed:
-                state.num_finishing = 0
-                self._free_pending()  # the step in flight ends: its finished requests' blocks are freed
-            if not batch.requests:  # the policy holds its waiting requests back for now
-                yield from self._wait_for_policy(env, now)
-                now = env.now
-                continue
+            freed = False
+            batch = None
+            if asynchronous and self._in_flight:
+                # vLLM schedules this step when it launched the one before (its start), before that
+                # step's output: arrivals since then wait a step more, and the requests that finished
+                # in it still hold their seats and blocks (`_pending_free`) while it is scheduled.
+                freed = bool(self._pending_free)
+                batch = self._schedule_pipelined()
+                if batch is None:  # nothing to launch beside the step in flight: once it ends, schedule anew
+                    self._in_flight = False
+            if batch is None:
+                workload.deliver(now)
+                if not state.has_work:
+                    yield from _catch_up(env, now)
+                    if workload.is_exhausted:
+                        return
+                    yield from self._sleep(env, None)
+                    now = env.now
+                    continue
+                batch = self.policy.schedule(state, now)
+                if not batch.requests:  # the policy holds its waiting requests back for now
+                    yield from self._wait_for_policy(env, now)
+                    now = env.now
+                    continue
             for r in batch.requests[batch.num_leading_decodes:]:  # a request's first step is never a leading decode
                 if r.first_step_start_s is None:
                     r.first_step_start_s = now
@@ -257,9 +257,27 @@ class Engine:
             if not alone:
                 yield from _catch_up(env, ends[-1], run)
             self._last_start = ends[-2] if len(ends) > 1 else now
+            self._in_flight = True
             now = self.apply(batch, run, now)
             if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
                 self.progress(now, self.num_finished)
+
+    def _schedule_pipelined(self) -> Batch | None:
+        """Asynchronous scheduling of the step after the one in flight (vllm/v1/engine/core.py,
+        step_with_batch_queue): from the arrivals up to that step's start, with the requests that finished in
+        it still counted as running (skipped: `EngineState.num_finishing`); their blocks are freed after.
+        None where it schedules nothing (vLLM queues an empty batch and schedules again once the step in
+        flight's output is processed)."""
+        state, pending = self.state, self._pending_free
+        self.workload.deliver(self._last_start)
+        batch = None
+        if state.has_work:
+            state.num_finishing = len(pending)
+            batch = self.policy.schedule(state, self._last_start)
+            state.num_finishing = 0
+        if pending:
+            self._free_pending()
+        return batch if batch is not None and batch.requests else None
 
     def _wait_for_policy(self, env: simpy.Environment, now: float):
         """The policy scheduled nothing though requests wait: sleep until its retry time or the next
@@ -273,6 +291,7 @@ class Engine:
                 f"and asks to try again at {retry_s}")
         yield from _catch_up(env, now)
         yield from self._sleep(env, retry_s)
+        self._in_flight = False
 
     def plan(self, batch: Batch, now: float, num_preempted: int, alone: bool = False) -> Run:
         """The steps to take from `batch` (just scheduled, having preempted `num_preempted`): a run
