@@ -207,8 +207,8 @@ class HostTimedBackend:
         gpu = result.seconds
         host = self.host_seconds(len(batch.requests), batch.num_tokens)
         breakdown = dict(result.breakdown)
-        breakdown["gpu_s"] = gpu
-        breakdown["host_s"] = host
+        breakdown["gpu"] = gpu
+        breakdown["host"] = host
         return StepResult(max(gpu, host) if self.asynchronous else gpu + host, breakdown, result.sampled_token_ids)
 
     def _decode_run(self, context_lens, num_steps: int, active_steps=None):
@@ -221,8 +221,8 @@ class HostTimedBackend:
             running = (len(ordered) - np.searchsorted(ordered, np.arange(num_steps), side="right")).astype(np.float64)
         host = self.host_seconds_array(running, running)
         parts = dict(parts)
-        parts["gpu_s"] = gpu
-        parts["host_s"] = host
+        parts["gpu"] = gpu
+        parts["host"] = host
         return self._meet(gpu, host), parts
 
     def _chunk_steps(self, decode_computed, chunk: int, before: int, num_steps: int):
@@ -230,8 +230,8 @@ class HostTimedBackend:
         n = len(decode_computed)
         host = self.host_seconds(n + 1, n + chunk)
         parts = dict(parts)
-        parts["gpu_s"] = list(gpu)
-        parts["host_s"] = [host] * num_steps
+        parts["gpu"] = list(gpu)
+        parts["host"] = [host] * num_steps
         return [max(g, host) if self.asynchronous else g + host for g in gpu], parts
 
 

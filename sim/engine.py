@@ -161,9 +161,6 @@ class Engine:
         # scheduled when step n is launched, so it sees the arrivals up to step n's start (`_last_start`).
         self.asynchronous = bool(getattr(policy.config, "async_scheduling", False))
         self._last_start = 0.0  # the start of the last step taken
-        # Requests that finished in the step in flight: vLLM frees their blocks when it processes that step's
-        # output, after the next step was scheduled (`_free_pending`).
-        self._pending_free: list[Request] = []
         self._in_flight = False  # a step was taken since the engine last slept or waited (asynchronously)
         if self.asynchronous:
             self._chunk_budget = None  # chunk runs deliver and free by the synchronous clock: stepped instead
@@ -228,8 +225,8 @@ class Engine:
             if asynchronous and self._in_flight:
                 # vLLM schedules this step when it launched the one before (its start), before that
                 # step's output: arrivals since then wait a step more, and the requests that finished
-                # in it still hold their seats and blocks (`_pending_free`) while it is scheduled.
-                freed = bool(self._pending_free)
+                # in it still hold their seats and blocks (`EngineState.finishing`) while it is scheduled.
+                freed = bool(state.finishing)
                 batch = self._schedule_pipelined()
                 if batch is None:  # nothing to launch beside the step in flight: once it ends, schedule anew
                     self._in_flight = False
@@ -265,17 +262,15 @@ class Engine:
     def _schedule_pipelined(self) -> Batch | None:
         """Asynchronous scheduling of the step after the one in flight (vllm/v1/engine/core.py,
         step_with_batch_queue): from the arrivals up to that step's start, with the requests that finished in
-        it still counted as running (skipped: `EngineState.num_finishing`); their blocks are freed after.
+        it still counted as running (skipped: `EngineState.finishing`); their blocks are freed after.
         None where it schedules nothing (vLLM queues an empty batch and schedules again once the step in
         flight's output is processed)."""
-        state, pending = self.state, self._pending_free
+        state = self.state
         self.workload.deliver(self._last_start)
         batch = None
         if state.has_work:
-            state.num_finishing = len(pending)
             batch = self.policy.schedule(state, self._last_start)
-            state.num_finishing = 0
-        if pending:
+        if state.finishing:
             self._free_pending()
         return batch if batch is not None and batch.requests else None
 
@@ -545,16 +540,16 @@ class Engine:
 
 
     def _free_pending(self) -> None:
-        for r in self._pending_free:
+        for r in self.state.finishing:
             self.block_manager.free(r)
             r.drop_block_hashes()
-        self._pending_free = []
+        self.state.finishing = []
 
     def finish(self, r: Request, now: float) -> None:
         r.status = Status.FINISHED
         r.finish_s = now
         if self.asynchronous:  # its blocks are freed once the next step is scheduled (`run`)
-            self._pending_free.append(r)
+            self.state.finishing.append(r)
         else:
             self.block_manager.free(r)
             r.drop_block_hashes()

@@ -80,8 +80,8 @@ def test_a_step_meets_its_host_seconds_as_stated(asynchronous, gpu_s, expected):
     batch = type("B", (), {"requests": [0, 1], "num_tokens": 100})()
     result = b.execute(batch)
     assert result.seconds == pytest.approx(expected, abs=1e-15)
-    assert result.breakdown["gpu_s"] == gpu_s
-    assert result.breakdown["host_s"] == b.host_seconds(2, 100)
+    assert result.breakdown["gpu"] == gpu_s
+    assert result.breakdown["host"] == b.host_seconds(2, 100)
 
 
 def test_workers_pieces_overlap_the_engine_cores_only_asynchronously_with_tensor_parallelism():
@@ -96,7 +96,7 @@ def test_decode_run_gives_each_steps_execute_seconds():
     seconds, parts = b.decode_run([10, 20, 30], 5, [5, 2, 3])
     running = [3, 3, 2, 1, 1]
     assert seconds.tolist() == [max(0.004, b.host_seconds(n, n)) for n in running]
-    assert parts["host_s"].tolist() == [b.host_seconds(n, n) for n in running]
+    assert parts["host"].tolist() == [b.host_seconds(n, n) for n in running]
 
 
 def test_host_time_scaled_to_the_hosts_reference_loop():
@@ -141,7 +141,7 @@ def test_zero_host_time_gives_the_answers_without_host_time(monkeypatch, asynchr
     with_zero = _replay(asynchronous, True)
     without = _replay(asynchronous, False)
     assert _answers(with_zero) == _answers(without)
-    assert set(with_zero.steps.columns()) - set(without.steps.columns()) == {"gpu_s", "host_s"}
+    assert set(with_zero.steps.columns()) - set(without.steps.columns()) == {"gpu", "host"}
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -149,7 +149,7 @@ def test_host_time_runs_are_exact_with_fast_forward(asynchronous):
     fast, slow = (_replay(asynchronous, True, fast_forward=ff) for ff in (True, False))
     assert _answers(fast) == _answers(slow)
     cols = fast.steps.columns()
-    expected = np.maximum(cols["gpu_s"], cols["host_s"]) if asynchronous else cols["gpu_s"] + cols["host_s"]
+    expected = np.maximum(cols["gpu"], cols["host"]) if asynchronous else cols["gpu"] + cols["host"]
     assert np.array_equal(cols["seconds"], expected)
 
 
