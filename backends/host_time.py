@@ -241,6 +241,8 @@ def with_host_time(backend, async_scheduling: bool, host_time: bool, host_refere
     Tensor parallelism runs the model runner in worker processes (vLLM's "mp" executor at world size > 1)."""
     if not host_time or backend is None or isinstance(backend, HostTimedBackend):
         return backend
+    if getattr(backend, "name", "") == "real":  # it times its own steps, the CPU's preparation included
+        return backend
     return HostTimedBackend(backend, HostTime.load(host_reference_loop_s=host_reference_loop_s),
                             async_scheduling, tp > 1)
 
