@@ -155,10 +155,15 @@ class HostTimedBackend:
         for name in ("name", "device", "device_name", "dtype", "num_blocks", "supports_fast_forward"):
             if hasattr(inner, name):
                 setattr(self, name, getattr(inner, name))
-        # The pieces in order, scaled to the host: (fixed, per request, per token, runs on a worker).
-        self._pieces = [(p.fixed_s, p.per_request_s, p.per_token_s, name in WORKER_PIECES)
-                        for name, p in host.pieces.items()]
+        # The pieces' coefficients summed (in the profile's order): the engine core's and the workers'
+        # apart where they overlap (asynchronous with worker processes: `HostTime.critical_seconds`),
+        # else all together. Each step's seconds: scale * (fixed + per_request * requests + per_token * tokens).
         self._split = asynchronous and multiprocess
+        groups: list[list[Piece]] = [[], []]
+        for name, p in host.pieces.items():
+            groups[1 if self._split and name in WORKER_PIECES else 0].append(p)
+        self._sums = [(sum(p.fixed_s for p in g), sum(p.per_request_s for p in g), sum(p.per_token_s for p in g))
+                      for g in groups if g or not self._split]
         if hasattr(inner, "decode_run"):
             self.decode_run = self._decode_run
         if hasattr(inner, "chunk_steps"):
@@ -168,33 +173,23 @@ class HostTimedBackend:
         return getattr(self.inner, name)
 
     def host_seconds(self, num_reqs: int, num_tokens: int) -> float:
-        """`HostTime.critical_seconds`, in the order `host_seconds_array` computes it."""
+        """The step's host seconds that set its pace (`HostTime.critical_seconds`, from the summed
+        coefficients), with the float operations of `host_seconds_array`; 0 for a step of no request."""
         if num_reqs <= 0:
             return 0.0
         scale = self.host.scale
-        core = worker = 0.0
-        for fixed, per_request, per_token, on_worker in self._pieces:
-            seconds = scale * (fixed + per_request * num_reqs + per_token * num_tokens)
-            if on_worker and self._split:
-                worker = worker + seconds
-            else:
-                core = core + seconds
-        return max(core, worker) if self._split else core
+        return max(scale * (fixed + per_request * num_reqs + per_token * num_tokens)
+                   for fixed, per_request, per_token in self._sums)
 
     def host_seconds_array(self, num_reqs: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
         """`host_seconds` of each step, element by element (the same float operations)."""
         n = np.asarray(num_reqs, dtype=np.float64)
         t = np.asarray(num_tokens, dtype=np.float64)
         scale = self.host.scale
-        core = np.zeros(len(n))
-        worker = np.zeros(len(n))
-        for fixed, per_request, per_token, on_worker in self._pieces:
+        out = None
+        for fixed, per_request, per_token in self._sums:
             seconds = scale * (fixed + per_request * n + per_token * t)
-            if on_worker and self._split:
-                worker = worker + seconds
-            else:
-                core = core + seconds
-        out = np.maximum(core, worker) if self._split else core
+            out = seconds if out is None else np.maximum(out, seconds)
         return np.where(n > 0, out, 0.0)
 
     def _meet(self, gpu: np.ndarray, host: np.ndarray) -> np.ndarray:
@@ -214,12 +209,13 @@ class HostTimedBackend:
     def _decode_run(self, context_lens, num_steps: int, active_steps=None):
         gpu, parts = self.inner.decode_run(context_lens, num_steps, active_steps)
         gpu = np.asarray(gpu, dtype=np.float64)
-        if active_steps is None:
-            running = np.full(num_steps, len(context_lens), dtype=np.float64)
+        n = len(context_lens)
+        if active_steps is None or min(active_steps) >= num_steps:  # the same requests throughout
+            host = np.full(num_steps, self.host_seconds(n, n))
         else:  # step j decodes the requests with active_steps > j
             ordered = np.sort(np.asarray(active_steps))
-            running = (len(ordered) - np.searchsorted(ordered, np.arange(num_steps), side="right")).astype(np.float64)
-        host = self.host_seconds_array(running, running)
+            running = (n - np.searchsorted(ordered, np.arange(num_steps), side="right")).astype(np.float64)
+            host = self.host_seconds_array(running, running)
         parts = dict(parts)
         parts["gpu"] = gpu
         parts["host"] = host
