@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from sim.errors import ServesimError
 
 HOST_DIR = Path(__file__).resolve().parents[1] / "profiles" / "host"
@@ -136,3 +138,119 @@ class HostTime:
         per_request = sum(p.per_request_s for p in self.pieces.values())
         per_token = sum(p.per_token_s for p in self.pieces.values())
         return self.scale * (fixed + per_request * num_reqs + per_token * num_tokens)
+
+
+class HostTimedBackend:
+    """A backend whose every step is its GPU seconds (the wrapped backend's) met with the step's host
+    seconds (`HostTime.critical_seconds` of the step's requests and scheduled tokens) as `overlap` states:
+    added when scheduling is synchronous, the longer of the two when asynchronous. Each step's breakdown
+    gains `gpu_s` and `host_s` (columns of the step log). Runs (`decode_run`, `chunk_steps`) give exactly
+    `execute`'s seconds per step: the same float operations, in the same order, element by element."""
+
+    def __init__(self, inner, host: HostTime, asynchronous: bool, multiprocess: bool):
+        self.inner = inner
+        self.host = host
+        self.asynchronous = asynchronous
+        self.multiprocess = multiprocess
+        for name in ("name", "device", "device_name", "dtype", "num_blocks", "supports_fast_forward"):
+            if hasattr(inner, name):
+                setattr(self, name, getattr(inner, name))
+        # The pieces' coefficients summed (in the profile's order): the engine core's and the workers'
+        # apart where they overlap (asynchronous with worker processes: `HostTime.critical_seconds`),
+        # else all together. Each step's seconds: scale * (fixed + per_request * requests + per_token * tokens).
+        self._split = asynchronous and multiprocess
+        groups: list[list[Piece]] = [[], []]
+        for name, p in host.pieces.items():
+            groups[1 if self._split and name in WORKER_PIECES else 0].append(p)
+        self._sums = [(sum(p.fixed_s for p in g), sum(p.per_request_s for p in g), sum(p.per_token_s for p in g))
+                      for g in groups if g or not self._split]
+        if hasattr(inner, "decode_run"):
+            self.decode_run = self._decode_run
+        if hasattr(inner, "chunk_steps"):
+            self.chunk_steps = self._chunk_steps
+
+    def __getattr__(self, name: str):  # anything else the tools read of the backend
+        return getattr(self.inner, name)
+
+    def host_seconds(self, num_reqs: int, num_tokens: int) -> float:
+        """The step's host seconds that set its pace (`HostTime.critical_seconds`, from the summed
+        coefficients), with the float operations of `host_seconds_array`; 0 for a step of no request."""
+        if num_reqs <= 0:
+            return 0.0
+        scale = self.host.scale
+        return max(scale * (fixed + per_request * num_reqs + per_token * num_tokens)
+                   for fixed, per_request, per_token in self._sums)
+
+    def host_seconds_array(self, num_reqs: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        """`host_seconds` of each step, element by element (the same float operations)."""
+        n = np.asarray(num_reqs, dtype=np.float64)
+        t = np.asarray(num_tokens, dtype=np.float64)
+        scale = self.host.scale
+        out = None
+        for fixed, per_request, per_token in self._sums:
+            seconds = scale * (fixed + per_request * n + per_token * t)
+            out = seconds if out is None else np.maximum(out, seconds)
+        return np.where(n > 0, out, 0.0)
+
+    def _meet(self, gpu: np.ndarray, host: np.ndarray) -> np.ndarray:
+        return np.maximum(gpu, host) if self.asynchronous else gpu + host
+
+    def execute(self, batch):
+        from sim.backend import StepResult
+
+        result = self.inner.execute(batch)
+        gpu = result.seconds
+        host = self.host_seconds(len(batch.requests), batch.num_tokens)
+        breakdown = dict(result.breakdown)
+        breakdown["gpu"] = gpu
+        breakdown["host"] = host
+        return StepResult(max(gpu, host) if self.asynchronous else gpu + host, breakdown, result.sampled_token_ids)
+
+    def _decode_run(self, context_lens, num_steps: int, active_steps=None):
+        gpu, parts = self.inner.decode_run(context_lens, num_steps, active_steps)
+        gpu = np.asarray(gpu, dtype=np.float64)
+        n = len(context_lens)
+        if active_steps is None or min(active_steps) >= num_steps:  # the same requests throughout
+            host = np.full(num_steps, self.host_seconds(n, n))
+        else:  # step j decodes the requests with active_steps > j
+            ordered = np.sort(np.asarray(active_steps))
+            running = (n - np.searchsorted(ordered, np.arange(num_steps), side="right")).astype(np.float64)
+            host = self.host_seconds_array(running, running)
+        parts = dict(parts)
+        parts["gpu"] = gpu
+        parts["host"] = host
+        return self._meet(gpu, host), parts
+
+    def _chunk_steps(self, decode_computed, chunk: int, before: int, num_steps: int):
+        gpu, parts = self.inner.chunk_steps(decode_computed, chunk, before, num_steps)
+        n = len(decode_computed)
+        host = self.host_seconds(n + 1, n + chunk)
+        parts = dict(parts)
+        parts["gpu"] = list(gpu)
+        parts["host"] = [host] * num_steps
+        return [max(g, host) if self.asynchronous else g + host for g in gpu], parts
+
+
+def with_host_time(backend, async_scheduling: bool, host_time: bool, host_reference_loop_s: float | None,
+                   tp: int):
+    """`backend` with the host's seconds in each step (a HostTimedBackend), or as it is with host time off.
+    Tensor parallelism runs the model runner in worker processes (vLLM's "mp" executor at world size > 1)."""
+    if not host_time or backend is None or isinstance(backend, HostTimedBackend):
+        return backend
+    if getattr(backend, "name", "") == "real":  # it times its own steps, the CPU's preparation included
+        return backend
+    return HostTimedBackend(backend, HostTime.load(host_reference_loop_s=host_reference_loop_s),
+                            async_scheduling, tp > 1)
+
+
+def host_time_summary(async_scheduling: bool, host_time: bool, host_reference_loop_s: float | None) -> dict:
+    """What summary.json says of the engine's clock."""
+    out: dict = {"async_scheduling": async_scheduling, "host_time": host_time}
+    if host_time:
+        host = HostTime.load(host_reference_loop_s=host_reference_loop_s)
+        out.update({"profile": Path(host.source).name, "profile_cpu": host.cpu, "vllm_version": host.vllm_version,
+                    "profile_reference_loop_s": host.reference_loop_s,
+                    "host_reference_loop_s": host_reference_loop_s, "scale": host.scale,
+                    "cpu": "the profile's own" if host_reference_loop_s is None else "the serving host's, by "
+                    "its reference loop"})
+    return out

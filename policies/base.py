@@ -262,7 +262,7 @@ class Policy:
         even when it alone exceeds the budget, so a long prompt never blocks the queue."""
         num_tokens = 0
         cfg = self.config
-        while state.waiting and len(state.running) < cfg.max_num_seqs:
+        while state.waiting and len(state.running) + len(state.finishing) < cfg.max_num_seqs:
             head = state.waiting[0]
             if num_tokens and num_tokens + head.num_tokens_to_compute > cfg.max_num_batched_tokens:
                 # Cached prefix tokens are not computed; check the exact count before refusing.

@@ -118,7 +118,8 @@ class Replica:
 
     @property
     def next_arrival_s(self) -> float:
-        return self.next_routed_s
+        inbox = self.inbox  # one not yet delivered (asynchronously the engine asks up to its last step's start)
+        return inbox[0].arrival_s if inbox else self.next_routed_s
 
     @property
     def next_observation_s(self) -> float:
@@ -127,7 +128,7 @@ class Replica:
 
     def deliver(self, now: float) -> None:
         inbox, submit = self.inbox, self.engine.submit
-        while inbox:
+        while inbox and inbox[0].arrival_s <= now:  # asynchronously the engine asks up to its last step's start
             submit(inbox.popleft())
 
     def engine_idle(self) -> None:

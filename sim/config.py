@@ -98,6 +98,8 @@ MAX_CLUSTER_BLOCKS = 2**27  # every replica's blocks together: ~8 GB of host mem
 TOKENS_PER_STEP = Range(1, MAX_TOKENS, "tokens", "no device holds the activations of a step of more tokens",
                         whole=True)
 TOKEN_CAP = Range(0, MAX_TOKENS, "tokens", "0 means no cap; a step holds at most 16,777,216 tokens", whole=True)
+HOST_REFERENCE_LOOP = Range(1e-3, 1e3, "seconds", "bench/host_time.py's reference loop takes about 0.1-0.3 s on "
+                            "server CPUs", open_low=True)
 SEQUENCES = Range(1, 2**20, "requests", "each running request holds at least one KV block; 1,048,576 at once is "
                   "more than any GPU's KV cache holds", whole=True)
 MODEL_LEN = Range(2, MAX_TOKENS, "tokens", "a prompt and one output token at least; the longest context of any "
@@ -235,6 +237,23 @@ class SchedulerConfig:
         help="order of the waiting queue: fcfs (arrival) or priority (the trace's priority column, lower first, "
              "then arrival; preemption takes the running request with the largest priority value), as vLLM's "
              "--scheduling-policy (default: {default})")
+
+    # The engine core's clock (docs/async-scheduling.md): vLLM's AsyncScheduler with its batch queue of 2
+    # (default since vLLM 0.14), and the CPU's seconds per step (backends/host_time.py).
+    async_scheduling: bool = option(
+        True, flag="--async-scheduling", boolean=True,
+        help="schedule step n+1 while the GPU runs step n, as vLLM's --async-scheduling (its default since "
+             "0.14): a request arriving during step n is first scheduled in step n+2, and a step's host (CPU) "
+             "seconds overlap its GPU seconds instead of adding to them (default: on)")
+    host_time: bool = option(
+        True, flag="--host-time", boolean=True,
+        help="add each step's host seconds (vLLM's scheduler, input preparation and output processing, measured: "
+             "profiles/host/) to the step's clock: added to the GPU's when scheduling is synchronous, the longer "
+             "of the two when asynchronous (default: on)")
+    host_reference_loop_s: float | None = option(
+        None, flag="--host-reference-loop-s", range=HOST_REFERENCE_LOOP, metavar="S",
+        help="seconds of the reference loop (python3 bench/host_time.py --reference-only) on the serving host's "
+             "CPU, to carry the measured host time to it (default: the profile's own CPU, as measured)")
 
     def __post_init__(self) -> None:
         _require(bool(self.policy), "--policy must not be empty")

@@ -148,6 +148,8 @@ class DPResult(SimResult):
 
     def summary(self) -> dict:
         return {"dp": len(self.per_rank), "lockstep": self.lockstep,
+                "scheduling": "synchronous (a lockstep group's ranks; --async-scheduling not modelled across them)"
+                if self.lockstep else "as --async-scheduling says, per rank",
                 "lockstep_steps": self.num_lockstep_steps if self.lockstep else None,
                 "waves": self.num_waves if self.lockstep else None,
                 "load_balancer": "vLLM DPLBAsyncMPClient (one API client)", "ranks": self.per_rank}
@@ -170,7 +172,12 @@ class DataParallelGroup(Cluster):
         self.ranks: list[DPRank] = []
 
     def add_rank(self, engine: Engine) -> DPRank:
-        """Rank len(ranks): `engine`, fed by the balancer."""
+        """Rank len(ranks): `engine`, fed by the balancer. A lockstep group schedules each rank
+        synchronously (its loop, `_lockstep`, schedules every rank at the step's start and frees a
+        finished request's blocks at once): asynchronous scheduling's one-step pipeline is not
+        modelled across ranks in lockstep (said in summary.json)."""
+        if self.lockstep:
+            engine.asynchronous = False
         rank = self.add_replica(engine, DPRank)
         assert isinstance(rank, DPRank)
         self.ranks.append(rank)

@@ -159,6 +159,13 @@ class Engine:
                 if isinstance(backend, ChunkStepsBackend) and promises.repeats_full_chunk_steps:
                     self._chunk_budget = policy.chunk_run_budget()
         self._wake: simpy.Event | None = None  # what the engine waits on while idle
+        # vLLM's AsyncScheduler with the engine core's batch queue (docs/async-scheduling.md): step n+1 is
+        # scheduled when step n is launched, so it sees the arrivals up to step n's start (`_last_start`).
+        self.asynchronous = bool(getattr(policy.config, "async_scheduling", False))
+        self._last_start = 0.0  # the start of the last step taken
+        self._in_flight = False  # a step was taken since the engine last slept or waited (asynchronously)
+        if self.asynchronous:
+            self._chunk_budget = None  # chunk runs deliver and free by the synchronous clock: stepped instead
 
     # Requests in.
 
@@ -211,29 +218,63 @@ class Engine:
         takes the same values: each step's end is its start plus its seconds, added in order."""
         state, workload = self.state, self.workload
         alone = workload.busy_engine_alone
+        asynchronous = self.asynchronous
         now = env.now
         while True:
-            workload.deliver(now)
-            if not state.has_work:
-                yield from _catch_up(env, now)
-                if workload.is_exhausted:
-                    return
-                yield from self._sleep(env, None)
-                now = env.now
-                continue
             steps_before, num_preempted_before = state.step_index, state.num_preemptions
-            batch = self.policy.schedule(state, now)
-            if not batch.requests:  # the policy holds its waiting requests back for now
-                yield from self._wait_for_policy(env, now)
-                now = env.now
-                continue
-            run = self.plan(batch, now, state.num_preemptions - num_preempted_before)
-            self.busy_until_s = run.ends[-1]
+            freed = False
+            batch = None
+            if asynchronous and self._in_flight:
+                # vLLM schedules this step when it launched the one before (its start), before that
+                # step's output: arrivals since then wait a step more, and the requests that finished
+                # in it still hold their seats and blocks (`EngineState.finishing`) while it is scheduled.
+                freed = bool(state.finishing)
+                batch = self._schedule_pipelined()
+                if batch is None:  # nothing to launch beside the step in flight: once it ends, schedule anew
+                    self._in_flight = False
+            if batch is None:
+                workload.deliver(now)
+                if not state.has_work:
+                    yield from _catch_up(env, now)
+                    if workload.is_exhausted:
+                        return
+                    yield from self._sleep(env, None)
+                    now = env.now
+                    continue
+                batch = self.policy.schedule(state, now)
+                if not batch.requests:  # the policy holds its waiting requests back for now
+                    yield from self._wait_for_policy(env, now)
+                    now = env.now
+                    continue
+            for r in batch.requests[batch.num_leading_decodes:]:  # a request's first step is never a leading decode
+                if r.first_step_start_s is None:
+                    r.first_step_start_s = now
+            # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request.
+            run = self.plan(batch, now, state.num_preemptions - num_preempted_before, freed and bool(state.waiting))
+            ends = run.ends
+            self.busy_until_s = ends[-1]
             if not alone:
-                yield from _catch_up(env, run.ends[-1], run)
+                yield from _catch_up(env, ends[-1], run)
+            self._last_start = ends[-2] if len(ends) > 1 else now
+            self._in_flight = True
             now = self.apply(batch, run, now)
             if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
                 self.progress(now, self.num_finished)
+
+    def _schedule_pipelined(self) -> Batch | None:
+        """Asynchronous scheduling of the step after the one in flight (vllm/v1/engine/core.py,
+        step_with_batch_queue): from the arrivals up to that step's start, with the requests that finished in
+        it still counted as running (skipped: `EngineState.finishing`); their blocks are freed after.
+        None where it schedules nothing (vLLM queues an empty batch and schedules again once the step in
+        flight's output is processed)."""
+        state = self.state
+        self.workload.deliver(self._last_start)
+        batch = None
+        if state.has_work:
+            batch = self.policy.schedule(state, self._last_start)
+        if state.finishing:
+            self._free_pending()
+        return batch if batch is not None and batch.requests else None
 
     def _wait_for_policy(self, env: simpy.Environment, now: float):
         """The policy scheduled nothing though requests wait: sleep until its retry time or the next
@@ -249,14 +290,15 @@ class Engine:
                 "will arrive (Policy.retry_s)")
         yield from _catch_up(env, now)
         yield from self._sleep(env, retry_s)
+        self._in_flight = False
 
-    def plan(self, batch: Batch, now: float, num_preempted: int) -> Run:
+    def plan(self, batch: Batch, now: float, num_preempted: int, alone: bool = False) -> Run:
         """The steps to take from `batch` (just scheduled, having preempted `num_preempted`): a run
-        that fast-forward plans where the policy's promises allow one, else the single step. The
+        that fast-forward plans where the policy's promises allow one (and not `alone`), else the single step. The
         backend prices step 0 (`execute`) unless a decode run costs it with the others."""
         state, fast_forward = self.state, self.fast_forward
         result: StepResult | None = None
-        if fast_forward is not None and not num_preempted and len(batch) == len(state.running):
+        if fast_forward is not None and not num_preempted and not alone and len(batch) == len(state.running):
             run = None
             if all(batch.is_decode):
                 run = fast_forward.plan(batch, now)
@@ -448,6 +490,7 @@ class Engine:
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
         # (plan_chunks), and what arrived since is for the step after the run.
         by_time = workload.delivers_by_time
+        asynchronous = engine.asynchronous
         used, num_waiting_at = [], []  # steps 1..'s
         f, num_finishing = 0, len(finishing)
         while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
@@ -466,8 +509,9 @@ class Engine:
             num_taken: list[int] = []
             used_now = bm.num_used_blocks  # before step j
             for step, (num_decode_blocks, new) in enumerate(counts[j - 1:end - 1], j):
-                if by_time:
-                    workload.deliver(ends[step - 1])  # it starts when the step before ends (no block moves)
+                if by_time:  # it starts when the step before ends (no block moves); asynchronously it was
+                    # scheduled when the step before started (`run`)
+                    workload.deliver((ends[step - 2] if step > 1 else start) if asynchronous else ends[step - 1])
                 if num_decode_blocks:
                     owners += [reqs[o % n] for o in opens[taken:taken + num_decode_blocks]]
                     num_taken += [1] * num_decode_blocks
@@ -504,11 +548,20 @@ class Engine:
         state.step_index += k
 
 
+    def _free_pending(self) -> None:
+        for r in self.state.finishing:
+            self.block_manager.free(r)
+            r.drop_block_hashes()
+        self.state.finishing = []
+
     def finish(self, r: Request, now: float) -> None:
         r.status = Status.FINISHED
         r.finish_s = now
-        self.block_manager.free(r)
-        r.drop_block_hashes()
+        if self.asynchronous:  # its blocks are freed once the next step is scheduled (`run`)
+            self.state.finishing.append(r)
+        else:
+            self.block_manager.free(r)
+            r.drop_block_hashes()
         self.num_finished += 1
         if self.token_times is not None:
             self.token_times.store(r)

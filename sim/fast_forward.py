@@ -138,7 +138,9 @@ class FastForward:
         # a waiting request in.
         engine = self.engine
         workload = engine.workload
-        through_finishes = not (engine.policy.finish_may_admit(engine.state) or workload.reacts_to_finishes)
+        # Asynchronously a finish frees its blocks only after the next step is scheduled: runs end at one.
+        through_finishes = not (engine.asynchronous or engine.policy.finish_may_admit(engine.state)
+                                or workload.reacts_to_finishes)
         max_steps = min(max(remaining) if through_finishes else min(remaining), MAX_RUN_STEPS)
         if max_steps < 2:
             return None

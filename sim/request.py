@@ -46,6 +46,8 @@ class Request:
 
     # Timeline and counters.
     first_scheduled_s: float | None = None
+    first_step_start_s: float | None = None  # its first step's start (set by the engine): TTFT in parts
+    client_sent_s: float | None = None  # when a client sent it, where an API server is modelled (else None)
     first_token_s: float | None = None
     finish_s: float | None = None
     num_preemptions: int = 0

@@ -50,6 +50,10 @@ class EngineState:
         self.running: list[Request] = []  # in admission order: the last is the most recently admitted
         self.step_index = 0  # the step being scheduled
         self.num_preemptions = 0
+        # Requests that finished in the step in flight while the next is scheduled asynchronously:
+        # vLLM's scheduler still holds them in its running list (skipped, their seats and blocks taken)
+        # until that step's output is processed (sim/engine.py, docs/async-scheduling.md). Empty otherwise.
+        self.finishing: list[Request] = []
 
     @property
     def has_work(self) -> bool:

@@ -98,7 +98,10 @@ def test_fast_forward_gives_the_same_bench_with_long_prompts(monkeypatch):
 
     monkeypatch.setattr(FastForward, "plan_chunks", counting)
     spec = BenchSpec(6, 9000, 30, 20, 4.0)
-    fast, slow = (run_bench(spec, plan_for(model="Qwen3-0.6B", seed=2), fast_forward=ff)[0] for ff in (True, False))
+    # Chunk runs are taken under synchronous scheduling (sim/engine.py: asynchronously they are stepped).
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", 2048, 256, async_scheduling=False),
+                            cache=CacheConfig(16, None), model="Qwen3-0.6B", seed=2)
+    fast, slow = (run_bench(spec, resolve(options), fast_forward=ff)[0] for ff in (True, False))
     assert sum(runs_taken) > 10
     assert [r.arrival_s for r in fast.requests] == [r.arrival_s for r in slow.requests]
     np.testing.assert_array_equal(fast.token_times, slow.token_times)

@@ -30,7 +30,9 @@ BLOCK_BYTES = 4 * ModelConfig.from_preset(MODEL).kv_bytes_per_token()  # one 4-t
 
 
 def options(cluster: ClusterOptions, num_blocks: int = 64) -> ReplayOptions:
-    return ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=8, max_num_seqs=4),
+    # The worked examples below are synchronous vLLM's (each step scheduled once the one before ends).
+    return ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=8, max_num_seqs=4,
+                                                   async_scheduling=False, host_time=False),
                          cache=CacheConfig(block_size=4, num_blocks=num_blocks), cluster=cluster, model=MODEL)
 
 

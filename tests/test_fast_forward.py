@@ -196,7 +196,8 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
     from traces import MOONCAKE_SAMPLE, read_trace
 
     trace = read_trace(MOONCAKE_SAMPLE)
-    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048),
+    # Chunk runs are taken under synchronous scheduling (sim/engine.py: asynchronously they are stepped).
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048, async_scheduling=False),
                             cache=CacheConfig(num_blocks=6000))
     folded, through = [], []
     lengths = _count_chunk_runs(monkeypatch, folded, through)
@@ -218,7 +219,7 @@ def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers
     monkeypatch.undo()
 
     lengths = _count_chunk_runs(monkeypatch)
-    capped = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048,
+    capped = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048, async_scheduling=False,
                                                      long_prefill_token_threshold=1024),
                            cache=CacheConfig(num_blocks=6000))
     _same_replays(replay(trace, resolve(capped)), replay(trace, resolve(capped), fast_forward=False))
@@ -237,7 +238,9 @@ def test_chunk_runs_stop_where_blocks_run_short_and_preemptions_begin(monkeypatc
     trace = Trace(full.arrival_s[:n], full.prompt_tokens[:n], full.output_tokens[:n], source="sample",
                   hash_ids=full.hash_ids[:n], hash_block_tokens=full.hash_block_tokens)
     # Admitted on their first chunk's blocks (not reserving the whole prompt's), so prefills run out.
-    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=1024, reserve_full_isl=False),
+    # Chunk runs are taken under synchronous scheduling (sim/engine.py: asynchronously they are stepped).
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=1024, reserve_full_isl=False,
+                                                      async_scheduling=False),
                             cache=CacheConfig(num_blocks=2600))
     lengths = _count_chunk_runs(monkeypatch)
     fast = replay(trace, resolve(options))

@@ -29,7 +29,7 @@ needs_tables = pytest.mark.skipif(not (SHARED / "h100_sxm__vllm-0.24.0__gemm_per
 
 def test_the_committed_profile_of_a_deployment_is_its_default_and_roofline_forces_the_datasheet():
     plan = resolve(ReplayOptions())  # Llama-3.1-8B on an H100, TP 1, bf16
-    assert isinstance(plan.backend, OpTableBackend)
+    assert isinstance(plan.backend.inner, OpTableBackend)  # with the host's seconds (backends/host_time.py)
     assert Path(plan.options.profile).name == "H100-SXM__Llama-3.1-8B__tp1__bf16__kv-bf16.json"
     assert plan.as_dict()["profile"] == plan.options.profile  # what summary.json records
     assert not isinstance(resolve(ReplayOptions(profile="roofline")).backend, OpTableBackend)

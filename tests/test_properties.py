@@ -34,7 +34,7 @@ class CheckedPolicy:
 
     def schedule(self, state, now):
         bm = state.block_manager
-        bm.check_invariants(state.running)  # blocks are conserved after every step
+        bm.check_invariants(state.running + state.finishing)  # blocks are conserved after every step
         decoding_before = [r for r in state.running if r.is_decoding]
         running_before = list(state.running)
         num_queued_before = len(state.running) + len(state.waiting)
@@ -44,7 +44,7 @@ class CheckedPolicy:
         # The engine's rules, checked by the same checker that guards a user's policy in a run.
         problem = batch_violation(batch, state, self.config)
         assert problem is None, f"{self.name} at step {state.step_index}: {problem}"
-        bm.check_invariants(state.running)
+        bm.check_invariants(state.running + state.finishing)
         self.num_steps += 1
         assert self.num_steps <= MAX_STEPS, f"{MAX_STEPS} steps and still running: requests are not finishing"
 
@@ -68,6 +68,9 @@ class CheckedPolicy:
                 return (r.priority, r.arrival_s, r.index)
             assert all(key(w) > max(map(key, admitted)) for w in state.waiting)
         kinds = set(batch.is_decode)
+        if not batch.requests:  # asynchronously scheduled with every seat held by finishing requests
+            assert not state.running and state.finishing
+            return batch
         if self.name == "prefill-first":
             assert len(kinds) == 1  # never mixes prefill and decode
         if self.name == "decode-first":

@@ -18,7 +18,8 @@ TRACE = [(0.0, 4, 3), (0.5, 6, 2), (0.5, 3, 1)]
 
 
 def run(policy):
-    options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=8, max_num_seqs=4),
+    options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=8, max_num_seqs=4,
+                                                      async_scheduling=False, host_time=False),
                             cache=CacheConfig(block_size=4, num_blocks=64))
     backend = ConstantBackend(1.0)
     result = replay(make_trace(TRACE), resolve(options, backend=backend))

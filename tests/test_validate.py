@@ -134,9 +134,9 @@ def test_async_scheduling_makes_a_new_request_wait_one_step_more(async_schedulin
     from tests.helpers import ConstantBackend
 
     requests = [Request(0, "a", 0.0, 4, 3), Request(1, "b", 0.0, 4, 5), Request(2, "c", 0.0, 4, 2)]
-    engine = Engine(load_policy("chunked")(SchedulerConfig()), ConstantBackend(1.0), BlockManager(64, 16, False),
-                    TokenTimes(requests), 100)
-    workload = ThroughApiServer(requests, [0.0] * 3, 2, engine, ClientOverhead(0.0, 0.0), async_scheduling)
+    engine = Engine(load_policy("chunked")(SchedulerConfig(async_scheduling=async_scheduling)), ConstantBackend(1.0),
+                    BlockManager(64, 16, False), TokenTimes(requests), 100)
+    workload = ThroughApiServer(requests, [0.0] * 3, 2, engine, ClientOverhead(0.0, 0.0), False)  # the engine's
     simulate(engine, workload)
     assert [r.first_token_s for r in requests[:2]] == [1.0, 1.0] and requests[0].finish_s == 3.0
     assert workload.sent_s[2] == 3.0 and requests[2].first_token_s - workload.sent_s[2] == ttft

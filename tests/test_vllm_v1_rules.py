@@ -15,7 +15,8 @@ from tests.helpers import ConstantBackend, make_trace
 def run(rows, num_blocks, budget, max_num_seqs=4, block_size=16, caching=True, hash_ids=None,
         hash_block_tokens=16, priority=None, **scheduler):
     options = ReplayOptions(
-        scheduler=SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, **scheduler),
+        scheduler=SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
+                                  **({"async_scheduling": False, "host_time": False} | scheduler)),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching))
     trace = make_trace(rows, hash_ids, hash_block_tokens)
     if priority is not None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 
 from backends.costmodel.optables.profile import is_op_profile, op_profile_from_json
 from backends.hardware import Hardware, resolve_hardware
+from backends.host_time import host_time_summary, with_host_time
 from backends.kv_capacity import ASYNC_BATCHES, KVCapacity, kv_cache_groups, kv_capacity
 from backends.model_config import ModelConfig, resolve_model
 from policies import Policy, load_policy
@@ -107,6 +108,8 @@ class RunPlan:
             del d["moe_distribution"]  # runs without it keep the summary they had
         if hasattr(self.backend, "cost_model_summary"):
             d["cost_model"] = self.backend.cost_model_summary()  # per operator: the table or the roofline
+        sched = self.options.scheduler
+        d["engine_clock"] = host_time_summary(sched.async_scheduling, sched.host_time, sched.host_reference_loop_s)
         d["scheduler"]["max_model_len"] = self.max_model_len
         d["cache"]["num_blocks"] = self.num_blocks
         cluster = d.pop("cluster")
@@ -218,6 +221,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         else:
             backend = make_backend(options, model, hardware, calibration)
     cache, scheduler = options.cache, options.scheduler
+    backend = with_host_time(backend, scheduler.async_scheduling, scheduler.host_time,
+                             scheduler.host_reference_loop_s, options.tp)  # the engine core's CPU (docs/async-scheduling.md)
     kv = None
     if backend is not None and backend.num_blocks is not None:
         num_blocks = backend.num_blocks  # the real backend's cache: hand out exactly its block ids

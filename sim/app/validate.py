@@ -230,7 +230,7 @@ class ThroughApiServer(ClosedLoop):
     def _send(self, at: float) -> None:
         super()._send(at)
         r = self._sent[-1]
-        self.sent_s[r.index] = at
+        self.sent_s[r.index] = r.client_sent_s = at
         self._server_free_s = max(self._server_free_s, at) + self.client.seconds(r.num_prompt_tokens)
         r.arrival_s = self._server_free_s
 
@@ -343,8 +343,9 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
     c, isl, osl = int(row["concurrency"] if concurrency is None else concurrency), int(row["isl"]), int(row["osl"])
     n = protocol.prompts_per_client * c
     budget = max(protocol.max_num_batched_tokens, c)
+    asynchronous = protocol.async_for(row)
     options = ReplayOptions(
-        scheduler=SchedulerConfig("chunked", budget, c, isl + osl),
+        scheduler=SchedulerConfig("chunked", budget, c, isl + osl, async_scheduling=asynchronous),
         cache=CacheConfig(num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
         model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
         kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
@@ -354,8 +355,8 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
     warmup, warmup_why = protocol.warmup_for(
         row, first_wave_ttft_bound_ms(c, float(np.mean(isls)), tokens_per_s, protocol.prompts_per_client))
-    asynchronous = protocol.async_for(row)
-    workload = ThroughApiServer(requests, [0.0] * n, c, engine, client, asynchronous)
+    # The engine schedules as vLLM's AsyncScheduler does (sim/engine.py), so the client delivers at once.
+    workload = ThroughApiServer(requests, [0.0] * n, c, engine, client, False)
     result = simulate(engine, workload)
     rejected = [r for r in result.requests if r.reject_reason is not None]
     if rejected:

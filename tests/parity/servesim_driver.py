@@ -53,9 +53,11 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
              "max_num_seqs": setup.max_num_seqs, "max_model_len": setup.max_model_len}
     # V1's scheduler options, where this servesim has them.
     known = {f.name for f in fields(SchedulerConfig)}
-    for name in ("long_prefill_token_threshold", "scheduling_policy", "reserve_full_isl"):
+    for name in ("long_prefill_token_threshold", "scheduling_policy", "reserve_full_isl", "async_scheduling"):
         if name in known:
             sched[name] = getattr(setup, name)
+    if "host_time" in known:
+        sched["host_time"] = False  # the step-time function is the whole step, as the vLLM driver's
     return ReplayOptions(
         scheduler=SchedulerConfig(**sched),
         cache=CacheConfig(block_size=setup.block_size, num_blocks=setup.num_gpu_blocks,

@@ -1,4 +1,5 @@
-"""servesim's `chunked` policy against vLLM's own V1 scheduler, run by vLLM's code.
+"""servesim's `chunked` policy against vLLM's own V1 scheduler, run by vLLM's code: its synchronous
+`Scheduler` and, with `-async` cases, its `AsyncScheduler` driven as the engine core's batch queue drives it.
 
 Every case (tests/parity/cases.py) is one trace with one set of options and one step-time
 function; vLLM's `Scheduler` (tests/parity/vllm_driver.py) and servesim, with fast-forward on
@@ -17,14 +18,21 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM is not installed (pip install '.[parity]')")
 
-from tests.parity.cases import all_cases
+from tests.parity.cases import all_cases, async_cases
 from tests.parity.run import check
 
 CASES = all_cases()
+# Asynchronous cases servesim does not yet schedule exactly as vLLM's AsyncScheduler: a tight cache with
+# prefix caching, where a preemption or a prefix hit meets a request whose token is in flight
+# (docs/async-scheduling.md, "What servesim does not model"). Strict: they fail the suite once they agree.
+ASYNC_DIFFERING = {"bursty-tight-cached-0-async", "bursty-tight-cached-2-async"}
+ASYNC_CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known async difference"))
+               if c.name in ASYNC_DIFFERING else c for c in async_cases()]
+ALL = CASES + ASYNC_CASES
 
 
 @pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", ALL, ids=[c.name if hasattr(c, "name") else c.values[0].name for c in ALL])
 def test_servesim_schedules_as_vllm(case, fast_forward):
     agreement, vllm, servesim = check(case, fast_forward)
     k = agreement.first_step_differing
