@@ -25,12 +25,12 @@ hardware` lists them), its figures from the package's systems/<system>.yaml (bac
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from sim.errors import ServesimError
+from sim.jsonable import read_json_file
 
 MIB = 2**20
 
@@ -82,12 +82,7 @@ class Hardware:
     @classmethod
     def from_json(cls, path: str | Path) -> Hardware:
         p = Path(path)
-        try:
-            raw = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ServesimError(f"{p}: cannot read it as a hardware JSON file ({e})") from None
-        if not isinstance(raw, dict):
-            raise ServesimError(f"{p}: a hardware file is one JSON object")
+        raw = read_json_file(p, "hardware file")
         names = [f.name for f in fields(cls) if f.name not in ("name", "system")]
         unknown = sorted(set(raw) - set(names))
         if unknown:

@@ -27,7 +27,6 @@ the two sets the pace.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ServesimError
+from sim.jsonable import read_json_file
 
 HOST_DIR = Path(__file__).resolve().parents[1] / "profiles" / "host"
 PIECES = ("schedule", "prepare_inputs", "sample_bookkeeping", "update_from_output")
@@ -87,12 +87,7 @@ class HostTime:
         """A profile file (default: the committed one), carried to a host whose reference loop takes
         `host_reference_loop_s` seconds (None: used as measured)."""
         path = Path(path) if path is not None else DEFAULT_PROFILE
-        try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            raise ServesimError(f"host time profile {path}: cannot read it ({e.strerror or e})") from None
-        except json.JSONDecodeError as e:
-            raise ServesimError(f"host time profile {path}: not JSON (line {e.lineno}: {e.msg})") from None
+        data = read_json_file(path, "host time profile")
         try:
             pieces = {name: Piece(float(c["fixed_s"]), float(c["per_request_s"]), float(c["per_token_s"]))
                       for name, c in data["pieces"].items()}

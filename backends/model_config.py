@@ -20,13 +20,13 @@ max(1, num_kv_heads // T)): KV heads are replicated, not split.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from sim.errors import ServesimError
+from sim.jsonable import read_json_file
 
 DTYPE_BYTES = {"bf16": 2, "fp8": 1, "fp4": 0.5 + 1 / 16}  # weights (and GEMM inputs); fp4: nvfp4, an fp8 scale per 16
 KV_CACHE_DTYPES = ("auto", "fp8")  # --kv-cache-dtype: auto is the model's dtype (bf16)
@@ -518,13 +518,7 @@ def read_config_json(path: str | Path) -> tuple[str, dict]:
         p = p / "config.json"
     if not p.is_file():
         raise ServesimError(f"{p}: no such file (--model takes a preset name, a config.json or a folder holding one)")
-    try:
-        raw = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ServesimError(f"{p}: cannot read it as JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ServesimError(f"{p}: not a JSON object")
-    return str(p), raw
+    return str(p), read_json_file(p, "model config")
 
 
 def refuse_unpriceable(raw: dict, where: str) -> None:

@@ -27,6 +27,7 @@ from backends.costmodel import step_aggregates
 from backends.costmodel.fitted import FEATURES, Calibration, step_features
 from backends.model_config import ModelConfig
 from sim.errors import ServesimError
+from sim.jsonable import read_json_file
 
 PROFILE_FORMAT = "servesim-profile"
 PROFILE_VERSION = 1
@@ -72,15 +73,8 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 def load_profile(path: str | Path, model: str | None = None) -> Profile:
     """Read a profile; with `model`, refuse one calibrated for another model."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ServesimError(f"{path}: no such profile (make one with `sim calibrate`)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ServesimError(f"{path}: cannot read the profile: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ServesimError(f"{path}: not a profile (invalid JSON at line {e.lineno}: {e.msg})") from None
-    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+    data = read_json_file(path, "profile", "make one with `sim calibrate`")
+    if data.get("format") != PROFILE_FORMAT:
         raise ServesimError(f"{path}: not a servesim profile (no \"format\": \"{PROFILE_FORMAT}\")")
     if data.get("version") != PROFILE_VERSION:
         raise ServesimError(f"{path}: profile version {data.get('version')!r}; this servesim reads version "

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+
+from sim.errors import ServesimError
 
 
 def jsonable(value):
@@ -21,3 +24,21 @@ def jsonable(value):
     if hasattr(value, "isoformat"):  # datetimes, pandas timestamps
         return value.isoformat()
     return value
+
+
+def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> dict:
+    """The JSON object in the file at `path`, `what` (e.g. "profile", "hardware file") naming it
+    in the one-line errors every reader of a servesim JSON file gives: no such file (with
+    `missing_hint`, how to make one), unreadable, not JSON (with its line), not one object."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ServesimError(f"{p}: no such {what}{f' ({missing_hint})' if missing_hint else ''}") from None
+    except json.JSONDecodeError as e:
+        raise ServesimError(f"{p}: cannot read it as JSON: not a {what} (invalid JSON at line {e.lineno}: {e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ServesimError(f"{p}: cannot read the {what}: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(data, dict):
+        raise ServesimError(f"{p}: not a {what}: a {what} is one JSON object")
+    return data

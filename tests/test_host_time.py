@@ -93,7 +93,7 @@ def test_bad_profiles_are_refused(tmp_path):
         HostTime.load(missing)
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    with pytest.raises(ServesimError, match="bad.json: not JSON"):
+    with pytest.raises(ServesimError, match="bad.json: cannot read it as JSON"):
         HostTime.load(bad)
     negative = tmp_path / "neg.json"
     negative.write_text(json.dumps({"pieces": {"schedule": {"fixed_s": 1e-6, "per_request_s": -1e-6,

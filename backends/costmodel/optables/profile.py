@@ -26,6 +26,7 @@ from backends.costmodel.optables.derive import derive
 from backends.costmodel.optables.model import OperatorModel, StepOverhead
 from backends.costmodel.optables.tables import TableSet
 from sim.errors import ServesimError
+from sim.jsonable import read_json_file
 
 PROFILE_FORMAT = "servesim-profile"
 PROFILE_VERSION = 1
@@ -171,10 +172,4 @@ def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
 
 def load_op_profile(path: str | Path) -> OpProfile:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ServesimError(f"{path}: no such profile (make one with `sim calibrate --from-ops`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ServesimError(f"{path}: cannot read the profile: {e}") from None
-    return op_profile_from_json(data, path)
+    return op_profile_from_json(read_json_file(path, "profile", "make one with `sim calibrate --from-ops`"), path)

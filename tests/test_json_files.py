@@ -1,0 +1,49 @@
+"""Every servesim JSON file (profiles, hardware files, model configs, host-time profiles) is read
+by one function, with the same one-line errors naming the file and what it should be."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.costmodel.optables.profile import load_op_profile
+from backends.hardware import Hardware
+from backends.host_time import HostTime
+from backends.model_config import ModelConfig
+from backends.profile import load_profile
+from sim.errors import ServesimError
+from sim.jsonable import read_json_file
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "no such profile (make one)"),
+    ("", "cannot read it as JSON: not a profile (invalid JSON at line 1"),
+    ("{", "cannot read it as JSON: not a profile (invalid JSON at line 1"),
+    ("[1, 2]", "not a profile: a profile is one JSON object"),
+    ('"text"', "not a profile: a profile is one JSON object"),
+    (b"\xff\xfe", "cannot read the profile"),
+])
+def test_read_json_file_names_the_file_and_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "p.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ServesimError) as e:
+        read_json_file(path, "profile", "make one")
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
+
+
+def test_a_folder_is_refused_too(tmp_path):
+    with pytest.raises(ServesimError, match="cannot read the profile"):
+        read_json_file(tmp_path, "profile")
+
+
+@pytest.mark.parametrize("load,what", [
+    (load_profile, "profile"), (load_op_profile, "profile"), (Hardware.from_json, "hardware file"),
+    (HostTime.load, "host time profile"), (ModelConfig.from_hf, "model config"),
+])
+def test_every_reader_gives_the_same_errors(tmp_path, load, what):
+    path = tmp_path / "x.json"
+    path.write_text("[]")
+    with pytest.raises(ServesimError, match=f"not a {what}: a {what} is one JSON object"):
+        load(path)
