@@ -2,6 +2,7 @@
 file of their run folders (a speed change must not change one byte).
 
     python bench/same_answers.py --before TREE [--after TREE] [--quick] [--keep DIR]
+                                 [--after-args FLAGS] [--allow-additions]
 
 TREE is a checkout of servesim (for the tree before a change: `git worktree add --detach
 ../base HEAD`); --after defaults to this checkout. Each tree's code runs in its own process with
@@ -49,9 +50,9 @@ QUICK = {
 }
 
 
-def run(tree: Path, args: list[str], out: Path) -> None:
+def run(tree: Path, args: list[str], out: Path, extra: list[str] = ()) -> None:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "sim.app.cli", "replay", *args, *COMMON, "--out", str(out)]
+    cmd = [sys.executable, "-m", "sim.app.cli", "replay", *args, *COMMON, *extra, "--out", str(out)]
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
         print(f"same_answers: {' '.join(cmd)} (in {tree}) failed:\n{done.stderr}", file=sys.stderr)
@@ -64,6 +65,24 @@ def normalised_summary(path: Path, tree: Path) -> dict:
     return json.loads(text)
 
 
+def only_keys_of(before, after):
+    """`after` cut to `before`'s keys, recursively (--allow-additions: keys the change adds go)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return {k: only_keys_of(before[k], after[k]) for k in before if k in after}
+    return after
+
+
+def same_table_columns(a: Path, b: Path) -> bool:
+    """A table equal to the before one in every column the before one has (--allow-additions)."""
+    import pandas as pd
+
+    if a.suffix == ".parquet":
+        ta, tb = pd.read_parquet(a), pd.read_parquet(b)
+    else:
+        ta, tb = pd.read_csv(a, dtype=str, keep_default_na=False), pd.read_csv(b, dtype=str, keep_default_na=False)
+    return set(ta.columns) <= set(tb.columns) and ta.equals(tb[list(ta.columns)])
+
+
 def same_parquet(a: Path, b: Path) -> bool:
     import pyarrow.parquet as pq
 
@@ -73,7 +92,8 @@ def same_parquet(a: Path, b: Path) -> bool:
     return all(fa.read_row_group(i).equals(fb.read_row_group(i)) for i in range(fa.num_row_groups))
 
 
-def compare(name: str, before: Path, after: Path, before_tree: Path, after_tree: Path) -> list[str]:
+def compare(name: str, before: Path, after: Path, before_tree: Path, after_tree: Path,
+            allow_additions: bool = False) -> list[str]:
     problems = []
     names = sorted({p.name for p in before.iterdir()} | {p.name for p in after.iterdir()})
     for file in names:
@@ -82,9 +102,16 @@ def compare(name: str, before: Path, after: Path, before_tree: Path, after_tree:
             problems.append(f"{name}: {file} only in {'after' if not a.exists() else 'before'}")
         elif file == "summary.json":
             sa, sb = normalised_summary(a, before_tree), normalised_summary(b, after_tree)
+            if allow_additions:
+                sb = only_keys_of(sa, sb)
             if sa != sb:
                 keys = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
                 problems.append(f"{name}: summary.json differs in {keys}")
+        elif allow_additions and file.endswith((".parquet", ".csv")):
+            if not same_table_columns(a, b):
+                problems.append(f"{name}: {file} differs in the before tree's columns")
+        elif allow_additions and file.endswith(".html"):
+            continue  # the report draws the added figures too; its data are the tables compared here
         elif file.endswith(".parquet"):
             if not same_parquet(a, b):
                 problems.append(f"{name}: {file} differs")
@@ -99,7 +126,14 @@ def main() -> None:
     parser.add_argument("--after", default=ROOT, type=Path, help="the tree after it (default: this checkout)")
     parser.add_argument("--quick", action="store_true", help="the bundled samples only")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    parser.add_argument("--after-args", default="", metavar="'FLAGS'",
+                        help="flags for the after tree's runs only (e.g. '--no-async-scheduling --no-host-time' "
+                             "to ask for the before tree's engine clock)")
+    parser.add_argument("--allow-additions", action="store_true",
+                        help="compare tables and summary.json in the before tree's columns and keys only (the "
+                             "change adds some) and skip report.html; every value the before tree has must match")
     args = parser.parse_args()
+    extra = args.after_args.split()
     workloads = dict(QUICK)
     if not args.quick:
         if AZURE is None or MOONCAKE is None:
@@ -113,9 +147,9 @@ def main() -> None:
             folders = []
             for label, tree in (("before", args.before), ("after", args.after)):
                 out = base / label / name
-                run(tree.resolve(), workload, out)
+                run(tree.resolve(), workload, out, extra if label == "after" else [])
                 folders.append(out)
-            found = compare(name, *folders, args.before, args.after)
+            found = compare(name, *folders, args.before, args.after, args.allow_additions)
             print(f"{name}: {'same' if not found else 'DIFFERENT'}", flush=True)
             problems += found
     for problem in problems:
