@@ -27,7 +27,7 @@ from backends.costmodel import step_aggregates
 from backends.costmodel.fitted import FEATURES, Calibration, step_features
 from backends.model_config import ModelConfig
 from sim.errors import ServesimError
-from sim.jsonable import read_json_file
+from sim.jsonable import fields_of, read_json_file
 
 PROFILE_FORMAT = "servesim-profile"
 PROFILE_VERSION = 1
@@ -79,7 +79,7 @@ def load_profile(path: str | Path, model: str | None = None) -> Profile:
     if data.get("version") != PROFILE_VERSION:
         raise ServesimError(f"{path}: profile version {data.get('version')!r}; this servesim reads version "
                             f"{PROFILE_VERSION} (calibrate again)")
-    try:
+    with fields_of(path):
         cal = data["calibration"]
         coefficients = cal["coefficients"]
         missing = [k for k in FEATURES if k not in coefficients]
@@ -92,12 +92,6 @@ def load_profile(path: str | Path, model: str | None = None) -> Profile:
         profile = Profile(str(data["model"]), calibration, str(data["device"]), str(data["device_name"]),
                           str(data["dtype"]), int(data["block_size"]), str(data["created"]),
                           dict(data.get("software", {})), dict(data.get("fit", {})), dict(data.get("grid", {})))
-    except KeyError as e:
-        raise ServesimError(f"{path}: the profile has no field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise ServesimError(f"{path}: a profile field has the wrong type ({e})") from None
-    except ServesimError as e:
-        raise ServesimError(f"{path}: {e}") from None
     if model is not None and profile.model != model:
         raise ServesimError(
             f"{path} was calibrated for model {profile.model!r} on {profile.device_name}, not for {model!r}; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +43,17 @@ def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> dict:
     if not isinstance(data, dict):
         raise ServesimError(f"{p}: not a {what}: a {what} is one JSON object")
     return data
+
+
+@contextmanager
+def fields_of(path: str | Path, what: str = "profile"):
+    """Reading a parsed file's fields: a missing field, a value of the wrong type or a refusal
+    raised while building from them becomes one line naming the file."""
+    try:
+        yield
+    except KeyError as e:
+        raise ServesimError(f"{path}: the {what} has no field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ServesimError(f"{path}: a {what} field has the wrong type ({e})") from None
+    except ServesimError as e:
+        raise ServesimError(f"{path}: {e}") from None

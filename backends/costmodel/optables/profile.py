@@ -26,7 +26,7 @@ from backends.costmodel.optables.derive import derive
 from backends.costmodel.optables.model import OperatorModel, StepOverhead
 from backends.costmodel.optables.tables import TableSet
 from sim.errors import ServesimError
-from sim.jsonable import read_json_file
+from sim.jsonable import fields_of, read_json_file
 
 PROFILE_FORMAT = "servesim-profile"
 PROFILE_VERSION = 1
@@ -152,7 +152,7 @@ def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
     if data.get("format") != PROFILE_FORMAT or data.get("version") != PROFILE_VERSION or not is_op_profile(data):
         raise ServesimError(f"{path}: not a servesim operator-table profile (format {PROFILE_FORMAT}, "
                             f"version {PROFILE_VERSION}, kind {KIND})")
-    try:
+    with fields_of(path):
         so, co = data["step_overhead"], data["client_overhead"]
         profile = OpProfile(str(data["model"]), model_shape(data["model_config"]),
                             data.get("hardware"), int(data["tp"]), str(data["dtype"]), str(data["kv_cache_dtype"]),
@@ -161,12 +161,6 @@ def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
                             ClientOverhead(float(co["fixed_s"]), float(co["per_prompt_token_s"]), str(co["source"])),
                             str(data.get("created", "")))
         profile.op_model()  # refuses curves that do not fit the model, TP or dtype
-    except KeyError as e:
-        raise ServesimError(f"{path}: the profile has no field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise ServesimError(f"{path}: a profile field has the wrong type ({e})") from None
-    except ServesimError as e:
-        raise ServesimError(f"{path}: {e}") from None
     return profile
 
 
