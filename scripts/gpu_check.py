@@ -319,20 +319,7 @@ class Bench:
         def call():
             be.ops.paged_attention(q, k_cache, v_cache, meta, scale)
 
-        for _ in range(2):
-            call()
-        if be.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(10):
-                call()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / 10
-        t0 = time.perf_counter()
-        call()
-        return time.perf_counter() - t0
+        return _time_call(torch, be.device.type, call)
 
     def flops(self, q_lens: list[int], contexts: list[int], num_logits: int) -> float:
         p = self.preset
