@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.backend import StepResult
+from sim.batch import Batch
 from traces.trace import Trace
 
 
@@ -53,3 +54,19 @@ class ConstantBackend:
         if self.on_execute is not None:
             self.on_execute(batch)
         return StepResult(self.seconds, {})
+
+
+# The real backend's tests (tests/test_real_model.py, tests/test_real_moe.py): paged batches of
+# token ids, run through a real backend's model.
+
+def tokens(seed, n, vocab=512):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def run(backend, items):
+    """items: (token_ids, num_computed, num_scheduled, block_table, needs_logits) -> logits [n, vocab]."""
+    b = Batch()
+    for i, (ids, computed, scheduled, table, needs_logits) in enumerate(items):
+        b.add(str(i), computed, scheduled, table, needs_logits, is_decode=scheduled == 1 and computed > 0,
+              token_source=ids)
+    return backend.runner.logits(b.flatten(backend.block_size))

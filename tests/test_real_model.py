@@ -14,24 +14,12 @@ from backends.real import RealBackend  # noqa: E402
 from backends.real import reference as ref  # noqa: E402
 from backends.real.reference import dense_logits  # noqa: E402
 from sim.batch import Batch  # noqa: E402
+from tests.helpers import run, tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def backend():
     return RealBackend("tiny", device="cpu", block_size=4, num_blocks=128, seed=0)
-
-
-def tokens(seed, n, vocab=512):
-    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
-
-
-def run(backend, items):
-    """items: (token_ids, num_computed, num_scheduled, block_table, needs_logits) -> logits [n, vocab]."""
-    b = Batch()
-    for i, (ids, computed, scheduled, table, needs_logits) in enumerate(items):
-        b.add(str(i), computed, scheduled, table, needs_logits, is_decode=scheduled == 1 and computed > 0,
-              token_source=ids)
-    return backend.runner.logits(b.flatten(backend.block_size))
 
 
 def test_seed001_one_mixed_step_matches_each_request_alone(backend):

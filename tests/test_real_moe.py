@@ -30,6 +30,7 @@ from backends.real.reference import dense_logits  # noqa: E402
 from backends.real.weights import hf_state_dict  # noqa: E402
 from sim.batch import Batch  # noqa: E402
 from sim.errors import ServesimError  # noqa: E402
+from tests.helpers import run, tokens  # noqa: E402
 
 FAMILIES = ("qwen3_moe", "mixtral")
 
@@ -119,19 +120,6 @@ def test_sparse_layers_follow_each_family():
 
 
 # 2. Whole models in mixed paged batches against each sequence alone.
-
-
-def tokens(seed, n, vocab=512):
-    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
-
-
-def run(backend, items):
-    """items: (token_ids, num_computed, num_scheduled, block_table, needs_logits) -> logits [n, vocab]."""
-    b = Batch()
-    for i, (ids, computed, scheduled, table, needs_logits) in enumerate(items):
-        b.add(str(i), computed, scheduled, table, needs_logits, is_decode=scheduled == 1 and computed > 0,
-              token_source=ids)
-    return backend.runner.logits(b.flatten(backend.block_size))
 
 
 _BACKENDS: dict = {}
