@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.backend import StepResult
 from sim.errors import ServesimError
 from sim.jsonable import read_json_file
 
@@ -191,8 +192,6 @@ class HostTimedBackend:
         return np.maximum(gpu, host) if self.asynchronous else gpu + host
 
     def execute(self, batch):
-        from sim.backend import StepResult
-
         result = self.inner.execute(batch)
         gpu = result.seconds
         host = self.host_seconds(len(batch.requests), batch.num_tokens)

@@ -61,7 +61,8 @@ def victim_key(request: Request) -> tuple[int, float, int]:
 class Policy:
     """A scheduling policy: `schedule(state, now)` returns this step's batch, reserving its KV blocks.
 
-    What a policy may read: `state.waiting`, `state.running` and their requests' token state
+    What a policy may read: `state.waiting`, `state.running`, `state.num_seats` (the seats of
+    max_num_seqs taken, finishing requests' too under asynchronous scheduling) and their requests' token state
     (`num_prompt_tokens`, `num_computed_tokens`, `num_output_tokens`, `max_tokens`, `arrival_s`,
     ...), `state.block_manager`'s `can_*` queries, `state.step_index`, `now` and `self.config`.
     What it changes, only through this class's helpers: admission (`_try_admit`), block
@@ -262,7 +263,7 @@ class Policy:
         even when it alone exceeds the budget, so a long prompt never blocks the queue."""
         num_tokens = 0
         cfg = self.config
-        while state.waiting and len(state.running) + len(state.finishing) < cfg.max_num_seqs:
+        while state.waiting and state.num_seats < cfg.max_num_seqs:
             head = state.waiting[0]
             if num_tokens and num_tokens + head.num_tokens_to_compute > cfg.max_num_batched_tokens:
                 # Cached prefix tokens are not computed; check the exact count before refusing.

@@ -550,9 +550,13 @@ class Engine:
 
     def _free_pending(self) -> None:
         for r in self.state.finishing:
-            self.block_manager.free(r)
-            r.drop_block_hashes()
+            self._release(r)
         self.state.finishing = []
+
+    def _release(self, r: Request) -> None:
+        """A finished request's blocks back to the pool (its hashed blocks stay cached there)."""
+        self.block_manager.free(r)
+        r.drop_block_hashes()
 
     def finish(self, r: Request, now: float) -> None:
         r.status = Status.FINISHED
@@ -560,8 +564,7 @@ class Engine:
         if self.asynchronous:  # its blocks are freed once the next step is scheduled (`run`)
             self.state.finishing.append(r)
         else:
-            self.block_manager.free(r)
-            r.drop_block_hashes()
+            self._release(r)
         self.num_finished += 1
         if self.token_times is not None:
             self.token_times.store(r)

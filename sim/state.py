@@ -56,5 +56,11 @@ class EngineState:
         self.finishing: list[Request] = []
 
     @property
+    def num_seats(self) -> int:
+        """Seats of --max-num-seqs taken: the running requests and, asynchronously, those finishing
+        in the step in flight. What a policy compares with max_num_seqs before admitting."""
+        return len(self.running) + len(self.finishing)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

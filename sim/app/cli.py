@@ -222,9 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sim: error: {e}", file=sys.stderr)
         return 2
     previous = terminate_on_sigterm()  # so that workers are stopped and folder locks released
-    timeout_before = os.environ.get("SERVESIM_POLICY_TIMEOUT")
+    from policies.checked import TIMEOUT_ENV  # read there, by every policy call and in workers
+
+    timeout_before = os.environ.get(TIMEOUT_ENV)
     if getattr(args, "policy_timeout", None) is not None:  # read by policies/checked.py, here and in workers
-        os.environ["SERVESIM_POLICY_TIMEOUT"] = repr(args.policy_timeout)
+        os.environ[TIMEOUT_ENV] = repr(args.policy_timeout)
     # A replay makes hundreds of thousands of objects that live for a while (requests, their token
     # times): at Python's default first threshold (700 new objects) the cyclic collector ran 250
     # times over the Azure hour and walked them, 3-5% of the run. Reference counting frees them
@@ -254,9 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         gc.set_threshold(*thresholds)
         if timeout_before is None:  # as it was: main() may run again in this process (tests)
-            os.environ.pop("SERVESIM_POLICY_TIMEOUT", None)
+            os.environ.pop(TIMEOUT_ENV, None)
         else:
-            os.environ["SERVESIM_POLICY_TIMEOUT"] = timeout_before
+            os.environ[TIMEOUT_ENV] = timeout_before
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -130,10 +130,7 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
     tables = load_layout(require_package() / "data", system, "vllm", vllm_version)
     profile = build_profile(tables, model.name, model, hardware.name, tp, dtype, kv_name(kv_cache_dtype),
                             nvlink_bytes_per_s=hardware.nvlink_bandwidth, pcie_bytes_per_s=hardware.pcie_bandwidth)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
-    save_op_profile(profile, partial)
-    os.replace(partial, path)  # whole or not at all: another run may read it at once
+    save_op_profile(profile, path)  # under a temporary name, then renamed: another run may read it at once
     return profile, path
 
 
