@@ -213,6 +213,13 @@ class MoERooflineCostModel(CostModel):
 
     def dense(self, t: int, num_logits: int) -> tuple:
         """(linear, router, moe, kv_write, elementwise, lm_head, allreduce) seconds of t tokens."""
+        linear, router, moe, kv_write, layers_elementwise, allreduce = self.dense_tokens(t)
+        return (linear, router, moe, kv_write, self.elementwise_seconds(layers_elementwise, t, num_logits),
+                self.lm_head_seconds(num_logits), allreduce)
+
+    def dense_tokens(self, t) -> tuple:
+        """The parts of `dense` that depend on the token count alone: (linear, router, moe, kv_write,
+        the layers' elementwise seconds, allreduce)."""
         m, b, h = self.model, ACTIVATION_BYTES, self.model.hidden_size
         layers = m.num_hidden_layers
         linear = layers * self._attention_linear(t)
@@ -241,15 +248,23 @@ class MoERooflineCostModel(CostModel):
         kv_write = layers * t * self._kv_token_bytes / self._bytes_s
         q_k_width = (self._heads + self._kv_heads) * (m.qk_rope_head_dim if m.kv_lora_rank else m.head_dim)
         norms = 8 if m.sandwich_norms else 6
-        elementwise = ((layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / self._bytes_s
-                       + (t * h * b + num_logits * h * 2 * b) / self._bytes_s)
-        lm_head = 0.0
-        if num_logits:
-            v = self._vocab
-            lm_head = max(2.0 * num_logits * h * v / (self._flops_s * self.eff.gemm),
-                          ((h * v + num_logits * h) * b + num_logits * v * 4) / self._bytes_s)
+        layers_elementwise = (layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / self._bytes_s
         allreduce = float(tp_allreduce_seconds(m, t, self.tp, self.hardware)) if self.tp > 1 else 0.0
-        return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+        return linear, router, moe, kv_write, layers_elementwise, allreduce
+
+    def elementwise_seconds(self, layers_elementwise, t, num_logits):
+        """A step's elementwise seconds: its layers' (`dense_tokens`), then the embedding rows' and
+        the final norm's."""
+        h, b = self.model.hidden_size, ACTIVATION_BYTES
+        return layers_elementwise + (t * h * b + num_logits * h * 2 * b) / self._bytes_s
+
+    def lm_head_seconds(self, num_logits) -> float:
+        """The LM head on `num_logits` rows: bf16 weights, fp32 logits (0 without rows)."""
+        if not num_logits:
+            return 0.0
+        h, b, v = self.model.hidden_size, ACTIVATION_BYTES, self._vocab
+        return max(2.0 * num_logits * h * v / (self._flops_s * self.eff.gemm),
+                   ((h * v + num_logits * h) * b + num_logits * v * 4) / self._bytes_s)
 
     def request_seconds(self, q: int, c: int) -> float:
         """One request's attention over all layers: q new tokens at the end of a context of c."""

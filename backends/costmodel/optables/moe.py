@@ -44,6 +44,8 @@ import numpy as np
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.roofline import MoERooflineCostModel
+from sim.backend import StepResult
+from sim.batch import Batch
 from sim.errors import ServesimError
 
 # servesim's expert dtypes (ModelConfig.linear_dtypes) -> moe_perf's moe_dtype
@@ -54,6 +56,10 @@ DISTRIBUTION = re.compile(r"^power-law:(?P<alpha>\d+(\.\d+)?)$")
 ACTIVATION_BYTES = 2  # bf16 hidden states
 TOPK_BYTES = 4 + 4  # a top-k weight (fp32) and id (int32) per (token, expert)
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes messages up to 8 MiB (derive.py)
+RUN_CHUNK = 128  # decode steps per cached stretch of a batch size's step times (see MoETableCostModel.decode_run)
+MAX_RUN_CHUNKS = 4096  # cached stretches at most (8 MiB); the cache starts afresh past it
+MAX_FIRST_CHUNKS = 1 << 16  # first prefill chunks' attention kept by length (see _first_chunk_seconds)
+NO_STEP = StepAggregates(0, 0, 0, 0, 0, 0, 0, 0, 0)  # for the parts that do not depend on the step's requests
 
 
 def check_moe_distribution(flag: str, value: str) -> None:
@@ -128,6 +134,12 @@ def nccl_curve(frame, op: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray] |
     return curve.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, curve.to_numpy(dtype=np.float64)
 
 
+def nccl_lookup(frame, op: str, num_gpus: int) -> Curve | None:
+    """`nccl_curve` as a Curve (log-log between its points), or None."""
+    pair = nccl_curve(frame, op, num_gpus)
+    return None if pair is None else Curve(*pair)
+
+
 def dispatch_bytes(tokens_per_rank: int, hidden: int, topk: int, dp: int) -> int:
     """The all-gather of `AgRsAll2AllManager.dispatch`: every DP rank's hidden states (bf16),
     top-k weights (fp32) and ids (int32), gathered on each rank: dp x t x (hidden x 2 + topk x 8)."""
@@ -189,6 +201,14 @@ class MoETableCostModel(MoERooflineCostModel):
         self._by_tokens: dict[int, tuple] = {}  # dense()'s table parts by token count
         self._tables_ready = True
         self._dense_cache.clear()
+        # The fast paths of `execute` and `decode_run` (full-attention GQA priced from the tables):
+        # the parts that depend on the step's token and logits counts alone, kept by those counts;
+        # decode runs' stretches (see decode_run); first prefill chunks' attention by length.
+        self._fast = self._attention is not None and self.decodes_from_sums
+        self._step_parts: dict[tuple[int, int], tuple[dict, float]] = {}
+        self._run_parts: dict[int, tuple[dict, float]] = {}
+        self._run_chunks: dict[tuple[int, int, int], tuple] = {}
+        self._first_chunks: dict[int, float] = {}
 
     # ---- derivation
 
@@ -272,7 +292,7 @@ class MoETableCostModel(MoERooflineCostModel):
             if rows is not None and not rows.empty:
                 c = rows.groupby("message_size")["seconds"].mean().sort_index()
                 self._ar_custom = Curve(c.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, c.to_numpy())
-            self._ar_nccl = nccl_curve(tables.nccl, "all_reduce", self.tp)
+            self._ar_nccl = nccl_lookup(tables.nccl, "all_reduce", self.tp)
             if self._ar_custom is None and self._ar_nccl is None:
                 self.sources["allreduce"] = f"roofline: no all-reduce table for {self.tp} GPUs on {tables.system}"
             else:
@@ -280,8 +300,8 @@ class MoETableCostModel(MoERooflineCostModel):
                                              else "no custom all-reduce table") + (
                     ", NCCL table past it" if self._ar_nccl is not None else ", the roofline's ring past it")
         if self._dp > 1 and self.model.num_experts:
-            self._gather = nccl_curve(tables.nccl, "all_gather", self._dp)
-            self._scatter = nccl_curve(tables.nccl, "reduce_scatter", self._dp)
+            self._gather = nccl_lookup(tables.nccl, "all_gather", self._dp)
+            self._scatter = nccl_lookup(tables.nccl, "reduce_scatter", self._dp)
             self.sources["dispatch"] = ("NCCL all_gather table" if self._gather is not None
                                         else "roofline: a ring over the link (no NCCL all_gather table)")
             self.sources["combine"] = ("NCCL reduce_scatter table" if self._scatter is not None
@@ -294,30 +314,38 @@ class MoETableCostModel(MoERooflineCostModel):
         if n:
             self.extrapolated[op] = self.extrapolated.get(op, 0) + n
 
+    def _count_flags(self, *scaled: bool) -> None:
+        """`_count("attention", [...])` of scalar lookups' flags, without making an array of them."""
+        n = sum(scaled)
+        if n:
+            self.extrapolated["attention"] = self.extrapolated.get("attention", 0) + n
+
     def _curve_at(self, op: str, curve: Curve, x):
+        """The curve's time at one size (counted in `extrapolated` when scaled past its grid)."""
+        if curve.xs[0] <= x <= curve.xs[-1]:  # within the grid: the scalar lookup, exactly `many`'s value
+            return curve.at(x)[0]
         t, scaled = curve.many(x)
         self._count(op, scaled)
         return t
 
-    def _pair(self, op: str, pair, size):
-        xs, ys = pair
-        t, scaled = Curve(xs, ys).many(np.maximum(size, 1.0))
-        self._count(op, scaled)
-        return t
+    def _pair(self, op: str, pair: Curve, size):
+        return self._curve_at(op, pair, np.maximum(size, 1.0))
 
     def _ring(self, size, n: int):
         link = self.hardware.link_bandwidth or self.hardware.nvlink_bandwidth
         return (n - 1) / n * size / link + 5e-6
 
     def dense(self, t: int, num_logits: int) -> tuple:
-        linear, router, moe, kv_write, elementwise, lm_head, allreduce = super().dense(t, num_logits)
         if not getattr(self, "_tables_ready", False):
-            return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+            return super().dense(t, num_logits)
         by_tokens = self._by_tokens.get(t)
-        if by_tokens is None:
-            by_tokens = self._by_tokens[t] = self._token_parts(t, linear, moe, allreduce)
-        linear, moe, allreduce = by_tokens
-        return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+        if by_tokens is None:  # the roofline's parts of t tokens, the tables' where they price them
+            linear, router, moe, kv_write, layers_elementwise, allreduce = self.dense_tokens(t)
+            linear, moe, allreduce = self._token_parts(t, linear, moe, allreduce)
+            by_tokens = self._by_tokens[t] = (linear, router, moe, kv_write, layers_elementwise, allreduce)
+        linear, router, moe, kv_write, layers_elementwise, allreduce = by_tokens
+        return (linear, router, moe, kv_write, self.elementwise_seconds(layers_elementwise, t, num_logits),
+                self.lm_head_seconds(num_logits), allreduce)
 
     def _token_parts(self, t: int, linear, moe, allreduce) -> tuple:
         """(linear, moe, allreduce) of t tokens from the tables (the roofline's where none)."""
@@ -349,13 +377,13 @@ class MoETableCostModel(MoERooflineCostModel):
         kv = c if window == 0 else min(c, window + q - 1)
         if q == 1:
             t, scaled = self._attention[window, "generation"].at(1, kv)
-            self._count("attention", [scaled])
+            self._count_flags(scaled)
             return t
         pairs = q * (kv - q) + q * (q + 1) / 2.0 if kv >= q else q * (q + 1) / 2.0
         isl = (math.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0
         t, scaled = self._attention[window, "context"].at(1, isl)
         read, scaled_read = self._attention[window, "generation"].at(1, kv)
-        self._count("attention", [scaled, scaled_read])
+        self._count_flags(scaled, scaled_read)
         return max(t, read)
 
     def request_seconds(self, q: int, c: int) -> float:
@@ -374,7 +402,7 @@ class MoETableCostModel(MoERooflineCostModel):
         if not kv_lens:
             return 0.0
         t, scaled = self._attention[window, "generation"].at(len(kv_lens), sum(kv_lens) / len(kv_lens))
-        self._count("attention", [scaled])
+        self._count_flags(scaled)
         return t
 
     def parts(self, agg: StepAggregates, chunks: list[tuple[int, int]], dense: tuple) -> dict:
@@ -400,7 +428,7 @@ class MoETableCostModel(MoERooflineCostModel):
             attention = 0.0
             if n0:
                 t0, scaled0 = self._attention[0, "generation"].at(n0, max(agg.decode_sum_context / n0, 1.0))
-                self._count("attention", [scaled0])
+                self._count_flags(scaled0)
                 attention = self.model.num_hidden_layers * t0
             parts["attention"] = attention + sum(self.request_seconds(q, c) for q, c in chunks)
             return parts
@@ -413,6 +441,128 @@ class MoETableCostModel(MoERooflineCostModel):
         attention = decodes + others
         parts["attention"] = float(attention) if np.ndim(attention) == 0 else attention
         return parts
+
+    # ---- the fast paths: exactly `parts` and `total`'s values, with less done per step
+
+    def _base_parts(self, num_tokens: int, num_logits: int) -> tuple[dict, float]:
+        """`parts` of a step of these counts with its attention left to fill (the roofline's parts
+        from `dense`, in their order), and the sum of all of them but attention in `total`'s order."""
+        parts = MoERooflineCostModel.parts(self, NO_STEP, [], self._dense(num_tokens, num_logits))
+        rest = 0.0
+        for key, value in parts.items():
+            if key != "attention":
+                rest = rest + value
+        return parts, rest
+
+    def execute(self, batch: Batch) -> StepResult:
+        """`CostModel.execute`'s result (`batch_aggregates`, `parts`, `total`, every part a float)
+        from the batch's lists: the parts that depend on its token and logits counts alone are kept
+        by those counts, the decodes' sums taken with list methods where the step has at most one
+        prefill chunk (most steps), and a lone first chunk's attention kept by its length."""
+        if not self._fast:
+            return super().execute(batch)
+        q, computed = batch.num_scheduled_tokens, batch.num_computed_tokens
+        num_tokens, num_logits = sum(q), sum(batch.needs_logits)
+        key = (num_tokens, num_logits)
+        base = self._step_parts.get(key)
+        if base is None:
+            parts, rest = self._base_parts(num_tokens, num_logits)
+            base = self._step_parts[key] = ({k: float(v) for k, v in parts.items()}, rest)
+        num_requests, num_decodes = len(q), q.count(1)
+        others = 0  # sum() of the chunks' request_seconds, as `parts` takes it
+        if num_decodes == num_requests:
+            decode_sum = sum(computed) + num_decodes  # the decodes' contexts after the step
+        elif num_requests - num_decodes == 1 and (chunk := num_tokens - num_decodes) > 1:
+            before = computed[q.index(chunk)]
+            decode_sum = sum(computed) - before + num_decodes
+            others = self._first_chunk_seconds(chunk) if before == 0 else self.request_seconds(chunk, before + chunk)
+        else:  # batch_aggregates' chunks: every request that is not a decode (q = 0 too), in order
+            decode_sum = 0
+            chunks = []
+            for qi, ci in zip(q, computed):
+                if qi == 1:
+                    decode_sum += ci + 1
+                else:
+                    chunks.append((qi, ci + qi))
+            others = sum(self.request_seconds(qi, c) for qi, c in chunks)
+        attention = 0.0
+        if num_decodes:
+            t, scaled = self._attention[0, "generation"].at(num_decodes, max(decode_sum / num_decodes, 1.0))
+            if scaled:
+                self._count_flags(scaled)
+            attention = self.model.num_hidden_layers * t
+        attention = attention + others
+        parts = dict(base[0])
+        parts["attention"] = float(attention)
+        return StepResult(float(base[1] + attention), parts)
+
+    def _first_chunk_seconds(self, chunk: int) -> float:
+        """`request_seconds(chunk, chunk)`: a prompt's first chunk with nothing computed before it,
+        kept by its length unless a lookup was off the grid (those are counted at every step)."""
+        seconds = self._first_chunks.get(chunk)
+        if seconds is None:
+            before = self.extrapolated.get("attention", 0)
+            seconds = self.request_seconds(chunk, chunk)
+            if self.extrapolated.get("attention", 0) == before:
+                if len(self._first_chunks) >= MAX_FIRST_CHUNKS:
+                    self._first_chunks.clear()
+                self._first_chunks[chunk] = seconds
+        return seconds
+
+    def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
+        """`CostModel.decode_run`'s result where the same requests decode throughout (with
+        asynchronous scheduling every run, which ends at the first finish). Each step's values
+        depend on the number of requests n and the sum s of their contexts alone, and along a run
+        s = r + n q with r = s mod n fixed and q one more each step: so a run's attention and
+        seconds are read from stretches of RUN_CHUNK consecutive q, each computed once with the
+        array lookups `parts` makes (the same operations on the same numbers) and kept by (n, r,
+        stretch). Runs whose requests leave part way go through `CostModel.decode_run`."""
+        if self._fast and num_steps > 0 and (active_steps is None or min(active_steps) >= num_steps):
+            n = len(context_lens)
+            first_sum = sum(context_lens if isinstance(context_lens, list) else [int(c) for c in context_lens])
+            if n and first_sum + n * num_steps < 1 << 52:  # sums exact as float64
+                return self._decode_run_of(n, first_sum, num_steps)
+        return super().decode_run(context_lens, num_steps, active_steps)
+
+    def _decode_run_of(self, n: int, first_sum: int, num_steps: int) -> tuple[np.ndarray, dict]:
+        base = self._run_parts.get(n)
+        if base is None:
+            base = self._run_parts[n] = self._base_parts(n, n)
+        r = first_sum % n
+        q = (first_sum - r) // n
+        q_end = q + num_steps
+        chunks = self._run_chunks
+        attention, seconds = [], []
+        while q < q_end:
+            c = q // RUN_CHUNK
+            chunk = chunks.get((n, r, c))
+            if chunk is None:
+                chunk = self._run_chunk(n, r, c, base[1])
+            lo, hi = q - c * RUN_CHUNK, min(q_end - c * RUN_CHUNK, RUN_CHUNK)
+            attention.append(chunk[0][lo:hi])
+            seconds.append(chunk[1][lo:hi])
+            if chunk[2] is not None:
+                self._count("attention", chunk[2][lo:hi])
+            q = (c + 1) * RUN_CHUNK
+        parts = dict(base[0])
+        parts["attention"] = attention[0] if len(attention) == 1 else np.concatenate(attention)
+        return (seconds[0] if len(seconds) == 1 else np.concatenate(seconds)), parts
+
+    def _run_chunk(self, n: int, r: int, c: int, rest: float) -> tuple:
+        """(attention, seconds, off-grid mask or None) of the decode-only steps of n requests whose
+        contexts after the step sum to r + n q, for q in stretch c: `parts`' array path (mean
+        context, the generation grid, layers x) and `total`'s sum (the other parts' sum, then
+        attention)."""
+        if len(self._run_chunks) >= MAX_RUN_CHUNKS:
+            self._run_chunks = {}
+        q = np.arange(c * RUN_CHUNK, (c + 1) * RUN_CHUNK, dtype=np.float64)
+        mean = (r + n * q) / n  # parts' decode_sum_context / n (sums below 2**52 are exact)
+        t, scaled = self._attention[0, "generation"].along_b(float(n), np.maximum(mean, 1.0))
+        attention = self.model.num_hidden_layers * t
+        seconds = rest + attention
+        attention.flags.writeable = seconds.flags.writeable = False
+        chunk = self._run_chunks[n, r, c] = (attention, seconds, scaled if scaled.any() else None)
+        return chunk
 
     def cost_model_summary(self) -> dict:
         """summary.json's `cost_model`: the table or roofline that priced each operator, and what was scaled."""
