@@ -23,6 +23,7 @@ from policies import Policy, load_policy
 from policies.routers import load_router
 from sim.app.opprofiles import (
     ROOFLINE,
+    cache_dir,
     check_matches,
     matching_profile,
     read_profile_json,
@@ -196,7 +197,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
 
             backend = moe_table_model(model, hardware, system_of(hardware), require_package() / "data", options.tp,
                                       options.dtype, options.kv_cache_dtype, options.enable_expert_parallel,
-                                      distribution=options.moe_distribution, vllm_version=options.vllm_version)
+                                      distribution=options.moe_distribution, vllm_version=options.vllm_version,
+                                      cache=cache_dir())
         else:
             found = None if options.vllm_version else matching_profile(model, hardware, options.tp, options.dtype,
                                                                         options.kv_cache_dtype)

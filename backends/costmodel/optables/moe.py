@@ -34,9 +34,15 @@ below the first are clamped to it.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
+import os
 import re
+import tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +65,7 @@ CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes message
 RUN_CHUNK = 128  # decode steps per cached stretch of a batch size's step times (see MoETableCostModel.decode_run)
 MAX_RUN_CHUNKS = 4096  # cached stretches at most (8 MiB); the cache starts afresh past it
 MAX_FIRST_CHUNKS = 1 << 16  # first prefill chunks' attention kept by length (see _first_chunk_seconds)
+COLLECTIVES = ("_ar_custom", "_ar_nccl", "_gather", "_scatter")  # the collectives' curves (None: not from a table)
 NO_STEP = StepAggregates(0, 0, 0, 0, 0, 0, 0, 0, 0)  # for the parts that do not depend on the step's requests
 
 
@@ -158,22 +165,42 @@ class MoETableCostModel(MoERooflineCostModel):
 
     def __init__(self, model, hardware, tables, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto",
                  enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "balanced",
-                 moe_table=None):
+                 moe_table=None, derived: dict | None = None):
         """`tables`: a TableSet of the system (load_layout: gemm, attention, custom all-reduce, NCCL);
-        `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None."""
+        `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None. `derived`: what
+        `derived()` gave for the same arguments instead (the tables then are not read: None)."""
         self._dp = dp
         self._tables_ready = False
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                          enable_expert_parallel=enable_expert_parallel)
         if dp > 1:
             self.moe_tp, self.ep = model.moe_parallel(tp, dp, enable_expert_parallel)
-        self.system = tables.system
         self.distribution = table_distribution(distribution)
+        self.extrapolated: dict[str, int] = {}
+        if derived is None:
+            self._derive(tables, kv_cache_dtype, distribution, moe_table)
+        else:
+            self._restore(derived)
+        self._by_tokens: dict[int, tuple] = {}  # dense()'s table parts by token count
+        self._tables_ready = True
+        self._dense_cache.clear()
+        # The fast paths of `execute` and `decode_run` (full-attention GQA priced from the tables):
+        # the parts that depend on the step's token and logits counts alone, kept by those counts;
+        # decode runs' stretches (see decode_run); first prefill chunks' attention by length.
+        self._fast = self._attention is not None and self.decodes_from_sums
+        self._step_parts: dict[tuple[int, int], tuple[dict, float]] = {}
+        self._run_parts: dict[int, tuple[dict, float]] = {}
+        self._run_chunks: dict[tuple[int, int, int], tuple] = {}
+        self._first_chunks: dict[int, float] = {}
+
+    # ---- derivation
+
+    def _derive(self, tables, kv_cache_dtype: str, distribution: str, moe_table) -> None:
+        self.system = tables.system
         self.sources: dict[str, str] = {}
         self.notes: list[str] = []
-        self.extrapolated: dict[str, int] = {}
-        m = model
-        self._moe = self._linear = self._attention = None
+        m = self.model
+        self._moe = self._attention = None
         # moe
         if not m.num_experts:
             pass
@@ -198,19 +225,42 @@ class MoETableCostModel(MoERooflineCostModel):
         self._linear_curves = self._derive_linear(tables)
         self._derive_attention(tables, kv_cache_dtype)
         self._derive_collectives(tables)
-        self._by_tokens: dict[int, tuple] = {}  # dense()'s table parts by token count
-        self._tables_ready = True
-        self._dense_cache.clear()
-        # The fast paths of `execute` and `decode_run` (full-attention GQA priced from the tables):
-        # the parts that depend on the step's token and logits counts alone, kept by those counts;
-        # decode runs' stretches (see decode_run); first prefill chunks' attention by length.
-        self._fast = self._attention is not None and self.decodes_from_sums
-        self._step_parts: dict[tuple[int, int], tuple[dict, float]] = {}
-        self._run_parts: dict[int, tuple[dict, float]] = {}
-        self._run_chunks: dict[tuple[int, int, int], tuple] = {}
-        self._first_chunks: dict[int, float] = {}
 
-    # ---- derivation
+    def derived(self) -> dict | None:
+        """What the tables gave this model (curves, grids, sources, notes) as JSON's values, floats
+        as Python writes them back exactly (`_restore` makes the same model from them); None where
+        an array is not of float64 (it would not come back the same)."""
+        arrays = [c.ys for c in (self._moe, *(getattr(self, name) for name in COLLECTIVES)) if c is not None]
+        arrays += [c.ys for c, _ in self._linear_curves or []]
+        arrays += [g.grid for g in (self._attention or {}).values()]
+        if any(np.asarray(a).dtype != np.float64 for a in arrays):
+            return None
+
+        def curve(c: Curve | None):
+            return None if c is None else {"xs": c.xs.tolist(), "ys": c.ys.tolist(), "power": c.power}
+
+        return {"system": self.system, "sources": dict(self.sources), "notes": list(self.notes), "moe": curve(self._moe),
+                "linear": None if self._linear_curves is None else [[curve(c), n] for c, n in self._linear_curves],
+                "attention": None if self._attention is None else [
+                    {"window": w, "kind": k, "xa": g.xa.tolist(), "xb": g.xb.tolist(),
+                     "grid": g.grid.tolist(), "power_a": g.power_a, "power_b": g.power_b}
+                    for (w, k), g in self._attention.items()],
+                "collectives": {name: curve(getattr(self, name)) for name in COLLECTIVES}}
+
+    def _restore(self, derived: dict) -> None:
+        def curve(c):
+            return None if c is None else Curve(np.array(c["xs"], dtype=np.float64),
+                                                np.array(c["ys"], dtype=np.float64), c["power"])
+
+        self.system, self.sources, self.notes = derived["system"], dict(derived["sources"]), list(derived["notes"])
+        self._moe = curve(derived["moe"])
+        self._linear_curves = None if derived["linear"] is None else [(curve(c), n) for c, n in derived["linear"]]
+        self._attention = None if derived["attention"] is None else {
+            (g["window"], g["kind"]): Grid(np.array(g["xa"], dtype=np.float64), np.array(g["xb"], dtype=np.float64),
+                                           np.array(g["grid"], dtype=np.float64), g["power_a"], g["power_b"])
+            for g in derived["attention"]}
+        for name in COLLECTIVES:
+            setattr(self, name, curve(derived["collectives"][name]))
 
     def _gemm_rows(self, tables, dtype: str):
         from backends.costmodel.optables.derive import kernels_by_preference
@@ -591,15 +641,81 @@ def max_tokens_per_s(cost_model, max_tokens: int) -> float:
 
 def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, dtype: str = "bf16",
                     kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False, dp: int = 1,
-                    distribution: str = "balanced", vllm_version: str | None = None) -> MoETableCostModel:
+                    distribution: str = "balanced", vllm_version: str | None = None,
+                    cache: Path | None = None) -> MoETableCostModel:
     """The table-priced model of `system`'s vLLM tables (each at `vllm_version` or the nearest;
-    None: the newest) in the package's layout under `data_dir`."""
+    None: the newest) in the package's layout under `data_dir`. With `cache` (a folder), what the
+    tables give this deployment is kept there (`derived_cache_path`) and read back by later runs,
+    which then read no table."""
     from backends.costmodel.optables.systems import read_layout_table
     from backends.costmodel.optables.tables import load_layout
 
+    args = dict(tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype, enable_expert_parallel=enable_expert_parallel, dp=dp,
+                distribution=distribution)
+    path = None
+    if cache is not None:
+        path = derived_cache_path(cache, model, system, data_dir, vllm_version, **args)
+        derived = read_derived(path)
+        if derived is not None:
+            return MoETableCostModel(model, hardware, None, **args, derived=derived)
     tables = load_layout(data_dir, system, "vllm", vllm_version)
     moe_table = read_layout_table(data_dir, system, "moe", "vllm", "moe_perf", vllm_version) \
         if model.num_experts else None
-    return MoETableCostModel(model, hardware, tables, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                             enable_expert_parallel=enable_expert_parallel, dp=dp, distribution=distribution,
-                             moe_table=moe_table)
+    priced = MoETableCostModel(model, hardware, tables, **args, moe_table=moe_table)
+    derived = None if path is None else priced.derived()
+    if derived is not None:
+        write_derived(path, derived)
+    return priced
+
+
+# ---- the derived curves' cache
+
+DERIVED_FORMAT = 1
+DERIVING_MODULES = ("moe", "derive", "interp", "tables", "systems")  # backends/costmodel/optables/: what derives
+
+
+@lru_cache(maxsize=1)
+def deriving_code_digest() -> str:
+    """A digest of the source of the modules that derive a model from the tables: a cache file
+    written by other code is never read."""
+    digest = hashlib.sha256()
+    for name in DERIVING_MODULES:
+        digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    return digest.hexdigest()
+
+
+def derived_cache_path(cache: Path, model, system: str, data_dir: Path, vllm_version: str | None, **args) -> Path:
+    """The cache file of one deployment: named by a digest of everything its derivation reads (the
+    model's every field, the system, the tables' folder and package version, the vLLM version asked
+    for, TP, DP, EP, dtypes, the token distribution) and of the deriving code."""
+    from backends.costmodel.optables.systems import package_version
+
+    key = {"format": DERIVED_FORMAT, "code": deriving_code_digest(), "package": package_version(),
+           "data_dir": str(Path(data_dir).resolve()), "system": system, "vllm_version": vllm_version,
+           "model": dataclasses.asdict(model), "args": args}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+    return Path(cache) / "moe" / f"{model.name.replace('/', '_')}-{digest}.json"
+
+
+def read_derived(path: Path) -> dict | None:
+    """A cache file's derived curves, or None where there is none (or it cannot be read: derive afresh)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data.get("derived") if isinstance(data, dict) and data.get("format") == DERIVED_FORMAT else None
+
+
+def write_derived(path: Path, derived: dict) -> None:
+    """Write a cache file under a temporary name, then rename it (a run reading it at once sees it
+    whole or not at all); a cache that cannot be written is left out (the run goes on)."""
+    temp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+            temp = f.name
+            json.dump({"format": DERIVED_FORMAT, "derived": derived}, f)
+        os.replace(temp, path)
+    except OSError:
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
