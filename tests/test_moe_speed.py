@@ -1,0 +1,199 @@
+"""The MoE operator-table model's fast paths (backends/costmodel/optables/moe.py) give exactly the
+values of the generic cost-model path they replace: `execute` (token-count parts kept, decodes'
+sums from list methods, first chunks kept by length), `decode_run` (stretches of a run's steps
+kept by requests, sum mod requests and stretch), `dense` (the roofline's token parts kept by token
+count, table curves looked up with scalar lookups) and the derived curves' disk cache (a model
+restored from it is the model derived from the tables)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.costmodel.frame import CostModel
+from backends.costmodel.roofline import MoERooflineCostModel
+from backends.costmodel.tensor_parallel import ACTIVATION_BYTES
+from sim.batch import Batch
+
+DEPLOYMENTS = {  # (model, hardware, system, moe_table_model's arguments)
+    "qwen30b": ("Qwen3-30B-A3B", "H100-SXM", "h100_sxm", {}),
+    "qwen235b-tp4-dp2-ep": ("Qwen3-235B-A22B", "H200", "h200_sxm",
+                            dict(tp=4, dtype="fp8", dp=2, enable_expert_parallel=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def derived():
+    """Each deployment's derived curves (from the package's tables; skipped without them)."""
+    pytest.importorskip("aiconfigurator_core")
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.costmodel.optables.systems import require_package
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    out = {}
+    for key, (model, hardware, system, args) in DEPLOYMENTS.items():
+        priced = moe_table_model(resolve_model(model), resolve_hardware(hardware), system, require_package() / "data",
+                                 **args)
+        out[key] = priced.derived()
+    return out
+
+
+def fresh(derived, key: str):
+    """A new model of the deployment (empty caches), restored from its derived curves."""
+    from backends.costmodel.optables.moe import MoETableCostModel
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    model, hardware, _, args = DEPLOYMENTS[key]
+    return MoETableCostModel(resolve_model(model), resolve_hardware(hardware), None, **args, derived=derived[key])
+
+
+def batch_of(requests: list[tuple[int, int]]) -> Batch:
+    b = Batch()
+    for i, (q, computed) in enumerate(requests):
+        b.add(str(i), computed, q, [], needs_logits=q > 0, is_decode=q == 1)
+    return b
+
+
+decodes = st.lists(st.tuples(st.just(1), st.integers(0, 200_000)), max_size=70)
+chunks = st.lists(st.tuples(st.integers(0, 9000), st.sampled_from([0, 0, 1, 37, 4096, 150_000])), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(decodes, chunks), min_size=1, max_size=4), st.sampled_from(list(DEPLOYMENTS)),
+       st.randoms(use_true_random=False))
+def test_execute_is_the_generic_path(derived, steps, key, rnd):
+    fast, generic = fresh(derived, key), fresh(derived, key)
+    for step_decodes, step_chunks in steps * 2:  # twice: the second time from the kept values
+        requests = step_decodes + step_chunks
+        rnd.shuffle(requests)
+        if not requests:
+            continue
+        a, b = fast.execute(batch_of(requests)), CostModel.execute(generic, batch_of(requests))
+        assert a.seconds == b.seconds and type(a.seconds) is type(b.seconds)
+        assert list(a.breakdown.items()) == list(b.breakdown.items())
+        assert all(type(v) is float for v in a.breakdown.values())
+    assert fast.extrapolated == generic.extrapolated
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(1, 300_000), min_size=1, max_size=60), st.integers(1, 700)),
+                min_size=1, max_size=4),
+       st.sampled_from(list(DEPLOYMENTS)), st.data())
+def test_decode_run_is_the_generic_path(derived, runs, key, data):
+    fast, generic = fresh(derived, key), fresh(derived, key)
+    for contexts, num_steps in runs * 2:  # twice: the second time from the kept stretches
+        active = data.draw(st.sampled_from([None, [num_steps] * len(contexts),
+                                            [num_steps + 5 + i for i in range(len(contexts))],
+                                            [max(1, num_steps - i) for i in range(len(contexts))]]))
+        a_seconds, a_parts = fast.decode_run(contexts, num_steps, active)
+        b_seconds, b_parts = CostModel.decode_run(generic, contexts, num_steps, active)
+        assert np.array_equal(a_seconds, b_seconds) and a_seconds.dtype == b_seconds.dtype
+        assert list(a_parts) == list(b_parts)
+        for name, value in a_parts.items():
+            assert np.array_equal(value, b_parts[name]), name
+            assert np.shape(value) == np.shape(b_parts[name])
+    assert fast.extrapolated == generic.extrapolated
+
+
+def old_dense(priced, t: int, num_logits: int) -> tuple:
+    """`dense` as it was written before the fast paths: the roofline's parts in one formula, then
+    the tables' linear, MoE and all-reduce parts with the array lookups."""
+    linear, router, moe, kv_write, _, _, allreduce = MoERooflineCostModel.dense(priced, t, num_logits)
+    m, b, h = priced.model, ACTIVATION_BYTES, priced.model.hidden_size
+    layers, mlp_width = m.num_hidden_layers, 0.0
+    if m.num_dense_mlp_layers:
+        mlp_width += m.num_dense_mlp_layers * 3 * (m.intermediate_size // priced.tp)
+    if m.shared_expert_intermediate_size:
+        mlp_width += m.num_moe_layers * 3 * (m.shared_expert_intermediate_size // priced.tp)
+    mlp_width += m.num_moe_layers * 3 * (m.moe_intermediate_size // priced.moe_tp) * m.num_experts_per_tok / priced.ep
+    q_k_width = (priced._heads + priced._kv_heads) * m.head_dim
+    norms = 8 if m.sandwich_norms else 6
+    elementwise = ((layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / priced._bytes_s
+                   + (t * h * b + num_logits * h * 2 * b) / priced._bytes_s)
+    lm_head = 0.0
+    if num_logits:
+        v = priced._vocab
+        lm_head = max(2.0 * num_logits * h * v / (priced._flops_s * priced.eff.gemm),
+                      ((h * v + num_logits * h) * b + num_logits * v * 4) / priced._bytes_s)
+    tokens = max(t, 1)
+    many = lambda curve, x: curve.many(x)[0]  # noqa: E731
+    linear = float(sum(n * many(c, tokens) for c, n in priced._linear_curves)) if t else 0.0
+    moe = float(m.num_moe_layers * many(priced._moe, tokens * priced._dp)) if t else 0.0
+    if priced.tp > 1:
+        size = t * h * b
+        one = many(priced._ar_custom, max(size, 1)) if size <= 8 * 2**20 else many(priced._ar_nccl, np.maximum(size, 1.0))
+        allreduce = float(2 * layers * one) if t else 0.0
+    if priced._dp > 1 and t:
+        from backends.costmodel.optables.moe import combine_bytes, dispatch_bytes
+
+        d, c = dispatch_bytes(t, h, m.num_experts_per_tok, priced._dp), combine_bytes(t, h, priced._dp)
+        moe = moe + m.num_moe_layers * float(many(priced._gather, np.maximum(d, 1.0))
+                                             + many(priced._scatter, np.maximum(c, 1.0)))
+    return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+
+
+@pytest.mark.parametrize("key", list(DEPLOYMENTS))
+def test_dense_is_the_formula_it_was(derived, key):
+    priced = fresh(derived, key)
+    if key != "qwen30b":  # the curves this reference knows: custom all-reduce to 8 MiB, NCCL past it and for DP
+        assert None not in (priced._ar_custom, priced._ar_nccl, priced._gather, priced._scatter)
+    sizes = sorted({0, 1, 2, 3, 7, 8, 9, 100, 511, 512, 513, 2048, 8191, 16384, 16385, 20000}
+                   | {int(x) for x in priced._moe.xs} | {int(x) + 1 for x in priced._moe.xs})
+    for t in sizes:
+        for num_logits in (0, 1, t, 7):
+            assert priced.dense(t, num_logits) == old_dense(priced, t, num_logits), (t, num_logits)
+    assert priced.extrapolated.get("moe", 0) >= 1  # past the moe curve's last point: still counted
+
+
+@pytest.mark.parametrize("key", list(DEPLOYMENTS))
+def test_curve_lookups_within_the_grid_are_the_array_lookups(derived, key):
+    priced = fresh(derived, key)
+    curves = [c for c, _ in priced._linear_curves] + [priced._moe] + [
+        c for c in (priced._ar_custom, priced._ar_nccl, priced._gather, priced._scatter) if c is not None]
+    rng = np.random.default_rng(7)
+    for curve in curves:
+        lo, hi = curve.xs[0], curve.xs[-1]
+        sizes = list(curve.xs) + list(np.unique(np.geomspace(lo, hi, 300).round())) + list(rng.uniform(lo, hi, 200))
+        for x in sizes:
+            assert priced._curve_at("test", curve, x) == curve.many(x)[0]
+        assert priced._curve_at("test", curve, hi * 3) == curve.many(hi * 3)[0]  # past the grid: scaled, counted
+    assert priced.extrapolated == {"test": len(curves)}
+
+
+def test_the_derived_curves_cache_is_the_tables_model(derived, tmp_path, monkeypatch):
+    from backends.costmodel.optables import moe as moe_module
+    from backends.costmodel.optables import tables as tables_module
+    from backends.costmodel.optables.systems import require_package
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    model, hardware, data = resolve_model("Qwen3-30B-A3B"), resolve_hardware("H100-SXM"), require_package() / "data"
+    first = moe_module.moe_table_model(model, hardware, "h100_sxm", data, cache=tmp_path)
+    (path,) = (tmp_path / "moe").iterdir()
+    assert path == moe_module.derived_cache_path(tmp_path, model, "h100_sxm", data, None, **dict(
+        tp=1, dtype="bf16", kv_cache_dtype="auto", enable_expert_parallel=False, dp=1, distribution="balanced"))
+    assert first.derived() == derived["qwen30b"]
+
+    def no_tables(*args, **kwargs):
+        raise AssertionError("a cached model reads no table")
+
+    monkeypatch.setattr(tables_module, "load_layout", no_tables)
+    again = moe_module.moe_table_model(model, hardware, "h100_sxm", data, cache=tmp_path)
+    assert again.derived() == first.derived() and again.cost_model_summary() == first.cost_model_summary()
+    batch = batch_of([(1, 900), (1, 5000), (700, 0), (1, 12)])
+    assert again.execute(batch) == first.execute(batch)
+    for a, b in zip(again.decode_run([900, 5000, 12], 300), first.decode_run([900, 5000, 12], 300)):
+        assert json.dumps(a, default=lambda x: x.tolist()) == json.dumps(b, default=lambda x: x.tolist())
+    # Another deployment is another file; a file that cannot be read is derived afresh (and rewritten).
+    assert moe_module.derived_cache_path(tmp_path, model, "h100_sxm", data, None, tp=2) != path
+    monkeypatch.undo()
+    path.write_text("{not json")
+    assert moe_module.moe_table_model(model, hardware, "h100_sxm", data, cache=tmp_path).derived() == first.derived()
+    assert json.loads(path.read_text())["derived"] == first.derived()
+    assert [p.name for p in (tmp_path / "moe").iterdir()] == [path.name]  # no temporary file left
