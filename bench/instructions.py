@@ -2,10 +2,10 @@
 machine's load does not move (wall times on this shared machine drift by 1.5x within a day;
 instruction counts repeat to well under 1%).
 
-    python bench/instructions.py [TRACE] [--tree DIR ...] [--whole]
+    python bench/instructions.py [TRACE] [--tree DIR ...] [--whole] [--model NAME]
 
 For each source tree (default: this checkout) the replay of TRACE (default: the bundled Azure
-sample; chunked, Llama-3.1-8B on H100-SXM, budget 2048) runs once and twice in a process under
+sample; chunked, Llama-3.1-8B (or --model) on H100-SXM, budget 2048) runs once and twice in a process under
 callgrind, and the difference is printed: the instructions of one warm replay, without start-up
 and the trace's reading. numpy's BLAS threads are held to one (their idle spinning under callgrind
 makes counts drift) and hash randomisation is fixed. About a minute per tree for the sample.
@@ -40,7 +40,7 @@ from sim.config import SchedulerConfig
 from traces import read_trace
 
 trace = read_trace(sys.argv[1])
-options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048), model="Llama-3.1-8B",
+options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048), model=sys.argv[3],
                         hardware="H100-SXM")
 for _ in range(int(sys.argv[2])):
     replay(trace, resolve(options))
@@ -65,18 +65,19 @@ def callgrind_count(command: list[str], cwd: Path, env: dict[str, str], who: str
     return int(found.group(1))
 
 
-def instructions(tree: Path, trace: str, replays: int) -> int:
+def instructions(tree: Path, trace: str, replays: int, model: str = "Llama-3.1-8B") -> int:
     """Instructions callgrind counts for the process that replays `trace` `replays` times."""
-    return callgrind_count([sys.executable, "-c", REPLAYS, trace, str(replays)], tree, counting_env(tree), "instructions")
+    return callgrind_count([sys.executable, "-c", REPLAYS, trace, str(replays), model], tree, counting_env(tree),
+                           "instructions")
 
 
-def whole_command(tree: Path, trace: str) -> int:
+def whole_command(tree: Path, trace: str, model: str = "Llama-3.1-8B") -> int:
     """Instructions callgrind counts for the whole `sim replay` of `trace` with the tree's code."""
     with tempfile.TemporaryDirectory(prefix="instructions_") as temporary:
         env = counting_env(tree, PYTHONPYCACHEPREFIX=f"{temporary}/bytecode")
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         command = [sys.executable, "-m", "sim.app.cli", "replay", trace, "--policy", "chunked", "--model",
-                   "Llama-3.1-8B", "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet",
+                   model, "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet",
                    "--overwrite", "--out", f"{temporary}/run"]
         compiled = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
         if compiled.returncode:
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("trace", nargs="?", default=str(SAMPLE))
     parser.add_argument("--tree", action="append", default=None, help="a servesim checkout (repeatable; default: this one)")
     parser.add_argument("--whole", action="store_true", help="count the whole `sim replay` command instead")
+    parser.add_argument("--model", default="Llama-3.1-8B", help="the model replayed (default: Llama-3.1-8B)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("instructions: valgrind is not installed (it counts the instructions)")
@@ -97,10 +99,10 @@ def main() -> None:
     trace = str(Path(args.trace).resolve())
     for tree in [Path(t).resolve() for t in (args.tree or [ROOT])]:
         if args.whole:
-            count = whole_command(tree, trace)
+            count = whole_command(tree, trace, args.model)
             print(f"{tree}: {count / 1e6:,.0f} M instructions for `sim replay {Path(trace).name}`", flush=True)
             continue
-        one, two = instructions(tree, trace, 1), instructions(tree, trace, 2)
+        one, two = instructions(tree, trace, 1, args.model), instructions(tree, trace, 2, args.model)
         print(f"{tree}: {(two - one) / 1e6:,.0f} M instructions for one replay of {Path(trace).name}", flush=True)
 
 

@@ -2,7 +2,9 @@
 with the cost model (Llama-3.1-8B on H100-SXM by default, budget 2048) under each policy, at 1x,
 2x and 4x rate under chunked, the Mooncake synthetic trace (prefix caching) under chunked, and
 `moe`: the Azure trace under chunked at 1x on Qwen3-30B-A3B (a mixture of experts, priced from the
-operator tables where the hardware's system has them), with its time over chunked 1x's.
+operator tables where the hardware's system has them), with its time over chunked 1x's. The MoE
+model's curves are derived from the tables by the first run on a machine and read from the cache
+($SERVESIM_CACHE/ops/moe/) by later ones: a first run measures that derivation too.
 
     python bench/replay_speed.py [--trace FILE] [--mooncake FILE] [--only CONFIG ...] [--repeat N]
                                  [--model NAME] [--hardware NAME] [--no-fast-forward] [--no-e2e]

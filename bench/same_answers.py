@@ -9,7 +9,10 @@ TREE is a checkout of servesim (for the tree before a change: `git worktree add 
 PYTHONPATH set to the tree, with this interpreter. Workloads: the Azure conversation hour under
 chunked at 1x and 4x and under decode-first, Mooncake's synthetic trace (prefix caching), both
 step by step (`--no-fast-forward`) on the bundled samples, and a two-replica cluster on the
-bundled Azure sample; `--quick` keeps the sample runs only. Every file is compared byte for byte
+bundled Azure sample (Llama-3.1-8B on H100-SXM); mixtures of experts priced from the operator
+tables: the Azure hour on Qwen3-30B-A3B, and on the bundled sample Qwen3-30B-A3B, Qwen3-235B-A22B
+(fp8, TP 4, DP 2, expert parallel, synchronous scheduling) and gpt-oss-120b (sliding windows, TP 2,
+expert parallel); `--quick` keeps the sample runs only. Every file is compared byte for byte
 but summary.json, compared as JSON with the tree's own path taken out of the profile's path, and
 Parquet tables, compared by schema and content (row groups included: their encoding may differ).
 Exit status 1 when a file differs, 2 when a run fails.
@@ -41,18 +44,25 @@ FULL = {
     "azure-chunked-4x": [str(AZURE), "--policy", "chunked", "--rate-scale", "4"],
     "azure-decode-first": [str(AZURE), "--policy", "decode-first"],
     "mooncake-chunked": [str(MOONCAKE), "--policy", "chunked"],
+    "azure-moe-chunked-1x": [str(AZURE), "--policy", "chunked", "--model", "Qwen3-30B-A3B"],
 }
 QUICK = {
     "sample-chunked-stepwise": [str(AZURE_SAMPLE), "--policy", "chunked", "--no-fast-forward", "--rate-scale", "3"],
     "sample-prefill-first": [str(AZURE_SAMPLE), "--policy", "prefill-first", "--rate-scale", "3"],
     "mooncake-sample-stepwise": [str(MOONCAKE_SAMPLE), "--policy", "chunked", "--no-fast-forward"],
     "sample-two-replicas": [str(AZURE_SAMPLE), "--policy", "chunked", "--replicas", "2", "--rate-scale", "4"],
+    "sample-moe": [str(AZURE_SAMPLE), "--policy", "chunked", "--model", "Qwen3-30B-A3B", "--rate-scale", "3"],
+    "sample-moe-tp4-dp2-ep-sync": [str(AZURE_SAMPLE), "--policy", "chunked", "--model", "Qwen3-235B-A22B",
+                                   "--hardware", "H200", "--dtype", "fp8", "--tp", "4", "--dp", "2",
+                                   "--enable-expert-parallel", "--no-async-scheduling", "--rate-scale", "3"],
+    "sample-moe-sliding-tp2-ep": [str(AZURE_SAMPLE), "--policy", "chunked", "--model", "gpt-oss-120b", "--tp", "2",
+                                  "--enable-expert-parallel", "--rate-scale", "2"],
 }
 
 
 def run(tree: Path, args: list[str], out: Path, extra: list[str] = ()) -> None:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "sim.app.cli", "replay", *args, *COMMON, *extra, "--out", str(out)]
+    cmd = [sys.executable, "-m", "sim.app.cli", "replay", *COMMON, *args, *extra, "--out", str(out)]  # args win
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
         print(f"same_answers: {' '.join(cmd)} (in {tree}) failed:\n{done.stderr}", file=sys.stderr)
