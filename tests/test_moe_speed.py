@@ -197,3 +197,24 @@ def test_the_derived_curves_cache_is_the_tables_model(derived, tmp_path, monkeyp
     assert moe_module.moe_table_model(model, hardware, "h100_sxm", data, cache=tmp_path).derived() == first.derived()
     assert json.loads(path.read_text())["derived"] == first.derived()
     assert [p.name for p in (tmp_path / "moe").iterdir()] == [path.name]  # no temporary file left
+
+
+def test_the_cache_files_name_changes_with_the_tables_files(tmp_path):
+    import os
+
+    from backends.costmodel.optables.moe import derived_cache_path
+    from backends.model_config import resolve_model
+
+    table = tmp_path / "data" / "gpu" / "moe" / "vllm" / "0.1.0" / "moe_perf.parquet"
+    table.parent.mkdir(parents=True)
+    table.write_bytes(b"rows")
+    model = resolve_model("Qwen3-30B-A3B")
+    name = derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", None, tp=1)
+    assert derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", None, tp=1) == name
+    os.utime(table, ns=(1, 1))  # a table file replaced (another time, the same size)
+    touched = derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", None, tp=1)
+    table.write_bytes(b"more rows")
+    assert len({name, touched, derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", None, tp=1)}) == 3
+    (tmp_path / "perf_data_reuse_manifest.yaml").write_text("groups: []\n")  # the reuse manifest beside data/
+    assert derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", None, tp=1) not in {name, touched}
+    assert derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", "0.2.0", tp=1) != name

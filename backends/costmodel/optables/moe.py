@@ -686,12 +686,22 @@ def deriving_code_digest() -> str:
 
 def derived_cache_path(cache: Path, model, system: str, data_dir: Path, vllm_version: str | None, **args) -> Path:
     """The cache file of one deployment: named by a digest of everything its derivation reads (the
-    model's every field, the system, the tables' folder and package version, the vLLM version asked
-    for, TP, DP, EP, dtypes, the token distribution) and of the deriving code."""
-    from backends.costmodel.optables.systems import package_version
+    model's every field, the system, the tables' folder, package version and files (the system's
+    and the reuse manifest: names, sizes and times), the vLLM version asked for, TP, DP, EP,
+    dtypes, the token distribution) and of the deriving code."""
+    from backends.costmodel.optables.systems import MANIFEST, package_version
 
+    data_dir = Path(data_dir).resolve()
+    files = []
+    for root, _, names in os.walk(data_dir / system):
+        for name in names:
+            stat = os.stat(os.path.join(root, name))
+            files.append((os.path.relpath(os.path.join(root, name), data_dir), stat.st_size, stat.st_mtime_ns))
+    manifest = data_dir.parent / MANIFEST
+    if manifest.is_file():
+        files.append((MANIFEST, manifest.stat().st_size, manifest.stat().st_mtime_ns))
     key = {"format": DERIVED_FORMAT, "code": deriving_code_digest(), "package": package_version(),
-           "data_dir": str(Path(data_dir).resolve()), "system": system, "vllm_version": vllm_version,
+           "data_dir": str(data_dir), "files": sorted(files), "system": system, "vllm_version": vllm_version,
            "model": dataclasses.asdict(model), "args": args}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:20]
     return Path(cache) / "moe" / f"{model.name.replace('/', '_')}-{digest}.json"
