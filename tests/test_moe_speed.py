@@ -1,9 +1,10 @@
 """The MoE operator-table model's fast paths (backends/costmodel/optables/moe.py) give exactly the
 values of the generic cost-model path they replace: `execute` (token-count parts kept, decodes'
 sums from list methods, first chunks kept by length), `decode_run` (stretches of a run's steps
-kept by requests, sum mod requests and stretch), `dense` (the roofline's token parts kept by token
-count, table curves looked up with scalar lookups) and the derived curves' disk cache (a model
-restored from it is the model derived from the tables)."""
+kept by requests, sum mod requests and stretch; runs whose requests leave read piece by piece),
+`dense` (the roofline's token parts kept by token count, table curves looked up with scalar
+lookups) and the derived curves' disk cache (a model restored from it is the model derived from
+the tables)."""
 
 from __future__ import annotations
 
@@ -88,9 +89,10 @@ def test_execute_is_the_generic_path(derived, steps, key, rnd):
 def test_decode_run_is_the_generic_path(derived, runs, key, data):
     fast, generic = fresh(derived, key), fresh(derived, key)
     for contexts, num_steps in runs * 2:  # twice: the second time from the kept stretches
-        active = data.draw(st.sampled_from([None, [num_steps] * len(contexts),
-                                            [num_steps + 5 + i for i in range(len(contexts))],
-                                            [max(1, num_steps - i) for i in range(len(contexts))]]))
+        active = data.draw(st.one_of(
+            st.sampled_from([None, [num_steps] * len(contexts), [num_steps + 5 + i for i in range(len(contexts))],
+                             [max(1, num_steps - i) for i in range(len(contexts))]]),
+            st.lists(st.integers(1, num_steps + 3), min_size=len(contexts), max_size=len(contexts))))  # some leave
         a_seconds, a_parts = fast.decode_run(contexts, num_steps, active)
         b_seconds, b_parts = CostModel.decode_run(generic, contexts, num_steps, active)
         assert np.array_equal(a_seconds, b_seconds) and a_seconds.dtype == b_seconds.dtype

@@ -560,43 +560,74 @@ class MoETableCostModel(MoERooflineCostModel):
         return seconds
 
     def decode_run(self, context_lens, num_steps: int, active_steps=None) -> tuple[np.ndarray, dict]:
-        """`CostModel.decode_run`'s result where the same requests decode throughout (with
-        asynchronous scheduling every run, which ends at the first finish). Each step's values
-        depend on the number of requests n and the sum s of their contexts alone, and along a run
-        s = r + n q with r = s mod n fixed and q one more each step: so a run's attention and
-        seconds are read from stretches of RUN_CHUNK consecutive q, each computed once with the
-        array lookups `parts` makes (the same operations on the same numbers) and kept by (n, r,
-        stretch). Runs whose requests leave part way go through `CostModel.decode_run`."""
-        if self._fast and num_steps > 0 and (active_steps is None or min(active_steps) >= num_steps):
-            n = len(context_lens)
-            first_sum = sum(context_lens if isinstance(context_lens, list) else [int(c) for c in context_lens])
+        """`CostModel.decode_run`'s result. Each step's values depend on the number of requests n
+        and the sum s of their contexts alone, and while the same requests decode s = r + n q with
+        r = s mod n fixed and q one more each step: so a run's attention and seconds are read from
+        stretches of RUN_CHUNK consecutive q, each computed once with the array lookups `parts`
+        makes (the same operations on the same numbers) and kept by (n, r, stretch). A run whose
+        requests leave part way (synchronous scheduling) is read stretch by stretch of the steps
+        with the same requests (asynchronously every run ends at the first finish: one stretch)."""
+        if self._fast and num_steps > 0:
+            contexts = context_lens if isinstance(context_lens, list) else [int(c) for c in context_lens]
+            n = len(contexts)
+            first_sum = sum(contexts)
             if n and first_sum + n * num_steps < 1 << 52:  # sums exact as float64
-                return self._decode_run_of(n, first_sum, num_steps)
+                if active_steps is None or min(active_steps) >= num_steps:
+                    return self._decode_run_of(n, first_sum, num_steps)
+                pieces = run_pieces(contexts, num_steps, active_steps)
+                if pieces is not None:
+                    return self._decode_pieces(pieces, num_steps)
         return super().decode_run(context_lens, num_steps, active_steps)
 
     def _decode_run_of(self, n: int, first_sum: int, num_steps: int) -> tuple[np.ndarray, dict]:
+        base = self._run_base(n)
+        attention: list[np.ndarray] = []
+        seconds: list[np.ndarray] = []
+        self._run_values(n, first_sum, 0, num_steps, base[1], attention, seconds)
+        parts = dict(base[0])
+        parts["attention"] = attention[0] if len(attention) == 1 else np.concatenate(attention)
+        return (seconds[0] if len(seconds) == 1 else np.concatenate(seconds)), parts
+
+    def _decode_pieces(self, pieces: list[tuple[int, int, int, int]], num_steps: int) -> tuple[np.ndarray, dict]:
+        """A run's steps in pieces (start, end, requests n, their contexts' sum at step 0, so
+        r + n q at step j with q counted from the run's first step): the dense parts as arrays
+        filled piece by piece and the parts in their order, as `CostModel.decode_run` makes them."""
+        dense = tuple(np.empty(num_steps) for _ in self._dense(1, 1))
+        attention: list[np.ndarray] = []
+        seconds: list[np.ndarray] = []
+        for start, end, n, first_sum in pieces:
+            for column, value in zip(dense, self._dense(n, n)):
+                column[start:end] = value
+            self._run_values(n, first_sum, start, end, self._run_base(n)[1], attention, seconds)
+        parts = MoERooflineCostModel.parts(self, NO_STEP, [], dense)
+        parts["attention"] = np.concatenate(attention)
+        return np.concatenate(seconds), parts
+
+    def _run_base(self, n: int) -> tuple[dict, float]:
         base = self._run_parts.get(n)
         if base is None:
             base = self._run_parts[n] = self._base_parts(n, n)
+        return base
+
+    def _run_values(self, n: int, first_sum: int, start: int, end: int, rest: float, attention: list,
+                    seconds: list) -> None:
+        """Appends the attention and seconds (read-only arrays) of steps start..end-1 of n requests
+        whose contexts after step j sum to first_sum + n j, from the kept stretches."""
         r = first_sum % n
-        q = (first_sum - r) // n
-        q_end = q + num_steps
+        q = (first_sum - r) // n + start
+        q_end = q + end - start
         chunks = self._run_chunks
-        attention, seconds = [], []
         while q < q_end:
             c = q // RUN_CHUNK
             chunk = chunks.get((n, r, c))
             if chunk is None:
-                chunk = self._run_chunk(n, r, c, base[1])
+                chunk = self._run_chunk(n, r, c, rest)
             lo, hi = q - c * RUN_CHUNK, min(q_end - c * RUN_CHUNK, RUN_CHUNK)
             attention.append(chunk[0][lo:hi])
             seconds.append(chunk[1][lo:hi])
             if chunk[2] is not None:
                 self._count("attention", chunk[2][lo:hi])
             q = (c + 1) * RUN_CHUNK
-        parts = dict(base[0])
-        parts["attention"] = attention[0] if len(attention) == 1 else np.concatenate(attention)
-        return (seconds[0] if len(seconds) == 1 else np.concatenate(seconds)), parts
 
     def _run_chunk(self, n: int, r: int, c: int, rest: float) -> tuple:
         """(attention, seconds, off-grid mask or None) of the decode-only steps of n requests whose
@@ -624,6 +655,28 @@ class MoETableCostModel(MoERooflineCostModel):
         if self.notes:
             out["notes"] = list(self.notes)
         return out
+
+
+def run_pieces(contexts: list[int], num_steps: int, active_steps) -> list[tuple[int, int, int, int]] | None:
+    """The steps of a decode run whose request i decodes in its first active_steps[i] steps only,
+    in pieces of the same requests: (start, end, their number, their contexts' sum at step 0), as
+    `run_aggregates` (backends/costmodel/frame.py) counts them; None where steps are left with no
+    request."""
+    leaving = sorted((a, c) for a, c in zip(active_steps, contexts) if a < num_steps)
+    running, total = len(contexts), sum(contexts)
+    pieces = []
+    step = 0
+    for active, context in leaving:  # in the order they leave
+        if active > step:
+            pieces.append((step, active, running, total))
+            step = active
+        running -= 1
+        total -= context
+    if step < num_steps:
+        if not running:
+            return None
+        pieces.append((step, num_steps, running, total))
+    return pieces
 
 
 def max_tokens_per_s(cost_model, max_tokens: int) -> float:
