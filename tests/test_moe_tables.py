@@ -160,7 +160,10 @@ def test_summary_json_says_each_operators_source(package, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     ops = summary["options"]["cost_model"]["operators"]
     assert ops["moe"].startswith("moe_perf") and "fp8_block" in ops["moe"] and "MoE TP 8 EP 1" in ops["moe"]
-    assert ops["attention"].startswith("roofline: MLA") and ops["linear"].startswith("roofline: MLA")
+    # MLA from its module tables (tests/test_mla_tables.py); the dense MLPs and shared experts stay the roofline's.
+    assert ops["attention"].startswith("MLA module tables mla_context_module_perf.parquet, "
+                                       "mla_generation_module_perf.parquet vLLM 0.24.0")
+    assert ops["linear"].startswith("roofline: the dense MLPs and shared experts") and ops["kv_write"].startswith("in attention")
     assert ops["allreduce"].startswith("custom all-reduce table") and ops["router"] == "roofline"
 
 

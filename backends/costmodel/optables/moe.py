@@ -14,11 +14,19 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   Tokens: the MoE layer of a DP > 1 deployment sees every DP rank's tokens (the dispatch gathers
   them), taken as dp x this rank's tokens (ranks equally loaded: no lockstep of DP ranks yet).
 - linear: attention's QKV and O projections, the dense MLPs and the shared experts from the GEMM
-  table (`gemm_curve`, the operator-table model's own) in the checkpoint's dtype; MLA's
-  projections stay the roofline's.
+  table (`gemm_curve`, the operator-table model's own) in the checkpoint's dtype. An MLA model's
+  linear stays the roofline's; where its MLA module tables price attention (below), its
+  projections are in them and linear is the roofline's dense MLPs and shared experts alone. (Not
+  from the GEMM table: its block-fp8 rows on H200 take 57 to 90 us at every m up to 64, e.g. n 512,
+  k 7168, where the per-tensor fp8 kernel takes 10 us and the whole MLA module, three block-fp8
+  GEMMs among its kernels, takes about 150 us under a CUDA graph: a floor of their collection that
+  vLLM's CUDA-graph decode does not pay.)
 - attention: full-attention GQA layers from the context and generation attention tables (as the
   dense operator model prices them); sliding-window layers from the rows measured at the layer's
-  window (`window_size`), at the window's KV length; MLA stays the roofline's.
+  window (`window_size`), at the window's KV length; MLA layers from the MLA module tables
+  (backends/costmodel/optables/mla.py: the whole layer, its projections, norms, RoPE and KV-cache
+  write included, so that linear, kv_write and elementwise leave them out: nothing counted twice),
+  else the roofline's.
 - allreduce: two per layer under TP, vLLM's custom all-reduce table up to 8 MiB, NCCL's table past it.
 - dispatch and combine (DP > 1): vLLM's default all2all backend, `allgather_reducescatter`
   (vllm/config/parallel.py, `all2all_backend`; vllm/distributed/device_communicators/all2all.py,
@@ -43,6 +51,7 @@ import numpy as np
 
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
+from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.roofline import MoERooflineCostModel
 from sim.errors import ServesimError
 
@@ -146,9 +155,10 @@ class MoETableCostModel(MoERooflineCostModel):
 
     def __init__(self, model, hardware, tables, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto",
                  enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "balanced",
-                 moe_table=None):
+                 moe_table=None, mla_tables: MLATables | str | None = None):
         """`tables`: a TableSet of the system (load_layout: gemm, attention, custom all-reduce, NCCL);
-        `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None."""
+        `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None; `mla_tables`: its
+        MLA module tables (mla.read_mla_tables), None where it has none, or why they cannot be read."""
         self._dp = dp
         self._tables_ready = False
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
@@ -183,6 +193,10 @@ class MoETableCostModel(MoERooflineCostModel):
         if m.num_experts and not self.distribution == "balanced" and self._moe is None:
             raise ServesimError(f"--moe-distribution {distribution} is a distribution the moe_perf tables measured; "
                                 f"{self.sources['moe']}")
+        self._mla: MLAModule | None = None
+        self._mla_reason = ""
+        if m.kv_lora_rank:
+            self._derive_mla(tables.system, mla_tables, kv_cache_dtype)
         self._linear_curves = self._derive_linear(tables)
         self._derive_attention(tables, kv_cache_dtype)
         self._derive_collectives(tables)
@@ -191,6 +205,22 @@ class MoETableCostModel(MoERooflineCostModel):
         self._dense_cache.clear()
 
     # ---- derivation
+
+    def _derive_mla(self, system: str, mla_tables: MLATables | str | None, kv_cache_dtype: str) -> None:
+        """The MLA module tables' grids for this model (mla.py), or the reason they cannot price it."""
+        m = self.model
+        if mla_tables is None:
+            self._mla_reason = f"{system} has no MLA module tables for vLLM"
+        elif isinstance(mla_tables, str):
+            self._mla_reason = mla_tables
+        else:
+            found = mla_module(mla_tables, m, self._heads, self.weights_dtype, kv_cache_dtype)
+            if isinstance(found, str):
+                self._mla_reason = f"{found} ({mla_tables.describe})"
+            else:
+                self._mla = found
+                q_k_width = (self._heads + self._kv_heads) * m.qk_rope_head_dim  # the roofline's RoPE (elementwise)
+                self._rope_s_per_token = m.num_hidden_layers * ACTIVATION_BYTES * 2 * q_k_width / self._bytes_s
 
     def _gemm_rows(self, tables, dtype: str):
         from backends.costmodel.optables.derive import kernels_by_preference
@@ -209,7 +239,11 @@ class MoETableCostModel(MoERooflineCostModel):
 
         m, tp, h = self.model, self.tp, self.model.hidden_size
         if m.kv_lora_rank:
-            self.sources["linear"] = "roofline: MLA's projections (no table of them is read yet)"
+            if self._mla is None:
+                self.sources["linear"] = f"roofline: MLA's projections (no MLA module table prices them: {self._mla_reason})"
+            else:  # see the module doc: the gemm table's block-fp8 rows were not measured as vLLM runs them
+                self.sources["linear"] = ("roofline: the dense MLPs and shared experts, as before (MLA's projections "
+                                          "in attention's MLA module tables)")
             return None
         kernel, rows = self._gemm_rows(tables, self.weights_dtype)
         if rows is None:
@@ -235,7 +269,13 @@ class MoETableCostModel(MoERooflineCostModel):
 
         m = self.model
         if m.kv_lora_rank:
-            self.sources["attention"] = "roofline: MLA (no table of its modules is read yet)"
+            if self._mla is None:
+                self.sources["attention"] = f"roofline: MLA ({self._mla_reason})"
+                return
+            self._attention = {(0, "generation"): self._mla.generation}  # the decodes' lookups, as GQA's
+            self.sources["attention"] = self._mla.source
+            self.sources["kv_write"] = "in attention (the MLA module tables write the latents to the KV cache)"
+            self.sources["elementwise"] = "roofline, less MLA's RoPE (in attention's MLA module tables)"
             return
         kv = "fp8" if kv_cache_dtype == "fp8" else "bf16"
         grids = {}
@@ -317,6 +357,9 @@ class MoETableCostModel(MoERooflineCostModel):
         if by_tokens is None:
             by_tokens = self._by_tokens[t] = self._token_parts(t, linear, moe, allreduce)
         linear, moe, allreduce = by_tokens
+        if self._mla is not None:  # the module tables hold MLA's KV-cache write and RoPE (mla.py)
+            kv_write = 0.0
+            elementwise = elementwise - t * self._rope_s_per_token
         return linear, router, moe, kv_write, elementwise, lm_head, allreduce
 
     def _token_parts(self, t: int, linear, moe, allreduce) -> tuple:
@@ -326,6 +369,8 @@ class MoETableCostModel(MoERooflineCostModel):
         if self._linear_curves is not None:
             linear = sum(layers * self._curve_at("linear", c, tokens) for c, layers in self._linear_curves)
             linear = float(linear) if t else 0.0
+        elif self._mla is not None:  # the roofline's dense MLPs and shared experts (MLA's projections: attention)
+            linear = float(linear - m.num_hidden_layers * self._attention_linear(t))
         if self._moe is not None:
             moe = float(m.num_moe_layers * self._curve_at("moe", self._moe, tokens * self._dp)) if t else 0.0
         if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
@@ -361,12 +406,26 @@ class MoETableCostModel(MoERooflineCostModel):
     def request_seconds(self, q: int, c: int) -> float:
         if self._attention is None or not getattr(self, "_tables_ready", False):
             return super().request_seconds(q, c)
+        if self._mla is not None:
+            return self._chunks_attention([(q, c)])
         total = 0.0
         if self._full_layers:
             total += self._full_layers * self._window_attention(0, q, c)
         if self._sliding_layers:
             total += self._sliding_layers * self._window_attention(self.model.sliding_window, q, c)
         return total
+
+    def _chunks_attention(self, chunks: list[tuple[int, int]]) -> float:
+        """Every layer's attention of a step's prefill chunks: MLA's as one batch from the module
+        tables (mla.MLAModule.chunks), GQA's each on its own (request_seconds)."""
+        if self._mla is None:
+            return sum(self.request_seconds(q, c) for q, c in chunks)
+        if not chunks:
+            return 0
+        t, off = self._mla.chunks(chunks)
+        if off:
+            self.extrapolated["attention"] = self.extrapolated.get("attention", 0) + off
+        return self.model.num_hidden_layers * t
 
     def _decodes_attention(self, window: int, kv_lens: list[int]) -> float:
         """One layer's attention of a step's decodes as one batch at their mean KV length (the
@@ -402,14 +461,14 @@ class MoETableCostModel(MoERooflineCostModel):
                 t0, scaled0 = self._attention[0, "generation"].at(n0, max(agg.decode_sum_context / n0, 1.0))
                 self._count("attention", [scaled0])
                 attention = self.model.num_hidden_layers * t0
-            parts["attention"] = attention + sum(self.request_seconds(q, c) for q, c in chunks)
+            parts["attention"] = attention + self._chunks_attention(chunks)
             return parts
         n = np.asarray(agg.num_decodes, dtype=np.float64)
         mean = np.asarray(agg.decode_sum_context, dtype=np.float64) / np.maximum(n, 1.0)
         t, scaled = self._attention[0, "generation"].many(np.maximum(n, 1.0), np.maximum(mean, 1.0))
         self._count("attention", scaled & (n > 0))
         decodes = self.model.num_hidden_layers * np.where(n > 0, t, 0.0)
-        others = sum(self.request_seconds(q, c) for q, c in chunks)
+        others = self._chunks_attention(chunks)
         attention = decodes + others
         parts["attention"] = float(attention) if np.ndim(attention) == 0 else attention
         return parts
@@ -444,12 +503,14 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
                     distribution: str = "balanced", vllm_version: str | None = None) -> MoETableCostModel:
     """The table-priced model of `system`'s vLLM tables (each at `vllm_version` or the nearest;
     None: the newest) in the package's layout under `data_dir`."""
+    from backends.costmodel.optables.mla import read_mla_tables
     from backends.costmodel.optables.systems import read_layout_table
     from backends.costmodel.optables.tables import load_layout
 
     tables = load_layout(data_dir, system, "vllm", vllm_version)
     moe_table = read_layout_table(data_dir, system, "moe", "vllm", "moe_perf", vllm_version) \
         if model.num_experts else None
+    mla_tables = read_mla_tables(data_dir, system, vllm_version) if model.kv_lora_rank else None
     return MoETableCostModel(model, hardware, tables, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                              enable_expert_parallel=enable_expert_parallel, dp=dp, distribution=distribution,
-                             moe_table=moe_table)
+                             moe_table=moe_table, mla_tables=mla_tables)
