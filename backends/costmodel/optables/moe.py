@@ -183,7 +183,7 @@ class MoETableCostModel(MoERooflineCostModel):
                              self.distribution)
             found = moe_curve(moe_table.frame, shape)
             if isinstance(found, str):
-                self.sources["moe"] = f"roofline: {found} ({Path(moe_table.path[0]).name} vLLM {moe_table.version})"
+                self.sources["moe"] = f"roofline: {found} ({Path(moe_table.path).name} vLLM {moe_table.version})"
             else:
                 kernel, xs, ys = found
                 self._moe = Curve(xs, ys)
