@@ -4,9 +4,10 @@ The tables: `systems/data/<system>/mla/vllm/<version>/mla_context_module_perf` a
 `mla_generation_module_perf` (read with `read_layout_table`, the version asked for or the nearest,
 reuse.yaml followed). What one row measures (AIConfigurator's collector/vllm/collect_mla_module.py,
 ai-dynamo/aiconfigurator at 0e741b2, `run_mla_module`): the forward of one vLLM
-`DeepseekV2MLAAttention` module (vllm/model_executor/layers/mla.py, `MultiHeadLatentAttentionWrapper.forward`),
-built from the model's own config.json with `num_attention_heads` set to the row's `num_heads`, at
-`tp_size` 1, under a CUDA graph:
+`DeepseekV2MLAAttention` module (vllm/model_executor/models/deepseek_v2.py, whose forward is
+`MultiHeadLatentAttentionWrapper.forward`, vllm/model_executor/layers/mla.py), built from the
+checkpoint's own config.json with `num_attention_heads` set to the row's `num_heads`, at `tp_size` 1,
+under a CUDA graph (not torch.compile'd):
 
 - `fused_qkv_a_proj` (hidden -> q_lora_rank + kv_lora_rank + qk_rope_head_dim; replicated on every
   GPU in a TP deployment, so the same at any TP), `q_a_layernorm`, `kv_a_layernorm`;
@@ -19,8 +20,10 @@ built from the model's own config.json with `num_attention_heads` set to the row
 
 So a row at `num_heads` = the model's heads / TP is one GPU's MLA layer of a TP deployment, from
 its hidden states to o_proj's partial sums, less the all-reduce after it (priced on its own, as
-for every layer). `kernel_source` is the backend vLLM itself ran for the row (the prefill backend,
-or the decode backend where vLLM ran a short query as a decode); one row per cell.
+for every layer). `kernel_source` is the backend vLLM itself ran for the row: the prefill backend,
+or the decode backend where vLLM ran a short query as a decode (FLASH_ATTN_MLA takes queries of up
+to 512 tokens down the decode path: vllm/v1/attention/backends/mla/flashattn_mla.py,
+`reorder_batch_threshold`); one row per cell.
 
 Columns: `batch_size`, `isl` and `step`: a context row is `batch_size` requests of `isl` new tokens
 each after a prefix of `step` tokens (every published row has `step` 0); a generation row is
