@@ -10,9 +10,11 @@ its reason. The last ones need the tables extra (aiconfigurator-core) and skip w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from backends.costmodel.frame import batch_aggregates
@@ -221,3 +223,49 @@ def test_a_replay_of_another_mla_shape_falls_back_and_says_so(package, tmp_path)
     assert "'kv_lora_rank': 32" in ops["attention"] and "mla_context_module_perf.parquet" in ops["attention"]
     # Its experts are not in moe_perf either: said, not a crash (the file named, as for every reason).
     assert ops["moe"].startswith("roofline: no moe_perf rows for hidden 128") and "moe_perf.parquet" in ops["moe"]
+
+
+# ---- fast-forward's costs equal execute's, step by step (the engine relies on it)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sim.batch import Batch  # noqa: E402
+
+
+@functools.lru_cache(maxsize=1)
+def shared_tiny():
+    return tiny()  # read once for the examples: a lookup's value does not depend on the ones before it
+
+
+def batch(decodes, chunk=None):
+    """Decodes whose sequences are `decodes` tokens after the step; a prefill chunk (q, computed) last."""
+    b = Batch()
+    for i, c in enumerate(decodes):
+        b.add(str(i), c - 1, 1, [], needs_logits=True, is_decode=True)
+    if chunk is not None:
+        b.add("chunk", chunk[1], chunk[0], [], needs_logits=False)
+    return b
+
+
+@settings(max_examples=40, deadline=None)
+@given(contexts=st.lists(st.integers(2, 400), min_size=1, max_size=12), steps=st.integers(1, 6),
+       leave=st.lists(st.integers(1, 6), min_size=12, max_size=12))
+def test_a_decode_run_costs_each_step_as_execute_does(contexts, steps, leave):
+    cm = shared_tiny()
+    active = [min(a, steps) for a in leave[:len(contexts)]]
+    active[0] = steps  # one request runs the whole run
+    run, parts = cm.decode_run(contexts, steps, active)
+    for j in range(steps):
+        alive = [c + j for c, a in zip(contexts, active) if a > j]
+        assert cm.execute(batch(alive)).seconds == float(np.asarray(run)[j] if np.ndim(run) else run)
+
+
+@settings(max_examples=30, deadline=None)
+@given(decodes=st.lists(st.integers(2, 300), max_size=6), chunk=st.integers(2, 300), before=st.integers(0, 500),
+       steps=st.integers(1, 4))
+def test_chunk_steps_cost_each_step_as_execute_does(decodes, chunk, before, steps):
+    cm = shared_tiny()
+    seconds, _ = cm.chunk_steps([c - 1 for c in decodes], chunk, before, steps)
+    for j in range(steps):
+        assert cm.execute(batch([c + j for c in decodes], (chunk, before + chunk * j))).seconds == seconds[j]
