@@ -370,7 +370,7 @@ class MoETableCostModel(MoERooflineCostModel):
             linear = sum(layers * self._curve_at("linear", c, tokens) for c, layers in self._linear_curves)
             linear = float(linear) if t else 0.0
         elif self._mla is not None:  # the roofline's dense MLPs and shared experts (MLA's projections: attention)
-            linear = float(linear - m.num_hidden_layers * self._attention_linear(t))
+            linear = max(0.0, float(linear - m.num_hidden_layers * self._attention_linear(t)))
         if self._moe is not None:
             moe = float(m.num_moe_layers * self._curve_at("moe", self._moe, tokens * self._dp)) if t else 0.0
         if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
