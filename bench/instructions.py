@@ -2,7 +2,7 @@
 machine's load does not move (wall times on this shared machine drift by 1.5x within a day;
 instruction counts repeat to well under 1%).
 
-    python bench/instructions.py [TRACE] [--tree DIR ...] [--whole]
+    python bench/instructions.py [TRACE] [--tree DIR ...] [--whole] [--sync]
 
 For each source tree (default: this checkout) the replay of TRACE (default: the bundled Azure
 sample; chunked, Llama-3.1-8B on H100-SXM, budget 2048) runs once and twice in a process under
@@ -40,8 +40,11 @@ from sim.config import SchedulerConfig
 from traces import read_trace
 
 trace = read_trace(sys.argv[1])
-options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048), model="Llama-3.1-8B",
-                        hardware="H100-SXM")
+clock = {}
+if sys.argv[3] == "sync" and "async_scheduling" in SchedulerConfig.__dataclass_fields__:
+    clock = dict(async_scheduling=False, host_time=False)  # the engine's clock of trees before issue 29
+options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048, **clock),
+                        model="Llama-3.1-8B", hardware="H100-SXM")
 for _ in range(int(sys.argv[2])):
     replay(trace, resolve(options))
 """
@@ -65,9 +68,11 @@ def callgrind_count(command: list[str], cwd: Path, env: dict[str, str], who: str
     return int(found.group(1))
 
 
-def instructions(tree: Path, trace: str, replays: int) -> int:
-    """Instructions callgrind counts for the process that replays `trace` `replays` times."""
-    return callgrind_count([sys.executable, "-c", REPLAYS, trace, str(replays)], tree, counting_env(tree), "instructions")
+def instructions(tree: Path, trace: str, replays: int, clock: str = "default") -> int:
+    """Instructions callgrind counts for the process that replays `trace` `replays` times (`clock`
+    "sync": without asynchronous scheduling and host time, as trees before issue 29 step)."""
+    return callgrind_count([sys.executable, "-c", REPLAYS, trace, str(replays), clock], tree, counting_env(tree),
+                           "instructions")
 
 
 def whole_command(tree: Path, trace: str) -> int:
@@ -89,6 +94,9 @@ def main() -> None:
     parser.add_argument("trace", nargs="?", default=str(SAMPLE))
     parser.add_argument("--tree", action="append", default=None, help="a servesim checkout (repeatable; default: this one)")
     parser.add_argument("--whole", action="store_true", help="count the whole `sim replay` command instead")
+    parser.add_argument("--sync", action="store_true",
+                        help="step without asynchronous scheduling and host time (the clock of trees before issue 29), "
+                             "so an older tree and this one take the same steps")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("instructions: valgrind is not installed (it counts the instructions)")
@@ -100,7 +108,8 @@ def main() -> None:
             count = whole_command(tree, trace)
             print(f"{tree}: {count / 1e6:,.0f} M instructions for `sim replay {Path(trace).name}`", flush=True)
             continue
-        one, two = instructions(tree, trace, 1), instructions(tree, trace, 2)
+        clock = "sync" if args.sync else "default"
+        one, two = instructions(tree, trace, 1, clock), instructions(tree, trace, 2, clock)
         print(f"{tree}: {(two - one) / 1e6:,.0f} M instructions for one replay of {Path(trace).name}", flush=True)
 
 
