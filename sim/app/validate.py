@@ -223,7 +223,7 @@ class ThroughApiServer(ClosedLoop):
         horizon = self._last_schedule_s if pipelined else now
         self._last_schedule_s = now
         self._now = now
-        self._catch_up(now)
+        self._send_created(now)
         while self._sent and self._sent[0].arrival_s <= horizon:
             self.engine.submit(self._sent.pop(0))
 
