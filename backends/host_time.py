@@ -189,6 +189,7 @@ class HostTimedBackend:
         return np.where(n > 0, out, 0.0)
 
     def _meet(self, gpu: np.ndarray, host: np.ndarray) -> np.ndarray:
+        """`overlap`, element by element."""
         return np.maximum(gpu, host) if self.asynchronous else gpu + host
 
     def execute(self, batch):
@@ -198,7 +199,7 @@ class HostTimedBackend:
         breakdown = dict(result.breakdown)
         breakdown["gpu"] = gpu
         breakdown["host"] = host
-        return StepResult(max(gpu, host) if self.asynchronous else gpu + host, breakdown, result.sampled_token_ids)
+        return StepResult(overlap(gpu, host, self.asynchronous), breakdown, result.sampled_token_ids)
 
     def _decode_run(self, context_lens, num_steps: int, active_steps=None):
         gpu, parts = self.inner.decode_run(context_lens, num_steps, active_steps)
@@ -222,7 +223,8 @@ class HostTimedBackend:
         parts = dict(parts)
         parts["gpu"] = list(gpu)
         parts["host"] = [host] * num_steps
-        return [max(g, host) if self.asynchronous else g + host for g in gpu], parts
+        asynchronous = self.asynchronous
+        return [overlap(g, host, asynchronous) for g in gpu], parts
 
 
 def with_host_time(backend, async_scheduling: bool, host_time: bool, host_reference_loop_s: float | None,

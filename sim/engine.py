@@ -486,8 +486,7 @@ class Engine:
             taken = upto
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
         # (plan_chunks), and what arrived since is for the step after the run.
-        by_time = workload.delivers_by_time
-        asynchronous = engine.asynchronous
+        by_time = workload.delivers_by_time  # (chunk runs are synchronous: asynchronously `_chunk_budget` is None)
         used, num_waiting_at = [], []  # steps 1..'s
         f, num_finishing = 0, len(finishing)
         while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
@@ -506,9 +505,8 @@ class Engine:
             num_taken: list[int] = []
             used_now = bm.num_used_blocks  # before step j
             for step, (num_decode_blocks, new) in enumerate(counts[j - 1:end - 1], j):
-                if by_time:  # it starts when the step before ends (no block moves); asynchronously it was
-                    # scheduled when the step before started (`run`)
-                    workload.deliver((ends[step - 2] if step > 1 else start) if asynchronous else ends[step - 1])
+                if by_time:  # it starts when the step before ends (no block moves)
+                    workload.deliver(ends[step - 1])
                 if num_decode_blocks:
                     owners += [reqs[o % n] for o in opens[taken:taken + num_decode_blocks]]
                     num_taken += [1] * num_decode_blocks
