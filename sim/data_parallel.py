@@ -38,20 +38,28 @@ each rank is its own engine (with fast-forward), behind the same balancer; the c
 snapshot then holds each rank's counts as of the tick.
 
 Each rank's step is priced by the backend for its own batch (the dummy batch as one 1-token decode
-with no logits); the lockstep step's seconds are the largest, and each rank's step-log row records
-that, with `dp_wait` (the difference from its own) in its breakdown. The ranks step one by one
-(no fast-forward under DP). A rank's dummy steps log no row; they are counted per rank.
+with no logits), with its MoE layers priced once for the lockstep step from every rank's tokens
+where the backend can (`dp_moe_parts` and `execute_in_lockstep`, backends/costmodel/roofline.py:
+vLLM's allgather_reducescatter dispatch, the fused-MoE kernel over every rank's tokens, and the
+combine); the tokens each rank brings to the collective are vLLM's DP padding of them
+(`dp_padded_tokens`). The lockstep step's seconds are the largest rank's, and each rank's step-log
+row records that, with `dp_wait` (the difference from its own) in its breakdown. The ranks step one
+by one (no fast-forward under DP). A rank's dummy steps log no row; they are counted per rank.
+
+The requests come from a trace (open loop), or from `ClosedLoopClients` (C clients in front of the
+API server, as vLLM's benchmark sends them: `sim validate`'s DP rows).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable
 
 import simpy
 
 from sim.backend import StepResult
 from sim.batch import Batch
-from sim.cluster import Cluster, ClusterSteps, Replica
+from sim.cluster import Cluster, ClusterSteps, Instant, Replica
 from sim.engine import Engine, SimResult, TokenTimes, delay_to
 from sim.fast_forward import single_step
 from sim.request import Request
@@ -60,6 +68,61 @@ DP_SYNC_INTERVAL = 16  # vllm/config/parallel.py ParallelConfig.dp_sync_interval
 STATS_UPDATE_S = 0.1  # coordinator.py: min_stats_update_interval_ms = 100
 STATS_IDLE_S = 5.0  # ... or every 5 s when no engine's counts changed
 KV_PENALTY = 6.0  # get_core_engine_for_request: waiting x 6 x max(0, kv_cache_usage - 0.5)
+
+
+def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]:
+    """The tokens each DP rank runs through the step, as vLLM's ranks agree on them
+    (vllm/v1/worker/dp_utils.py, coordinate_batch_across_dp -> _synchronize_dp_ranks): when every
+    rank's step runs a CUDA graph (its tokens at most the largest capture size; the ranks take the
+    least of their graph modes), every rank is padded to the largest rank's count
+    (_post_process_dp_padding); else each runs its own."""
+    if cuda_graph_max_tokens and max(tokens) <= cuda_graph_max_tokens:
+        return [max(tokens)] * len(tokens)
+    return list(tokens)
+
+
+def cuda_graph_max_tokens(max_num_seqs: int, hardware_name: str = "") -> int:
+    """vLLM's largest CUDA-graph capture size (vllm/config/vllm.py, _set_cudagraph_sizes):
+    min(2 x max_num_seqs, 512), 1024 on data-centre Blackwell (B200, GB200, B300)."""
+    name = hardware_name.upper()
+    blackwell = any(name.startswith(p) for p in ("B200", "GB200", "B300", "GB300"))
+    return min(2 * max_num_seqs, 1024 if blackwell else 512)
+
+
+class ClosedLoopClients:
+    """C clients in a closed loop in front of the group's API server (vLLM's benchmark with
+    --max-concurrency C and --request-rate inf): requests in send order, the first C sent at the
+    start, each finish (or rejection) sending the next at its instant. The API server takes the
+    requests one at a time, in send order, `server_seconds(request)` each, before the load balancer
+    routes them (`arrival_s`); `sent_s` keeps each send, where the client's TTFT starts."""
+
+    def __init__(self, requests: list[Request], concurrency: int,
+                 server_seconds: Callable[[Request], float] = lambda r: 0.0):
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.requests, self.concurrency, self.server_seconds = requests, concurrency, server_seconds
+        self.pending: deque[Request] = deque()  # sent, not yet through the API server
+        self.sent_s: dict[int, float] = {}
+        self._next = 0
+        self._server_free_s = 0.0
+
+    @property
+    def all_sent(self) -> bool:
+        return self._next == len(self.requests)
+
+    def send(self, at: float) -> None:
+        if self.all_sent:
+            return
+        r = self.requests[self._next]
+        self._next += 1
+        self.sent_s[r.index] = r.client_sent_s = at
+        self._server_free_s = max(self._server_free_s, at) + self.server_seconds(r)
+        r.arrival_s = self._server_free_s
+        self.pending.append(r)
+
+    def start(self) -> None:
+        for _ in range(self.concurrency):
+            self.send(0.0)
 
 
 def dummy_batch() -> Batch:
@@ -161,9 +224,18 @@ class DataParallelGroup(Cluster):
     returns a `DPResult`."""
 
     def __init__(self, requests: list[Request], token_times: TokenTimes, num_ranks: int, lockstep: bool = True,
-                 progress: Callable[[float, int], None] | None = None):
+                 progress: Callable[[float, int], None] | None = None, cuda_graph_max_tokens: int = 0,
+                 clients: ClosedLoopClients | None = None):
+        """`requests`: in arrival order (a trace), or in send order with `clients` (a closed loop,
+        lockstep groups only). `cuda_graph_max_tokens`: vLLM's largest CUDA-graph capture size
+        (`cuda_graph_max_tokens()`), for the DP padding of the MoE layers' tokens (0: none)."""
+        if clients is not None and not lockstep:
+            raise ValueError("closed-loop clients drive a lockstep DP group (a mixture of experts) only")
         super().__init__(requests, token_times, DPLoadBalancer(num_ranks), progress)
         self.lockstep = lockstep  # a mixture of experts' ranks step together; a dense model's do not
+        self.cuda_graph_max_tokens = cuda_graph_max_tokens
+        self.clients = clients
+        self._client_sent: simpy.Event | None = None
         self.counts_changed = False
         self.num_lockstep_steps = 0
         self.num_waves = 0
@@ -186,6 +258,40 @@ class DataParallelGroup(Cluster):
     def wake(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def on_done(self, request: Request, now: float | None) -> None:
+        super().on_done(request, now)
+        clients = self.clients
+        if clients is not None:  # the client whose request ended sends its next
+            clients.send(self.env.now if now is None else now)
+            if self._client_sent is not None and not self._client_sent.triggered:
+                self._client_sent.succeed()
+
+    def _route_due(self, now: float) -> None:
+        """Route the clients' requests that are through the API server by `now`."""
+        pending = self.clients.pending if self.clients is not None else None
+        while pending and pending[0].arrival_s <= now:
+            self.route(pending.popleft())
+
+    def _closed_loop(self, env: simpy.Environment):
+        """The arrivals of `clients`: each routed when the API server hands it over."""
+        clients = self.clients
+        assert clients is not None
+        clients.start()
+        while True:
+            if clients.pending:
+                arrival_s = clients.pending[0].arrival_s
+                while arrival_s > env.now:
+                    yield Instant(env, delay_to(env.now, arrival_s))
+                self._route_due(env.now)
+            elif clients.all_sent:
+                break
+            else:  # every client waits for its request to end
+                self._client_sent = env.event()
+                yield self._client_sent
+                self._client_sent = None
+        self.arrivals_done = True
+        self.wake()
 
     def _coordinator(self, env: simpy.Environment):
         """Publish the ranks' last reported counts to the balancer every 0.1 s when some changed,
@@ -210,6 +316,21 @@ class DataParallelGroup(Cluster):
             self._dummy = engine.backend.execute(dummy_batch())
         return self._dummy
 
+    def _price(self, work: list) -> list[StepResult]:
+        """Each rank's step of one lockstep step; `work`: per rank, its batch or None (a dummy step).
+        A backend that prices a DP group's MoE layers (`dp_moe_parts`) prices them once from every
+        rank's tokens (padded as vLLM pads them) and each rank's step with them; another prices
+        each rank's batch alone."""
+        backend = self.ranks[0].engine.backend
+        in_lockstep = getattr(backend, "execute_in_lockstep", None)
+        if in_lockstep is None:
+            return [backend.execute(batch) if batch is not None else self.dummy_step(self.ranks[0].engine)
+                    for batch in work]
+        batches = [batch if batch is not None else dummy_batch() for batch in work]
+        tokens = dp_padded_tokens([batch.num_tokens for batch in batches], self.cuda_graph_max_tokens)
+        moe_parts = getattr(backend, "dp_moe_parts")(tokens)
+        return [in_lockstep(batch, moe_parts) for batch in batches]
+
     def _lockstep(self, env: simpy.Environment):
         """DPEngineCoreProc.run_busy_loop for all ranks at once (module docstring)."""
         ranks = self.ranks
@@ -217,6 +338,7 @@ class DataParallelGroup(Cluster):
         end_s = env.now
         while True:
             now = env.now
+            self._route_due(now)  # a closed loop's requests handed over at this instant
             for rank in ranks:
                 rank.deliver(now)
                 rank.report()
@@ -230,8 +352,8 @@ class DataParallelGroup(Cluster):
                     continue
                 running = True  # a request starts a wave on every rank (START_DP_WAVE)
                 self.num_waves += 1
-            steps = []
-            seconds = 0.0
+            work: list[Batch | None] = []
+            scheduled: list[tuple[int, int, int] | None] = []
             for rank in ranks:
                 engine = rank.engine
                 state = engine.state
@@ -239,13 +361,17 @@ class DataParallelGroup(Cluster):
                     preempted_before = state.num_preemptions
                     batch = engine.policy.schedule(state, now)
                     if batch.requests:
-                        result = engine.backend.execute(batch)
-                        steps.append((rank, batch, result, state.num_preemptions - preempted_before,
-                                      engine.block_manager.num_used_blocks, len(state.waiting)))
-                        seconds = max(seconds, result.seconds)
+                        work.append(batch)
+                        scheduled.append((state.num_preemptions - preempted_before,
+                                          engine.block_manager.num_used_blocks, len(state.waiting)))
                         continue
                 rank.num_dummy_steps += 1
-                seconds = max(seconds, self.dummy_step(engine).seconds)
+                work.append(None)
+                scheduled.append(None)
+            results = self._price(work)
+            seconds = max(result.seconds for result in results)
+            steps = [(rank, batch, result, *logged) for rank, batch, result, logged
+                     in zip(ranks, work, results, scheduled) if batch is not None and logged is not None]
             yield env.timeout(seconds)  # the slowest rank's step; arrivals meanwhile are routed
             for rank, batch, result, num_preempted, used, waiting in steps:
                 breakdown = dict(result.breakdown)
@@ -272,7 +398,7 @@ class DataParallelGroup(Cluster):
         env = self.env
         for rank in self.ranks:
             rank.pool_size = len(self.replicas)
-        env.process(self._arrivals(env))
+        env.process(self._arrivals(env) if self.clients is None else self._closed_loop(env))
         env.process(self._coordinator(env))
         if not self.lockstep:  # vLLM's EngineCoreProc per rank (core.py run_engine_core: DP lockstep is for MoE)
             engines = [env.process(rank.engine.run(env)) for rank in self.replicas]
