@@ -70,6 +70,13 @@ STATS_IDLE_S = 5.0  # ... or every 5 s when no engine's counts changed
 KV_PENALTY = 6.0  # get_core_engine_for_request: waiting x 6 x max(0, kv_cache_usage - 0.5)
 
 
+def free_finished(engine: Engine) -> None:
+    """Free the blocks of the requests that finished in the engine's last step and were held while
+    the next was scheduled (asynchronous scheduling: `EngineState.finishing`)."""
+    if engine.state.finishing:
+        engine._free_pending()
+
+
 def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]:
     """The tokens each DP rank runs through the step, as vLLM's ranks agree on them
     (vllm/v1/worker/dp_utils.py, coordinate_batch_across_dp -> _synchronize_dp_ranks): when every
@@ -204,6 +211,7 @@ class DPResult(SimResult):
         self.num_lockstep_steps = group.num_lockstep_steps
         self.num_waves = group.num_waves
         self.lockstep = group.lockstep
+        self.asynchronous = any(rank.engine.asynchronous for rank in ranks)
         self.per_rank = [{"dp_rank": rank.index, "requests": rank.num_routed, "steps": len(rank.engine.steps),
                           "dummy_steps": rank.num_dummy_steps, "kv_blocks": rank.engine.block_manager.num_blocks,
                           "preemptions": rank.engine.state.num_preemptions}
@@ -211,8 +219,7 @@ class DPResult(SimResult):
 
     def summary(self) -> dict:
         return {"dp": len(self.per_rank), "lockstep": self.lockstep,
-                "scheduling": "synchronous (a lockstep group's ranks; --async-scheduling not modelled across them)"
-                if self.lockstep else "as --async-scheduling says, per rank",
+                "scheduling": "asynchronous" if self.asynchronous else "synchronous",
                 "lockstep_steps": self.num_lockstep_steps if self.lockstep else None,
                 "waves": self.num_waves if self.lockstep else None,
                 "load_balancer": "vLLM DPLBAsyncMPClient (one API client)", "ranks": self.per_rank}
@@ -244,12 +251,8 @@ class DataParallelGroup(Cluster):
         self.ranks: list[DPRank] = []
 
     def add_rank(self, engine: Engine) -> DPRank:
-        """Rank len(ranks): `engine`, fed by the balancer. A lockstep group schedules each rank
-        synchronously (its loop, `_lockstep`, schedules every rank at the step's start and frees a
-        finished request's blocks at once): asynchronous scheduling's one-step pipeline is not
-        modelled across ranks in lockstep (said in summary.json)."""
-        if self.lockstep:
-            engine.asynchronous = False
+        """Rank len(ranks): `engine`, fed by the balancer. A lockstep group schedules each rank as
+        its engine says (`Engine.asynchronous`: `_lockstep`'s docstring)."""
         rank = self.add_replica(engine, DPRank)
         assert isinstance(rank, DPRank)
         self.ranks.append(rank)
@@ -332,15 +335,28 @@ class DataParallelGroup(Cluster):
         return [in_lockstep(batch, moe_parts) for batch in batches]
 
     def _lockstep(self, env: simpy.Environment):
-        """DPEngineCoreProc.run_busy_loop for all ranks at once (module docstring)."""
+        """DPEngineCoreProc.run_busy_loop for all ranks at once (module docstring).
+
+        Asynchronous scheduling (the ranks' `Engine.asynchronous`, vLLM's AsyncScheduler with the
+        batch queue, vllm/v1/engine/core.py step_with_batch_queue; docs/async-scheduling.md): a rank
+        that took a real step schedules its next while that step runs, as of its start (`last_start`):
+        the arrivals up to then, the requests that finished in it still holding their seats and
+        blocks (`EngineState.finishing`, freed right after the schedule). Where that schedule is
+        empty, the rank waits for the step, processes its output and runs a dummy batch for the next
+        lockstep step (run_busy_loop: `if not executed: execute_dummy_batch()`); it then schedules at
+        the step's end, as a rank that was idle does."""
         ranks = self.ranks
         running, counter = False, 0
         end_s = env.now
+        last_start = env.now  # the last lockstep step's start
+        pipelined = [False] * len(ranks)  # whether the rank's next step is scheduled as of `last_start`
         while True:
             now = env.now
             self._route_due(now)  # a closed loop's requests handed over at this instant
-            for rank in ranks:
-                rank.deliver(now)
+            for i, rank in enumerate(ranks):
+                if not pipelined[i]:
+                    free_finished(rank.engine)  # the last step's output processed before this schedule
+                rank.deliver(last_start if pipelined[i] else now)
                 rank.report()
             if not running:
                 if not any(rank.engine.state.has_work for rank in ranks):
@@ -354,25 +370,33 @@ class DataParallelGroup(Cluster):
                 self.num_waves += 1
             work: list[Batch | None] = []
             scheduled: list[tuple[int, int, int] | None] = []
-            for rank in ranks:
+            for i, rank in enumerate(ranks):
                 engine = rank.engine
                 state = engine.state
+                batch = None
                 if state.has_work:
                     preempted_before = state.num_preemptions
-                    batch = engine.policy.schedule(state, now)
-                    if batch.requests:
-                        work.append(batch)
-                        scheduled.append((state.num_preemptions - preempted_before,
-                                          engine.block_manager.num_used_blocks, len(state.waiting)))
-                        continue
+                    batch = engine.policy.schedule(state, last_start if pipelined[i] else now)
+                free_finished(engine)
+                if batch is not None and batch.requests:
+                    for r in batch.requests[batch.num_leading_decodes:]:
+                        if r.first_step_start_s is None:
+                            r.first_step_start_s = now
+                    work.append(batch)
+                    scheduled.append((state.num_preemptions - preempted_before,
+                                      engine.block_manager.num_used_blocks, len(state.waiting)))
+                    pipelined[i] = engine.asynchronous
+                    continue
                 rank.num_dummy_steps += 1
                 work.append(None)
                 scheduled.append(None)
+                pipelined[i] = False
             results = self._price(work)
             seconds = max(result.seconds for result in results)
             steps = [(rank, batch, result, *logged) for rank, batch, result, logged
                      in zip(ranks, work, results, scheduled) if batch is not None and logged is not None]
             yield env.timeout(seconds)  # the slowest rank's step; arrivals meanwhile are routed
+            last_start = now
             for rank, batch, result, num_preempted, used, waiting in steps:
                 breakdown = dict(result.breakdown)
                 breakdown["dp_wait"] = seconds - result.seconds
@@ -389,9 +413,12 @@ class DataParallelGroup(Cluster):
             counter += 1
             if counter == 1 or counter % DP_SYNC_INTERVAL == 0:  # the all-reduce of unfinished requests
                 running = any(rank.engine.state.has_work for rank in ranks)
-                if not running:
+                if not running:  # the wave ends: the ranks pause, their outputs processed
                     counter = 0
+                    pipelined = [False] * len(ranks)
             if self.arrivals_done and not any(rank.engine.state.has_work or rank.inbox for rank in ranks):
+                for rank in ranks:
+                    free_finished(rank.engine)
                 return end_s  # nothing more will run: the trailing dummy steps change no answer
 
     def run(self) -> DPResult:  # type: ignore[override]

@@ -58,13 +58,14 @@ class TokenBackend:
         return StepResult(0.5 + 0.25 * sum(batch.num_scheduled_tokens), {"work": 0.25 * sum(batch.num_scheduled_tokens)})
 
 
-def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked"):
+def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked", asynchronous=False):
     requests = sorted(make_requests(make_trace(rows)), key=lambda r: (r.arrival_s, r.index))
     token_times = TokenTimes(requests)
     g = DataParallelGroup(requests, token_times, dp, lockstep)
     backend = TokenBackend()
     for _ in range(dp):
-        policy = load_policy(seed_policy)(SchedulerConfig(seed_policy, max_num_batched_tokens=budget, max_num_seqs=4))
+        policy = load_policy(seed_policy)(SchedulerConfig(seed_policy, max_num_batched_tokens=budget, max_num_seqs=4,
+                                                          async_scheduling=asynchronous))
         g.add_rank(Engine(policy, backend, BlockManager(num_blocks, 4), token_times, 10_000, fast_forward=False))
     return g
 
@@ -82,6 +83,36 @@ def test_worked_example_exact_to_the_step():
                     (0, 3.5, 0.75, 0, 1, 0.0)]
     assert result.num_lockstep_steps == 3 and result.num_waves == 1
     assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 0), (1, 1, 2)]
+
+
+def test_worked_example_scheduled_asynchronously():
+    """The worked example with asynchronous scheduling (vLLM's default): a rank that took a real step
+    schedules its next as of that step's start; an empty schedule runs a dummy and the rank schedules
+    at the next step's start (`DataParallelGroup._lockstep`). Routing is as before (R0, R2 -> rank 0).
+
+    - step 1 at 0.0: rank 0 R0's prompt (scheduled at 0; 1.5 s), rank 1 dummy -> ends 1.5.
+    - step 2 at 1.5: rank 0 scheduled as of 0.0, before R2 arrived (0.3): R0's decode alone (0.75 s);
+      rank 1 was idle, so it schedules at 1.5: R1's prompt (2.0 s) -> ends 3.5; R0 and R1 end.
+    - step 3 at 3.5: rank 0 scheduled as of 1.5: R2's prompt (R0, its last token in flight, holds its
+      seat and blocks until then; 1.0 s); rank 1's schedule as of 1.5 is empty (R1's last token in
+      flight): a dummy -> ends 4.5, R2's first token (synchronously: 3.5).
+    - step 4 at 4.5: rank 0 R2's decode (scheduled as of 3.5), rank 1 dummy -> ends 5.25."""
+    g = group([(0.0, 4, 2), (0.2, 6, 1), (0.3, 2, 2)], asynchronous=True)
+    result = g.run()
+    assert result.rank_of.tolist() == [0, 1, 0]
+    assert [result.tokens_of(i).tolist() for i in range(3)] == [[1.5, 3.5], [3.5], [4.5, 5.25]]
+    r2 = result.requests[2]
+    assert (r2.first_scheduled_s, r2.first_step_start_s) == (1.5, 3.5)
+    s = result.steps
+    rows = list(zip(s.dp_rank.tolist(), s.start_s.tolist(), s.seconds.tolist(), s.num_prefill_tokens.tolist(),
+                    s.num_decode_tokens.tolist(), s.dp_wait.tolist()))
+    assert rows == [(0, 0.0, 1.5, 4, 0, 0.0), (0, 1.5, 2.0, 0, 1, 1.25), (1, 1.5, 2.0, 6, 0, 0.0),
+                    (0, 3.5, 1.0, 2, 0, 0.0), (0, 4.5, 0.75, 0, 1, 0.0)]
+    assert result.end_s == 5.25 and result.num_lockstep_steps == 4
+    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 4, 0), (1, 1, 3)]
+    assert result.summary()["scheduling"] == "asynchronous"
+    for rank in g.ranks:
+        assert rank.engine.block_manager.num_used_blocks == 0
 
 
 def test_a_new_wave_after_the_ranks_pause():
@@ -111,10 +142,10 @@ def test_load_balancer_score_penalises_waiting_on_a_full_cache():
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 5), st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=25),
-       st.integers(2, 3), st.booleans(), st.integers(6, 40))
-def test_properties(rows, dp, lockstep, num_blocks):
+       st.integers(2, 3), st.booleans(), st.integers(6, 40), st.booleans())
+def test_properties(rows, dp, lockstep, num_blocks, asynchronous):
     rows = sorted(rows)
-    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep)
+    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep, asynchronous=asynchronous)
     result = g.run()
     for r in result.requests:  # every request ends once, finished or rejected as too big for a rank
         assert r.status in (Status.FINISHED, Status.REJECTED)
@@ -217,7 +248,8 @@ def test_a_closed_loop_dp_row_exact_to_the_step():
     g = DataParallelGroup(requests, token_times, 2, True, cuda_graph_max_tokens=4, clients=clients)
     backend = LockstepBackend()
     for _ in range(2):
-        policy = load_policy("chunked")(SchedulerConfig("chunked", max_num_batched_tokens=8, max_num_seqs=4))
+        policy = load_policy("chunked")(SchedulerConfig("chunked", max_num_batched_tokens=8, max_num_seqs=4,
+                                                        async_scheduling=False))
         g.add_rank(Engine(policy, backend, BlockManager(64, 4), token_times, 10_000, fast_forward=False))
     result = g.run()
     assert clients.sent_s == {0: 0.0, 1: 0.0, 2: 8.0}
