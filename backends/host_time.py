@@ -164,6 +164,8 @@ class HostTimedBackend:
             self.decode_run = self._decode_run
         if hasattr(inner, "chunk_steps"):
             self.chunk_steps = self._chunk_steps
+        if hasattr(inner, "execute_in_lockstep"):  # a DP rank's step (sim/data_parallel.py)
+            self.execute_in_lockstep = self._execute_in_lockstep
 
     def __getattr__(self, name: str):  # anything else the tools read of the backend
         return getattr(self.inner, name)
@@ -193,7 +195,12 @@ class HostTimedBackend:
         return np.maximum(gpu, host) if self.asynchronous else gpu + host
 
     def execute(self, batch):
-        result = self.inner.execute(batch)
+        return self._timed(batch, self.inner.execute(batch))
+
+    def _execute_in_lockstep(self, batch, moe_parts):
+        return self._timed(batch, self.inner.execute_in_lockstep(batch, moe_parts))
+
+    def _timed(self, batch, result):
         gpu = result.seconds
         host = self.host_seconds(len(batch.requests), batch.num_tokens)
         breakdown = dict(result.breakdown)

@@ -14,12 +14,11 @@ import pytest
 from backends.costmodel.optables.moe import (
     MoEShape,
     check_moe_distribution,
-    combine_bytes,
-    dispatch_bytes,
     moe_curve,
     nccl_curve,
     table_distribution,
 )
+from backends.costmodel.roofline import combine_bytes, dispatch_bytes, dp_gathered_tokens
 from sim.app.cli import main
 from sim.errors import ServesimError
 from tests.helpers import shared_dir
@@ -73,10 +72,14 @@ def test_dispatch_and_combine_sizes_worked_by_hand():
     # vLLM's allgather_reducescatter: dispatch gathers each DP rank's hidden states (bf16), top-k weights
     # (fp32) and ids (int32); combine reduce-scatters the MoE output (bf16) of every rank's tokens.
     # DP 2, 3 tokens a rank, hidden 4096, top-8: 2 x 3 x (4096 x 2 + 8 x 8) = 6 x 8256 = 49,536 bytes.
-    assert dispatch_bytes(3, 4096, 8, 2) == 49_536
-    assert combine_bytes(3, 4096, 2) == 2 * 3 * 4096 * 2 == 49_152
-    # DP 4, one token: 4 x (2880 x 2 + 4 x 8) = 23,168 bytes.
-    assert dispatch_bytes(1, 2880, 4, 4) == 23_168
+    assert dp_gathered_tokens([3, 3]) == 6
+    assert dispatch_bytes(6, 4096, 8) == 49_536
+    assert combine_bytes(6, 4096) == 2 * 3 * 4096 * 2 == 49_152
+    # DP 4, one token each: 4 x (2880 x 2 + 4 x 8) = 23,168 bytes.
+    assert dispatch_bytes(dp_gathered_tokens([1, 1, 1, 1]), 2880, 4) == 23_168
+    # Sequence-parallel MoE (EP, TP 2, DP 2): each GPU sends ceil(t / 2) of its rank's tokens, so a
+    # rank of 5 tokens sends 3 + 3 and one of 1 token 1 + 1: 8 tokens gathered on every GPU.
+    assert dp_gathered_tokens([5, 1], 2) == 8
 
 
 def test_nccl_table_counts_2_byte_elements():
@@ -185,7 +188,7 @@ def test_validate_a_5_row_moe_cut(package, tmp_path):
     rows = pd.read_csv(tmp_path / "v" / "validate.csv")
     summary = json.loads((tmp_path / "v" / "validate.json").read_text())
     assert len(rows) == 5 and not summary["skipped"]
-    assert rows["notes"].str.contains("independent engines with 4/4 of the 8 clients").sum() == 1
+    assert rows["notes"].str.contains("2 DP ranks in lockstep behind vLLM's DP load balancer").sum() == 1
     assert rows["tables"].str.contains("moe: moe_perf").all()
     assert np.isfinite(rows[["predicted_ttft_ms", "predicted_tpot_ms"]].to_numpy()).all()
     assert (rows["predicted_tpot_ms"] > 0).all()

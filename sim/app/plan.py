@@ -196,7 +196,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
 
             backend = moe_table_model(model, hardware, system_of(hardware), require_package() / "data", options.tp,
                                       options.dtype, options.kv_cache_dtype, options.enable_expert_parallel,
-                                      distribution=options.moe_distribution, vllm_version=options.vllm_version)
+                                      dp=options.dp, distribution=options.moe_distribution,
+                                      vllm_version=options.vllm_version)
         else:
             found = None if options.vllm_version else matching_profile(model, hardware, options.tp, options.dtype,
                                                                         options.kv_cache_dtype)
@@ -258,4 +259,5 @@ def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware,
     from backends.costmodel import make_cost_model
 
     return make_cost_model(model, hardware, calibration, tp=options.tp, dtype=options.dtype,
-                           kv_cache_dtype=options.kv_cache_dtype, enable_expert_parallel=options.enable_expert_parallel)
+                           kv_cache_dtype=options.kv_cache_dtype, enable_expert_parallel=options.enable_expert_parallel,
+                           dp=options.dp)

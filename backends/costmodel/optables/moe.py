@@ -12,7 +12,9 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   runs Triton under TP and FlashInfer CUTLASS under EP), else the one the tables measured most.
   A shape the table does not hold is the roofline's (never interpolated across models).
   Tokens: the MoE layer of a DP > 1 deployment sees every DP rank's tokens (the dispatch gathers
-  them), taken as dp x this rank's tokens (ranks equally loaded: no lockstep of DP ranks yet).
+  them): a DP group's lockstep step prices it once from every rank's tokens (`dp_moe_parts`,
+  backends/costmodel/roofline.py; sim/data_parallel.py), and a step priced alone (`execute`)
+  takes every rank as loaded as this one.
 - linear: attention's QKV and O projections, the dense MLPs and the shared experts from the GEMM
   table (`gemm_curve`, the operator-table model's own) in the checkpoint's dtype. An MLA model's
   linear stays the roofline's; where its MLA module tables price attention (below), its
@@ -30,10 +32,12 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
 - allreduce: two per layer under TP, vLLM's custom all-reduce table up to 8 MiB, NCCL's table past it.
 - dispatch and combine (DP > 1): vLLM's default all2all backend, `allgather_reducescatter`
   (vllm/config/parallel.py, `all2all_backend`; vllm/distributed/device_communicators/all2all.py,
-  `AgRsAll2AllManager`): `dispatch` all-gathers each DP rank's hidden states (bf16), top-k
-  weights (fp32) and top-k ids (int32) over the DP group; `combine` reduce-scatters the MoE
-  output (bf16, every rank's tokens) back. Both from the NCCL table (`all_gather`,
-  `reduce_scatter`, message_size in 2-byte elements as collect_nccl.py stores them).
+  `AgRsAll2AllManager`): `dispatch` all-gathers each member's hidden states (bf16), top-k
+  weights (fp32) and top-k ids (int32) over the MoE group (the DP group, or the tp x dp EP group
+  under sequence-parallel MoE); `combine` reduce-scatters the MoE output (bf16, every rank's
+  tokens) back (`MoERooflineCostModel.dp_moe_parts` says how). Both from the NCCL table
+  (`all_gather`, `reduce_scatter` among the group's GPUs, message_size in 2-byte elements as
+  collect_nccl.py stores them), the roofline's ring where the table has no rows.
 
 Interpolation: exact on grid points, log-log between them; tokens past a curve's last point are
 scaled linearly (counted in `extrapolated`, per operator, and said in summary.json) and sizes
@@ -52,7 +56,7 @@ import numpy as np
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
-from backends.costmodel.roofline import MoERooflineCostModel
+from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
 from sim.errors import ServesimError
 
 # servesim's expert dtypes (ModelConfig.linear_dtypes) -> moe_perf's moe_dtype
@@ -61,7 +65,6 @@ MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "mxfp4
 LINEAR_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block"}
 DISTRIBUTION = re.compile(r"^power-law:(?P<alpha>\d+(\.\d+)?)$")
 ACTIVATION_BYTES = 2  # bf16 hidden states
-TOPK_BYTES = 4 + 4  # a top-k weight (fp32) and id (int32) per (token, expert)
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes messages up to 8 MiB (derive.py)
 
 
@@ -137,17 +140,6 @@ def nccl_curve(frame, op: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray] |
     return curve.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, curve.to_numpy(dtype=np.float64)
 
 
-def dispatch_bytes(tokens_per_rank: int, hidden: int, topk: int, dp: int) -> int:
-    """The all-gather of `AgRsAll2AllManager.dispatch`: every DP rank's hidden states (bf16),
-    top-k weights (fp32) and ids (int32), gathered on each rank: dp x t x (hidden x 2 + topk x 8)."""
-    return dp * tokens_per_rank * (hidden * ACTIVATION_BYTES + topk * TOPK_BYTES)
-
-
-def combine_bytes(tokens_per_rank: int, hidden: int, dp: int) -> int:
-    """The reduce-scatter of `AgRsAll2AllManager.combine`: the MoE output of every rank's tokens (bf16)."""
-    return dp * tokens_per_rank * hidden * ACTIVATION_BYTES
-
-
 class MoETableCostModel(MoERooflineCostModel):
     """The MoE roofline with each operator a table measures priced from the table (module doc)."""
 
@@ -159,12 +151,9 @@ class MoETableCostModel(MoERooflineCostModel):
         """`tables`: a TableSet of the system (load_layout: gemm, attention, custom all-reduce, NCCL);
         `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None; `mla_tables`: its
         MLA module tables (mla.read_mla_tables), None where it has none, or why they cannot be read."""
-        self._dp = dp
         self._tables_ready = False
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                         enable_expert_parallel=enable_expert_parallel)
-        if dp > 1:
-            self.moe_tp, self.ep = model.moe_parallel(tp, dp, enable_expert_parallel)
+                         enable_expert_parallel=enable_expert_parallel, dp=dp)
         self.system = tables.system
         self.distribution = table_distribution(distribution)
         self.sources: dict[str, str] = {}
@@ -319,13 +308,17 @@ class MoETableCostModel(MoERooflineCostModel):
                 self.sources["allreduce"] = ("custom all-reduce table (CUDA graph) up to 8 MiB" if self._ar_custom
                                              else "no custom all-reduce table") + (
                     ", NCCL table past it" if self._ar_nccl is not None else ", the roofline's ring past it")
-        if self._dp > 1 and self.model.num_experts:
-            self._gather = nccl_curve(tables.nccl, "all_gather", self._dp)
-            self._scatter = nccl_curve(tables.nccl, "reduce_scatter", self._dp)
-            self.sources["dispatch"] = ("NCCL all_gather table" if self._gather is not None
-                                        else "roofline: a ring over the link (no NCCL all_gather table)")
-            self.sources["combine"] = ("NCCL reduce_scatter table" if self._scatter is not None
-                                       else "roofline: a ring over the link (no NCCL reduce_scatter table)")
+        if self.dp > 1 and self.model.num_experts:
+            g = self.moe_group
+            group = f"among {g} GPUs ({'the EP group, sequence-parallel MoE' if self.sequence_parallel_moe else 'the DP group'})"
+            self._gather = nccl_curve(tables.nccl, "all_gather", g)
+            self._scatter = nccl_curve(tables.nccl, "reduce_scatter", g)
+            how = "vLLM's allgather_reducescatter (AgRsAll2AllManager)"
+            self.sources["dispatch"] = (f"NCCL all_gather table {group}, {how}" if self._gather is not None
+                                        else f"roofline: a ring over the link {group} (no NCCL all_gather table), {how}")
+            self.sources["combine"] = (f"NCCL reduce_scatter table {group}, {how}" if self._scatter is not None
+                                       else f"roofline: a ring over the link {group} (no NCCL reduce_scatter table), "
+                                       f"{how}")
 
     # ---- pricing
 
@@ -346,8 +339,27 @@ class MoETableCostModel(MoERooflineCostModel):
         return t
 
     def _ring(self, size, n: int):
-        link = self.hardware.link_bandwidth or self.hardware.nvlink_bandwidth
-        return (n - 1) / n * size / link + 5e-6
+        return ring_seconds(self.hardware, size, n)
+
+    def _dense_moe(self, t):
+        if getattr(self, "_tables_ready", False):
+            return 0.0  # `_token_parts` prices it
+        return super()._dense_moe(t)
+
+    def moe_seconds(self, t):
+        if self._moe is None or not getattr(self, "_tables_ready", False):
+            return super().moe_seconds(t)
+        return self.model.num_moe_layers * self._curve_at("moe", self._moe, t)
+
+    def dispatch_seconds(self, num_bytes: float) -> float:
+        if self._gather is None:
+            return super().dispatch_seconds(num_bytes)
+        return float(self._pair("dispatch", self._gather, num_bytes))
+
+    def combine_seconds(self, num_bytes: float) -> float:
+        if self._scatter is None:
+            return super().combine_seconds(num_bytes)
+        return float(self._pair("combine", self._scatter, num_bytes))
 
     def dense(self, t: int, num_logits: int) -> tuple:
         linear, router, moe, kv_write, elementwise, lm_head, allreduce = super().dense(t, num_logits)
@@ -371,8 +383,10 @@ class MoETableCostModel(MoERooflineCostModel):
             linear = float(linear) if t else 0.0
         elif self._mla is not None:  # the roofline's dense MLPs and shared experts (MLA's projections: attention)
             linear = max(0.0, float(linear - m.num_hidden_layers * self._attention_linear(t)))
-        if self._moe is not None:
-            moe = float(m.num_moe_layers * self._curve_at("moe", self._moe, tokens * self._dp)) if t else 0.0
+        if m.num_experts and self.dp == 1:
+            moe = float(self.moe_seconds(tokens)) if t else 0.0
+        elif m.num_experts:  # every DP rank as loaded as this one: the kernel, dispatch and combine
+            moe = self.lockstep_moe_seconds(t)
         if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
             size = t * h * ACTIVATION_BYTES
             if self._ar_custom is not None and size <= CUSTOM_ALLREDUCE_MAX_BYTES:
@@ -382,11 +396,6 @@ class MoETableCostModel(MoERooflineCostModel):
             else:
                 one = self._ring(size, self.tp)
             allreduce = float(2 * m.num_hidden_layers * one) if t else 0.0
-        if self._dp > 1 and m.num_experts and t:
-            d, c = dispatch_bytes(t, h, m.num_experts_per_tok, self._dp), combine_bytes(t, h, self._dp)
-            dispatch = self._pair("dispatch", self._gather, d) if self._gather is not None else self._ring(d, self._dp)
-            combine = self._pair("combine", self._scatter, c) if self._scatter is not None else self._ring(c, self._dp)
-            moe = moe + m.num_moe_layers * float(dispatch + combine)
         return linear, moe, allreduce
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
