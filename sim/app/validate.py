@@ -125,10 +125,14 @@ class Protocol:
     warmup_waves: int | str = "auto"  # the first K x C requests sent are not counted; auto: per row (`warmup_for`)
     unique_prompts: int = 0  # 0: every prompt its own (vLLM's random dataset); N: N prompts sent in turn
     moe_cost_model: str = "tables"  # MoE, MLA, sliding-window rows: "tables" (MoETableCostModel) or "roofline"
+    moe_distribution: str = "balanced"  # the moe_perf rows' token distribution (--moe-distribution, as sim replay's)
 
     def __post_init__(self) -> None:
         if self.moe_cost_model not in ("tables", "roofline"):
             raise ServesimError(f"unknown --moe-cost-model {self.moe_cost_model!r}; choose tables or roofline")
+        from backends.costmodel.optables.moe import check_moe_distribution
+
+        check_moe_distribution("--moe-distribution", self.moe_distribution)
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose recipe, auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
@@ -422,14 +426,14 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     tp, dp, ep = moe_layout(row, model)
     hardware = resolve_hardware(hardware_for(row["system"]))
     dtype = "fp8" if str(row["precision"]) == "fp8" and not model.weight_dtype else "bf16"
-    key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version)
+    key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version, protocol.moe_distribution)
     if key not in cache:
         if protocol.moe_cost_model == "roofline":
             cache[key] = MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
                                               enable_expert_parallel=ep, dp=dp)
         else:
             cache[key] = moe_table_model(model, hardware, row["system"], data_dir, tp, dtype, kv_cache, ep, dp=dp,
-                                         vllm_version=version)
+                                         vllm_version=version, distribution=protocol.moe_distribution)
     backend = cache[key]
     c = int(row["concurrency"])
     budget = max(protocol.max_num_batched_tokens, c)
