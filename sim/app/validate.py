@@ -539,19 +539,18 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
             try:
                 from backends.model_config import resolve_model
 
-                model = models.get(row["model_source"]) or models.setdefault(row["model_source"],
-                                                                             resolve_model(row["model_source"]))
+                model = models.get(row["model_source"])
+                if model is None:
+                    model = models[row["model_source"]] = resolve_model(row["model_source"])
                 if model.is_extended:
                     prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
                                                  "fp8" if kv == "fp8" else "auto", moe_models)
                 elif key not in profiles:
                     from backends.hardware import resolve_hardware
-                    from backends.model_config import resolve_model
 
                     if (row["system"], version) not in tables:
                         tables[row["system"], version] = load_tables(ops_dir, row["system"], version=version)
                     hardware = resolve_hardware(hardware_for(row["system"]))
-                    model = resolve_model(row["model_source"])
                     profiles[key] = build_profile(tables[row["system"], version], model.name, model, hardware.name,
                                                   key[2], dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth,
                                                   pcie_bytes_per_s=hardware.pcie_bandwidth)
