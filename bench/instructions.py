@@ -75,14 +75,17 @@ def instructions(tree: Path, trace: str, replays: int, clock: str = "default") -
                            "instructions")
 
 
-def whole_command(tree: Path, trace: str) -> int:
-    """Instructions callgrind counts for the whole `sim replay` of `trace` with the tree's code."""
+def whole_command(tree: Path, trace: str, sync: bool = False) -> int:
+    """Instructions callgrind counts for the whole `sim replay` of `trace` with the tree's code
+    (`sync`: without asynchronous scheduling and host time, where the tree has them)."""
     with tempfile.TemporaryDirectory(prefix="instructions_") as temporary:
         env = counting_env(tree, PYTHONPYCACHEPREFIX=f"{temporary}/bytecode")
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         command = [sys.executable, "-m", "sim.app.cli", "replay", trace, "--policy", "chunked", "--model",
                    "Llama-3.1-8B", "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet",
                    "--overwrite", "--out", f"{temporary}/run"]
+        if sync and "async_scheduling" in (tree / "sim" / "config.py").read_text():
+            command += ["--no-async-scheduling", "--no-host-time"]
         compiled = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
         if compiled.returncode:
             sys.exit(f"instructions: sim replay failed ({compiled.returncode}):\n{compiled.stderr[-2000:]}")
@@ -105,7 +108,7 @@ def main() -> None:
     trace = str(Path(args.trace).resolve())
     for tree in [Path(t).resolve() for t in (args.tree or [ROOT])]:
         if args.whole:
-            count = whole_command(tree, trace)
+            count = whole_command(tree, trace, args.sync)
             print(f"{tree}: {count / 1e6:,.0f} M instructions for `sim replay {Path(trace).name}`", flush=True)
             continue
         clock = "sync" if args.sync else "default"

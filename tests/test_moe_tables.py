@@ -14,6 +14,7 @@ import pytest
 from backends.costmodel.optables.moe import (
     MoEShape,
     check_moe_distribution,
+    family_distribution,
     moe_curve,
     nccl_curve,
     table_distribution,
@@ -98,6 +99,15 @@ def test_moe_distribution_values():
             check_moe_distribution("--moe-distribution", bad)
 
 
+def test_auto_distribution_is_the_familys_as_aiconfigurator_prices_it():
+    from backends.model_config import resolve_model
+
+    check_moe_distribution("--moe-distribution", "auto")
+    assert family_distribution(resolve_model("DeepSeek-V3")) == "power-law:1.01"  # MLA: the DeepSeek family
+    for name in ("Qwen3-30B-A3B", "Qwen3-235B-A22B", "gpt-oss-120b", "Mixtral-8x7B"):
+        assert family_distribution(resolve_model(name)) == "power-law:1.2"
+
+
 def test_a_bad_moe_distribution_is_a_one_line_error(capsys):
     assert main(["replay", "x.csv", "--moe-distribution", "zipf"]) == 2
     err = capsys.readouterr().err.strip()
@@ -126,7 +136,7 @@ def qwen30b(package, **kw):
 def test_moe_layer_is_the_measured_row_on_grid_points(package):
     from backends.costmodel.optables.systems import read_layout_table
 
-    model = qwen30b(package)
+    model = qwen30b(package, distribution="balanced")
     table = read_layout_table(package / "data", "h200_sxm", "moe", "vllm", "moe_perf", None).frame
     rows = table[(table.hidden_size == 2048) & (table.inter_size == 768) & (table.topk == 8) & (table.num_experts == 128)
                  & (table.moe_dtype == "bfloat16") & (table.moe_tp_size == 1) & (table.moe_ep_size == 1)
@@ -139,6 +149,36 @@ def test_moe_layer_is_the_measured_row_on_grid_points(package):
     assert model.extrapolated["moe"] == 1
     skewed = qwen30b(package, distribution="power-law:1.2")
     assert "power_law_1.2" in skewed.sources["moe"] and skewed.dense(64, 0)[2] != model.dense(64, 0)[2]
+
+
+def test_by_default_a_moe_layer_is_the_familys_skewed_rows(package):
+    auto, skewed = qwen30b(package), qwen30b(package, distribution="power-law:1.2")
+    assert "power_law_1.2" in auto.sources["moe"]
+    for t in (1, 64, 1024):
+        assert auto.dense(t, 0)[2] == skewed.dense(t, 0)[2]
+    # Skewed routing: a decode step reads fewer experts (faster than balanced), a long prefill waits on
+    # the busiest ones (slower).
+    balanced = qwen30b(package, distribution="balanced")
+    assert auto.dense(16, 0)[2] < balanced.dense(16, 0)[2] and auto.dense(8192, 0)[2] > balanced.dense(8192, 0)[2]
+
+
+def test_auto_takes_the_balanced_rows_where_the_familys_are_not_measured_and_says_so(package):
+    from dataclasses import replace
+
+    from backends.costmodel.optables.moe import MoETableCostModel
+    from backends.costmodel.optables.systems import read_layout_table
+    from backends.costmodel.optables.tables import load_layout
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    full = read_layout_table(package / "data", "h200_sxm", "moe", "vllm", "moe_perf", None)
+    only_balanced = replace(full, frame=full.frame[full.frame.distribution == "balanced"])
+    model, hw, tables = resolve_model("Qwen3-30B-A3B"), resolve_hardware("H200"), load_layout(package / "data", "h200_sxm")
+    priced = MoETableCostModel(model, hw, tables, moe_table=only_balanced)
+    assert "balanced" in priced.sources["moe"] and priced.notes == ["moe: no power_law_1.2 rows at this shape; priced balanced"]
+    assert priced.dense(64, 0)[2] == qwen30b(package, distribution="balanced").dense(64, 0)[2]
+    with pytest.raises(ServesimError, match="power-law:1.2 is a distribution the moe_perf tables measured"):
+        MoETableCostModel(model, hw, tables, moe_table=only_balanced, distribution="power-law:1.2")  # asked: refused
 
 
 def test_no_moe_table_falls_back_to_the_roofline_and_says_so(package):

@@ -104,8 +104,8 @@ class RunPlan:
             del d["vllm_version"]  # runs without it keep the summary they had
         if self.tables is not None:
             d["operator_tables"] = self.tables
-        if d["moe_distribution"] == "balanced":
-            del d["moe_distribution"]  # runs without it keep the summary they had
+        if not self.model.num_experts:
+            del d["moe_distribution"]  # dense runs keep the summary they had
         if hasattr(self.backend, "cost_model_summary"):
             d["cost_model"] = self.backend.cost_model_summary()  # per operator: the table or the roofline
         sched = self.options.scheduler

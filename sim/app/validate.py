@@ -125,7 +125,7 @@ class Protocol:
     warmup_waves: int | str = "auto"  # the first K x C requests sent are not counted; auto: per row (`warmup_for`)
     unique_prompts: int = 0  # 0: every prompt its own (vLLM's random dataset); N: N prompts sent in turn
     moe_cost_model: str = "tables"  # MoE, MLA, sliding-window rows: "tables" (MoETableCostModel) or "roofline"
-    moe_distribution: str = "balanced"  # the moe_perf rows' token distribution (--moe-distribution, as sim replay's)
+    moe_distribution: str = "auto"  # the moe_perf rows' token distribution (--moe-distribution, as sim replay's)
 
     def __post_init__(self) -> None:
         if self.moe_cost_model not in ("tables", "roofline"):

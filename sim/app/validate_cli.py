@@ -96,9 +96,9 @@ def register(sub) -> None:
     p.add_argument("--moe-cost-model", default=default.moe_cost_model, choices=("tables", "roofline"),
                    help="how MoE, MLA and sliding-window rows are priced: tables (each operator from the system's "
                         "measured tables, else the roofline; default) or roofline (the MoE roofline alone)")
-    p.add_argument("--moe-distribution", default=default.moe_distribution, metavar="balanced|power-law:ALPHA",
+    p.add_argument("--moe-distribution", default=default.moe_distribution, metavar="auto|balanced|power-law:ALPHA",
                    help="the token distribution over experts of the moe_perf rows that price MoE rows, as sim "
-                        f"replay's --moe-distribution (default: {default.moe_distribution})")
+                        f"replay's --moe-distribution (default: {default.moe_distribution}, the family's skewed routing)")
     p.add_argument("--unique-prompts", type=UNIQUE_PROMPTS.flag_type("--unique-prompts"),
                    default=default.unique_prompts, metavar="N",
                    help="the client cycles through N prompts (AIPerf's and genai-perf's dataset of 100 by default) "

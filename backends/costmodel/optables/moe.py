@@ -6,7 +6,8 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
 
 - moe: the fused-MoE kernel from `moe_perf` (vLLM's tables) at the model's exact shape (hidden,
   moe_intermediate_size, top-k, experts), MoE TP and EP, expert dtype and token distribution
-  (balanced by default; `--moe-distribution power-law:ALPHA` for the skewed ones measured),
+  (`--moe-distribution`: by default, `auto`, the family's skewed routing, `family_distribution`;
+  or balanced, or power-law:ALPHA for the skewed ones measured),
   log-log in tokens between grid points, exact on them. The kernel is the one vLLM 0.33 picks on
   Hopper (vllm/model_executor/layers/fused_moe/oracle/fp8.py, `_get_priority_backends`: block fp8
   runs Triton under TP and FlashInfer CUTLASS under EP), else the one the tables measured most.
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -69,12 +70,25 @@ CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes message
 
 
 def check_moe_distribution(flag: str, value: str) -> None:
-    if value != "balanced" and DISTRIBUTION.match(value) is None:
-        raise ServesimError(f"{flag} {value!r}: give balanced or power-law:ALPHA (e.g. power-law:1.2)")
+    if value not in ("auto", "balanced") and DISTRIBUTION.match(value) is None:
+        raise ServesimError(f"{flag} {value!r}: give auto, balanced or power-law:ALPHA (e.g. power-law:1.2)")
+
+
+def family_distribution(model) -> str:
+    """`--moe-distribution auto`: how a MoE family's router spreads a step's tokens over its experts.
+    A trained router is skewed (some experts take many more tokens than others), so a step's
+    fused-MoE kernel waits on its busiest experts when many tokens run (slower than balanced) and
+    reads fewer experts' weights when few do (a decode step: faster than balanced). The moe_perf
+    tables measure that skew as a power law of exponent ALPHA; AIConfigurator, whose tables these
+    are, prices every MoE model with one (its `workload_distribution` default, "power_law"): alpha
+    1.01 for the DeepSeek family (aiconfigurator_core/sdk/models/deepseek.py, `_power_law_alpha`;
+    servesim's MLA models: DeepSeek-V3/R1, Kimi K2) and 1.2 for the others (sdk/models/moe.py:
+    Qwen3-MoE, Mixtral, gpt-oss, MiniMax)."""
+    return "power-law:1.01" if model.kv_lora_rank else "power-law:1.2"
 
 
 def table_distribution(value: str) -> str:
-    """--moe-distribution's value as moe_perf names it: balanced, power_law_1.2."""
+    """--moe-distribution's value (not auto) as moe_perf names it: balanced, power_law_1.2."""
     check_moe_distribution("--moe-distribution", value)
     m = DISTRIBUTION.match(value)
     return "balanced" if m is None else f"power_law_{m.group('alpha')}"
@@ -146,7 +160,7 @@ class MoETableCostModel(MoERooflineCostModel):
     name = "costmodel"
 
     def __init__(self, model, hardware, tables, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto",
-                 enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "balanced",
+                 enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "auto",
                  moe_table=None, mla_tables: MLATables | str | None = None):
         """`tables`: a TableSet of the system (load_layout: gemm, attention, custom all-reduce, NCCL);
         `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None; `mla_tables`: its
@@ -155,6 +169,9 @@ class MoETableCostModel(MoERooflineCostModel):
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                          enable_expert_parallel=enable_expert_parallel, dp=dp)
         self.system = tables.system
+        auto = distribution == "auto"
+        if auto:
+            distribution = family_distribution(model)
         self.distribution = table_distribution(distribution)
         self.sources: dict[str, str] = {}
         self.notes: list[str] = []
@@ -171,6 +188,12 @@ class MoETableCostModel(MoERooflineCostModel):
                              self.moe_tp, self.ep, MOE_DTYPES.get(self.experts_dtype, self.experts_dtype),
                              self.distribution)
             found = moe_curve(moe_table.frame, shape)
+            if isinstance(found, str) and auto and not isinstance(
+                    balanced := moe_curve(moe_table.frame, replace(shape, distribution="balanced")), str):
+                # The family's skew is not measured at this shape, the balanced one is: take it, and say so.
+                self.notes.append(f"moe: no {shape.distribution} rows at this shape; priced balanced")
+                found, shape = balanced, replace(shape, distribution="balanced")
+                self.distribution = "balanced"
             if isinstance(found, str):
                 self.sources["moe"] = f"roofline: {found} ({Path(moe_table.path).name} vLLM {moe_table.version})"
             else:
@@ -179,7 +202,7 @@ class MoETableCostModel(MoERooflineCostModel):
                 self.sources["moe"] = (f"moe_perf vLLM {moe_table.version} ({moe_table.how}): {kernel}, "
                                        f"{shape.moe_dtype}, MoE TP {shape.moe_tp_size} EP {shape.moe_ep_size}, "
                                        f"{shape.distribution}; tokens {int(xs[0])}..{int(xs[-1])}")
-        if m.num_experts and not self.distribution == "balanced" and self._moe is None:
+        if m.num_experts and not auto and not self.distribution == "balanced" and self._moe is None:
             raise ServesimError(f"--moe-distribution {distribution} is a distribution the moe_perf tables measured; "
                                 f"{self.sources['moe']}")
         self._mla: MLAModule | None = None
@@ -509,7 +532,7 @@ def max_tokens_per_s(cost_model, max_tokens: int) -> float:
 
 def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, dtype: str = "bf16",
                     kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False, dp: int = 1,
-                    distribution: str = "balanced", vllm_version: str | None = None) -> MoETableCostModel:
+                    distribution: str = "auto", vllm_version: str | None = None) -> MoETableCostModel:
     """The table-priced model of `system`'s vLLM tables (each at `vllm_version` or the nearest;
     None: the newest) in the package's layout under `data_dir`."""
     from backends.costmodel.optables.mla import read_mla_tables
