@@ -26,6 +26,8 @@ from sim.errors import ServesimError
 
 
 def check_moe_distribution(flag: str, value) -> None:
+    if value in ("auto", "balanced"):  # the usual values: no need to load the MoE cost model to check them
+        return
     from backends.costmodel.optables.moe import check_moe_distribution as check
 
     check(flag, str(value))
