@@ -164,6 +164,8 @@ class HostTimedBackend:
             self.decode_run = self._decode_run
         if hasattr(inner, "chunk_steps"):
             self.chunk_steps = self._chunk_steps
+        if hasattr(inner, "execute_in_lockstep"):  # a DP rank's step (sim/data_parallel.py)
+            self.execute_in_lockstep = self._execute_in_lockstep
 
     def __getattr__(self, name: str):  # anything else the tools read of the backend
         return getattr(self.inner, name)
@@ -189,16 +191,22 @@ class HostTimedBackend:
         return np.where(n > 0, out, 0.0)
 
     def _meet(self, gpu: np.ndarray, host: np.ndarray) -> np.ndarray:
+        """`overlap`, element by element."""
         return np.maximum(gpu, host) if self.asynchronous else gpu + host
 
     def execute(self, batch):
-        result = self.inner.execute(batch)
+        return self._timed(batch, self.inner.execute(batch))
+
+    def _execute_in_lockstep(self, batch, moe_parts):
+        return self._timed(batch, self.inner.execute_in_lockstep(batch, moe_parts))
+
+    def _timed(self, batch, result):
         gpu = result.seconds
         host = self.host_seconds(len(batch.requests), batch.num_tokens)
         breakdown = dict(result.breakdown)
         breakdown["gpu"] = gpu
         breakdown["host"] = host
-        return StepResult(max(gpu, host) if self.asynchronous else gpu + host, breakdown, result.sampled_token_ids)
+        return StepResult(overlap(gpu, host, self.asynchronous), breakdown, result.sampled_token_ids)
 
     def _decode_run(self, context_lens, num_steps: int, active_steps=None):
         gpu, parts = self.inner.decode_run(context_lens, num_steps, active_steps)
@@ -222,7 +230,8 @@ class HostTimedBackend:
         parts = dict(parts)
         parts["gpu"] = list(gpu)
         parts["host"] = [host] * num_steps
-        return [max(g, host) if self.asynchronous else g + host for g in gpu], parts
+        asynchronous = self.asynchronous
+        return [overlap(g, host, asynchronous) for g in gpu], parts
 
 
 def with_host_time(backend, async_scheduling: bool, host_time: bool, host_reference_loop_s: float | None,

@@ -227,20 +227,8 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     def check_tp(self, tp: int) -> None:
-        """vLLM's divisibility rules for tensor parallelism of degree `tp`."""
-        if not (isinstance(tp, int) and tp >= 1):
-            raise ServesimError(f"--tp must be a whole number >= 1, got {tp!r}")
-        if self.is_extended:
-            self.check_parallel(tp)
-            return
-        nkv = self.num_key_value_heads
-        rules = [(self.num_attention_heads % tp == 0, f"num_attention_heads ({self.num_attention_heads})"),
-                 (nkv % tp == 0 if nkv >= tp else tp % nkv == 0, f"num_key_value_heads ({nkv})"),
-                 (self.intermediate_size % tp == 0, f"intermediate_size ({self.intermediate_size})")]
-        for ok, what in rules:
-            if not ok:
-                raise ServesimError(f"--tp {tp} does not split model {self.name}: its {what} cannot be divided "
-                                    f"among {tp} GPUs")
+        """vLLM's divisibility rules for tensor parallelism of degree `tp` (`check_parallel` at one DP rank)."""
+        self.check_parallel(tp)
 
     def num_kv_heads_per_gpu(self, tp: int = 1) -> int:
         return max(1, self.num_key_value_heads // tp)

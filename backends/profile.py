@@ -65,9 +65,9 @@ class Profile:
 def save_profile(profile: Profile, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from backends.costmodel.optables.profile import write_whole
+    from sim.files import atomic_write_text
 
-    write_whole(path, json.dumps(profile.to_json(), indent=2) + "\n")  # never a truncated profile
+    atomic_write_text(path, json.dumps(profile.to_json(), indent=2) + "\n")  # never a truncated profile
 
 
 def load_profile(path: str | Path, model: str | None = None) -> Profile:

@@ -2,7 +2,7 @@
 machine's load does not move (wall times on this shared machine drift by 1.5x within a day;
 instruction counts repeat to well under 1%).
 
-    python bench/instructions.py [TRACE] [--tree DIR ...] [--whole] [--model NAME]
+    python bench/instructions.py [TRACE] [--tree DIR ...] [--whole] [--sync] [--model NAME]
 
 For each source tree (default: this checkout) the replay of TRACE (default: the bundled Azure
 sample; chunked, Llama-3.1-8B (or --model) on H100-SXM, budget 2048) runs once and twice in a process under
@@ -40,8 +40,11 @@ from sim.config import SchedulerConfig
 from traces import read_trace
 
 trace = read_trace(sys.argv[1])
-options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048), model=sys.argv[3],
-                        hardware="H100-SXM")
+clock = {}
+if sys.argv[4] == "sync" and "async_scheduling" in SchedulerConfig.__dataclass_fields__:
+    clock = dict(async_scheduling=False, host_time=False)  # the engine's clock of trees before issue 29
+options = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=2048, **clock),
+                        model=sys.argv[3], hardware="H100-SXM")
 for _ in range(int(sys.argv[2])):
     replay(trace, resolve(options))
 """
@@ -65,20 +68,24 @@ def callgrind_count(command: list[str], cwd: Path, env: dict[str, str], who: str
     return int(found.group(1))
 
 
-def instructions(tree: Path, trace: str, replays: int, model: str = "Llama-3.1-8B") -> int:
-    """Instructions callgrind counts for the process that replays `trace` `replays` times."""
-    return callgrind_count([sys.executable, "-c", REPLAYS, trace, str(replays), model], tree, counting_env(tree),
-                           "instructions")
+def instructions(tree: Path, trace: str, replays: int, model: str = "Llama-3.1-8B", clock: str = "default") -> int:
+    """Instructions callgrind counts for the process that replays `trace` `replays` times (`clock`
+    "sync": without asynchronous scheduling and host time, as trees before issue 29 step)."""
+    return callgrind_count([sys.executable, "-c", REPLAYS, trace, str(replays), model, clock], tree,
+                           counting_env(tree), "instructions")
 
 
-def whole_command(tree: Path, trace: str, model: str = "Llama-3.1-8B") -> int:
-    """Instructions callgrind counts for the whole `sim replay` of `trace` with the tree's code."""
+def whole_command(tree: Path, trace: str, model: str = "Llama-3.1-8B", sync: bool = False) -> int:
+    """Instructions callgrind counts for the whole `sim replay` of `trace` with the tree's code
+    (`sync`: without asynchronous scheduling and host time, where the tree has them)."""
     with tempfile.TemporaryDirectory(prefix="instructions_") as temporary:
         env = counting_env(tree, PYTHONPYCACHEPREFIX=f"{temporary}/bytecode")
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         command = [sys.executable, "-m", "sim.app.cli", "replay", trace, "--policy", "chunked", "--model",
                    model, "--hardware", "H100-SXM", "--max-num-batched-tokens", "2048", "--quiet",
                    "--overwrite", "--out", f"{temporary}/run"]
+        if sync and "async_scheduling" in (tree / "sim" / "config.py").read_text():
+            command += ["--no-async-scheduling", "--no-host-time"]
         compiled = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
         if compiled.returncode:
             sys.exit(f"instructions: sim replay failed ({compiled.returncode}):\n{compiled.stderr[-2000:]}")
@@ -91,6 +98,9 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=None, help="a servesim checkout (repeatable; default: this one)")
     parser.add_argument("--whole", action="store_true", help="count the whole `sim replay` command instead")
     parser.add_argument("--model", default="Llama-3.1-8B", help="the model replayed (default: Llama-3.1-8B)")
+    parser.add_argument("--sync", action="store_true",
+                        help="step without asynchronous scheduling and host time (the clock of trees before issue 29), "
+                             "so an older tree and this one take the same steps")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("instructions: valgrind is not installed (it counts the instructions)")
@@ -99,10 +109,11 @@ def main() -> None:
     trace = str(Path(args.trace).resolve())
     for tree in [Path(t).resolve() for t in (args.tree or [ROOT])]:
         if args.whole:
-            count = whole_command(tree, trace, args.model)
+            count = whole_command(tree, trace, args.model, args.sync)
             print(f"{tree}: {count / 1e6:,.0f} M instructions for `sim replay {Path(trace).name}`", flush=True)
             continue
-        one, two = instructions(tree, trace, 1, args.model), instructions(tree, trace, 2, args.model)
+        clock = "sync" if args.sync else "default"
+        one, two = (instructions(tree, trace, 1, args.model, clock), instructions(tree, trace, 2, args.model, clock))
         print(f"{tree}: {(two - one) / 1e6:,.0f} M instructions for one replay of {Path(trace).name}", flush=True)
 
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from sim.batch import Batch
 from sim.config import SchedulerConfig
-from sim.request import Request, Status
+from sim.request import Request, Status, split_decoding
 from sim.state import EngineState
 
 # Methods that decide admission or the decodes of a step: a subclass overriding any of them
@@ -197,12 +197,7 @@ class Policy:
     @staticmethod
     def _split_running(state: EngineState) -> tuple[list[Request], list[Request]]:
         """The running requests that are decoding, and the others (prefilling), in order."""
-        decoders: list[Request] = []
-        others: list[Request] = []
-        for r in state.running:  # Request.is_decoding, inlined: this runs on every step
-            g = r.num_output_tokens
-            (decoders if g and r.num_computed_tokens == r.num_prompt_tokens + g - 1 else others).append(r)
-        return decoders, others
+        return split_decoding(state.running)
 
     def _victim(self, state: EngineState) -> Request:
         """The running request to preempt among those not yet scheduled in this step: the most

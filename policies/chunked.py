@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from policies.base import Policy, Promises, victim_key
 from sim.batch import Batch
-from sim.request import Request
+from sim.request import Request, num_leading_decoding
 from sim.state import EngineState
 
 
@@ -69,12 +69,7 @@ class ChunkedPolicy(Policy):
         # them but faster: _schedule_decodes takes their blocks in bulk, or one by one preempting
         # from the end of the running list as vLLM does. Under priority only when their blocks fit
         # (then nothing is preempted); else the loop does it all.
-        num_leading = 0
-        for r in running:  # Request.is_decoding, inlined: this runs on every step
-            g = r.num_output_tokens
-            if not (g and r.num_computed_tokens == r.num_prompt_tokens + g - 1):
-                break
-            num_leading += 1
+        num_leading = num_leading_decoding(running)
         i = 0
         if num_leading:
             decoders = running if num_leading == len(running) else running[:num_leading]

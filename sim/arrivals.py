@@ -168,7 +168,7 @@ class ClosedLoop(_WakesEngine):
         self.num_in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
 
-    def _catch_up(self, now: float) -> None:
+    def _send_created(self, now: float) -> None:
         """Send, at their creation times, the requests created by `now` that found a free slot."""
         while (self._next < len(self.requests) and self.num_in_flight < self.concurrency
                and self.created_s[self._next] <= now):
@@ -192,14 +192,14 @@ class ClosedLoop(_WakesEngine):
 
     def deliver(self, now: float) -> None:
         self._now = now
-        self._catch_up(now)
+        self._send_created(now)
         while self._sent and self._sent[0].arrival_s <= now:
             self.engine.submit(self._sent.pop(0))  # a rejection frees its slot at once (on_done)
 
     def on_done(self, request: Request, now: float | None) -> None:
         """Free the request's slot; the oldest created request waiting for one is sent now."""
         now = self._now if now is None else now
-        self._catch_up(now)
+        self._send_created(now)
         self.num_in_flight -= 1
         if self._next < len(self.requests) and self.created_s[self._next] <= now:
             self._send(now)

@@ -38,20 +38,28 @@ each rank is its own engine (with fast-forward), behind the same balancer; the c
 snapshot then holds each rank's counts as of the tick.
 
 Each rank's step is priced by the backend for its own batch (the dummy batch as one 1-token decode
-with no logits); the lockstep step's seconds are the largest, and each rank's step-log row records
-that, with `dp_wait` (the difference from its own) in its breakdown. The ranks step one by one
-(no fast-forward under DP). A rank's dummy steps log no row; they are counted per rank.
+with no logits), with its MoE layers priced once for the lockstep step from every rank's tokens
+where the backend can (`dp_moe_parts` and `execute_in_lockstep`, backends/costmodel/roofline.py:
+vLLM's allgather_reducescatter dispatch, the fused-MoE kernel over every rank's tokens, and the
+combine); the tokens each rank brings to the collective are vLLM's DP padding of them
+(`dp_padded_tokens`). The lockstep step's seconds are the largest rank's, and each rank's step-log
+row records that, with `dp_wait` (the difference from its own) in its breakdown. The ranks step one
+by one (no fast-forward under DP). A rank's dummy steps log no row; they are counted per rank.
+
+The requests come from a trace (open loop), or from `ClosedLoopClients` (C clients in front of the
+API server, as vLLM's benchmark sends them: `sim validate`'s DP rows).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable
 
 import simpy
 
 from sim.backend import StepResult
 from sim.batch import Batch
-from sim.cluster import Cluster, ClusterSteps, Replica
+from sim.cluster import Cluster, ClusterSteps, Instant, Replica
 from sim.engine import Engine, SimResult, TokenTimes, delay_to
 from sim.fast_forward import single_step
 from sim.request import Request
@@ -60,6 +68,68 @@ DP_SYNC_INTERVAL = 16  # vllm/config/parallel.py ParallelConfig.dp_sync_interval
 STATS_UPDATE_S = 0.1  # coordinator.py: min_stats_update_interval_ms = 100
 STATS_IDLE_S = 5.0  # ... or every 5 s when no engine's counts changed
 KV_PENALTY = 6.0  # get_core_engine_for_request: waiting x 6 x max(0, kv_cache_usage - 0.5)
+
+
+def free_finished(engine: Engine) -> None:
+    """Free the blocks of the requests that finished in the engine's last step and were held while
+    the next was scheduled (asynchronous scheduling: `EngineState.finishing`)."""
+    if engine.state.finishing:
+        engine._free_pending()
+
+
+def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]:
+    """The tokens each DP rank runs through the step, as vLLM's ranks agree on them
+    (vllm/v1/worker/dp_utils.py, coordinate_batch_across_dp -> _synchronize_dp_ranks): when every
+    rank's step runs a CUDA graph (its tokens at most the largest capture size; the ranks take the
+    least of their graph modes), every rank is padded to the largest rank's count
+    (_post_process_dp_padding); else each runs its own."""
+    if cuda_graph_max_tokens and max(tokens) <= cuda_graph_max_tokens:
+        return [max(tokens)] * len(tokens)
+    return list(tokens)
+
+
+def cuda_graph_max_tokens(max_num_seqs: int, hardware_name: str = "") -> int:
+    """vLLM's largest CUDA-graph capture size (vllm/config/vllm.py, _set_cudagraph_sizes):
+    min(2 x max_num_seqs, 512), 1024 on data-centre Blackwell (B200, GB200, B300)."""
+    name = hardware_name.upper()
+    blackwell = any(name.startswith(p) for p in ("B200", "GB200", "B300", "GB300"))
+    return min(2 * max_num_seqs, 1024 if blackwell else 512)
+
+
+class ClosedLoopClients:
+    """C clients in a closed loop in front of the group's API server (vLLM's benchmark with
+    --max-concurrency C and --request-rate inf): requests in send order, the first C sent at the
+    start, each finish (or rejection) sending the next at its instant. The API server takes the
+    requests one at a time, in send order, `server_seconds(request)` each, before the load balancer
+    routes them (`arrival_s`); `sent_s` keeps each send, where the client's TTFT starts."""
+
+    def __init__(self, requests: list[Request], concurrency: int,
+                 server_seconds: Callable[[Request], float] = lambda r: 0.0):
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.requests, self.concurrency, self.server_seconds = requests, concurrency, server_seconds
+        self.pending: deque[Request] = deque()  # sent, not yet through the API server
+        self.sent_s: dict[int, float] = {}
+        self._next = 0
+        self._server_free_s = 0.0
+
+    @property
+    def all_sent(self) -> bool:
+        return self._next == len(self.requests)
+
+    def send(self, at: float) -> None:
+        if self.all_sent:
+            return
+        r = self.requests[self._next]
+        self._next += 1
+        self.sent_s[r.index] = r.client_sent_s = at
+        self._server_free_s = max(self._server_free_s, at) + self.server_seconds(r)
+        r.arrival_s = self._server_free_s
+        self.pending.append(r)
+
+    def start(self) -> None:
+        for _ in range(self.concurrency):
+            self.send(0.0)
 
 
 def dummy_batch() -> Batch:
@@ -141,6 +211,7 @@ class DPResult(SimResult):
         self.num_lockstep_steps = group.num_lockstep_steps
         self.num_waves = group.num_waves
         self.lockstep = group.lockstep
+        self.asynchronous = any(rank.engine.asynchronous for rank in ranks)
         self.per_rank = [{"dp_rank": rank.index, "requests": rank.num_routed, "steps": len(rank.engine.steps),
                           "dummy_steps": rank.num_dummy_steps, "kv_blocks": rank.engine.block_manager.num_blocks,
                           "preemptions": rank.engine.state.num_preemptions}
@@ -148,8 +219,7 @@ class DPResult(SimResult):
 
     def summary(self) -> dict:
         return {"dp": len(self.per_rank), "lockstep": self.lockstep,
-                "scheduling": "synchronous (a lockstep group's ranks; --async-scheduling not modelled across them)"
-                if self.lockstep else "as --async-scheduling says, per rank",
+                "scheduling": "asynchronous" if self.asynchronous else "synchronous",
                 "lockstep_steps": self.num_lockstep_steps if self.lockstep else None,
                 "waves": self.num_waves if self.lockstep else None,
                 "load_balancer": "vLLM DPLBAsyncMPClient (one API client)", "ranks": self.per_rank}
@@ -161,9 +231,18 @@ class DataParallelGroup(Cluster):
     returns a `DPResult`."""
 
     def __init__(self, requests: list[Request], token_times: TokenTimes, num_ranks: int, lockstep: bool = True,
-                 progress: Callable[[float, int], None] | None = None):
+                 progress: Callable[[float, int], None] | None = None, cuda_graph_max_tokens: int = 0,
+                 clients: ClosedLoopClients | None = None):
+        """`requests`: in arrival order (a trace), or in send order with `clients` (a closed loop,
+        lockstep groups only). `cuda_graph_max_tokens`: vLLM's largest CUDA-graph capture size
+        (`cuda_graph_max_tokens()`), for the DP padding of the MoE layers' tokens (0: none)."""
+        if clients is not None and not lockstep:
+            raise ValueError("closed-loop clients drive a lockstep DP group (a mixture of experts) only")
         super().__init__(requests, token_times, DPLoadBalancer(num_ranks), progress)
         self.lockstep = lockstep  # a mixture of experts' ranks step together; a dense model's do not
+        self.cuda_graph_max_tokens = cuda_graph_max_tokens
+        self.clients = clients
+        self._client_sent: simpy.Event | None = None
         self.counts_changed = False
         self.num_lockstep_steps = 0
         self.num_waves = 0
@@ -172,12 +251,8 @@ class DataParallelGroup(Cluster):
         self.ranks: list[DPRank] = []
 
     def add_rank(self, engine: Engine) -> DPRank:
-        """Rank len(ranks): `engine`, fed by the balancer. A lockstep group schedules each rank
-        synchronously (its loop, `_lockstep`, schedules every rank at the step's start and frees a
-        finished request's blocks at once): asynchronous scheduling's one-step pipeline is not
-        modelled across ranks in lockstep (said in summary.json)."""
-        if self.lockstep:
-            engine.asynchronous = False
+        """Rank len(ranks): `engine`, fed by the balancer. A lockstep group schedules each rank as
+        its engine says (`Engine.asynchronous`: `_lockstep`'s docstring)."""
         rank = self.add_replica(engine, DPRank)
         assert isinstance(rank, DPRank)
         self.ranks.append(rank)
@@ -186,6 +261,40 @@ class DataParallelGroup(Cluster):
     def wake(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def on_done(self, request: Request, now: float | None) -> None:
+        super().on_done(request, now)
+        clients = self.clients
+        if clients is not None:  # the client whose request ended sends its next
+            clients.send(self.env.now if now is None else now)
+            if self._client_sent is not None and not self._client_sent.triggered:
+                self._client_sent.succeed()
+
+    def _route_due(self, now: float) -> None:
+        """Route the clients' requests that are through the API server by `now`."""
+        pending = self.clients.pending if self.clients is not None else None
+        while pending and pending[0].arrival_s <= now:
+            self.route(pending.popleft())
+
+    def _closed_loop(self, env: simpy.Environment):
+        """The arrivals of `clients`: each routed when the API server hands it over."""
+        clients = self.clients
+        assert clients is not None
+        clients.start()
+        while True:
+            if clients.pending:
+                arrival_s = clients.pending[0].arrival_s
+                while arrival_s > env.now:
+                    yield Instant(env, delay_to(env.now, arrival_s))
+                self._route_due(env.now)
+            elif clients.all_sent:
+                break
+            else:  # every client waits for its request to end
+                self._client_sent = env.event()
+                yield self._client_sent
+                self._client_sent = None
+        self.arrivals_done = True
+        self.wake()
 
     def _coordinator(self, env: simpy.Environment):
         """Publish the ranks' last reported counts to the balancer every 0.1 s when some changed,
@@ -210,15 +319,44 @@ class DataParallelGroup(Cluster):
             self._dummy = engine.backend.execute(dummy_batch())
         return self._dummy
 
+    def _price(self, work: list) -> list[StepResult]:
+        """Each rank's step of one lockstep step; `work`: per rank, its batch or None (a dummy step).
+        A backend that prices a DP group's MoE layers (`dp_moe_parts`) prices them once from every
+        rank's tokens (padded as vLLM pads them) and each rank's step with them; another prices
+        each rank's batch alone."""
+        backend = self.ranks[0].engine.backend
+        in_lockstep = getattr(backend, "execute_in_lockstep", None)
+        if in_lockstep is None:
+            return [backend.execute(batch) if batch is not None else self.dummy_step(self.ranks[0].engine)
+                    for batch in work]
+        batches = [batch if batch is not None else dummy_batch() for batch in work]
+        tokens = dp_padded_tokens([batch.num_tokens for batch in batches], self.cuda_graph_max_tokens)
+        moe_parts = getattr(backend, "dp_moe_parts")(tokens)
+        return [in_lockstep(batch, moe_parts) for batch in batches]
+
     def _lockstep(self, env: simpy.Environment):
-        """DPEngineCoreProc.run_busy_loop for all ranks at once (module docstring)."""
+        """DPEngineCoreProc.run_busy_loop for all ranks at once (module docstring).
+
+        Asynchronous scheduling (the ranks' `Engine.asynchronous`, vLLM's AsyncScheduler with the
+        batch queue, vllm/v1/engine/core.py step_with_batch_queue; docs/async-scheduling.md): a rank
+        that took a real step schedules its next while that step runs, as of its start (`last_start`):
+        the arrivals up to then, the requests that finished in it still holding their seats and
+        blocks (`EngineState.finishing`, freed right after the schedule). Where that schedule is
+        empty, the rank waits for the step, processes its output and runs a dummy batch for the next
+        lockstep step (run_busy_loop: `if not executed: execute_dummy_batch()`); it then schedules at
+        the step's end, as a rank that was idle does."""
         ranks = self.ranks
         running, counter = False, 0
         end_s = env.now
+        last_start = env.now  # the last lockstep step's start
+        pipelined = [False] * len(ranks)  # whether the rank's next step is scheduled as of `last_start`
         while True:
             now = env.now
-            for rank in ranks:
-                rank.deliver(now)
+            self._route_due(now)  # a closed loop's requests handed over at this instant
+            for i, rank in enumerate(ranks):
+                if not pipelined[i]:
+                    free_finished(rank.engine)  # the last step's output processed before this schedule
+                rank.deliver(last_start if pipelined[i] else now)
                 rank.report()
             if not running:
                 if not any(rank.engine.state.has_work for rank in ranks):
@@ -230,23 +368,35 @@ class DataParallelGroup(Cluster):
                     continue
                 running = True  # a request starts a wave on every rank (START_DP_WAVE)
                 self.num_waves += 1
-            steps = []
-            seconds = 0.0
-            for rank in ranks:
+            work: list[Batch | None] = []
+            scheduled: list[tuple[int, int, int] | None] = []
+            for i, rank in enumerate(ranks):
                 engine = rank.engine
                 state = engine.state
+                batch = None
                 if state.has_work:
                     preempted_before = state.num_preemptions
-                    batch = engine.policy.schedule(state, now)
-                    if batch.requests:
-                        result = engine.backend.execute(batch)
-                        steps.append((rank, batch, result, state.num_preemptions - preempted_before,
+                    batch = engine.policy.schedule(state, last_start if pipelined[i] else now)
+                free_finished(engine)
+                if batch is not None and batch.requests:
+                    for r in batch.requests[batch.num_leading_decodes:]:
+                        if r.first_step_start_s is None:
+                            r.first_step_start_s = now
+                    work.append(batch)
+                    scheduled.append((state.num_preemptions - preempted_before,
                                       engine.block_manager.num_used_blocks, len(state.waiting)))
-                        seconds = max(seconds, result.seconds)
-                        continue
+                    pipelined[i] = engine.asynchronous
+                    continue
                 rank.num_dummy_steps += 1
-                seconds = max(seconds, self.dummy_step(engine).seconds)
+                work.append(None)
+                scheduled.append(None)
+                pipelined[i] = False
+            results = self._price(work)
+            seconds = max(result.seconds for result in results)
+            steps = [(rank, batch, result, *logged) for rank, batch, result, logged
+                     in zip(ranks, work, results, scheduled) if batch is not None and logged is not None]
             yield env.timeout(seconds)  # the slowest rank's step; arrivals meanwhile are routed
+            last_start = now
             for rank, batch, result, num_preempted, used, waiting in steps:
                 breakdown = dict(result.breakdown)
                 breakdown["dp_wait"] = seconds - result.seconds
@@ -263,16 +413,19 @@ class DataParallelGroup(Cluster):
             counter += 1
             if counter == 1 or counter % DP_SYNC_INTERVAL == 0:  # the all-reduce of unfinished requests
                 running = any(rank.engine.state.has_work for rank in ranks)
-                if not running:
+                if not running:  # the wave ends: the ranks pause, their outputs processed
                     counter = 0
+                    pipelined = [False] * len(ranks)
             if self.arrivals_done and not any(rank.engine.state.has_work or rank.inbox for rank in ranks):
+                for rank in ranks:
+                    free_finished(rank.engine)
                 return end_s  # nothing more will run: the trailing dummy steps change no answer
 
     def run(self) -> DPResult:  # type: ignore[override]
         env = self.env
         for rank in self.ranks:
             rank.pool_size = len(self.replicas)
-        env.process(self._arrivals(env))
+        env.process(self._arrivals(env) if self.clients is None else self._closed_loop(env))
         env.process(self._coordinator(env))
         if not self.lockstep:  # vLLM's EngineCoreProc per rank (core.py run_engine_core: DP lockstep is for MoE)
             engines = [env.process(rank.engine.run(env)) for rank in self.replicas]

@@ -14,9 +14,9 @@ events and the backend's costs); `apply` is the one place that makes a step's ef
 of any length, with exactly the answers of stepping one by one.
 
 The engine takes its requests from a workload (sim/workload.py) at the start of each step and
-sleeps on an event when it has nothing to do. It keeps the time of its next step itself (`now`)
-through a busy period where nothing else in the simulation acts meanwhile (a lone engine), and
-moves SimPy's clock with each step or run otherwise (a cluster's replica): see `run` for why.
+sleeps on an event when it has nothing to do. There is one clock, SimPy's: each step or run moves
+it to its end before the next is scheduled (`run` says how, at no event's cost where nothing else
+is due meanwhile).
 """
 
 from __future__ import annotations
@@ -50,22 +50,19 @@ def delay_to(now: float, when: float) -> float:
     return delay
 
 
-def _catch_up(env: simpy.Environment, now: float, run=None):
-    """Bring SimPy's clock to `now`, the engine's: in one move where it lands exactly there, else
-    as the steps of `run` add up to it (their seconds one by one, as stepping would), or without a
-    run in moves that never pass it (`delay_to`)."""
-    if env.now + (now - env.now) == now:
-        if now > env.now:
-            yield env.timeout(now - env.now)
+def _through_run(env: simpy.Environment, run):
+    """Move SimPy's clock to the end of `run`, whose steps start at env.now, through timeouts that
+    let every event due meanwhile happen in order: in one move where that lands exactly on the
+    run's end, else step by step (their seconds one by one, as stepping would add them)."""
+    end = run.ends[-1]
+    if env.now + (end - env.now) == end:
+        if end > env.now:
+            yield env.timeout(end - env.now)
         return
-    if run is not None:
-        if run.first is not None:
-            yield env.timeout(run.first.seconds)
-        for seconds in (run.seconds if isinstance(run.seconds, list) else run.seconds.tolist()):
-            yield env.timeout(seconds)
-        return
-    while env.now < now:
-        yield env.timeout(delay_to(env.now, now))
+    if run.first is not None:
+        yield env.timeout(run.first.seconds)
+    for seconds in (run.seconds if isinstance(run.seconds, list) else run.seconds.tolist()):
+        yield env.timeout(seconds)
 
 
 class TokenTimes:
@@ -207,20 +204,21 @@ class Engine:
         """The engine's SimPy process: step while there is work, sleep while there is none, end
         when the workload has nothing more to send.
 
-        Two clocks, on purpose. Where the workload says that nothing else in the simulation acts
-        while the engine is busy (`busy_engine_alone`: a lone engine's trace or closed loop, which
-        hand over arrivals by time), the engine keeps the time of its next step itself (`now`)
-        and brings SimPy's clock to it only when it sleeps or ends: a busy period costs no SimPy
-        events (a timeout per step or run would cost 2.3% more instructions on the bundled
-        sample's replay with fast-forward, about 8% more CPU on the Azure hour stepped one by one,
-        for the same answers: docs/architecture.md). Elsewhere (a cluster's replica, whose router
-        reads it) each step or run moves SimPy's clock before it is applied. Either way the clock
-        takes the same values: each step's end is its start plus its seconds, added in order."""
+        One clock, SimPy's (`env.now`): each step or run moves it to its end before it is applied.
+        Where the workload says that nothing else in the simulation acts while the engine is busy
+        (`busy_engine_alone`: a lone engine's trace or closed loop, which hand over arrivals by
+        time) and no event is due before the run ends (SimPy's queue), the clock is set to the end
+        directly, as the run's timeout would set it once processed, without the event: a timeout
+        per step or run costs 2.3% more instructions on the bundled sample's replay
+        (docs/architecture.md). Otherwise (a cluster's replica, whose router reads it at each
+        arrival) the run's timeouts move it, and every event due meanwhile happens in order. Either
+        way the clock takes the same values: each step's end is its start plus its seconds, added
+        in order."""
         state, workload = self.state, self.workload
         alone = workload.busy_engine_alone
         asynchronous = self.asynchronous
-        now = env.now
         while True:
+            now = env.now
             steps_before, num_preempted_before = state.step_index, state.num_preemptions
             freed = False
             batch = None
@@ -235,16 +233,13 @@ class Engine:
             if batch is None:
                 workload.deliver(now)
                 if not state.has_work:
-                    yield from _catch_up(env, now)
                     if workload.is_exhausted:
                         return
                     yield from self._sleep(env, None)
-                    now = env.now
                     continue
                 batch = self.policy.schedule(state, now)
                 if not batch.requests:  # the policy holds its waiting requests back for now
                     yield from self._wait_for_policy(env, now)
-                    now = env.now
                     continue
             for r in batch.requests[batch.num_leading_decodes:]:  # a request's first step is never a leading decode
                 if r.first_step_start_s is None:
@@ -252,14 +247,17 @@ class Engine:
             # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request.
             run = self.plan(batch, now, state.num_preemptions - num_preempted_before, freed and bool(state.waiting))
             ends = run.ends
-            self.busy_until_s = ends[-1]
-            if not alone:
-                yield from _catch_up(env, ends[-1], run)
+            end = self.busy_until_s = ends[-1]
+            queue = env._queue  # SimPy's events due, a heap of (time, priority, id, event) (simpy/core.py)
+            if alone and (not queue or queue[0][0] >= end):
+                env._now = end  # nothing is due before the run ends: its timeout would do just this
+            else:
+                yield from _through_run(env, run)
             self._last_start = ends[-2] if len(ends) > 1 else now
             self._in_flight = True
-            now = self.apply(batch, run, now)
+            self.apply(batch, run, now)
             if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
-                self.progress(now, self.num_finished)
+                self.progress(end, self.num_finished)
 
     def _schedule_pipelined(self) -> Batch | None:
         """Asynchronous scheduling of the step after the one in flight (vllm/v1/engine/core.py,
@@ -288,7 +286,6 @@ class Engine:
                 f"{len(state.running)} running, and asked to try again at {retry_s}: a policy must schedule a request "
                 "while any runs, and otherwise give a retry time later than now, or None only while more requests "
                 "will arrive (Policy.retry_s)")
-        yield from _catch_up(env, now)
         yield from self._sleep(env, retry_s)
         self._in_flight = False
 
@@ -489,8 +486,7 @@ class Engine:
             taken = upto
         # Where the workload cannot deliver by time, nothing arrived before the last step's start
         # (plan_chunks), and what arrived since is for the step after the run.
-        by_time = workload.delivers_by_time
-        asynchronous = engine.asynchronous
+        by_time = workload.delivers_by_time  # (chunk runs are synchronous: asynchronously `_chunk_budget` is None)
         used, num_waiting_at = [], []  # steps 1..'s
         f, num_finishing = 0, len(finishing)
         while f < num_finishing and finishing[f][0] == 0:  # decodes that ended in step 0
@@ -509,9 +505,8 @@ class Engine:
             num_taken: list[int] = []
             used_now = bm.num_used_blocks  # before step j
             for step, (num_decode_blocks, new) in enumerate(counts[j - 1:end - 1], j):
-                if by_time:  # it starts when the step before ends (no block moves); asynchronously it was
-                    # scheduled when the step before started (`run`)
-                    workload.deliver((ends[step - 2] if step > 1 else start) if asynchronous else ends[step - 1])
+                if by_time:  # it starts when the step before ends (no block moves)
+                    workload.deliver(ends[step - 1])
                 if num_decode_blocks:
                     owners += [reqs[o % n] for o in opens[taken:taken + num_decode_blocks]]
                     num_taken += [1] * num_decode_blocks

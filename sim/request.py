@@ -69,7 +69,8 @@ class Request:
 
     @property
     def is_decoding(self) -> bool:
-        """Computing only the token it sampled last."""
+        """Computing only the token it sampled last. The policies' per-step loops ask it of every
+        running request through `num_leading_decoding` and `split_decoding` (below)."""
         return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
 
     @property
@@ -158,3 +159,28 @@ class Request:
             else:
                 parts.append(tokens.output_token_ids(spec.seed, self.index, a, b, spec.vocab_size))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+# `Request.is_decoding` over a step's running requests, in bulk: the policies ask it of every running
+# request on every step, and a property call per request is a measurable share of a replay, so its
+# test is written out here (the same expression: tests/test_request.py checks both against it).
+
+def num_leading_decoding(requests: list[Request]) -> int:
+    """How many of `requests`, from the first, are decoding (`Request.is_decoding`)."""
+    n = 0
+    for r in requests:
+        g = r.num_output_tokens
+        if not (g and r.num_computed_tokens == r.num_prompt_tokens + g - 1):
+            break
+        n += 1
+    return n
+
+
+def split_decoding(requests: list[Request]) -> tuple[list[Request], list[Request]]:
+    """`requests` split into those decoding (`Request.is_decoding`) and the others, each in order."""
+    decoding: list[Request] = []
+    others: list[Request] = []
+    for r in requests:
+        g = r.num_output_tokens
+        (decoding if g and r.num_computed_tokens == r.num_prompt_tokens + g - 1 else others).append(r)
+    return decoding, others

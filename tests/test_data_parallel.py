@@ -38,7 +38,7 @@ from sim.app.replay import make_requests
 from sim.backend import StepResult
 from sim.block_manager import BlockManager
 from sim.config import CacheConfig, SchedulerConfig
-from sim.data_parallel import DataParallelGroup, DPLoadBalancer
+from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPLoadBalancer, cuda_graph_max_tokens, dp_padded_tokens
 from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Status
@@ -58,13 +58,14 @@ class TokenBackend:
         return StepResult(0.5 + 0.25 * sum(batch.num_scheduled_tokens), {"work": 0.25 * sum(batch.num_scheduled_tokens)})
 
 
-def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked"):
+def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked", asynchronous=False):
     requests = sorted(make_requests(make_trace(rows)), key=lambda r: (r.arrival_s, r.index))
     token_times = TokenTimes(requests)
     g = DataParallelGroup(requests, token_times, dp, lockstep)
     backend = TokenBackend()
     for _ in range(dp):
-        policy = load_policy(seed_policy)(SchedulerConfig(seed_policy, max_num_batched_tokens=budget, max_num_seqs=4))
+        policy = load_policy(seed_policy)(SchedulerConfig(seed_policy, max_num_batched_tokens=budget, max_num_seqs=4,
+                                                          async_scheduling=asynchronous))
         g.add_rank(Engine(policy, backend, BlockManager(num_blocks, 4), token_times, 10_000, fast_forward=False))
     return g
 
@@ -82,6 +83,36 @@ def test_worked_example_exact_to_the_step():
                     (0, 3.5, 0.75, 0, 1, 0.0)]
     assert result.num_lockstep_steps == 3 and result.num_waves == 1
     assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 0), (1, 1, 2)]
+
+
+def test_worked_example_scheduled_asynchronously():
+    """The worked example with asynchronous scheduling (vLLM's default): a rank that took a real step
+    schedules its next as of that step's start; an empty schedule runs a dummy and the rank schedules
+    at the next step's start (`DataParallelGroup._lockstep`). Routing is as before (R0, R2 -> rank 0).
+
+    - step 1 at 0.0: rank 0 R0's prompt (scheduled at 0; 1.5 s), rank 1 dummy -> ends 1.5.
+    - step 2 at 1.5: rank 0 scheduled as of 0.0, before R2 arrived (0.3): R0's decode alone (0.75 s);
+      rank 1 was idle, so it schedules at 1.5: R1's prompt (2.0 s) -> ends 3.5; R0 and R1 end.
+    - step 3 at 3.5: rank 0 scheduled as of 1.5: R2's prompt (R0, its last token in flight, holds its
+      seat and blocks until then; 1.0 s); rank 1's schedule as of 1.5 is empty (R1's last token in
+      flight): a dummy -> ends 4.5, R2's first token (synchronously: 3.5).
+    - step 4 at 4.5: rank 0 R2's decode (scheduled as of 3.5), rank 1 dummy -> ends 5.25."""
+    g = group([(0.0, 4, 2), (0.2, 6, 1), (0.3, 2, 2)], asynchronous=True)
+    result = g.run()
+    assert result.rank_of.tolist() == [0, 1, 0]
+    assert [result.tokens_of(i).tolist() for i in range(3)] == [[1.5, 3.5], [3.5], [4.5, 5.25]]
+    r2 = result.requests[2]
+    assert (r2.first_scheduled_s, r2.first_step_start_s) == (1.5, 3.5)
+    s = result.steps
+    rows = list(zip(s.dp_rank.tolist(), s.start_s.tolist(), s.seconds.tolist(), s.num_prefill_tokens.tolist(),
+                    s.num_decode_tokens.tolist(), s.dp_wait.tolist()))
+    assert rows == [(0, 0.0, 1.5, 4, 0, 0.0), (0, 1.5, 2.0, 0, 1, 1.25), (1, 1.5, 2.0, 6, 0, 0.0),
+                    (0, 3.5, 1.0, 2, 0, 0.0), (0, 4.5, 0.75, 0, 1, 0.0)]
+    assert result.end_s == 5.25 and result.num_lockstep_steps == 4
+    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 4, 0), (1, 1, 3)]
+    assert result.summary()["scheduling"] == "asynchronous"
+    for rank in g.ranks:
+        assert rank.engine.block_manager.num_used_blocks == 0
 
 
 def test_a_new_wave_after_the_ranks_pause():
@@ -111,10 +142,10 @@ def test_load_balancer_score_penalises_waiting_on_a_full_cache():
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 5), st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=25),
-       st.integers(2, 3), st.booleans(), st.integers(6, 40))
-def test_properties(rows, dp, lockstep, num_blocks):
+       st.integers(2, 3), st.booleans(), st.integers(6, 40), st.booleans())
+def test_properties(rows, dp, lockstep, num_blocks, asynchronous):
     rows = sorted(rows)
-    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep)
+    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep, asynchronous=asynchronous)
     result = g.run()
     for r in result.requests:  # every request ends once, finished or rejected as too big for a rank
         assert r.status in (Status.FINISHED, Status.REJECTED)
@@ -179,3 +210,137 @@ def test_cli_end_to_end(tmp_path):
     assert (requests["status"] == "finished").all()
     steps = pd.read_parquet(out / "steps.parquet")
     assert set(np.unique(steps["dp_rank"])) == {0, 1}
+
+
+class LockstepBackend(TokenBackend):
+    """A rank's own work 0.5 + 0.25 s per token; the MoE layers of a lockstep step 0.25 s per gathered
+    token plus 0.125 s of dispatch and 0.125 s of combine (the interface of MoERooflineCostModel's
+    `dp_moe_parts` and `execute_in_lockstep`)."""
+
+    def dp_moe_parts(self, tokens):
+        return {"moe": 0.25 * sum(tokens), "dispatch": 0.125, "combine": 0.125}
+
+    def execute_in_lockstep(self, batch, moe_parts):
+        own = self.execute(batch)
+        return StepResult(own.seconds + sum(moe_parts.values()), {**own.breakdown, **moe_parts})
+
+
+def test_a_closed_loop_dp_row_exact_to_the_step():
+    """`sim validate`'s DP rows: C = 2 clients send R0 (4-token prompt, 2 tokens) and R1 (6, 1) at 0,
+    then R2 (2, 1) when R0 ends; the API server takes 0.25 s a request, one at a time. CUDA graphs up
+    to 4 tokens, so a step whose ranks all run at most 4 tokens pads them to the largest.
+
+    - R0 through the API server at 0.25: both ranks score 0 -> rank 0. R1 at 0.5: scan from rank 1,
+      score 0 (rank 0: max(1 in flight, 1 waiting published at 0.3) = 1) -> rank 1.
+    - step 1 at 0.25: rank 0 R0's prompt (4 tokens), rank 1 dummy (1): padded to 4 + 4 = 8 gathered:
+      MoE 2.0 + 0.25 s; rank 0 0.5 + 1.0 + 2.25 = 3.75 s, rank 1 0.75 + 2.25 = 3.0 s -> ends 4.0.
+    - step 2 at 4.0: rank 0 R0's decode (1), rank 1 R1's prompt (6 > 4: no padding): 7 gathered, MoE
+      1.75 + 0.25; rank 0 0.75 + 2.0 = 2.75 s, rank 1 2.0 + 2.0 = 4.0 s -> ends 8.0: R0 and R1 end,
+      and R0's client sends R2 at 8.0, through the API server at 8.25.
+    - step 3 at 8.0: both ranks dummy, (1 + 1) x 0.25 + 0.25 = 0.75 s MoE: 1.5 s -> ends 9.5. R2 goes
+      to rank 0 (both score 0; the scan starts at rank 0 again).
+    - step 4 at 9.5: rank 0 R2's prompt (2), rank 1 dummy: padded to 2 + 2: MoE 1.25 s; rank 0
+      1.0 + 1.25 = 2.25 s -> ends 11.75, R2's first and last token.
+    Client TTFTs: R0 4.0 - 0 = 4.0, R1 8.0 - 0 = 8.0, R2 11.75 - 8.0 = 3.75."""
+    requests = sorted(make_requests(make_trace([(0.0, 4, 2), (0.0, 6, 1), (0.0, 2, 1)])), key=lambda r: r.index)
+    token_times = TokenTimes(requests)
+    clients = ClosedLoopClients(requests, 2, lambda r: 0.25)
+    g = DataParallelGroup(requests, token_times, 2, True, cuda_graph_max_tokens=4, clients=clients)
+    backend = LockstepBackend()
+    for _ in range(2):
+        policy = load_policy("chunked")(SchedulerConfig("chunked", max_num_batched_tokens=8, max_num_seqs=4,
+                                                        async_scheduling=False))
+        g.add_rank(Engine(policy, backend, BlockManager(64, 4), token_times, 10_000, fast_forward=False))
+    result = g.run()
+    assert clients.sent_s == {0: 0.0, 1: 0.0, 2: 8.0}
+    assert [r.arrival_s for r in requests] == [0.25, 0.5, 8.25]
+    assert result.rank_of.tolist() == [0, 1, 0]
+    assert [result.tokens_of(i).tolist() for i in range(3)] == [[4.0, 8.0], [8.0], [11.75]]
+    assert [r.first_token_s - clients.sent_s[r.index] for r in requests] == [4.0, 8.0, 3.75]
+    s = result.steps
+    rows = list(zip(s.dp_rank.tolist(), s.start_s.tolist(), s.seconds.tolist(), s.num_prefill_tokens.tolist(),
+                    s.num_decode_tokens.tolist(), s.moe.tolist(), s.dp_wait.tolist()))
+    assert rows == [(0, 0.25, 3.75, 4, 0, 2.0, 0.0), (0, 4.0, 4.0, 0, 1, 1.75, 1.25), (1, 4.0, 4.0, 6, 0, 1.75, 0.0),
+                    (0, 9.5, 2.25, 2, 0, 1.0, 0.0)]
+    assert result.end_s == 11.75 and result.num_lockstep_steps == 4 and result.num_waves == 1
+    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 1), (1, 1, 3)]
+
+
+def test_dp_padding_and_cuda_graph_sizes():
+    # vllm/v1/worker/dp_utils.py: every rank under a CUDA graph -> all padded to the largest rank's tokens.
+    assert dp_padded_tokens([4, 1], 512) == [4, 4]
+    assert dp_padded_tokens([600, 1], 512) == [600, 1]  # rank 0 runs eagerly: no padding
+    assert dp_padded_tokens([3, 1], 0) == [3, 1]
+    # vllm/config/vllm.py _set_cudagraph_sizes: min(2 x max_num_seqs, 512; 1024 on data-centre Blackwell).
+    assert cuda_graph_max_tokens(8, "H200") == 16
+    assert cuda_graph_max_tokens(1024, "H200") == 512 and cuda_graph_max_tokens(1024, "B200") == 1024
+
+
+def test_closed_loop_clients_are_a_lockstep_groups():
+    requests = make_requests(make_trace([(0.0, 4, 1)]))
+    with pytest.raises(ValueError, match="lockstep"):
+        DataParallelGroup(requests, TokenTimes(requests), 2, False, clients=ClosedLoopClients(requests, 1))
+
+
+@pytest.fixture(scope="module")
+def package():
+    pytest.importorskip("aiconfigurator_core")
+    from backends.costmodel.optables.systems import require_package
+
+    return require_package()
+
+
+def test_ep_dispatch_and_combine_of_a_dp_replay_worked_by_hand(package, tmp_path):
+    """`sim replay --dp 2 --enable-expert-parallel` (Qwen3-30B-A3B, hidden 2048, top-8 of 128 experts, 48
+    MoE layers; TP 1, so the all-to-all's group is the DP group of 2 GPUs). The first lockstep step:
+    rank 0 runs R0's 300-token prompt, rank 1 a dummy batch (1 token); both under CUDA graphs (<= 512
+    tokens at --max-num-seqs 256), so both are padded to 300: 600 tokens gathered on each GPU.
+    Dispatch all-gathers 600 x (2048 x 2 + 8 x (4 + 4)) = 600 x 4,160 = 2,496,000 bytes; combine
+    reduce-scatters 600 x 2048 x 2 = 2,457,600 bytes; each once per MoE layer, from the NCCL tables."""
+    from backends.costmodel.optables.interp import Curve
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+    from sim.app.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,300,3\n0.001,100,2\n")
+    out = tmp_path / "dp"
+    assert main(["replay", str(trace), "--model", "Qwen3-30B-A3B", "--hardware", "H200", "--dp", "2",
+                 "--enable-expert-parallel", "--out", str(out), "--quiet"]) == 0
+    model = moe_table_model(resolve_model("Qwen3-30B-A3B"), resolve_hardware("H200"), "h200_sxm", package / "data",
+                            enable_expert_parallel=True, dp=2)
+    assert (model.moe_tp, model.ep, model.moe_group) == (1, 2, 2)
+    gather, scatter = model._gather, model._scatter
+    dispatch = 48 * float(gather.many(np.array([2_496_000.0]))[0][0])
+    combine = 48 * float(scatter.many(np.array([2_457_600.0]))[0][0])
+    assert model.dp_moe_parts([300, 300]) == {"moe": model.dp_moe_parts([300, 300])["moe"], "dispatch": dispatch,
+                                              "combine": combine}
+    steps = pd.read_parquet(out / "steps.parquet")
+    first = steps.iloc[0]
+    assert (first["dp_rank"], first["num_prefill_tokens"]) == (0, 300)
+    assert (first["dispatch_s"], first["combine_s"]) == (dispatch, combine)
+    assert first["moe_s"] == 48 * float(Curve(*model_moe_curve(model)).many(np.array([600.0]))[0][0])
+    operators = json.loads((out / "summary.json").read_text())["options"]["cost_model"]["operators"]
+    assert operators["dispatch"].startswith("NCCL all_gather table among 2 GPUs (the DP group)")
+    assert operators["combine"].startswith("NCCL reduce_scatter table among 2 GPUs")
+
+
+def model_moe_curve(model):
+    return model._moe.xs, model._moe.ys
+
+
+def test_sequence_parallel_moe_gathers_over_tp_x_dp(package):
+    """EP with TP 2 and DP 2 (ParallelConfig.use_sequence_parallel_moe): each GPU sends ceil(t / 2) of
+    its rank's tokens over the EP group of 4 GPUs: ranks of 5 and 1 tokens gather 3 + 3 + 1 + 1 = 8."""
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    model = moe_table_model(resolve_model("Qwen3-30B-A3B"), resolve_hardware("H200"), "h200_sxm", package / "data",
+                            tp=2, enable_expert_parallel=True, dp=2)
+    assert (model.moe_tp, model.ep, model.moe_group, model.sequence_parallel_moe) == (1, 4, 4, True)
+    parts = model.dp_moe_parts([5, 1])
+    assert parts["dispatch"] == 48 * float(model._gather.many(np.array([8 * 4160.0]))[0][0])
+    assert parts["combine"] == 48 * float(model._scatter.many(np.array([8 * 4096.0]))[0][0])
+    assert "among 4 GPUs (the EP group" in model.sources["dispatch"]

@@ -20,28 +20,34 @@ from backends.costmodel.roofline import MoERooflineCostModel
 from backends.costmodel.tensor_parallel import ACTIVATION_BYTES
 from sim.batch import Batch
 
-DEPLOYMENTS = {  # (model, hardware, system, moe_table_model's arguments)
+DEPLOYMENTS = {  # (model, hardware, system, moe_table_model's arguments); distribution: auto unless given
     "qwen30b": ("Qwen3-30B-A3B", "H100-SXM", "h100_sxm", {}),
+    "qwen30b-balanced": ("Qwen3-30B-A3B", "H100-SXM", "h100_sxm", dict(distribution="balanced")),
     "qwen235b-tp4-dp2-ep": ("Qwen3-235B-A22B", "H200", "h200_sxm",
                             dict(tp=4, dtype="fp8", dp=2, enable_expert_parallel=True)),
+    "deepseek-v3-tp8": ("DeepSeek-V3", "H200", "h200_sxm", dict(tp=8)),  # MLA from its module tables
 }
+DP = ("qwen235b-tp4-dp2-ep",)
 
 
 @pytest.fixture(scope="module")
-def derived():
-    """Each deployment's derived curves (from the package's tables; skipped without them)."""
+def from_tables():
+    """Each deployment's model derived from the package's tables (skipped without them)."""
     pytest.importorskip("aiconfigurator_core")
     from backends.costmodel.optables.moe import moe_table_model
     from backends.costmodel.optables.systems import require_package
     from backends.hardware import resolve_hardware
     from backends.model_config import resolve_model
 
-    out = {}
-    for key, (model, hardware, system, args) in DEPLOYMENTS.items():
-        priced = moe_table_model(resolve_model(model), resolve_hardware(hardware), system, require_package() / "data",
+    return {key: moe_table_model(resolve_model(model), resolve_hardware(hardware), system, require_package() / "data",
                                  **args)
-        out[key] = priced.derived()
-    return out
+            for key, (model, hardware, system, args) in DEPLOYMENTS.items()}
+
+
+@pytest.fixture(scope="module")
+def derived(from_tables):
+    """Each deployment's derived curves."""
+    return {key: priced.derived() for key, priced in from_tables.items()}
 
 
 def fresh(derived, key: str):
@@ -105,7 +111,11 @@ def test_decode_run_is_the_generic_path(derived, runs, key, data):
 
 def old_dense(priced, t: int, num_logits: int) -> tuple:
     """`dense` as it was written before the fast paths: the roofline's parts in one formula, then
-    the tables' linear, MoE and all-reduce parts with the array lookups."""
+    the tables' linear (an MLA model's: the roofline's less MLA's projections), MoE (DP > 1: every
+    rank's tokens, dispatch and combine, `dp_moe_parts`) and all-reduce parts with the array
+    lookups, then what MLA's module tables hold taken out (kv_write, RoPE)."""
+    from backends.costmodel.roofline import combine_bytes, dispatch_bytes, dp_gathered_tokens
+
     linear, router, moe, kv_write, _, _, allreduce = MoERooflineCostModel.dense(priced, t, num_logits)
     m, b, h = priced.model, ACTIVATION_BYTES, priced.model.hidden_size
     layers, mlp_width = m.num_hidden_layers, 0.0
@@ -114,7 +124,7 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
     if m.shared_expert_intermediate_size:
         mlp_width += m.num_moe_layers * 3 * (m.shared_expert_intermediate_size // priced.tp)
     mlp_width += m.num_moe_layers * 3 * (m.moe_intermediate_size // priced.moe_tp) * m.num_experts_per_tok / priced.ep
-    q_k_width = (priced._heads + priced._kv_heads) * m.head_dim
+    q_k_width = (priced._heads + priced._kv_heads) * (m.qk_rope_head_dim if m.kv_lora_rank else m.head_dim)
     norms = 8 if m.sandwich_norms else 6
     elementwise = ((layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / priced._bytes_s
                    + (t * h * b + num_logits * h * 2 * b) / priced._bytes_s)
@@ -125,26 +135,39 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
                       ((h * v + num_logits * h) * b + num_logits * v * 4) / priced._bytes_s)
     tokens = max(t, 1)
     many = lambda curve, x: curve.many(x)[0]  # noqa: E731
-    linear = float(sum(n * many(c, tokens) for c, n in priced._linear_curves)) if t else 0.0
-    moe = float(m.num_moe_layers * many(priced._moe, tokens * priced._dp)) if t else 0.0
+    if priced._linear_curves is not None:
+        linear = float(sum(n * many(c, tokens) for c, n in priced._linear_curves)) if t else 0.0
+    else:
+        assert priced._mla is not None
+        linear = max(0.0, float(linear - layers * priced._attention_linear(t)))
+    if priced.dp == 1:
+        moe = float(m.num_moe_layers * many(priced._moe, tokens)) if t else 0.0
+    elif t:
+        n = dp_gathered_tokens([t] * priced.dp, priced.tp if priced.sequence_parallel_moe else 1)
+        d, c = dispatch_bytes(n, h, m.num_experts_per_tok), combine_bytes(n, h)
+        moe = (float(m.num_moe_layers * many(priced._moe, max(n, 1)))
+               + m.num_moe_layers * float(many(priced._gather, np.maximum(d, 1.0)))
+               + m.num_moe_layers * float(many(priced._scatter, np.maximum(c, 1.0))))
+    else:
+        moe = 0.0
     if priced.tp > 1:
         size = t * h * b
         one = many(priced._ar_custom, max(size, 1)) if size <= 8 * 2**20 else many(priced._ar_nccl, np.maximum(size, 1.0))
         allreduce = float(2 * layers * one) if t else 0.0
-    if priced._dp > 1 and t:
-        from backends.costmodel.optables.moe import combine_bytes, dispatch_bytes
-
-        d, c = dispatch_bytes(t, h, m.num_experts_per_tok, priced._dp), combine_bytes(t, h, priced._dp)
-        moe = moe + m.num_moe_layers * float(many(priced._gather, np.maximum(d, 1.0))
-                                             + many(priced._scatter, np.maximum(c, 1.0)))
+    if priced._mla is not None:
+        kv_write = 0.0
+        elementwise = elementwise - t * priced._rope_s_per_token
     return linear, router, moe, kv_write, elementwise, lm_head, allreduce
 
 
 @pytest.mark.parametrize("key", list(DEPLOYMENTS))
 def test_dense_is_the_formula_it_was(derived, key):
     priced = fresh(derived, key)
-    if key != "qwen30b":  # the curves this reference knows: custom all-reduce to 8 MiB, NCCL past it and for DP
-        assert None not in (priced._ar_custom, priced._ar_nccl, priced._gather, priced._scatter)
+    if priced.tp > 1:  # the curves this reference knows: custom all-reduce to 8 MiB, NCCL past it and for DP
+        assert None not in (priced._ar_custom, priced._ar_nccl)
+    if key in DP:
+        assert None not in (priced._gather, priced._scatter)
+    assert priced._moe is not None and (priced._mla is not None) == (key == "deepseek-v3-tp8")
     sizes = sorted({0, 1, 2, 3, 7, 8, 9, 100, 511, 512, 513, 2048, 8191, 16384, 16385, 20000}
                    | {int(x) for x in priced._moe.xs} | {int(x) + 1 for x in priced._moe.xs})
     for t in sizes:
@@ -156,7 +179,7 @@ def test_dense_is_the_formula_it_was(derived, key):
 @pytest.mark.parametrize("key", list(DEPLOYMENTS))
 def test_curve_lookups_within_the_grid_are_the_array_lookups(derived, key):
     priced = fresh(derived, key)
-    curves = [c for c, _ in priced._linear_curves] + [priced._moe] + [
+    curves = [c for c, _ in priced._linear_curves or []] + [priced._moe] + [
         c for c in (priced._ar_custom, priced._ar_nccl, priced._gather, priced._scatter) if c is not None]
     rng = np.random.default_rng(7)
     for curve in curves:
@@ -179,7 +202,7 @@ def test_the_derived_curves_cache_is_the_tables_model(derived, tmp_path, monkeyp
     first = moe_module.moe_table_model(model, hardware, "h100_sxm", data, cache=tmp_path)
     (path,) = (tmp_path / "moe").iterdir()
     assert path == moe_module.derived_cache_path(tmp_path, model, "h100_sxm", data, None, **dict(
-        tp=1, dtype="bf16", kv_cache_dtype="auto", enable_expert_parallel=False, dp=1, distribution="balanced"))
+        tp=1, dtype="bf16", kv_cache_dtype="auto", enable_expert_parallel=False, dp=1, distribution="auto"))
     assert first.derived() == derived["qwen30b"]
 
     def no_tables(*args, **kwargs):
@@ -220,3 +243,82 @@ def test_the_cache_files_name_changes_with_the_tables_files(tmp_path):
     (tmp_path / "perf_data_reuse_manifest.yaml").write_text("groups: []\n")  # the reuse manifest beside data/
     assert derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", None, tp=1) not in {name, touched}
     assert derived_cache_path(tmp_path / "cache", model, "gpu", tmp_path / "data", "0.2.0", tp=1) != name
+
+
+# What `__init__` sets beyond the curves, which a model restored from the cache must have the same.
+STATE = ("system", "distribution", "sources", "notes", "_mla_reason", "moe_tp", "ep", "dp", "moe_group",
+         "sequence_parallel_moe", "_fast")
+
+
+def same_state(a, b) -> None:
+    for name in STATE:
+        assert getattr(a, name) == getattr(b, name), name
+    assert (a._mla is None) == (b._mla is None) and a.cost_model_summary() == b.cost_model_summary()
+    if a._mla is not None:
+        assert a._rope_s_per_token == b._rope_s_per_token and a._mla.source == b._mla.source
+        assert a._attention[0, "generation"] is a._mla.generation and b._attention[0, "generation"] is b._mla.generation
+    assert a.derived() == b.derived()
+
+
+@pytest.mark.parametrize("key", list(DEPLOYMENTS))
+def test_a_model_restored_from_its_derived_curves_is_the_tables_model(from_tables, derived, key):
+    """MLA's module grids, the distribution as priced, DP's collectives: all come back."""
+    restored = fresh(derived, key)
+    same_state(restored, from_tables[key])
+    assert restored._fast  # the fast paths are taken for every deployment here, MLA's included
+    if key == "deepseek-v3-tp8":
+        assert "MLA module tables" in restored.sources["attention"] and restored.distribution == "power_law_1.01"
+    batch = batch_of([(1, 900), (1, 5000), (700, 0), (300, 2000), (1, 12)])
+    assert CostModel.execute(restored, batch) == CostModel.execute(from_tables[key], batch)
+
+
+def test_auto_distributions_balanced_fallback_comes_back_from_the_cache(from_tables):
+    """Where the family's skewed rows are not measured, `auto` takes the balanced rows and says so in
+    notes: a model restored from its derived curves keeps both (and the distribution as priced)."""
+    from dataclasses import replace
+
+    from backends.costmodel.optables.moe import MoETableCostModel
+    from backends.costmodel.optables.systems import read_layout_table, require_package
+    from backends.costmodel.optables.tables import load_layout
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    data = require_package() / "data"
+    full = read_layout_table(data, "h100_sxm", "moe", "vllm", "moe_perf", None)
+    only_balanced = replace(full, frame=full.frame[full.frame.distribution == "balanced"])
+    model, hw = resolve_model("Qwen3-30B-A3B"), resolve_hardware("H100-SXM")
+    priced = MoETableCostModel(model, hw, load_layout(data, "h100_sxm"), moe_table=only_balanced)
+    assert priced.distribution == "balanced" and priced.notes == ["moe: no power_law_1.2 rows at this shape; priced balanced"]
+    restored = MoETableCostModel(model, hw, None, derived=priced.derived())
+    same_state(restored, priced)
+    assert restored.derived()["distribution"] == "balanced"
+    assert restored.dense(64, 0) == from_tables["qwen30b-balanced"].dense(64, 0)
+
+
+def test_the_cache_files_name_says_the_distribution_asked_and_resolved_and_the_mla_shapes(tmp_path):
+    import os
+
+    from backends.costmodel.optables.moe import derived_cache_path, family_distribution
+    from backends.model_config import resolve_model
+
+    data = tmp_path / "systems" / "data"  # the package's layout: model_configs/ beside systems/
+    (data / "gpu").mkdir(parents=True)
+    qwen, deepseek = resolve_model("Qwen3-30B-A3B"), resolve_model("DeepSeek-V3")
+    names = {d: derived_cache_path(tmp_path / "cache", qwen, "gpu", data, None, distribution=d)
+             for d in ("auto", "balanced", family_distribution(qwen), "power-law:1.01")}
+    # auto falls back to balanced where the family's rows are not measured, an asked power-law:1.2 is
+    # refused there: not one file
+    assert family_distribution(qwen) == "power-law:1.2" and len(set(names.values())) == 4
+    # An MLA model's key holds the checkpoints' config.json files (the MLA tables' measured shapes).
+    configs = tmp_path / "model_configs"
+    configs.mkdir()
+    config = configs / "deepseek-ai--DeepSeek-V3_config.json"
+    config.write_text("{}")
+
+    def name(model):
+        return derived_cache_path(tmp_path / "cache", model, "gpu", data, None)
+
+    before, qwen_before = name(deepseek), name(qwen)
+    config.write_text('{"kv_lora_rank": 512}')
+    os.utime(config, ns=(1, 1))
+    assert name(deepseek) != before and name(qwen) == qwen_before

@@ -14,12 +14,12 @@ import pytest
 from backends.costmodel.optables.moe import (
     MoEShape,
     check_moe_distribution,
-    combine_bytes,
-    dispatch_bytes,
+    family_distribution,
     moe_curve,
     nccl_curve,
     table_distribution,
 )
+from backends.costmodel.roofline import combine_bytes, dispatch_bytes, dp_gathered_tokens
 from sim.app.cli import main
 from sim.errors import ServesimError
 from tests.helpers import shared_dir
@@ -73,10 +73,14 @@ def test_dispatch_and_combine_sizes_worked_by_hand():
     # vLLM's allgather_reducescatter: dispatch gathers each DP rank's hidden states (bf16), top-k weights
     # (fp32) and ids (int32); combine reduce-scatters the MoE output (bf16) of every rank's tokens.
     # DP 2, 3 tokens a rank, hidden 4096, top-8: 2 x 3 x (4096 x 2 + 8 x 8) = 6 x 8256 = 49,536 bytes.
-    assert dispatch_bytes(3, 4096, 8, 2) == 49_536
-    assert combine_bytes(3, 4096, 2) == 2 * 3 * 4096 * 2 == 49_152
-    # DP 4, one token: 4 x (2880 x 2 + 4 x 8) = 23,168 bytes.
-    assert dispatch_bytes(1, 2880, 4, 4) == 23_168
+    assert dp_gathered_tokens([3, 3]) == 6
+    assert dispatch_bytes(6, 4096, 8) == 49_536
+    assert combine_bytes(6, 4096) == 2 * 3 * 4096 * 2 == 49_152
+    # DP 4, one token each: 4 x (2880 x 2 + 4 x 8) = 23,168 bytes.
+    assert dispatch_bytes(dp_gathered_tokens([1, 1, 1, 1]), 2880, 4) == 23_168
+    # Sequence-parallel MoE (EP, TP 2, DP 2): each GPU sends ceil(t / 2) of its rank's tokens, so a
+    # rank of 5 tokens sends 3 + 3 and one of 1 token 1 + 1: 8 tokens gathered on every GPU.
+    assert dp_gathered_tokens([5, 1], 2) == 8
 
 
 def test_nccl_table_counts_2_byte_elements():
@@ -93,6 +97,15 @@ def test_moe_distribution_values():
     for bad in ("power-law", "power_law_1.2", "zipf:1.1", "power-law:-1"):
         with pytest.raises(ServesimError, match="balanced or power-law:ALPHA"):
             check_moe_distribution("--moe-distribution", bad)
+
+
+def test_auto_distribution_is_the_familys_as_aiconfigurator_prices_it():
+    from backends.model_config import resolve_model
+
+    check_moe_distribution("--moe-distribution", "auto")
+    assert family_distribution(resolve_model("DeepSeek-V3")) == "power-law:1.01"  # MLA: the DeepSeek family
+    for name in ("Qwen3-30B-A3B", "Qwen3-235B-A22B", "gpt-oss-120b", "Mixtral-8x7B"):
+        assert family_distribution(resolve_model(name)) == "power-law:1.2"
 
 
 def test_a_bad_moe_distribution_is_a_one_line_error(capsys):
@@ -123,7 +136,7 @@ def qwen30b(package, **kw):
 def test_moe_layer_is_the_measured_row_on_grid_points(package):
     from backends.costmodel.optables.systems import read_layout_table
 
-    model = qwen30b(package)
+    model = qwen30b(package, distribution="balanced")
     table = read_layout_table(package / "data", "h200_sxm", "moe", "vllm", "moe_perf", None).frame
     rows = table[(table.hidden_size == 2048) & (table.inter_size == 768) & (table.topk == 8) & (table.num_experts == 128)
                  & (table.moe_dtype == "bfloat16") & (table.moe_tp_size == 1) & (table.moe_ep_size == 1)
@@ -136,6 +149,36 @@ def test_moe_layer_is_the_measured_row_on_grid_points(package):
     assert model.extrapolated["moe"] == 1
     skewed = qwen30b(package, distribution="power-law:1.2")
     assert "power_law_1.2" in skewed.sources["moe"] and skewed.dense(64, 0)[2] != model.dense(64, 0)[2]
+
+
+def test_by_default_a_moe_layer_is_the_familys_skewed_rows(package):
+    auto, skewed = qwen30b(package), qwen30b(package, distribution="power-law:1.2")
+    assert "power_law_1.2" in auto.sources["moe"]
+    for t in (1, 64, 1024):
+        assert auto.dense(t, 0)[2] == skewed.dense(t, 0)[2]
+    # Skewed routing: a decode step reads fewer experts (faster than balanced), a long prefill waits on
+    # the busiest ones (slower).
+    balanced = qwen30b(package, distribution="balanced")
+    assert auto.dense(16, 0)[2] < balanced.dense(16, 0)[2] and auto.dense(8192, 0)[2] > balanced.dense(8192, 0)[2]
+
+
+def test_auto_takes_the_balanced_rows_where_the_familys_are_not_measured_and_says_so(package):
+    from dataclasses import replace
+
+    from backends.costmodel.optables.moe import MoETableCostModel
+    from backends.costmodel.optables.systems import read_layout_table
+    from backends.costmodel.optables.tables import load_layout
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    full = read_layout_table(package / "data", "h200_sxm", "moe", "vllm", "moe_perf", None)
+    only_balanced = replace(full, frame=full.frame[full.frame.distribution == "balanced"])
+    model, hw, tables = resolve_model("Qwen3-30B-A3B"), resolve_hardware("H200"), load_layout(package / "data", "h200_sxm")
+    priced = MoETableCostModel(model, hw, tables, moe_table=only_balanced)
+    assert "balanced" in priced.sources["moe"] and priced.notes == ["moe: no power_law_1.2 rows at this shape; priced balanced"]
+    assert priced.dense(64, 0)[2] == qwen30b(package, distribution="balanced").dense(64, 0)[2]
+    with pytest.raises(ServesimError, match="power-law:1.2 is a distribution the moe_perf tables measured"):
+        MoETableCostModel(model, hw, tables, moe_table=only_balanced, distribution="power-law:1.2")  # asked: refused
 
 
 def test_no_moe_table_falls_back_to_the_roofline_and_says_so(package):
@@ -160,7 +203,10 @@ def test_summary_json_says_each_operators_source(package, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     ops = summary["options"]["cost_model"]["operators"]
     assert ops["moe"].startswith("moe_perf") and "fp8_block" in ops["moe"] and "MoE TP 8 EP 1" in ops["moe"]
-    assert ops["attention"].startswith("roofline: MLA") and ops["linear"].startswith("roofline: MLA")
+    # MLA from its module tables (tests/test_mla_tables.py); the dense MLPs and shared experts stay the roofline's.
+    assert ops["attention"].startswith("MLA module tables mla_context_module_perf.parquet, "
+                                       "mla_generation_module_perf.parquet vLLM 0.24.0")
+    assert ops["linear"].startswith("roofline: the dense MLPs and shared experts") and ops["kv_write"].startswith("in attention")
     assert ops["allreduce"].startswith("custom all-reduce table") and ops["router"] == "roofline"
 
 
@@ -182,7 +228,7 @@ def test_validate_a_5_row_moe_cut(package, tmp_path):
     rows = pd.read_csv(tmp_path / "v" / "validate.csv")
     summary = json.loads((tmp_path / "v" / "validate.json").read_text())
     assert len(rows) == 5 and not summary["skipped"]
-    assert rows["notes"].str.contains("independent engines with 4/4 of the 8 clients").sum() == 1
+    assert rows["notes"].str.contains("2 DP ranks in lockstep behind vLLM's DP load balancer").sum() == 1
     assert rows["tables"].str.contains("moe: moe_perf").all()
     assert np.isfinite(rows[["predicted_ttft_ms", "predicted_tpot_ms"]].to_numpy()).all()
     assert (rows["predicted_tpot_ms"] > 0).all()

@@ -185,7 +185,7 @@ class CostModel:
 
 
 def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str = "bf16",
-                    kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False) -> CostModel:
+                    kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False, dp: int = 1) -> CostModel:
     """The calibrated model when a calibration is given, else the datasheet roofline. `model` is a
     ModelConfig, `hardware` a Hardware (or None with a calibration)."""
     if calibration is None and hardware is None:
@@ -204,5 +204,5 @@ def make_cost_model(model, hardware, calibration=None, tp: int = 1, dtype: str =
 
     if model.is_extended:  # mixture of experts, MLA, sliding windows
         return MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                    enable_expert_parallel=enable_expert_parallel)
+                                    enable_expert_parallel=enable_expert_parallel, dp=dp)
     return RooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype)

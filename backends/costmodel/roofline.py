@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.costmodel.frame import CostModel, StepAggregates
+from backends.costmodel.frame import CostModel, StepAggregates, batch_aggregates
 from backends.costmodel.tensor_parallel import ACTIVATION_BYTES, gemm_seconds, tp_allreduce_seconds
 from backends.hardware import Hardware
 from backends.model_config import ModelConfig, kv_cache_dtype_bytes, linear_bytes
+from sim.backend import StepResult
 from sim.errors import ServesimError
 
 
@@ -118,6 +119,34 @@ class RooflineCostModel(CostModel):
         return parts
 
 
+ACTIVATION_TOPK_BYTES = 4 + 4  # a top-k weight (fp32) and id (int32) per (token, expert)
+
+
+def dp_gathered_tokens(tokens_across_dp: list[int], chunks_per_rank: int = 1) -> int:
+    """Tokens each GPU holds after the dispatch all-gather: every rank's, or under sequence-parallel
+    MoE each of a rank's `chunks_per_rank` (its TP) GPUs' ceil(t / tp) chunk (vLLM's
+    sequence_parallel_chunk pads a rank's tokens to a multiple of TP)."""
+    return sum(chunks_per_rank * -(-t // chunks_per_rank) for t in tokens_across_dp)
+
+
+def dispatch_bytes(num_tokens: int, hidden: int, topk: int) -> int:
+    """The bytes `AgRsAll2AllManager.dispatch` gathers on each GPU: N tokens' hidden states (bf16),
+    top-k weights (fp32) and top-k ids (int32)."""
+    return num_tokens * (hidden * ACTIVATION_BYTES + topk * ACTIVATION_TOPK_BYTES)
+
+
+def combine_bytes(num_tokens: int, hidden: int) -> int:
+    """The bytes `AgRsAll2AllManager.combine` reduce-scatters from each GPU: N tokens' MoE output (bf16)."""
+    return num_tokens * hidden * ACTIVATION_BYTES
+
+
+def ring_seconds(hardware: Hardware, num_bytes: float, num_gpus: int) -> float:
+    """A ring all-gather or reduce-scatter among `num_gpus` GPUs moving `num_bytes` in all: each GPU
+    sends and receives (n - 1) / n of it over its link, plus a 5 us launch."""
+    link = hardware.link_bandwidth or hardware.nvlink_bandwidth
+    return (num_gpus - 1) / num_gpus * num_bytes / link + 5e-6
+
+
 def window_pairs(q: int, c: int, window: int | None) -> int:
     """Query-key pairs of q new tokens at the end of a context of c under a causal mask, each token
     seeing at most `window` keys (itself included): sum of min(n, window) for n = c - q + 1 .. c."""
@@ -156,16 +185,23 @@ class MoERooflineCostModel(CostModel):
     layers every request is costed on its own, and the engine does not fast-forward."""
 
     def __init__(self, model: ModelConfig, hardware: Hardware, efficiencies: Efficiencies | None = None,
-                 tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False):
+                 tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False,
+                 dp: int = 1):
         kv_bytes = kv_cache_dtype_bytes(kv_cache_dtype, dtype)
         super().__init__(model, kv_bytes, hardware.description or hardware.name)
-        model.check_parallel(tp, 1, enable_expert_parallel, dtype)
+        model.check_parallel(tp, dp, enable_expert_parallel, dtype)
         hardware.check_tp(tp)
         self.hardware, self.tp, self.eff = hardware, tp, efficiencies or Efficiencies()
         self.weights_dtype, self.experts_dtype = model.linear_dtypes(dtype)
         self.dtype = f"{self.weights_dtype} weights, {self.experts_dtype} experts" + (
             "" if kv_cache_dtype == "auto" else " (fp8 KV cache)")
-        self.moe_tp, self.ep = model.moe_parallel(tp, 1, enable_expert_parallel)
+        self.moe_tp, self.ep = model.moe_parallel(tp, dp, enable_expert_parallel)
+        self.dp = dp
+        # vLLM's MoE all-to-all group (module `dp_moe_parts`): the EP group of tp x dp GPUs under
+        # sequence-parallel MoE (EP, TP > 1 and DP > 1: ParallelConfig.use_sequence_parallel_moe),
+        # else the DP group (AgRsAll2AllManager._get_comm_group).
+        self.sequence_parallel_moe = bool(model.num_experts) and enable_expert_parallel and tp > 1 and dp > 1
+        self.moe_group = tp * dp if self.sequence_parallel_moe else dp
         self._bytes_s = hardware.memory_bandwidth * self.eff.memory
         self._flops_s = hardware.peak_bf16_flops
         self._heads = model.num_attention_heads // tp
@@ -239,11 +275,7 @@ class MoERooflineCostModel(CostModel):
                                                 + self._gemm(t, s, h, self.weights_dtype))
                 mlp_width += moe_layers * 3 * s
             i = m.moe_intermediate_size // self.moe_tp
-            assignments = t * m.num_experts_per_tok / self.ep  # this GPU's (token, expert) pairs
-            local = -(-m.num_experts // self.ep)
-            active = np.minimum(local, assignments)  # experts that receive a token, tokens spread evenly
-            moe = moe_layers * (self._gemm(assignments, h, 2 * i, self.experts_dtype, active)
-                                + self._gemm(assignments, i, h, self.experts_dtype, active))
+            moe = self._dense_moe(t)
             mlp_width += moe_layers * 3 * i * m.num_experts_per_tok / self.ep
         kv_write = layers * t * self._kv_token_bytes / self._bytes_s
         q_k_width = (self._heads + self._kv_heads) * (m.qk_rope_head_dim if m.kv_lora_rank else m.head_dim)
@@ -265,6 +297,79 @@ class MoERooflineCostModel(CostModel):
         h, b, v = self.model.hidden_size, ACTIVATION_BYTES, self._vocab
         return max(2.0 * num_logits * h * v / (self._flops_s * self.eff.gemm),
                    ((h * v + num_logits * h) * b + num_logits * v * 4) / self._bytes_s)
+
+    def _dense_moe(self, t):
+        """`dense`'s moe: this step's tokens, every DP rank as loaded as this one."""
+        return self.moe_seconds(t) if self.dp == 1 else self.lockstep_moe_seconds(t)
+
+    def moe_seconds(self, t):
+        """The routed experts of every MoE layer on one GPU for t tokens entering the fused-MoE
+        kernel (a DP group's: every rank's tokens, gathered)."""
+        m, h = self.model, self.model.hidden_size
+        i = m.moe_intermediate_size // self.moe_tp
+        assignments = t * m.num_experts_per_tok / self.ep  # this GPU's (token, expert) pairs
+        local = -(-m.num_experts // self.ep)
+        active = np.minimum(local, assignments)  # experts that receive a token, tokens spread evenly
+        return m.num_moe_layers * (self._gemm(assignments, h, 2 * i, self.experts_dtype, active)
+                                   + self._gemm(assignments, i, h, self.experts_dtype, active))
+
+    # ---- the MoE layer of a DP group's lockstep step (sim/data_parallel.py)
+
+    def dispatch_seconds(self, num_bytes: float) -> float:
+        """One all-gather of `num_bytes` (gathered on each GPU) over the MoE group: a ring over the link."""
+        return ring_seconds(self.hardware, num_bytes, self.moe_group)
+
+    def combine_seconds(self, num_bytes: float) -> float:
+        """One reduce-scatter of `num_bytes` (each GPU's input) over the MoE group: a ring over the link."""
+        return ring_seconds(self.hardware, num_bytes, self.moe_group)
+
+    def dp_moe_parts(self, tokens_across_dp: list[int]) -> dict[str, float]:
+        """The MoE layers of one lockstep step of a DP group whose rank r runs tokens_across_dp[r]
+        tokens (an idle rank's dummy batch: 1; after vLLM's DP padding, `dp_padded_tokens`), priced as
+        vLLM's default all2all backend, `allgather_reducescatter`, runs them
+        (vllm/config/parallel.py `all2all_backend`; vllm/distributed/device_communicators/all2all.py
+        `AgRsAll2AllManager.dispatch` / `.combine`, called from
+        vllm/model_executor/layers/fused_moe/prepare_finalize/naive_dp_ep.py
+        `MoEPrepareAndFinalizeNaiveDPEP.prepare` / `.finalize`):
+
+        - dispatch: `all_gatherv` over the MoE group of each member's hidden states (bf16), top-k
+          weights (fp32) and top-k ids (int32). The group is the DP group (one GPU per rank), or,
+          under sequence-parallel MoE (EP with TP > 1 and DP > 1), the EP group of tp x dp GPUs,
+          each sending its 1/tp chunk of its rank's tokens (`sequence_parallel_chunk`: ceil(t / tp));
+          every GPU then holds all N gathered tokens (`dp_gathered_tokens`);
+        - moe: the fused-MoE kernel of the GPU's experts (MoE TP or EP over tp x dp) over the N tokens;
+        - combine: `reduce_scatterv` of the MoE output, N tokens x hidden in bf16, back to each member.
+
+        Each is summed over the MoE layers; dispatch and combine by `dispatch_seconds` and
+        `combine_seconds` (this roofline: a ring over the link; the table model: NCCL's tables)."""
+        m, h = self.model, self.model.hidden_size
+        n = dp_gathered_tokens(tokens_across_dp, self.tp if self.sequence_parallel_moe else 1)
+        layers = m.num_moe_layers
+        return {"moe": float(self.moe_seconds(max(n, 1))),
+                "dispatch": layers * float(self.dispatch_seconds(dispatch_bytes(n, h, m.num_experts_per_tok))),
+                "combine": layers * float(self.combine_seconds(combine_bytes(n, h)))}
+
+    def lockstep_moe_seconds(self, t: int) -> float:
+        """The MoE layers' seconds (kernel, dispatch and combine) of a step of t tokens on every DP
+        rank: what a DP deployment's rank pays when the ranks are equally loaded."""
+        if not t:
+            return 0.0
+        parts = self.dp_moe_parts([t] * self.dp)
+        return parts["moe"] + parts["dispatch"] + parts["combine"]
+
+    def execute_in_lockstep(self, batch, moe_parts: dict[str, float]) -> StepResult:
+        """One DP rank's step in a lockstep step: its own batch's parts, with the MoE layers'
+        (`dp_moe_parts` of every rank's tokens) in place of its own tokens' `moe`."""
+        agg, chunks = batch_aggregates(batch.num_scheduled_tokens, batch.num_computed_tokens, sum(batch.needs_logits),
+                                       every_request=not self.decodes_from_sums)
+        own = self.parts(agg, chunks, self._dense(agg.num_tokens, agg.num_logits))
+        parts: dict = {}
+        for key, value in own.items():
+            if key == "moe":
+                parts.update(moe_parts)
+            else:
+                parts[key] = value
+        return StepResult(float(self.total(parts)), {k: float(v) for k, v in parts.items()})
 
     def request_seconds(self, q: int, c: int) -> float:
         """One request's attention over all layers: q new tokens at the end of a context of c."""

@@ -15,7 +15,6 @@ the model's shapes, TP and dtypes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -119,6 +118,8 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
     if package_systems_dir() is None:
         raise ServesimError(f"the tables of {system} need the tables extra: {INSTALL_HINT}")
     shape = model_shape(model)
+    import hashlib  # (here: only a derived profile's cache needs it)
+
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
     path = (cache_dir() / package_version() / system / f"vllm-{vllm_version or 'newest'}"
             / f"{model.name}-{digest}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}.json")

@@ -26,6 +26,8 @@ from sim.errors import ServesimError
 
 
 def check_moe_distribution(flag: str, value) -> None:
+    if value in ("auto", "balanced"):  # the usual values: no need to load the MoE cost model to check them
+        return
     from backends.costmodel.optables.moe import check_moe_distribution as check
 
     check(flag, str(value))
@@ -63,11 +65,13 @@ class ReplayOptions:
     enable_expert_parallel: bool = option(False, flag="--enable-expert-parallel", boolean=True,
                                           help="a mixture-of-experts model's experts split whole over the --tp GPUs, "
                                                "as vLLM's flag (default: off, each expert split by TP)")
-    moe_distribution: str = option("balanced", flag="--moe-distribution", check=check_moe_distribution,
-                                   metavar="balanced|power-law:ALPHA",
+    moe_distribution: str = option("auto", flag="--moe-distribution", check=check_moe_distribution,
+                                   metavar="auto|balanced|power-law:ALPHA",
                                    help="how a mixture of experts' tokens spread over its experts, priced from the "
-                                        "moe_perf tables that measured it: balanced (default) or power-law:ALPHA "
-                                        "(the tables measure 1.01 and 1.2)")
+                                        "moe_perf tables that measured it: auto (default: the family's skewed "
+                                        "routing, power-law:1.01 for DeepSeek-V3 and Kimi K2, power-law:1.2 for the "
+                                        "others, as AIConfigurator prices them), balanced, or power-law:ALPHA (the "
+                                        "tables measure 1.01 and 1.2)")
     backend: str = option("costmodel", flag="--backend", choices=BACKENDS, metavar="costmodel|real",
                           help="step-time backend: costmodel (default) or real (runs every step through a real "
                                "model)")

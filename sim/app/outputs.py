@@ -2,9 +2,9 @@
 not at all, run folders never overwritten unawares, one writer per folder.
 
     check_folder_destination / check_file_destination   at command start, before the work
-    atomic_path / atomic_write_bytes / atomic_write_text  a unique temporary file in the destination
-                                                          folder, fsynced, renamed into place
-    sync_file                                            a group's files fsynced before any rename
+    atomic_path / atomic_write_bytes / atomic_write_text  (sim/files.py) a unique temporary file in the
+                                                          destination folder, fsynced, renamed into place
+    sync_file                                            (sim/files.py) a group's files fsynced before any rename
     make_run_folder                                      a new folder, its name unique (mkdir, no exist_ok)
     open_run_folder                                      --out claimed, or a new folder under runs/
     claim_folder                                         an --out folder, locked, refused if it holds a
@@ -34,16 +34,14 @@ import socket
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Self
 
 from sim.errors import ServesimError
+from sim.files import TEMP_SUFFIX, _fsync_folder, atomic_path, atomic_write_bytes, atomic_write_text, sync_file  # noqa: F401
 
 LOCK_NAME = "servesim.lock"
-TEMP_SUFFIX = ".tmp"
 
 
 # Destinations, checked at command start.
@@ -137,91 +135,6 @@ def _probe(folder: Path) -> None:
         os.unlink(name)
     except OSError as e:
         raise ServesimError(f"{folder}: cannot write there ({e.strerror or e})") from None
-
-
-# Writing a file whole.
-
-@contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside `path` to write; on leaving the block it is fsynced and renamed
-    onto `path`. If the block fails (a full disk, an interrupt), the temporary file is removed
-    and `path` keeps what it held."""
-    path = Path(path)
-    existed = path.exists()
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-        os.close(fd)
-    except OSError as e:
-        raise ServesimError(f"{path}: cannot write ({e.strerror or e})") from None
-    temp = Path(name)
-    try:
-        yield temp
-        _fsync(temp)
-        os.chmod(temp, _mode_for(path))
-        os.replace(temp, path)
-        _fsync_folder(path.parent)
-    except BaseException as e:
-        try:
-            temp.unlink()
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError):
-            kept = "the file there is unchanged" if existed else "nothing was written"
-            raise ServesimError(f"{path}: cannot write ({e.strerror or e}); {kept}") from None
-        raise
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_path(path) as temp:
-        fd = os.open(temp, os.O_WRONLY | os.O_TRUNC)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def sync_file(path: str | Path) -> None:
-    """fsync a written file: before a group of atomic_path files is renamed into place, so that a
-    disk error leaves every one of them unrenamed (their own fsync then finds nothing to write)."""
-    _fsync(Path(path))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename itself durable (a folder's entries are data too)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems cannot fsync a folder; the rename stands anyway
-        pass
-    finally:
-        os.close(fd)
-
-
-def _mode_for(path: Path) -> int:
-    """The replaced file's permissions, or those a plain open() would give (mkstemp gives 0600)."""
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 # Run folders.

@@ -105,8 +105,8 @@ class RunPlan:
             del d["vllm_version"]  # runs without it keep the summary they had
         if self.tables is not None:
             d["operator_tables"] = self.tables
-        if d["moe_distribution"] == "balanced":
-            del d["moe_distribution"]  # runs without it keep the summary they had
+        if not self.model.num_experts:
+            del d["moe_distribution"]  # dense runs keep the summary they had
         if hasattr(self.backend, "cost_model_summary"):
             d["cost_model"] = self.backend.cost_model_summary()  # per operator: the table or the roofline
         sched = self.options.scheduler
@@ -197,8 +197,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
 
             backend = moe_table_model(model, hardware, system_of(hardware), require_package() / "data", options.tp,
                                       options.dtype, options.kv_cache_dtype, options.enable_expert_parallel,
-                                      distribution=options.moe_distribution, vllm_version=options.vllm_version,
-                                      cache=cache_dir())
+                                      dp=options.dp, distribution=options.moe_distribution,
+                                      vllm_version=options.vllm_version, cache=cache_dir())
         else:
             found = None if options.vllm_version else matching_profile(model, hardware, options.tp, options.dtype,
                                                                         options.kv_cache_dtype)
@@ -260,4 +260,5 @@ def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware,
     from backends.costmodel import make_cost_model
 
     return make_cost_model(model, hardware, calibration, tp=options.tp, dtype=options.dtype,
-                           kv_cache_dtype=options.kv_cache_dtype, enable_expert_parallel=options.enable_expert_parallel)
+                           kv_cache_dtype=options.kv_cache_dtype, enable_expert_parallel=options.enable_expert_parallel,
+                           dp=options.dp)

@@ -14,7 +14,7 @@ from sim.app.options import ReplayOptions
 from sim.app.plan import RunPlan
 from sim.arrivals import RequestStream, TraceArrivals, simulate
 from sim.cluster import Cluster
-from sim.data_parallel import DataParallelGroup, DPResult
+from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPResult, cuda_graph_max_tokens
 from sim.disagg import DisaggregatedCluster, PrefillEngine
 from sim.engine import Engine, SimResult, TokenTimes
 from sim.request import Request
@@ -86,13 +86,16 @@ def make_cluster(plan: RunPlan, requests: list[Request], fast_forward: bool = Tr
 
 
 def make_dp_group(plan: RunPlan, requests: list[Request], fast_forward: bool = True,
-                  progress: Callable[[float, int], None] | None = None) -> DataParallelGroup:
+                  progress: Callable[[float, int], None] | None = None,
+                  clients: ClosedLoopClients | None = None) -> DataParallelGroup:
     """The plan's --dp engine ranks (sim/data_parallel.py), each with its own policy, KV cache
     (`plan.num_blocks`, one rank's: kv_capacity with dp) and step log, sharing the backend. A
-    mixture of experts' ranks step in lockstep, one step at a time; a dense model's each on its own."""
+    mixture of experts' ranks step in lockstep, one step at a time; a dense model's each on its own.
+    `clients`: a closed loop of clients (`sim validate`) instead of `requests`' arrival times."""
     token_times = TokenTimes(requests)
     lockstep = bool(plan.model.num_experts)
-    group = DataParallelGroup(requests, token_times, plan.options.dp, lockstep, progress)
+    graphs = cuda_graph_max_tokens(plan.options.scheduler.max_num_seqs, plan.hardware.name)
+    group = DataParallelGroup(requests, token_times, plan.options.dp, lockstep, progress, graphs, clients)
     for _ in range(plan.options.dp):
         group.add_rank(Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), token_times,
                               plan.max_model_len, fast_forward=fast_forward and not lockstep))

@@ -125,10 +125,14 @@ class Protocol:
     warmup_waves: int | str = "auto"  # the first K x C requests sent are not counted; auto: per row (`warmup_for`)
     unique_prompts: int = 0  # 0: every prompt its own (vLLM's random dataset); N: N prompts sent in turn
     moe_cost_model: str = "tables"  # MoE, MLA, sliding-window rows: "tables" (MoETableCostModel) or "roofline"
+    moe_distribution: str = "auto"  # the moe_perf rows' token distribution (--moe-distribution, as sim replay's)
 
     def __post_init__(self) -> None:
         if self.moe_cost_model not in ("tables", "roofline"):
             raise ServesimError(f"unknown --moe-cost-model {self.moe_cost_model!r}; choose tables or roofline")
+        from backends.costmodel.optables.moe import check_moe_distribution
+
+        check_moe_distribution("--moe-distribution", self.moe_distribution)
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose recipe, auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
@@ -223,7 +227,7 @@ class ThroughApiServer(ClosedLoop):
         horizon = self._last_schedule_s if pipelined else now
         self._last_schedule_s = now
         self._now = now
-        self._catch_up(now)
+        self._send_created(now)
         while self._sent and self._sent[0].arrival_s <= horizon:
             self.engine.submit(self._sent.pop(0))
 
@@ -337,10 +341,13 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
 
 
 def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client: ClientOverhead,
-                 tokens_per_s: float, tables: str, protocol: Protocol, concurrency: int | None = None,
-                 num_blocks: int | None = None) -> dict:
-    """Simulate one measured benchmark (or one DP rank's share of its clients, `concurrency`)."""
-    c, isl, osl = int(row["concurrency"] if concurrency is None else concurrency), int(row["isl"]), int(row["osl"])
+                 tokens_per_s: float, tables: str, protocol: Protocol, num_blocks: int | None = None,
+                 dp: int = 1, enable_expert_parallel: bool = False) -> dict:
+    """Simulate one measured benchmark: one engine, or with `dp` > 1 a DP group of `dp` engine
+    ranks of `tp` GPUs in lockstep behind vLLM's DP load balancer (sim/data_parallel.py, as
+    `sim replay --dp` runs them), each rank launched with the row's --max-num-seqs C and
+    `num_blocks` KV blocks, the benchmark's C clients in front of the API server."""
+    c, isl, osl = int(row["concurrency"]), int(row["isl"]), int(row["osl"])
     n = protocol.prompts_per_client * c
     budget = max(protocol.max_num_batched_tokens, c)
     asynchronous = protocol.async_for(row)
@@ -348,20 +355,30 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl, async_scheduling=asynchronous),
         cache=CacheConfig(num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
         model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
-        kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed)
+        kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed,
+        dp=dp, enable_expert_parallel=enable_expert_parallel)
     plan = resolve(options, backend=backend)
     isls, osls = protocol.lengths(isl, osl, n)
     requests = protocol.requests(isls, osls)
-    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
     warmup, warmup_why = protocol.warmup_for(
         row, first_wave_ttft_bound_ms(c, float(np.mean(isls)), tokens_per_s, protocol.prompts_per_client))
-    # The engine schedules as vLLM's AsyncScheduler does (sim/engine.py), so the client delivers at once.
-    workload = ThroughApiServer(requests, [0.0] * n, c, engine, client, False)
-    result = simulate(engine, workload)
+    if dp > 1:
+        from sim.app.replay import make_dp_group
+        from sim.data_parallel import ClosedLoopClients
+
+        clients = ClosedLoopClients(requests, c, lambda r: client.seconds(r.num_prompt_tokens))
+        result = make_dp_group(plan, requests, clients=clients).run()
+        sent_s = clients.sent_s
+    else:
+        engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
+        # The engine schedules as vLLM's AsyncScheduler does (sim/engine.py), so the client delivers at once.
+        workload = ThroughApiServer(requests, [0.0] * n, c, engine, client, False)
+        result = simulate(engine, workload)
+        sent_s = workload.sent_s
     rejected = [r for r in result.requests if r.reject_reason is not None]
     if rejected:
         raise ServesimError(f"{len(rejected)} of {n} requests rejected: {rejected[0].reject_reason}")
-    ttft, ttft_engine, tpot = client_means(result.requests, workload.sent_s, warmup * c)
+    ttft, ttft_engine, tpot = client_means(result.requests, sent_s, warmup * c)
     # The token rate the measurement implies (closed loop: C clients, each cycle TTFT + (O - 1) TPOT,
     # each request's prompt and its O - 1 decode tokens through the GEMMs).
     mean_osl = float(np.mean(osls))
@@ -398,10 +415,9 @@ def moe_layout(row, model) -> tuple[int, int, bool]:
 def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str | None, kv_cache: str,
                     cache: dict) -> dict:
     """Simulate a MoE (MLA, sliding-window) row with the operator tables of its system
-    (backends/costmodel/optables/moe.py). DP > 1: each DP rank an engine of its own with its share of
-    the clients (the first C mod DP ranks one more); the engine has no lockstep of DP ranks yet, so the
-    ranks are independent (the MoE layer is priced at DP x this rank's tokens, the ranks' dispatch and
-    combine included); the means are over every rank's requests."""
+    (backends/costmodel/optables/moe.py). DP > 1: the DP ranks in lockstep behind vLLM's DP load
+    balancer, fed by the benchmark's C clients (`simulate_row`); each lockstep step's MoE layers
+    priced from every rank's tokens (dispatch, kernel and combine: `dp_moe_parts`)."""
     from backends.costmodel.optables.moe import max_tokens_per_s, moe_table_model
     from backends.costmodel.roofline import MoERooflineCostModel
     from backends.hardware import resolve_hardware
@@ -410,41 +426,31 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     tp, dp, ep = moe_layout(row, model)
     hardware = resolve_hardware(hardware_for(row["system"]))
     dtype = "fp8" if str(row["precision"]) == "fp8" and not model.weight_dtype else "bf16"
-    key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version)
+    key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version, protocol.moe_distribution)
     if key not in cache:
         if protocol.moe_cost_model == "roofline":
             cache[key] = MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
-                                              enable_expert_parallel=ep)
-            cache[key].moe_tp, cache[key].ep = model.moe_parallel(tp, dp, ep)
+                                              enable_expert_parallel=ep, dp=dp)
         else:
             cache[key] = moe_table_model(model, hardware, row["system"], data_dir, tp, dtype, kv_cache, ep, dp=dp,
-                                         vllm_version=version)
+                                         vllm_version=version, distribution=protocol.moe_distribution)
     backend = cache[key]
     c = int(row["concurrency"])
-    shares = [c // dp + (1 if r < c % dp else 0) for r in range(dp)]
-    shares = [s for s in shares if s > 0]
-    budget = max(protocol.max_num_batched_tokens, max(shares))
+    budget = max(protocol.max_num_batched_tokens, c)
     kv = kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=budget,
-                     max_num_seqs=max(shares), tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
+                     max_num_seqs=c, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
                      max_model_len=int(row["isl"]) + int(row["osl"]), dp=dp, enable_expert_parallel=ep)
     ops = backend.cost_model_summary()["operators"] if hasattr(backend, "cost_model_summary") else \
         {"moe": "the MoE roofline (--moe-cost-model roofline)"}
     note = "; ".join(f"{k}: {v}" for k, v in ops.items() if k in ("moe", "linear", "attention", "allreduce",
                                                                       "dispatch", "combine"))
-    results, weights = [], []
-    for share in sorted(set(shares)):
-        results.append(simulate_row(row, backend, tp, dtype, kv_cache, ClientOverhead(),
-                                    max_tokens_per_s(backend, budget), note, protocol, concurrency=share,
-                                    num_blocks=kv.num_gpu_blocks))
-        weights.append(shares.count(share) * share)
-    out = dict(results[-1])
-    for k in ("predicted_ttft_ms", "predicted_tpot_ms", "predicted_engine_ttft_ms"):
-        out[k] = float(np.average([r[k] for r in results], weights=weights))
-    out["num_preemptions"] = sum(r["num_preemptions"] * shares.count(s) for r, s in zip(results, sorted(set(shares))))
+    out = simulate_row(row, backend, tp, dtype, kv_cache, ClientOverhead(), max_tokens_per_s(backend, budget), note,
+                       protocol, num_blocks=kv.num_gpu_blocks, dp=dp, enable_expert_parallel=ep)
     out["notes"] = (f"TP {tp} x DP {dp}{' EP' if ep else ''} (MoE TP {backend.moe_tp}, EP {backend.ep}): "
                     + ("one engine" if dp == 1 else
-                       f"DP ranks simulated as independent engines with {'/'.join(map(str, shares))} of the "
-                       f"{c} clients (no lockstep of DP ranks yet); the MoE layer priced at DP x a rank's tokens"))
+                       f"{dp} DP ranks in lockstep behind vLLM's DP load balancer (sim/data_parallel.py, as sim replay "
+                       f"--dp), the {c} clients spread by it; each step's MoE layers priced from every rank's tokens "
+                       f"(dispatch, kernel, combine), idle ranks' dummy batches included"))
     return out
 
 
@@ -533,19 +539,18 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
             try:
                 from backends.model_config import resolve_model
 
-                model = models.get(row["model_source"]) or models.setdefault(row["model_source"],
-                                                                             resolve_model(row["model_source"]))
+                model = models.get(row["model_source"])
+                if model is None:
+                    model = models[row["model_source"]] = resolve_model(row["model_source"])
                 if model.is_extended:
                     prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
                                                  "fp8" if kv == "fp8" else "auto", moe_models)
                 elif key not in profiles:
                     from backends.hardware import resolve_hardware
-                    from backends.model_config import resolve_model
 
                     if (row["system"], version) not in tables:
                         tables[row["system"], version] = load_tables(ops_dir, row["system"], version=version)
                     hardware = resolve_hardware(hardware_for(row["system"]))
-                    model = resolve_model(row["model_source"])
                     profiles[key] = build_profile(tables[row["system"], version], model.name, model, hardware.name,
                                                   key[2], dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth,
                                                   pcie_bytes_per_s=hardware.pcie_bandwidth)

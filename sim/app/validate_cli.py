@@ -21,7 +21,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     protocol = Protocol(range_ratio=args.range_ratio, prompts_per_client=args.prompts_per_client,
                         max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
                         kv_cache_dtype=args.kv_cache_dtype, async_scheduling=asynchronous, warmup_waves=warmup,
-                        unique_prompts=args.unique_prompts, moe_cost_model=args.moe_cost_model)
+                        unique_prompts=args.unique_prompts, moe_cost_model=args.moe_cost_model,
+                        moe_distribution=args.moe_distribution)
     started = time.perf_counter()
     show = sys.stderr.isatty() and not args.quiet
 
@@ -95,6 +96,9 @@ def register(sub) -> None:
     p.add_argument("--moe-cost-model", default=default.moe_cost_model, choices=("tables", "roofline"),
                    help="how MoE, MLA and sliding-window rows are priced: tables (each operator from the system's "
                         "measured tables, else the roofline; default) or roofline (the MoE roofline alone)")
+    p.add_argument("--moe-distribution", default=default.moe_distribution, metavar="auto|balanced|power-law:ALPHA",
+                   help="the token distribution over experts of the moe_perf rows that price MoE rows, as sim "
+                        f"replay's --moe-distribution (default: {default.moe_distribution}, the family's skewed routing)")
     p.add_argument("--unique-prompts", type=UNIQUE_PROMPTS.flag_type("--unique-prompts"),
                    default=default.unique_prompts, metavar="N",
                    help="the client cycles through N prompts (AIPerf's and genai-perf's dataset of 100 by default) "

@@ -6,26 +6,39 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
 
 - moe: the fused-MoE kernel from `moe_perf` (vLLM's tables) at the model's exact shape (hidden,
   moe_intermediate_size, top-k, experts), MoE TP and EP, expert dtype and token distribution
-  (balanced by default; `--moe-distribution power-law:ALPHA` for the skewed ones measured),
+  (`--moe-distribution`: by default, `auto`, the family's skewed routing, `family_distribution`;
+  or balanced, or power-law:ALPHA for the skewed ones measured),
   log-log in tokens between grid points, exact on them. The kernel is the one vLLM 0.33 picks on
   Hopper (vllm/model_executor/layers/fused_moe/oracle/fp8.py, `_get_priority_backends`: block fp8
   runs Triton under TP and FlashInfer CUTLASS under EP), else the one the tables measured most.
   A shape the table does not hold is the roofline's (never interpolated across models).
   Tokens: the MoE layer of a DP > 1 deployment sees every DP rank's tokens (the dispatch gathers
-  them), taken as dp x this rank's tokens (ranks equally loaded: no lockstep of DP ranks yet).
+  them): a DP group's lockstep step prices it once from every rank's tokens (`dp_moe_parts`,
+  backends/costmodel/roofline.py; sim/data_parallel.py), and a step priced alone (`execute`)
+  takes every rank as loaded as this one.
 - linear: attention's QKV and O projections, the dense MLPs and the shared experts from the GEMM
-  table (`gemm_curve`, the operator-table model's own) in the checkpoint's dtype; MLA's
-  projections stay the roofline's.
+  table (`gemm_curve`, the operator-table model's own) in the checkpoint's dtype. An MLA model's
+  linear stays the roofline's; where its MLA module tables price attention (below), its
+  projections are in them and linear is the roofline's dense MLPs and shared experts alone. (Not
+  from the GEMM table: its block-fp8 rows on H200 take 57 to 90 us at every m up to 64, e.g. n 512,
+  k 7168, where the per-tensor fp8 kernel takes 10 us and the whole MLA module, three block-fp8
+  GEMMs among its kernels, takes about 150 us under a CUDA graph: a floor of their collection that
+  vLLM's CUDA-graph decode does not pay.)
 - attention: full-attention GQA layers from the context and generation attention tables (as the
   dense operator model prices them); sliding-window layers from the rows measured at the layer's
-  window (`window_size`), at the window's KV length; MLA stays the roofline's.
+  window (`window_size`), at the window's KV length; MLA layers from the MLA module tables
+  (backends/costmodel/optables/mla.py: the whole layer, its projections, norms, RoPE and KV-cache
+  write included, so that linear, kv_write and elementwise leave them out: nothing counted twice),
+  else the roofline's.
 - allreduce: two per layer under TP, vLLM's custom all-reduce table up to 8 MiB, NCCL's table past it.
 - dispatch and combine (DP > 1): vLLM's default all2all backend, `allgather_reducescatter`
   (vllm/config/parallel.py, `all2all_backend`; vllm/distributed/device_communicators/all2all.py,
-  `AgRsAll2AllManager`): `dispatch` all-gathers each DP rank's hidden states (bf16), top-k
-  weights (fp32) and top-k ids (int32) over the DP group; `combine` reduce-scatters the MoE
-  output (bf16, every rank's tokens) back. Both from the NCCL table (`all_gather`,
-  `reduce_scatter`, message_size in 2-byte elements as collect_nccl.py stores them).
+  `AgRsAll2AllManager`): `dispatch` all-gathers each member's hidden states (bf16), top-k
+  weights (fp32) and top-k ids (int32) over the MoE group (the DP group, or the tp x dp EP group
+  under sequence-parallel MoE); `combine` reduce-scatters the MoE output (bf16, every rank's
+  tokens) back (`MoERooflineCostModel.dp_moe_parts` says how). Both from the NCCL table
+  (`all_gather`, `reduce_scatter` among the group's GPUs, message_size in 2-byte elements as
+  collect_nccl.py stores them), the roofline's ring where the table has no rows.
 
 Interpolation: exact on grid points, log-log between them; tokens past a curve's last point are
 scaled linearly (counted in `extrapolated`, per operator, and said in summary.json) and sizes
@@ -41,7 +54,7 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -49,7 +62,8 @@ import numpy as np
 
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
-from backends.costmodel.roofline import MoERooflineCostModel
+from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
+from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
 from sim.errors import ServesimError
@@ -60,7 +74,6 @@ MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "mxfp4
 LINEAR_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block"}
 DISTRIBUTION = re.compile(r"^power-law:(?P<alpha>\d+(\.\d+)?)$")
 ACTIVATION_BYTES = 2  # bf16 hidden states
-TOPK_BYTES = 4 + 4  # a top-k weight (fp32) and id (int32) per (token, expert)
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes messages up to 8 MiB (derive.py)
 RUN_CHUNK = 256  # decode steps per cached stretch of a batch size's step times (see MoETableCostModel.decode_run)
 MAX_RUN_CHUNKS = 4096  # cached stretches at most (16 MiB); the cache starts afresh past it
@@ -70,12 +83,25 @@ NO_STEP = StepAggregates(0, 0, 0, 0, 0, 0, 0, 0, 0)  # for the parts that do not
 
 
 def check_moe_distribution(flag: str, value: str) -> None:
-    if value != "balanced" and DISTRIBUTION.match(value) is None:
-        raise ServesimError(f"{flag} {value!r}: give balanced or power-law:ALPHA (e.g. power-law:1.2)")
+    if value not in ("auto", "balanced") and DISTRIBUTION.match(value) is None:
+        raise ServesimError(f"{flag} {value!r}: give auto, balanced or power-law:ALPHA (e.g. power-law:1.2)")
+
+
+def family_distribution(model) -> str:
+    """`--moe-distribution auto`: how a MoE family's router spreads a step's tokens over its experts.
+    A trained router is skewed (some experts take many more tokens than others), so a step's
+    fused-MoE kernel waits on its busiest experts when many tokens run (slower than balanced) and
+    reads fewer experts' weights when few do (a decode step: faster than balanced). The moe_perf
+    tables measure that skew as a power law of exponent ALPHA; AIConfigurator, whose tables these
+    are, prices every MoE model with one (its `workload_distribution` default, "power_law"): alpha
+    1.01 for the DeepSeek family (aiconfigurator_core/sdk/models/deepseek.py, `_power_law_alpha`;
+    servesim's MLA models: DeepSeek-V3/R1, Kimi K2) and 1.2 for the others (sdk/models/moe.py:
+    Qwen3-MoE, Mixtral, gpt-oss, MiniMax)."""
+    return "power-law:1.01" if model.kv_lora_rank else "power-law:1.2"
 
 
 def table_distribution(value: str) -> str:
-    """--moe-distribution's value as moe_perf names it: balanced, power_law_1.2."""
+    """--moe-distribution's value (not auto) as moe_perf names it: balanced, power_law_1.2."""
     check_moe_distribution("--moe-distribution", value)
     m = DISTRIBUTION.match(value)
     return "balanced" if m is None else f"power_law_{m.group('alpha')}"
@@ -147,44 +173,38 @@ def nccl_lookup(frame, op: str, num_gpus: int) -> Curve | None:
     return None if pair is None else Curve(*pair)
 
 
-def dispatch_bytes(tokens_per_rank: int, hidden: int, topk: int, dp: int) -> int:
-    """The all-gather of `AgRsAll2AllManager.dispatch`: every DP rank's hidden states (bf16),
-    top-k weights (fp32) and ids (int32), gathered on each rank: dp x t x (hidden x 2 + topk x 8)."""
-    return dp * tokens_per_rank * (hidden * ACTIVATION_BYTES + topk * TOPK_BYTES)
-
-
-def combine_bytes(tokens_per_rank: int, hidden: int, dp: int) -> int:
-    """The reduce-scatter of `AgRsAll2AllManager.combine`: the MoE output of every rank's tokens (bf16)."""
-    return dp * tokens_per_rank * hidden * ACTIVATION_BYTES
-
-
 class MoETableCostModel(MoERooflineCostModel):
     """The MoE roofline with each operator a table measures priced from the table (module doc)."""
 
     name = "costmodel"
 
     def __init__(self, model, hardware, tables, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto",
-                 enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "balanced",
-                 moe_table=None, derived: dict | None = None):
+                 enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "auto",
+                 moe_table=None, mla_tables: MLATables | str | None = None, derived: dict | None = None):
         """`tables`: a TableSet of the system (load_layout: gemm, attention, custom all-reduce, NCCL);
-        `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None. `derived`: what
-        `derived()` gave for the same arguments instead (the tables then are not read: None)."""
-        self._dp = dp
+        `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None; `mla_tables`: its
+        MLA module tables (mla.read_mla_tables), None where it has none, or why they cannot be read.
+        `derived`: what `derived()` gave for the same arguments instead (the tables then are not
+        read: None)."""
         self._tables_ready = False
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                         enable_expert_parallel=enable_expert_parallel)
-        if dp > 1:
-            self.moe_tp, self.ep = model.moe_parallel(tp, dp, enable_expert_parallel)
+                         enable_expert_parallel=enable_expert_parallel, dp=dp)
+        auto = distribution == "auto"
+        if auto:
+            distribution = family_distribution(model)
         self.distribution = table_distribution(distribution)
         self.extrapolated: dict[str, int] = {}
+        self._mla: MLAModule | None = None
+        self._mla_reason = ""
         if derived is None:
-            self._derive(tables, kv_cache_dtype, distribution, moe_table)
+            self._derive(tables, kv_cache_dtype, distribution, auto, moe_table, mla_tables)
         else:
             self._restore(derived)
         self._by_tokens: dict[int, tuple] = {}  # dense()'s table parts by token count
         self._tables_ready = True
         self._dense_cache.clear()
-        # The fast paths of `execute` and `decode_run` (full-attention GQA priced from the tables):
+        # The fast paths of `execute` and `decode_run` (full attention priced from the tables: GQA, or MLA
+        # from its module tables):
         # the parts that depend on the step's token and logits counts alone, kept by those counts;
         # decode runs' stretches (see decode_run); first prefill chunks' attention by length.
         self._fast = self._attention is not None and self.decodes_from_sums
@@ -195,7 +215,8 @@ class MoETableCostModel(MoERooflineCostModel):
 
     # ---- derivation
 
-    def _derive(self, tables, kv_cache_dtype: str, distribution: str, moe_table) -> None:
+    def _derive(self, tables, kv_cache_dtype: str, distribution: str, auto: bool, moe_table,
+                mla_tables: MLATables | str | None) -> None:
         self.system = tables.system
         self.sources: dict[str, str] = {}
         self.notes: list[str] = []
@@ -211,40 +232,60 @@ class MoETableCostModel(MoERooflineCostModel):
                              self.moe_tp, self.ep, MOE_DTYPES.get(self.experts_dtype, self.experts_dtype),
                              self.distribution)
             found = moe_curve(moe_table.frame, shape)
+            if isinstance(found, str) and auto and not isinstance(
+                    balanced := moe_curve(moe_table.frame, replace(shape, distribution="balanced")), str):
+                # The family's skew is not measured at this shape, the balanced one is: take it, and say so.
+                self.notes.append(f"moe: no {shape.distribution} rows at this shape; priced balanced")
+                found, shape = balanced, replace(shape, distribution="balanced")
+                self.distribution = "balanced"
             if isinstance(found, str):
-                self.sources["moe"] = f"roofline: {found} ({Path(moe_table.path[0]).name} vLLM {moe_table.version})"
+                self.sources["moe"] = f"roofline: {found} ({Path(moe_table.path).name} vLLM {moe_table.version})"
             else:
                 kernel, xs, ys = found
                 self._moe = Curve(xs, ys)
                 self.sources["moe"] = (f"moe_perf vLLM {moe_table.version} ({moe_table.how}): {kernel}, "
                                        f"{shape.moe_dtype}, MoE TP {shape.moe_tp_size} EP {shape.moe_ep_size}, "
                                        f"{shape.distribution}; tokens {int(xs[0])}..{int(xs[-1])}")
-        if m.num_experts and not self.distribution == "balanced" and self._moe is None:
+        if m.num_experts and not auto and not self.distribution == "balanced" and self._moe is None:
             raise ServesimError(f"--moe-distribution {distribution} is a distribution the moe_perf tables measured; "
                                 f"{self.sources['moe']}")
+        if m.kv_lora_rank:
+            self._derive_mla(tables.system, mla_tables, kv_cache_dtype)
         self._linear_curves = self._derive_linear(tables)
         self._derive_attention(tables, kv_cache_dtype)
         self._derive_collectives(tables)
 
     def derived(self) -> dict | None:
-        """What the tables gave this model (curves, grids, sources, notes) as JSON's values, floats
-        as Python writes them back exactly (`_restore` makes the same model from them); None where
-        an array is not of float64 (it would not come back the same)."""
+        """What the tables gave this model (curves, grids, sources, notes, the MoE distribution as
+        priced, the MLA module's grids or why there are none) as JSON's values, floats as Python
+        writes them back exactly (`_restore` makes the same model from them); None where an array
+        is not of float64 (it would not come back the same)."""
+        mla = self._mla
+        grids = [] if mla is None else [mla.context, mla.generation]
+        if self._attention is not None and mla is None:
+            grids += list(self._attention.values())
         arrays = [c.ys for c in (self._moe, *(getattr(self, name) for name in COLLECTIVES)) if c is not None]
         arrays += [c.ys for c, _ in self._linear_curves or []]
-        arrays += [g.grid for g in (self._attention or {}).values()]
+        arrays += [g.grid for g in grids]
         if any(np.asarray(a).dtype != np.float64 for a in arrays):
             return None
 
         def curve(c: Curve | None):
             return None if c is None else {"xs": c.xs.tolist(), "ys": c.ys.tolist(), "power": c.power}
 
-        return {"system": self.system, "sources": dict(self.sources), "notes": list(self.notes), "moe": curve(self._moe),
+        def grid(g: Grid) -> dict:
+            return {"xa": g.xa.tolist(), "xb": g.xb.tolist(), "grid": g.grid.tolist(), "power_a": g.power_a,
+                    "power_b": g.power_b}
+
+        return {"system": self.system, "sources": dict(self.sources), "notes": list(self.notes),
+                "distribution": self.distribution, "moe": curve(self._moe),
                 "linear": None if self._linear_curves is None else [[curve(c), n] for c, n in self._linear_curves],
-                "attention": None if self._attention is None else [
-                    {"window": w, "kind": k, "xa": g.xa.tolist(), "xb": g.xb.tolist(),
-                     "grid": g.grid.tolist(), "power_a": g.power_a, "power_b": g.power_b}
-                    for (w, k), g in self._attention.items()],
+                # an MLA model's attention is its module's generation grid (`_derive_attention`)
+                "attention": None if self._attention is None or mla is not None else [
+                    {"window": w, "kind": k, **grid(g)} for (w, k), g in self._attention.items()],
+                "mla": None if mla is None else {"context": grid(mla.context), "generation": grid(mla.generation),
+                                                 "source": mla.source},
+                "mla_reason": self._mla_reason,
                 "collectives": {name: curve(getattr(self, name)) for name in COLLECTIVES}}
 
     def _restore(self, derived: dict) -> None:
@@ -252,15 +293,45 @@ class MoETableCostModel(MoERooflineCostModel):
             return None if c is None else Curve(np.array(c["xs"], dtype=np.float64),
                                                 np.array(c["ys"], dtype=np.float64), c["power"])
 
+        def grid(g) -> Grid:
+            return Grid(np.array(g["xa"], dtype=np.float64), np.array(g["xb"], dtype=np.float64),
+                        np.array(g["grid"], dtype=np.float64), g["power_a"], g["power_b"])
+
         self.system, self.sources, self.notes = derived["system"], dict(derived["sources"]), list(derived["notes"])
+        self.distribution = derived["distribution"]
         self._moe = curve(derived["moe"])
         self._linear_curves = None if derived["linear"] is None else [(curve(c), n) for c, n in derived["linear"]]
         self._attention = None if derived["attention"] is None else {
-            (g["window"], g["kind"]): Grid(np.array(g["xa"], dtype=np.float64), np.array(g["xb"], dtype=np.float64),
-                                           np.array(g["grid"], dtype=np.float64), g["power_a"], g["power_b"])
-            for g in derived["attention"]}
+            (g["window"], g["kind"]): grid(g) for g in derived["attention"]}
+        self._mla, self._mla_reason = None, derived["mla_reason"]
+        if derived["mla"] is not None:
+            mla = derived["mla"]
+            module = MLAModule(grid(mla["context"]), grid(mla["generation"]), mla["source"])
+            self._set_mla(module)
+            self._attention = {(0, "generation"): module.generation}  # as _derive_attention sets it
         for name in COLLECTIVES:
             setattr(self, name, curve(derived["collectives"][name]))
+
+    def _derive_mla(self, system: str, mla_tables: MLATables | str | None, kv_cache_dtype: str) -> None:
+        """The MLA module tables' grids for this model (mla.py), or the reason they cannot price it."""
+        m = self.model
+        if mla_tables is None:
+            self._mla_reason = f"{system} has no MLA module tables for vLLM"
+        elif isinstance(mla_tables, str):
+            self._mla_reason = mla_tables
+        else:
+            found = mla_module(mla_tables, m, self._heads, self.weights_dtype, kv_cache_dtype)
+            if isinstance(found, str):
+                self._mla_reason = f"{found} ({mla_tables.describe})"
+            else:
+                self._set_mla(found)
+
+    def _set_mla(self, module: MLAModule) -> None:
+        """Price MLA layers from `module`; the roofline's RoPE per token, which it holds (elementwise)."""
+        m = self.model
+        self._mla = module
+        q_k_width = (self._heads + self._kv_heads) * m.qk_rope_head_dim
+        self._rope_s_per_token = m.num_hidden_layers * ACTIVATION_BYTES * 2 * q_k_width / self._bytes_s
 
     def _gemm_rows(self, tables, dtype: str):
         from backends.costmodel.optables.derive import kernels_by_preference
@@ -279,7 +350,11 @@ class MoETableCostModel(MoERooflineCostModel):
 
         m, tp, h = self.model, self.tp, self.model.hidden_size
         if m.kv_lora_rank:
-            self.sources["linear"] = "roofline: MLA's projections (no table of them is read yet)"
+            if self._mla is None:
+                self.sources["linear"] = f"roofline: MLA's projections (no MLA module table prices them: {self._mla_reason})"
+            else:  # see the module doc: the gemm table's block-fp8 rows were not measured as vLLM runs them
+                self.sources["linear"] = ("roofline: the dense MLPs and shared experts, as before (MLA's projections "
+                                          "in attention's MLA module tables)")
             return None
         kernel, rows = self._gemm_rows(tables, self.weights_dtype)
         if rows is None:
@@ -305,7 +380,13 @@ class MoETableCostModel(MoERooflineCostModel):
 
         m = self.model
         if m.kv_lora_rank:
-            self.sources["attention"] = "roofline: MLA (no table of its modules is read yet)"
+            if self._mla is None:
+                self.sources["attention"] = f"roofline: MLA ({self._mla_reason})"
+                return
+            self._attention = {(0, "generation"): self._mla.generation}  # the decodes' lookups, as GQA's
+            self.sources["attention"] = self._mla.source
+            self.sources["kv_write"] = "in attention (the MLA module tables write the latents to the KV cache)"
+            self.sources["elementwise"] = "roofline, less MLA's RoPE (in attention's MLA module tables)"
             return
         kv = "fp8" if kv_cache_dtype == "fp8" else "bf16"
         grids = {}
@@ -349,13 +430,17 @@ class MoETableCostModel(MoERooflineCostModel):
                 self.sources["allreduce"] = ("custom all-reduce table (CUDA graph) up to 8 MiB" if self._ar_custom
                                              else "no custom all-reduce table") + (
                     ", NCCL table past it" if self._ar_nccl is not None else ", the roofline's ring past it")
-        if self._dp > 1 and self.model.num_experts:
-            self._gather = nccl_lookup(tables.nccl, "all_gather", self._dp)
-            self._scatter = nccl_lookup(tables.nccl, "reduce_scatter", self._dp)
-            self.sources["dispatch"] = ("NCCL all_gather table" if self._gather is not None
-                                        else "roofline: a ring over the link (no NCCL all_gather table)")
-            self.sources["combine"] = ("NCCL reduce_scatter table" if self._scatter is not None
-                                       else "roofline: a ring over the link (no NCCL reduce_scatter table)")
+        if self.dp > 1 and self.model.num_experts:
+            g = self.moe_group
+            group = f"among {g} GPUs ({'the EP group, sequence-parallel MoE' if self.sequence_parallel_moe else 'the DP group'})"
+            self._gather = nccl_lookup(tables.nccl, "all_gather", g)
+            self._scatter = nccl_lookup(tables.nccl, "reduce_scatter", g)
+            how = "vLLM's allgather_reducescatter (AgRsAll2AllManager)"
+            self.sources["dispatch"] = (f"NCCL all_gather table {group}, {how}" if self._gather is not None
+                                        else f"roofline: a ring over the link {group} (no NCCL all_gather table), {how}")
+            self.sources["combine"] = (f"NCCL reduce_scatter table {group}, {how}" if self._scatter is not None
+                                       else f"roofline: a ring over the link {group} (no NCCL reduce_scatter table), "
+                                       f"{how}")
 
     # ---- pricing
 
@@ -382,8 +467,27 @@ class MoETableCostModel(MoERooflineCostModel):
         return self._curve_at(op, pair, np.maximum(size, 1.0))
 
     def _ring(self, size, n: int):
-        link = self.hardware.link_bandwidth or self.hardware.nvlink_bandwidth
-        return (n - 1) / n * size / link + 5e-6
+        return ring_seconds(self.hardware, size, n)
+
+    def _dense_moe(self, t):
+        if getattr(self, "_tables_ready", False):
+            return 0.0  # `_token_parts` prices it
+        return super()._dense_moe(t)
+
+    def moe_seconds(self, t):
+        if self._moe is None or not getattr(self, "_tables_ready", False):
+            return super().moe_seconds(t)
+        return self.model.num_moe_layers * self._curve_at("moe", self._moe, t)
+
+    def dispatch_seconds(self, num_bytes: float) -> float:
+        if self._gather is None:
+            return super().dispatch_seconds(num_bytes)
+        return float(self._pair("dispatch", self._gather, num_bytes))
+
+    def combine_seconds(self, num_bytes: float) -> float:
+        if self._scatter is None:
+            return super().combine_seconds(num_bytes)
+        return float(self._pair("combine", self._scatter, num_bytes))
 
     def dense(self, t: int, num_logits: int) -> tuple:
         if not getattr(self, "_tables_ready", False):
@@ -392,10 +496,14 @@ class MoETableCostModel(MoERooflineCostModel):
         if by_tokens is None:  # the roofline's parts of t tokens, the tables' where they price them
             linear, router, moe, kv_write, layers_elementwise, allreduce = self.dense_tokens(t)
             linear, moe, allreduce = self._token_parts(t, linear, moe, allreduce)
+            if self._mla is not None:  # the module tables hold MLA's KV-cache write (mla.py)
+                kv_write = 0.0
             by_tokens = self._by_tokens[t] = (linear, router, moe, kv_write, layers_elementwise, allreduce)
         linear, router, moe, kv_write, layers_elementwise, allreduce = by_tokens
-        return (linear, router, moe, kv_write, self.elementwise_seconds(layers_elementwise, t, num_logits),
-                self.lm_head_seconds(num_logits), allreduce)
+        elementwise = self.elementwise_seconds(layers_elementwise, t, num_logits)
+        if self._mla is not None:  # and MLA's RoPE
+            elementwise = elementwise - t * self._rope_s_per_token
+        return linear, router, moe, kv_write, elementwise, self.lm_head_seconds(num_logits), allreduce
 
     def _token_parts(self, t: int, linear, moe, allreduce) -> tuple:
         """(linear, moe, allreduce) of t tokens from the tables (the roofline's where none)."""
@@ -404,8 +512,12 @@ class MoETableCostModel(MoERooflineCostModel):
         if self._linear_curves is not None:
             linear = sum(layers * self._curve_at("linear", c, tokens) for c, layers in self._linear_curves)
             linear = float(linear) if t else 0.0
-        if self._moe is not None:
-            moe = float(m.num_moe_layers * self._curve_at("moe", self._moe, tokens * self._dp)) if t else 0.0
+        elif self._mla is not None:  # the roofline's dense MLPs and shared experts (MLA's projections: attention)
+            linear = max(0.0, float(linear - m.num_hidden_layers * self._attention_linear(t)))
+        if m.num_experts and self.dp == 1:
+            moe = float(self.moe_seconds(tokens)) if t else 0.0
+        elif m.num_experts:  # every DP rank as loaded as this one: the kernel, dispatch and combine
+            moe = self.lockstep_moe_seconds(t)
         if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
             size = t * h * ACTIVATION_BYTES
             if self._ar_custom is not None and size <= CUSTOM_ALLREDUCE_MAX_BYTES:
@@ -415,11 +527,6 @@ class MoETableCostModel(MoERooflineCostModel):
             else:
                 one = self._ring(size, self.tp)
             allreduce = float(2 * m.num_hidden_layers * one) if t else 0.0
-        if self._dp > 1 and m.num_experts and t:
-            d, c = dispatch_bytes(t, h, m.num_experts_per_tok, self._dp), combine_bytes(t, h, self._dp)
-            dispatch = self._pair("dispatch", self._gather, d) if self._gather is not None else self._ring(d, self._dp)
-            combine = self._pair("combine", self._scatter, c) if self._scatter is not None else self._ring(c, self._dp)
-            moe = moe + m.num_moe_layers * float(dispatch + combine)
         return linear, moe, allreduce
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
@@ -439,12 +546,26 @@ class MoETableCostModel(MoERooflineCostModel):
     def request_seconds(self, q: int, c: int) -> float:
         if self._attention is None or not getattr(self, "_tables_ready", False):
             return super().request_seconds(q, c)
+        if self._mla is not None:
+            return self._chunks_attention([(q, c)])
         total = 0.0
         if self._full_layers:
             total += self._full_layers * self._window_attention(0, q, c)
         if self._sliding_layers:
             total += self._sliding_layers * self._window_attention(self.model.sliding_window, q, c)
         return total
+
+    def _chunks_attention(self, chunks: list[tuple[int, int]]) -> float:
+        """Every layer's attention of a step's prefill chunks: MLA's as one batch from the module
+        tables (mla.MLAModule.chunks), GQA's each on its own (request_seconds)."""
+        if self._mla is None:
+            return sum(self.request_seconds(q, c) for q, c in chunks)
+        if not chunks:
+            return 0
+        t, off = self._mla.chunks(chunks)
+        if off:
+            self.extrapolated["attention"] = self.extrapolated.get("attention", 0) + off
+        return self.model.num_hidden_layers * t
 
     def _decodes_attention(self, window: int, kv_lens: list[int]) -> float:
         """One layer's attention of a step's decodes as one batch at their mean KV length (the
@@ -480,14 +601,14 @@ class MoETableCostModel(MoERooflineCostModel):
                 t0, scaled0 = self._attention[0, "generation"].at(n0, max(agg.decode_sum_context / n0, 1.0))
                 self._count_flags(scaled0)
                 attention = self.model.num_hidden_layers * t0
-            parts["attention"] = attention + sum(self.request_seconds(q, c) for q, c in chunks)
+            parts["attention"] = attention + self._chunks_attention(chunks)
             return parts
         n = np.asarray(agg.num_decodes, dtype=np.float64)
         mean = np.asarray(agg.decode_sum_context, dtype=np.float64) / np.maximum(n, 1.0)
         t, scaled = self._attention[0, "generation"].many(np.maximum(n, 1.0), np.maximum(mean, 1.0))
         self._count("attention", scaled & (n > 0))
         decodes = self.model.num_hidden_layers * np.where(n > 0, t, 0.0)
-        others = sum(self.request_seconds(q, c) for q, c in chunks)
+        others = self._chunks_attention(chunks)
         attention = decodes + others
         parts["attention"] = float(attention) if np.ndim(attention) == 0 else attention
         return parts
@@ -519,7 +640,7 @@ class MoETableCostModel(MoERooflineCostModel):
             parts, rest = self._base_parts(num_tokens, num_logits)
             base = self._step_parts[key] = ({k: float(v) for k, v in parts.items()}, rest)
         num_requests, num_decodes = len(q), q.count(1)
-        others = 0  # sum() of the chunks' request_seconds, as `parts` takes it
+        others = 0  # the chunks' attention, as `parts` takes it (`_chunks_attention`: MLA's as one batch)
         if num_decodes == num_requests:
             decode_sum = sum(computed) + num_decodes  # the decodes' contexts after the step
         elif num_requests - num_decodes == 1 and (chunk := num_tokens - num_decodes) > 1:
@@ -534,7 +655,7 @@ class MoETableCostModel(MoERooflineCostModel):
                     decode_sum += ci + 1
                 else:
                     chunks.append((qi, ci + qi))
-            others = sum(self.request_seconds(qi, c) for qi, c in chunks)
+            others = self._chunks_attention(chunks)
         attention = 0.0
         if num_decodes:
             t, scaled = self._attention[0, "generation"].at(num_decodes, max(decode_sum / num_decodes, 1.0))
@@ -694,12 +815,13 @@ def max_tokens_per_s(cost_model, max_tokens: int) -> float:
 
 def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, dtype: str = "bf16",
                     kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False, dp: int = 1,
-                    distribution: str = "balanced", vllm_version: str | None = None,
+                    distribution: str = "auto", vllm_version: str | None = None,
                     cache: Path | None = None) -> MoETableCostModel:
     """The table-priced model of `system`'s vLLM tables (each at `vllm_version` or the nearest;
     None: the newest) in the package's layout under `data_dir`. With `cache` (a folder), what the
     tables give this deployment is kept there (`derived_cache_path`) and read back by later runs,
     which then read no table."""
+    from backends.costmodel.optables.mla import read_mla_tables
     from backends.costmodel.optables.systems import read_layout_table
     from backends.costmodel.optables.tables import load_layout
 
@@ -714,7 +836,8 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
     tables = load_layout(data_dir, system, "vllm", vllm_version)
     moe_table = read_layout_table(data_dir, system, "moe", "vllm", "moe_perf", vllm_version) \
         if model.num_experts else None
-    priced = MoETableCostModel(model, hardware, tables, **args, moe_table=moe_table)
+    mla_tables = read_mla_tables(data_dir, system, vllm_version) if model.kv_lora_rank else None
+    priced = MoETableCostModel(model, hardware, tables, **args, moe_table=moe_table, mla_tables=mla_tables)
     derived = None if path is None else priced.derived()
     if derived is not None:
         write_derived(path, derived)
@@ -723,8 +846,9 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
 
 # ---- the derived curves' cache
 
-DERIVED_FORMAT = 1
-DERIVING_MODULES = ("moe", "derive", "interp", "tables", "systems")  # backends/costmodel/optables/: what derives
+DERIVED_FORMAT = 2  # 2: the distribution as priced and the MLA module's grids (or why none) are kept
+DERIVING_MODULES = ("moe", "mla", "derive", "interp", "tables", "systems")  # backends/costmodel/optables/: what derives
+PRESETS = Path(__file__).parents[2] / "presets.py"  # mla.measured_shape's fallback for a checkpoint's MLA shape
 
 
 @lru_cache(maxsize=1)
@@ -734,28 +858,41 @@ def deriving_code_digest() -> str:
     digest = hashlib.sha256()
     for name in DERIVING_MODULES:
         digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
+    digest.update(PRESETS.read_bytes())
     return digest.hexdigest()
+
+
+def _file_stats(folder: Path, relative_to: Path) -> list[tuple[str, int, int]]:
+    """(path relative to `relative_to`, size, modification time) of every file under `folder`."""
+    out = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            stat = os.stat(os.path.join(root, name))
+            out.append((os.path.relpath(os.path.join(root, name), relative_to), stat.st_size, stat.st_mtime_ns))
+    return out
 
 
 def derived_cache_path(cache: Path, model, system: str, data_dir: Path, vllm_version: str | None, **args) -> Path:
     """The cache file of one deployment: named by a digest of everything its derivation reads (the
-    model's every field, the system, the tables' folder, package version and files (the system's
-    and the reuse manifest: names, sizes and times), the vLLM version asked for, TP, DP, EP,
-    dtypes, the token distribution) and of the deriving code."""
+    model's every field, the system, the tables' folder, package version and files (the system's,
+    its MLA module tables among them, the reuse manifest and, for an MLA model, the checkpoints'
+    config.json files that give the shapes the MLA tables measured: names, sizes and times), the
+    vLLM version asked for, TP, DP, EP, dtypes, the token distribution as asked and as resolved
+    (`auto`: the family's, `family_distribution`)) and of the deriving code."""
     from backends.costmodel.optables.systems import MANIFEST, package_version
 
     data_dir = Path(data_dir).resolve()
-    files = []
-    for root, _, names in os.walk(data_dir / system):
-        for name in names:
-            stat = os.stat(os.path.join(root, name))
-            files.append((os.path.relpath(os.path.join(root, name), data_dir), stat.st_size, stat.st_mtime_ns))
+    files = _file_stats(data_dir / system, data_dir)
     manifest = data_dir.parent / MANIFEST
     if manifest.is_file():
         files.append((MANIFEST, manifest.stat().st_size, manifest.stat().st_mtime_ns))
+    if model.kv_lora_rank:  # mla.measured_shape reads model_configs/ beside systems/
+        files += _file_stats(data_dir.parent.parent / "model_configs", data_dir.parent.parent)
+    distribution = args.get("distribution", "auto")
     key = {"format": DERIVED_FORMAT, "code": deriving_code_digest(), "package": package_version(),
            "data_dir": str(data_dir), "files": sorted(files), "system": system, "vllm_version": vllm_version,
-           "model": dataclasses.asdict(model), "args": args}
+           "model": dataclasses.asdict(model), "args": args,
+           "distribution": family_distribution(model) if distribution == "auto" else distribution}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:20]
     return Path(cache) / "moe" / f"{model.name.replace('/', '_')}-{digest}.json"
 

@@ -16,8 +16,6 @@ profile builds the same `OperatorModel` as the tables did, so it gives the same 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +24,7 @@ from backends.costmodel.optables.derive import derive
 from backends.costmodel.optables.model import OperatorModel, StepOverhead
 from backends.costmodel.optables.tables import TableSet
 from sim.errors import ServesimError
+from sim.files import atomic_write_text
 from sim.jsonable import fields_of, read_json_file
 
 PROFILE_FORMAT = "servesim-profile"
@@ -124,23 +123,7 @@ def save_op_profile(profile: OpProfile, path: str | Path) -> None:
     data = profile.to_json()
     operators = data.pop("operators")
     head = json.dumps(data, indent=1)
-    write_whole(path, head[:-2] + ',\n "operators": ' + json.dumps(operators, separators=(",", ":")) + "\n}\n")
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write under a temporary name, fsync, then rename: a full disk or a kill leaves the old file whole."""
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    atomic_write_text(path, head[:-2] + ',\n "operators": ' + json.dumps(operators, separators=(",", ":")) + "\n}\n")
 
 
 def is_op_profile(data: dict) -> bool:
