@@ -12,7 +12,8 @@ step by step (`--no-fast-forward`) on the bundled samples, and a two-replica clu
 bundled Azure sample (Llama-3.1-8B on H100-SXM); mixtures of experts priced from the operator
 tables: the Azure hour on Qwen3-30B-A3B, and on the bundled sample Qwen3-30B-A3B, Qwen3-235B-A22B
 (fp8, TP 4, DP 2, expert parallel, synchronous scheduling) and gpt-oss-120b (sliding windows, TP 2,
-expert parallel); `--quick` keeps the sample runs only. Every file is compared byte for byte
+expert parallel), DeepSeek-V3 (MLA from its module tables, H200, TP 8; asynchronous and synchronous
+scheduling) and Qwen3-30B-A3B (H200, DP 2, expert parallel); `--quick` keeps the sample runs only. Every file is compared byte for byte
 but summary.json, compared as JSON with the tree's own path taken out of the profile's path, and
 Parquet tables, compared by schema and content (row groups included: their encoding may differ).
 Exit status 1 when a file differs, 2 when a run fails.
@@ -57,6 +58,12 @@ QUICK = {
                                    "--enable-expert-parallel", "--no-async-scheduling", "--rate-scale", "3"],
     "sample-moe-sliding-tp2-ep": [str(AZURE_SAMPLE), "--policy", "chunked", "--model", "gpt-oss-120b", "--tp", "2",
                                   "--enable-expert-parallel", "--rate-scale", "2"],
+    "sample-mla-tp8": [str(AZURE_SAMPLE), "--policy", "chunked", "--model", "DeepSeek-V3", "--hardware", "H200",
+                       "--tp", "8", "--rate-scale", "3"],
+    "sample-mla-tp8-sync": [str(AZURE_SAMPLE), "--policy", "chunked", "--model", "DeepSeek-V3", "--hardware", "H200",
+                            "--tp", "8", "--no-async-scheduling", "--rate-scale", "3"],
+    "sample-moe-dp2-ep": [str(AZURE_SAMPLE), "--policy", "chunked", "--model", "Qwen3-30B-A3B", "--hardware", "H200",
+                          "--dp", "2", "--enable-expert-parallel", "--rate-scale", "3"],
 }
 
 
