@@ -139,19 +139,19 @@ def test_full_disk_during_replay_overwrite_keeps_the_old_run(tmp_path, monkeypat
 def test_a_table_that_cannot_reach_the_disk_fails_the_replay_and_keeps_the_old_run(tmp_path, monkeypatch, capsys):
     """A table's fsync (before its rename) failing is the replay's error, naming the table, and no
     file of the new run is renamed into place."""
-    import sim.app.outputs as outputs
+    import sim.files as files  # where files are written whole (atomic_path, sync_file)
 
     run = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    fsync = outputs._fsync
+    fsync = files._fsync
 
     def failing_fsync(path):
         if ".requests.csv." in path.name:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         fsync(path)
 
-    monkeypatch.setattr(outputs, "_fsync", failing_fsync)
+    monkeypatch.setattr(files, "_fsync", failing_fsync)
     assert sim("replay", *SMALL, "--policy", "prefill-first", "--out", run, "--overwrite", "--quiet") == 2
     assert error_line(capsys) == (f"sim: error: {run / 'requests.csv'}: cannot write (Input/output error); the "
                                   "run folder is as it was")
@@ -160,11 +160,13 @@ def test_a_table_that_cannot_reach_the_disk_fails_the_replay_and_keeps_the_old_r
 
 def test_a_run_folder_syncs_every_file_and_its_folder(tmp_path, monkeypatch):
     import sim.app.outputs as outputs
+    import sim.files as files
 
     synced, folders = [], []
-    fsync, fsync_folder = outputs._fsync, outputs._fsync_folder
-    monkeypatch.setattr(outputs, "_fsync", lambda path: synced.append(path.name.split(".")[1]) or fsync(path))
-    monkeypatch.setattr(outputs, "_fsync_folder", lambda folder: folders.append(folder) or fsync_folder(folder))
+    fsync, fsync_folder = files._fsync, files._fsync_folder
+    monkeypatch.setattr(files, "_fsync", lambda path: synced.append(path.name.split(".")[1]) or fsync(path))
+    for module in (files, outputs):  # a file's rename (sim/files.py), a run folder's swap (outputs.py)
+        monkeypatch.setattr(module, "_fsync_folder", lambda folder: folders.append(folder) or fsync_folder(folder))
     run = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
     names = {"requests", "steps", "summary", "digest", "report"}
