@@ -7,7 +7,7 @@ model's curves are derived from the tables by the first run on a machine and rea
 ($SERVESIM_CACHE/ops/moe/) by later ones: a first run measures that derivation too.
 
     python bench/replay_speed.py [--trace FILE] [--mooncake FILE] [--only CONFIG ...] [--repeat N]
-                                 [--model NAME] [--hardware NAME] [--no-fast-forward] [--no-e2e]
+                                 [--model NAME] [--hardware NAME] [--no-fast-forward] [--no-e2e] [--sync]
 
 CONFIG is POLICY:RATE on the Azure trace (chunked:2), `mooncake` or `moe`; with --only the figures of each
 configuration asked for are printed as one JSON line (the table otherwise). Without --trace the traces are
@@ -135,7 +135,8 @@ def compile_tree() -> None:
         compileall.compile_dir(str(ROOT / package), quiet=1)
 
 
-def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool) -> dict:
+def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool,
+             sync: bool = False) -> dict:
     """One replay in this process: wall and CPU seconds of the simulation (the trace read is not timed)."""
     try:
         from sim.app.replay import ReplayOptions, replay
@@ -151,7 +152,10 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
     from traces.transforms import scale_rate
 
     trace = scale_rate(read_trace(trace_path), rate)
-    options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=BUDGET),
+    clock = {}
+    if sync and "async_scheduling" in SchedulerConfig.__dataclass_fields__:
+        clock = dict(async_scheduling=False, host_time=False)  # the engine's clock of trees before issue 29
+    options = ReplayOptions(scheduler=SchedulerConfig(policy, max_num_batched_tokens=BUDGET, **clock),
                             model=model, hardware=hardware)
     collector_tuned()
     ref = reference_loop()
@@ -163,13 +167,16 @@ def simulate(trace_path: str, policy: str, rate: float, model: str, hardware: st
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def end_to_end(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool) -> dict:
+def end_to_end(trace_path: str, policy: str, rate: float, model: str, hardware: str, fast_forward: bool,
+               sync: bool = False) -> dict:
     """`sim replay` as a user runs it, in its own process: wall seconds and peak RSS."""
     with tempfile.TemporaryDirectory(prefix="replay_speed_") as out:
         cli = "sim.app.cli" if (ROOT / "sim" / "app" / "cli.py").exists() else "sim.cli"
         cmd = [sys.executable, "-m", cli, "replay", trace_path, "--policy", policy, "--rate-scale", f"{rate:g}",
                "--model", model, "--hardware", hardware, "--max-num-batched-tokens", str(BUDGET),
                "--out", out, "--quiet"] + ([] if fast_forward else ["--no-fast-forward"])
+        if sync and "async_scheduling" in (ROOT / "sim" / "config.py").read_text():
+            cmd += ["--no-async-scheduling", "--no-host-time"]
         started = time.perf_counter()
         process = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stderr=subprocess.PIPE)
         _, status, usage = os.wait4(process.pid, 0)  # its own rusage, not every child's
@@ -184,7 +191,8 @@ def end_to_end(trace_path: str, policy: str, rate: float, model: str, hardware: 
 
 def worker(args: argparse.Namespace) -> None:
     policy, rate, trace = args.worker.split("|")
-    print(json.dumps(simulate(trace, policy, float(rate), args.model, args.hardware, not args.no_fast_forward)))
+    print(json.dumps(simulate(trace, policy, float(rate), args.model, args.hardware, not args.no_fast_forward,
+                              args.sync)))
 
 
 def best(runs: list[dict], key: str) -> float:
@@ -202,6 +210,9 @@ def main() -> None:
     parser.add_argument("--hardware", default="H100-SXM")
     parser.add_argument("--no-fast-forward", action="store_true", help="step every iteration one by one")
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end (CLI) runs")
+    parser.add_argument("--sync", action="store_true",
+                        help="step without asynchronous scheduling and host time (the engine's clock of trees "
+                             "before issue 29), so an older tree and this one take the same steps")
     parser.add_argument("--cold", action="store_true",
                         help="do not compile the tree's bytecode before the end-to-end runs")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # POLICY|RATE|TRACE: one run, as JSON
@@ -230,7 +241,8 @@ def main() -> None:
         trace = mooncake if is_mooncake else azure
         model = MOE_MODEL if config == "moe" else args.model
         cmd = [sys.executable, __file__, "--worker", f"{policy}|{rate}|{trace}", "--model", model,
-               "--hardware", args.hardware] + ([] if fast_forward else ["--no-fast-forward"])
+               "--hardware", args.hardware] + ([] if fast_forward else ["--no-fast-forward"]) + \
+            (["--sync"] if args.sync else [])
         runs = []
         for _ in range(args.repeat):
             done = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT, env=ENV)
@@ -238,7 +250,7 @@ def main() -> None:
                 sys.exit(f"replay_speed: {config} failed:\n{done.stderr}")
             run = json.loads(done.stdout)
             if not args.no_e2e:
-                run.update(end_to_end(trace, policy, rate, model, args.hardware, fast_forward))
+                run.update(end_to_end(trace, policy, rate, model, args.hardware, fast_forward, args.sync))
             runs.append(run)
         label = "mooncake chunked" if is_mooncake else f"{MOE_MODEL} 1x" if config == "moe" else f"{policy} {rate:g}x"
         sim_s, simulated = best(runs, "sim_s"), runs[0]["simulated_s"]
