@@ -1,7 +1,7 @@
 """Same answers: run `sim replay` with two source trees on the same workloads and compare every
 file of their run folders (a speed change must not change one byte).
 
-    python bench/same_answers.py --before TREE [--after TREE] [--quick] [--keep DIR]
+    python bench/same_answers.py --before TREE [--after TREE] [--quick] [--only NAME ...] [--keep DIR]
                                  [--after-args FLAGS] [--allow-additions]
 
 TREE is a checkout of servesim (for the tree before a change: `git worktree add --detach
@@ -149,6 +149,8 @@ def main() -> None:
     parser.add_argument("--allow-additions", action="store_true",
                         help="compare tables and summary.json in the before tree's columns and keys only (the "
                              "change adds some) and skip report.html; every value the before tree has must match")
+    parser.add_argument("--only", action="append", default=None, metavar="NAME",
+                        help="only this workload (repeatable), e.g. the dense ones against a tree without MoE flags")
     args = parser.parse_args()
     extra = args.after_args.split()
     workloads = dict(QUICK)
@@ -157,6 +159,11 @@ def main() -> None:
             sys.exit("same_answers: the shared traces are not in ../shared/traces/raw/ beside the checkout; "
                      "run with --quick")
         workloads.update(FULL)
+    if args.only:
+        unknown = set(args.only) - set(workloads)
+        if unknown:
+            sys.exit(f"same_answers: no workload {', '.join(sorted(unknown))}; there are {', '.join(workloads)}")
+        workloads = {name: w for name, w in workloads.items() if name in args.only}
     with tempfile.TemporaryDirectory(prefix="same_answers_") as temp:
         base = args.keep or Path(temp)
         problems = []
