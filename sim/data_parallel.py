@@ -70,13 +70,6 @@ STATS_IDLE_S = 5.0  # ... or every 5 s when no engine's counts changed
 KV_PENALTY = 6.0  # get_core_engine_for_request: waiting x 6 x max(0, kv_cache_usage - 0.5)
 
 
-def free_finished(engine: Engine) -> None:
-    """Free the blocks of the requests that finished in the engine's last step and were held while
-    the next was scheduled (asynchronous scheduling: `EngineState.finishing`)."""
-    if engine.state.finishing:
-        engine._free_pending()
-
-
 def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]:
     """The tokens each DP rank runs through the step, as vLLM's ranks agree on them
     (vllm/v1/worker/dp_utils.py, coordinate_batch_across_dp -> _synchronize_dp_ranks): when every
@@ -355,7 +348,7 @@ class DataParallelGroup(Cluster):
             self._route_due(now)  # a closed loop's requests handed over at this instant
             for i, rank in enumerate(ranks):
                 if not pipelined[i]:
-                    free_finished(rank.engine)  # the last step's output processed before this schedule
+                    rank.engine.free_finishing()  # the last step's output processed before this schedule
                 rank.deliver(last_start if pipelined[i] else now)
                 rank.report()
             if not running:
@@ -377,11 +370,9 @@ class DataParallelGroup(Cluster):
                 if state.has_work:
                     preempted_before = state.num_preemptions
                     batch = engine.policy.schedule(state, last_start if pipelined[i] else now)
-                free_finished(engine)
+                engine.free_finishing()
                 if batch is not None and batch.requests:
-                    for r in batch.requests[batch.num_leading_decodes:]:
-                        if r.first_step_start_s is None:
-                            r.first_step_start_s = now
+                    engine.mark_first_steps(batch, now)
                     work.append(batch)
                     scheduled.append((state.num_preemptions - preempted_before,
                                       engine.block_manager.num_used_blocks, len(state.waiting)))
@@ -418,7 +409,7 @@ class DataParallelGroup(Cluster):
                     pipelined = [False] * len(ranks)
             if self.arrivals_done and not any(rank.engine.state.has_work or rank.inbox for rank in ranks):
                 for rank in ranks:
-                    free_finished(rank.engine)
+                    rank.engine.free_finishing()
                 return end_s  # nothing more will run: the trailing dummy steps change no answer
 
     def run(self) -> DPResult:  # type: ignore[override]

@@ -241,9 +241,7 @@ class Engine:
                 if not batch.requests:  # the policy holds its waiting requests back for now
                     yield from self._wait_for_policy(env, now)
                     continue
-            for r in batch.requests[batch.num_leading_decodes:]:  # a request's first step is never a leading decode
-                if r.first_step_start_s is None:
-                    r.first_step_start_s = now
+            self.mark_first_steps(batch, now)
             # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request.
             run = self.plan(batch, now, state.num_preemptions - num_preempted_before, freed and bool(state.waiting))
             ends = run.ends
@@ -271,7 +269,7 @@ class Engine:
         if state.has_work:
             batch = self.policy.schedule(state, self._last_start)
         if state.finishing:
-            self._free_pending()
+            self.free_finishing()
         return batch if batch is not None and batch.requests else None
 
     def _wait_for_policy(self, env: simpy.Environment, now: float):
@@ -543,10 +541,20 @@ class Engine:
         state.step_index += k
 
 
-    def _free_pending(self) -> None:
+    def free_finishing(self) -> None:
+        """Free the blocks of the requests that finished in the last step and were held while the
+        next was scheduled (asynchronous scheduling: `EngineState.finishing`)."""
         for r in self.state.finishing:
             self._release(r)
         self.state.finishing = []
+
+    @staticmethod
+    def mark_first_steps(batch: Batch, start: float) -> None:
+        """TTFT in parts: each request that starts its first step in `batch` notes the step's start
+        (a request's first step is never a leading decode)."""
+        for r in batch.requests[batch.num_leading_decodes:]:
+            if r.first_step_start_s is None:
+                r.first_step_start_s = start
 
     def _release(self, r: Request) -> None:
         """A finished request's blocks back to the pool (its hashed blocks stay cached there)."""
