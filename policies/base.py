@@ -178,7 +178,7 @@ class Policy:
         bm = state.block_manager
         bs = bm.block_size
         opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
-        if bm.blocks_to_open(opening) > bm.num_free_blocks:
+        if len(opening) * bm.blocks_per_opening > bm.num_free_blocks:
             num_preemptions = state.num_preemptions
             for request in decoders:
                 if request.status is Status.RUNNING:  # not preempted meanwhile

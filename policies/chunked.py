@@ -74,8 +74,8 @@ class ChunkedPolicy(Policy):
         if num_leading:
             decoders = running if num_leading == len(running) else running[:num_leading]
             bs = bm.block_size
-            if not priority or bm.blocks_to_open([r for r in decoders
-                                                  if len(r.block_table) * bs <= r.num_computed_tokens]) <= bm.num_free_blocks:
+            if not priority or bm.blocks_per_opening * sum(
+                    len(r.block_table) * bs <= r.num_computed_tokens for r in decoders) <= bm.num_free_blocks:
                 self._schedule_decodes(state, batch, decoders)
                 i = len(batch.requests)  # the leading decodes still running, all scheduled
                 budget -= i

@@ -76,6 +76,9 @@ class BlockManager(PrefixIndex):
         self.num_hit_tokens = 0  # of which found cached (PrefixCacheStats.hits)
         self.num_preempted_queried_tokens = 0  # the same at re-admissions after a preemption
         self.num_preempted_hit_tokens = 0
+        # Blocks a decode step takes for each request whose token opens a block: one (a hybrid
+        # cache's other groups each open one too, at most: HybridBlockManager).
+        self.blocks_per_opening = 1
 
     # Admission of a waiting request.
 
@@ -281,10 +284,6 @@ class BlockManager(PrefixIndex):
         """Blocks one request of `num_tokens` tokens may hold at once (more than the cache: rejected)."""
         return self.blocks_for(num_tokens)
 
-    def blocks_to_open(self, opening: list[Request]) -> int:
-        """Blocks a decode step takes for the requests whose tokens open a block."""
-        return len(opening)
-
     def slide(self, running: list[Request]) -> None:
         """After a step: blocks that sliding windows no longer need are freed (HybridBlockManager)."""
 
@@ -358,6 +357,7 @@ class HybridBlockManager(BlockManager):
         # The other groups' windows (None: full attention), in vLLM's group order.
         self.windows: list[int | None] = [w if k == SLIDING else None
                                           for i, (k, w) in enumerate(groups) if i != primary]
+        self.blocks_per_opening = 1 + len(self.windows)
         # SlidingWindowSpec.max_admission_blocks_per_request's tokens: window - 1 + the tokens in
         # flight, at most max_model_len (what a full-prompt reservation charges a sliding group).
         self.max_admission_tokens = max_admission_tokens
@@ -387,11 +387,6 @@ class HybridBlockManager(BlockManager):
         blocks = self.blocks_for(num_tokens)
         cap = -(-min(self.max_admission_tokens, num_tokens) // self.block_size) + 1
         return blocks + sum(blocks if w is None else min(blocks, cap) for w in self.windows)
-
-    def blocks_to_open(self, opening: list[Request]) -> int:
-        """Blocks a decode step takes for the requests that open a primary block (each group then
-        opens one too, at most)."""
-        return len(opening) * (1 + len(self.windows))
 
     def can_allocate(self, cached: CachedPrefix, num_new_tokens: int) -> bool:
         num_hit = len(cached) * self.block_size

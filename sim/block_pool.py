@@ -51,7 +51,7 @@ class BlockPool:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        return self.num_blocks - len(self._free_plain) - self._num_lru  # num_free_blocks, written out (hot)
 
     @property
     def _head_abs(self) -> int:

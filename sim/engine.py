@@ -241,7 +241,8 @@ class Engine:
                 if not batch.requests:  # the policy holds its waiting requests back for now
                     yield from self._wait_for_policy(env, now)
                     continue
-            self.mark_first_steps(batch, now)
+            if batch.num_leading_decodes < len(batch.requests):  # a step of decodes alone starts no request
+                self.mark_first_steps(batch, now)
             # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request.
             run = self.plan(batch, now, state.num_preemptions - num_preempted_before, freed and bool(state.waiting))
             ends = run.ends
@@ -293,7 +294,7 @@ class Engine:
         backend prices step 0 (`execute`) unless a decode run costs it with the others."""
         state, fast_forward = self.state, self.fast_forward
         result: StepResult | None = None
-        if fast_forward is not None and not num_preempted and not alone and len(batch) == len(state.running):
+        if fast_forward is not None and not num_preempted and not alone and len(batch.requests) == len(state.running):
             run = None
             if all(batch.is_decode):
                 run = fast_forward.plan(batch, now)
