@@ -309,3 +309,15 @@ def test_fast_forward_gives_the_same_validation_run_with_long_prompts(async_sche
     np.testing.assert_array_equal(fast.token_times, slow.token_times)
     fc, sc = fast.steps.columns(), slow.steps.columns()
     assert all(np.array_equal(fc[k], sc[k], equal_nan=True) for k in fc)
+
+
+def test_a_launch_scripts_kernel_the_tables_do_not_measure_is_said_per_row():
+    from sim.app.validate import kernel_caveats
+
+    row = {"silicon_data_source": "source_file=2026-04-06.csv; model=GPT-OSS-120B; image=vllm/vllm-openai:v0.18.0",
+           "backend": "vllm", "system": "h100_sxm", "model_path": "openai/gpt-oss-120b"}
+    (caveat,) = kernel_caveats(row)
+    assert "VLLM_MXFP4_USE_MARLIN=1" in caveat and "gptoss_fp4_h100.sh" in caveat
+    assert kernel_caveats({**row, "system": "h200_sxm"}) == []
+    assert kernel_caveats({**row, "model_path": "Qwen/Qwen3-235B-A22B-FP8"}) == []
+    assert kernel_caveats({**row, "silicon_data_source": "source_file=/x/aic-auto-gap-analysis/a.csv"}) == []

@@ -111,6 +111,23 @@ LAUNCH_RECIPES = (
 )
 KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 
+# What a source's launch script runs that the tables do not measure at the row's shapes, said in the
+# row's notes (validate.csv), never priced by guess: (source, backend, system, model regex, caveat).
+KERNEL_CAVEATS = (
+    (INFERENCEMAX, "vllm", "h100_sxm", r"gpt-oss",
+     "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h100.sh) sets "
+     "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
+     "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
+)
+
+
+def kernel_caveats(row) -> list[str]:
+    """The `KERNEL_CAVEATS` that apply to a measured row."""
+    source = str(row.get("silicon_data_source", ""))
+    return [caveat for pattern, backend, system, model, caveat in KERNEL_CAVEATS
+            if re.search(pattern, source) and row.get("backend") == backend and row.get("system") == system
+            and re.search(model, str(row.get("model_path", "")))]
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -451,6 +468,7 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
                        f"{dp} DP ranks in lockstep behind vLLM's DP load balancer (sim/data_parallel.py, as sim replay "
                        f"--dp), the {c} clients spread by it; each step's MoE layers priced from every rank's tokens "
                        f"(dispatch, kernel, combine), idle ranks' dummy batches included"))
+    out["notes"] = "; ".join([out["notes"], *kernel_caveats(row)])
     return out
 
 
