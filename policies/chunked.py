@@ -45,17 +45,19 @@ class ChunkedPolicy(Policy):
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         # vLLM lifts the cap when a single request waits or runs: it has nobody to starve.
+        num_seats = state.num_seats
         threshold = (cfg.long_prefill_token_threshold
-                     if state.num_seats + len(state.waiting) > 1 else 0)
+                     if num_seats + len(state.waiting) > 1 else 0)
         num_preemptions = state.num_preemptions
         budget = self._schedule_running_in_order(state, batch, budget, threshold)
         # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).
-        if state.num_preemptions == num_preemptions:
+        if state.num_preemptions == num_preemptions:  # (so the seats are those counted above)
             chunk_cap = min(budget, threshold) if threshold else budget
-            while state.waiting and budget > 0 and state.num_seats < cfg.max_num_seqs:
+            while state.waiting and budget > 0 and num_seats < cfg.max_num_seqs:
                 admitted = self._try_admit(state, batch, now, max_chunk=chunk_cap)
                 if not admitted:
                     break
+                num_seats += 1  # it runs now
                 budget -= admitted
                 chunk_cap = min(budget, threshold) if threshold else budget
         return batch

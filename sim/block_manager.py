@@ -284,6 +284,19 @@ class BlockManager(PrefixIndex):
         """Blocks one request of `num_tokens` tokens may hold at once (more than the cache: rejected)."""
         return self.blocks_for(num_tokens)
 
+    def max_request_tokens(self) -> int:
+        """The most tokens one request may hold KV for (`max_blocks_needed` of them fit the whole
+        cache; a request needing more can never run): the largest such count, by bisection
+        (`max_blocks_needed` grows with the tokens)."""
+        low, high = 0, self.num_blocks * self.block_size  # (every token needs a block slot)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.max_blocks_needed(mid) <= self.num_blocks:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
     def slide(self, running: list[Request]) -> None:
         """After a step: blocks that sliding windows no longer need are freed (HybridBlockManager)."""
 

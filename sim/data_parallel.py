@@ -372,7 +372,6 @@ class DataParallelGroup(Cluster):
                     batch = engine.policy.schedule(state, last_start if pipelined[i] else now)
                 engine.free_finishing()
                 if batch is not None and batch.requests:
-                    engine.mark_first_steps(batch, now)
                     work.append(batch)
                     scheduled.append((state.num_preemptions - preempted_before,
                                       engine.block_manager.num_used_blocks, len(state.waiting)))

@@ -135,6 +135,7 @@ class Engine:
         self.block_manager = block_manager
         self.token_times = token_times
         self.max_model_len = max_model_len
+        self._max_kv_tokens = block_manager.max_request_tokens()  # a request that needs KV for more never runs
         self.progress = progress
         self.state = EngineState(block_manager, priority=policy.config.scheduling_policy == "priority")
         self.steps = steps if steps is not None else StepLog()
@@ -188,7 +189,7 @@ class Engine:
         total = r.num_prompt_tokens + r.max_tokens
         if total > self.max_model_len:
             self._reject(r, f"prompt + output is {total} tokens, more than --max-model-len {self.max_model_len}")
-        elif bm.max_blocks_needed(r.max_kv_tokens) > bm.num_blocks:
+        elif total - 1 > self._max_kv_tokens:  # (its KV: every token but the last output one, `max_kv_tokens`)
             self._reject(r, f"needs {bm.max_blocks_needed(r.max_kv_tokens)} KV blocks, the whole cache has {bm.num_blocks}")
         else:
             self.state.waiting.append(r)
@@ -241,8 +242,6 @@ class Engine:
                 if not batch.requests:  # the policy holds its waiting requests back for now
                     yield from self._wait_for_policy(env, now)
                     continue
-            if batch.num_leading_decodes < len(batch.requests):  # a step of decodes alone starts no request
-                self.mark_first_steps(batch, now)
             # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request.
             run = self.plan(batch, now, state.num_preemptions - num_preempted_before, freed and bool(state.waiting))
             ends = run.ends
@@ -294,11 +293,15 @@ class Engine:
         backend prices step 0 (`execute`) unless a decode run costs it with the others."""
         state, fast_forward = self.state, self.fast_forward
         result: StepResult | None = None
-        if fast_forward is not None and not num_preempted and not alone and len(batch.requests) == len(state.running):
+        n = len(batch.requests)
+        if fast_forward is not None and not num_preempted and not alone and n == len(state.running):
             run = None
-            if all(batch.is_decode):
+            # (The leading decodes are decodes that need logits: only the rest of the batch is read.)
+            num_leading = batch.num_leading_decodes
+            if num_leading == n or all(batch.is_decode[num_leading:]):
                 run = fast_forward.plan(batch, now)
-            elif self._fold and not state.waiting and all(batch.needs_logits) and batch.requests == state.running:
+            elif (self._fold and not state.waiting and all(batch.needs_logits[num_leading:])
+                  and batch.requests == state.running):
                 # Every running request emits a token in this step and none waits: the steps
                 # after it decode them all (the policy's promise), so one run may take both.
                 result = self.backend.execute(batch)
@@ -329,9 +332,14 @@ class Engine:
 
     def apply(self, batch: Batch, run: Run, start: float) -> float:
         """Make every effect of the run's steps, from `start`, in the order stepping one by one
-        makes them: each step's tokens (computed, emitted, sampled), the blocks its tokens open
-        (through the block manager), the requests that finish in it, and its step-log row.
-        Returns the run's end."""
+        makes them: the start of step 0 for the requests it is the first step of (TTFT in parts),
+        each step's tokens (computed, emitted, sampled), the blocks its tokens open (through the
+        block manager), the requests that finish in it, and its step-log row. Returns the run's end."""
+        num_leading = batch.num_leading_decodes  # a request's first step is never one of its leading decodes
+        if num_leading < len(batch.requests):
+            for r in batch.requests[num_leading:]:
+                if r.first_step_start_s is None:
+                    r.first_step_start_s = start
         if len(run.ends) == 1:
             self._apply_step(batch, run, start)
         elif run.chunks is None:
@@ -405,10 +413,15 @@ class Engine:
         used_before = bm.num_used_blocks  # step 0's blocks were reserved by the policy
         change = [0] * (k + 1)  # change[j]: blocks in use at step j less at step j - 1
         opens, taken, n = run.opens, 0, len(reqs)
+        owners = []  # who opens each of `opens` (step * n + batch index, sorted)
         for o in opens:
             change[o // n] += 1
+            owners.append(reqs[o % n])
         for last_step, i in finishing + [(k - 1, None)]:  # the last: the run's remaining blocks
-            taken = _hand_out(bm, reqs, n, opens, taken, last_step)  # the blocks opened up to last_step
+            upto = bisect_left(opens, (last_step + 1) * n, taken)  # the blocks opened up to last_step
+            if upto > taken:
+                bm.grow_tables(owners[taken:upto] if taken or upto < len(owners) else owners)
+                taken = upto
             if i is not None:
                 before = bm.num_used_blocks
                 engine.finish(reqs[i], ends_list[last_step])
@@ -549,14 +562,6 @@ class Engine:
             self._release(r)
         self.state.finishing = []
 
-    @staticmethod
-    def mark_first_steps(batch: Batch, start: float) -> None:
-        """TTFT in parts: each request that starts its first step in `batch` notes the step's start
-        (a request's first step is never a leading decode)."""
-        for r in batch.requests[batch.num_leading_decodes:]:
-            if r.first_step_start_s is None:
-                r.first_step_start_s = start
-
     def _release(self, r: Request) -> None:
         """A finished request's blocks back to the pool (its hashed blocks stay cached there)."""
         self.block_manager.free(r)
@@ -567,8 +572,9 @@ class Engine:
         r.finish_s = now
         if self.asynchronous:  # its blocks are freed once the next step is scheduled (`run`)
             self.state.finishing.append(r)
-        else:
-            self._release(r)
+        else:  # `_release`, written out (a call per request)
+            self.block_manager.free(r)
+            r.drop_block_hashes()
         self.num_finished += 1
         if self.token_times is not None:
             self.token_times.store(r)
@@ -600,12 +606,3 @@ def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends
             finishing.append((num - 1, i))
     finishing.sort()
     return finishing
-
-
-def _hand_out(bm, reqs: list, n: int, opens: list[int], taken: int, last_step: int) -> int:
-    """Give the requests the blocks they open up to `last_step` (`opens[taken:]`: step * n + batch
-    index, sorted), taken from the free queue in that order; returns how many of `opens` are given."""
-    upto = bisect_left(opens, (last_step + 1) * n, taken)
-    if upto > taken:
-        bm.grow_tables([reqs[o % n] for o in opens[taken:upto]])
-    return upto

@@ -104,7 +104,7 @@ class Run(NamedTuple):
     num_waiting: int = 0
 
 
-_new_tuple = tuple.__new__  # makes a Run without the NamedTuple's own __new__, a Python call (a single step's is hot)
+_new_tuple = tuple.__new__  # makes a Run (every field given) without the NamedTuple's own __new__, a Python call per run
 _NONE: list = []  # a single step's empty fields, shared: never changed
 _NO_PARTS: dict = {}
 
@@ -207,8 +207,9 @@ class FastForward:
             num_costed = num_steps if first is None else num_steps - 1
             seconds = seconds[:num_costed]
             parts = {k: v[:num_costed] if isinstance(v, np.ndarray) else v for k, v in parts.items()}
-        return Run(ends, first, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining],
-                   None, None, 0, engine.block_manager.num_used_blocks, len(engine.state.waiting))
+        return _new_tuple(Run, (ends, first, seconds, parts, opens,  # type: ignore[return-value]
+                                [rem if rem < num_steps else num_steps for rem in remaining],
+                                None, None, 0, engine.block_manager.num_used_blocks, len(engine.state.waiting)))
 
     # Chunk runs.
 
@@ -337,8 +338,9 @@ class FastForward:
         del chunks[num_steps - 1:], num_decodes[num_steps - 1:]
         if n:
             del opens[bisect_left(opens, num_steps * n):]
-        return Run(ends, first, seconds, parts, opens, [rem if rem < num_steps else num_steps for rem in remaining],
-                   chunks, num_decodes, 0, bm.num_used_blocks, len(engine.state.waiting))
+        return _new_tuple(Run, (ends, first, seconds, parts, opens,  # type: ignore[return-value]
+                                [rem if rem < num_steps else num_steps for rem in remaining],
+                                chunks, num_decodes, 0, bm.num_used_blocks, len(engine.state.waiting)))
 
 def _opening_blocks(computed: list[int], remaining: list[int], num_steps: int, bs: int) -> list[int]:
     """The blocks that decodes open in steps 1..num_steps - 1 of a run, as step * n + batch index,

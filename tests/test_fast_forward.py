@@ -20,6 +20,7 @@ from policies.base import Promises
 from sim.app.plan import resolve
 from sim.app.replay import ReplayOptions, replay
 from sim.config import CacheConfig, SchedulerConfig
+from sim.fast_forward import Run
 from tests.helpers import make_trace
 
 # Seconds per unit of each calibrated term: all of them at work, at plausible magnitudes.
@@ -113,6 +114,8 @@ def test_a_run_folds_the_step_that_admitted_a_request_and_answers_stay_the_same(
 
     def counting_plan(self, batch, now, first=None):
         run = plan(self, batch, now, first)
+        if run is not None:
+            assert len(run) == len(Run._fields) and run.chunks is None  # (made field by field: sim/fast_forward.py)
         if run is not None and first is not None:
             folded.append(len(run.ends))
         return run
@@ -176,6 +179,7 @@ def _count_chunk_runs(monkeypatch, folded: list | None = None, through: list | N
     def counting(self, batch, now, first, budget):
         run = plan_chunks(self, batch, now, first, budget)
         if run is not None:
+            assert len(run) == len(Run._fields) and run.chunks is not None  # (made field by field: sim/fast_forward.py)
             lengths.append(len(run.ends))
             if folded is not None:
                 folded.append(batch.num_leading_decodes < len(batch) - 1)

@@ -149,3 +149,15 @@ def test_gpt_oss_replay_holds_fewer_blocks(tmp_path):
     decode = (s.num_prefill_tokens == 0) & (s.num_requests > 0)
     assert decode.any()
     assert (s.num_kv_blocks_used[decode] <= s.num_requests[decode] * (129 + 9)).all()
+
+
+@pytest.mark.parametrize("make", [lambda: BlockManager(num_blocks=37, block_size=16),
+                                  lambda: HybridBlockManager(100, 16, False, GPT_OSS, 127 + 4096),
+                                  lambda: HybridBlockManager(40, 16, False, GPT_OSS, 127 + 4096)])
+def test_the_most_tokens_a_request_may_hold_is_the_last_count_whose_blocks_fit(make):
+    """The engine rejects a request whose KV needs more blocks than the whole cache
+    (`max_blocks_needed`), comparing its tokens with `max_request_tokens`: counted here one token
+    count at a time."""
+    bm = make()
+    fits = [t for t in range(0, bm.num_blocks * bm.block_size + 2) if bm.max_blocks_needed(t) <= bm.num_blocks]
+    assert bm.max_request_tokens() == max(fits) and fits == list(range(max(fits) + 1))
