@@ -176,6 +176,37 @@ def test_tp2_halves_the_shapes_and_adds_the_tables_all_reduces():
     assert big[0] == pytest.approx(max(ar_ms(4 * 2**20, graph=False) * 1e-3, 64 * 2**20 / NVLINK + 5e-6), rel=1e-12)
 
 
+def test_flashinfer_allreduce_fusion_prices_small_all_reduces_from_the_trtllm_table():
+    """With vLLM's FlashInfer all-reduce fusion on up to a size, each hidden-state all-reduce up to
+    it is TensorRT-LLM's kernel (its table) and takes the layer's two add+RMSNorms with it; past
+    it, vLLM's custom kernel as before; the logits' all-gather is never fused. Worked by hand on
+    the fixture: TRT-LLM's all-reduce here is half of vLLM's graph one."""
+    from dataclasses import replace
+
+    tables = table_set()
+    ar = tables.custom_allreduce
+    trt = ar[ar["kernel_source"] == "vLLM_custom_graph"].assign(
+        kernel_source="TRTLLM", op_name="all_reduce", version="1.3.0rc20", seconds=lambda f: f["seconds"] / 2)
+    fused_tables = replace(tables, fused_allreduce=trt)
+    plain = OperatorModel(derive(tables, TINY, 2, nvlink_bytes_per_s=NVLINK), TINY, 2, "bf16", "bf16",
+                          StepOverhead(0.0, "test"))
+    limit = 8 * 128 * 2  # fused up to 8 tokens of 128 bf16 elements
+    derived = derive(fused_tables, TINY, 2, nvlink_bytes_per_s=NVLINK, allreduce_fusion_max_bytes=limit)
+    assert derived["allreduce"]["fused"]["max_bytes"] == limit
+    fused = OperatorModel(derived, TINY, 2, "bf16", "bf16", StepOverhead(0.0, "test"))
+    small, big = fused.step_parts([1] * 4, [16] * 4, 4), plain.step_parts([1] * 4, [16] * 4, 4)
+    gather = ar_ms(4 * 512 / 2, graph=False)
+    assert small["allreduce"] == pytest.approx(((2 * 2 + 1) * ar_ms(4 * 128) / 2 + gather) * 1e-3, rel=1e-12)
+    assert big["allreduce"] == pytest.approx(((2 * 2 + 1) * ar_ms(4 * 128) + gather) * 1e-3, rel=1e-12)
+    norms = 2 * (plain.kernel_floor_s + 4 * 4 * 128 * 2 / plain.bandwidth)  # one layer's two, 4 tokens
+    assert small["elementwise"] == pytest.approx(big["elementwise"] - 2 * norms, rel=1e-12)
+    # Past the limit (16 tokens), exactly the unfused step.
+    assert fused.step_parts([1] * 16, [16] * 16, 16) == plain.step_parts([1] * 16, [16] * 16, 16)
+    # No TRT-LLM table for the system: said, and priced as vLLM's kernel.
+    notes = derive(tables, TINY, 2, nvlink_bytes_per_s=NVLINK, allreduce_fusion_max_bytes=limit)["notes"]
+    assert any("no TensorRT-LLM all-reduce table" in n for n in notes)
+
+
 def test_fp8_uses_the_fp8_rows_except_the_lm_head():
     d = derive(table_set(), TINY, dtype="fp8")
     n, k = gemm_shapes(TINY, 1)["qkv"]

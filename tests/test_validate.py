@@ -157,6 +157,15 @@ def test_the_kv_cache_dtype_comes_from_the_sources_launch_scripts():
     assert Protocol().kv_cache_for({**row, "silicon_data_source": other}) == (
         "auto", "not stated by the row or its source: vLLM's default, auto")
     assert Protocol(kv_cache_dtype="auto").kv_cache_for(row) == ("auto", "--kv-cache-dtype auto")
+    # B200 (70b_fp8_b200_docker.sh, 70b_fp4_b200_docker.sh): an fp8 KV cache, and FlashInfer's
+    # all-reduce fusion up to the sizes its VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB gives per TP.
+    b200 = {**row, "system": "b200_sxm", "tp_size": 8}
+    assert Protocol().kv_cache_for(b200)[0] == "fp8" and "70b_fp8_b200_docker.sh" in Protocol().kv_cache_for(b200)[1]
+    assert Protocol().allreduce_fusion_bytes(b200) == 8 * 2**20
+    assert Protocol().allreduce_fusion_bytes({**b200, "tp_size": 4}) == 32 * 2**20
+    assert Protocol().allreduce_fusion_bytes({**b200, "tp_size": 1}) == 0.0
+    assert Protocol().allreduce_fusion_bytes({**row, "tp_size": 8}) == 0.0  # H200's script: no fusion
+    assert Protocol().kv_cache_for({**b200, "backend": "trtllm"})[0] == "fp8"
     with pytest.raises(ServesimError, match="unknown --kv-cache-dtype 'bf8'"):
         Protocol(kv_cache_dtype="bf8")
     with pytest.raises(ServesimError, match=r"--warmup-waves must be auto or in \[0, --prompts-per-client\), got 10"):

@@ -99,6 +99,9 @@ class LaunchRecipe:
     system: str
     kv_cache_dtype: str  # "auto" (the model's bf16) or "fp8"
     cites: str
+    # vLLM's FlashInfer all-reduce fusion where the script turns it on: (TP, the largest fused
+    # all-reduce in MB) pairs, its VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB (derive_allreduce)
+    allreduce_fusion_mb: tuple[tuple[int, float], ...] = ()
 
 
 LAUNCH_RECIPES = (
@@ -108,6 +111,15 @@ LAUNCH_RECIPES = (
                  INFERENCEMAX_SCRIPTS + "70b_fp8_h200_trt_slurm.sh: kv_cache_config sets dtype: fp8"),
     LaunchRecipe(INFERENCEMAX, "vllm", "h100_sxm", "auto",
                  INFERENCEMAX_SCRIPTS + "70b_fp8_h100_docker.sh: no --kv-cache-dtype (vLLM's auto)"),
+    LaunchRecipe(INFERENCEMAX, "vllm", "b200_sxm", "fp8",
+                 INFERENCEMAX_SCRIPTS + "70b_fp8_b200_docker.sh and 70b_fp4_b200_docker.sh: config.yaml sets "
+                 "kv-cache-dtype: fp8 (70b_b200_docker.sh before them: --kv-cache-dtype fp8), and "
+                 "enable_fi_allreduce_fusion with VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB "
+                 "{\"2\":32,\"4\":32,\"8\":8}",
+                 allreduce_fusion_mb=((2, 32.0), (4, 32.0), (8, 8.0))),
+    LaunchRecipe(INFERENCEMAX, "trtllm", "b200_sxm", "fp8",
+                 INFERENCEMAX_SCRIPTS + "70b_fp8_b200_trt_slurm.sh and 70b_fp4_b200_trt_slurm.sh: kv_cache_config "
+                 "sets dtype: fp8"),
 )
 KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 
@@ -201,16 +213,23 @@ class Protocol:
             out.append(Request(i, f"validate-{i}", 0.0, a, b, hash_ids=hash_ids, hash_block_tokens=16))
         return out
 
+    def allreduce_fusion_bytes(self, row) -> float:
+        """The largest all-reduce the row's server ran through FlashInfer's fusion (its launch
+        recipe's, at the row's TP); 0: none (vLLM's default: the fusion pass is off)."""
+        recipe = self._recipe(row)
+        return 0.0 if recipe is None else dict(recipe.allreduce_fusion_mb).get(int(row["tp_size"]), 0.0) * 2**20
+
+    def _recipe(self, row) -> LaunchRecipe | None:
+        source = str(row.get("silicon_data_source", ""))
+        return next((recipe for recipe in LAUNCH_RECIPES if recipe.backend == row["backend"]
+                     and recipe.system == row["system"] and re.search(recipe.source, source)), None)
+
     def kv_cache_for(self, row) -> tuple[str, str]:
         """(the row's KV cache dtype, auto or fp8; why)."""
         if self.kv_cache_dtype != "recipe":
             return self.kv_cache_dtype, f"--kv-cache-dtype {self.kv_cache_dtype}"
-        source = str(row.get("silicon_data_source", ""))
-        for recipe in LAUNCH_RECIPES:
-            if (recipe.backend == row["backend"] and recipe.system == row["system"]
-                    and re.search(recipe.source, source)):
-                return recipe.kv_cache_dtype, recipe.cites
-        return "auto", KV_DEFAULT
+        recipe = self._recipe(row)
+        return ("auto", KV_DEFAULT) if recipe is None else (recipe.kv_cache_dtype, recipe.cites)
 
     def lengths(self, isl: int, osl: int, num_prompts: int) -> tuple[list[int], list[int]]:
         rng = np.random.default_rng(self.seed)
@@ -553,7 +572,8 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
             kv_cache, kv_why = protocol.kv_cache_for(row)
             kv = kv_name(kv_cache)
             version = tables_version_for(row)
-            key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv, version)
+            fusion = protocol.allreduce_fusion_bytes(row)
+            key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv, version, fusion)
             try:
                 from backends.model_config import resolve_model
 
@@ -571,7 +591,8 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     hardware = resolve_hardware(hardware_for(row["system"]))
                     profiles[key] = build_profile(tables[row["system"], version], model.name, model, hardware.name,
                                                   key[2], dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth,
-                                                  pcie_bytes_per_s=hardware.pcie_bandwidth)
+                                                  pcie_bytes_per_s=hardware.pcie_bandwidth,
+                                                  allreduce_fusion_max_bytes=fusion)
                 if not model.is_extended:
                     prediction = predict_row(row, profiles[key], protocol)
             except ServesimError as e:

@@ -257,7 +257,8 @@ def _curve(rows: pd.DataFrame) -> tuple[list[int], list[float]]:
 
 
 def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None,
-                     pcie_bytes_per_s: float | None = None, notes: list | None = None) -> dict | None:
+                     pcie_bytes_per_s: float | None = None, notes: list | None = None,
+                     fusion_max_bytes: float = 0.0) -> dict | None:
     """How an all-reduce among tp GPUs is priced (nothing at TP 1: the table is not read there).
 
     vLLM's custom all-reduce takes messages below 8 MiB where every GPU reaches every other over
@@ -265,7 +266,17 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     GPUs"); the tables' CUDA-graph and eager rows price it. Larger messages, and every message where
     the custom kernel is not used, go to NCCL: the system's NCCL table (`nccl_perf`, all_reduce, half)
     where there is one for tp GPUs, else a ring over the hardware's stated link (NVLink or PCIe:
-    2 (tp - 1) / tp of the message through each GPU's link, plus tensor_parallel's fixed latency)."""
+    2 (tp - 1) / tp of the message through each GPU's link, plus tensor_parallel's fixed latency).
+
+    `fusion_max_bytes` > 0: the deployment turns on vLLM's FlashInfer all-reduce fusion
+    (`compilation_config.pass_config.enable_fi_allreduce_fusion`; vllm/compilation/passes/fusion/
+    allreduce_rms_fusion.py, AllReduceFusedAddRMSNormPattern), which replaces each all-reduce of the
+    hidden states up to that size (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, or the deployment's
+    VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB) and the RMSNorm after it with
+    `flashinfer.comm.allreduce_fusion`, whose all-reduce is TensorRT-LLM's kernel (FlashInfer's
+    trtllm_allreduce_fusion). Those messages are priced from the system's TensorRT-LLM all-reduce
+    table (`fused`), the measured kernel closest to what runs; the package's reuse manifest
+    reserves those rows for TensorRT-LLM, and this is the one place they are read for vLLM."""
     notes = [] if notes is None else notes
     if tp == 1:
         return None
@@ -298,6 +309,17 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         notes.append(f"all-reduce: {where} on {tables.system}; every message priced as NCCL's")
     else:
         notes.append(f"all-reduce: vLLM's custom kernel is off on {tp} PCIe GPUs; every message priced as NCCL's")
+    if fusion_max_bytes > 0 and custom_used:
+        f = tables.fused_allreduce
+        fused = None if f is None else f[(f["num_gpus"] == tp) & (f["op_name"] == "all_reduce")]
+        if fused is not None and not fused.empty:
+            message_bytes, seconds = _curve(fused)
+            version = f["version"].iloc[0] if "version" in f.columns else "?"
+            out["fused"] = {"kernel": f"FlashInfer all-reduce fusion (TensorRT-LLM's all-reduce, trtllm {version})",
+                            "message_bytes": message_bytes, "seconds": seconds, "max_bytes": float(fusion_max_bytes)}
+        else:
+            notes.append(f"all-reduce: no TensorRT-LLM all-reduce table for {tp} GPUs on {tables.system}; the "
+                         "FlashInfer-fused all-reduces priced as vLLM's custom kernel")
     n = tables.nccl
     nccl = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] == tp)
                                     & (n["nccl_dtype"] == "half")]
@@ -325,10 +347,12 @@ def derive_memory(tables: TableSet) -> dict:
 
 
 def derive(tables: TableSet, model: dict, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "bf16",
-           nvlink_bytes_per_s: float | None = None, pcie_bytes_per_s: float | None = None) -> dict:
+           nvlink_bytes_per_s: float | None = None, pcie_bytes_per_s: float | None = None,
+           allreduce_fusion_max_bytes: float = 0.0) -> dict:
     """Everything the operator model needs for one model, TP degree and dtype (see the module doc)."""
     notes: list[str] = []
     return {"gemm": derive_gemms(tables, model, tp, dtype, notes),
             "attention": derive_attention(tables, model, tp, kv_cache_dtype, notes),
-            "allreduce": derive_allreduce(tables, tp, nvlink_bytes_per_s, pcie_bytes_per_s, notes),
+            "allreduce": derive_allreduce(tables, tp, nvlink_bytes_per_s, pcie_bytes_per_s, notes,
+                                          allreduce_fusion_max_bytes),
             "memory": derive_memory(tables), "notes": notes}

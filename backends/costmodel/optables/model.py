@@ -96,6 +96,11 @@ class OperatorModel:
         self._allreduce = None if ar is None else {
             mode: Curve(ar[mode]["message_bytes"], ar[mode]["seconds"]) for mode in ("graph", "eager") if mode in ar}
         self._nccl = None if ar is None or "nccl" not in ar else Curve(ar["nccl"]["message_bytes"], ar["nccl"]["seconds"])
+        # FlashInfer's fused all-reduce (and RMSNorm) of the hidden states up to `max_bytes`, where the
+        # deployment turns it on (derive.py, derive_allreduce).
+        fused = None if ar is None else ar.get("fused")
+        self._fused = None if fused is None else Curve(fused["message_bytes"], fused["seconds"])
+        self._fused_max_bytes = 0.0 if fused is None else float(fused["max_bytes"])
         self._ring_latency_s = 0.0 if ar is None else float(ar.get("ring_latency_s", 0.0))
         if ar is not None:
             self._table_max_bytes = float(ar["table_max_bytes"]) if self._allreduce else 0.0
@@ -161,6 +166,15 @@ class OperatorModel:
             return np.where(size > self._table_max_bytes, np.maximum(table, size * self._nvlink_s_per_byte), table)
         return np.where(size > self._table_max_bytes, np.maximum(table, self._large_allreduce(size)), table)
 
+    def hidden_allreduce(self, message_bytes, graph):
+        """One all-reduce of the hidden states (after attention's O projection and after the MLP):
+        `allreduce`, or FlashInfer's fused all-reduce up to its size where the deployment turns it on."""
+        table = self.allreduce(message_bytes, graph)
+        if self._fused is None:
+            return table
+        size = np.asarray(message_bytes, dtype=np.float64)
+        return np.where(size <= self._fused_max_bytes, self._lookup(self._fused, np.maximum(size, 1.0)), table)
+
     def _large_allreduce(self, size):
         """NCCL's all-reduce: its table where the system has one, else a ring over the stated link."""
         if self._nccl is not None:
@@ -211,9 +225,12 @@ class OperatorModel:
         m = padded_tokens(t).astype(np.float64)
         graph = t <= CUDA_GRAPH_SIZES[-1]
         h = self.model["hidden_size"]
-        allreduce = (2 * self.layers + 1) * self.allreduce(m * h * 2, graph)
+        allreduce = (2 * self.layers + 1) * self.hidden_allreduce(m * h * 2, graph)
         floor, bw = self.kernel_floor_s, self.bandwidth
         layers = self.layers * (self._layer_kernels * floor + m * self._layer_bytes_per_token / bw)
+        if self._fused is not None:  # FlashInfer's fused all-reduce does a layer's two add+RMSNorms too
+            norms = 2 * (floor + m * 4 * h * 2 / bw)
+            layers = layers - self.layers * np.where(m * h * 2 <= self._fused_max_bytes, norms, 0.0)
         embed_and_norm = 2 * floor + m * (2 * h * 2 + 4 * h * 2) / bw
         return self.layers * self.gemms(m), allreduce, layers + embed_and_norm
 

@@ -71,6 +71,10 @@ class TableSet:
     generation_attention: pd.DataFrame
     custom_allreduce: pd.DataFrame | None
     nccl: pd.DataFrame | None = None
+    # TensorRT-LLM's custom all-reduce rows (the system's newest TRT-LLM version), where there are
+    # any: the kernel vLLM's FlashInfer all-reduce fusion runs (backends/costmodel/optables/derive.py,
+    # derive_allreduce), read only where a deployment turns that fusion on.
+    fused_allreduce: pd.DataFrame | None = None
     versions: dict = field(default_factory=dict)  # kind -> (version, how chosen)
     data_dir: Path | None = None  # the layout's data folder (its reuse manifest is beside it)
     asked_version: str | None = None  # the framework version asked for (None: the newest)
@@ -208,10 +212,14 @@ def load_layout(data_dir: Path, system: str, framework: str = "vllm", version: s
     nccl = read_layout_table(data_dir, system, "comm", "nccl", "nccl_perf", None)
     if nccl is not None:
         files["nccl"] = nccl.path
+    fused = read_layout_table(data_dir, system, "comm", "trtllm", "custom_allreduce_perf", None)
+    if fused is not None:
+        files["fused_allreduce"] = fused.path
     gemm_version = versions["gemm"][0]
     device = str(frames["gemm"]["device"].iloc[0]) if "device" in frames["gemm"].columns else system
     return TableSet(system, framework, gemm_version, device, files, **frames,
-                    nccl=None if nccl is None else nccl.frame, versions=versions, data_dir=data_dir,
+                    nccl=None if nccl is None else nccl.frame,
+                    fused_allreduce=None if fused is None else fused.frame, versions=versions, data_dir=data_dir,
                     asked_version=version)
 
 
