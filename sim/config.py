@@ -109,6 +109,7 @@ NUM_BLOCKS = Range(1, MAX_NUM_BLOCKS, "blocks", "each KV block takes about 60 by
                    "take 2 GB; a larger --block-size needs fewer", whole=True)
 MEMORY_FRACTION = Range(0.0, 1.0, "", "a fraction of the device's memory", open_low=True)
 SEED = Range(0, 2**63 - 1, "", "a random seed is a 64-bit signed integer", whole=True)
+FUSION_MB = Range(0.0, 1024.0, "MB", "0 means off; vLLM's FlashInfer all-reduce workspace holds at most a few hundred MB")
 TENSOR_PARALLEL = Range(1, 1024, "GPUs", "GPUs of one engine; the largest NVLink domain has 576", whole=True)
 REPLICAS = Range(1, 1024, "replicas", "each replica is an engine with its own KV cache in this process's memory",
                  whole=True)

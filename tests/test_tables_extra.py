@@ -196,6 +196,23 @@ def test_vllm_version_picks_the_nearest_tables_and_says_so(package, tmp_path, ca
     assert tables["table_versions"]["gemm"] == "0.24.0" and "nearest" in tables["table_version_choice"]["gemm"]
 
 
+def test_allreduce_fusion_prices_small_all_reduces_from_the_trtllm_table(package, tmp_path, capsys):
+    """--allreduce-fusion-max-mb: B200 at TP 8, where vLLM's custom all-reduce measures a step at
+    16-32 tokens' messages that FlashInfer's fused one (TensorRT-LLM's kernel) does not have: the
+    decode steps are shorter, summary.json says the option, the cache keeps both profiles apart;
+    a run priced another way (the roofline) refuses it in one line."""
+    args = ("--model", "Llama-3.1-70B", "--hardware", "b200_sxm", "--tp", "8", "--dtype", "fp8")
+    plain = replay(tmp_path, *args)
+    fused = replay(tmp_path, *args, "--allreduce-fusion-max-mb", "8")
+    assert "allreduce_fusion_max_mb" not in plain["options"] and fused["options"]["allreduce_fusion_max_mb"] == 8.0
+    assert fused["tpot"]["mean"] < 0.9 * plain["tpot"]["mean"]
+    assert "fused-allreduce-8mb" in fused["options"]["profile"] and fused["options"]["profile"] != \
+        plain["options"]["profile"]
+    assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r"), "--limit", "20", "--profile", "roofline",
+                 "--allreduce-fusion-max-mb", "8"]) == 2
+    assert "--allreduce-fusion-max-mb prices the fused all-reduces" in capsys.readouterr().err
+
+
 def test_a_system_name_without_the_extra_is_a_one_line_error(monkeypatch, tmp_path, capsys):
     import backends.costmodel.optables.systems
 

@@ -103,10 +103,11 @@ def system_has_tables(system: str) -> bool:
 
 
 def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
-                   vllm_version: str | None = None) -> tuple[OpProfile, Path]:
+                   vllm_version: str | None = None, allreduce_fusion_max_mb: float = 0.0) -> tuple[OpProfile, Path]:
     """The operator-table profile of this deployment derived from the package's tables of the
     hardware's system (each table at `vllm_version` or the nearest the system has; None: the
-    newest), from the cache where it was derived before."""
+    newest; FlashInfer's all-reduce fusion up to `allreduce_fusion_max_mb`, 0: off), from the
+    cache where it was derived before."""
     from backends.costmodel.optables.profile import build_profile, load_op_profile, save_op_profile
     from backends.costmodel.optables.systems import INSTALL_HINT, package_systems_dir, package_version, require_package
     from backends.costmodel.optables.tables import load_layout
@@ -122,7 +123,8 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
 
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
     path = (cache_dir() / package_version() / system / f"vllm-{vllm_version or 'newest'}"
-            / f"{model.name}-{digest}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}.json")
+            / f"{model.name}-{digest}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}"
+            f"{f'__fused-allreduce-{allreduce_fusion_max_mb:g}mb' if allreduce_fusion_max_mb else ''}.json")
     if path.is_file():
         try:
             return load_op_profile(path), path
@@ -130,7 +132,8 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
             pass  # a cache file from another servesim: derive it afresh
     tables = load_layout(require_package() / "data", system, "vllm", vllm_version)
     profile = build_profile(tables, model.name, model, hardware.name, tp, dtype, kv_name(kv_cache_dtype),
-                            nvlink_bytes_per_s=hardware.nvlink_bandwidth, pcie_bytes_per_s=hardware.pcie_bandwidth)
+                            nvlink_bytes_per_s=hardware.nvlink_bandwidth, pcie_bytes_per_s=hardware.pcie_bandwidth,
+                            allreduce_fusion_max_bytes=allreduce_fusion_max_mb * 2**20)
     save_op_profile(profile, path)  # under a temporary name, then renamed: another run may read it at once
     return profile, path
 

@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from sim.app.cluster_options import ClusterOptions
-from sim.config import SEED, SLO, TENSOR_PARALLEL, CacheConfig, Option, Range, SchedulerConfig, check_options, option, option_of
+from sim.config import FUSION_MB, SEED, SLO, TENSOR_PARALLEL, CacheConfig, Option, Range, SchedulerConfig, check_options, option, option_of
 from sim.errors import ServesimError
 
 
@@ -102,6 +102,16 @@ class ReplayOptions:
                                            "(AIConfigurator's package, pip install -e '.[tables]'): the version itself, "
                                            "else the nearest the system has (said on the terminal and in summary.json); "
                                            "default: a committed profile, else the newest")
+
+    # vLLM's FlashInfer all-reduce fusion (pass_config.enable_fi_allreduce_fusion) up to this size:
+    # priced from the system's TensorRT-LLM all-reduce table (backends/costmodel/optables/derive.py)
+    allreduce_fusion_max_mb: float = option(0.0, flag="--allreduce-fusion-max-mb", range=FUSION_MB, metavar="MB",
+                                            help="the server runs vLLM's FlashInfer all-reduce fusion "
+                                                 "(compilation_config pass_config enable_fi_allreduce_fusion) for "
+                                                 "all-reduces up to MB (its FI_ALLREDUCE_FUSION_MAX_SIZE_MB or "
+                                                 "VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB at this --tp): those "
+                                                 "are priced from the system's TensorRT-LLM all-reduce table, the "
+                                                 "kernel FlashInfer runs (the tables extra; default: 0, off)")
 
     def __post_init__(self) -> None:
         """Checks of the values alone; what they name (model, hardware, policy, profile) is looked

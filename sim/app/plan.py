@@ -103,6 +103,8 @@ class RunPlan:
             del d["dp"]
         if d["vllm_version"] is None:
             del d["vllm_version"]  # runs without it keep the summary they had
+        if not d["allreduce_fusion_max_mb"]:
+            del d["allreduce_fusion_max_mb"]  # runs without it keep the summary they had
         if self.tables is not None:
             d["operator_tables"] = self.tables
         if not self.model.num_experts:
@@ -200,18 +202,23 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                                       dp=options.dp, distribution=options.moe_distribution,
                                       vllm_version=options.vllm_version, cache=cache_dir())
         else:
-            found = None if options.vllm_version else matching_profile(model, hardware, options.tp, options.dtype,
-                                                                        options.kv_cache_dtype)
+            fusion = options.allreduce_fusion_max_mb
+            found = None if options.vllm_version or fusion else matching_profile(
+                model, hardware, options.tp, options.dtype, options.kv_cache_dtype)
             if found is None and backend is None and build_backend and (
-                    options.vllm_version is not None or hardware.system is not None
+                    options.vllm_version is not None or fusion or hardware.system is not None
                     and system_has_tables(hardware.system)):
                 # A system of the package (or a vLLM version asked for): its tables, derived once and cached.
                 found = system_profile(model, hardware, options.tp, options.dtype, options.kv_cache_dtype,
-                                       options.vllm_version)
+                                       options.vllm_version, fusion)
                 tables = tables_summary(found[0], hardware)
             if found is not None:  # the committed (or derived) operator-table profile of this deployment
                 op_profile, path = found
                 options = replace(options, profile=str(path))
+    if options.allreduce_fusion_max_mb and op_profile is None and build_backend:
+        raise ServesimError(f"--allreduce-fusion-max-mb prices the fused all-reduces from the operator tables of the "
+                            f"hardware's system (a dense model, no --profile, the tables extra); this run of "
+                            f"{model.name} on {hardware.name} is priced another way")
     if options.dtype == "fp4" and op_profile is None and backend is None:
         raise ServesimError("fp4 weights are priced from operator tables that measure them (nvfp4 GEMMs), not the "
                             "roofline")
