@@ -330,3 +330,8 @@ def test_a_launch_scripts_kernel_the_tables_do_not_measure_is_said_per_row():
     assert kernel_caveats({**row, "system": "h200_sxm"}) == []
     assert kernel_caveats({**row, "model_path": "Qwen/Qwen3-235B-A22B-FP8"}) == []
     assert kernel_caveats({**row, "silicon_data_source": "source_file=/x/aic-auto-gap-analysis/a.csv"}) == []
+    # B200's fp4 rows: the one nvfp4 GEMM kernel the tables measure (vLLM 0.24's); not its fp8 rows.
+    b200 = {**row, "system": "b200_sxm", "model_path": "meta-llama/Llama-3.1-70B", "precision": "fp4"}
+    (caveat,) = kernel_caveats(b200)
+    assert "FlashInferCuteDslNvFp4LinearKernel" in caveat
+    assert kernel_caveats({**b200, "precision": "fp8"}) == []

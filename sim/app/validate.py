@@ -124,21 +124,27 @@ LAUNCH_RECIPES = (
 KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 
 # What a source's launch script runs that the tables do not measure at the row's shapes, said in the
-# row's notes (validate.csv), never priced by guess: (source, backend, system, model regex, caveat).
+# row's notes (validate.csv), never priced by guess: (source, backend, system, model regex, precision
+# regex, caveat).
 KERNEL_CAVEATS = (
-    (INFERENCEMAX, "vllm", "h100_sxm", r"gpt-oss",
+    (INFERENCEMAX, "vllm", "h100_sxm", r"gpt-oss", r"",
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h100.sh) sets "
      "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
      "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
+    (INFERENCEMAX, "vllm", "b200_sxm", r"", r"^fp4$",
+     "caveat: the tables measure nvfp4 GEMMs with one kernel only, vLLM 0.24's "
+     "FlashInferCuteDslNvFp4LinearKernel, newer than this row's server; the kernel it ran is not measured, "
+     "and these rows' decode steps price about 12% short even at TP 1, where there is no all-reduce "
+     "(docs/calibration-and-validation.md)"),
 )
 
 
 def kernel_caveats(row) -> list[str]:
     """The `KERNEL_CAVEATS` that apply to a measured row."""
     source = str(row.get("silicon_data_source", ""))
-    return [caveat for pattern, backend, system, model, caveat in KERNEL_CAVEATS
+    return [caveat for pattern, backend, system, model, precision, caveat in KERNEL_CAVEATS
             if re.search(pattern, source) and row.get("backend") == backend and row.get("system") == system
-            and re.search(model, str(row.get("model_path", "")))]
+            and re.search(model, str(row.get("model_path", ""))) and re.search(precision, str(row.get("precision", "")))]
 
 
 @dataclass(frozen=True)
@@ -371,9 +377,13 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
     """Simulate one measured benchmark with an operator-table profile."""
     ops = profile.op_model()
     budget = max(protocol.max_num_batched_tokens, int(row["concurrency"]))
-    return simulate_row(row, OpTableBackend(ops, device=profile.source["system"]), profile.tp, profile.dtype,
-                        profile.kv_cache_dtype, profile.client_overhead, ops.max_gemm_tokens_per_s(budget),
-                        row_tables_note(profile), protocol)
+    out = simulate_row(row, OpTableBackend(ops, device=profile.source["system"]), profile.tp, profile.dtype,
+                       profile.kv_cache_dtype, profile.client_overhead, ops.max_gemm_tokens_per_s(budget),
+                       row_tables_note(profile), protocol)
+    caveats = kernel_caveats(row)
+    if caveats:
+        out["notes"] = "; ".join(caveats)
+    return out
 
 
 def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client: ClientOverhead,
