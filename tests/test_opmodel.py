@@ -207,6 +207,37 @@ def test_flashinfer_allreduce_fusion_prices_small_all_reduces_from_the_trtllm_ta
     assert any("no TensorRT-LLM all-reduce table" in n for n in notes)
 
 
+def test_an_isolated_spike_of_a_gemm_table_is_read_as_its_neighbours():
+    """A time more than 1.5x both its m-neighbours' (the first m: its one neighbour's) is noise, read
+    as the larger neighbour; a step that holds for the next m is the kernel's and stays."""
+    import pandas as pd
+
+    from backends.costmodel.optables.derive import despiked
+
+    def run(times):
+        fixed, num = despiked(pd.Series(times, index=range(1, len(times) + 1), dtype=float))
+        return fixed.tolist(), num
+
+    assert run([13, 13, 32, 13, 13]) == ([13, 13, 13, 13, 13], 1)
+    assert run([30, 10, 10]) == ([10, 10, 10], 1)
+    assert run([10, 10, 20, 20, 40]) == ([10, 10, 20, 20, 40], 0)  # steps, not spikes
+    assert run([10, 14, 10]) == ([10, 14, 10], 0)  # within 1.5x
+    # In a derivation: the fixture's O projection (n = k = 128 at TP 1) with a spike at m = 4.
+    tables = table_set()
+    g = tables.gemm
+    spike = (g["gemm_dtype"] == "bfloat16") & (g["n"] == 128) & (g["k"] == 128) & (g["m"] == 4)
+    g = g.assign(seconds=np.where(spike, g["seconds"] * 3, g["seconds"]))
+    from dataclasses import replace
+
+    d = derive(replace(tables, gemm=g), TINY)
+    o = d["gemm"]["o"]
+    assert (o["n"], o["k"]) == (128, 128)
+    i = o["m"].index(4)
+    assert o["seconds"][i] == gemm_ms(8, 128, 128) * 1e-3  # the larger neighbour, m = 8
+    assert any("o: 1 isolated spike" in n for n in d["notes"])
+    assert derive(tables, TINY)["gemm"]["o"]["seconds"][i] == gemm_ms(4, 128, 128) * 1e-3
+
+
 def test_fp8_uses_the_fp8_rows_except_the_lm_head():
     d = derive(table_set(), TINY, dtype="fp8")
     n, k = gemm_shapes(TINY, 1)["qkv"]

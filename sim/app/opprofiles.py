@@ -121,8 +121,13 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
     shape = model_shape(model)
     import hashlib  # (here: only a derived profile's cache needs it)
 
+    from backends.costmodel.optables.moe import deriving_code_digest
+
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
-    path = (cache_dir() / package_version() / system / f"vllm-{vllm_version or 'newest'}"
+    # The deriving code's digest too: a profile cached by other code (before a change to how the
+    # tables are read) is never read.
+    path = (cache_dir() / package_version() / f"code-{deriving_code_digest()[:12]}" / system
+            / f"vllm-{vllm_version or 'newest'}"
             / f"{model.name}-{digest}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}"
             f"{f'__fused-allreduce-{allreduce_fusion_max_mb:g}mb' if allreduce_fusion_max_mb else ''}.json")
     if path.is_file():
