@@ -205,6 +205,9 @@ def test_allreduce_fusion_prices_small_all_reduces_from_the_trtllm_table(package
     plain = replay(tmp_path, *args)
     fused = replay(tmp_path, *args, "--allreduce-fusion-max-mb", "8")
     assert "allreduce_fusion_max_mb" not in plain["options"] and fused["options"]["allreduce_fusion_max_mb"] == 8.0
+    assert fused["options"]["operator_tables"]["allreduce"].endswith(
+        "FlashInfer's fused all-reduce up to 8 MB from TensorRT-LLM's table")
+    assert "FlashInfer" not in plain["options"]["operator_tables"]["allreduce"]
     assert fused["tpot"]["mean"] < 0.9 * plain["tpot"]["mean"]
     assert "fused-allreduce-8mb" in fused["options"]["profile"] and fused["options"]["profile"] != \
         plain["options"]["profile"]

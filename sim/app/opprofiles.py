@@ -163,7 +163,9 @@ def tables_summary(profile: OpProfile, hardware) -> dict:
             "table_versions": src.get("table_versions"), "table_version_choice": src.get("table_version_choice"),
             "link": hardware.link, "link_bandwidth": hardware.link_bandwidth,
             "allreduce": None if not ar else ("custom all-reduce table" if "graph" in ar else "none custom")
-            + (", NCCL table" if "nccl" in ar else ", ring over the link"), "note": tables_note(profile)}
+            + (", NCCL table" if "nccl" in ar else ", ring over the link")
+            + (f", FlashInfer's fused all-reduce up to {ar['fused']['max_bytes'] / 2**20:g} MB from TensorRT-LLM's table"
+               if "fused" in ar else ""), "note": tables_note(profile)}
 
 
 def cmd_from_ops(args) -> int:
