@@ -420,7 +420,7 @@ class Engine:
         for last_step, i in finishing + [(k - 1, None)]:  # the last: the run's remaining blocks
             upto = bisect_left(opens, (last_step + 1) * n, taken)  # the blocks opened up to last_step
             if upto > taken:
-                bm.grow_tables(owners[taken:upto] if taken or upto < len(owners) else owners)
+                bm.grow_tables(owners[taken:upto])
                 taken = upto
             if i is not None:
                 before = bm.num_used_blocks
@@ -572,9 +572,8 @@ class Engine:
         r.finish_s = now
         if self.asynchronous:  # its blocks are freed once the next step is scheduled (`run`)
             self.state.finishing.append(r)
-        else:  # `_release`, written out (a call per request)
-            self.block_manager.free(r)
-            r.drop_block_hashes()
+        else:
+            self._release(r)
         self.num_finished += 1
         if self.token_times is not None:
             self.token_times.store(r)

@@ -214,6 +214,13 @@ def test_allreduce_fusion_prices_small_all_reduces_from_the_trtllm_table(package
     assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r"), "--limit", "20", "--profile", "roofline",
                  "--allreduce-fusion-max-mb", "8"]) == 2
     assert "--allreduce-fusion-max-mb prices the fused all-reduces" in capsys.readouterr().err
+    # A hardware file names no system of the package: said, naming the flag that asked for one.
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"peak_bf16_flops": 1e15, "peak_fp8_flops": 2e15, "memory_bandwidth": 3e12,
+                               "memory_bytes": 80_000_000_000, "nvlink_bandwidth": 450e9}))
+    assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r2"), "--limit", "20", "--hardware", str(gpu),
+                 "--tp", "2", "--allreduce-fusion-max-mb", "8"]) == 2
+    assert "--allreduce-fusion-max-mb prices from the tables of a system" in capsys.readouterr().err
 
 
 def test_a_system_name_without_the_extra_is_a_one_line_error(monkeypatch, tmp_path, capsys):

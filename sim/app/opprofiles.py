@@ -114,7 +114,10 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
 
     system = system_of(hardware)
     if system is None:
-        raise ServesimError(f"--vllm-version picks the tables of a system of AIConfigurator's package; hardware "
+        asked = " and ".join(flag for flag, given in (("--vllm-version", vllm_version is not None),
+                                                      ("--allreduce-fusion-max-mb", bool(allreduce_fusion_max_mb)))
+                             if given) or "this run"
+        raise ServesimError(f"{asked} prices from the tables of a system of AIConfigurator's package; hardware "
                             f"{hardware.name} is none (see `sim hardware`)")
     if package_systems_dir() is None:
         raise ServesimError(f"the tables of {system} need the tables extra: {INSTALL_HINT}")
