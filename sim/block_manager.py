@@ -441,6 +441,9 @@ class HybridBlockManager(BlockManager):
             super().grow_tables([request])
             self._grow_others(request, request.num_computed_tokens + 1)
 
+    def grow_tables_at(self, requests: list[Request], opens: list[int], n: int) -> None:
+        raise AssertionError("a hybrid cache grows one decode step at a time (no fast-forward runs)")
+
     def take_over(self, request: Request, num_tokens: int) -> None:
         super().take_over(request, num_tokens)
         self._held[request.index] = [[] for _ in self.windows]

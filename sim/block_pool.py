@@ -12,8 +12,8 @@ head. An entry's absolute position (`_lru_offset` + its index in `_lru`) never c
 prefix index (sim/prefix_index.py) names a free block's place by it, and a block is evicted when
 the head passes its entry (`_head_abs`). Taking a hashed block evicts it (`_evict`).
 
-Block tables grow only here and in sim/block_manager.py (`grow_tables`, `take_over`, `allocate`,
-`append`): policies and fast-forward name the requests, the pool hands out the blocks.
+Block tables grow only here and in sim/block_manager.py (`grow_tables`, `grow_tables_at`, `take_over`,
+`allocate`, `append`): policies and fast-forward name the requests, the pool hands out the blocks.
 """
 
 from __future__ import annotations
@@ -138,6 +138,14 @@ class BlockPool:
         for request, count in zip(owners, counts):
             request.block_table += blocks[at:at + count]
             at += count
+
+    def grow_tables_at(self, requests: list[Request], opens: list[int], n: int) -> None:
+        """A decode run's opening blocks: `requests[o % n]` takes one new block for each `o` of
+        `opens` (step * n + batch index, sorted: the order step-by-step scheduling takes them),
+        from the free queue in that order (the caller checked there are enough). `grow_tables`
+        with the owners named by their place in the run, without listing them first."""
+        for o, block in zip(opens, self.pop_free_blocks(len(opens))):
+            requests[o % n].block_table.append(block)
 
     def take_over(self, request: Request, num_tokens: int) -> None:
         """A fresh table for a request whose first `num_tokens` tokens' KV arrive from elsewhere (a

@@ -413,14 +413,12 @@ class Engine:
         used_before = bm.num_used_blocks  # step 0's blocks were reserved by the policy
         change = [0] * (k + 1)  # change[j]: blocks in use at step j less at step j - 1
         opens, taken, n = run.opens, 0, len(reqs)
-        owners = []  # who opens each of `opens` (step * n + batch index, sorted)
-        for o in opens:
+        for o in opens:  # step * n + batch index, sorted
             change[o // n] += 1
-            owners.append(reqs[o % n])
         for last_step, i in finishing + [(k - 1, None)]:  # the last: the run's remaining blocks
             upto = bisect_left(opens, (last_step + 1) * n, taken)  # the blocks opened up to last_step
             if upto > taken:
-                bm.grow_tables(owners[taken:upto])
+                bm.grow_tables_at(reqs, opens[taken:upto], n)
                 taken = upto
             if i is not None:
                 before = bm.num_used_blocks
