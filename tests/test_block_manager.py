@@ -170,3 +170,22 @@ def test_trace_blocks_new_to_the_index_take_chunks_in_a_row_and_their_slots_are_
     bm.free(b)  # shared: freed block by block; c still holds them
     assert bm.cached_prefix(req(6, 81, hash_ids=list(range(101, 112)))) == c.block_table[:20]
     bm.check_invariants([c])
+
+
+def test_grow_tables_at_hands_out_blocks_as_grow_tables_does():
+    """A run's opening blocks named by place (step * n + batch index) go to the same requests, in
+    the same order, as the owners listed one by one."""
+    opens = [1, 3, 4, 7, 9, 10]  # n = 3: steps 0..3
+    tables = []
+    for by_place in (True, False):
+        bm = BlockManager(num_blocks=12, block_size=4)
+        reqs = [req(i, 4) for i in range(3)]
+        for r in reqs:
+            bm.allocate(r, [], 4)
+        if by_place:
+            bm.grow_tables_at(reqs, opens, 3)
+        else:
+            bm.grow_tables([reqs[o % 3] for o in opens])
+        tables.append([r.block_table for r in reqs])
+        assert bm.num_used_blocks == 3 + len(opens)
+    assert tables[0] == tables[1] == [[0, 4, 7], [1, 3, 5, 6, 8], [2]]
