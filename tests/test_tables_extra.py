@@ -223,6 +223,19 @@ def test_allreduce_fusion_prices_small_all_reduces_from_the_trtllm_table(package
     assert "--allreduce-fusion-max-mb prices from the tables of a system" in capsys.readouterr().err
 
 
+def test_allreduce_fusion_at_tp1_changes_nothing_and_says_so(package, tmp_path, capsys):
+    """One GPU has no all-reduce: the same answers as without the flag, said on the terminal and in
+    summary.json."""
+    args = ("--model", "Llama-3.1-8B", "--hardware", "b200_sxm", "--tp", "1", "--dtype", "fp8")
+    plain = replay(tmp_path, *args)
+    fused = replay(tmp_path, *args, "--allreduce-fusion-max-mb", "8")
+    assert "changes nothing at --tp 1" in capsys.readouterr().err
+    assert fused["options"]["operator_tables"]["allreduce"].startswith("--allreduce-fusion-max-mb changes nothing")
+    assert plain["options"]["operator_tables"]["allreduce"] is None
+    for metric in ("ttft", "tpot", "e2e"):
+        assert fused[metric] == plain[metric]
+
+
 def test_a_system_name_without_the_extra_is_a_one_line_error(monkeypatch, tmp_path, capsys):
     import backends.costmodel.optables.systems
 

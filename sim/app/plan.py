@@ -145,15 +145,23 @@ class RunPlan:
                                 "replicas, a larger --block-size or a smaller --num-gpu-blocks")
 
     def warnings(self) -> list[str]:
-        """What the command prints before it runs: a capped KV cache, the pools' too."""
+        """What the command prints before it runs: a capped KV cache, the pools' too; a fused
+        all-reduce asked for where there is no all-reduce."""
         plans = (self, *self.pools)
-        return [w for p in plans if p.kv is not None for w in [p.kv.warning()] if w]
+        found = [w for p in plans if p.kv is not None for w in [p.kv.warning()] if w]
+        if self.options.allreduce_fusion_max_mb and self.options.tp == 1:
+            found.append(FUSION_AT_TP1)
+        return found
 
     def kv_cache(self) -> dict:
         """The KV blocks used and how they were derived (summary.json)."""
         if self.kv is None:
             return {"num_gpu_blocks": self.num_blocks, "source": "the real backend's own allocation"}
         return self.kv.as_dict()  # a capped cache says so (KVCapacity.capped_from)
+
+
+FUSION_AT_TP1 = ("--allreduce-fusion-max-mb changes nothing at --tp 1: one GPU has no all-reduce to fuse "
+                 "(its RMSNorms are priced as without the flag)")
 
 
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
@@ -212,6 +220,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                 found = system_profile(model, hardware, options.tp, options.dtype, options.kv_cache_dtype,
                                        options.vllm_version, fusion)
                 tables = tables_summary(found[0], hardware)
+                if fusion and options.tp == 1:
+                    tables["allreduce"] = FUSION_AT_TP1
             if found is not None:  # the committed (or derived) operator-table profile of this deployment
                 op_profile, path = found
                 options = replace(options, profile=str(path))
