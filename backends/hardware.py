@@ -17,6 +17,11 @@ A hardware file is one JSON object with these fields (numbers in base units):
      "pcie_bandwidth": 64e9,           optional: where nvlink_bandwidth is null, the PCIe link's
                                        bytes/s one GPU sends to another, one direction (--tp > 1
                                        over PCIe); neither: --tp 1 only
+     "gpus_per_node": 8,               optional: GPUs that share the link above (a server, or an
+                                       NVLink rack); a group of more GPUs (--tp, an expert-parallel
+                                       group) crosses nodes
+     "inter_node_bandwidth": 50e9,     optional: bytes/s one GPU sends to another node, one
+                                       direction (its network adapter: ConnectX-7 400 Gb/s is 50e9)
      "description": "..."}             optional
 
 `--hardware` also takes a system AIConfigurator's package describes (h100_sxm, l40s, ...; `sim
@@ -46,6 +51,8 @@ class Hardware:
     description: str = ""
     pcie_bandwidth: float | None = None  # the link where there is no NVLink
     system: str | None = None  # the package's system it describes (its tables price it), if any
+    gpus_per_node: int | None = None  # GPUs sharing the link above; None: not stated (one node)
+    inter_node_bandwidth: float | None = None  # bytes/s one GPU sends to another node, one direction
 
     def __post_init__(self) -> None:
         check_hardware_fields(self)
@@ -65,6 +72,19 @@ class Hardware:
     def link_bandwidth(self) -> float | None:
         return self.nvlink_bandwidth if self.nvlink_bandwidth is not None else self.pcie_bandwidth
 
+    def spans_nodes(self, num_gpus: int) -> bool:
+        """Whether a group of `num_gpus` GPUs (a TP group, an expert-parallel group) crosses nodes."""
+        return self.gpus_per_node is not None and num_gpus > self.gpus_per_node
+
+    def group_link(self, num_gpus: int) -> tuple[str | None, float | None]:
+        """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs: the GPUs' link
+        within a node; across nodes the slower of it and the network between nodes (a ring's
+        bottleneck: each GPU's traffic to the next node crosses its network adapter)."""
+        if self.spans_nodes(num_gpus) and self.inter_node_bandwidth is not None and (
+                self.link_bandwidth is None or self.inter_node_bandwidth < self.link_bandwidth):
+            return "inter-node", self.inter_node_bandwidth
+        return self.link, self.link_bandwidth
+
     def check_tp(self, tp: int) -> None:
         if tp > 1 and self.link is None:
             raise ServesimError(f"--tp {tp} needs a link between the GPUs; hardware {self.name} has neither "
@@ -74,7 +94,7 @@ class Hardware:
         """The fields (summary.json): the link's own (nvlink_bandwidth, or pcie_bandwidth where it is
         the link), the package system where it is one."""
         d = asdict(self)
-        for key in ("pcie_bandwidth", "system"):
+        for key in ("pcie_bandwidth", "system", "gpus_per_node", "inter_node_bandwidth"):
             if d[key] is None:
                 del d[key]
         return d
@@ -87,7 +107,8 @@ class Hardware:
         unknown = sorted(set(raw) - set(names))
         if unknown:
             raise ServesimError(f"{p}: unknown field {unknown[0]!r}; a hardware file has {', '.join(names)}")
-        missing = [n for n in names if n not in raw and n not in ("description", "pcie_bandwidth")]
+        missing = [n for n in names if n not in raw and n not in ("description", "pcie_bandwidth", "gpus_per_node",
+                                                                  "inter_node_bandwidth")]
         if missing:
             raise ServesimError(f"{p}: no {missing[0]} in it (null where the GPU has none: peak_fp8_flops, "
                                 "nvlink_bandwidth)")
@@ -105,14 +126,16 @@ class Hardware:
 def check_hardware_fields(hardware: Hardware) -> None:
     """Each figure of a GPU within its physical range (sim.config: FLOPS, MEMORY_BANDWIDTH,
     MEMORY_BYTES, NVLINK_BANDWIDTH, each with its reason); null only where the GPU may have none."""
-    from sim.config import FLOPS, MEMORY_BANDWIDTH, MEMORY_BYTES, NVLINK_BANDWIDTH
+    from sim.config import FLOPS, GPUS_PER_NODE, MEMORY_BANDWIDTH, MEMORY_BYTES, NVLINK_BANDWIDTH
 
     ranges = {"peak_bf16_flops": FLOPS, "peak_fp8_flops": FLOPS, "memory_bandwidth": MEMORY_BANDWIDTH,
               "memory_bytes": MEMORY_BYTES, "nvlink_bandwidth": NVLINK_BANDWIDTH,
-              "pcie_bandwidth": NVLINK_BANDWIDTH}  # a link's range: from 1 Gb/s Ethernet to 100 x NVLink 5
+              "pcie_bandwidth": NVLINK_BANDWIDTH,  # a link's range: from 1 Gb/s Ethernet to 100 x NVLink 5
+              "gpus_per_node": GPUS_PER_NODE, "inter_node_bandwidth": NVLINK_BANDWIDTH}
     for field, bounds in ranges.items():
         value = getattr(hardware, field)
-        if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth", "pcie_bandwidth"):
+        if value is None and field in ("peak_fp8_flops", "nvlink_bandwidth", "pcie_bandwidth", "gpus_per_node",
+                                       "inter_node_bandwidth"):
             continue
         if not bounds.contains(value):
             bounds.check(f"hardware {hardware.name}: {field}", value)
@@ -124,11 +147,17 @@ def check_hardware_fields(hardware: Hardware) -> None:
 # sparsity), 3.35 TB/s HBM3, NVLink 900 GB/s), NVIDIA H200 product brief (SXM: same tensor cores
 # as the H100, 4.8 TB/s HBM3e, NVLink 900 GB/s). Memory as CUDA reports it, from
 # torch.cuda.get_device_properties printouts: H100 80GB HBM3 81082 MiB (vLLM logs "79.18 GiB"),
-# H200 143156 MiB, A100-SXM4-80GB 81920 MiB.
+# H200 143156 MiB, A100-SXM4-80GB 81920 MiB. Nodes: 8 GPUs on one NVLink switch (HGX/DGX A100,
+# H100 and H200), each GPU with its own network adapter to other nodes: ConnectX-6 200 Gb/s on DGX
+# A100 (25 GB/s one way), ConnectX-7 400 Gb/s on DGX H100 and H200 (50 GB/s), as the package's
+# systems/*.yaml state them too (node.inter_node_bw).
 HARDWARE: dict[str, Hardware] = {
-    "A100-80GB": Hardware("A100-80GB", 312e12, None, 2.039e12, 81920 * MIB, 300e9, "NVIDIA A100 SXM4 80GB"),
-    "H100-SXM": Hardware("H100-SXM", 989.4e12, 1978.9e12, 3.35e12, 81082 * MIB, 450e9, "NVIDIA H100 SXM5 80GB"),
-    "H200": Hardware("H200", 989.4e12, 1978.9e12, 4.8e12, 143156 * MIB, 450e9, "NVIDIA H200 SXM 141GB"),
+    "A100-80GB": Hardware("A100-80GB", 312e12, None, 2.039e12, 81920 * MIB, 300e9, "NVIDIA A100 SXM4 80GB",
+                          gpus_per_node=8, inter_node_bandwidth=25e9),
+    "H100-SXM": Hardware("H100-SXM", 989.4e12, 1978.9e12, 3.35e12, 81082 * MIB, 450e9, "NVIDIA H100 SXM5 80GB",
+                         gpus_per_node=8, inter_node_bandwidth=50e9),
+    "H200": Hardware("H200", 989.4e12, 1978.9e12, 4.8e12, 143156 * MIB, 450e9, "NVIDIA H200 SXM 141GB",
+                     gpus_per_node=8, inter_node_bandwidth=50e9),
 }
 
 

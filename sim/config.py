@@ -145,6 +145,7 @@ OPEN_FRACTION = Range(0.0, 1.0, "", "a fraction above 0", open_low=True)
 FLOPS = Range(1e9, 1e18, "FLOP/s", "from a CPU core (~1e10) to 400 x a B200 (2.25e15 dense bf16)")
 MEMORY_BANDWIDTH = Range(1e9, 1e15, "bytes/s", "from one DDR channel (~1e10) to 100 x a B200's HBM (8e12)")
 MEMORY_BYTES = Range(2**27, 2**44, "bytes", "from 128 MiB to 16 TiB: 85 x a B200's 192 GB", whole=True)
+GPUS_PER_NODE = Range(1, 1024, "GPUs", "GPUs sharing one node's link; the largest NVLink domain has 576", whole=True)
 NVLINK_BANDWIDTH = Range(1e8, 1e14, "bytes/s", "from 1 Gb/s Ethernet to 100 x NVLink 5 (900e9 one way)")
 
 

@@ -297,3 +297,16 @@ def test_every_range_is_in_the_docs():
     for name, value in vars(sim.config).items():
         if isinstance(value, Range):
             assert f"| `{name}` | {value.describe()} |" in text, name
+
+
+@pytest.mark.parametrize("version", ["abc", "", "1", "0.12", "0.12.0", "0.10.1.1", "0.12.0rc1", "0.11.0.post1",
+                                     "v0.12.0", "0.12.0 ", "latest"])
+def test_vllm_version_is_a_release_number(version):
+    """--vllm-version names a vLLM release; a word or a bare number is refused naming the value
+    (before, 'abc' was read as 0.0.0 and "the nearest" tables were taken)."""
+    accepted = version in ("0.12", "0.12.0", "0.10.1.1", "0.12.0rc1", "0.11.0.post1")
+    if accepted:
+        assert ReplayOptions(vllm_version=version).vllm_version == version
+    else:
+        with pytest.raises(ServesimError, match=f"--vllm-version takes a vLLM release .*got {version!r}"):
+            ReplayOptions(vllm_version=version)

@@ -186,6 +186,28 @@ def test_a_pcie_system_without_tables_runs_tp2_as_a_ring_over_its_link(package, 
     assert "operator_tables" not in summary["options"]  # no vLLM tables for it: the roofline
 
 
+def test_tp_past_a_node_turns_the_custom_all_reduce_off_and_rings_over_the_network(package, tmp_path):
+    """b200_sxm.yaml: 8 GPUs a node, 100 GB/s per GPU between nodes. TP 16 spans two nodes: vLLM's
+    custom all-reduce is off (custom_all_reduce.py), the messages go to NCCL, here a ring whose
+    bottleneck is the network; summary.json says the link. Before, NVLink priced 16 GPUs faster
+    than 8."""
+    from backends.hardware import resolve_hardware
+
+    hw = resolve_hardware("b200_sxm")
+    assert (hw.gpus_per_node, hw.inter_node_bandwidth) == (8, 100e9)
+    args = ("--model", "Llama-3.1-70B", "--hardware", "b200_sxm")
+    eight = replay(tmp_path, *args, "--tp", "8")
+    sixteen = replay(tmp_path, *args, "--tp", "16")
+    assert eight["options"]["operator_tables"]["link"] == "nvlink"
+    tables = sixteen["options"]["operator_tables"]
+    assert (tables["link"], tables["link_bandwidth"]) == ("inter-node", 100e9)
+    assert tables["allreduce"].startswith("none custom")
+    assert sixteen["ttft"]["mean"] > eight["ttft"]["mean"]
+    profile = json.loads(Path(sixteen["options"]["profile"]).read_text())
+    assert profile["operators"]["allreduce"]["link"] == "inter-node"
+    assert any("span nodes of 8" in note for note in profile["operators"]["notes"])
+
+
 def test_vllm_version_picks_the_nearest_tables_and_says_so(package, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["replay", str(SAMPLE), "--out", str(out), "--limit", "50", "--hardware", "h100_sxm", "--tp", "2",

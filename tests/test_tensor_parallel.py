@@ -44,3 +44,22 @@ def test_two_ring_allreduces_per_layer():
     four = 2 * 3 / 4 * message / 450e9 + 5e-6
     steps = tp_allreduce_seconds(LLAMA, np.array([256, 1]), 4, H100)  # arrays of steps too
     assert steps[0] == 2 * 32 * four and steps[1] == 2 * 32 * (2 * 3 / 4 * 8192 / 450e9 + 5e-6)
+
+
+def test_a_group_past_a_node_rings_over_the_network_between_nodes():
+    """The presets are 8-GPU NVLink nodes whose GPUs each reach other nodes at 50 GB/s (ConnectX-7
+    400 Gb/s): TP 16 rings over that, TP 8 over NVLink; the hardware says which link a group uses."""
+    message = 256 * 4096 * 2
+    assert H100.gpus_per_node == 8 and H100.inter_node_bandwidth == 50e9
+    assert H100.group_link(8) == ("nvlink", 450e9) and H100.group_link(16) == ("inter-node", 50e9)
+    assert not H100.spans_nodes(8) and H100.spans_nodes(9)
+    sixteen = 2 * 15 / 16 * message / 50e9 + 5e-6
+    assert tp_allreduce_seconds(LLAMA, 256, 16, H100) == 2 * 32 * sixteen
+    eight = tp_allreduce_seconds(LLAMA, 256, 8, H100)
+    assert eight == 2 * 32 * (2 * 7 / 8 * message / 450e9 + 5e-6) and eight < 2 * 32 * sixteen
+    # A network faster than the link (an NVLink rack's trays) leaves the link as it is.
+    import dataclasses
+    rack = dataclasses.replace(H100, gpus_per_node=4, inter_node_bandwidth=900e9)
+    assert rack.group_link(16) == ("nvlink", 450e9)
+    # Not stated (a hardware file without the fields): one node, as before.
+    assert dataclasses.replace(H100, gpus_per_node=None).group_link(64) == ("nvlink", 450e9)

@@ -142,8 +142,9 @@ def combine_bytes(num_tokens: int, hidden: int) -> int:
 
 def ring_seconds(hardware: Hardware, num_bytes: float, num_gpus: int) -> float:
     """A ring all-gather or reduce-scatter among `num_gpus` GPUs moving `num_bytes` in all: each GPU
-    sends and receives (n - 1) / n of it over its link, plus a 5 us launch."""
-    link = hardware.link_bandwidth or hardware.nvlink_bandwidth
+    sends and receives (n - 1) / n of it over its link (the network between nodes where the group
+    crosses nodes and that is slower: `Hardware.group_link`), plus a 5 us launch."""
+    link = hardware.group_link(num_gpus)[1] or hardware.nvlink_bandwidth
     return (num_gpus - 1) / num_gpus * num_bytes / link + 5e-6
 
 

@@ -9,7 +9,9 @@ and two all-reduces per layer join the shards: after attention's O projection an
 MLP's down projection (vLLM's RowParallelLinear, vllm/model_executor/layers/linear.py), each
 over the step's [tokens, hidden] bf16 activations. Without measured tables an all-reduce is
 priced as a ring over the GPUs' link (NVLink, or PCIe where the hardware states only that),
-2 (T - 1) / T x bytes / bandwidth, plus a fixed latency.
+2 (T - 1) / T x bytes / bandwidth, plus a fixed latency; a group of more GPUs than a node holds
+(`Hardware.gpus_per_node`) rings over the network between nodes where that is slower
+(`Hardware.group_link`).
 ALLREDUCE_LATENCY_S: vLLM's custom all-reduce inside CUDA graphs takes 4.2 - 4.9 microseconds
 for messages up to 32 KiB on H100 SXM at TP 2 and 4 (AIConfigurator's measurements inside vLLM
 0.24, ../shared/gpu-data/aiconfigurator/h100_sxm__vllm-0.24.0__custom_allreduce_perf.parquet).
@@ -62,5 +64,5 @@ def tp_allreduce_seconds(model: ModelConfig, num_tokens, tp: int, hardware: Hard
         return 0.0 * num_tokens
     hardware.check_tp(tp)
     message = num_tokens * model.hidden_size * ACTIVATION_BYTES
-    one = ring_allreduce_seconds(message, tp, hardware.link_bandwidth * efficiency)
+    one = ring_allreduce_seconds(message, tp, hardware.group_link(tp)[1] * efficiency)
     return 2 * model.num_hidden_layers * one

@@ -132,13 +132,17 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     def row(name, h, tables=""):
         fp8 = "-" if h.peak_fp8_flops is None else f"{h.peak_fp8_flops / 1e12:.1f}"
         link = "-" if h.link is None else f"{h.link} {h.link_bandwidth / 1e9:.0f}"
+        node = "-" if h.gpus_per_node is None else (
+            f"{h.gpus_per_node}" + ("" if h.inter_node_bandwidth is None else f" x {h.inter_node_bandwidth / 1e9:.0f}"))
         print(f"{name:<22}{h.peak_bf16_flops / 1e12:>14.1f}{fp8:>13}{h.memory_bandwidth / 1e12:>10.2f}"
-              f"{h.memory_bytes / 2**30:>12.1f}{link:>13}  {tables or h.description}")
+              f"{h.memory_bytes / 2**30:>12.1f}{link:>13}{node:>11}  {tables or h.description}")
 
     print(f"{'hardware':<22}{'bf16 TFLOP/s':>14}{'fp8 TFLOP/s':>13}{'HBM TB/s':>10}{'memory GiB':>12}"
-          f"{'link GB/s':>13}  description / vLLM tables")
+          f"{'link GB/s':>13}{'node GB/s':>11}  description / vLLM tables")
     for name, h in HARDWARE.items():
         row(name, h)
+    print("(link: what one GPU sends another in its node, one way; node: GPUs a node holds x what one GPU sends "
+          "another node: a --tp or expert-parallel group of more GPUs crosses nodes)")
     if package_systems_dir() is None:
         print(f"(more systems, with their measured vLLM tables: {INSTALL_HINT})")
         return 0

@@ -141,7 +141,8 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
     tables = load_layout(require_package() / "data", system, "vllm", vllm_version)
     profile = build_profile(tables, model.name, model, hardware.name, tp, dtype, kv_name(kv_cache_dtype),
                             nvlink_bytes_per_s=hardware.nvlink_bandwidth, pcie_bytes_per_s=hardware.pcie_bandwidth,
-                            allreduce_fusion_max_bytes=allreduce_fusion_max_mb * 2**20)
+                            allreduce_fusion_max_bytes=allreduce_fusion_max_mb * 2**20,
+                            gpus_per_node=hardware.gpus_per_node, inter_node_bytes_per_s=hardware.inter_node_bandwidth)
     save_op_profile(profile, path)  # under a temporary name, then renamed: another run may read it at once
     return profile, path
 
@@ -162,9 +163,10 @@ def tables_summary(profile: OpProfile, hardware) -> dict:
     how each was chosen, and the link its all-reduces cross."""
     src = profile.source
     ar = profile.operators.get("allreduce") or {}
+    link, bandwidth = hardware.group_link(profile.tp)  # across nodes where --tp is more than a node holds
     return {"system": src.get("system"), "device": src.get("device"), "asked_vllm_version": src.get("asked_version"),
             "table_versions": src.get("table_versions"), "table_version_choice": src.get("table_version_choice"),
-            "link": hardware.link, "link_bandwidth": hardware.link_bandwidth,
+            "link": link, "link_bandwidth": bandwidth,
             "allreduce": None if not ar else ("custom all-reduce table" if "graph" in ar else "none custom")
             + (", NCCL table" if "nccl" in ar else ", ring over the link")
             + (f", FlashInfer's fused all-reduce up to {ar['fused']['max_bytes'] / 2**20:g} MB from TensorRT-LLM's table"
@@ -194,7 +196,9 @@ def cmd_from_ops(args) -> int:
     profile = build_profile(tables, model.name, model, None if hardware is None else hardware.name, args.tp,
                             args.dtype, kv_name(args.kv_cache_dtype),
                             nvlink_bytes_per_s=None if hardware is None else hardware.nvlink_bandwidth,
-                            pcie_bytes_per_s=None if hardware is None else hardware.pcie_bandwidth)
+                            pcie_bytes_per_s=None if hardware is None else hardware.pcie_bandwidth,
+                            gpus_per_node=None if hardware is None else hardware.gpus_per_node,
+                            inter_node_bytes_per_s=None if hardware is None else hardware.inter_node_bandwidth)
     try:
         save_op_profile(profile, out)  # under a temporary name, then renamed: a full disk keeps the old profile
     except OSError as e:

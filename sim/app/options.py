@@ -17,6 +17,7 @@ every command shares (--out, --overwrite, --resume, --quiet) are `add_output_opt
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ def check_moe_distribution(flag: str, value) -> None:
     check(flag, str(value))
 
 BACKENDS = ("costmodel", "real")
+# A vLLM release as its tables and its pip versions name it: 0.12.0, 0.10.1.1, 0.12.0rc1, 0.11.0.post1.
+VLLM_VERSION = re.compile(r"\d+(\.\d+){1,3}(rc\d+|\.post\d+|\.dev\d+)?")
 DEFAULT_DEPLOYMENT = (1, "bf16", "auto")
 DATA_PARALLEL = Range(1, 64, "ranks", "engine ranks of one data-parallel group, each a scheduler and KV cache in this "
                       "process's memory", whole=True)  # (tp, dtype, kv_cache_dtype) of one device in its own dtype
@@ -131,6 +134,9 @@ class ReplayOptions:
                                 "with --backend real, --replicas or disaggregated pools")
         if self.backend == "real" and not self.cluster.is_single:
             raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
+        if self.vllm_version is not None and not VLLM_VERSION.fullmatch(self.vllm_version):
+            raise ServesimError(f"--vllm-version takes a vLLM release such as 0.12.0 or 0.10.1.1, got "
+                                f"{self.vllm_version!r}")
         if self.vllm_version is not None and self.backend != "costmodel":
             raise ServesimError("--vllm-version picks the operator tables the cost model is priced from; it does not "
                                 f"apply to --backend {self.backend}")

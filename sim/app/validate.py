@@ -602,7 +602,9 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     profiles[key] = build_profile(tables[row["system"], version], model.name, model, hardware.name,
                                                   key[2], dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth,
                                                   pcie_bytes_per_s=hardware.pcie_bandwidth,
-                                                  allreduce_fusion_max_bytes=fusion)
+                                                  allreduce_fusion_max_bytes=fusion,
+                                                  gpus_per_node=hardware.gpus_per_node,
+                                                  inter_node_bytes_per_s=hardware.inter_node_bandwidth)
                 if not model.is_extended:
                     prediction = predict_row(row, profiles[key], protocol)
             except ServesimError as e:

@@ -294,7 +294,8 @@ def _curve(rows: pd.DataFrame) -> tuple[list[int], list[float]]:
 
 def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None,
                      pcie_bytes_per_s: float | None = None, notes: list | None = None,
-                     fusion_max_bytes: float = 0.0) -> dict | None:
+                     fusion_max_bytes: float = 0.0, gpus_per_node: int | None = None,
+                     inter_node_bytes_per_s: float | None = None) -> dict | None:
     """How an all-reduce among tp GPUs is priced (nothing at TP 1: the table is not read there).
 
     vLLM's custom all-reduce takes messages below 8 MiB where every GPU reaches every other over
@@ -312,7 +313,14 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     `flashinfer.comm.allreduce_fusion`, whose all-reduce is TensorRT-LLM's kernel (FlashInfer's
     trtllm_allreduce_fusion). Those messages are priced from the system's TensorRT-LLM all-reduce
     table (`fused`), the measured kernel closest to what runs; the package's reuse manifest
-    reserves those rows for TensorRT-LLM, and this is the one place they are read for vLLM."""
+    reserves those rows for TensorRT-LLM, and this is the one place they are read for vLLM.
+
+    More GPUs than a node holds (`gpus_per_node`): vLLM's custom all-reduce is off for a group that
+    spans nodes (vllm/distributed/device_communicators/custom_all_reduce.py, CustomAllreduce.__init__:
+    "Custom allreduce is disabled because this process group spans across nodes"), and so is the
+    FlashInfer fusion built on it; every message goes to NCCL, its table where there is one for tp
+    GPUs, else a ring whose bottleneck is the network between nodes (`inter_node_bytes_per_s`)
+    where that is slower than the link."""
     notes = [] if notes is None else notes
     if tp == 1:
         return None
@@ -323,10 +331,15 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     else:
         raise ServesimError(f"--tp {tp} needs the hardware's link (nvlink_bandwidth or pcie_bandwidth) to price "
                             "its all-reduces; give a --hardware that states one")
+    spans_nodes = gpus_per_node is not None and tp > gpus_per_node
+    if spans_nodes and inter_node_bytes_per_s is not None and 0 < inter_node_bytes_per_s < bandwidth:
+        link, bandwidth = "inter-node", float(inter_node_bytes_per_s)
     out: dict = {"num_gpus": tp, "link": link, "link_bytes_per_s": bandwidth, "table_max_bytes": 0}
     if link == "nvlink":
         out["nvlink_bytes_per_s"] = bandwidth
-    custom_used = link == "nvlink" or tp == 2
+    if spans_nodes:
+        out["gpus_per_node"] = gpus_per_node
+    custom_used = not spans_nodes and (link == "nvlink" or tp == 2)
     a = tables.custom_allreduce
     rows = a[a["num_gpus"] == tp] if a is not None and custom_used else None
     if rows is not None and not rows.empty:
@@ -343,6 +356,9 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     elif custom_used:
         where = "no custom all-reduce table" if a is None else f"no custom all-reduce rows for {tp} GPUs"
         notes.append(f"all-reduce: {where} on {tables.system}; every message priced as NCCL's")
+    elif spans_nodes:
+        notes.append(f"all-reduce: {tp} GPUs span nodes of {gpus_per_node}: vLLM's custom kernel is off; every "
+                     "message priced as NCCL's")
     else:
         notes.append(f"all-reduce: vLLM's custom kernel is off on {tp} PCIe GPUs; every message priced as NCCL's")
     if fusion_max_bytes > 0 and custom_used:
@@ -384,11 +400,12 @@ def derive_memory(tables: TableSet) -> dict:
 
 def derive(tables: TableSet, model: dict, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "bf16",
            nvlink_bytes_per_s: float | None = None, pcie_bytes_per_s: float | None = None,
-           allreduce_fusion_max_bytes: float = 0.0) -> dict:
+           allreduce_fusion_max_bytes: float = 0.0, gpus_per_node: int | None = None,
+           inter_node_bytes_per_s: float | None = None) -> dict:
     """Everything the operator model needs for one model, TP degree and dtype (see the module doc)."""
     notes: list[str] = []
     return {"gemm": derive_gemms(tables, model, tp, dtype, notes),
             "attention": derive_attention(tables, model, tp, kv_cache_dtype, notes),
             "allreduce": derive_allreduce(tables, tp, nvlink_bytes_per_s, pcie_bytes_per_s, notes,
-                                          allreduce_fusion_max_bytes),
+                                          allreduce_fusion_max_bytes, gpus_per_node, inter_node_bytes_per_s),
             "memory": derive_memory(tables), "notes": notes}

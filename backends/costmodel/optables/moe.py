@@ -436,10 +436,13 @@ class MoETableCostModel(MoERooflineCostModel):
             self._gather = nccl_lookup(tables.nccl, "all_gather", g)
             self._scatter = nccl_lookup(tables.nccl, "reduce_scatter", g)
             how = "vLLM's allgather_reducescatter (AgRsAll2AllManager)"
+            link, bandwidth = self.hardware.group_link(g)
+            over = ("the network between nodes" if link == "inter-node" else "the link") + (
+                "" if bandwidth is None else f" at {bandwidth / 1e9:g} GB/s")
             self.sources["dispatch"] = (f"NCCL all_gather table {group}, {how}" if self._gather is not None
-                                        else f"roofline: a ring over the link {group} (no NCCL all_gather table), {how}")
+                                        else f"roofline: a ring over {over} {group} (no NCCL all_gather table), {how}")
             self.sources["combine"] = (f"NCCL reduce_scatter table {group}, {how}" if self._scatter is not None
-                                       else f"roofline: a ring over the link {group} (no NCCL reduce_scatter table), "
+                                       else f"roofline: a ring over {over} {group} (no NCCL reduce_scatter table), "
                                        f"{how}")
 
     # ---- pricing

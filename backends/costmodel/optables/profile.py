@@ -108,10 +108,11 @@ def build_profile(tables: TableSet, model_name: str, model, hardware: str | None
                   dtype: str = "bf16", kv_cache_dtype: str = "bf16", nvlink_bytes_per_s: float | None = None,
                   pcie_bytes_per_s: float | None = None, step_overhead: StepOverhead = DEFAULT_STEP_OVERHEAD,
                   client_overhead: ClientOverhead = ClientOverhead(),
-                  allreduce_fusion_max_bytes: float = 0.0) -> OpProfile:
+                  allreduce_fusion_max_bytes: float = 0.0, gpus_per_node: int | None = None,
+                  inter_node_bytes_per_s: float | None = None) -> OpProfile:
     shape = model_shape(model)
     operators = derive(tables, shape, tp, dtype, kv_cache_dtype, nvlink_bytes_per_s, pcie_bytes_per_s,
-                       allreduce_fusion_max_bytes)
+                       allreduce_fusion_max_bytes, gpus_per_node, inter_node_bytes_per_s)
     source = dict(tables.source, origin=ORIGIN)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return OpProfile(model_name, shape, hardware, tp, dtype, kv_cache_dtype, source, operators, step_overhead,

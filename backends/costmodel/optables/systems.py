@@ -276,7 +276,8 @@ def system_hardware(name: str):
     gpu.bfloat16_tc_flops, gpu.fp8_tc_flops (absent: none), gpu.mem_bw, gpu.mem_capacity; the link:
     NVLink (`nvlink_bandwidth` = node.intra_node_bw) where intra_node_bw is more than the PCIe
     figure, else PCIe (`pcie_bandwidth` = node.intra_node_bw, what one GPU sends to another without
-    NVLink, one direction)."""
+    NVLink, one direction); the node: node.num_gpus_per_node share that link, node.inter_node_bw
+    (`inter_node_bandwidth`) reaches the others (both optional)."""
     from backends.hardware import Hardware
 
     raw = system_description(name)
@@ -286,10 +287,13 @@ def system_hardware(name: str):
         pcie = float(node.get("pcie_bw", intra))
         fp8 = gpu.get("fp8_tc_flops")
         nvlink = intra > pcie
+        per_node, inter = node.get("num_gpus_per_node"), node.get("inter_node_bw")
         return Hardware(name, float(gpu["bfloat16_tc_flops"]), None if fp8 is None else float(fp8),
                         float(gpu["mem_bw"]), int(gpu["mem_capacity"]), intra if nvlink else None,
                         f"{name} ({DISTRIBUTION} {package_version()} systems/{name}.yaml)",
-                        pcie_bandwidth=None if nvlink else intra, system=name)
+                        pcie_bandwidth=None if nvlink else intra, system=name,
+                        gpus_per_node=None if per_node is None else int(per_node),
+                        inter_node_bandwidth=None if inter is None else float(inter))
     except (KeyError, TypeError, ValueError) as e:
         raise ServesimError(f"systems/{name}.yaml: cannot read its figures ({e})") from None
 
