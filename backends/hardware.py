@@ -80,9 +80,12 @@ class Hardware:
         """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs: the GPUs' link
         within a node; across nodes the slower of it and the network between nodes (a ring's
         bottleneck: each GPU's traffic to the next node crosses its network adapter)."""
-        if self.spans_nodes(num_gpus) and self.inter_node_bandwidth is not None and (
-                self.link_bandwidth is None or self.inter_node_bandwidth < self.link_bandwidth):
-            return "inter-node", self.inter_node_bandwidth
+        if self.spans_nodes(num_gpus):
+            if self.inter_node_bandwidth is None:
+                raise ServesimError(f"{num_gpus} GPUs in one group span nodes of {self.gpus_per_node} on hardware "
+                                    f"{self.name}, which states no inter_node_bandwidth to price what crosses them")
+            if self.link_bandwidth is None or self.inter_node_bandwidth < self.link_bandwidth:
+                return "inter-node", self.inter_node_bandwidth
         return self.link, self.link_bandwidth
 
     def check_tp(self, tp: int) -> None:

@@ -63,3 +63,7 @@ def test_a_group_past_a_node_rings_over_the_network_between_nodes():
     assert rack.group_link(16) == ("nvlink", 450e9)
     # Not stated (a hardware file without the fields): one node, as before.
     assert dataclasses.replace(H100, gpus_per_node=None).group_link(64) == ("nvlink", 450e9)
+    # A node size without the network between nodes: a group past it cannot be priced, and says so.
+    from sim.errors import ServesimError
+    with pytest.raises(ServesimError, match="16 GPUs in one group span nodes of 8 .* no inter_node_bandwidth"):
+        dataclasses.replace(H100, inter_node_bandwidth=None).group_link(16)
