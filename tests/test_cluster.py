@@ -227,3 +227,35 @@ def test_sim_bench_refuses_a_cluster(tmp_path, capsys):
     assert main(["bench", "--replicas", "2", "--num-prompts", "4", "--concurrency", "2", "--input-len", "16",
                  "--output-len", "4", "--out", str(tmp_path / "b")]) == 2
     assert "sim bench's closed loop drives one engine" in capsys.readouterr().err
+
+
+def test_kv_link_defaults_follow_the_hardwares_node():
+    """The presets' node (8 GPUs, NVLink 450 GB/s, 50 GB/s network on H100/H200) gives the figures
+    of before; another node gives its own: A100's 300 and 25 GB/s, a 4-GPU node's boundary."""
+    import dataclasses
+
+    from backends.hardware import HARDWARE
+
+    cluster = ClusterOptions(num_prefill_replicas=2, num_decode_replicas=6)
+    assert cluster.kv_link(8, HARDWARE["H100-SXM"]) == cluster.kv_link(8)
+    assert cluster.kv_link(16, HARDWARE["H200"]) == cluster.kv_link(16)
+    a100 = HARDWARE["A100-80GB"]
+    assert (cluster.kv_link(8, a100).bandwidth_gb_s, cluster.kv_link(16, a100).bandwidth_gb_s) == (300.0, 25.0)
+    four = dataclasses.replace(HARDWARE["H100-SXM"], gpus_per_node=4, inter_node_bandwidth=100e9)
+    assert (cluster.kv_link(4, four).bandwidth_gb_s, cluster.kv_link(5, four).bandwidth_gb_s) == (450.0, 100.0)
+    assert cluster.kv_link(5, four).latency_s == 2e-5
+    given = ClusterOptions(num_prefill_replicas=2, num_decode_replicas=6, kv_transfer_bandwidth_gb_s=7.0)
+    assert given.kv_link(16, a100).bandwidth_gb_s == 7.0
+
+
+def test_pools_on_two_kinds_of_gpu_meet_over_the_network():
+    """A prefill pool on H200s and a decode pool on A100s are two nodes, however few their GPUs:
+    the A100's 25 GB/s network (the slower), RDMA's setup time."""
+    import dataclasses
+
+    two = options(ClusterOptions(num_prefill_replicas=1, num_decode_replicas=1, decode_options="hardware=A100-80GB"))
+    link = resolve(dataclasses.replace(two, hardware="H200")).kv_link()
+    assert (link.bandwidth_gb_s, link.latency_s) == (25.0, 2e-5)
+    one = options(ClusterOptions(num_prefill_replicas=1, num_decode_replicas=1))
+    same = resolve(dataclasses.replace(one, hardware="H200")).kv_link()
+    assert (same.bandwidth_gb_s, same.latency_s) == (450.0, 5e-6)

@@ -1,13 +1,15 @@
 """The shape of a cluster, as the user gave it: colocated replicas behind a router, or a prefill
 pool and a decode pool with a KV link between them, each pool with its own options.
 
-KV link defaults, by where the pools sit (a replica has `--tp` GPUs; a node holds `GPUS_PER_NODE`):
+KV link defaults, by where the pools sit (a replica has `--tp` GPUs; a node holds the hardware's
+`gpus_per_node`, else `GPUS_PER_NODE`):
 
-- inside one node, NVLink-class: 450 GB/s one way (NVLink 4 on H100/H200 SXM: 900 GB/s both ways
-  together, NVIDIA's datasheet) and 5 us to set a transfer up;
-- across nodes, RDMA-class: 50 GB/s (one 400 Gb/s InfiniBand NDR or RoCE NIC per GPU, as a DGX
-  H100 has) and 20 us (a one-sided RDMA write's few microseconds plus the transfer engine's
-  bookkeeping).
+- inside one node, the hardware's link (`Hardware.link_bandwidth`), else NVLink-class: 450 GB/s
+  one way (NVLink 4 on H100/H200 SXM: 900 GB/s both ways together, NVIDIA's datasheet); 5 us to
+  set a transfer up;
+- across nodes, the hardware's network (`Hardware.inter_node_bandwidth`), else RDMA-class: 50 GB/s
+  (one 400 Gb/s InfiniBand NDR or RoCE NIC per GPU, as a DGX H100 has); 20 us (a one-sided RDMA
+  write's few microseconds plus the transfer engine's bookkeeping).
 
 Both are assumptions; `--kv-transfer-bandwidth` and `--kv-transfer-latency` override them.
 """
@@ -101,8 +103,10 @@ class ClusterOptions:
     # None: by where the pools sit (module docstring)
     kv_transfer_bandwidth_gb_s: float | None = option(
         None, flag="--kv-transfer-bandwidth", range=LINK_BANDWIDTH_GB_S, metavar="GB/S",
-        help=f"KV link bandwidth per transfer (default: {NVLINK_BANDWIDTH_GB_S:g} GB/s, NVLink-class, when the pools' "
-             f"GPUs fit in one {GPUS_PER_NODE}-GPU node; {RDMA_BANDWIDTH_GB_S:g} GB/s, RDMA-class, across nodes)")
+        help="KV link bandwidth per transfer (default: the hardware's link when the pools' GPUs fit in one node, "
+             "its network between nodes otherwise, as `sim hardware` lists them; "
+             f"{NVLINK_BANDWIDTH_GB_S:g} and {RDMA_BANDWIDTH_GB_S:g} GB/s with {GPUS_PER_NODE}-GPU nodes where the "
+             "hardware states no node)")
     kv_transfer_latency_s: float | None = option(
         None, flag="--kv-transfer-latency", range=LINK_LATENCY_S, metavar="S",
         help=f"KV link setup time per transfer (default: {NVLINK_LATENCY_S:g} s inside a node, {RDMA_LATENCY_S:g} s "
@@ -143,14 +147,22 @@ class ClusterOptions:
         """One colocated replica: exactly a lone engine, and the same files."""
         return not self.is_disaggregated and self.num_replicas == 1
 
-    def kv_link(self, num_gpus: int | None = None) -> KVLink:
+    def kv_link(self, num_gpus: int | None = None, hardware=None, across: bool = False) -> KVLink:
         """The link, its defaults by whether the cluster's `num_gpus` (default: one per replica)
-        fit in one node."""
-        inside_a_node = (num_gpus or self.total_replicas) <= GPUS_PER_NODE
+        fit in one node (`across`: they do not, whatever their number): `hardware`'s node where it
+        states one (backends.hardware.Hardware), else the module's figures."""
+        per_node, inside_gb_s, across_gb_s = GPUS_PER_NODE, NVLINK_BANDWIDTH_GB_S, RDMA_BANDWIDTH_GB_S
+        if hardware is not None and hardware.gpus_per_node is not None:
+            per_node = hardware.gpus_per_node
+            if hardware.link_bandwidth is not None:
+                inside_gb_s = hardware.link_bandwidth / 1e9
+            if hardware.inter_node_bandwidth is not None:
+                across_gb_s = hardware.inter_node_bandwidth / 1e9
+        inside_a_node = not across and (num_gpus or self.total_replicas) <= per_node
         bandwidth = self.kv_transfer_bandwidth_gb_s
         latency = self.kv_transfer_latency_s
         if bandwidth is None:
-            bandwidth = NVLINK_BANDWIDTH_GB_S if inside_a_node else RDMA_BANDWIDTH_GB_S
+            bandwidth = inside_gb_s if inside_a_node else across_gb_s
         if latency is None:
             latency = NVLINK_LATENCY_S if inside_a_node else RDMA_LATENCY_S
         return KVLink(bandwidth, latency)

@@ -12,6 +12,7 @@ bench) receives the `RunPlan`, never the raw options.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from backends.costmodel.optables.profile import is_op_profile, op_profile_from_json
@@ -87,11 +88,16 @@ class RunPlan:
         return self.router(self.options.seed + pool)
 
     def kv_link(self):
-        """A disaggregated cluster's KV link (sim/app/cluster_options.py), by the GPUs of its pools."""
+        """A disaggregated cluster's KV link (sim/app/cluster_options.py), by the GPUs of its pools
+        and their hardware's node. Pools on two kinds of GPU sit in two nodes: their network, the
+        slower of the two where both state one."""
         cluster = self.options.cluster
         prefill, decode = self.pools
         num_gpus = cluster.num_prefill_replicas * prefill.options.tp + cluster.num_decode_replicas * decode.options.tp
-        return cluster.kv_link(num_gpus)
+        if prefill.hardware == decode.hardware:
+            return cluster.kv_link(num_gpus, prefill.hardware)
+        slower = min((prefill.hardware, decode.hardware), key=lambda h: h.inter_node_bandwidth or math.inf)
+        return cluster.kv_link(num_gpus, slower, across=True)
 
     def as_dict(self) -> dict:
         """The options as the run used them (summary.json, sweep rows). A lone engine's leave the
