@@ -73,7 +73,11 @@ def test_console_script_runs(tmp_path):
 
 def test_models_and_hardware_list(capsys):
     assert run_cli("models") == 0 and "Llama-3.1-8B" in capsys.readouterr().out
-    assert run_cli("hardware") == 0 and "H200" in capsys.readouterr().out
+    assert run_cli("hardware") == 0
+    out = capsys.readouterr().out
+    assert "H200" in out and "node GB/s" in out
+    h100 = next(line for line in out.splitlines() if line.startswith("H100-SXM"))
+    assert "nvlink 450" in h100 and "8 x 50" in h100  # 8 GPUs a node, 50 GB/s each to other nodes
 
 
 def test_help_documents_every_option(capsys):
