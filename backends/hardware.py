@@ -117,9 +117,10 @@ class Hardware:
                                 "nvlink_bandwidth)")
         if not isinstance(raw.get("description", ""), str):
             raise ServesimError(f"{p}: description must be text")
-        memory = raw["memory_bytes"]
-        if isinstance(memory, float) and memory.is_integer():
-            raw["memory_bytes"] = int(memory)
+        for whole in ("memory_bytes", "gpus_per_node"):  # JSON may write a whole number as 8.0
+            value = raw.get(whole)
+            if isinstance(value, float) and value.is_integer():
+                raw[whole] = int(value)
         try:
             return cls(name=p.stem, **raw)
         except ServesimError as e:

@@ -67,3 +67,24 @@ def test_a_group_past_a_node_rings_over_the_network_between_nodes():
     from sim.errors import ServesimError
     with pytest.raises(ServesimError, match="16 GPUs in one group span nodes of 8 .* no inter_node_bandwidth"):
         dataclasses.replace(H100, inter_node_bandwidth=None).group_link(16)
+
+
+def test_a_hardware_file_states_its_node(tmp_path):
+    """gpus_per_node and inter_node_bandwidth in a hardware file (8.0 read as 8, as JSON may write
+    it); summary.json's hardware entry carries them."""
+    import json
+
+    from backends.hardware import Hardware
+
+    spec = {"peak_bf16_flops": 1e15, "peak_fp8_flops": 2e15, "memory_bandwidth": 3e12,
+            "memory_bytes": 80_000_000_000, "nvlink_bandwidth": 450e9, "gpus_per_node": 8.0,
+            "inter_node_bandwidth": 25e9}
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(spec))
+    hw = Hardware.from_json(path)
+    assert hw.gpus_per_node == 8 and isinstance(hw.gpus_per_node, int) and hw.group_link(16) == ("inter-node", 25e9)
+    assert hw.as_dict()["gpus_per_node"] == 8 and hw.as_dict()["inter_node_bandwidth"] == 25e9
+    path.write_text(json.dumps(dict(spec, gpus_per_node=2.5)))
+    from sim.errors import ServesimError
+    with pytest.raises(ServesimError, match="gpus_per_node must be a whole number"):
+        Hardware.from_json(path)
