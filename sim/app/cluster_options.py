@@ -34,6 +34,7 @@ from sim.disagg import KVLink
 from sim.errors import ServesimError
 
 if TYPE_CHECKING:
+    from backends.hardware import Hardware
     from sim.app.options import ReplayOptions
 
 GPUS_PER_NODE = 8
@@ -147,7 +148,7 @@ class ClusterOptions:
         """One colocated replica: exactly a lone engine, and the same files."""
         return not self.is_disaggregated and self.num_replicas == 1
 
-    def kv_link(self, num_gpus: int | None = None, hardware=None, across: bool = False) -> KVLink:
+    def kv_link(self, num_gpus: int | None = None, hardware: Hardware | None = None, across: bool = False) -> KVLink:
         """The link, its defaults by whether the cluster's `num_gpus` (default: one per replica)
         fit in one node (`across`: they do not, whatever their number): `hardware`'s node where it
         states one (backends.hardware.Hardware), else the module's figures."""

@@ -320,9 +320,8 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     "Custom allreduce is disabled because this process group spans across nodes"), and FlashInfer's
     fused all-reduce is not priced there either (its workspace is CUDA IPC memory, which one node's
     GPUs share: flashinfer.comm.trtllm_create_ipc_workspace_for_all_reduce_fusion); every message
-    goes to NCCL, its table where there is one for tp
-    GPUs, else a ring whose bottleneck is the network between nodes (`inter_node_bytes_per_s`)
-    where that is slower than the link."""
+    goes to NCCL, its table where there is one for tp GPUs, else a ring whose bottleneck is the
+    network between nodes (`inter_node_bytes_per_s`) where that is slower than the link."""
     notes = [] if notes is None else notes
     if tp == 1:
         return None
