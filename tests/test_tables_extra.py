@@ -208,6 +208,17 @@ def test_tp_past_a_node_turns_the_custom_all_reduce_off_and_rings_over_the_netwo
     assert any("span nodes of 8" in note for note in profile["operators"]["notes"])
 
 
+def test_an_expert_parallel_group_past_a_node_dispatches_over_the_network(package, tmp_path):
+    """Qwen3-30B-A3B with --dp 16 --enable-expert-parallel on h200_sxm (8 GPUs a node): the
+    all-gather and reduce-scatter among the 16 GPUs ring over the 50 GB/s network, not NVLink."""
+    args = ("--model", "Qwen3-30B-A3B", "--hardware", "h200_sxm", "--enable-expert-parallel", "--limit", "40")
+    sixteen = replay(tmp_path, *args, "--dp", "16")["options"]["cost_model"]["operators"]
+    assert "the network between nodes at 50 GB/s among 16 GPUs" in sixteen["dispatch"]
+    assert "the network between nodes at 50 GB/s among 16 GPUs" in sixteen["combine"]
+    eight = replay(tmp_path, *args, "--dp", "8")["options"]["cost_model"]["operators"]
+    assert "network" not in eight["dispatch"] and "among 8 GPUs" in eight["dispatch"]
+
+
 def test_vllm_version_picks_the_nearest_tables_and_says_so(package, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["replay", str(SAMPLE), "--out", str(out), "--limit", "50", "--hardware", "h100_sxm", "--tp", "2",
