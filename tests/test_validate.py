@@ -87,6 +87,28 @@ def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
     assert "bad.csv: lacks column(s) backend, backend_version" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("column, value, message", [
+    ("tp_size", 0, "tp_size must be a positive whole number, got 0"),
+    ("isl", -5, "isl must be a positive whole number, got -5"),
+    ("osl", 2.5, "osl must be a positive whole number, got 2.5"),
+    ("silicon_ttft_ms", "", "silicon_ttft_ms must be a positive number, got ''"),
+    ("silicon_tpot_ms", "nan", "silicon_tpot_ms must be a positive number"),
+    ("pp_size", "two", "pp_size must be a positive whole number, got 'two'"),
+    ("backend_version", "abc", "backend_version must be a release such as 0.12.0, got 'abc'"),
+])
+def test_a_malformed_row_is_refused_naming_the_row_column_and_value(tmp_path, capsys, column, value, message):
+    """Before, these ended in a traceback (tp_size 0, a negative ISL, a blank TTFT) or were read as
+    something else (backend_version 'abc': the newest tables)."""
+    csv, ops, models = setup(tmp_path)
+    rows = measured_rows()
+    rows[0][column] = value
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"measured.csv: row 1 (a): {message}" in err and "Traceback" not in err
+
+
 def test_an_unknown_model_is_skipped_not_guessed(tmp_path):
     csv, ops, _ = setup(tmp_path)
     out = tmp_path / "out"

@@ -54,6 +54,7 @@ Scheduling: asynchronous where the server did (`Protocol.async_for`: vLLM 0.14 o
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,10 +358,45 @@ def tables_version_for(row) -> str | None:
     return version if row["backend"] == "vllm" and re.match(r"\d+\.\d+", version) else None
 
 
+# A release as the rows write it: 0.12.0, 0.10.1.1, 1.0.0rc3, 0.5.6.post2 (blank: not stated).
+ROW_VERSION = re.compile(r"\d+(\.\d+)+(\.?(rc|post|dev)\d+)?")
+
+
+def _row_number(row, column: str, where: str, whole: bool = True, optional: bool = False) -> None:
+    """A row's `column` is a positive number (whole where `whole`; blank allowed where `optional`),
+    else the file is refused naming the row, the column and the value."""
+    value = row.get(column, "")
+    text = str(value).strip()
+    if optional and text in ("", "nan"):
+        return
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0 and (not whole or number.is_integer())):
+        kind = "a positive whole number" if whole else "a positive number"
+        raise ServesimError(f"{where}: {column} must be {kind}, got {value!r}")
+
+
+def check_row(row, where: str) -> None:
+    """The fields `sim validate` reads from a row it expresses, each checked (`where`: the file and
+    the row): a malformed row is refused in one line, never read as something else."""
+    for column in ("isl", "osl", "tp_size", "concurrency"):
+        _row_number(row, column, where)
+    for column in ("silicon_ttft_ms", "silicon_tpot_ms"):
+        _row_number(row, column, where, whole=False)
+    for column in ("attention_dp_size", "moe_tp_size", "moe_ep_size"):
+        _row_number(row, column, where, optional=True)
+    version = str(row.get("backend_version", "")).strip()
+    if version and not ROW_VERSION.fullmatch(version):
+        raise ServesimError(f"{where}: backend_version must be a release such as 0.12.0, got {version!r}")
+
+
 def skip_reason(row, systems: list[str], models_dir) -> str | None:
     if str(row["mode"]) != "agg":
         return f"mode {row['mode']}: disaggregated serving (prefill and decode workers) is not simulated"
-    if int(row["pp_size"]) != 1:
+    _row_number(row, "pp_size", row["_where"])
+    if int(float(row["pp_size"])) != 1:
         return f"pipeline parallelism (pp_size {row['pp_size']}) is not simulated"
     if str(row["precision"]) not in ("", "fp8", "bf16", "fp4"):
         return f"precision {row['precision']}: servesim's cost model prices bf16, fp8 and fp4 (nvfp4) weights only"
@@ -574,8 +610,10 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
     systems = systems_in(ops_dir)
     tables, profiles, out, skipped, models, moe_models = {}, {}, [], [], {}, {}
     for i, row in frame.iterrows():
+        row["_where"] = f"{measured_csv}: row {i + 1} ({row['id']})"
         reason = skip_reason(row, systems, models_dir)
         if reason is None:
+            check_row(row, row["_where"])
             row = row.copy()
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
             dtype = str(row["precision"]) if row["precision"] in ("fp8", "fp4") else "bf16"
