@@ -206,6 +206,11 @@ def test_tp_past_a_node_turns_the_custom_all_reduce_off_and_rings_over_the_netwo
     profile = json.loads(Path(sixteen["options"]["profile"]).read_text())
     assert profile["operators"]["allreduce"]["link"] == "inter-node"
     assert any("span nodes of 8" in note for note in profile["operators"]["notes"])
+    # No NCCL rows for 16 GPUs: the ring's fixed time is at least NCCL's smallest among 8 (not 5 us).
+    allreduce = profile["operators"]["allreduce"]
+    assert allreduce["ring_latency_s"] > 20e-6
+    assert any("at least NCCL's smallest all-reduce among 8 GPUs" in note for note in profile["operators"]["notes"])
+    assert sixteen["tpot"]["mean"] > eight["tpot"]["mean"]
 
 
 def test_an_expert_parallel_group_past_a_node_dispatches_over_the_network(package, tmp_path):

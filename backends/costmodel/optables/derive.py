@@ -321,7 +321,9 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     fused all-reduce is not priced there either (its workspace is CUDA IPC memory, which one node's
     GPUs share: flashinfer.comm.trtllm_create_ipc_workspace_for_all_reduce_fusion); every message
     goes to NCCL, its table where there is one for tp GPUs, else a ring whose bottleneck is the
-    network between nodes (`inter_node_bytes_per_s`) where that is slower than the link."""
+    network between nodes (`inter_node_bytes_per_s`) where that is slower than the link. A ring
+    priced where the NCCL table has no rows for tp GPUs takes at least the time of NCCL's smallest
+    all-reduce among the most GPUs it measures (a ring of more GPUs has more hops to cross)."""
     notes = [] if notes is None else notes
     if tp == 1:
         return None
@@ -380,9 +382,19 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         message_bytes, seconds = _curve(nccl)
         out["nccl"] = {"kernel": "NCCL all_reduce (half)", "message_bytes": message_bytes, "seconds": seconds}
     else:
-        out["ring_latency_s"] = RING_LATENCY_S
+        # The ring's fixed time: at least NCCL's smallest all-reduce among the most GPUs the table
+        # measures (fewer than tp: a ring of more GPUs has more hops), else the custom kernel's.
+        fewer = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] < tp)
+                                         & (n["nccl_dtype"] == "half")]
+        floor, floor_from = RING_LATENCY_S, ""
+        if fewer is not None and not fewer.empty:
+            most = int(fewer["num_gpus"].max())
+            measured = min(_curve(fewer[fewer["num_gpus"] == most])[1])
+            if measured > floor:
+                floor, floor_from = measured, f", at least NCCL's smallest all-reduce among {most} GPUs"
+        out["ring_latency_s"] = floor
         notes.append(f"all-reduce: no NCCL table for {tp} GPUs on {tables.system}; NCCL's messages priced as a "
-                     f"ring over {link} at {bandwidth / 1e9:g} GB/s")
+                     f"ring over {link} at {bandwidth / 1e9:g} GB/s plus {floor * 1e6:.1f} us{floor_from}")
     return out
 
 
