@@ -77,16 +77,9 @@ class Hardware:
         return self.gpus_per_node is not None and num_gpus > self.gpus_per_node
 
     def group_link(self, num_gpus: int) -> tuple[str | None, float | None]:
-        """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs: the GPUs' link
-        within a node; across nodes the slower of it and the network between nodes (a ring's
-        bottleneck: each GPU's traffic to the next node crosses its network adapter)."""
-        if self.spans_nodes(num_gpus):
-            if self.inter_node_bandwidth is None:
-                raise ServesimError(f"{num_gpus} GPUs in one group span nodes of {self.gpus_per_node} on hardware "
-                                    f"{self.name}, which states no inter_node_bandwidth to price what crosses them")
-            if self.link_bandwidth is None or self.inter_node_bandwidth < self.link_bandwidth:
-                return "inter-node", self.inter_node_bandwidth
-        return self.link, self.link_bandwidth
+        """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs (`node_link`)."""
+        return node_link(self.link, self.link_bandwidth, num_gpus, self.gpus_per_node, self.inter_node_bandwidth,
+                         f"hardware {self.name}")
 
     def check_tp(self, tp: int) -> None:
         if tp > 1 and self.link is None:
@@ -125,6 +118,21 @@ class Hardware:
             return cls(name=p.stem, **raw)
         except ServesimError as e:
             raise ServesimError(f"{p}: {e}") from None
+
+
+def node_link(link: str | None, bandwidth: float | None, num_gpus: int, gpus_per_node: int | None,
+              inter_node_bandwidth: float | None, what: str) -> tuple[str | None, float | None]:
+    """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs whose node shares `link`
+    at `bandwidth`: that link within a node; across nodes the slower of it and the network between
+    nodes (a ring's bottleneck: each GPU's traffic to the next node crosses its network adapter).
+    A group past a node whose network is not stated is refused (`what` names the hardware)."""
+    if gpus_per_node is not None and num_gpus > gpus_per_node:
+        if inter_node_bandwidth is None:
+            raise ServesimError(f"{num_gpus} GPUs in one group span nodes of {gpus_per_node} on {what}, which "
+                                "states no inter_node_bandwidth to price what crosses them")
+        if bandwidth is None or inter_node_bandwidth < bandwidth:
+            return "inter-node", inter_node_bandwidth
+    return link, bandwidth
 
 
 def check_hardware_fields(hardware: Hardware) -> None:

@@ -392,10 +392,11 @@ def check_row(row, where: str) -> None:
         raise ServesimError(f"{where}: backend_version must be a release such as 0.12.0, got {version!r}")
 
 
-def skip_reason(row, systems: list[str], models_dir) -> str | None:
+def skip_reason(row, systems: list[str], models_dir, where: str = "the row") -> str | None:
+    """Why `row` cannot be expressed, or None (`where`: the file and the row, for a malformed pp_size)."""
     if str(row["mode"]) != "agg":
         return f"mode {row['mode']}: disaggregated serving (prefill and decode workers) is not simulated"
-    _row_number(row, "pp_size", row["_where"])
+    _row_number(row, "pp_size", where)
     if int(float(row["pp_size"])) != 1:
         return f"pipeline parallelism (pp_size {row['pp_size']}) is not simulated"
     if str(row["precision"]) not in ("", "fp8", "bf16", "fp4"):
@@ -610,10 +611,10 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
     systems = systems_in(ops_dir)
     tables, profiles, out, skipped, models, moe_models = {}, {}, [], [], {}, {}
     for i, row in frame.iterrows():
-        row["_where"] = f"{measured_csv}: row {i + 1} ({row['id']})"
-        reason = skip_reason(row, systems, models_dir)
+        where = f"{measured_csv}: row {i + 1} ({row['id']})"
+        reason = skip_reason(row, systems, models_dir, where)
         if reason is None:
-            check_row(row, row["_where"])
+            check_row(row, where)
             row = row.copy()
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
             dtype = str(row["precision"]) if row["precision"] in ("fp8", "fp4") else "bf16"

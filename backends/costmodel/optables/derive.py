@@ -37,6 +37,7 @@ import numpy as np
 
 from backends.costmodel.optables.interp import fill_rows_by_scaling
 from backends.costmodel.optables.tables import GEMM_DTYPES, KERNELS, KV_DTYPES, TableSet
+from backends.hardware import node_link
 from sim.errors import ServesimError
 
 if TYPE_CHECKING:
@@ -335,8 +336,8 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         raise ServesimError(f"--tp {tp} needs the hardware's link (nvlink_bandwidth or pcie_bandwidth) to price "
                             "its all-reduces; give a --hardware that states one")
     spans_nodes = gpus_per_node is not None and tp > gpus_per_node
-    if spans_nodes and inter_node_bytes_per_s is not None and 0 < inter_node_bytes_per_s < bandwidth:
-        link, bandwidth = "inter-node", float(inter_node_bytes_per_s)
+    link, bandwidth = node_link(link, bandwidth, tp, gpus_per_node, inter_node_bytes_per_s,
+                                f"the hardware of {tables.system}")
     out: dict = {"num_gpus": tp, "link": link, "link_bytes_per_s": bandwidth, "table_max_bytes": 0}
     if link == "nvlink":
         out["nvlink_bytes_per_s"] = bandwidth
