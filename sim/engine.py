@@ -215,11 +215,11 @@ class Engine:
         arrival) the run's timeouts move it, and every event due meanwhile happens in order. Either
         way the clock takes the same values: each step's end is its start plus its seconds, added
         in order."""
-        state, workload = self.state, self.workload
+        state, workload, progress = self.state, self.workload, self.progress
         alone = workload.busy_engine_alone
         asynchronous = self.asynchronous
         while True:
-            now = env.now
+            now = env._now  # (SimPy's clock, `env.now`, without the property's call on every turn)
             steps_before, num_preempted_before = state.step_index, state.num_preemptions
             freed = False
             batch = None
@@ -251,11 +251,12 @@ class Engine:
                 env._now = end  # nothing is due before the run ends: its timeout would do just this
             else:
                 yield from _through_run(env, run)
-            self._last_start = ends[-2] if len(ends) > 1 else now
-            self._in_flight = True
+            if asynchronous:  # (read only by asynchronous scheduling)
+                self._last_start = ends[-2] if len(ends) > 1 else now
+                self._in_flight = True
             self.apply(batch, run, now)
-            if self.progress is not None and (state.step_index >> 12) != (steps_before >> 12):
-                self.progress(end, self.num_finished)
+            if progress is not None and (state.step_index >> 12) != (steps_before >> 12):
+                progress(end, self.num_finished)
 
     def _schedule_pipelined(self) -> Batch | None:
         """Asynchronous scheduling of the step after the one in flight (vllm/v1/engine/core.py,
@@ -588,6 +589,7 @@ def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends
     requests that emitted their last token, sorted: they finish then."""
     k = len(ends)
     finishing = []
+    before_first = first_step - 1
     for i, (r, q, num) in enumerate(zip(reqs, scheduled, active_steps)):
         num_output = r.num_output_tokens
         if num_output:
@@ -598,7 +600,7 @@ def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends
         r.num_computed_tokens += q + num - 1
         num_output += num
         r.num_output_tokens = num_output
-        r.last_scheduled_step = first_step + num - 1
+        r.last_scheduled_step = before_first + num
         if num_output == r.max_tokens:
             finishing.append((num - 1, i))
     finishing.sort()

@@ -173,8 +173,12 @@ class FastForward:
                     return None
                 max_steps = min(max_steps, 1 + int(COST_MARGIN * (next_event - start) / last_s) + SPARE_STEPS)
             # The decode steps 1.. of the requests that do not finish in step 0: their contexts after step 1.
-            contexts = [c + 1 for c, rem in zip(computed, remaining) if rem > 1]
-            seconds, parts = self.backend.decode_run(contexts, max_steps - 1, [rem - 1 for rem in remaining if rem > 1])
+            if min(remaining) > 1:  # (most runs: none finishes in step 0)
+                contexts, active = [c + 1 for c in computed], [rem - 1 for rem in remaining]
+            else:
+                contexts = [c + 1 for c, rem in zip(computed, remaining) if rem > 1]
+                active = [rem - 1 for rem in remaining if rem > 1]
+            seconds, parts = self.backend.decode_run(contexts, max_steps - 1, active)
         # The clock adds the steps one after another, as step-by-step simulation does (float
         # additions in order, as numpy's cumsum makes them too).
         step_seconds = seconds.tolist()

@@ -19,9 +19,32 @@ STEP_COLUMNS = ("start_s", "seconds", "num_prefill_tokens", "num_decode_tokens",
                 "num_kv_blocks_used", "num_waiting", "num_preemptions")
 
 
+class _Column:
+    """One of STEP_COLUMNS, read as an attribute of the log (`steps.start_s`): the steps held.
+
+    Declared one by one rather than served by a `__getattr__`: a class with its own `__getattr__`
+    keeps CPython from specialising any attribute or method lookup on its instances, and the
+    engine calls the log on every step."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, log: "StepLog", owner: type | None = None) -> np.ndarray:
+        return log._columns[self.name][:log._num_steps]
+
+
 class StepLog:
     """Per-step columns in growable numpy arrays: a single step writes one row, a run of steps a
     slice (a scalar fills the slice). The breakdown keys are the backend's own."""
+
+    start_s = _Column()
+    seconds = _Column()
+    num_prefill_tokens = _Column()
+    num_decode_tokens = _Column()
+    num_requests = _Column()
+    num_kv_blocks_used = _Column()
+    num_waiting = _Column()
+    num_preemptions = _Column()
 
     def __init__(self, sink: Callable[[dict[str, np.ndarray], int], None] | None = None,
                  spill_rows: int = BATCH_ROWS) -> None:
@@ -95,12 +118,13 @@ class StepLog:
             self._reserve(1)
         for column, value in zip(self._columns.values(), row):
             column[i] = value
-        for key, value in breakdown.items():
-            part = self._breakdown.get(key)
-            if part is None:
-                self._write(self._breakdown, key, i, i + 1, value)
-            else:
-                part[i] = value
+        parts = self._breakdown
+        try:
+            for key, value in breakdown.items():
+                parts[key][i] = value
+        except KeyError:  # a breakdown key seen for the first time (its column is made: rewriting the others is harmless)
+            for key, value in breakdown.items():
+                self._write(parts, key, i, i + 1, value)
         self._num_steps = i + 1
         if self.sink is not None and self._num_steps >= self.spill_rows:
             self.spill(whole_batches=True)
@@ -116,12 +140,12 @@ class StepLog:
         for name, value in columns.items():
             table[name][start:end] = value
         table = self._breakdown
-        for key, value in breakdown.items():
-            column = table.get(key)
-            if column is None:
+        try:
+            for key, value in breakdown.items():
+                table[key][start:end] = value
+        except KeyError:  # a breakdown key seen for the first time, as in `append`
+            for key, value in breakdown.items():
                 self._write(table, key, start, end, value)
-            else:
-                column[start:end] = value
         self._num_steps = end
         if self.sink is not None and end >= self.spill_rows:
             self.spill(whole_batches=True)
@@ -137,7 +161,3 @@ class StepLog:
     def breakdown_keys(self) -> list[str]:
         return list(self._breakdown)
 
-    def __getattr__(self, name: str) -> np.ndarray:  # a column of the steps held
-        if name in STEP_COLUMNS:
-            return self._columns[name][:self._num_steps]
-        raise AttributeError(name)

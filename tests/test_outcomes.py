@@ -236,6 +236,33 @@ def test_a_step_log_with_a_sink_hands_over_whole_batches_of_the_same_rows():
         assert np.array_equal(np.concatenate([b[name] for _, b in batches]), values), name
 
 
+def test_a_step_log_reads_each_of_its_columns_as_an_attribute_and_nothing_else():
+    from sim.step_log import STEP_COLUMNS, StepLog
+
+    log = StepLog()
+    log.append(tuple(range(1, 9)), {"attention": 0.25})
+    log.extend(2, {"start_s": [2.0, 3.0], "num_requests": 4}, {"attention": 0.5})
+    for name in STEP_COLUMNS:  # each one declared, in the table's order
+        assert np.array_equal(getattr(log, name), log.columns()[name]), name
+    assert [name for name, value in vars(StepLog).items() if type(value).__name__ == "_Column"] == list(STEP_COLUMNS)
+    assert log.num_requests.tolist() == [5, 4, 4] and log.num_preemptions.tolist() == [8, 0, 0]
+    with pytest.raises(AttributeError):
+        log.attention  # a breakdown key is read through columns()
+
+
+def test_a_step_log_makes_a_breakdown_column_when_its_key_first_comes_blank_before():
+    from sim.step_log import StepLog
+
+    log = StepLog()
+    log.append(tuple(range(8)), {"attention": 0.25})
+    log.append(tuple(range(8)), {"attention": 0.5, "host_s": 0.125})  # a key first seen after another
+    log.extend(2, {"num_requests": 3}, {"host_s": 1.0, "gemm": 2.0, "attention": 0.75})
+    columns = log.columns()
+    assert columns["attention"].tolist() == [0.25, 0.5, 0.75, 0.75]
+    assert np.isnan(columns["host_s"][0]) and columns["host_s"][1:].tolist() == [0.125, 1.0, 1.0]
+    assert np.isnan(columns["gemm"][:2]).all() and columns["gemm"][2:].tolist() == [2.0, 2.0]
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.data())
 def test_csv_table_is_pandas_to_csv_for_any_column_kinds(tmp_path_factory, data):

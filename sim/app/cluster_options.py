@@ -133,7 +133,8 @@ class ClusterOptions:
                      "--prefill-replicas and --decode-replicas")
         parse_pool_options(self.prefill_options, "--prefill-options")
         parse_pool_options(self.decode_options, "--decode-options")
-        self.kv_link()  # KVLink checks its figures
+        if p:
+            self.kv_link()  # KVLink checks its figures (without the pools there is no link: its flags are refused above)
 
     @property
     def is_disaggregated(self) -> bool:
