@@ -110,6 +110,25 @@ def test_reference_loop_flag_is_checked():
         SchedulerConfig(host_reference_loop_s=-1.0)
 
 
+@pytest.mark.parametrize("model, extra", [("Llama-3.1-8B", {}), ("Llama-3.1-8B", {"hardware": "A100-80GB"}),
+                                          ("DeepSeek-V3", {"hardware": "H200", "tp": 8}), ("gpt-oss-120b", {"tp": 2}),
+                                          ("Qwen3-30B-A3B", {})])
+def test_the_host_timed_wrapper_reaches_every_public_attribute_of_its_cost_model(model, extra):
+    # The wrapper forwards what the tools read by name (backends.host_time.FORWARDED), not by a
+    # __getattr__ (which would keep CPython from specialising lookups on it): each public attribute
+    # of the operator-table, roofline and MoE cost models is reached, and is the inner one's.
+    options = {"hardware": "H100-SXM", **extra}
+    plan = resolve(ReplayOptions(scheduler=SchedulerConfig("chunked"), model=model, **options))
+    wrapped = plan.backend
+    assert isinstance(wrapped, HostTimedBackend) and not hasattr(HostTimedBackend, "__getattr__")
+    inner = wrapped.inner
+    for name in (n for n in dir(inner) if not n.startswith("_")):
+        assert hasattr(wrapped, name), f"{type(inner).__name__}.{name} is not reachable through HostTimedBackend"
+        if name not in ("execute", "decode_run", "chunk_steps", "execute_in_lockstep"):  # the wrapper's own
+            value = getattr(wrapped, name)
+            assert value is getattr(inner, name) or value == getattr(inner, name), name
+
+
 def test_with_host_time_off_is_the_backend_itself():
     b = FixedBackend(0.001)
     assert with_host_time(b, True, False, None, 1) is b
