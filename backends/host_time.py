@@ -167,7 +167,6 @@ class HostTimedBackend:
         if hasattr(inner, "execute_in_lockstep"):  # a DP rank's step (sim/data_parallel.py)
             self.execute_in_lockstep = self._execute_in_lockstep
 
-
     def host_seconds(self, num_reqs: int, num_tokens: int) -> float:
         """The step's host seconds that set its pace (`HostTime.critical_seconds`, from the summed
         coefficients), with the float operations of `host_seconds_array`; 0 for a step of no request."""
@@ -235,7 +234,7 @@ class HostTimedBackend:
 # What the tools read of a wrapped cost model beyond the engine's calls, forwarded as it is now (a
 # counter read after the run is the inner backend's). Declared one by one rather than by a
 # `__getattr__`, which would keep CPython (3.11) from specialising any lookup on the wrapper, called
-# on every step (1.1% of a replay's instructions). tests/test_engine_clock.py checks that every
+# on every step (1.3% of a replay's instructions on the default clock). tests/test_engine_clock.py checks that every
 # public attribute of each cost model is reachable through the wrapper.
 FORWARDED = ("attention_roofline", "block_size", "breakdown", "calibration", "combine_seconds", "cost_model_summary",
              "decodes_from_sums", "dense", "dense_tokens", "derived", "dispatch_seconds", "distribution", "dp",
