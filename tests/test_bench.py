@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +35,7 @@ def test_one_client_with_a_constant_step_by_hand():
     assert loop.max_in_flight == 1 and result.end_s == 3.75
 
 
+@pytest.mark.slow
 def test_the_cli_writes_a_run_folder_and_vllms_table(tmp_path, capsys):
     out = tmp_path / "b"
     assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "4", "--num-prompts", "4",

@@ -46,6 +46,7 @@ def test_replay_bundled_sample(policy, tmp_path, capsys):
     assert summary["options"]["scheduler"]["policy"] == policy
 
 
+@pytest.mark.slow
 def test_same_seed_gives_byte_identical_files(tmp_path):
     for name in ("a", "b"):
         assert run_cli("replay", SAMPLE, "--out", tmp_path / name, "--quiet", "--seed", 3) == 0

@@ -74,6 +74,7 @@ def test_fast_forward_gives_a_cluster_the_same_answers(rows, shape, router, poli
     compare(trace, options)
 
 
+@pytest.mark.slow
 def test_fast_forward_on_the_bundled_sample_is_identical_and_faster():
     from traces import AZURE_CONV_SAMPLE, read_trace
     from traces.trace import Trace

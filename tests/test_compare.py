@@ -140,6 +140,7 @@ def test_compare_needs_a_profile(tmp_path, capsys):
     assert "needs --profile" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cpu_round_trip_calibrate_then_compare_on_tiny(tmp_path, capsys):
     """The real backend on the CPU: `sim calibrate` (small grid), then `sim compare` with its profile."""
     pytest.importorskip("torch")

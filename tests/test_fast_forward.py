@@ -81,6 +81,7 @@ def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_block
     compare(trace, options, calibrated=calibrated)
 
 
+@pytest.mark.slow
 def test_fast_forward_on_the_bundled_sample_is_bitwise_identical():
     from traces import AZURE_CONV_SAMPLE, read_trace
     from traces.trace import Trace
@@ -190,6 +191,7 @@ def _count_chunk_runs(monkeypatch, folded: list | None = None, through: list | N
     return lengths
 
 
+@pytest.mark.slow
 def test_chunk_runs_carry_long_prefills_beside_the_decodes_with_the_same_answers(monkeypatch):
     """The Mooncake sample (prompts of thousands of tokens, prefix caching, a queue all along)
     under chunked with the operator tables: most steps carry a prefill chunk forward beside the

@@ -212,6 +212,7 @@ def test_a_replay_of_deepseek_v3_on_h200_sxm_names_the_mla_tables(package, tmp_p
     assert ops["kv_write"].startswith("in attention") and ops["moe"].startswith("moe_perf vLLM 0.24.0")
 
 
+@pytest.mark.slow
 def test_a_replay_of_another_mla_shape_falls_back_and_says_so(package, tmp_path):
     # The tiny MLA checkpoint on h200_sxm: the package measured DeepSeek-V3's shape only.
     trace = tmp_path / "t.csv"

@@ -202,6 +202,7 @@ def test_hardware_flops_1e_300_is_refused():
 
 # No silent cap.
 
+@pytest.mark.slow
 def test_a_capped_kv_cache_is_reported_as_capped(tmp_path, capsys):
     # Qwen-sized "tiny" on an H200 with 1-token blocks derives ~5e8 blocks: capped to 2**25, and said so.
     out = tmp_path / "o"

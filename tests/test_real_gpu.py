@@ -15,6 +15,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))  # the script imports this checkout's packages
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     out = tmp_path / "report.md"
     run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--out", str(out)], cwd=ROOT,

@@ -270,6 +270,7 @@ def _console(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_chromium() is None, reason="needs chromium (apt-get install chromium)")
 def test_report_loads_in_chromium_without_console_errors(run_dir, tmp_path):
     # The check can fail: a page with a script error is caught.

@@ -59,6 +59,7 @@ def test_small_sweep_gives_the_full_grid_in_grid_order(uninterrupted):
     assert (frame["model"] == "Llama-3.1-8B").all() and (frame["block_size"] == 16).all()
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_to_the_same_table(uninterrupted, tmp_path):
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "sim.app.cli", "sweep", *SMALL, *GRID, "--seed", "0,1", "--out", str(out),

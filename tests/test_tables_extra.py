@@ -213,6 +213,7 @@ def test_tp_past_a_node_turns_the_custom_all_reduce_off_and_rings_over_the_netwo
     assert sixteen["tpot"]["mean"] > eight["tpot"]["mean"]
 
 
+@pytest.mark.slow
 def test_an_expert_parallel_group_past_a_node_dispatches_over_the_network(package, tmp_path):
     """Qwen3-30B-A3B with --dp 16 --enable-expert-parallel on h200_sxm (8 GPUs a node): the
     all-gather and reduce-scatter among the 16 GPUs ring over the 50 GB/s network, not NVLink."""

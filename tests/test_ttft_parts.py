@@ -64,6 +64,7 @@ gaps = st.one_of(st.floats(min_value=0.0, max_value=1e4, allow_nan=False, allow_
                  st.builds(math.ldexp, st.floats(0.5, 1.0), st.integers(-60, 20)))  # magnitudes far apart
 
 
+@pytest.mark.slow
 @settings(max_examples=1000)
 @given(st.lists(st.tuples(times, gaps, gaps, gaps, gaps, st.booleans(), st.booleans()), min_size=1, max_size=20))
 def test_parts_add_up_to_ttft_exactly(rows):

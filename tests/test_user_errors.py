@@ -203,6 +203,7 @@ WIDTH_PROBE = ("<script>window.addEventListener('load', () => setTimeout(() => d
                "'data-scroll-width', document.documentElement.scrollWidth), 500));</script></body>")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_chromium() is None, reason="needs chromium (apt-get install chromium)")
 def test_capacity_report_fits_1400_px(tmp_path):
     pytest.importorskip("pyarrow")

@@ -50,6 +50,7 @@ def setup(tmp_path) -> tuple[Path, Path, Path]:
     return csv, ops, models
 
 
+@pytest.mark.slow
 def test_validate_writes_the_issue_shape_and_skips_with_reasons(tmp_path):
     csv, ops, models = setup(tmp_path)
     out = tmp_path / "out"
@@ -214,6 +215,7 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens_and_validate_csv_says_why(tmp_pa
     assert (rows8["num_gpu_blocks"][tp1] / rows["num_gpu_blocks"][tp1]).between(1.95, 2.05).all()
 
 
+@pytest.mark.slow
 def test_the_physical_check_flags_rows_faster_than_the_tables_gemms(tmp_path):
     """The implied token rate is C x (mean prompt + mean output - 1) / (TTFT + (mean output - 1) x
     TPOT): a row whose measured times are far below what its steps cost is flagged; the toy rows'
