@@ -126,11 +126,16 @@ def package():
 
 
 def qwen30b(package, **kw):
-    from backends.costmodel.optables.moe import moe_table_model
-    from backends.hardware import resolve_hardware
     from backends.model_config import resolve_model
 
-    return moe_table_model(resolve_model("Qwen3-30B-A3B"), resolve_hardware("H200"), "h200_sxm", package / "data", **kw)
+    return qwen30b_of(package, resolve_model("Qwen3-30B-A3B"), **kw)
+
+
+def qwen30b_of(package, model, **kw):
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.hardware import resolve_hardware
+
+    return moe_table_model(model, resolve_hardware("H200"), "h200_sxm", package / "data", **kw)
 
 
 def test_moe_layer_is_the_measured_row_on_grid_points(package):
@@ -179,6 +184,43 @@ def test_auto_takes_the_balanced_rows_where_the_familys_are_not_measured_and_say
     assert priced.dense(64, 0)[2] == qwen30b(package, distribution="balanced").dense(64, 0)[2]
     with pytest.raises(ServesimError, match="power-law:1.2 is a distribution the moe_perf tables measured"):
         MoETableCostModel(model, hw, tables, moe_table=only_balanced, distribution="power-law:1.2")  # asked: refused
+
+
+def test_block_fp8_weights_are_priced_from_the_per_tensor_fp8_rows_measured_in_a_cuda_graph(package):
+    # AIConfigurator's collector times every GEMM in a CUDA graph but block fp8 (collect_gemm.py: use_cuda_graph=
+    # gemm_type != "fp8_block"): those rows carry the host's launch time, which vLLM's CUDA-graph decode does not pay.
+    from dataclasses import replace
+
+    from backends.model_config import resolve_model
+
+    base = resolve_model("Qwen3-30B-A3B")
+    block = qwen30b_of(package, replace(base, weight_dtype="fp8-block", expert_dtype="fp8-block"))
+    per_tensor = qwen30b_of(package, replace(base, weight_dtype="fp8", expert_dtype="fp8-block"))
+    assert block.sources["linear"].startswith("gemm_perf 0.24.0: CutlassFP8ScaledMMLinearKernel (per-tensor fp8 rows")
+    for t in (1, 16, 512, 8192):
+        assert block.dense(t, 0)[0] == per_tensor.dense(t, 0)[0] > 0  # linear: the same curves, exactly
+
+
+@pytest.mark.parametrize("kernel", ["FlashInferFp8BlockScaledMMKernel", "DeepGemmFp8BlockScaledMMKernel",
+                                    "CutlassFp8BlockScaledMMKernel"])
+def test_the_block_fp8_rows_small_m_floor_is_the_hosts_not_the_gpus(package, kernel):
+    # Why they are not read: at small m and small weights each block-fp8 kernel takes the same time on H100 and
+    # H200 (a GPU-bound time would differ by their bandwidths, 3.35 and 4.8 TB/s), 5x or more what the per-tensor
+    # fp8 kernel, timed in a CUDA graph, takes at the same shapes.
+    from backends.costmodel.optables.systems import read_layout_table
+
+    def rows(system):
+        t = read_layout_table(package / "data", system, "gemm", "vllm", "gemm_perf", "0.24.0").frame
+        return t[(t.m <= 64) & (t.n * t.k <= 4096 * 4096)]
+
+    h100, h200 = rows("h100_sxm"), rows("h200_sxm")
+    keys = ["m", "n", "k"]
+    block = h100[h100.kernel_source == kernel].merge(h200[h200.kernel_source == kernel], on=keys)
+    assert len(block) > 100
+    ratio = (block.seconds_x / block.seconds_y).median()
+    assert 0.95 < ratio < 1.08
+    tensor = h200[h200.gemm_dtype == "fp8"].merge(h200[h200.kernel_source == kernel], on=keys)
+    assert (tensor.seconds_y / tensor.seconds_x).median() > 5
 
 
 def test_no_moe_table_falls_back_to_the_roofline_and_says_so(package):

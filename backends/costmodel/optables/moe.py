@@ -19,11 +19,16 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
 - linear: attention's QKV and O projections, the dense MLPs and the shared experts from the GEMM
   table (`gemm_curve`, the operator-table model's own) in the checkpoint's dtype. An MLA model's
   linear stays the roofline's; where its MLA module tables price attention (below), its
-  projections are in them and linear is the roofline's dense MLPs and shared experts alone. (Not
-  from the GEMM table: its block-fp8 rows on H200 take 57 to 90 us at every m up to 64, e.g. n 512,
-  k 7168, where the per-tensor fp8 kernel takes 10 us and the whole MLA module, three block-fp8
-  GEMMs among its kernels, takes about 150 us under a CUDA graph: a floor of their collection that
-  vLLM's CUDA-graph decode does not pay.)
+  projections are in them and linear is the roofline's dense MLPs and shared experts alone.
+  Block-fp8 weights (Qwen3-235B-A22B-FP8, DeepSeek-V3's dense layers) are priced from the per-tensor
+  fp8 rows at the same shape, not the block-fp8 rows: AIConfigurator's collector times every GEMM
+  inside a CUDA graph except block fp8 (ai-dynamo/aiconfigurator, collector/vllm/collect_gemm.py,
+  `run_gemm`: `use_cuda_graph=gemm_type != "fp8_block"`), so those rows carry the host's launch time:
+  at small m they sit on floors of 55 us (FlashInfer), 78-85 us (DeepGEMM) and 150-180 us (CUTLASS
+  block) that are the same on H100 and H200 (a GPU-bound time would differ by their bandwidths,
+  1.37x), where the per-tensor fp8 and bf16 kernels take 6-12 us at the same shapes. vLLM runs its
+  decode steps as CUDA graphs and does not pay them. Where the GPU is the bound (large m and n x k),
+  the block-fp8 rows are 1.04-1.18x the per-tensor ones at the same shape (H200).
 - attention: full-attention GQA layers from the context and generation attention tables (as the
   dense operator model prices them); sliding-window layers from the rows measured at the layer's
   window (`window_size`), at the window's KV length; MLA layers from the MLA module tables
@@ -356,9 +361,13 @@ class MoETableCostModel(MoERooflineCostModel):
                 self.sources["linear"] = ("roofline: the dense MLPs and shared experts, as before (MLA's projections "
                                           "in attention's MLA module tables)")
             return None
-        kernel, rows = self._gemm_rows(tables, self.weights_dtype)
+        # Block-fp8 weights are priced from the per-tensor fp8 rows: the same fp8 weight bytes and tensor-core
+        # work, measured inside a CUDA graph as vLLM runs its steps; the block-fp8 rows were measured without one
+        # (the module doc).
+        table_dtype = "fp8" if self.weights_dtype == "fp8-block" else self.weights_dtype
+        kernel, rows = self._gemm_rows(tables, table_dtype)
         if rows is None:
-            self.sources["linear"] = f"roofline: no {self.weights_dtype} GEMM rows on {tables.system}"
+            self.sources["linear"] = f"roofline: no {table_dtype} GEMM rows on {tables.system}"
             return None
         nh, nkv, hd = self._heads, self._kv_heads, m.head_dim
         shapes = [((nh + 2 * nkv) * hd, h, m.num_hidden_layers, "qkv"), (h, nh * hd, m.num_hidden_layers, "o")]
@@ -372,7 +381,9 @@ class MoETableCostModel(MoERooflineCostModel):
         for n, k, layers, what in shapes:
             ms, seconds = gemm_curve(rows, n, k, what, self.notes)
             curves.append((Curve(ms.astype(np.float64), seconds), layers))
-        self.sources["linear"] = f"gemm_perf {tables.versions.get('gemm', ('?',))[0]}: {kernel}"
+        self.sources["linear"] = f"gemm_perf {tables.versions.get('gemm', ('?',))[0]}: {kernel}" + (
+            " (per-tensor fp8 rows for block-fp8 weights: the block-fp8 rows are measured without a CUDA graph)"
+            if table_dtype != self.weights_dtype else "")
         return curves
 
     def _derive_attention(self, tables, kv_cache_dtype: str) -> None:
