@@ -96,10 +96,12 @@ def _csv_texts(values):
     Text columns come back as a list (their fields may need quoting), numbers as an iterator."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
         if values.dtype.kind == "f":
-            missing = np.flatnonzero(np.isnan(values)).tolist()
-            if missing:
+            missing = np.isnan(values)
+            if missing.all():  # (a part a run does not have: the API server's without a client)
+                return iter([""] * len(values))
+            if missing.any():
                 texts = list(map(repr, values.tolist()))
-                for i in missing:
+                for i in np.flatnonzero(missing).tolist():
                     texts[i] = ""
                 return iter(texts)
         return map(repr, values.tolist())

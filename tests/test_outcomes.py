@@ -276,6 +276,7 @@ def test_csv_table_is_pandas_to_csv_for_any_column_kinds(tmp_path_factory, data)
         "counts": data.draw(st.lists(st.integers(-2**40, 2**40), min_size=num_rows, max_size=num_rows)),
         "n": np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=num_rows, max_size=num_rows)), dtype=np.int32),
         "text": data.draw(st.lists(st.one_of(st.none(), st.text("ab, \"")), min_size=num_rows, max_size=num_rows)),
+        "absent": np.full(num_rows, np.nan),  # a column with no value (the API server's part without a client)
     }
     folder = tmp_path_factory.mktemp("csv")
     write_table(folder, "t", columns, "csv", chunk_rows=data.draw(st.integers(1, 13)))
