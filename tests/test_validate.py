@@ -92,6 +92,7 @@ def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
     ("tp_size", 0, "tp_size must be a positive whole number, got 0"),
     ("isl", -5, "isl must be a positive whole number, got -5"),
     ("osl", 2.5, "osl must be a positive whole number, got 2.5"),
+    ("osl", 1, "osl must be at least 2 for the row's TPOT (the time between output tokens), got 1"),
     ("silicon_ttft_ms", "", "silicon_ttft_ms must be a positive number, got ''"),
     ("silicon_tpot_ms", "nan", "silicon_tpot_ms must be a positive number"),
     ("pp_size", "two", "pp_size must be a positive whole number, got 'two'"),
@@ -254,6 +255,10 @@ def test_the_first_wave_bound_and_the_scheduling_per_row():
     assert Protocol(async_scheduling=True).async_for(row) is True
     assert Protocol().warmup_for(row, 60.0)[0] == 1 and Protocol().warmup_for(row, 40.0)[0] == 0
     assert Protocol(warmup_waves=0).warmup_for(row, 60.0) == (0, "--warmup-waves 0")
+    # One prompt a client: the first wave is every request, so auto counts it (leaving it out left no
+    # request: NaN means and a "nan%" MAPE).
+    waves, why = Protocol(prompts_per_client=1).warmup_for(row, 60.0)
+    assert waves == 0 and why.endswith("with --prompts-per-client 1 the first wave is every request: counted")
 
 
 def test_warmup_waves_leave_the_first_wave_out_of_the_means():

@@ -200,8 +200,10 @@ class Protocol:
             return int(self.warmup_waves), f"--warmup-waves {self.warmup_waves}"
         measured = float(row["silicon_ttft_ms"])
         if measured < first_wave_bound_ms:
-            return 1, (f"measured TTFT {measured:.0f} ms is below the {first_wave_bound_ms:.0f} ms that a counted "
-                       "first wave allows: not counted")
+            below = f"measured TTFT {measured:.0f} ms is below the {first_wave_bound_ms:.0f} ms that a counted first wave allows"
+            if self.prompts_per_client == 1:  # the first wave is every request: leaving it out would leave none
+                return 0, f"{below}, but with --prompts-per-client 1 the first wave is every request: counted"
+            return 1, f"{below}: not counted"
         return 0, "counted, as vLLM's benchmark counts every request"
 
     def requests(self, isls: list[int], osls: list[int]) -> list[Request]:
@@ -385,6 +387,9 @@ def check_row(row, where: str) -> None:
         _row_number(row, column, where)
     for column in ("silicon_ttft_ms", "silicon_tpot_ms"):
         _row_number(row, column, where, whole=False)
+    if float(row["osl"]) < 2:  # a TPOT (the mean time between a request's output tokens) needs two of them
+        raise ServesimError(f"{where}: osl must be at least 2 for the row's TPOT (the time between output tokens), "
+                            f"got {row['osl']!r}")
     for column in ("attention_dp_size", "moe_tp_size", "moe_ep_size"):
         _row_number(row, column, where, optional=True)
     version = str(row.get("backend_version", "")).strip()
