@@ -204,6 +204,9 @@ class ModelConfig:
             fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
         fields.setdefault("rope_theta", 10000.0)  # transformers' default for these families
         fields.setdefault("rope_scaling", None)
+        # An fp8 checkpoint (per-tensor, or blocks of 128 x 128) is served in fp8 (sim/app/plan.py: resolve);
+        # any other quantization is refused naming it, never priced as bf16.
+        fields["weight_dtype"] = _quantization(raw.get("quantization_config"), where, False)[0]
         name = Path(where).parent.name or str(where)
         try:
             return cls(name=name, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
@@ -769,6 +772,8 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
     if not isinstance(config, dict):
         raise ServesimError(f"{where}: quantization_config = {config!r}, expected an object")
     method = config.get("quant_method")
+    if method in (None, "modelopt") and str(config.get("quant_algo", "")).upper() == "FP8":
+        return "fp8", "fp8"  # NVIDIA ModelOpt's FP8: per-tensor scaled weights (vLLM's ModelOptFp8Config)
     if method == "fp8":
         block = config.get("weight_block_size")
         if block is None:
@@ -784,6 +789,9 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
     if method == "compressed-tensors":
         groups = config.get("config_groups") or {}
         weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+        if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" and w.get("strategy") in
+                           ("tensor", "channel") for w in weights):
+            return "fp8", "fp8"  # fp8 weights with per-tensor or per-channel scales
         int4 = [w for w in weights if w.get("num_bits") == 4 and w.get("type") == "int"]
         if has_experts and len(int4) == len(weights) == 1 and int4[0].get("group_size") == INT4_GROUP:
             ignore = " ".join(str(x) for x in config.get("ignore") or [])
@@ -791,5 +799,5 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
                 return "bf16", "int4"  # Kimi K2.5: int4 routed experts, the rest bf16
         raise ServesimError(f"{where}: quantization_config config_groups = {groups}: servesim prices "
                             f"compressed-tensors int4 (group {INT4_GROUP}) routed experts only")
-    raise ServesimError(f"{where}: quantization_config quant_method = {method!r} is not supported (fp8, mxfp4, "
-                        "compressed-tensors int4)")
+    raise ServesimError(f"{where}: quantization_config quant_method = {method!r} is not supported (fp8, ModelOpt "
+                        "FP8, mxfp4, compressed-tensors fp8 and int4)")

@@ -174,3 +174,50 @@ def test_fp8_halves_the_weight_and_kv_bytes():
     assert m.weight_bytes_per_gpu(1, "bf16") - m.weight_bytes_per_gpu(1, "fp8") == linear  # 2 bytes -> 1
     assert m.kv_bytes_per_token(1, "fp8") * 2 == m.kv_bytes_per_token(1, "auto")
     assert m.kv_bytes_per_token(2, "fp8") * 4 == m.kv_bytes_per_token(1, "auto")
+
+
+# A dense checkpoint's own quantization (quantization_config), as vLLM serves it.
+
+FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+MODELOPT_FP8 = {"quant_algo": "FP8", "producer": {"name": "modelopt", "version": "0.31.0"},
+                "config_groups": {"group_0": {"weights": {"dynamic": False, "num_bits": 8, "type": "float"}}}}
+CT_FP8 = {"quant_method": "compressed-tensors",
+          "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}
+
+
+@pytest.mark.parametrize("quantization, weight_dtype", [
+    (None, ""), (FP8_BLOCK, "fp8-block"), ({"quant_method": "fp8"}, "fp8"), (MODELOPT_FP8, "fp8"), (CT_FP8, "fp8"),
+])
+def test_a_dense_checkpoints_quantization_is_read(tmp_path, quantization, weight_dtype):
+    config = {**QWEN3_8B, **({"quantization_config": quantization} if quantization else {})}
+    assert ModelConfig.from_hf(write(tmp_path, config)).weight_dtype == weight_dtype
+
+
+def test_a_dense_checkpoint_in_a_quantization_servesim_does_not_price_is_refused(tmp_path):
+    # Before, any quantization_config of a dense model was ignored: a GPTQ checkpoint priced as bf16.
+    folder = write(tmp_path, {**QWEN3_8B, "quantization_config": {"quant_method": "gptq", "bits": 4}})
+    with pytest.raises(ServesimError, match="quantization_config quant_method = 'gptq' is not supported"):
+        ModelConfig.from_hf(folder)
+
+
+def test_a_dense_fp8_checkpoint_is_priced_as_fp8_weights(tmp_path):
+    """vLLM serves the checkpoint's quantization (its --dtype is the activations'): a block-fp8 Qwen3-8B is
+    priced as the bf16 one with --dtype fp8 (block fp8 as per-tensor fp8: the GEMM tables time the block-fp8
+    kernels without a CUDA graph), step for step and block for block; fp4 on it is refused."""
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.batch import Batch
+
+    quantized = str(write(tmp_path, {**QWEN3_8B, "quantization_config": FP8_BLOCK}, "fp8"))
+    plain = str(write(tmp_path, QWEN3_8B, "bf16"))
+    served = resolve(ReplayOptions(model=quantized, hardware="H100-SXM"))
+    asked = resolve(ReplayOptions(model=plain, hardware="H100-SXM", dtype="fp8"))
+    assert served.options.dtype == "fp8" and served.num_blocks == asked.num_blocks
+    batch = Batch()
+    for i, (computed, scheduled) in enumerate([(0, 700), (300, 1), (900, 1)]):
+        batch.add(str(i), computed, scheduled, [0], True, scheduled == 1)
+    assert served.backend.execute(batch).seconds == asked.backend.execute(batch).seconds
+    bf16 = resolve(ReplayOptions(model=plain, hardware="H100-SXM"))
+    assert bf16.backend.execute(batch).seconds > served.backend.execute(batch).seconds
+    with pytest.raises(ServesimError, match="checkpoint is quantized .fp8-block"):
+        resolve(ReplayOptions(model=quantized, hardware="H100-SXM", dtype="fp4"))
