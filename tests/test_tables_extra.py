@@ -312,6 +312,20 @@ def test_validate_a_5_row_cut_with_each_rows_version_and_b200_fp4(package, tmp_p
     assert np.isfinite(rows["predicted_tpot_ms"]).all()
 
 
+@pytest.mark.skipif(not (SHARED / "silicon_qwen3_32b_tp2.csv").exists(), reason="needs ../shared/gpu-data")
+def test_validate_prices_a_dense_fp8_checkpoint_in_fp8(package, tmp_path):
+    # The package's Qwen3-32B-FP8 config.json is a block-fp8 checkpoint; a row naming it without a precision
+    # was priced as bf16 weights (the checkpoint's quantization_config was not read).
+    row = pd.read_csv(SHARED / "silicon_qwen3_32b_tp2.csv", keep_default_na=False).head(1)
+    predicted = {}
+    for name in ("Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8"):
+        csv, out = tmp_path / f"{name[-3:]}.csv", tmp_path / name[-3:]
+        row.assign(model_path=name).to_csv(csv, index=False)
+        assert main(["validate", str(csv), "--out", str(out), "--quiet"]) == 0
+        predicted[name] = pd.read_csv(out / "validate.csv")["predicted_tpot_ms"].iloc[0]
+    assert predicted["Qwen/Qwen3-32B-FP8"] < 0.8 * predicted["Qwen/Qwen3-32B"]  # half the weight bytes to read
+
+
 def test_a_hardware_file_states_its_pcie_link_and_summary_json_says_so(tmp_path):
     spec = {"peak_bf16_flops": 362e12, "peak_fp8_flops": 733e12, "memory_bandwidth": 864e9,
             "memory_bytes": 46068 * 2**20, "nvlink_bandwidth": None, "pcie_bandwidth": 32e9}
