@@ -20,7 +20,7 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   table (`gemm_curve`, the operator-table model's own) in the checkpoint's dtype. An MLA model's
   linear stays the roofline's; where its MLA module tables price attention (below), its
   projections are in them and linear is the roofline's dense MLPs and shared experts alone.
-  Block-fp8 weights (Qwen3-235B-A22B-FP8, DeepSeek-V3's dense layers) are priced from the per-tensor
+  Block-fp8 weights (Qwen3-235B-A22B-FP8, Qwen3-30B-A3B-FP8, MiniMax-M2) are priced from the per-tensor
   fp8 rows at the same shape, not the block-fp8 rows: AIConfigurator's collector times every GEMM
   inside a CUDA graph except block fp8 (ai-dynamo/aiconfigurator, collector/vllm/collect_gemm.py,
   `run_gemm`: `use_cuda_graph=gemm_type != "fp8_block"`), so those rows carry the host's launch time:
