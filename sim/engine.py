@@ -242,8 +242,10 @@ class Engine:
                 if not batch.requests:  # the policy holds its waiting requests back for now
                     yield from self._wait_for_policy(env, now)
                     continue
-            # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request.
-            run = self.plan(batch, now, state.num_preemptions - num_preempted_before, freed and bool(state.waiting))
+            # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request, or
+            # one the workload holds until a finish frees room (a decode replica's transferred requests).
+            run = self.plan(batch, now, state.num_preemptions - num_preempted_before,
+                            freed and (bool(state.waiting) or workload.reacts_to_finishes))
             ends = run.ends
             end = self.busy_until_s = ends[-1]
             queue = env._queue  # SimPy's events due, a heap of (time, priority, id, event) (simpy/core.py)
