@@ -330,6 +330,19 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
 
+    def served_dtype(self, dtype: str) -> str:
+        """The dtype a dense model's weights are priced in: fp8 where its checkpoint is fp8 (per-tensor, or
+        blocks of 128 x 128, priced as per-tensor fp8: the GEMM tables time the block-fp8 kernels without a
+        CUDA graph, backends/costmodel/optables/moe.py), as vLLM serves a quantized checkpoint whatever its
+        --dtype (the activations'); else `dtype` (--dtype). A mixture of experts prices its checkpoint's
+        dtypes itself (`linear_dtypes`)."""
+        if self.is_extended or self.weight_dtype not in ("fp8", "fp8-block"):
+            return dtype
+        if dtype == "fp4":
+            raise ServesimError(f"--dtype fp4: {self.name}'s checkpoint is quantized ({self.weight_dtype}, its "
+                                f"quantization_config), and vLLM serves it so; drop --dtype")
+        return "fp8"
+
     def linear_dtypes(self, dtype: str = "bf16") -> tuple[str, str]:
         """(attention, dense and shared MLP weights' dtype, routed experts' dtype): the checkpoint's
         quantization where it has one, else `dtype` (--dtype)."""

@@ -72,6 +72,13 @@ def test_calibrate_from_ops_writes_what_the_tables_give(tmp_path):
     assert OpTableBackend(profile.op_model()).step_seconds(q, c, np.array([3]))[0] == \
         OpTableBackend(direct).step_seconds(q, c, np.array([3]))[0]
     assert main(["calibrate", "--from-ops", str(tmp_path), "--model", str(config), "--out", str(out)]) == 2
+    # An fp8 checkpoint's profile is derived in fp8 (the tables' fp8 rows), as vLLM serves it.
+    quantized = tmp_path / "tiny-fp8.json"
+    quantized.write_text(json.dumps({**json.loads(config.read_text()),
+                                     "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}))
+    assert main(["calibrate", "--from-ops", str(tmp_path), "--system", "tiny_gpu", "--model", str(quantized),
+                 "--hardware", "H100-SXM", "--out", str(out), "--quiet", "--overwrite"]) == 0
+    assert load_op_profile(out).dtype == "fp8"
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,7 @@ def cmd_from_ops(args) -> int:
                             "measures)")
     tables = load_tables(args.from_ops, args.system, args.framework, getattr(args, "vllm_version", None))
     profile = build_profile(tables, model.name, model, None if hardware is None else hardware.name, args.tp,
-                            args.dtype, kv_name(args.kv_cache_dtype),
+                            model.served_dtype(args.dtype), kv_name(args.kv_cache_dtype),
                             nvlink_bytes_per_s=None if hardware is None else hardware.nvlink_bandwidth,
                             pcie_bytes_per_s=None if hardware is None else hardware.pcie_bandwidth,
                             gpus_per_node=None if hardware is None else hardware.gpus_per_node,

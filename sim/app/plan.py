@@ -176,14 +176,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     given = options
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
-    if options.backend == "costmodel" and not model.is_extended and model.weight_dtype in ("fp8", "fp8-block"):
-        # vLLM serves a quantized checkpoint in its own quantization (its --dtype is the activations'), so a dense
-        # model's fp8 checkpoint is priced as fp8 weights, block fp8 as per-tensor fp8: the GEMM tables time
-        # every kernel in a CUDA graph but the block-fp8 ones (backends/costmodel/optables/moe.py).
-        if options.dtype == "fp4":
-            raise ServesimError(f"--dtype fp4: {model.name}'s checkpoint is quantized ({model.weight_dtype}, its "
-                                f"quantization_config), and vLLM serves it so; drop --dtype")
-        options = replace(options, dtype="fp8")
+    if options.backend == "costmodel" and model.served_dtype(options.dtype) != options.dtype:
+        options = replace(options, dtype=model.served_dtype(options.dtype))  # a dense fp8 checkpoint, as vLLM serves it
     model.check_tp(options.tp)
     hardware.check_tp(options.tp)
     if options.dp > 1:  # vLLM's divisibility rules for the experts over tp x dp GPUs

@@ -634,8 +634,8 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                 model = models.get(row["model_source"])
                 if model is None:
                     model = models[row["model_source"]] = resolve_model(row["model_source"])
-                if not model.is_extended and model.weight_dtype in ("fp8", "fp8-block") and dtype == "bf16":
-                    dtype = "fp8"  # the checkpoint's own quantization, as vLLM serves it (sim/app/plan.py: resolve)
+                if model.served_dtype(dtype) != dtype:  # a dense fp8 checkpoint, as vLLM serves it
+                    dtype = model.served_dtype(dtype)
                     key = (*key[:3], dtype, *key[4:])
                 if model.is_extended:
                     prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
