@@ -204,8 +204,8 @@ class ModelConfig:
             fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
         fields.setdefault("rope_theta", 10000.0)  # transformers' default for these families
         fields.setdefault("rope_scaling", None)
-        # An fp8 checkpoint (per-tensor, or blocks of 128 x 128) is served in fp8 (sim/app/plan.py: resolve);
-        # any other quantization is refused naming it, never priced as bf16.
+        # An fp8 checkpoint (per-tensor, or blocks of 128 x 128) is priced in fp8 (`served_dtype`); any other
+        # quantization is refused naming it, never priced as bf16.
         fields["weight_dtype"] = _quantization(raw.get("quantization_config"), where, False)[0]
         name = Path(where).parent.name or str(where)
         try:

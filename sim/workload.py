@@ -19,8 +19,10 @@ from sim.request import Request
 class Workload(Protocol):
     @property
     def reacts_to_finishes(self) -> bool:
-        """Whether a finish may make a request arrive at once (a closed loop's next send): then a
-        run of steps ends at the first finish."""
+        """Whether a finish may make a request arrive at once (a closed loop's next send), or let in
+        one the workload holds (a decode replica's transferred requests, waiting for blocks): then a
+        run of steps ends at the first finish, and asynchronously the step after it is taken alone
+        (Engine.run), as the finish's blocks are freed only after that step is scheduled."""
         ...
 
     @property

@@ -176,8 +176,10 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     given = options
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
-    if options.backend == "costmodel" and model.served_dtype(options.dtype) != options.dtype:
-        options = replace(options, dtype=model.served_dtype(options.dtype))  # a dense fp8 checkpoint, as vLLM serves it
+    if options.backend == "costmodel":
+        served = model.served_dtype(options.dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
+        if served != options.dtype:
+            options = replace(options, dtype=served)
     model.check_tp(options.tp)
     hardware.check_tp(options.tp)
     if options.dp > 1:  # vLLM's divisibility rules for the experts over tp x dp GPUs

@@ -634,9 +634,9 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                 model = models.get(row["model_source"])
                 if model is None:
                     model = models[row["model_source"]] = resolve_model(row["model_source"])
-                if model.served_dtype(dtype) != dtype:  # a dense fp8 checkpoint, as vLLM serves it
-                    dtype = model.served_dtype(dtype)
-                    key = (*key[:3], dtype, *key[4:])
+                served = model.served_dtype(dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
+                if served != dtype:
+                    dtype, key = served, (*key[:3], served, *key[4:])
                 if model.is_extended:
                     prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
                                                  "fp8" if kv == "fp8" else "auto", moe_models)
