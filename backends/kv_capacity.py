@@ -108,11 +108,14 @@ def activation_peak_bytes(model: ModelConfig, max_num_batched_tokens: int, max_n
     return max(sampler, mlp) + HIDDEN_BF16_COPIES * t * model.hidden_size * 2
 
 
+ASYNC_BATCHES = 2  # vLLM's max_concurrent_batches with async scheduling (its default), one pipeline stage
+
+
 def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1, dtype: str = "bf16",
                 kv_cache_dtype: str = "auto", max_model_len: int | None = None,
                 num_gpu_blocks_override: int | None = None, dp: int = 1,
-                enable_expert_parallel: bool = False) -> KVCapacity:
+                enable_expert_parallel: bool = False, max_concurrent_batches: int = ASYNC_BATCHES) -> KVCapacity:
     """The blocks vLLM would allocate; with `num_gpu_blocks_override` that figure, taken as given
     (the memory checks then do not apply). `dp`, `enable_expert_parallel`: where a mixture of
     experts' experts lie (the figures are one GPU's, of one DP rank: each rank has its own cache).
@@ -123,7 +126,11 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     blocks it takes from every group (vLLM's _check_enough_kv_cache_memory over
     max_memory_usage_bytes). servesim's block manager (sim/block_manager.py HybridBlockManager)
     charges a request every group's blocks: all of them under full attention, a window's under a
-    sliding one (`KVCacheGroup.blocks_held`)."""
+    sliding one (`KVCacheGroup.blocks_held`). A model whose only group slides (Mistral-7B-v0.1) starts
+    when a window's blocks fit, as vLLM checks it (sim/sliding_block_manager.py holds them).
+    `max_concurrent_batches`: vLLM's batches in flight (vllm/config/vllm.py
+    VllmConfig.max_concurrent_batches: 2 with asynchronous scheduling, 1 without), which a sliding
+    window's admission cap counts."""
     hardware.check_tp(tp)
     if enable_expert_parallel and not model.num_experts:
         raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
@@ -139,8 +146,8 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
                     - terms["cuda_graph_pool"])
     terms["available"] = available
     if num_gpu_blocks_override is not None:  # checked by sim.config.CacheConfig
-        vllm = _vllm(model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype,
-                     num_gpu_blocks_override)
+        vllm = _vllm(model, available, block_size, max_model_len, max_concurrent_batches * max_num_batched_tokens,
+                     tp, kv_cache_dtype, num_gpu_blocks_override)
         if vllm is not None and len(vllm["groups"]) > 1:
             block_bytes = vllm["bytes_per_block"]
         return KVCapacity(num_gpu_blocks_override, block_bytes, terms, "--num-gpu-blocks", vllm)
@@ -153,14 +160,16 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
             f"{gpu_memory_utilization:.0%} of {hardware.memory_bytes / GIB:.2f} GiB, leaving nothing for the KV "
             "cache; choose bigger hardware, a larger --tp or a smaller model")
     num_blocks = available // block_bytes
-    vllm = _vllm(model, available, block_size, max_model_len, max_num_batched_tokens, tp, kv_cache_dtype)
-    if vllm is not None and len(vllm["groups"]) > 1:
+    vllm = _vllm(model, available, block_size, max_model_len, max_concurrent_batches * max_num_batched_tokens,
+                 tp, kv_cache_dtype)
+    if vllm is not None and (len(vllm["groups"]) > 1 or vllm["groups"][0]["kind"] == "sliding_attention"):
         num_blocks, block_bytes = vllm["num_blocks"], vllm["bytes_per_block"]
         needed = sum(g["max_blocks_per_request"] for g in vllm["groups"])
         if needed > num_blocks:
             raise ServesimError(
-                f"the KV cache of {where} ({num_blocks} blocks of {block_size} tokens, shared by "
-                f"{len(vllm['groups'])} KV cache groups) cannot hold one request of --max-model-len "
+                f"the KV cache of {where} ({num_blocks} blocks of {block_size} tokens, "
+                + (f"shared by {len(vllm['groups'])} KV cache groups" if len(vllm["groups"]) > 1 else
+                   "one sliding window's group") + ") cannot hold one request of --max-model-len "
                 f"{vllm['max_model_len']} tokens ({needed} blocks); vLLM would not start. Lower --max-model-len "
                 "or raise --gpu-memory-utilization")
     elif max_model_len is not None and -(-max_model_len // block_size) > num_blocks:
@@ -174,18 +183,17 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
 
 
 def _vllm(model: ModelConfig, available: int, block_size: int, max_model_len: int | None,
-          max_num_batched_tokens: int, tp: int, kv_cache_dtype: str, override: int | None = None) -> dict | None:
+          max_in_flight_tokens: int, tp: int, kv_cache_dtype: str, override: int | None = None) -> dict | None:
     if not model.is_extended or (available <= 0 and override is None):
         return None
     return vllm_kv_cache(model, available, block_size=block_size,
                          max_model_len=max_model_len or model.max_position_embeddings,
-                         max_in_flight_tokens=ASYNC_BATCHES * max_num_batched_tokens, tp=tp,
+                         max_in_flight_tokens=max_in_flight_tokens, tp=tp,
                          kv_cache_dtype=kv_cache_dtype, num_gpu_blocks_override=override)
 
 
 # Mixture of experts, MLA and sliding windows as vLLM allocates them.
 
-ASYNC_BATCHES = 2  # vLLM's max_concurrent_batches with async scheduling (its default), one pipeline stage
 
 
 def moe_workspace_bytes(model: ModelConfig, num_tokens: int, tp: int = 1, dp: int = 1,

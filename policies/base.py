@@ -178,7 +178,7 @@ class Policy:
         bm = state.block_manager
         bs = bm.block_size
         opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
-        if len(opening) * bm.blocks_per_opening > bm.num_free_blocks:
+        if bm.frees_when_scheduled or len(opening) * bm.blocks_per_opening > bm.num_free_blocks:
             num_preemptions = state.num_preemptions
             for request in decoders:
                 if request.status is Status.RUNNING:  # not preempted meanwhile
@@ -238,7 +238,8 @@ class Policy:
         cached = bm.cached_prefix(request)
         remaining = request.num_tokens - len(cached) * bm.block_size
         num_tokens = remaining if max_chunk is None else min(remaining, max_chunk)
-        if not bm.can_allocate(cached, remaining if self.config.reserve_full_isl else num_tokens):
+        if not (bm.can_allocate(cached, remaining, num_tokens) if self.config.reserve_full_isl
+                else bm.can_allocate(cached, num_tokens)):
             return 0
         state.waiting.popleft()
         num_hit = bm.allocate(request, cached, num_tokens)

@@ -68,6 +68,9 @@ class CachedPrefix(list):
 
 class BlockManager(PrefixIndex):
     slides_windows = False  # HybridBlockManager: sliding groups free blocks after each step (`slide`)
+    # SlidingWindowBlockManager: a request frees blocks when it is scheduled, so requests are scheduled
+    # one at a time (no bulk decode path: policies/base.py _schedule_decodes).
+    frees_when_scheduled = False
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         super().__init__(num_blocks, block_size)
@@ -113,10 +116,12 @@ class BlockManager(PrefixIndex):
             return 0
         return len(self._shared_hits(request, request.num_shared_blocks(self.block_size))[0])
 
-    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int) -> bool:
+    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0) -> bool:
         """Whether a request with this cached prefix (`cached_prefix`'s answer) can get blocks for
         `num_new_tokens` more (SingleTypeKVCacheManager.get_num_blocks_to_allocate: a hit on a
-        free block takes it out of the free queue too)."""
+        free block takes it out of the free queue too). `num_first_tokens`: the tokens of its first
+        chunk when `num_new_tokens` reserves its whole sequence; they need fewer blocks here (a
+        sliding window's cap can make them the stricter check: SlidingWindowBlockManager)."""
         num_new = self.blocks_for(len(cached) * self.block_size + num_new_tokens) - len(cached)
         return num_new + cached.num_free <= self.num_free_blocks
 
@@ -401,7 +406,7 @@ class HybridBlockManager(BlockManager):
         cap = -(-min(self.max_admission_tokens, num_tokens) // self.block_size) + 1
         return blocks + sum(blocks if w is None else min(blocks, cap) for w in self.windows)
 
-    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int) -> bool:
+    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0) -> bool:
         num_hit = len(cached) * self.block_size
         num_tokens = num_hit + num_new_tokens
         num_new = self.blocks_for(num_tokens) - len(cached)

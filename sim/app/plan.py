@@ -38,7 +38,20 @@ from sim.backend import Backend
 from sim.block_manager import BlockManager, HybridBlockManager
 from sim.config import MAX_CLUSTER_BLOCKS
 from sim.errors import ServesimError
+from sim.sliding_block_manager import SlidingWindowBlockManager
 from sim.tokens import TokenSpec
+
+
+def max_concurrent_batches(scheduler) -> int:
+    """vLLM's batches in flight at once (vllm/config/vllm.py VllmConfig.max_concurrent_batches, one
+    pipeline stage): two with asynchronous scheduling, one without."""
+    return ASYNC_BATCHES if scheduler.async_scheduling else 1
+
+
+def max_in_flight_tokens(scheduler) -> int:
+    """Tokens scheduled but not yet settled (VllmConfig.max_in_flight_tokens), which a sliding
+    window's admission cap counts (SlidingWindowSpec.max_admission_blocks_per_request)."""
+    return max_concurrent_batches(scheduler) * scheduler.max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -71,15 +84,18 @@ class RunPlan:
         """The KV cache's block manager. A model with sliding-window and full-attention layers (several
         KV cache groups) gets vLLM's hybrid manager, its layout handed over as plain data (the core
         imports no backend): each group's kind and window, and SlidingWindowSpec's admission tokens
-        (window - 1 + vLLM's tokens in flight, at most max_model_len)."""
-        cache = self.options.cache
+        (window - 1 + vLLM's tokens in flight, at most max_model_len). A model whose every layer slides
+        gets vLLM's manager of one sliding group (sim/sliding_block_manager.py)."""
+        cache, scheduler = self.options.cache, self.options.scheduler
         groups = kv_cache_groups(self.model)
-        if len(groups) > 1 and any(g.kind == "sliding_attention" for g in groups):
+        if any(g.kind == "sliding_attention" for g in groups):
             window = max(g.sliding_window or 0 for g in groups)
-            in_flight = ASYNC_BATCHES * self.options.scheduler.max_num_batched_tokens
+            admission = min(window - 1 + max_in_flight_tokens(scheduler), self.max_model_len)
+            if len(groups) == 1:  # every layer slides (Mistral-7B-v0.1)
+                return SlidingWindowBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                                 window, admission)
             return HybridBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                      tuple((g.kind, g.sliding_window) for g in groups),
-                                      min(window - 1 + in_flight, self.max_model_len))
+                                      tuple((g.kind, g.sliding_window) for g in groups), admission)
         return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
 
     def make_router(self, pool: int = 0):
@@ -261,7 +277,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          max_num_batched_tokens=scheduler.max_num_batched_tokens, max_num_seqs=scheduler.max_num_seqs,
                          tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
                          max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks,
-                         dp=options.dp, enable_expert_parallel=options.enable_expert_parallel)
+                         dp=options.dp, enable_expert_parallel=options.enable_expert_parallel,
+                         max_concurrent_batches=max_concurrent_batches(scheduler))
         num_blocks = kv.num_gpu_blocks  # capped to MAX_NUM_BLOCKS, and said so (kv.capped_from)
     cluster = options.cluster
     router = load_router(cluster.router)

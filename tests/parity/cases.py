@@ -168,3 +168,39 @@ def async_cases() -> list[Case]:
     """Every case, scheduled asynchronously: vLLM's side runs (tests/parity/vllm_driver.py: run_vllm_async);
     servesim's side joins when its engine has the asynchronous clock (docs/async-scheduling.md)."""
     return [async_variant(case) for case in all_cases()]
+
+
+def sliding_cases() -> list[Case]:
+    """A model whose every layer slides (vLLM's SlidingWindowManager; servesim's
+    sim/sliding_block_manager.py): hand cases, then bursty traces with and without shared prefixes,
+    under ample and tight memory, windows shorter and longer than the prompts."""
+    cases = [
+        # A prompt longer than its window, chunked: the blocks before the window go as it slides.
+        Case("sliding-hand-chunked", _trace([(0, 90, 20)]),
+             EngineSetup(block_size=4, max_num_batched_tokens=16, max_num_seqs=4, sliding_window=10)),
+        # Two requests share a prefix; the second finds the window's blocks before its hit cached.
+        Case("sliding-hand-shared", _trace([(0, 70, 3), (500, 80, 3)], hash_ids=[[1, 2, 3, 4, 5], [1, 2, 3, 4, 9]],
+                                           hash_block_tokens=16),
+             EngineSetup(max_num_batched_tokens=64, max_num_seqs=4, sliding_window=20)),
+        # Tight memory: decodes that slide free blocks for the others, preemptions.
+        Case("sliding-hand-tight", _trace([(0, 30, 40), (0, 30, 40), (1, 30, 40)]),
+             EngineSetup(block_size=4, num_gpu_blocks=20, max_num_batched_tokens=16, max_num_seqs=4, sliding_window=8)),
+    ]
+    for seed in range(3):
+        rows = bursty_rows(30 + seed, 150, 800, 96)
+        trace = _trace(rows)
+        hashed = _trace(rows, shared_prefix_hashes(30 + seed, rows, 32), hash_block_tokens=32)
+        for window in (64, 300):
+            cases.append(Case(f"sliding-{window}-ample-{seed}", trace,
+                              EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=20000,
+                                          sliding_window=window)))
+            cases.append(Case(f"sliding-{window}-tight-{seed}", trace,
+                              EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=120,
+                                          enable_prefix_caching=False, sliding_window=window)))
+            cases.append(Case(f"sliding-{window}-prefix-{seed}", hashed,
+                              EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=2000,
+                                          sliding_window=window)))
+            cases.append(Case(f"sliding-{window}-prefix-tight-{seed}", hashed,
+                              EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=200,
+                                          sliding_window=window)))
+    return cases

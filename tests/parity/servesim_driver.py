@@ -4,6 +4,10 @@ exactly what the step-time function says."""
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import tempfile
 from dataclasses import fields, replace
 
 import numpy as np
@@ -18,6 +22,18 @@ from tests.parity.vllm_driver import EngineSetup, StepTime, Timeline, TraceReque
 from traces.trace import Trace
 
 MODEL = "Llama-3.1-8B"
+
+
+@functools.lru_cache(maxsize=None)
+def sliding_model(window: int) -> str:
+    """A folder holding Mistral-7B-v0.1's config.json with a `window`-token sliding window: every
+    layer slides, so servesim runs one sliding group (sim/sliding_block_manager.py) as vLLM's side does."""
+    from tests.moe_configs import MISTRAL_7B_V01
+
+    folder = tempfile.mkdtemp(prefix="servesim-parity-sliding-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**MISTRAL_7B_V01, "sliding_window": window, "max_position_embeddings": 1 << 20}, f)
+    return folder
 
 
 class StepTimeBackend:
@@ -62,7 +78,7 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
         scheduler=SchedulerConfig(**sched),
         cache=CacheConfig(block_size=setup.block_size, num_blocks=setup.num_gpu_blocks,
                           enable_prefix_caching=setup.enable_prefix_caching),
-        model=MODEL)
+        model=MODEL if setup.sliding_window is None else sliding_model(setup.sliding_window))
 
 
 def vllm_requests(trace: Trace, setup: EngineSetup, priority=None) -> list[TraceRequest]:

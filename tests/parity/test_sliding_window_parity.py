@@ -1,7 +1,13 @@
-"""The blocks a sliding group frees (sim/block_manager.py HybridBlockManager) against vLLM 0.33's own
-SlidingWindowManager.get_num_skipped_tokens (vllm/v1/core/single_type_kv_cache_manager.py), called on
-a stand-in holding the fields it reads, and remove_skipped_blocks' rule (skipped // block_size blocks,
-at most the table's): after each step a request holds its table less those blocks.
+"""Sliding windows against vLLM 0.33's own code:
+
+- a model whose every layer slides (sim/sliding_block_manager.py) against vLLM's `Scheduler` over one
+  SlidingWindowSpec group (tests/parity/cases.py `sliding_cases`), step by step as the full-attention
+  cases of test_vllm_parity.py: the same first-token and finish time of every request, the same
+  prefill tokens, decode tokens and preemptions at every step, the same prefix-cache queries and hits;
+- the blocks a hybrid model's sliding group frees (sim/block_manager.py HybridBlockManager) against
+  SlidingWindowManager.get_num_skipped_tokens (vllm/v1/core/single_type_kv_cache_manager.py), called on
+  a stand-in holding the fields it reads, and remove_skipped_blocks' rule (skipped // block_size blocks,
+  at most the table's): after each step a request holds its table less those blocks.
 
 Skipped where vLLM is not installed (the `parity` extra: see the README).
 """
@@ -20,6 +26,22 @@ stkcm = pytest.importorskip("vllm.v1.core.single_type_kv_cache_manager",
 
 from sim.block_manager import HybridBlockManager  # noqa: E402
 from sim.request import Request  # noqa: E402
+from tests.parity.cases import sliding_cases  # noqa: E402
+from tests.parity.run import check  # noqa: E402
+
+SLIDING = sliding_cases()
+
+
+@pytest.mark.parametrize("case", SLIDING, ids=[c.name for c in SLIDING])
+def test_a_sliding_model_schedules_as_vllm(case):
+    agreement, vllm, servesim = check(case, fast_forward=True)  # (a sliding cache takes no runs: stepped)
+    k = agreement.first_step_differing
+    assert k is None, (f"step {k}: vLLM (prefill, decode, preemptions) "
+                       f"{vllm.steps[k] if k < len(vllm.steps) else 'none'}, servesim "
+                       f"{servesim.steps[k] if k < len(servesim.steps) else 'none'}")
+    assert servesim.first_token_s == vllm.first_token_s
+    assert servesim.finish_s == vllm.finish_s
+    assert (servesim.prefix_queries, servesim.prefix_hits) == (vllm.prefix_queries, vllm.prefix_hits)
 
 
 @pytest.mark.parametrize("window,block_size", [(128, 16), (512, 16), (4096, 16), (128, 32), (5, 4)])

@@ -2,9 +2,9 @@
 
 This is how vLLM tests its scheduler (`tests/v1/core/utils.py`, `create_scheduler`): a
 `VllmConfig` built from a tiny model config (here a `LlamaConfig` saved into a temporary
-folder: no weights, no tokenizer), a `KVCacheConfig` with one full-attention group and
-`num_gpu_blocks` blocks, and a `ModelRunnerOutput` handed to `update_from_output` in place
-of a forward pass. Nothing here runs a model.
+folder: no weights, no tokenizer), a `KVCacheConfig` with one full-attention group (or one
+sliding-window group, `EngineSetup.sliding_window`) and `num_gpu_blocks` blocks, and a
+`ModelRunnerOutput` handed to `update_from_output` in place of a forward pass. Nothing here runs a model.
 
 The loop is the engine's, in discrete time:
 
@@ -44,6 +44,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    SlidingWindowSpec,
 )
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
@@ -77,6 +78,7 @@ class EngineSetup:
     reserve_full_isl: bool = True
     max_model_len: int = 1 << 16
     async_scheduling: bool = False  # vLLM's AsyncScheduler driven as the engine core's batch queue drives it
+    sliding_window: int | None = None  # one group of sliding-window layers (SlidingWindowSpec) in place of full attention
 
 
 @dataclass
@@ -120,10 +122,11 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     num_blocks = setup.num_gpu_blocks + 1  # block 0 is vLLM's null block
-    kv_cache = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-            block_size=setup.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    layer = dict(block_size=setup.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    spec = (FullAttentionSpec(**layer) if setup.sliding_window is None
+            else SlidingWindowSpec(sliding_window=setup.sliding_window, **layer))
+    kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     cache.num_gpu_blocks = num_blocks
     kind = AsyncScheduler if setup.async_scheduling else Scheduler
     return kind(vllm_config=config, kv_cache_config=kv_cache,
