@@ -174,17 +174,21 @@ class Policy:
         """One token for each of `decoders` (running requests that are decoding), in order.
         Returns True if any request was preempted. This runs for every decoding request on every
         step, so when the free blocks cover every decode that opens a block (the common case),
-        the batch is filled in bulk, taking blocks in the same order as one by one."""
+        the batch is filled in bulk, taking blocks in the same order as one by one (a block manager
+        that frees blocks as it schedules, `frees_when_scheduled`, frees them in the same order too:
+        the frees only add to blocks that already cover every opening)."""
         bm = state.block_manager
         bs = bm.block_size
         opening = [r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens]
-        if bm.frees_when_scheduled or len(opening) * bm.blocks_per_opening > bm.num_free_blocks:
+        if len(opening) * bm.blocks_per_opening > bm.num_free_blocks:
             num_preemptions = state.num_preemptions
             for request in decoders:
                 if request.status is Status.RUNNING:  # not preempted meanwhile
                     self._schedule_running(state, batch, request, 1)
             return state.num_preemptions != num_preemptions
-        if opening:
+        if bm.frees_when_scheduled:  # each frees, then takes, in order (what one by one would do)
+            bm.grow_decodes(decoders)
+        elif opening:
             bm.grow_tables(opening)
         step = state.step_index
         num_computed = []

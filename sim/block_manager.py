@@ -68,8 +68,8 @@ class CachedPrefix(list):
 
 class BlockManager(PrefixIndex):
     slides_windows = False  # HybridBlockManager: sliding groups free blocks after each step (`slide`)
-    # SlidingWindowBlockManager: a request frees blocks when it is scheduled, so requests are scheduled
-    # one at a time (no bulk decode path: policies/base.py _schedule_decodes).
+    # SlidingWindowBlockManager: a request frees blocks when it is scheduled, so a step's decodes grow
+    # through `grow_decodes` (each frees, then takes), not `grow_tables` (policies/base.py _schedule_decodes).
     frees_when_scheduled = False
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
@@ -282,6 +282,13 @@ class BlockManager(PrefixIndex):
                 position += 1
         self._lru.extend(freed)
         self._num_lru += len(freed)
+
+    def grow_decodes(self, decoders: list[Request]) -> None:
+        """A step's decodes, one token each (the caller checked the free blocks cover their opening
+        blocks), for a cache that frees blocks as it schedules (`frees_when_scheduled`:
+        SlidingWindowBlockManager); here, the opening blocks alone."""
+        bs = self.block_size
+        self.grow_tables([r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens])
 
     # What a hybrid cache (HybridBlockManager, below) changes; a single group's answers.
 

@@ -12,8 +12,8 @@ Each rule, and where vLLM implements it (W is the window, B the block size):
   (SlidingWindowManager.get_num_skipped_tokens). They are freed when the request is next scheduled,
   before the blocks it needs are counted (KVCacheManager.allocate_slots calls remove_skipped_blocks
   first; _remove_blocks_in_range frees them last block first and stops at an entry already freed).
-  So the decodes are scheduled one request at a time (`frees_when_scheduled`): each frees, then
-  takes, in the running order.
+  So a step's decodes grow one request at a time (`frees_when_scheduled`, `grow_decodes`): each
+  frees, then takes, in the running order.
 - Every full block is cached when the step that fills it is scheduled, and keeps its hash until it
   is evicted: held, or freed to the free queue's tail (BlockPool.cache_full_blocks, free_blocks).
   A freed block without a hash goes to the head. Taking a hashed free block evicts it
@@ -244,8 +244,26 @@ class SlidingWindowBlockManager(BlockManager):
     def index_full_blocks(self, request: Request, num_tokens: int) -> None:
         self._cache(request, num_tokens)
 
+    def grow_decodes(self, decoders: list[Request]) -> None:
+        """A step's decodes, one token each, in order: each frees its skipped blocks, takes a block if
+        its token opens one, and caches the block its token fills (`append`'s work, written out: this
+        runs for every decode of every step; the caller checked the free blocks cover the openings)."""
+        bs, window, refs, caching = self.block_size, self.window, self.refs, self.enable_prefix_caching
+        for r in decoders:
+            computed = r.num_computed_tokens
+            table = r.block_table
+            n = (computed - window + 1) // bs
+            if n > 0 and table[n - 1 if n <= len(table) else -1] is not None:
+                self._skip(r, computed)
+            if len(table) * bs <= computed:
+                block = self.pop_free_blocks(1)[0]
+                refs[block] = 1
+                table.append(block)
+            if caching and (computed + 1) // bs > r.num_hashed_blocks:
+                self._cache(r, computed + 1)
+
     def grow_tables(self, owners: list[Request], counts: list[int] | None = None) -> None:
-        raise AssertionError("a sliding-window cache schedules each request on its own (frees_when_scheduled)")
+        raise AssertionError("a sliding-window cache grows a step's decodes with grow_decodes")
 
     def grow_tables_at(self, requests: list[Request], opens: list[int], n: int) -> None:
         raise AssertionError("a sliding-window cache takes no fast-forward runs")
