@@ -71,6 +71,7 @@ class BlockManager(PrefixIndex):
     # SlidingWindowBlockManager: a request frees blocks when it is scheduled, so a step's decodes grow
     # through `grow_decodes` (each frees, then takes), not `grow_tables` (policies/base.py _schedule_decodes).
     frees_when_scheduled = False
+    pipelined = False  # set by the engine while it schedules beside a step in flight (read by SlidingWindowBlockManager)
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         super().__init__(num_blocks, block_size)

@@ -270,7 +270,10 @@ class Engine:
         self.workload.deliver(self._last_start)
         batch = None
         if state.has_work:
+            bm = self.block_manager
+            bm.pipelined = True  # (a sliding window's cache counts the tokens in flight: sim/sliding_block_manager.py)
             batch = self.policy.schedule(state, self._last_start)
+            bm.pipelined = False
         if state.finishing:
             self.free_finishing()
         return batch if batch is not None and batch.requests else None

@@ -32,9 +32,9 @@ Each rule, and where vLLM implements it (W is the window, B the block size):
   tokens in flight, max_model_len), B) + 1. A running request needs cdiv(C + new tokens, B) entries.
 - Freeing a finished or preempted request: its held blocks, last first (SingleTypeKVCacheManager.free).
 
-Where it is simpler than vLLM: the tokens of a step in flight (asynchronous scheduling) are not
-subtracted before blocks are skipped (allocate_slots' num_in_flight_tokens), as in the hybrid
-manager. Unlike BlockManager, every full block is indexed when it fills (no lazy indexing of a
+Under asynchronous scheduling a request's tokens in the step in flight are not counted computed when
+its skipped blocks are freed (allocate_slots: num_computed_tokens - num_in_flight_tokens): the
+engine says when it schedules beside a step in flight (`pipelined`). Unlike BlockManager, every full block is indexed when it fills (no lazy indexing of a
 request's own blocks) and the index is one dict entry per key: the plain rendering of vLLM's, which
 this model's runs (no fast-forward) afford.
 """
@@ -63,6 +63,13 @@ class SlidingWindowBlockManager(BlockManager):
         self.max_admission_blocks = -(-max_admission_tokens // block_size) + 1
         # Blocks of a hit, from the right: cdiv(W - 1, B) (_contiguous_blocks_for_hit, no EAGLE).
         self.hit_blocks = -(-(sliding_window - 1) // block_size)
+        # Asynchronous scheduling: a request's tokens scheduled in the step in flight are not counted
+        # computed when its skipped blocks are freed (allocate_slots: num_computed_tokens -
+        # num_in_flight_tokens). The engine sets `pipelined` while it schedules a step beside one in
+        # flight; the tokens scheduled in each step are kept until the step's end (`slide`).
+        self.pipelined = False
+        self._scheduled: dict[int, int] = {}  # request index -> tokens scheduled in the step being scheduled
+        self._in_flight: dict[int, int] = {}  # ... in the step before it (in flight while `pipelined`)
         self.refs = [0] * num_blocks  # users of each block (BlockPool's ref_cnt)
         self.key_of: list[int | None] = [None] * num_blocks  # each cached block's key
         self.blocks_of: dict[int, list[int]] = {}  # key -> the blocks cached with it, first indexed first
@@ -133,7 +140,9 @@ class SlidingWindowBlockManager(BlockManager):
 
     def _skip(self, request: Request, num_computed: int) -> None:
         """Free the blocks wholly before the window of `num_computed` tokens (remove_skipped_blocks),
-        last first, down to an entry already freed."""
+        last first, down to an entry already freed; less the tokens in flight when `pipelined`."""
+        if self.pipelined:
+            num_computed = max(0, num_computed - self._in_flight.get(request.index, 0))
         table = request.block_table
         num_skipped = min(max(0, num_computed - self.window + 1) // self.block_size, len(table))
         freed = []
@@ -223,6 +232,7 @@ class SlidingWindowBlockManager(BlockManager):
         num_after = num_hit + num_new_tokens
         table += self._take(self.blocks_for(num_after) - len(table))
         self._cache(request, min(num_after, request.num_tokens))
+        self._scheduled[request.index] = num_new_tokens
         return num_hit
 
     # Growth of a running request.
@@ -240,6 +250,7 @@ class SlidingWindowBlockManager(BlockManager):
         table = request.block_table
         table += self._take(self.blocks_for(num_after) - len(table))
         self._cache(request, min(num_after, request.num_tokens))
+        self._scheduled[request.index] = num_new_tokens
 
     def index_full_blocks(self, request: Request, num_tokens: int) -> None:
         self._cache(request, num_tokens)
@@ -249,12 +260,14 @@ class SlidingWindowBlockManager(BlockManager):
         its token opens one, and caches the block its token fills (`append`'s work, written out: this
         runs for every decode of every step; the caller checked the free blocks cover the openings)."""
         bs, window, refs, caching = self.block_size, self.window, self.refs, self.enable_prefix_caching
+        scheduled = self._scheduled
         for r in decoders:
             computed = r.num_computed_tokens
             table = r.block_table
             n = (computed - window + 1) // bs
             if n > 0 and table[n - 1 if n <= len(table) else -1] is not None:
                 self._skip(r, computed)
+            scheduled[r.index] = 1
             if len(table) * bs <= computed:
                 block = self.pop_free_blocks(1)[0]
                 refs[block] = 1
@@ -286,9 +299,13 @@ class SlidingWindowBlockManager(BlockManager):
         self._free_blocks([b for b in reversed(request.block_table) if b is not None])
         request.block_table = []
         request.num_hashed_blocks = 0
+        self._scheduled.pop(request.index, None)
+        self._in_flight.pop(request.index, None)
 
     def slide(self, running: list[Request]) -> None:
-        """Nothing at a step's end: a request frees its skipped blocks when it is next scheduled."""
+        """At a step's end nothing is freed (a request frees its skipped blocks when it is next
+        scheduled); the step's tokens become the ones in flight while the next is scheduled."""
+        self._in_flight, self._scheduled = self._scheduled, {}
 
     # Limits.
 

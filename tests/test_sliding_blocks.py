@@ -113,6 +113,32 @@ def test_admission_checks_the_capped_sequence_then_the_first_chunk():
     assert bm.max_blocks_needed(400) == 5 and bm.max_request_tokens() == 1 << 62  # any length runs
 
 
+def test_scheduled_beside_a_step_in_flight_its_tokens_are_not_yet_computed():
+    # Asynchronous scheduling: vLLM frees the blocks before the window of the tokens whose step has
+    # ended (allocate_slots: num_computed_tokens - num_in_flight_tokens). The engine sets
+    # `pipelined` while it schedules beside a step in flight; a step's tokens are in flight until the
+    # next step ends (`slide`).
+    bm = SlidingWindowBlockManager(100, 4, False, 10, 9 + 2 * 16)
+    r = Request(0, "0", 0.0, 90, 5)
+    bm.allocate(r, [], 16)
+    bm.slide([r])  # step 1 ended; its 16 tokens are in flight while step 2 is scheduled
+    r.num_computed_tokens = 16
+    bm.pipelined = True
+    bm.append(r, 16)  # 16 - 16 = 0 tokens done: nothing freed yet
+    assert (len(r.block_table), held(r)) == (8, 8)
+    bm.pipelined = False
+    bm.slide([r])
+    r.num_computed_tokens = 32
+    bm.pipelined = True
+    bm.append(r, 16)  # 32 - 16 = 16 done: (16 - 9) // 4 = 1 freed
+    assert (len(r.block_table), held(r)) == (12, 11)
+    bm.pipelined = False
+    bm.append(r, 0)  # not beside a step in flight: 32 done, (32 - 9) // 4 = 5 freed
+    assert held(r) == 7
+    bm.free(r)
+    bm.check_invariants([])
+
+
 def test_no_stretch_of_a_window_hits_the_cached_blocks_from_the_start():
     bm = SlidingWindowBlockManager(40, 4, True, 20, 19 + 64)
     a = Request(0, "a", 0.0, 12, 1, hash_ids=np.arange(3), hash_block_tokens=4)
@@ -125,10 +151,11 @@ def test_no_stretch_of_a_window_hits_the_cached_blocks_from_the_start():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 200), st.integers(1, 40), st.integers(0, 3)),
                 min_size=1, max_size=20),
-       st.integers(12, 80), st.sampled_from([5, 16, 33]), st.booleans(), st.booleans())
-def test_blocks_conserved_and_each_request_under_the_admission_cap(rows, num_blocks, window, caching, reserve):
-    budget = 32
-    bm = SlidingWindowBlockManager(num_blocks, 4, caching, window, window - 1 + budget)
+       st.integers(12, 80), st.sampled_from([5, 16, 33]), st.booleans(), st.booleans(), st.booleans())
+def test_blocks_conserved_and_each_request_under_the_admission_cap(rows, num_blocks, window, caching, reserve,
+                                                                   asynchronous):
+    budget = 32  # the cap counts the batches in flight: two asynchronously (sim/app/plan.py max_in_flight_tokens)
+    bm = SlidingWindowBlockManager(num_blocks, 4, caching, window, window - 1 + (1 + asynchronous) * budget)
     requests = [Request(i, str(i), float(t), p, o, hash_ids=np.array([h, h + 1] * (p // 8 + 1)), hash_block_tokens=4)
                 for i, (t, p, o, h) in enumerate(sorted(rows))]
     engine = None
@@ -138,7 +165,8 @@ def test_blocks_conserved_and_each_request_under_the_admission_cap(rows, num_blo
         for r in batch.requests:
             assert held(r) <= bm.max_admission_blocks
 
-    config = SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=4, reserve_full_isl=reserve)
+    config = SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=4, reserve_full_isl=reserve,
+                             async_scheduling=asynchronous)
     engine = Engine(load_policy("chunked")(config), ConstantBackend(on_execute=check), bm, TokenTimes(requests), 10_000)
     result = simulate(engine, TraceArrivals(requests, engine))
     for i, r in enumerate(result.requests):

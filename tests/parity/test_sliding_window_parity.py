@@ -1,9 +1,10 @@
 """Sliding windows against vLLM 0.33's own code:
 
-- a model whose every layer slides (sim/sliding_block_manager.py) against vLLM's `Scheduler` over one
-  SlidingWindowSpec group (tests/parity/cases.py `sliding_cases`), step by step as the full-attention
-  cases of test_vllm_parity.py: the same first-token and finish time of every request, the same
-  prefill tokens, decode tokens and preemptions at every step, the same prefix-cache queries and hits;
+- a model whose every layer slides (sim/sliding_block_manager.py) against vLLM's `Scheduler` and
+  `AsyncScheduler` over one SlidingWindowSpec group (tests/parity/cases.py `sliding_cases`, and each
+  `-async`), step by step as the full-attention cases of test_vllm_parity.py: the same first-token
+  and finish time of every request, the same prefill tokens, decode tokens and preemptions at every
+  step, the same prefix-cache queries and hits;
 - the blocks a hybrid model's sliding group frees (sim/block_manager.py HybridBlockManager) against
   SlidingWindowManager.get_num_skipped_tokens (vllm/v1/core/single_type_kv_cache_manager.py), called on
   a stand-in holding the fields it reads, and remove_skipped_blocks' rule (skipped // block_size blocks,
@@ -26,13 +27,19 @@ stkcm = pytest.importorskip("vllm.v1.core.single_type_kv_cache_manager",
 
 from sim.block_manager import HybridBlockManager  # noqa: E402
 from sim.request import Request  # noqa: E402
-from tests.parity.cases import sliding_cases  # noqa: E402
+from tests.parity.cases import async_variant, sliding_cases  # noqa: E402
 from tests.parity.run import check  # noqa: E402
 
-SLIDING = sliding_cases()
+# Asynchronously (vLLM's AsyncScheduler), one run differs, in the class test_vllm_parity.py's async
+# xfails have (docs/async-scheduling.md): a request preempted with its step in flight is readmitted
+# with a prefix hit one block longer in vLLM. Strict: it fails the suite once it agrees.
+ASYNC_DIFFERING = {"sliding-300-prefix-tight-0-async"}
+SLIDING = sliding_cases() + [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known async difference"))
+    if c.name in ASYNC_DIFFERING else c for c in map(async_variant, sliding_cases())]
 
 
-@pytest.mark.parametrize("case", SLIDING, ids=[c.name for c in SLIDING])
+@pytest.mark.parametrize("case", SLIDING, ids=[c.name if hasattr(c, "name") else c.values[0].name for c in SLIDING])
 def test_a_sliding_model_schedules_as_vllm(case):
     agreement, vllm, servesim = check(case, fast_forward=True)  # (a sliding cache takes no runs: stepped)
     k = agreement.first_step_differing

@@ -121,6 +121,11 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=setup.async_scheduling)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
+    # VllmConfig turns asynchronous scheduling off on this CPU platform; on a GPU it stays on, and
+    # `max_concurrent_batches` (2) counts two batches in flight, which a sliding window's admission
+    # cap reads (SlidingWindowSpec.max_admission_blocks_per_request). The scheduler reads nothing
+    # else of it here (the AsyncScheduler class is chosen below).
+    config.scheduler_config.async_scheduling = setup.async_scheduling
     num_blocks = setup.num_gpu_blocks + 1  # block 0 is vLLM's null block
     layer = dict(block_size=setup.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     spec = (FullAttentionSpec(**layer) if setup.sliding_window is None
