@@ -34,9 +34,13 @@ Each rule, and where vLLM implements it (W is the window, B the block size):
 
 Under asynchronous scheduling a request's tokens in the step in flight are not counted computed when
 its skipped blocks are freed (allocate_slots: num_computed_tokens - num_in_flight_tokens): the
-engine says when it schedules beside a step in flight (`pipelined`). Unlike BlockManager, every full block is indexed when it fills (no lazy indexing of a
-request's own blocks) and the index is one dict entry per key: the plain rendering of vLLM's, which
-this model's runs (no fast-forward) afford.
+engine says when it schedules beside a step in flight (`pipelined`).
+
+Unlike BlockManager, every full block is indexed when it fills (no lazy indexing of a request's own
+blocks) and the index is one dict entry per key: the plain rendering of vLLM's, which this model's
+runs (no fast-forward) afford. Where it still differs from vLLM: a block is cached when its tokens
+are scheduled, where vLLM's AsyncScheduler caches a block filled by a placeholder token once that
+step's output is processed (tests/parity/test_sliding_window_parity.py names the one run it shows in).
 """
 
 from __future__ import annotations
