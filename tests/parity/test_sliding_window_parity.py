@@ -32,7 +32,9 @@ from tests.parity.run import check  # noqa: E402
 
 # Asynchronously (vLLM's AsyncScheduler), one run differs, in the class test_vllm_parity.py's async
 # xfails have (docs/async-scheduling.md): a request preempted with its step in flight is readmitted
-# with a prefix hit one block longer in vLLM. Strict: it fails the suite once it agrees.
+# with a prefix hit one block longer in servesim, which cached the block its token in flight filled
+# when it scheduled the token (vLLM, once the step's output is processed). Strict: it fails the
+# suite once it agrees.
 ASYNC_DIFFERING = {"sliding-300-prefix-tight-0-async"}
 SLIDING = sliding_cases() + [
     pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known async difference"))
