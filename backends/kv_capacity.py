@@ -124,7 +124,7 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     groups) blocks are vLLM's shared pool, a block one page of each layer of one group
     (`block_bytes` then that), and it starts when one request of max_model_len tokens fits in the
     blocks it takes from every group (vLLM's _check_enough_kv_cache_memory over
-    max_memory_usage_bytes). servesim's block manager (sim/block_manager.py HybridBlockManager)
+    max_memory_usage_bytes). servesim's block manager (sim/sliding_block_manager.py SlidingWindowBlockManager)
     charges a request every group's blocks: all of them under full attention, a window's under a
     sliding one (`KVCacheGroup.blocks_held`). A model whose only group slides (Mistral-7B-v0.1) starts
     when a window's blocks fit, as vLLM checks it (sim/sliding_block_manager.py holds them).
@@ -235,7 +235,8 @@ class KVCacheGroup:
         under a window, less those wholly before it, which vLLM frees (SlidingWindowManager's
         get_num_skipped_tokens: max(0, computed - window + 1) tokens skipped; remove_skipped_blocks
         frees the skipped // block_size blocks before them, vllm/v1/core/single_type_kv_cache_manager.py).
-        sim/block_manager.py HybridBlockManager holds this many (tests/test_hybrid_blocks.py)."""
+        sim/sliding_block_manager.py SlidingWindowBlockManager holds this many once the request is
+        next scheduled (tests/test_hybrid_blocks.py)."""
         blocks = -(-num_tokens // block_size)
         if self.kind == "full_attention":
             return blocks

@@ -48,7 +48,7 @@ def check_invariants(bm: "BlockManager", running: list[Request]) -> None:
     each block match the block tables, the index's parts agree, and each free indexed block's
     state is its entry's place in the LRU queue."""
     counts = [0] * bm.num_blocks
-    extra = [0] * bm.num_blocks  # a hybrid cache's other groups' blocks: plain, each held by one request
+    extra = [0] * bm.num_blocks  # a cache's other groups' blocks (`extra_blocks`): plain, each held by one request
     for r in running:
         for b in r.block_table:
             counts[b] += 1

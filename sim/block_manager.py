@@ -67,9 +67,10 @@ class CachedPrefix(list):
 
 
 class BlockManager(PrefixIndex):
-    slides_windows = False  # HybridBlockManager: sliding groups free blocks after each step (`slide`)
-    # SlidingWindowBlockManager: a request frees blocks when it is scheduled, so a step's decodes grow
-    # through `grow_decodes` (each frees, then takes), not `grow_tables` (policies/base.py _schedule_decodes).
+    # SlidingWindowBlockManager (sim/sliding_block_manager.py): no fast-forward runs (`slides_windows`),
+    # and a request frees blocks when it is scheduled, so a step's decodes grow through `grow_decodes`
+    # (each frees, then takes), not `grow_tables` (policies/base.py _schedule_decodes).
+    slides_windows = False
     frees_when_scheduled = False
     pipelined = False  # set by the engine while it schedules beside a step in flight (read by SlidingWindowBlockManager)
 
@@ -80,8 +81,8 @@ class BlockManager(PrefixIndex):
         self.num_hit_tokens = 0  # of which found cached (PrefixCacheStats.hits)
         self.num_preempted_queried_tokens = 0  # the same at re-admissions after a preemption
         self.num_preempted_hit_tokens = 0
-        # Blocks a decode step takes for each request whose token opens a block: one (a hybrid
-        # cache's other groups each open one too, at most: HybridBlockManager).
+        # Blocks a decode step takes for each request whose token opens a block: one (a cache of
+        # several groups opens one in each: SlidingWindowBlockManager).
         self.blocks_per_opening = 1
 
     # Admission of a waiting request.
@@ -291,7 +292,7 @@ class BlockManager(PrefixIndex):
         bs = self.block_size
         self.grow_tables([r for r in decoders if len(r.block_table) * bs <= r.num_computed_tokens])
 
-    # What a hybrid cache (HybridBlockManager, below) changes; a single group's answers.
+    # What a cache of sliding-window groups (SlidingWindowBlockManager) changes; a single group's answers.
 
     def max_blocks_needed(self, num_tokens: int) -> int:
         """Blocks one request of `num_tokens` tokens may hold at once (more than the cache: rejected)."""
@@ -311,10 +312,10 @@ class BlockManager(PrefixIndex):
         return low
 
     def slide(self, running: list[Request]) -> None:
-        """After a step: blocks that sliding windows no longer need are freed (HybridBlockManager)."""
+        """At a step's end (SlidingWindowBlockManager: the step's tokens are then the ones in flight)."""
 
     def extra_blocks(self, request: Request) -> list[int]:
-        """Blocks the request holds besides its block table (a hybrid cache's other groups)."""
+        """Blocks the request holds besides its block table (a cache's other groups)."""
         return []
 
     # For tests: sim/block_checks.py.
@@ -332,178 +333,3 @@ class BlockManager(PrefixIndex):
     def check_invariants(self, running: list[Request]) -> None:
         """Blocks add up and the pool, the index and the running block tables agree (block_checks)."""
         block_checks.check_invariants(self, running)
-
-
-# Hybrid models: sliding-window and full-attention layers (vLLM's hybrid KV cache manager).
-
-FULL, SLIDING = "full_attention", "sliding_attention"
-
-
-class HybridBlockManager(BlockManager):
-    """The block manager of a model with several KV cache groups, sliding-window layers among them
-    (vllm/v1/core/kv_cache_coordinator.py HybridKVCacheCoordinator): one pool of blocks shared by
-    the groups, a block table per group and request.
-
-    `groups` is the layout as plain data, one (kind, sliding_window) per group in vLLM's order
-    (backends/kv_capacity.py kv_cache_groups; sim/app/plan.py passes it). The first full-attention
-    group is the primary one: its table is `Request.block_table`, with every rule of BlockManager
-    (prefix caching, the free queue's order). Each other group's blocks are plain blocks of the same
-    pool, held per request here:
-
-    - a full-attention group holds every block of the request's tokens, as the primary;
-    - a sliding group holds only its window's: `blocks_held` blocks, those wholly before the window
-      freed as it slides (single_type_kv_cache_manager.py SlidingWindowManager:
-      get_num_skipped_tokens = max(0, computed - window + 1), remove_skipped_blocks frees the
-      skipped // block_size blocks before it). vLLM frees them at the request's next scheduling
-      (KVCacheManager.allocate_slots, before it counts the blocks to allocate); here at the end of
-      the step that computed the tokens (`slide`, called by the engine), which is the same point
-      for the count of free blocks: nothing takes blocks between a step's end and the next
-      scheduling.
-
-    What is simpler than vLLM, and said so (docs/kv-cache.md):
-    - the secondary groups' blocks are never cached: freed, they go to the head of the free queue
-      (vLLM frees a cached sliding block to the tail, with its hash);
-    - prefix caching: a hit is the primary group's (FullAttentionManager.find_longest_cache_hit);
-      vLLM's sliding group then needs the cdiv(window - 1, block_size) blocks before the hit cached
-      (SlidingWindowManager.find_longest_cache_hit), taken here to be cached while their
-      full-attention twins are. The window's blocks at the hit are taken fresh from the pool (vLLM
-      shares them with a running request holding them);
-    - async scheduling's in-flight tokens (allocate_slots' num_in_flight_tokens) are not subtracted.
-    A model whose only group slides (Mistral-7B-v0.1) keeps BlockManager: every block charged."""
-
-    slides_windows = True
-
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 groups: tuple[tuple[str, int | None], ...], max_admission_tokens: int):
-        super().__init__(num_blocks, block_size, enable_prefix_caching)
-        kinds = [kind for kind, _ in groups]
-        if FULL not in kinds or any(k not in (FULL, SLIDING) for k in kinds):
-            raise ValueError(f"a hybrid KV cache needs a full-attention group and sliding ones, got {kinds}")
-        primary = kinds.index(FULL)
-        # The other groups' windows (None: full attention), in vLLM's group order.
-        self.windows: list[int | None] = [w if k == SLIDING else None
-                                          for i, (k, w) in enumerate(groups) if i != primary]
-        self.blocks_per_opening = 1 + len(self.windows)
-        # SlidingWindowSpec.max_admission_blocks_per_request's tokens: window - 1 + the tokens in
-        # flight, at most max_model_len (what a full-prompt reservation charges a sliding group).
-        self.max_admission_tokens = max_admission_tokens
-        self._held: dict[int, list[list[int]]] = {}  # request index -> per other group, its blocks held
-        self._skipped: dict[int, list[int]] = {}  # ... and the blocks freed before its window
-
-    def _skip(self, window: int | None, num_computed: int) -> int:
-        return 0 if window is None else max(0, num_computed - window + 1) // self.block_size
-
-    def _need(self, request: Request | None, num_computed: int, num_tokens: int) -> tuple[int, int]:
-        """(blocks the other groups take, blocks they free) for the request to hold `num_tokens`
-        tokens with `num_computed` computed; None: a request holding nothing yet."""
-        target = self.blocks_for(num_tokens)
-        new = freed = 0
-        for g, window in enumerate(self.windows):
-            held, skipped = (len(self._held[request.index][g]), self._skipped[request.index][g]) \
-                if request is not None and request.index in self._held else (0, 0)
-            end = skipped + held  # the table's length
-            skip = max(skipped, self._skip(window, num_computed))
-            freed += min(skip, end) - skipped if skip > skipped else 0
-            new += max(0, target - max(end, skip))
-        return new, freed
-
-    def max_blocks_needed(self, num_tokens: int) -> int:
-        """Blocks one request of `num_tokens` tokens may hold at once, every group together (its
-        admission: a sliding group's at most its window's and the tokens in flight)."""
-        blocks = self.blocks_for(num_tokens)
-        cap = -(-min(self.max_admission_tokens, num_tokens) // self.block_size) + 1
-        return blocks + sum(blocks if w is None else min(blocks, cap) for w in self.windows)
-
-    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0) -> bool:
-        num_hit = len(cached) * self.block_size
-        num_tokens = num_hit + num_new_tokens
-        num_new = self.blocks_for(num_tokens) - len(cached)
-        blocks = self.blocks_for(num_tokens)
-        cap = -(-min(self.max_admission_tokens, num_tokens) // self.block_size) + 1
-        other = sum(blocks if w is None else min(blocks - min(self._skip(w, num_hit), blocks), cap)
-                    for w in self.windows)
-        return num_new + cached.num_free + other <= self.num_free_blocks
-
-    def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> int:
-        num_hit = super().allocate(request, cached_blocks, num_new_tokens)
-        target = self.blocks_for(num_hit + num_new_tokens)
-        held, skipped = [], []
-        for window in self.windows:
-            skip = min(self._skip(window, num_hit), target)
-            held.append(self.pop_free_blocks(target - skip))
-            skipped.append(skip)
-        self._held[request.index], self._skipped[request.index] = held, skipped
-        return num_hit
-
-    def can_append(self, request: Request, num_new_tokens: int) -> bool:
-        num_computed = request.num_computed_tokens
-        needed = self.blocks_for(num_computed + num_new_tokens) - len(request.block_table)
-        new, freed = self._need(request, num_computed, num_computed + num_new_tokens)
-        return needed + new <= self.num_free_blocks + freed
-
-    def append(self, request: Request, num_new_tokens: int) -> None:
-        super().append(request, num_new_tokens)
-        self._grow_others(request, request.num_computed_tokens + num_new_tokens)
-
-    def grow_tables(self, owners: list[Request], counts: list[int] | None = None) -> None:
-        """A decode step's opening blocks (the policy's bulk path): each owner's primary block,
-        then its other groups' (fast-forward, which hands out a run's blocks in one go with
-        `counts`, is off for a hybrid cache: `slides_windows`)."""
-        assert counts is None, "a hybrid cache grows one decode step at a time (no fast-forward runs)"
-        for request in owners:
-            super().grow_tables([request])
-            self._grow_others(request, request.num_computed_tokens + 1)
-
-    def grow_tables_at(self, requests: list[Request], opens: list[int], n: int) -> None:
-        raise AssertionError("a hybrid cache grows one decode step at a time (no fast-forward runs)")
-
-    def take_over(self, request: Request, num_tokens: int) -> None:
-        super().take_over(request, num_tokens)
-        self._held[request.index] = [[] for _ in self.windows]
-        self._skipped[request.index] = [0] * len(self.windows)
-        self._slide_one(request, num_tokens)
-        self._grow_others(request, num_tokens)
-
-    def _grow_others(self, request: Request, num_tokens: int) -> None:
-        """The other groups' blocks up to `num_tokens` tokens (after any slide)."""
-        target = self.blocks_for(num_tokens)
-        for held, skipped in zip(self._held[request.index], self._skipped[request.index]):
-            end = skipped + len(held)
-            if target > end:
-                held.extend(self.pop_free_blocks(target - end))
-
-    def _slide_one(self, request: Request, num_computed: int) -> None:
-        held_all, skipped_all = self._held[request.index], self._skipped[request.index]
-        for g, window in enumerate(self.windows):
-            skip = self._skip(window, num_computed)
-            skipped = skipped_all[g]
-            if skip > skipped:
-                held = held_all[g]
-                gone = held[:skip - skipped]
-                del held[:skip - skipped]
-                gone.reverse()
-                self._free_plain.extend(gone)
-                skipped_all[g] = skipped + len(gone)
-
-    def slide(self, running: list[Request]) -> None:
-        """After a step: each running request's sliding groups free the blocks now wholly before
-        their windows (remove_skipped_blocks with its computed tokens)."""
-        held = self._held
-        for request in running:
-            if request.index in held:
-                self._slide_one(request, request.num_computed_tokens)
-
-    def free(self, request: Request, preempted: bool = False, num_scheduled: int = 0) -> None:
-        super().free(request, preempted, num_scheduled)
-        held = self._held.pop(request.index, None)
-        if held is not None:
-            del self._skipped[request.index]
-            for blocks in held:  # tail first, as SingleTypeKVCacheManager.free
-                self._free_plain.extend(reversed(blocks))
-
-    def extra_blocks(self, request: Request) -> list[int]:
-        return [b for blocks in self._held.get(request.index, []) for b in blocks]
-
-    def held_by_group(self, request: Request) -> list[int]:
-        """Blocks the request holds in each group, vLLM's group order (for tests)."""
-        return [len(request.block_table)] + [len(blocks) for blocks in self._held.get(request.index, [])]

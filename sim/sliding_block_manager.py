@@ -1,46 +1,55 @@
-"""The block manager of a model whose every layer attends over one sliding window (Mistral-7B-v0.1):
-one KV cache group of sliding-window layers, as vLLM 0.33 runs it (vllm/v1/core/): the
-UnitaryKVCacheCoordinator over one SlidingWindowManager (single_type_kv_cache_manager.py), with
-KVCacheManager.get_computed_blocks and allocate_slots (kv_cache_manager.py) and the BlockPool
-(block_pool.py). tests/parity/ checks it step by step against vLLM's own scheduler.
+"""The block manager of a model with sliding-window layers, as vLLM 0.33 runs it (vllm/v1/core/):
+one pool of blocks shared by the model's KV cache groups (each a block table per request), the
+groups' managers (single_type_kv_cache_manager.py: FullAttentionManager, SlidingWindowManager)
+under one coordinator (kv_cache_coordinator.py: UnitaryKVCacheCoordinator for a model whose every
+layer slides, Mistral-7B-v0.1; HybridKVCacheCoordinator for sliding and full-attention layers,
+gpt-oss, Gemma 2 and 3), KVCacheManager.get_computed_blocks and allocate_slots
+(kv_cache_manager.py) and the BlockPool (block_pool.py). tests/parity/ checks it step by step
+against vLLM's own scheduler.
 
-Each rule, and where vLLM implements it (W is the window, B the block size):
+Each rule, and where vLLM implements it (W is the window, B the block size). The groups' tables
+have one entry per block of the request's tokens; a sliding group's entries wholly before its
+window hold nothing (vLLM's null block; None here):
 
-- A request holds a block table of every block its tokens span, but the blocks wholly before its
-  window are given back and their entries hold nothing (vLLM's null block; None here). Once C of its
-  tokens are computed, max(0, C - W + 1) // B leading blocks are skipped
-  (SlidingWindowManager.get_num_skipped_tokens). They are freed when the request is next scheduled,
-  before the blocks it needs are counted (KVCacheManager.allocate_slots calls remove_skipped_blocks
-  first; _remove_blocks_in_range frees them last block first and stops at an entry already freed).
-  So a step's decodes grow one request at a time (`frees_when_scheduled`, `grow_decodes`): each
-  frees, then takes, in the running order.
-- Every full block is cached when the step that fills it is scheduled, and keeps its hash until it
-  is evicted: held, or freed to the free queue's tail (BlockPool.cache_full_blocks, free_blocks).
-  A freed block without a hash goes to the head. Taking a hashed free block evicts it
-  (get_new_blocks, _maybe_evict_cached_block). Equal keys may index several blocks; a lookup gets
-  the first indexed that is left (BlockHashToBlockMap.get_one_block).
-- A waiting request's prefix hit (SlidingWindowManager.find_longest_cache_hit): from the right, the
-  first stretch of cdiv(W - 1, B) cached blocks within its first (num_tokens - 1) // B blocks; the
-  hit ends with that stretch and the blocks before it are null. Without such a stretch, the cached
-  blocks from its start (fewer than a window's). A hit's blocks wholly before the window of the
-  hit's end are not taken; the others are (BlockPool.touch: a free one leaves the free queue)
-  (add_local_computed_blocks).
-- Admission (allocate_slots): with the whole sequence reserved (`--reserve-full-isl`, the
-  default), min(cdiv(tokens, B), max_admission_blocks) blocks must fit first, less the hit's, plus
-  the hit's free blocks; then the first chunk's, uncapped (get_num_blocks_to_allocate).
-  max_admission_blocks is SlidingWindowSpec.max_admission_blocks_per_request, cdiv(min(W - 1 + the
-  tokens in flight, max_model_len), B) + 1. A running request needs cdiv(C + new tokens, B) entries.
-- Freeing a finished or preempted request: its held blocks, last first (SingleTypeKVCacheManager.free).
+- **Skipped blocks.** Once C of a request's tokens are computed, a sliding group skips
+  max(0, C - W + 1) // B leading blocks (SlidingWindowManager.get_num_skipped_tokens). They are
+  freed when the request is next scheduled, in every group before any counting
+  (KVCacheManager.allocate_slots calls remove_skipped_blocks first; _remove_blocks_in_range frees
+  them last first and stops at an entry already freed). So a step's decodes grow one request at a
+  time (`frees_when_scheduled`, `grow_decodes`): each frees, then takes, in the running order.
+  Under asynchronous scheduling the tokens of the step in flight do not count as computed
+  (allocate_slots: num_computed_tokens - num_in_flight_tokens): the engine says when it schedules
+  beside a step in flight (`pipelined`).
+- **Caching.** In every group, every full block is cached when the step that fills it is scheduled
+  (BlockPool.cache_full_blocks, with the group in the key), and keeps its hash until it is evicted:
+  held, or freed to the free queue's tail (free_blocks). A freed block without a hash goes to the
+  head. Taking a hashed free block evicts it (get_new_blocks, _maybe_evict_cached_block). Equal keys
+  may index several blocks; a lookup gets the first indexed that is left (get_one_block).
+- **A waiting request's prefix hit**, at most (num_tokens - 1) // B blocks
+  (HybridKVCacheCoordinator.find_longest_cache_hit: full attention first, then the sliding groups
+  within its hit, one round for one window): the full-attention groups hit the blocks cached in every
+  one of them from the start (FullAttentionManager.find_longest_cache_hit); the sliding groups, from
+  the right, the first stretch of cdiv(W - 1, B) blocks cached in each of them, the hit ending with
+  it and null before it, or without one the cached blocks from the start
+  (SlidingWindowManager.find_longest_cache_hit); the full groups' hit is cut to the sliding one's.
+  A hit block wholly before the window of the hit's end is not taken; the others are
+  (BlockPool.touch: a free one leaves the free queue) (add_local_computed_blocks).
+- **Admission** (allocate_slots, get_num_blocks_to_allocate summed over the groups): with the whole
+  sequence reserved (`--reserve-full-isl`, the default), each group's cdiv(tokens, B) blocks (a
+  sliding group's at most max_admission_blocks) less the hit's, plus the hit's free blocks, must
+  fit first; then the first chunk's, uncapped. max_admission_blocks is
+  SlidingWindowSpec.max_admission_blocks_per_request, cdiv(min(W - 1 + the tokens in flight,
+  max_model_len), B) + 1. A running request needs cdiv(C + new tokens, B) entries in each group.
+- **Order.** Hits are taken, then new blocks, then blocks cached, group after group in vLLM's
+  group order (the coordinator's loops); a request leaving frees each group's held blocks, last
+  first, group after group (SingleTypeKVCacheManager.free).
 
-Under asynchronous scheduling a request's tokens in the step in flight are not counted computed when
-its skipped blocks are freed (allocate_slots: num_computed_tokens - num_in_flight_tokens): the
-engine says when it schedules beside a step in flight (`pipelined`).
-
-Unlike BlockManager, every full block is indexed when it fills (no lazy indexing of a request's own
-blocks) and the index is one dict entry per key: the plain rendering of vLLM's, which this model's
-runs (no fast-forward) afford. Where it still differs from vLLM: a block is cached when its tokens
-are scheduled, where vLLM's AsyncScheduler caches a block filled by a placeholder token once that
-step's output is processed (tests/parity/test_sliding_window_parity.py names the one run it shows in).
+Unlike BlockManager (a model without sliding windows), every full block is indexed when it fills
+and the index is one dict entry per group and key: the plain rendering of vLLM's, which these
+models' runs (no fast-forward) afford. Where it still differs from vLLM: a block is cached when its
+tokens are scheduled, where vLLM's AsyncScheduler caches a block that a token in flight fills once
+that step's output is processed (tests/parity/test_sliding_window_parity.py names the runs this
+shows in).
 """
 
 from __future__ import annotations
@@ -48,35 +57,60 @@ from __future__ import annotations
 from sim.block_manager import BlockManager, CachedPrefix
 from sim.request import Request
 
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+class GroupHit(CachedPrefix):
+    """`cached_prefix`'s answer: the hit's entries in the first group (its length is the hit in
+    blocks), each group's (`per_group`), and how many of the blocks it takes are free."""
+
+    __slots__ = ("per_group",)
+
+    def __init__(self, per_group: list[list], num_free: int):
+        super().__init__(per_group[0] if per_group else [], num_free)
+        self.per_group = per_group
+
 
 class SlidingWindowBlockManager(BlockManager):
-    """vLLM's KV cache of one sliding-window group (module docstring). Its free queue is
-    BlockPool's (sim/block_pool.py); its index and reference counts are its own."""
+    """vLLM's KV cache of a model with sliding-window layers (module docstring). Its free queue is
+    BlockPool's (sim/block_pool.py); its index and reference counts are its own.
+
+    `groups`: the layout as plain data, one (kind, sliding_window) per group in vLLM's order
+    (backends/kv_capacity.py kv_cache_groups; sim/app/plan.py passes it): "full_attention" (window
+    None) or "sliding_attention", at least one sliding. `max_admission_tokens`: W - 1 + the tokens in
+    flight, at most max_model_len (SlidingWindowSpec.max_admission_blocks_per_request's)."""
 
     slides_windows = True  # no fast-forward: a run hands out blocks in one go
-    frees_when_scheduled = True  # a request frees its skipped blocks when it is scheduled: one at a time
+    frees_when_scheduled = True  # a request frees its skipped blocks when it is scheduled
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, sliding_window: int,
-                 max_admission_tokens: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 groups: tuple[tuple[str, int | None], ...], max_admission_tokens: int):
         super().__init__(num_blocks, block_size, enable_prefix_caching)
-        if sliding_window < 1:
-            raise ValueError(f"a sliding window of {sliding_window} tokens")
-        self.window = sliding_window
-        # SlidingWindowSpec.max_admission_blocks_per_request: its tokens are window - 1 + the tokens
-        # in flight, at most max_model_len (sim/app/plan.py passes them).
+        kinds = [kind for kind, _ in groups]
+        windows = {w for kind, w in groups if kind == SLIDING}
+        if SLIDING not in kinds or any(k not in (FULL, SLIDING) for k in kinds) or len(windows) != 1:
+            raise ValueError(f"a sliding-window KV cache needs sliding groups of one window, and full ones, got {groups}")
+        self.window: int = windows.pop()  # type: ignore[assignment]  # a sliding group's is a whole number
+        if self.window < 1:
+            raise ValueError(f"a sliding window of {self.window} tokens")
+        self.groups = tuple(groups)
+        self.sliding = [kind == SLIDING for kind in kinds]  # per group
+        self.full_groups = [g for g, s in enumerate(self.sliding) if not s]
+        self.sliding_groups = [g for g, s in enumerate(self.sliding) if s]
+        self.blocks_per_opening = len(groups)
         self.max_admission_blocks = -(-max_admission_tokens // block_size) + 1
-        # Blocks of a hit, from the right: cdiv(W - 1, B) (_contiguous_blocks_for_hit, no EAGLE).
-        self.hit_blocks = -(-(sliding_window - 1) // block_size)
-        # Asynchronous scheduling: a request's tokens scheduled in the step in flight are not counted
-        # computed when its skipped blocks are freed (allocate_slots: num_computed_tokens -
-        # num_in_flight_tokens). The engine sets `pipelined` while it schedules a step beside one in
-        # flight; the tokens scheduled in each step are kept until the step's end (`slide`).
+        # A sliding hit's stretch: cdiv(W - 1, B) blocks (_contiguous_blocks_for_hit, no EAGLE).
+        self.hit_blocks = -(-(self.window - 1) // block_size)
+        # Asynchronous scheduling: the tokens each request was given in the step being scheduled, and
+        # in the step before it (in flight while `pipelined`); they move at each step's end (`slide`).
         self.pipelined = False
-        self._scheduled: dict[int, int] = {}  # request index -> tokens scheduled in the step being scheduled
-        self._in_flight: dict[int, int] = {}  # ... in the step before it (in flight while `pipelined`)
+        self._scheduled: dict[int, int] = {}
+        self._in_flight: dict[int, int] = {}
         self.refs = [0] * num_blocks  # users of each block (BlockPool's ref_cnt)
-        self.key_of: list[int | None] = [None] * num_blocks  # each cached block's key
-        self.blocks_of: dict[int, list[int]] = {}  # key -> the blocks cached with it, first indexed first
+        self.key_of: list[int | None] = [None] * num_blocks  # each cached block's key ...
+        self.group_of = [0] * num_blocks  # ... and group
+        self.blocks_of: list[dict[int, list[int]]] = [{} for _ in groups]  # per group: key -> blocks, first indexed first
+        self._tables: dict[int, list[list]] = {}  # request index -> its table in each group (the first: block_table)
         self._index_may_hold_evicted = True  # every eviction goes through _forget_evicted
 
     # The free queue and the index.
@@ -91,15 +125,16 @@ class SlidingWindowBlockManager(BlockManager):
 
     def _forget_evicted(self, evicted: list[int]) -> None:
         """Evicted blocks leave the index (_maybe_evict_cached_block)."""
-        key_of, blocks_of = self.key_of, self.blocks_of
+        key_of = self.key_of
         for block in evicted:
             key = key_of[block]
             if key is not None:
                 key_of[block] = None
-                same = blocks_of[key]
+                index = self.blocks_of[self.group_of[block]]
+                same = index[key]
                 same.remove(block)
                 if not same:
-                    del blocks_of[key]
+                    del index[key]
 
     def _free_blocks(self, blocks: list[int]) -> None:
         """BlockPool.free_blocks, `blocks` in eviction order: each loses a user; one left with none
@@ -124,9 +159,13 @@ class SlidingWindowBlockManager(BlockManager):
                 self._num_lru -= 1
             refs[block] += 1
 
+    def tables(self, request: Request) -> list[list]:
+        """The request's table in each group (entries None where a sliding group freed the block)."""
+        return self._tables.get(request.index) or [request.block_table]
+
     def _cache(self, request: Request, num_tokens: int) -> None:
-        """Cache the full blocks the first `num_tokens` tokens fill, past those cached already
-        (KVCacheManager.cache_blocks)."""
+        """Cache, in every group, the full blocks the first `num_tokens` tokens fill, past those
+        cached already (KVCacheManager.cache_blocks)."""
         if not self.enable_prefix_caching:
             return
         num_full = num_tokens // self.block_size
@@ -134,94 +173,148 @@ class SlidingWindowBlockManager(BlockManager):
         if num_full <= start:
             return
         keys = request.block_hashes(self.block_size, num_full)
-        key_of, blocks_of, table = self.key_of, self.blocks_of, request.block_table
-        for i in range(start, num_full):
-            block = table[i]
-            if block is not None:
-                key_of[block] = keys[i]
-                blocks_of.setdefault(keys[i], []).append(block)
+        key_of, group_of = self.key_of, self.group_of
+        for g, table in enumerate(self.tables(request)):
+            index = self.blocks_of[g]
+            for i in range(start, num_full):
+                block = table[i]
+                if block is not None:
+                    key_of[block] = keys[i]
+                    group_of[block] = g
+                    index.setdefault(keys[i], []).append(block)
         request.num_hashed_blocks = num_full
 
+    def _num_skipped(self, num_computed: int) -> int:
+        return max(0, num_computed - self.window + 1) // self.block_size
+
     def _skip(self, request: Request, num_computed: int) -> None:
-        """Free the blocks wholly before the window of `num_computed` tokens (remove_skipped_blocks),
-        last first, down to an entry already freed; less the tokens in flight when `pipelined`."""
+        """Free each sliding group's blocks wholly before the window of `num_computed` tokens
+        (remove_skipped_blocks), last first, down to an entry already freed; less the tokens in
+        flight when `pipelined`."""
         if self.pipelined:
             num_computed = max(0, num_computed - self._in_flight.get(request.index, 0))
-        table = request.block_table
-        num_skipped = min(max(0, num_computed - self.window + 1) // self.block_size, len(table))
-        freed = []
-        for i in range(num_skipped - 1, -1, -1):
-            block = table[i]
-            if block is None:
-                break
-            freed.append(block)
-            table[i] = None  # type: ignore[call-overload]  # vLLM's null block
-        if freed:
-            self._free_blocks(freed)
+        num_skipped = self._num_skipped(num_computed)
+        if num_skipped <= 0:
+            return
+        tables = self.tables(request)
+        for g in self.sliding_groups:
+            table = tables[g]
+            freed = []
+            for i in range(min(num_skipped, len(table)) - 1, -1, -1):
+                block = table[i]
+                if block is None:
+                    break
+                freed.append(block)
+                table[i] = None  # vLLM's null block
+            if freed:
+                self._free_blocks(freed)
 
     # Admission of a waiting request.
 
-    def _hit(self, request: Request, num_blocks: int) -> list[int | None]:
-        """The blocks of the longest cache hit within the request's first `num_blocks` blocks, None
-        where the hit holds nothing (SlidingWindowManager.find_longest_cache_hit)."""
-        if not num_blocks or not self.blocks_of:
-            return []
+    def _cached(self, keys: list[int], i: int, groups: list[int]) -> list[int] | None:
+        """The block cached with keys[i] in each of `groups` (the first indexed), or None if one
+        misses (BlockPool.get_cached_block)."""
+        out = []
+        for g in groups:
+            same = self.blocks_of[g].get(keys[i])
+            if same is None:
+                return None
+            out.append(same[0])
+        return out
+
+    def _hit(self, request: Request, num_blocks: int) -> list[list]:
+        """Each group's entries of the longest cache hit within the request's first `num_blocks`
+        blocks (HybridKVCacheCoordinator.find_longest_cache_hit; module docstring); [] per group
+        without a hit."""
+        per_group: list[list] = [[] for _ in self.groups]
+        if not num_blocks or not any(self.blocks_of):
+            return per_group
         keys = request.block_hashes(self.block_size, num_blocks)
-        blocks_of, need = self.blocks_of, self.hit_blocks
-        run = 0
-        for i in range(num_blocks - 1, -1, -1):
-            if keys[i] in blocks_of:
+        limit = num_blocks
+        if self.full_groups:  # FullAttentionManager.find_longest_cache_hit: from the start
+            full = self.full_groups
+            limit = 0
+            while limit < num_blocks:
+                blocks = self._cached(keys, limit, full)
+                if blocks is None:
+                    break
+                for g, block in zip(full, blocks):
+                    per_group[g].append(block)
+                limit += 1
+        sliding, need = self.sliding_groups, self.hit_blocks
+        run, start, found = 0, 0, False
+        for i in range(limit - 1, -1, -1):  # SlidingWindowManager.find_longest_cache_hit: from the right
+            if self._cached(keys, i, sliding) is not None:
                 run += 1
                 if run >= need:
-                    return [None] * i + [blocks_of[k][0] for k in keys[i:i + run]]
+                    start, found = i, True
+                    break
             else:
                 run = 0
-        return [blocks_of[k][0] for k in keys[:run]]  # the cached blocks from the start, fewer than `need`
+        length = start + run if found else run  # without a window's stretch: the cached blocks from the start
+        for g in sliding:
+            per_group[g] = [None] * start + [self.blocks_of[g][k][0] for k in keys[start:start + run]]
+        for g in self.full_groups:
+            del per_group[g][length:]
+        return per_group
 
     def cached_prefix(self, request: Request) -> CachedPrefix:
         """The request's prefix hit (`_hit`) within num_tokens - 1 tokens, and how many of the
         blocks it takes are free."""
         if not self.enable_prefix_caching:
-            return CachedPrefix([], 0)
+            return GroupHit([[] for _ in self.groups], 0)
         num_blocks = (request.num_tokens - 1) // self.block_size
         if not request.num_preemptions:  # only its shared prompt blocks can be cached before it ran
             num_blocks = min(num_blocks, request.num_shared_blocks(self.block_size))
-        hit = self._hit(request, num_blocks)
+        per_group = self._hit(request, num_blocks)
+        skipped = self._num_skipped(len(per_group[0]) * self.block_size)
         refs = self.refs
-        taken: list[int] = hit[self._num_skipped(len(hit) * self.block_size):]  # type: ignore[assignment]  # none null
-        return CachedPrefix(hit, sum(1 for b in taken if not refs[b]))  # type: ignore[arg-type]  # (null entries)
-
-    def _num_skipped(self, num_computed: int) -> int:
-        return max(0, num_computed - self.window + 1) // self.block_size
+        num_free = sum(1 for g, hit in enumerate(per_group) for b in (hit[skipped:] if self.sliding[g] else hit)
+                       if not refs[b])
+        return GroupHit(per_group, num_free)
 
     def num_cached_blocks(self, request: Request) -> int:
         """The hit a router would find for the request's shared prompt blocks (the whole prompt's)."""
         if not self.enable_prefix_caching or request.hash_ids is None:
             return 0
-        return len(self._hit(request, request.num_shared_blocks(self.block_size)))
+        return len(self._hit(request, request.num_shared_blocks(self.block_size))[0])
 
     def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0) -> bool:
-        """allocate_slots' checks for a waiting request with this hit: blocks for `num_new_tokens`
-        more, capped at max_admission_blocks when `num_first_tokens` (the first chunk's tokens) is
-        given; then blocks for the first chunk, uncapped. Each less the hit's blocks, plus its
-        free blocks taken."""
+        """allocate_slots' checks for a waiting request with this hit: each group's blocks for
+        `num_new_tokens` more (a sliding group's capped at max_admission_blocks) when
+        `num_first_tokens` (the first chunk's tokens) is given; then blocks for the first chunk,
+        uncapped. Each less the hit's blocks, plus its free blocks taken."""
         num_hit = len(cached)
         hit_tokens = num_hit * self.block_size
+        num_groups = len(self.groups)
         if num_first_tokens:
-            capped = min(self.blocks_for(hit_tokens + num_new_tokens), self.max_admission_blocks)
-            if max(capped - num_hit, 0) + cached.num_free > self.num_free_blocks:
+            blocks = self.blocks_for(hit_tokens + num_new_tokens)
+            capped = min(blocks, self.max_admission_blocks)
+            needed = (len(self.full_groups) * max(blocks - num_hit, 0)
+                      + len(self.sliding_groups) * max(capped - num_hit, 0))
+            if needed + cached.num_free > self.num_free_blocks:
                 return False
             num_new_tokens = num_first_tokens
-        return max(self.blocks_for(hit_tokens + num_new_tokens) - num_hit, 0) + cached.num_free <= self.num_free_blocks
+        needed = num_groups * max(self.blocks_for(hit_tokens + num_new_tokens) - num_hit, 0)
+        return needed + cached.num_free <= self.num_free_blocks
 
     def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> int:
-        """Give an admitted request its hit (`cached_prefix`'s, looked up just before): null entries
-        for the blocks before the hit's window, the others taken; then blocks for `num_new_tokens`
-        more, caching those they fill. Returns the hit in tokens."""
-        num_hit = len(cached_blocks) * self.block_size
+        """Give an admitted request its hit (`cached_prefix`'s, looked up just before): in each
+        group, null entries for the blocks before the hit's window, the others taken; then blocks
+        for `num_new_tokens` more in each group, caching those they fill. Returns the hit in tokens."""
+        per_group = cached_blocks.per_group if isinstance(cached_blocks, GroupHit) else [[] for _ in self.groups]
+        num_hit = len(per_group[0]) * self.block_size
         skipped = self._num_skipped(num_hit)
-        kept = cached_blocks[skipped:]
-        self._touch(kept)
+        tables = []
+        for g, hit in enumerate(per_group):  # add_local_computed_blocks, group after group
+            if self.sliding[g]:
+                kept = hit[skipped:]
+                table: list = [None] * min(skipped, len(hit))
+                table += kept
+            else:
+                kept, table = hit, list(hit)
+            self._touch(kept)
+            tables.append(table)
         if self.enable_prefix_caching:
             if request.num_preemptions:
                 self.num_preempted_queried_tokens += request.num_tokens
@@ -229,12 +322,13 @@ class SlidingWindowBlockManager(BlockManager):
             else:
                 self.num_queried_tokens += request.num_tokens
                 self.num_hit_tokens += num_hit
-        table: list = [None] * min(skipped, len(cached_blocks))
-        table += kept
-        request.block_table = table
-        request.num_hashed_blocks = len(table)
+        request.block_table = tables[0]
+        if len(tables) > 1:
+            self._tables[request.index] = tables
+        request.num_hashed_blocks = len(tables[0])
         num_after = num_hit + num_new_tokens
-        table += self._take(self.blocks_for(num_after) - len(table))
+        for table in tables:  # allocate_new_blocks, group after group
+            table += self._take(self.blocks_for(num_after) - len(table))
         self._cache(request, min(num_after, request.num_tokens))
         self._scheduled[request.index] = num_new_tokens
         return num_hit
@@ -243,16 +337,16 @@ class SlidingWindowBlockManager(BlockManager):
 
     def can_append(self, request: Request, num_new_tokens: int) -> bool:
         """allocate_slots for a running request: its skipped blocks are freed first (whether or not
-        the rest fits), then its new entries must fit."""
+        the rest fits), then its new entries in every group must fit."""
         self._skip(request, request.num_computed_tokens)
         needed = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(request.block_table)
-        return needed <= self.num_free_blocks
+        return len(self.groups) * max(needed, 0) <= self.num_free_blocks
 
     def append(self, request: Request, num_new_tokens: int) -> None:
         self._skip(request, request.num_computed_tokens)
         num_after = request.num_computed_tokens + num_new_tokens
-        table = request.block_table
-        table += self._take(self.blocks_for(num_after) - len(table))
+        for table in self.tables(request):
+            table += self._take(self.blocks_for(num_after) - len(table))
         self._cache(request, min(num_after, request.num_tokens))
         self._scheduled[request.index] = num_new_tokens
 
@@ -260,22 +354,32 @@ class SlidingWindowBlockManager(BlockManager):
         self._cache(request, num_tokens)
 
     def grow_decodes(self, decoders: list[Request]) -> None:
-        """A step's decodes, one token each, in order: each frees its skipped blocks, takes a block if
-        its token opens one, and caches the block its token fills (`append`'s work, written out: this
-        runs for every decode of every step; the caller checked the free blocks cover the openings)."""
-        bs, window, refs, caching = self.block_size, self.window, self.refs, self.enable_prefix_caching
-        scheduled = self._scheduled
+        """A step's decodes, one token each, in order: each frees its skipped blocks, takes a block
+        in every group if its token opens one (group after group), and caches the blocks its token
+        fills (`append`'s work, written out: this runs for every decode of every step; the caller
+        checked the free blocks cover the openings)."""
+        bs, window, caching = self.block_size, self.window, self.enable_prefix_caching
+        scheduled, tables_of, first = self._scheduled, self._tables, self.sliding_groups[0]
+        num_groups = len(self.groups)
+        refs = self.refs
         for r in decoders:
             computed = r.num_computed_tokens
-            table = r.block_table
-            n = (computed - window + 1) // bs
-            if n > 0 and table[n - 1 if n <= len(table) else -1] is not None:
-                self._skip(r, computed)
             scheduled[r.index] = 1
-            if len(table) * bs <= computed:
-                block = self.pop_free_blocks(1)[0]
-                refs[block] = 1
-                table.append(block)
+            tables = tables_of[r.index] if num_groups > 1 else None
+            n = (computed - window + 1) // bs
+            if n > 0:
+                table = tables[first] if tables is not None else r.block_table
+                if table[n - 1 if n <= len(table) else -1] is not None:
+                    self._skip(r, computed)
+            if len(r.block_table) * bs <= computed:
+                blocks = self.pop_free_blocks(num_groups)  # one per group, in group order (`_take`)
+                for block in blocks:
+                    refs[block] = 1
+                if tables is None:
+                    r.block_table.append(blocks[0])
+                else:
+                    for table, block in zip(tables, blocks):
+                        table.append(block)
             if caching and (computed + 1) // bs > r.num_hashed_blocks:
                 self._cache(r, computed + 1)
 
@@ -286,21 +390,29 @@ class SlidingWindowBlockManager(BlockManager):
         raise AssertionError("a sliding-window cache takes no fast-forward runs")
 
     def take_over(self, request: Request, num_tokens: int) -> None:
-        """A fresh table for a request whose first `num_tokens` tokens' KV arrive from elsewhere (a
-        disaggregated decode replica): null entries before the window, blocks for the rest
-        (allocate_external_computed_blocks), cached once the KV is in."""
+        """Fresh tables for a request whose first `num_tokens` tokens' KV arrive from elsewhere (a
+        disaggregated decode replica): in a sliding group null entries before the window, blocks for
+        the rest (allocate_external_computed_blocks); cached once the KV is in."""
         skipped = self._num_skipped(num_tokens)
-        table: list = [None] * skipped
-        table += self._take(self.blocks_for(num_tokens) - skipped)
-        request.block_table = table
+        tables = []
+        for sliding in self.sliding:
+            table: list = [None] * skipped if sliding else []
+            table += self._take(self.blocks_for(num_tokens) - len(table))
+            tables.append(table)
+        request.block_table = tables[0]
+        if len(tables) > 1:
+            self._tables[request.index] = tables
         request.num_hashed_blocks = 0
         self._cache(request, num_tokens)
 
     # A request leaves.
 
     def free(self, request: Request, preempted: bool = False, num_scheduled: int = 0) -> None:
-        """Its held blocks, last first (its full blocks were cached when scheduled)."""
-        self._free_blocks([b for b in reversed(request.block_table) if b is not None])
+        """Its held blocks, group after group, each last first (its full blocks were cached when
+        scheduled)."""
+        for table in self.tables(request):
+            self._free_blocks([b for b in reversed(table) if b is not None])
+        self._tables.pop(request.index, None)
         request.block_table = []
         request.num_hashed_blocks = 0
         self._scheduled.pop(request.index, None)
@@ -311,37 +423,51 @@ class SlidingWindowBlockManager(BlockManager):
         scheduled); the step's tokens become the ones in flight while the next is scheduled."""
         self._in_flight, self._scheduled = self._scheduled, {}
 
+    def extra_blocks(self, request: Request) -> list[int]:
+        return [b for table in self.tables(request)[1:] for b in table if b is not None]
+
     # Limits.
 
     def max_blocks_needed(self, num_tokens: int) -> int:
-        """Blocks one request of `num_tokens` tokens may hold at once: its window's and the tokens in
-        flight (max_admission_blocks), at most all of them."""
-        return min(self.blocks_for(num_tokens), self.max_admission_blocks)
+        """Blocks one request of `num_tokens` tokens may hold at once, every group together: all of
+        them in a full-attention group, a window's and the tokens in flight's (max_admission_blocks)
+        in a sliding one."""
+        blocks = self.blocks_for(num_tokens)
+        return len(self.full_groups) * blocks + len(self.sliding_groups) * min(blocks, self.max_admission_blocks)
 
     def max_request_tokens(self) -> int:
-        """Any length runs when a window's blocks fit the cache (the engine's --max-model-len bounds it)."""
-        if self.max_admission_blocks <= self.num_blocks:
+        """Any length runs when every group slides and their windows' blocks fit the cache (the
+        engine's --max-model-len bounds it)."""
+        if not self.full_groups and len(self.sliding_groups) * self.max_admission_blocks <= self.num_blocks:
             return 1 << 62
         return super().max_request_tokens()
 
     # For tests.
+
+    def held_by_group(self, request: Request) -> list[int]:
+        """Blocks the request holds in each group, vLLM's group order."""
+        return [sum(b is not None for b in table) for table in self.tables(request)]
 
     @property
     def ref_counts(self) -> list[int]:
         return list(self.refs)
 
     def indexed_blocks(self, request: Request, i: int) -> list[int]:
+        """The blocks cached with the key of the request's block i in its first group."""
         key = request.block_hashes(self.block_size, i + 1)[i]
-        return list(self.blocks_of.get(key, []))
+        return list(self.blocks_of[0].get(key, []))
 
     def check_invariants(self, running: list[Request]) -> None:
         """Blocks add up: the running tables' users are the reference counts, free + used = total,
         the free queue holds exactly the unused blocks, the index and the blocks' keys agree."""
         counts = [0] * self.num_blocks
         for r in running:
-            for block in r.block_table:
-                if block is not None:
-                    counts[block] += 1
+            tables = self.tables(r)
+            assert tables[0] is r.block_table and len({len(t) for t in tables}) == 1, "the groups' tables differ"
+            for table in tables:
+                for block in table:
+                    if block is not None:
+                        counts[block] += 1
             assert r.num_hashed_blocks <= len(r.block_table)
         assert counts == self.refs, "reference counts differ from the running block tables"
         free = self._free_plain + self.cached_free_blocks()
@@ -349,6 +475,7 @@ class SlidingWindowBlockManager(BlockManager):
         assert sorted(free) == [b for b in range(self.num_blocks) if not counts[b]], "free blocks differ from unused ones"
         assert all(self.key_of[b] is None for b in self._free_plain), "a cached block at the head of the queue"
         assert all(self.key_of[b] is not None for b in self.cached_free_blocks()), "an uncached block in the LRU queue"
-        indexed = sorted((k, b) for k, bs in self.blocks_of.items() for b in bs)
-        assert indexed == sorted((k, b) for b, k in enumerate(self.key_of) if k is not None), "the index is off"
-        assert all(self.blocks_of.values()), "an empty key in the index"
+        indexed = sorted((g, k, b) for g, index in enumerate(self.blocks_of) for k, bs in index.items() for b in bs)
+        assert indexed == sorted((self.group_of[b], k, b) for b, k in enumerate(self.key_of) if k is not None), \
+            "the index is off"
+        assert all(all(index.values()) for index in self.blocks_of), "an empty key in the index"

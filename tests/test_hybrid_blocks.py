@@ -1,8 +1,10 @@
-"""Sliding-window layers in the block manager (sim/block_manager.py HybridBlockManager): a request
-holds only its window's blocks in a sliding group, every block in a full-attention group, from one
-shared pool; checked against vLLM's formula (backends/kv_capacity.py KVCacheGroup.blocks_held:
+"""Sliding-window and full-attention layers in one block manager (sim/sliding_block_manager.py
+SlidingWindowBlockManager, vLLM's HybridKVCacheCoordinator): a request holds only its window's
+blocks in a sliding group, every block in a full-attention group, from one shared pool; checked
+against vLLM's formula (backends/kv_capacity.py KVCacheGroup.blocks_held:
 SlidingWindowManager.get_num_skipped_tokens / remove_skipped_blocks) on worked examples, and
-blocks conserved under random workloads."""
+blocks conserved under random workloads. tests/parity/test_sliding_window_parity.py runs it
+against vLLM's own scheduler."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from backends.kv_capacity import KVCacheGroup, kv_cache_groups
 from backends.model_config import ModelConfig, resolve_model
 from policies import load_policy
 from sim.arrivals import TraceArrivals, simulate
-from sim.block_manager import BlockManager, HybridBlockManager
+from sim.block_manager import BlockManager
 from sim.config import SchedulerConfig
 from sim.engine import Engine, TokenTimes
 from sim.request import Request, Status
+from sim.sliding_block_manager import SlidingWindowBlockManager
 from tests.helpers import ConstantBackend
 from tests.moe_configs import GEMMA3_1B
 
@@ -34,25 +37,28 @@ def test_gpt_oss_layout_is_what_the_plan_passes():
 
 def test_gpt_oss_window_worked_by_hand():
     # Block size 16, window 128. A 300-token prompt: 19 blocks in each group at admission
-    # (cdiv(300, 16)); once its 300 tokens are computed, max(0, 300 - 128 + 1) = 173 tokens are
-    # skipped, 173 // 16 = 10 blocks freed: 9 held in the sliding group, 19 in the full one.
-    bm = HybridBlockManager(100, 16, False, GPT_OSS, 127 + 4096)
+    # (cdiv(300, 16)). Once its 300 tokens are computed, max(0, 300 - 128 + 1) = 173 tokens are
+    # skipped: 173 // 16 = 10 blocks are freed when it is next scheduled, 9 held in the sliding
+    # group, 19 in the full one (and one more in each for its first decode's token: 20 and 10).
+    bm = SlidingWindowBlockManager(100, 16, False, GPT_OSS, 127 + 4096)
     r = Request(0, "0", 0.0, 300, 40)
     bm.allocate(r, [], 300)
-    assert bm.held_by_group(r) == [19, 19] and bm.num_used_blocks == 38
-    r.num_computed_tokens = 300
-    bm.slide([r])
-    assert bm.held_by_group(r) == [19, 9] and bm.num_used_blocks == 28
+    assert bm.held_by_group(r) == [19, 19] and bm.num_used_blocks == 38  # (sliding, full: vLLM's group order)
+    r.num_computed_tokens, r.num_output_tokens = 300, 1
+    bm.slide([r])  # nothing is freed at a step's end
+    assert bm.held_by_group(r) == [19, 19]
+    assert bm.can_append(r, 1)  # frees the 10 first
+    assert bm.held_by_group(r) == [9, 19] and bm.num_used_blocks == 28
     window = KVCacheGroup("sliding_attention", 18, 128)
-    for _ in range(40):  # decodes: each step appends a token, then the window slides
+    for _ in range(40):  # decodes: each frees what its window passed, then appends its token
         bm.append(r, 1)
         tokens = r.num_computed_tokens + 1
-        assert bm.held_by_group(r) == [-(-tokens // 16), window.blocks_held(r.num_computed_tokens, tokens, 16)]
+        assert bm.held_by_group(r) == [window.blocks_held(r.num_computed_tokens, tokens, 16), -(-tokens // 16)]
         r.num_computed_tokens += 1
-        bm.slide([r])
-        assert bm.held_by_group(r)[1] == window.blocks_held(r.num_computed_tokens, tokens, 16)
-    # 340 computed: 21.25 -> 22 blocks allocated (341 tokens), skipped (340 - 127) // 16 = 13: 9 held.
-    assert bm.held_by_group(r) == [22, 9]
+        r.num_output_tokens += 1
+    # 340 computed: 22 blocks allocated (341 tokens); at the last scheduling 339 were computed,
+    # (339 - 127) // 16 = 13 skipped: 9 held.
+    assert bm.held_by_group(r) == [9, 22]
     bm.free(r)
     assert bm.num_used_blocks == 0
     bm.check_invariants([])
@@ -67,23 +73,24 @@ def test_gemma3_groups_worked_by_hand(tmp_path):
     groups = kv_cache_groups(ModelConfig.from_hf(path))
     layout = tuple((g.kind, g.sliding_window) for g in groups)
     assert sorted(layout, key=str) == sorted([("full_attention", None)] + [("sliding_attention", 512)] * 6, key=str)
-    bm = HybridBlockManager(1000, 16, True, layout, 511 + 4096)
+    bm = SlidingWindowBlockManager(1000, 16, True, layout, 511 + 4096)
     r = Request(0, "0", 0.0, 1000, 5)
     bm.allocate(r, [], 1000)
-    r.num_computed_tokens = 1000
-    bm.slide([r])
+    r.num_computed_tokens, r.num_output_tokens = 1000, 1
+    assert bm.can_append(r, 0)  # (the blocks before the window go when it is next scheduled)
+    full = layout.index(("full_attention", None))
     held = bm.held_by_group(r)
-    assert held == [63] + [33] * 6 and bm.num_used_blocks == 261
+    assert held[full] == 63 and held[:full] + held[full + 1:] == [33] * 6 and bm.num_used_blocks == 261
     for g in groups:
         assert g.blocks_held(1000, 1000, 16) == (63 if g.kind == "full_attention" else 33)
 
 
 def test_admission_counts_every_group():
     # 40 free blocks; a 300-token prompt needs 19 + 19 at admission (no tokens computed yet).
-    bm = HybridBlockManager(40, 16, False, GPT_OSS, 127 + 4096)
+    bm = SlidingWindowBlockManager(40, 16, False, GPT_OSS, 127 + 4096)
     r = Request(0, "0", 0.0, 300, 4)
     assert bm.can_allocate(bm.cached_prefix(r), 300)
-    bm2 = HybridBlockManager(37, 16, False, GPT_OSS, 127 + 4096)
+    bm2 = SlidingWindowBlockManager(37, 16, False, GPT_OSS, 127 + 4096)
     assert not bm2.can_allocate(bm2.cached_prefix(r), 300)
     # A request longer than the cache with both groups is rejected when it arrives, not stalled:
     # 3000 tokens: 188 full blocks + a window's at most cdiv(127 + 4096, 16) + 1 = 265 -> 188 + 188.
@@ -94,24 +101,26 @@ def test_admission_counts_every_group():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 200), st.integers(1, 30), st.integers(0, 3)),
                 min_size=1, max_size=20),
-       st.integers(24, 80), st.sampled_from([16, 32]), st.booleans(), st.sampled_from([2, 3]))
-def test_blocks_conserved_and_windows_held(rows, num_blocks, window, caching, num_sliding):
+       st.integers(24, 80), st.sampled_from([16, 32]), st.booleans(), st.sampled_from([2, 3]), st.booleans())
+def test_blocks_conserved_and_windows_held(rows, num_blocks, window, caching, num_sliding, asynchronous):
     layout = (("sliding_attention", window),) * num_sliding + (("full_attention", None),)
-    bm = HybridBlockManager(num_blocks, 4, caching, layout, window - 1 + 2 * 32)
+    bm = SlidingWindowBlockManager(num_blocks, 4, caching, layout, window - 1 + (1 + asynchronous) * 32)
     requests = [Request(i, str(i), float(t), p, o, hash_ids=np.array([h, h + 1] * (p // 8 + 1)), hash_block_tokens=4)
                 for i, (t, p, o, h) in enumerate(sorted(rows))]
     engine = None
 
-    def check(batch):  # at every step: the pool adds up, each group holds what vLLM's formula says
-        running = engine.state.running
-        bm.check_invariants(running)
-        for r in running:
+    def check(batch):  # at every step: the pool adds up; each group of a scheduled request holds what
+        bm.check_invariants(engine.state.running)  # vLLM's formula says (synchronously; at most that plus
+        for r in batch.requests:  # the step in flight's tokens' blocks asynchronously), at most the cap
             held = bm.held_by_group(r)
-            skip = max(0, r.num_computed_tokens - window + 1) // 4
-            assert held[1:] == [len(r.block_table) - min(skip, len(r.block_table))] * num_sliding
+            table = len(r.block_table)
+            assert held[-1] == table
+            skip = min(max(0, r.num_computed_tokens - window + 1) // 4, table)
+            assert all(h == table - skip if not asynchronous else table - skip <= h for h in held[:-1])
+            assert all(h <= bm.max_admission_blocks for h in held[:-1])
 
-    policy = load_policy("chunked")(SchedulerConfig("chunked", max_num_batched_tokens=32, max_num_seqs=4))
-    engine = Engine(policy, ConstantBackend(on_execute=check), bm, TokenTimes(requests), 10_000)
+    config = SchedulerConfig("chunked", max_num_batched_tokens=32, max_num_seqs=4, async_scheduling=asynchronous)
+    engine = Engine(load_policy("chunked")(config), ConstantBackend(on_execute=check), bm, TokenTimes(requests), 10_000)
     result = simulate(engine, TraceArrivals(requests, engine))
     for i, r in enumerate(result.requests):
         assert r.status in (Status.FINISHED, Status.REJECTED)
@@ -127,8 +136,8 @@ def test_the_plan_builds_the_hybrid_manager():
 
     plan = resolve(ReplayOptions(model="gpt-oss-120b", hardware="H200"), build_backend=False)
     bm = plan.make_block_manager()
-    assert isinstance(bm, HybridBlockManager) and bm.windows == [128]  # the full group is the primary
-    assert bm.max_admission_tokens == 127 + 2 * 2048  # window - 1 + two batches in flight
+    assert isinstance(bm, SlidingWindowBlockManager) and bm.groups == GPT_OSS
+    assert bm.max_admission_blocks == -(-(127 + 2 * 2048) // 16) + 1  # window - 1 + two batches in flight
     dense = resolve(ReplayOptions(model="Qwen3-30B-A3B", hardware="H200"), build_backend=False)
     assert type(dense.make_block_manager()) is BlockManager
 
@@ -141,10 +150,13 @@ def test_gpt_oss_replay_holds_fewer_blocks(tmp_path):
     from tests.helpers import make_trace
 
     trace = make_trace([(0.1 * i, 2000, 50) for i in range(20)])
-    result = replay(trace, resolve(ReplayOptions(model="gpt-oss-120b", hardware="H200")))
+    options = ReplayOptions(model="gpt-oss-120b", hardware="H200",
+                            scheduler=SchedulerConfig("chunked", 2048, 256, async_scheduling=False))
+    result = replay(trace, resolve(options))
     assert all(r.status is Status.FINISHED for r in result.requests)
     # A decode-only step's blocks: each running request holds cdiv(tokens, 16) full blocks and at
-    # most 9 in the 128-token window (not the 125 of its prompt).
+    # most 9 in the 128-token window (not the 125 of its prompt). (Synchronously: asynchronously a
+    # request's first decode is scheduled while its prompt's step is in flight, before it frees them.)
     s = result.steps
     decode = (s.num_prefill_tokens == 0) & (s.num_requests > 0)
     assert decode.any()
@@ -152,8 +164,8 @@ def test_gpt_oss_replay_holds_fewer_blocks(tmp_path):
 
 
 @pytest.mark.parametrize("make", [lambda: BlockManager(num_blocks=37, block_size=16),
-                                  lambda: HybridBlockManager(100, 16, False, GPT_OSS, 127 + 4096),
-                                  lambda: HybridBlockManager(40, 16, False, GPT_OSS, 127 + 4096)])
+                                  lambda: SlidingWindowBlockManager(100, 16, False, GPT_OSS, 127 + 4096),
+                                  lambda: SlidingWindowBlockManager(40, 16, False, GPT_OSS, 127 + 4096)])
 def test_the_most_tokens_a_request_may_hold_is_the_last_count_whose_blocks_fit(make):
     """The engine rejects a request whose KV needs more blocks than the whole cache
     (`max_blocks_needed`), comparing its tokens with `max_request_tokens`: counted here one token

@@ -28,6 +28,8 @@ from sim.sliding_block_manager import SlidingWindowBlockManager
 from tests.helpers import ConstantBackend
 from tests.moe_configs import MISTRAL_7B_V01
 
+SLIDING = "sliding_attention"  # a model whose every layer slides: one group
+
 
 def held(r: Request) -> int:
     return sum(b is not None for b in r.block_table)
@@ -37,7 +39,7 @@ def test_a_chunked_prompt_holds_its_window_worked_by_hand():
     # Window 10, blocks of 4, a 90-token prompt in chunks of 16. A request frees the blocks wholly
     # before its window when it is next scheduled: max(0, C - 10 + 1) // 4 of them once C tokens
     # are computed (SlidingWindowManager.get_num_skipped_tokens, remove_skipped_blocks).
-    bm = SlidingWindowBlockManager(100, 4, False, 10, 9 + 16)
+    bm = SlidingWindowBlockManager(100, 4, False, ((SLIDING, 10),), 9 + 16)
     assert bm.max_admission_blocks == 8  # cdiv(9 + 16, 4) + 1
     r = Request(0, "0", 0.0, 90, 5)
     bm.allocate(r, [], 16)
@@ -67,7 +69,7 @@ def test_a_chunked_prompt_holds_its_window_worked_by_hand():
 def test_a_prefix_hit_needs_only_the_windows_blocks_worked_by_hand():
     # Window 20, blocks of 4: a hit needs cdiv(19, 4) = 5 cached blocks before its end
     # (SlidingWindowManager.find_longest_cache_hit). Request a's 64-token prompt is shared by b.
-    bm = SlidingWindowBlockManager(21, 4, True, 20, 19 + 64)
+    bm = SlidingWindowBlockManager(21, 4, True, ((SLIDING, 20),), 19 + 64)
     ids = np.arange(100, 116)  # 16 trace blocks of 4 tokens
     a = Request(0, "a", 0.0, 64, 2, hash_ids=ids, hash_block_tokens=4)
     bm.allocate(a, [], 64)
@@ -103,7 +105,7 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_worked_by_hand():
 def test_admission_checks_the_capped_sequence_then_the_first_chunk():
     # allocate_slots with full_sequence_must_fit: min(cdiv(tokens, B), max_admission_blocks) blocks
     # first, then the first chunk's, uncapped (get_num_blocks_to_allocate).
-    bm = SlidingWindowBlockManager(10, 4, False, 8, 7 + 8)  # cap: cdiv(15, 4) + 1 = 5 blocks
+    bm = SlidingWindowBlockManager(10, 4, False, ((SLIDING, 8),), 7 + 8)  # cap: cdiv(15, 4) + 1 = 5 blocks
     r = Request(0, "0", 0.0, 400, 1)
     none = bm.cached_prefix(r)
     assert bm.can_allocate(none, 400, 8)  # 100 blocks capped at 5; the chunk needs 2
@@ -118,7 +120,7 @@ def test_scheduled_beside_a_step_in_flight_its_tokens_are_not_yet_computed():
     # ended (allocate_slots: num_computed_tokens - num_in_flight_tokens). The engine sets
     # `pipelined` while it schedules beside a step in flight; a step's tokens are in flight until the
     # next step ends (`slide`).
-    bm = SlidingWindowBlockManager(100, 4, False, 10, 9 + 2 * 16)
+    bm = SlidingWindowBlockManager(100, 4, False, ((SLIDING, 10),), 9 + 2 * 16)
     r = Request(0, "0", 0.0, 90, 5)
     bm.allocate(r, [], 16)
     bm.slide([r])  # step 1 ended; its 16 tokens are in flight while step 2 is scheduled
@@ -140,7 +142,7 @@ def test_scheduled_beside_a_step_in_flight_its_tokens_are_not_yet_computed():
 
 
 def test_no_stretch_of_a_window_hits_the_cached_blocks_from_the_start():
-    bm = SlidingWindowBlockManager(40, 4, True, 20, 19 + 64)
+    bm = SlidingWindowBlockManager(40, 4, True, ((SLIDING, 20),), 19 + 64)
     a = Request(0, "a", 0.0, 12, 1, hash_ids=np.arange(3), hash_block_tokens=4)
     bm.allocate(a, [], 12)
     bm.free(a)
@@ -155,7 +157,7 @@ def test_no_stretch_of_a_window_hits_the_cached_blocks_from_the_start():
 def test_blocks_conserved_and_each_request_under_the_admission_cap(rows, num_blocks, window, caching, reserve,
                                                                    asynchronous):
     budget = 32  # the cap counts the batches in flight: two asynchronously (sim/app/plan.py max_in_flight_tokens)
-    bm = SlidingWindowBlockManager(num_blocks, 4, caching, window, window - 1 + (1 + asynchronous) * budget)
+    bm = SlidingWindowBlockManager(num_blocks, 4, caching, ((SLIDING, window),), window - 1 + (1 + asynchronous) * budget)
     requests = [Request(i, str(i), float(t), p, o, hash_ids=np.array([h, h + 1] * (p // 8 + 1)), hash_block_tokens=4)
                 for i, (t, p, o, h) in enumerate(sorted(rows))]
     engine = None

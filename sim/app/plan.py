@@ -35,7 +35,7 @@ from sim.app.opprofiles import (
 )
 from sim.app.options import ReplayOptions
 from sim.backend import Backend
-from sim.block_manager import BlockManager, HybridBlockManager
+from sim.block_manager import BlockManager
 from sim.config import MAX_CLUSTER_BLOCKS
 from sim.errors import ServesimError
 from sim.sliding_block_manager import SlidingWindowBlockManager
@@ -81,21 +81,18 @@ class RunPlan:
         return self.policy(self.options.scheduler)
 
     def make_block_manager(self) -> BlockManager:
-        """The KV cache's block manager. A model with sliding-window and full-attention layers (several
-        KV cache groups) gets vLLM's hybrid manager, its layout handed over as plain data (the core
-        imports no backend): each group's kind and window, and SlidingWindowSpec's admission tokens
-        (window - 1 + vLLM's tokens in flight, at most max_model_len). A model whose every layer slides
-        gets vLLM's manager of one sliding group (sim/sliding_block_manager.py)."""
+        """The KV cache's block manager. A model with sliding-window layers (alone, or beside
+        full-attention ones in several KV cache groups) gets vLLM's sliding-window manager
+        (sim/sliding_block_manager.py), its layout handed over as plain data (the core imports no
+        backend): each group's kind and window, and SlidingWindowSpec's admission tokens (window - 1 +
+        vLLM's tokens in flight, at most max_model_len)."""
         cache, scheduler = self.options.cache, self.options.scheduler
         groups = kv_cache_groups(self.model)
         if any(g.kind == "sliding_attention" for g in groups):
             window = max(g.sliding_window or 0 for g in groups)
             admission = min(window - 1 + max_in_flight_tokens(scheduler), self.max_model_len)
-            if len(groups) == 1:  # every layer slides (Mistral-7B-v0.1)
-                return SlidingWindowBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                                 window, admission)
-            return HybridBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                      tuple((g.kind, g.sliding_window) for g in groups), admission)
+            return SlidingWindowBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                             tuple((g.kind, g.sliding_window) for g in groups), admission)
         return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
 
     def make_router(self, pool: int = 0):

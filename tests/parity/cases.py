@@ -204,3 +204,11 @@ def sliding_cases() -> list[Case]:
                               EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=200,
                                           sliding_window=window)))
     return cases
+
+
+def hybrid_cases() -> list[Case]:
+    """The same runs with a sliding group and a full-attention group sharing the pool (vLLM's
+    HybridKVCacheCoordinator; gpt-oss, Gemma 2), named `hybrid-...`. `sliding-hand-tight` is left out:
+    a request needs more blocks than its 20 (vLLM stalls with it waiting; servesim rejects it)."""
+    return [replace(with_setup(case, hybrid=True), name=case.name.replace("sliding", "hybrid", 1))
+            for case in sliding_cases() if case.name != "sliding-hand-tight"]

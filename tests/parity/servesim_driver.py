@@ -36,6 +36,18 @@ def sliding_model(window: int) -> str:
     return folder
 
 
+@functools.lru_cache(maxsize=None)
+def hybrid_model(window: int) -> str:
+    """Gemma 2 9B's config.json with a `window`-token sliding window: its layers alternate, sliding
+    first, so servesim's KV cache groups are a sliding one and a full-attention one, in that order."""
+    from tests.moe_configs import GEMMA2_9B
+
+    folder = tempfile.mkdtemp(prefix="servesim-parity-hybrid-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**GEMMA2_9B, "sliding_window": window, "max_position_embeddings": 1 << 20}, f)
+    return folder
+
+
 class StepTimeBackend:
     """A backend whose step takes `step_time(tokens scheduled, context lengths)` seconds."""
 
@@ -78,7 +90,8 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
         scheduler=SchedulerConfig(**sched),
         cache=CacheConfig(block_size=setup.block_size, num_blocks=setup.num_gpu_blocks,
                           enable_prefix_caching=setup.enable_prefix_caching),
-        model=MODEL if setup.sliding_window is None else sliding_model(setup.sliding_window))
+        model=MODEL if setup.sliding_window is None else
+        (hybrid_model if setup.hybrid else sliding_model)(setup.sliding_window))
 
 
 def vllm_requests(trace: Trace, setup: EngineSetup, priority=None) -> list[TraceRequest]:

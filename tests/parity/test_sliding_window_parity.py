@@ -1,14 +1,15 @@
 """Sliding windows against vLLM 0.33's own code:
 
-- a model whose every layer slides (sim/sliding_block_manager.py) against vLLM's `Scheduler` and
-  `AsyncScheduler` over one SlidingWindowSpec group (tests/parity/cases.py `sliding_cases`, and each
-  `-async`), step by step as the full-attention cases of test_vllm_parity.py: the same first-token
+- the block manager of sliding-window models (sim/sliding_block_manager.py) against vLLM's `Scheduler`
+  and `AsyncScheduler` over one SlidingWindowSpec group (a model whose every layer slides:
+  tests/parity/cases.py `sliding_cases`) and over a sliding group and a full-attention group (gpt-oss,
+  Gemma 2: `hybrid_cases`), and each `-async`, step by step as the full-attention cases of test_vllm_parity.py: the same first-token
   and finish time of every request, the same prefill tokens, decode tokens and preemptions at every
   step, the same prefix-cache queries and hits;
-- the blocks a hybrid model's sliding group frees (sim/block_manager.py HybridBlockManager) against
+- the blocks a hybrid model's sliding group frees (sim/sliding_block_manager.py) against
   SlidingWindowManager.get_num_skipped_tokens (vllm/v1/core/single_type_kv_cache_manager.py), called on
   a stand-in holding the fields it reads, and remove_skipped_blocks' rule (skipped // block_size blocks,
-  at most the table's): after each step a request holds its table less those blocks.
+  at most the table's): scheduled again after a step, a request holds its table less those blocks.
 
 Skipped where vLLM is not installed (the `parity` extra: see the README).
 """
@@ -25,20 +26,20 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first impor
 stkcm = pytest.importorskip("vllm.v1.core.single_type_kv_cache_manager",
                             reason="vLLM is not installed (pip install '.[parity]')")
 
-from sim.block_manager import HybridBlockManager  # noqa: E402
 from sim.request import Request  # noqa: E402
-from tests.parity.cases import async_variant, sliding_cases  # noqa: E402
+from sim.sliding_block_manager import SlidingWindowBlockManager  # noqa: E402
+from tests.parity.cases import async_variant, hybrid_cases, sliding_cases  # noqa: E402
 from tests.parity.run import check  # noqa: E402
 
-# Asynchronously (vLLM's AsyncScheduler), one run differs, in the class test_vllm_parity.py's async
+# Asynchronously (vLLM's AsyncScheduler), one run of each kind differs, in the class test_vllm_parity.py's async
 # xfails have (docs/async-scheduling.md): a request preempted with its step in flight is readmitted
 # with a prefix hit one block longer in servesim, which cached the block its token in flight filled
 # when it scheduled the token (vLLM, once the step's output is processed). Strict: it fails the
 # suite once it agrees.
-ASYNC_DIFFERING = {"sliding-300-prefix-tight-0-async"}
-SLIDING = sliding_cases() + [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known async difference"))
-    if c.name in ASYNC_DIFFERING else c for c in map(async_variant, sliding_cases())]
+ASYNC_DIFFERING = {"sliding-300-prefix-tight-0-async", "hybrid-300-prefix-tight-1-async"}
+RUNS = sliding_cases() + hybrid_cases()
+SLIDING = RUNS + [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known async difference"))
+                  if c.name in ASYNC_DIFFERING else c for c in map(async_variant, RUNS)]
 
 
 @pytest.mark.parametrize("case", SLIDING, ids=[c.name if hasattr(c, "name") else c.values[0].name for c in SLIDING])
@@ -57,19 +58,19 @@ def test_a_sliding_model_schedules_as_vllm(case):
 def test_held_blocks_follow_vllms_skipped_tokens(window, block_size):
     vllm = SimpleNamespace(sliding_window=window, extra_retained_tokens=0)
     rng = random.Random(window + block_size)
-    bm = HybridBlockManager(100_000, block_size, False, (("sliding_attention", window), ("full_attention", None)),
-                            window - 1 + 4096)
+    bm = SlidingWindowBlockManager(100_000, block_size, False, (("sliding_attention", window), ("full_attention", None)),
+                                   window - 1 + 4096)
     r = Request(0, "0", 0.0, rng.randint(1, 3 * window), 400)
     chunk = rng.randint(1, 2 * window)
     bm.allocate(r, [], min(chunk, r.num_prompt_tokens))
     scheduled = min(chunk, r.num_prompt_tokens)
     while r.num_computed_tokens < r.num_prompt_tokens + 300:
         r.num_computed_tokens += scheduled
-        bm.slide([r])
+        scheduled = min(chunk, r.num_prompt_tokens - r.num_computed_tokens) if r.num_computed_tokens < r.num_prompt_tokens else 1
+        bm.can_append(r, scheduled)  # its next scheduling frees what the window passed
         skipped = stkcm.SlidingWindowManager.get_num_skipped_tokens(vllm, r.num_computed_tokens)
         table = len(r.block_table)  # the sliding group's table length is the full group's
-        assert bm.held_by_group(r) == [table, table - min(skipped // block_size, table)]
-        scheduled = min(chunk, r.num_prompt_tokens - r.num_computed_tokens) if r.num_computed_tokens < r.num_prompt_tokens else 1
+        assert bm.held_by_group(r) == [table - min(skipped // block_size, table), table]
         bm.append(r, scheduled)
     bm.free(r)
     assert bm.num_used_blocks == 0

@@ -79,6 +79,7 @@ class EngineSetup:
     max_model_len: int = 1 << 16
     async_scheduling: bool = False  # vLLM's AsyncScheduler driven as the engine core's batch queue drives it
     sliding_window: int | None = None  # one group of sliding-window layers (SlidingWindowSpec) in place of full attention
+    hybrid: bool = False  # with sliding_window: a sliding group, then a full-attention group (gpt-oss, Gemma 2)
 
 
 @dataclass
@@ -130,8 +131,10 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
     layer = dict(block_size=setup.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     spec = (FullAttentionSpec(**layer) if setup.sliding_window is None
             else SlidingWindowSpec(sliding_window=setup.sliding_window, **layer))
-    kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                             kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    groups = [KVCacheGroupSpec(["layer"], spec)]
+    if setup.hybrid:
+        groups.append(KVCacheGroupSpec(["full"], FullAttentionSpec(**layer)))
+    kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cache.num_gpu_blocks = num_blocks
     kind = AsyncScheduler if setup.async_scheduling else Scheduler
     return kind(vllm_config=config, kv_cache_config=kv_cache,
