@@ -369,7 +369,9 @@ class DataParallelGroup(Cluster):
                 batch = None
                 if state.has_work:
                     preempted_before = state.num_preemptions
+                    engine.block_manager.pipelined = pipelined[i]  # (Engine._schedule_pipelined's mark)
                     batch = engine.policy.schedule(state, last_start if pipelined[i] else now)
+                    engine.block_manager.pipelined = False
                 engine.free_finishing()
                 if batch is not None and batch.requests:
                     work.append(batch)

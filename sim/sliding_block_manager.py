@@ -125,16 +125,17 @@ class SlidingWindowBlockManager(BlockManager):
 
     def _forget_evicted(self, evicted: list[int]) -> None:
         """Evicted blocks leave the index (_maybe_evict_cached_block)."""
-        key_of = self.key_of
+        key_of, group_of, blocks_of = self.key_of, self.group_of, self.blocks_of
         for block in evicted:
             key = key_of[block]
             if key is not None:
                 key_of[block] = None
-                index = self.blocks_of[self.group_of[block]]
+                index = blocks_of[group_of[block]]
                 same = index[key]
-                same.remove(block)
-                if not same:
+                if len(same) == 1:  # (no duplicate: the usual case)
                     del index[key]
+                else:
+                    same.remove(block)
 
     def _free_blocks(self, blocks: list[int]) -> None:
         """BlockPool.free_blocks, `blocks` in eviction order: each loses a user; one left with none
@@ -179,9 +180,14 @@ class SlidingWindowBlockManager(BlockManager):
             for i in range(start, num_full):
                 block = table[i]
                 if block is not None:
-                    key_of[block] = keys[i]
+                    key = keys[i]
+                    key_of[block] = key
                     group_of[block] = g
-                    index.setdefault(keys[i], []).append(block)
+                    same = index.get(key)
+                    if same is None:
+                        index[key] = [block]
+                    else:
+                        same.append(block)
         request.num_hashed_blocks = num_full
 
     def _num_skipped(self, num_computed: int) -> int:
@@ -361,12 +367,14 @@ class SlidingWindowBlockManager(BlockManager):
         bs, window, caching = self.block_size, self.window, self.enable_prefix_caching
         scheduled, tables_of, first = self._scheduled, self._tables, self.sliding_groups[0]
         num_groups = len(self.groups)
-        refs = self.refs
+        refs, key_of, group_of, blocks_of = self.refs, self.key_of, self.group_of, self.blocks_of
+        in_flight = self._in_flight if self.pipelined else None
         for r in decoders:
             computed = r.num_computed_tokens
             scheduled[r.index] = 1
             tables = tables_of[r.index] if num_groups > 1 else None
-            n = (computed - window + 1) // bs
+            # (`_skip` frees what the tokens done pass: here only whether it has anything to free.)
+            n = ((computed if in_flight is None else computed - in_flight.get(r.index, 0)) - window + 1) // bs
             if n > 0:
                 table = tables[first] if tables is not None else r.block_table
                 if table[n - 1 if n <= len(table) else -1] is not None:
@@ -381,7 +389,22 @@ class SlidingWindowBlockManager(BlockManager):
                     for table, block in zip(tables, blocks):
                         table.append(block)
             if caching and (computed + 1) // bs > r.num_hashed_blocks:
-                self._cache(r, computed + 1)
+                i = r.num_hashed_blocks
+                if i + 1 != (computed + 1) // bs:
+                    self._cache(r, computed + 1)
+                    continue
+                key = r.block_hashes(bs, i + 1)[i]  # the one block its token fills (`_cache`, written out)
+                for g, table in enumerate(tables if tables is not None else (r.block_table,)):
+                    block = table[i]
+                    if block is not None:
+                        key_of[block] = key
+                        group_of[block] = g
+                        same = blocks_of[g].get(key)
+                        if same is None:
+                            blocks_of[g][key] = [block]
+                        else:
+                            same.append(block)
+                r.num_hashed_blocks = i + 1
 
     def grow_tables(self, owners: list[Request], counts: list[int] | None = None) -> None:
         raise AssertionError("a sliding-window cache grows a step's decodes with grow_decodes")

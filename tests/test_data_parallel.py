@@ -42,6 +42,7 @@ from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPLoadBalanc
 from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Status
+from sim.sliding_block_manager import SlidingWindowBlockManager
 from tests.helpers import make_trace
 
 
@@ -58,7 +59,10 @@ class TokenBackend:
         return StepResult(0.5 + 0.25 * sum(batch.num_scheduled_tokens), {"work": 0.25 * sum(batch.num_scheduled_tokens)})
 
 
-def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked", asynchronous=False):
+def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked", asynchronous=False,
+          window=None):
+    """`window`: the ranks' caches hold a sliding group of that window and a full-attention group
+    (gpt-oss's layout, sim/sliding_block_manager.py)."""
     requests = sorted(make_requests(make_trace(rows)), key=lambda r: (r.arrival_s, r.index))
     token_times = TokenTimes(requests)
     g = DataParallelGroup(requests, token_times, dp, lockstep)
@@ -66,7 +70,10 @@ def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunk
     for _ in range(dp):
         policy = load_policy(seed_policy)(SchedulerConfig(seed_policy, max_num_batched_tokens=budget, max_num_seqs=4,
                                                           async_scheduling=asynchronous))
-        g.add_rank(Engine(policy, backend, BlockManager(num_blocks, 4), token_times, 10_000, fast_forward=False))
+        bm = BlockManager(num_blocks, 4) if window is None else SlidingWindowBlockManager(
+            num_blocks, 4, True, (("sliding_attention", window), ("full_attention", None)),
+            window - 1 + (1 + asynchronous) * budget)
+        g.add_rank(Engine(policy, backend, bm, token_times, 10_000, fast_forward=False))
     return g
 
 
@@ -142,10 +149,10 @@ def test_load_balancer_score_penalises_waiting_on_a_full_cache():
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 5), st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=25),
-       st.integers(2, 3), st.booleans(), st.integers(6, 40), st.booleans())
-def test_properties(rows, dp, lockstep, num_blocks, asynchronous):
+       st.integers(2, 3), st.booleans(), st.integers(6, 40), st.booleans(), st.sampled_from([None, 5, 8]))
+def test_properties(rows, dp, lockstep, num_blocks, asynchronous, window):
     rows = sorted(rows)
-    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep, asynchronous=asynchronous)
+    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep, asynchronous=asynchronous, window=window)
     result = g.run()
     for r in result.requests:  # every request ends once, finished or rejected as too big for a rank
         assert r.status in (Status.FINISHED, Status.REJECTED)
@@ -167,6 +174,25 @@ def test_properties(rows, dp, lockstep, num_blocks, asynchronous):
             starts = s.start_s[s.dp_rank == rank]
             ends = starts + s.seconds[s.dp_rank == rank]
             assert (starts[1:] >= ends[:-1] - 1e-9).all()
+
+
+def test_the_lockstep_marks_a_schedule_beside_a_step_in_flight():
+    # A sliding window's cache does not count a step in flight's tokens as computed (allocate_slots'
+    # num_in_flight_tokens): the DP lockstep says when it schedules beside one, as Engine does.
+    rows = [(0.0, 20, 6), (0.0, 20, 6), (0.5, 12, 4)]
+    for asynchronous in (False, True):
+        g = group(rows, asynchronous=asynchronous, window=5)
+        marks = []
+        for rank in g.ranks:
+            schedule = rank.engine.policy.schedule
+
+            def recording(state, now, schedule=schedule, bm=rank.engine.block_manager):
+                marks.append(bm.pipelined)
+                return schedule(state, now)
+            rank.engine.policy.schedule = recording
+        result = g.run()
+        assert all(r.status is Status.FINISHED for r in result.requests)
+        assert any(marks) == asynchronous and not any(rank.engine.block_manager.pipelined for rank in g.ranks)
 
 
 def test_options_and_refusals():
