@@ -21,7 +21,7 @@ window hold nothing (vLLM's null block; None here):
   (allocate_slots: num_computed_tokens - num_in_flight_tokens): the engine says when it schedules
   beside a step in flight (`pipelined`).
 - **Caching.** In every group, every full block is cached when the step that fills it is scheduled
-  (BlockPool.cache_full_blocks, with the group in the key), and keeps its hash until it is evicted:
+  (BlockPool.cache_full_blocks, with the group in the key; how, below), and keeps its hash until it is evicted:
   held, or freed to the free queue's tail (free_blocks). A freed block without a hash goes to the
   head. Taking a hashed free block evicts it (get_new_blocks, _maybe_evict_cached_block). Equal keys
   may index several blocks; a lookup gets the first indexed that is left (get_one_block).
@@ -44,9 +44,12 @@ window hold nothing (vLLM's null block; None here):
   group order (the coordinator's loops); a request leaving frees each group's held blocks, last
   first, group after group (SingleTypeKVCacheManager.free).
 
-Unlike BlockManager (a model without sliding windows), every full block is indexed when it fills
-and the index is one dict entry per group and key: the plain rendering of vLLM's, which these
-models' runs (no fast-forward) afford. Where it still differs from vLLM: a block is cached when its
+The index is one dict entry per group and key, vLLM's own rendering. As in BlockManager (a model
+without sliding windows), a request's own blocks (its tokens alone: generated ones, a prompt
+without trace hashes) are indexed only when it is preempted, since only it can ever find them: the
+blocks a window skipped too, while their key is still theirs (not evicted). They are counted cached
+(`num_hashed_blocks`) and freed to the free queue's tail as vLLM's hashed blocks are, so the queue
+and every lookup are the same. Where it still differs from vLLM: a block is cached when its
 tokens are scheduled, where vLLM's AsyncScheduler caches a block that a token in flight fills once
 that step's output is processed (tests/parity/test_sliding_window_parity.py names the runs this
 shows in).
@@ -107,8 +110,12 @@ class SlidingWindowBlockManager(BlockManager):
         self._scheduled: dict[int, int] = {}
         self._in_flight: dict[int, int] = {}
         self.refs = [0] * num_blocks  # users of each block (BlockPool's ref_cnt)
-        self.key_of: list[int | None] = [None] * num_blocks  # each cached block's key ...
+        self.key_of: list[int | None] = [None] * num_blocks  # each indexed (or own, skipped) block's key ...
         self.group_of = [0] * num_blocks  # ... and group
+        # A request's own blocks (its tokens alone: generated ones, a prompt without trace hashes) are
+        # indexed only when it is preempted: nobody else can look them up (module docstring). Those a
+        # window skipped before: (group, position, block), indexed then if still cached.
+        self._skipped_own: dict[int, list[tuple[int, int, int]]] = {}
         self.blocks_of: list[dict[int, list[int]]] = [{} for _ in groups]  # per group: key -> blocks, first indexed first
         self._tables: dict[int, list[list]] = {}  # request index -> its table in each group (the first: block_table)
         self._index_may_hold_evicted = True  # every eviction goes through _forget_evicted
@@ -131,24 +138,27 @@ class SlidingWindowBlockManager(BlockManager):
             if key is not None:
                 key_of[block] = None
                 index = blocks_of[group_of[block]]
-                same = index[key]
+                same = index.get(key)
+                if same is None or block not in same:  # an own block skipped by its window, not indexed
+                    continue
                 if len(same) == 1:  # (no duplicate: the usual case)
                     del index[key]
                 else:
                     same.remove(block)
 
-    def _free_blocks(self, blocks: list[int]) -> None:
-        """BlockPool.free_blocks, `blocks` in eviction order: each loses a user; one left with none
-        goes to the queue's tail with a hash, to its head without."""
-        refs, key_of = self.refs, self.key_of
+    def _free_blocks(self, blocks: list[int], hashed: bool) -> None:
+        """BlockPool.free_blocks, `blocks` in eviction order, all full (`hashed`: vLLM cached them)
+        or none: each loses a user; one left with none goes to the queue's tail with a hash, to its
+        head without."""
+        refs = self.refs
+        free = self._lru if hashed else self._free_plain
+        n = len(free)
         for block in blocks:
             refs[block] -= 1
             if not refs[block]:
-                if key_of[block] is not None:
-                    self._lru.append(block)
-                    self._num_lru += 1
-                else:
-                    self._free_plain.append(block)
+                free.append(block)
+        if hashed:
+            self._num_lru += len(free) - n
 
     def _touch(self, blocks: list[int]) -> None:
         """A hit's blocks gain a user; a free one leaves the free queue (BlockPool.touch)."""
@@ -166,11 +176,16 @@ class SlidingWindowBlockManager(BlockManager):
 
     def _cache(self, request: Request, num_tokens: int) -> None:
         """Cache, in every group, the full blocks the first `num_tokens` tokens fill, past those
-        cached already (KVCacheManager.cache_blocks)."""
+        cached already (KVCacheManager.cache_blocks): `num_hashed_blocks` counts them; those shared
+        with other requests' prompts are indexed now, the request's own when it is preempted."""
         if not self.enable_prefix_caching:
             return
         num_full = num_tokens // self.block_size
         start = request.num_hashed_blocks
+        if num_full <= start:
+            return
+        request.num_hashed_blocks = num_full
+        num_full = min(num_full, request.num_shared_blocks(self.block_size))
         if num_full <= start:
             return
         keys = request.block_hashes(self.block_size, num_full)
@@ -188,7 +203,6 @@ class SlidingWindowBlockManager(BlockManager):
                         index[key] = [block]
                     else:
                         same.append(block)
-        request.num_hashed_blocks = num_full
 
     def _num_skipped(self, num_computed: int) -> int:
         return max(0, num_computed - self.window + 1) // self.block_size
@@ -203,17 +217,25 @@ class SlidingWindowBlockManager(BlockManager):
         if num_skipped <= 0:
             return
         tables = self.tables(request)
+        caching = self.enable_prefix_caching
+        num_shared = request.num_shared_blocks(self.block_size) if caching else 0
         for g in self.sliding_groups:
             table = tables[g]
             freed = []
-            for i in range(min(num_skipped, len(table)) - 1, -1, -1):
+            i = min(num_skipped, len(table)) - 1
+            while i >= 0:
                 block = table[i]
                 if block is None:
                     break
                 freed.append(block)
                 table[i] = None  # vLLM's null block
+                if caching and i >= num_shared:  # its own block: findable by its key if it is preempted
+                    self.key_of[block] = request.block_hashes(self.block_size, i + 1)[i]
+                    self.group_of[block] = g
+                    self._skipped_own.setdefault(request.index, []).append((g, i, block))
+                i -= 1
             if freed:
-                self._free_blocks(freed)
+                self._free_blocks(freed, caching)  # (full blocks: cached when their tokens were scheduled)
 
     # Admission of a waiting request.
 
@@ -367,7 +389,7 @@ class SlidingWindowBlockManager(BlockManager):
         bs, window, caching = self.block_size, self.window, self.enable_prefix_caching
         scheduled, tables_of, first = self._scheduled, self._tables, self.sliding_groups[0]
         num_groups = len(self.groups)
-        refs, key_of, group_of, blocks_of = self.refs, self.key_of, self.group_of, self.blocks_of
+        refs = self.refs
         in_flight = self._in_flight if self.pipelined else None
         for r in decoders:
             computed = r.num_computed_tokens
@@ -389,22 +411,7 @@ class SlidingWindowBlockManager(BlockManager):
                     for table, block in zip(tables, blocks):
                         table.append(block)
             if caching and (computed + 1) // bs > r.num_hashed_blocks:
-                i = r.num_hashed_blocks
-                if i + 1 != (computed + 1) // bs:
-                    self._cache(r, computed + 1)
-                    continue
-                key = r.block_hashes(bs, i + 1)[i]  # the one block its token fills (`_cache`, written out)
-                for g, table in enumerate(tables if tables is not None else (r.block_table,)):
-                    block = table[i]
-                    if block is not None:
-                        key_of[block] = key
-                        group_of[block] = g
-                        same = blocks_of[g].get(key)
-                        if same is None:
-                            blocks_of[g][key] = [block]
-                        else:
-                            same.append(block)
-                r.num_hashed_blocks = i + 1
+                self._cache(r, computed + 1)  # (its own block: only counted, indexed if it is preempted)
 
     def grow_tables(self, owners: list[Request], counts: list[int] | None = None) -> None:
         raise AssertionError("a sliding-window cache grows a step's decodes with grow_decodes")
@@ -431,15 +438,43 @@ class SlidingWindowBlockManager(BlockManager):
     # A request leaves.
 
     def free(self, request: Request, preempted: bool = False, num_scheduled: int = 0) -> None:
-        """Its held blocks, group after group, each last first (its full blocks were cached when
-        scheduled)."""
-        for table in self.tables(request):
-            self._free_blocks([b for b in reversed(table) if b is not None])
+        """Its held blocks, group after group, each last first: its full blocks (cached when
+        scheduled) to the free queue's tail, its last one to the head. A preempted request's own
+        blocks are indexed first, those a window skipped too while still cached: only it can find
+        them, once it is admitted again."""
+        tables = self.tables(request)
+        skipped_own = self._skipped_own.pop(request.index, None)
+        if preempted and self.enable_prefix_caching:
+            self._index_own(request, tables, skipped_own)
+        num_hashed = request.num_hashed_blocks if self.enable_prefix_caching else 0
+        for table in tables:
+            self._free_blocks([b for b in reversed(table[num_hashed:]) if b is not None], False)
+            self._free_blocks([b for b in reversed(table[:num_hashed]) if b is not None], bool(num_hashed))
         self._tables.pop(request.index, None)
         request.block_table = []
         request.num_hashed_blocks = 0
         self._scheduled.pop(request.index, None)
         self._in_flight.pop(request.index, None)
+
+    def _index_own(self, request: Request, tables: list[list], skipped_own: list | None) -> None:
+        """Index the request's own full blocks, held or skipped by its window and still cached
+        (their key still theirs), in the order vLLM cached them: by position, group after group."""
+        bs = self.block_size
+        num_shared, num_full = request.num_shared_blocks(bs), request.num_hashed_blocks
+        keys = request.block_hashes(bs, num_full)
+        found = [(i, g, block) for g, i, block in skipped_own or () if self.key_of[block] == keys[i]]
+        found += [(i, g, table[i]) for g, table in enumerate(tables)
+                  for i in range(num_shared, num_full) if table[i] is not None]
+        key_of, group_of = self.key_of, self.group_of
+        for i, g, block in sorted(found):
+            key_of[block] = keys[i]
+            group_of[block] = g
+            index = self.blocks_of[g]
+            same = index.get(keys[i])
+            if same is None:
+                index[keys[i]] = [block]
+            elif block not in same:
+                same.append(block)
 
     def slide(self, running: list[Request]) -> None:
         """At a step's end nothing is freed (a request frees its skipped blocks when it is next
@@ -497,8 +532,10 @@ class SlidingWindowBlockManager(BlockManager):
         assert len(free) == len(set(free)) == self.num_free_blocks, "a block is free twice"
         assert sorted(free) == [b for b in range(self.num_blocks) if not counts[b]], "free blocks differ from unused ones"
         assert all(self.key_of[b] is None for b in self._free_plain), "a cached block at the head of the queue"
-        assert all(self.key_of[b] is not None for b in self.cached_free_blocks()), "an uncached block in the LRU queue"
-        indexed = sorted((g, k, b) for g, index in enumerate(self.blocks_of) for k, bs in index.items() for b in bs)
-        assert indexed == sorted((self.group_of[b], k, b) for b, k in enumerate(self.key_of) if k is not None), \
-            "the index is off"
+        indexed = [(g, k, b) for g, index in enumerate(self.blocks_of) for k, bs in index.items() for b in bs]
+        assert len(indexed) == len({b for _, _, b in indexed}), "a block indexed twice"
+        assert all(self.key_of[b] == k and self.group_of[b] == g for g, k, b in indexed), "the index is off"
+        in_index = {b for _, _, b in indexed}
+        assert all(k < 0 for b, k in enumerate(self.key_of) if k is not None and b not in in_index), \
+            "a shared block with a key outside the index"  # (an own block a window skipped: indexed if preempted)
         assert all(all(index.values()) for index in self.blocks_of), "an empty key in the index"
