@@ -216,26 +216,31 @@ class SlidingWindowBlockManager(BlockManager):
         num_skipped = self._num_skipped(num_computed)
         if num_skipped <= 0:
             return
-        tables = self.tables(request)
+        tables = self._tables.get(request.index) or (request.block_table,)
         caching = self.enable_prefix_caching
-        num_shared = request.num_shared_blocks(self.block_size) if caching else 0
         for g in self.sliding_groups:
             table = tables[g]
-            freed = []
-            i = min(num_skipped, len(table)) - 1
-            while i >= 0:
-                block = table[i]
-                if block is None:
-                    break
-                freed.append(block)
-                table[i] = None  # vLLM's null block
-                if caching and i >= num_shared:  # its own block: findable by its key if it is preempted
-                    self.key_of[block] = request.block_hashes(self.block_size, i + 1)[i]
-                    self.group_of[block] = g
-                    self._skipped_own.setdefault(request.index, []).append((g, i, block))
-                i -= 1
-            if freed:
-                self._free_blocks(freed, caching)  # (full blocks: cached when their tokens were scheduled)
+            end = min(num_skipped, len(table))
+            start = end
+            while start > 0 and table[start - 1] is not None:
+                start -= 1
+            if start == end:
+                continue
+            freed = table[start:end]
+            table[start:end] = [None] * (end - start)  # type: ignore[list-item]  # vLLM's null block
+            freed.reverse()  # last first
+            if caching:
+                own = max(start, request.num_shared_blocks(self.block_size))
+                if own < end:  # its own blocks: findable by their keys if it is preempted
+                    keys = request.block_hashes(self.block_size, end)
+                    key_of, group_of = self.key_of, self.group_of
+                    record = self._skipped_own.setdefault(request.index, [])
+                    for i in range(end - 1, own - 1, -1):
+                        block = freed[end - 1 - i]
+                        key_of[block] = keys[i]
+                        group_of[block] = g
+                        record.append((g, i, block))
+            self._free_blocks(freed, caching)  # (full blocks: cached when their tokens were scheduled)
 
     # Admission of a waiting request.
 
