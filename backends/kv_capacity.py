@@ -108,14 +108,19 @@ def activation_peak_bytes(model: ModelConfig, max_num_batched_tokens: int, max_n
     return max(sampler, mlp) + HIDDEN_BF16_COPIES * t * model.hidden_size * 2
 
 
-ASYNC_BATCHES = 2  # vLLM's max_concurrent_batches with async scheduling (its default), one pipeline stage
+def max_in_flight_tokens(max_num_batched_tokens: int, async_scheduling: bool) -> int:
+    """Tokens scheduled but not yet settled (vllm/config/vllm.py VllmConfig.max_in_flight_tokens):
+    max_concurrent_batches x max_num_batched_tokens, the batches two with asynchronous scheduling, one
+    without (one pipeline stage). A sliding window's admission cap counts them
+    (SlidingWindowSpec.max_admission_blocks_per_request)."""
+    return (2 if async_scheduling else 1) * max_num_batched_tokens
 
 
 def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_memory_utilization: float,
                 max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1, dtype: str = "bf16",
                 kv_cache_dtype: str = "auto", max_model_len: int | None = None,
                 num_gpu_blocks_override: int | None = None, dp: int = 1,
-                enable_expert_parallel: bool = False, max_concurrent_batches: int = ASYNC_BATCHES) -> KVCapacity:
+                enable_expert_parallel: bool = False, async_scheduling: bool = True) -> KVCapacity:
     """The blocks vLLM would allocate; with `num_gpu_blocks_override` that figure, taken as given
     (the memory checks then do not apply). `dp`, `enable_expert_parallel`: where a mixture of
     experts' experts lie (the figures are one GPU's, of one DP rank: each rank has its own cache).
@@ -128,9 +133,8 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     charges a request every group's blocks: all of them under full attention, a window's under a
     sliding one (`KVCacheGroup.blocks_held`). A model whose only group slides (Mistral-7B-v0.1) starts
     when a window's blocks fit, as vLLM checks it (sim/sliding_block_manager.py holds them).
-    `max_concurrent_batches`: vLLM's batches in flight (vllm/config/vllm.py
-    VllmConfig.max_concurrent_batches: 2 with asynchronous scheduling, 1 without), which a sliding
-    window's admission cap counts."""
+    `async_scheduling`: the server's, which sets the tokens in flight that a sliding window's
+    admission cap counts (`max_in_flight_tokens`)."""
     hardware.check_tp(tp)
     if enable_expert_parallel and not model.num_experts:
         raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
@@ -146,7 +150,7 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
                     - terms["cuda_graph_pool"])
     terms["available"] = available
     if num_gpu_blocks_override is not None:  # checked by sim.config.CacheConfig
-        vllm = _vllm(model, available, block_size, max_model_len, max_concurrent_batches * max_num_batched_tokens,
+        vllm = _vllm(model, available, block_size, max_model_len, max_in_flight_tokens(max_num_batched_tokens, async_scheduling),
                      tp, kv_cache_dtype, num_gpu_blocks_override)
         if vllm is not None and len(vllm["groups"]) > 1:
             block_bytes = vllm["bytes_per_block"]
@@ -160,7 +164,7 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
             f"{gpu_memory_utilization:.0%} of {hardware.memory_bytes / GIB:.2f} GiB, leaving nothing for the KV "
             "cache; choose bigger hardware, a larger --tp or a smaller model")
     num_blocks = available // block_bytes
-    vllm = _vllm(model, available, block_size, max_model_len, max_concurrent_batches * max_num_batched_tokens,
+    vllm = _vllm(model, available, block_size, max_model_len, max_in_flight_tokens(max_num_batched_tokens, async_scheduling),
                  tp, kv_cache_dtype)
     if vllm is not None and (len(vllm["groups"]) > 1 or vllm["groups"][0]["kind"] == "sliding_attention"):
         num_blocks, block_bytes = vllm["num_blocks"], vllm["bytes_per_block"]
@@ -193,7 +197,6 @@ def _vllm(model: ModelConfig, available: int, block_size: int, max_model_len: in
 
 
 # Mixture of experts, MLA and sliding windows as vLLM allocates them.
-
 
 
 def moe_workspace_bytes(model: ModelConfig, num_tokens: int, tp: int = 1, dp: int = 1,
@@ -285,8 +288,7 @@ def vllm_kv_cache(model: ModelConfig, available: int, *, block_size: int, max_mo
     - tokens: get_kv_cache_capacity, int(max_concurrency x max_model_len), with max_concurrency =
       num_blocks / the blocks one request of max_model_len tokens takes from every group together
       (get_max_concurrency_for_kv_cache_config; `KVCacheGroup.max_blocks_per_request`);
-      `max_in_flight_tokens` is vLLM's max_concurrent_batches x max_num_batched_tokens (2 batches
-      with async scheduling, vllm/config/vllm.py)."""
+      `max_in_flight_tokens` as the function of that name gives it (two batches asynchronously)."""
     groups = kv_cache_groups(model)
     layers = model.num_hidden_layers
     page = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype) // layers

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from backends.costmodel.optables.profile import is_op_profile, op_profile_from_json
 from backends.hardware import Hardware, resolve_hardware
 from backends.host_time import host_time_summary, with_host_time
-from backends.kv_capacity import ASYNC_BATCHES, KVCapacity, kv_cache_groups, kv_capacity
+from backends.kv_capacity import KVCapacity, kv_cache_groups, kv_capacity, max_in_flight_tokens
 from backends.model_config import ModelConfig, resolve_model
 from policies import Policy, load_policy
 from policies.routers import load_router
@@ -40,18 +40,6 @@ from sim.config import MAX_CLUSTER_BLOCKS
 from sim.errors import ServesimError
 from sim.sliding_block_manager import SlidingWindowBlockManager
 from sim.tokens import TokenSpec
-
-
-def max_concurrent_batches(scheduler) -> int:
-    """vLLM's batches in flight at once (vllm/config/vllm.py VllmConfig.max_concurrent_batches, one
-    pipeline stage): two with asynchronous scheduling, one without."""
-    return ASYNC_BATCHES if scheduler.async_scheduling else 1
-
-
-def max_in_flight_tokens(scheduler) -> int:
-    """Tokens scheduled but not yet settled (VllmConfig.max_in_flight_tokens), which a sliding
-    window's admission cap counts (SlidingWindowSpec.max_admission_blocks_per_request)."""
-    return max_concurrent_batches(scheduler) * scheduler.max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -90,7 +78,8 @@ class RunPlan:
         groups = kv_cache_groups(self.model)
         if any(g.kind == "sliding_attention" for g in groups):
             window = max(g.sliding_window or 0 for g in groups)
-            admission = min(window - 1 + max_in_flight_tokens(scheduler), self.max_model_len)
+            in_flight = max_in_flight_tokens(scheduler.max_num_batched_tokens, scheduler.async_scheduling)
+            admission = min(window - 1 + in_flight, self.max_model_len)
             return SlidingWindowBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
                                              tuple((g.kind, g.sliding_window) for g in groups), admission)
         return BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching)
@@ -275,7 +264,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
                          max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks,
                          dp=options.dp, enable_expert_parallel=options.enable_expert_parallel,
-                         max_concurrent_batches=max_concurrent_batches(scheduler))
+                         async_scheduling=scheduler.async_scheduling)
         num_blocks = kv.num_gpu_blocks  # capped to MAX_NUM_BLOCKS, and said so (kv.capped_from)
     cluster = options.cluster
     router = load_router(cluster.router)

@@ -528,7 +528,7 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     kv = kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=budget,
                      max_num_seqs=c, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
                      max_model_len=int(row["isl"]) + int(row["osl"]), dp=dp, enable_expert_parallel=ep,
-                     max_concurrent_batches=2 if protocol.async_for(row) else 1)
+                     async_scheduling=protocol.async_for(row))
     ops = backend.cost_model_summary()["operators"] if hasattr(backend, "cost_model_summary") else \
         {"moe": "the MoE roofline (--moe-cost-model roofline)"}
     note = "; ".join(f"{k}: {v}" for k, v in ops.items() if k in ("moe", "linear", "attention", "allreduce",
