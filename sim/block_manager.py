@@ -161,13 +161,7 @@ class BlockManager(PrefixIndex):
             self._num_lru -= num_taken
             self._num_shared += num_cached - num_taken
         num_hit = num_cached * self.block_size
-        if self.enable_prefix_caching:
-            if request.num_preemptions:
-                self.num_preempted_queried_tokens += request.num_tokens
-                self.num_preempted_hit_tokens += num_hit
-            else:
-                self.num_queried_tokens += request.num_tokens
-                self.num_hit_tokens += num_hit
+        self._count_hit(request, num_hit)
         request.block_table = table = list(cached_blocks)
         request.num_hashed_blocks = num_cached
         num_after = num_hit + num_new_tokens
@@ -176,6 +170,17 @@ class BlockManager(PrefixIndex):
             table.extend(self.pop_free_blocks(num_new))
         self.index_full_blocks(request, num_after)
         return num_hit
+
+    def _count_hit(self, request: Request, num_hit: int) -> None:
+        """vLLM's prefix-cache stats at an admission: the request's tokens looked up, `num_hit` of
+        them found (PrefixCacheStats.record), apart for a request readmitted after a preemption."""
+        if self.enable_prefix_caching:
+            if request.num_preemptions:
+                self.num_preempted_queried_tokens += request.num_tokens
+                self.num_preempted_hit_tokens += num_hit
+            else:
+                self.num_queried_tokens += request.num_tokens
+                self.num_hit_tokens += num_hit
 
     # Growth of a running request.
 

@@ -369,9 +369,7 @@ class DataParallelGroup(Cluster):
                 batch = None
                 if state.has_work:
                     preempted_before = state.num_preemptions
-                    engine.block_manager.pipelined = pipelined[i]  # (Engine._schedule_pipelined's mark)
-                    batch = engine.policy.schedule(state, last_start if pipelined[i] else now)
-                    engine.block_manager.pipelined = False
+                    batch = engine.schedule_beside_step(last_start) if pipelined[i] else engine.policy.schedule(state, now)
                 engine.free_finishing()
                 if batch is not None and batch.requests:
                     work.append(batch)

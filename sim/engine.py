@@ -270,13 +270,21 @@ class Engine:
         self.workload.deliver(self._last_start)
         batch = None
         if state.has_work:
-            bm = self.block_manager
-            bm.pipelined = True  # (a sliding window's cache counts the tokens in flight: sim/sliding_block_manager.py)
-            batch = self.policy.schedule(state, self._last_start)
-            bm.pipelined = False
+            batch = self.schedule_beside_step(self._last_start)
         if state.finishing:
             self.free_finishing()
         return batch if batch is not None and batch.requests else None
+
+    def schedule_beside_step(self, at: float) -> Batch:
+        """The policy's schedule as of `at` while a step is in flight (vLLM's AsyncScheduler): the block
+        manager is told, as a sliding window's cache does not count that step's tokens computed
+        (sim/sliding_block_manager.py). The engine's and the DP lockstep's (sim/data_parallel.py)."""
+        bm = self.block_manager
+        bm.pipelined = True
+        try:
+            return self.policy.schedule(self.state, at)
+        finally:
+            bm.pipelined = False
 
     def _wait_for_policy(self, env: simpy.Environment, now: float):
         """The policy scheduled nothing though requests wait: sleep until its retry time or the next

@@ -105,8 +105,8 @@ class SlidingWindowBlockManager(BlockManager):
         # A sliding hit's stretch: cdiv(W - 1, B) blocks (_contiguous_blocks_for_hit, no EAGLE).
         self.hit_blocks = -(-(self.window - 1) // block_size)
         # Asynchronous scheduling: the tokens each request was given in the step being scheduled, and
-        # in the step before it (in flight while `pipelined`); they move at each step's end (`slide`).
-        self.pipelined = False
+        # in the step before it (in flight while the engine sets `pipelined`); they move at each
+        # step's end (`slide`).
         self._scheduled: dict[int, int] = {}
         self._in_flight: dict[int, int] = {}
         self.refs = [0] * num_blocks  # users of each block (BlockPool's ref_cnt)
@@ -189,20 +189,21 @@ class SlidingWindowBlockManager(BlockManager):
         if num_full <= start:
             return
         keys = request.block_hashes(self.block_size, num_full)
-        key_of, group_of = self.key_of, self.group_of
         for g, table in enumerate(self.tables(request)):
-            index = self.blocks_of[g]
             for i in range(start, num_full):
-                block = table[i]
-                if block is not None:
-                    key = keys[i]
-                    key_of[block] = key
-                    group_of[block] = g
-                    same = index.get(key)
-                    if same is None:
-                        index[key] = [block]
-                    else:
-                        same.append(block)
+                if table[i] is not None:
+                    self._index(g, keys[i], table[i])
+
+    def _index(self, g: int, key: int, block: int) -> None:
+        """Put a cached block in group g's index under `key`, after any indexed before with it
+        (BlockHashToBlockMap.insert)."""
+        self.key_of[block] = key
+        self.group_of[block] = g
+        same = self.blocks_of[g].get(key)
+        if same is None:
+            self.blocks_of[g][key] = [block]
+        elif block not in same:
+            same.append(block)
 
     def _num_skipped(self, num_computed: int) -> int:
         return max(0, num_computed - self.window + 1) // self.block_size
@@ -348,13 +349,7 @@ class SlidingWindowBlockManager(BlockManager):
                 kept, table = hit, list(hit)
             self._touch(kept)
             tables.append(table)
-        if self.enable_prefix_caching:
-            if request.num_preemptions:
-                self.num_preempted_queried_tokens += request.num_tokens
-                self.num_preempted_hit_tokens += num_hit
-            else:
-                self.num_queried_tokens += request.num_tokens
-                self.num_hit_tokens += num_hit
+        self._count_hit(request, num_hit)
         request.block_table = tables[0]
         if len(tables) > 1:
             self._tables[request.index] = tables
@@ -470,16 +465,8 @@ class SlidingWindowBlockManager(BlockManager):
         found = [(i, g, block) for g, i, block in skipped_own or () if self.key_of[block] == keys[i]]
         found += [(i, g, table[i]) for g, table in enumerate(tables)
                   for i in range(num_shared, num_full) if table[i] is not None]
-        key_of, group_of = self.key_of, self.group_of
         for i, g, block in sorted(found):
-            key_of[block] = keys[i]
-            group_of[block] = g
-            index = self.blocks_of[g]
-            same = index.get(keys[i])
-            if same is None:
-                index[keys[i]] = [block]
-            elif block not in same:
-                same.append(block)
+            self._index(g, keys[i], block)
 
     def slide(self, running: list[Request]) -> None:
         """At a step's end nothing is freed (a request frees its skipped blocks when it is next

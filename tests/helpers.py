@@ -56,6 +56,30 @@ class ConstantBackend:
         return StepResult(self.seconds, {})
 
 
+def replay_with_blocks(bm, rows, config, check) -> None:
+    """Random workloads against a block manager (tests/test_sliding_blocks.py, test_hybrid_blocks.py):
+    rows (arrival, prompt, output, hash seed) through one `chunked` engine on `bm` with `config`,
+    `check(batch, running)` at every step; then every request ended once, a finished one with all
+    its tokens, and every block free again with the manager's invariants holding."""
+    from policies import load_policy
+    from sim.arrivals import TraceArrivals, simulate
+    from sim.engine import Engine, TokenTimes
+    from sim.request import Request, Status
+
+    requests = [Request(i, str(i), float(t), p, o, hash_ids=np.array([h, h + 1] * (p // 8 + 1)), hash_block_tokens=4)
+                for i, (t, p, o, h) in enumerate(sorted(rows))]
+    engine = None
+    backend = ConstantBackend(on_execute=lambda batch: check(batch, engine.state.running))
+    engine = Engine(load_policy("chunked")(config), backend, bm, TokenTimes(requests), 10_000)
+    result = simulate(engine, TraceArrivals(requests, engine))
+    for i, r in enumerate(result.requests):
+        assert r.status in (Status.FINISHED, Status.REJECTED)
+        if r.status is Status.FINISHED:
+            assert len(result.tokens_of(i)) == r.max_tokens
+    assert bm.num_used_blocks == 0
+    bm.check_invariants([])
+
+
 # The real backend's tests (tests/test_real_model.py, tests/test_real_moe.py): paged batches of
 # token ids, run through a real backend's model.
 

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.kv_capacity import KVCacheGroup, kv_cache_groups
 from backends.model_config import ModelConfig, resolve_model
-from policies import load_policy
-from sim.arrivals import TraceArrivals, simulate
 from sim.block_manager import BlockManager
 from sim.config import SchedulerConfig
-from sim.engine import Engine, TokenTimes
 from sim.request import Request, Status
 from sim.sliding_block_manager import SlidingWindowBlockManager
-from tests.helpers import ConstantBackend
+from tests.helpers import replay_with_blocks
 from tests.moe_configs import GEMMA3_1B
 
 GPT_OSS = (("sliding_attention", 128), ("full_attention", None))  # kv_cache_groups(gpt-oss-120b)
@@ -105,13 +101,10 @@ def test_admission_counts_every_group():
 def test_blocks_conserved_and_windows_held(rows, num_blocks, window, caching, num_sliding, asynchronous):
     layout = (("sliding_attention", window),) * num_sliding + (("full_attention", None),)
     bm = SlidingWindowBlockManager(num_blocks, 4, caching, layout, window - 1 + (1 + asynchronous) * 32)
-    requests = [Request(i, str(i), float(t), p, o, hash_ids=np.array([h, h + 1] * (p // 8 + 1)), hash_block_tokens=4)
-                for i, (t, p, o, h) in enumerate(sorted(rows))]
-    engine = None
 
-    def check(batch):  # at every step: the pool adds up; each group of a scheduled request holds what
-        bm.check_invariants(engine.state.running)  # vLLM's formula says (synchronously; at most that plus
-        for r in batch.requests:  # the step in flight's tokens' blocks asynchronously), at most the cap
+    def check(batch, running):  # at every step: the pool adds up; each group of a scheduled request holds what
+        bm.check_invariants(running)  # vLLM's formula says (synchronously; at most that plus the step in
+        for r in batch.requests:  # flight's tokens' blocks asynchronously), at most the cap
             held = bm.held_by_group(r)
             table = len(r.block_table)
             assert held[-1] == table
@@ -119,15 +112,8 @@ def test_blocks_conserved_and_windows_held(rows, num_blocks, window, caching, nu
             assert all(h == table - skip if not asynchronous else table - skip <= h for h in held[:-1])
             assert all(h <= bm.max_admission_blocks for h in held[:-1])
 
-    config = SchedulerConfig("chunked", max_num_batched_tokens=32, max_num_seqs=4, async_scheduling=asynchronous)
-    engine = Engine(load_policy("chunked")(config), ConstantBackend(on_execute=check), bm, TokenTimes(requests), 10_000)
-    result = simulate(engine, TraceArrivals(requests, engine))
-    for i, r in enumerate(result.requests):
-        assert r.status in (Status.FINISHED, Status.REJECTED)
-        if r.status is Status.FINISHED:
-            assert len(result.tokens_of(i)) == r.max_tokens
-    assert bm.num_used_blocks == 0
-    bm.check_invariants([])
+    replay_with_blocks(bm, rows, SchedulerConfig("chunked", max_num_batched_tokens=32, max_num_seqs=4,
+                                                 async_scheduling=asynchronous), check)
 
 
 def test_the_plan_builds_the_hybrid_manager():

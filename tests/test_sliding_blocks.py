@@ -17,15 +17,12 @@ from hypothesis import strategies as st
 from backends.hardware import resolve_hardware
 from backends.kv_capacity import kv_capacity
 from backends.model_config import ModelConfig
-from policies import load_policy
-from sim.arrivals import TraceArrivals, simulate
 from sim.block_manager import BlockManager
 from sim.config import SchedulerConfig
-from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
-from sim.request import Request, Status
+from sim.request import Request
 from sim.sliding_block_manager import SlidingWindowBlockManager
-from tests.helpers import ConstantBackend
+from tests.helpers import replay_with_blocks
 from tests.moe_configs import MISTRAL_7B_V01
 
 SLIDING = "sliding_attention"  # a model whose every layer slides: one group
@@ -158,25 +155,14 @@ def test_blocks_conserved_and_each_request_under_the_admission_cap(rows, num_blo
                                                                    asynchronous):
     budget = 32  # the cap counts the batches in flight: two asynchronously (sim/app/plan.py max_in_flight_tokens)
     bm = SlidingWindowBlockManager(num_blocks, 4, caching, ((SLIDING, window),), window - 1 + (1 + asynchronous) * budget)
-    requests = [Request(i, str(i), float(t), p, o, hash_ids=np.array([h, h + 1] * (p // 8 + 1)), hash_block_tokens=4)
-                for i, (t, p, o, h) in enumerate(sorted(rows))]
-    engine = None
 
-    def check(batch):  # at every step: the pool adds up; a scheduled request holds at most the cap
-        bm.check_invariants(engine.state.running)
+    def check(batch, running):  # at every step: the pool adds up; a scheduled request holds at most the cap
+        bm.check_invariants(running)
         for r in batch.requests:
             assert held(r) <= bm.max_admission_blocks
 
-    config = SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=4, reserve_full_isl=reserve,
-                             async_scheduling=asynchronous)
-    engine = Engine(load_policy("chunked")(config), ConstantBackend(on_execute=check), bm, TokenTimes(requests), 10_000)
-    result = simulate(engine, TraceArrivals(requests, engine))
-    for i, r in enumerate(result.requests):
-        assert r.status in (Status.FINISHED, Status.REJECTED)
-        if r.status is Status.FINISHED:
-            assert len(result.tokens_of(i)) == r.max_tokens
-    assert bm.num_used_blocks == 0
-    bm.check_invariants([])
+    replay_with_blocks(bm, rows, SchedulerConfig("chunked", max_num_batched_tokens=budget, max_num_seqs=4,
+                                                 reserve_full_isl=reserve, async_scheduling=asynchronous), check)
 
 
 def _mistral(tmp_path, **changes) -> str:

@@ -32,6 +32,20 @@ def check(case: Case, fast_forward: bool) -> tuple[Agreement, Timeline, Timeline
     return compare(vllm, servesim), vllm, servesim
 
 
+def assert_schedules_as_vllm(case: Case, fast_forward: bool) -> None:
+    """The parity tests' assertion: the same steps (naming the first that differs), every request's
+    first-token and finish time, and the prefix-cache queries and hits."""
+    agreement, vllm, servesim = check(case, fast_forward)
+    k = agreement.first_step_differing
+    assert k is None, (f"step {k}: vLLM (prefill, decode, preemptions) "
+                       f"{vllm.steps[k] if k < len(vllm.steps) else 'none'}, servesim "
+                       f"{servesim.steps[k] if k < len(servesim.steps) else 'none'}")
+    assert servesim.first_token_s == vllm.first_token_s
+    assert servesim.finish_s == vllm.finish_s
+    assert (servesim.prefix_queries, servesim.prefix_hits) == (vllm.prefix_queries, vllm.prefix_hits)
+    assert agreement.agrees
+
+
 def main_async(pattern: str) -> int:
     """vLLM's asynchronous scheduling beside its synchronous scheduling, case by case."""
     for case in all_cases():

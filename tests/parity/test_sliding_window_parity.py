@@ -29,7 +29,7 @@ stkcm = pytest.importorskip("vllm.v1.core.single_type_kv_cache_manager",
 from sim.request import Request  # noqa: E402
 from sim.sliding_block_manager import SlidingWindowBlockManager  # noqa: E402
 from tests.parity.cases import async_variant, hybrid_cases, sliding_cases  # noqa: E402
-from tests.parity.run import check  # noqa: E402
+from tests.parity.run import assert_schedules_as_vllm  # noqa: E402
 
 # Asynchronously (vLLM's AsyncScheduler), one run of each kind differs, in the class test_vllm_parity.py's async
 # xfails have (docs/async-scheduling.md): a request preempted with its step in flight is readmitted
@@ -44,14 +44,7 @@ SLIDING = RUNS + [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="k
 
 @pytest.mark.parametrize("case", SLIDING, ids=[c.name if hasattr(c, "name") else c.values[0].name for c in SLIDING])
 def test_a_sliding_model_schedules_as_vllm(case):
-    agreement, vllm, servesim = check(case, fast_forward=True)  # (a sliding cache takes no runs: stepped)
-    k = agreement.first_step_differing
-    assert k is None, (f"step {k}: vLLM (prefill, decode, preemptions) "
-                       f"{vllm.steps[k] if k < len(vllm.steps) else 'none'}, servesim "
-                       f"{servesim.steps[k] if k < len(servesim.steps) else 'none'}")
-    assert servesim.first_token_s == vllm.first_token_s
-    assert servesim.finish_s == vllm.finish_s
-    assert (servesim.prefix_queries, servesim.prefix_hits) == (vllm.prefix_queries, vllm.prefix_hits)
+    assert_schedules_as_vllm(case, fast_forward=True)  # (a sliding cache takes no runs: stepped)
 
 
 @pytest.mark.parametrize("window,block_size", [(128, 16), (512, 16), (4096, 16), (128, 32), (5, 4)])

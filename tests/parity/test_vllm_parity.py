@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first impor
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM is not installed (pip install '.[parity]')")
 
 from tests.parity.cases import all_cases, async_cases
-from tests.parity.run import check
+from tests.parity.run import assert_schedules_as_vllm
 
 CASES = all_cases()
 # Asynchronous cases servesim does not yet schedule exactly as vLLM's AsyncScheduler: a tight cache with
@@ -34,13 +34,5 @@ ALL = CASES + ASYNC_CASES
 @pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
 @pytest.mark.parametrize("case", ALL, ids=[c.name if hasattr(c, "name") else c.values[0].name for c in ALL])
 def test_servesim_schedules_as_vllm(case, fast_forward):
-    agreement, vllm, servesim = check(case, fast_forward)
-    k = agreement.first_step_differing
-    assert k is None, (f"step {k}: vLLM (prefill, decode, preemptions) "
-                       f"{vllm.steps[k] if k < len(vllm.steps) else 'none'}, servesim "
-                       f"{servesim.steps[k] if k < len(servesim.steps) else 'none'}")
-    assert servesim.first_token_s == vllm.first_token_s
-    assert servesim.finish_s == vllm.finish_s
-    assert (servesim.prefix_queries, servesim.prefix_hits) == (vllm.prefix_queries, vllm.prefix_hits)
-    assert agreement.agrees
+    assert_schedules_as_vllm(case, fast_forward)
 
