@@ -52,7 +52,9 @@ def record(trace_path: str) -> dict:
             requests[r.index] = (r.index, r.request_id, r.arrival_s, r.num_prompt_tokens, r.max_tokens, r.hash_ids,
                                  r.hash_block_tokens)
         extra = r.block_table[known.get(r.index, 0):]
-        return r.index, r.num_computed_tokens, r.num_output_tokens, r.num_preemptions, extra
+        # (the steps that decide which of its tokens vLLM cached: BlockManager.num_cached_tokens)
+        steps = r.last_scheduled_step, r.last_sampled_step, r.cached_short_step
+        return r.index, r.num_computed_tokens, r.num_output_tokens, r.num_preemptions, extra, steps
 
     def recorded(name, about_request):
         method = getattr(BlockManager, name)
@@ -60,7 +62,7 @@ def record(trace_path: str) -> dict:
         def call(self, *args):
             if depth[0]:
                 return method(self, *args)
-            head = state(args[0]) if about_request else None
+            head = (state(args[0]), self.pipelined, self.step_in_flight) if about_request else None
             depth[0] += 1
             try:
                 result = method(self, *args)
@@ -93,7 +95,10 @@ def record(trace_path: str) -> dict:
         plan.BlockManager = original
     if len(shape) != 1:
         sys.exit(f"block_manager_calls: the replay made {len(shape)} block managers; one is recorded")
-    return {"calls": calls, "requests": requests, "shape": shape[0]}
+    return {"calls": calls, "requests": requests, "shape": shape[0], "format": FORMAT}
+
+
+FORMAT = 2  # of the recording: 2 records the steps that decide caching, and the engine's pipelined schedule
 
 
 def replay_calls(recording: dict, check: bool) -> float:
@@ -109,9 +114,10 @@ def replay_calls(recording: dict, check: bool) -> float:
         if name in ("can_allocate", "allocate") and cached is not None and args[0] == cached:
             args = (cached, *args[1:])
         if head is not None:
-            index, computed, output, preemptions, extra = head
+            (index, computed, output, preemptions, extra, steps), bm.pipelined, bm.step_in_flight = head
             r = twins[index]
             r.num_computed_tokens, r.num_output_tokens, r.num_preemptions = computed, output, preemptions
+            r.last_scheduled_step, r.last_sampled_step, r.cached_short_step = steps
             if extra:
                 r.block_table.extend(extra)
             got = getattr(bm, name)(r, *args)
@@ -156,6 +162,9 @@ def main() -> None:
         return
     with calls_file.open("rb") as f:
         recording = pickle.load(f)
+    if recording.get("format") != FORMAT:
+        sys.exit(f"block_manager_calls: {calls_file} was recorded by an older version of this script: remove it "
+                 "to record the calls again")
     if args.bare:
         for _ in range(args.repeat):
             replay_calls(recording, check=False)

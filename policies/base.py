@@ -207,18 +207,48 @@ class Policy:
         """The running request to preempt among those not yet scheduled in this step: the most
         recently admitted, or under `--scheduling-policy priority` the one with the largest
         (priority, arrival) (`victim_key`), as vLLM picks (`chunked` follows vLLM further: see its
-        docstring)."""
+        docstring); a finishing one where vLLM's running list has it there (`_or_finishing`)."""
         step = state.step_index
         if self.config.scheduling_policy == "priority":
-            return max((r for r in state.running if r.last_scheduled_step != step), key=victim_key)
+            victim = max((r for r in state.running if r.last_scheduled_step != step), key=victim_key, default=None)
+            return self._or_finishing(state, victim, True)
         for r in reversed(state.running):
             if r.last_scheduled_step != step:
-                return r
-        raise AssertionError("no unscheduled running request to preempt")
+                return self._or_finishing(state, r, False)
+        return self._or_finishing(state, None, False)
+
+    @staticmethod
+    def _or_finishing(state: EngineState, victim: Request | None, priority: bool) -> Request:
+        """`victim`, or a request finishing in the step in flight that vLLM would preempt first.
+        Under asynchronous scheduling vLLM's running list still holds them, in their place, until
+        that step's output is processed, and Scheduler.schedule picks its victim from the whole list
+        (`self.running[-1]`, or the largest (priority, arrival)): a finishing request can be
+        preempted, its blocks freed at once; its last token, in flight, still finishes it
+        (`_preempt_request` keeps it as a stale output)."""
+        if state.finishing:
+            if priority:
+                last = max(state.finishing, key=victim_key)
+                if victim is None or victim_key(last) > victim_key(victim):
+                    return last
+            else:
+                last = max(state.finishing, key=lambda r: r.admission_order)
+                if victim is None or last.admission_order > victim.admission_order:
+                    return last
+        if victim is None:
+            raise AssertionError("no unscheduled running request to preempt")
+        return victim
 
     def _preempt(self, state: EngineState, request: Request, num_scheduled: int = 0) -> None:
         """Preemption by recompute: drop its KV blocks; it restarts from the front of the queue.
-        `num_scheduled`: its tokens of this step, for a request preempted after it was scheduled."""
+        `num_scheduled`: its tokens of this step, for a request preempted after it was scheduled.
+        A request finishing in the step in flight (`_or_finishing`) only frees its blocks."""
+        if request.status is Status.FINISHED:
+            state.finishing.remove(request)
+            state.block_manager.free(request)
+            request.drop_block_hashes()
+            request.num_preemptions += 1
+            state.num_preemptions += 1
+            return
         state.block_manager.free(request, preempted=True, num_scheduled=num_scheduled)
         request.num_computed_tokens = 0
         request.status = Status.WAITING
@@ -252,7 +282,7 @@ class Policy:
         request.status = Status.RUNNING
         if request.first_scheduled_s is None:
             request.first_scheduled_s = now
-        state.running.append(request)
+        state.join_running(request)
         # An admission is a prefill, even of a preempted request whose cached prefix leaves only
         # its last sampled token to compute.
         self._add(state, batch, request, num_tokens, is_decode=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from policies.base import Policy, Promises, victim_key
 from sim.batch import Batch
-from sim.request import Request, num_leading_decoding
+from sim.request import Request, Status, num_leading_decoding
 from sim.state import EngineState
 
 
@@ -89,12 +89,12 @@ class ChunkedPolicy(Policy):
                 num_tokens = threshold
             num_tokens = min(num_tokens, budget)
             while not bm.can_append(request, num_tokens):
-                victim = self._running_victim(running, request, priority)
+                victim = self._running_victim(state, request, priority)
                 num_scheduled = 0
                 if victim.last_scheduled_step == step and victim is not request:
                     num_scheduled = batch.remove(victim)  # scheduled earlier in this step: taken back out
                     budget += num_scheduled
-                if running.index(victim) < i:
+                if victim.status is Status.RUNNING and running.index(victim) < i:  # (not a finishing one)
                     i -= 1
                 self._preempt(state, victim, num_scheduled)
                 if victim is request:
@@ -110,10 +110,8 @@ class ChunkedPolicy(Policy):
             # Under priority the requests after it rank higher and may still fit; `i` is theirs now.
         return budget
 
-    @staticmethod
-    def _running_victim(running: list[Request], request: Request, priority: bool) -> Request:
+    def _running_victim(self, state: EngineState, request: Request, priority: bool) -> Request:
         """vLLM's choice: the last running request (FCFS), or the one with the largest (priority,
-        arrival) under priority (`victim_key`)."""
-        if priority:
-            return max(running, key=victim_key)
-        return running[-1]
+        arrival) under priority (`victim_key`), a finishing one included (`_or_finishing`)."""
+        running = state.running
+        return self._or_finishing(state, max(running, key=victim_key) if priority else running[-1], priority)

@@ -72,7 +72,8 @@ class BlockManager(PrefixIndex):
     # (each frees, then takes), not `grow_tables` (policies/base.py _schedule_decodes).
     slides_windows = False
     frees_when_scheduled = False
-    pipelined = False  # set by the engine while it schedules beside a step in flight (read by SlidingWindowBlockManager)
+    pipelined = False  # set by the engine while it schedules beside a step in flight ...
+    step_in_flight = -1  # ... and that step's index (asynchronous scheduling: `num_cached_tokens`)
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         super().__init__(num_blocks, block_size)
@@ -220,7 +221,7 @@ class BlockManager(PrefixIndex):
         if not self.enable_prefix_caching:
             self._free_plain.extend(reversed(table))
         else:
-            num_full = (request.num_computed_tokens + num_scheduled) // self.block_size
+            num_full = self.num_cached_tokens(request, num_scheduled) // self.block_size
             if preempted:
                 self._register(request, num_full)
             elif num_full > request.num_hashed_blocks:
@@ -251,6 +252,25 @@ class BlockManager(PrefixIndex):
                 self._num_lru += num_full
         request.block_table = []
         request.num_hashed_blocks = 0
+
+    def num_cached_tokens(self, request: Request, num_scheduled: int = 0) -> int:
+        """The tokens whose full blocks vLLM has cached for the request when it leaves
+        (`num_scheduled`: its tokens of this step, for a request preempted after it was scheduled in
+        it): all it computed, but one less when it is preempted, under asynchronous scheduling, while
+        vLLM does not know a token it computed yet. KVCacheManager.allocate_slots caches
+        `min(num_computed + num_new, request.num_tokens)`, and vLLM's num_tokens leaves out a token
+        in flight (its placeholder, AsyncScheduler._update_after_schedule); Scheduler.update_from_output
+        caches up to `num_computed_tokens - num_in_flight_tokens` once a step's output is processed.
+        So the block filled by a token sampled in the step in flight (scheduled in this step), or, in
+        the step in flight, by the token sampled in the step before (Request.cached_short_step), is
+        not cached: freed to the free queue's head. A finished request's output was processed: all."""
+        short = False
+        if self.pipelined:  # a preemption beside the step in flight
+            if num_scheduled:
+                short = request.last_sampled_step == self.step_in_flight
+            else:
+                short = request.cached_short_step == self.step_in_flight
+        return request.num_computed_tokens + num_scheduled - short
 
     def _free_some(self, table: list[int], num_full: int, spans: list[tuple[int, int, int]]) -> None:
         """free() of full blocks when some of the request's are shared or duplicates: each loses

@@ -178,8 +178,9 @@ class DecodeReplica(Replica):
             waiting.popleft()
             bm.take_over(r, r.num_computed_tokens)
             r.last_scheduled_step = None  # its prefill replica's step numbers mean nothing here
+            r.last_sampled_step = r.cached_short_step = -1  # (its first token is known here)
             r.status = Status.RUNNING
-            state.running.append(r)
+            state.join_running(r)
 
 
 class DisaggregatedCluster(Cluster):

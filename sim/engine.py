@@ -281,6 +281,7 @@ class Engine:
         (sim/sliding_block_manager.py). The engine's and the DP lockstep's (sim/data_parallel.py)."""
         bm = self.block_manager
         bm.pipelined = True
+        bm.step_in_flight = self.state.step_index - 1
         try:
             return self.policy.schedule(self.state, at)
         finally:
@@ -368,6 +369,13 @@ class Engine:
         reserved the step's blocks when it scheduled it."""
         result: StepResult = run.first  # type: ignore[assignment]  # a single step is priced
         self.steps.append_step(batch, start, result, run.num_used_blocks, run.num_waiting, run.num_preempted)
+        if self.asynchronous:  # which requests sample, for their blocks' caching (Request.cached_short_step)
+            step = self.state.step_index
+            for r, samples in zip(batch.requests, batch.needs_logits):
+                if samples:
+                    if r.last_sampled_step == step - 1:
+                        r.cached_short_step = step
+                    r.last_sampled_step = step
         now = run.ends[0]
         sampled = result.sampled_token_ids
         if sampled is not None:  # a sampling backend: each logits row's token to its request
@@ -419,7 +427,7 @@ class Engine:
         reqs = batch.requests
         engine = self
         finishing = _emit_tokens(reqs, batch.num_scheduled_tokens, run.active_steps, ends_list,
-                                 engine.state.step_index)
+                                 engine.state.step_index, engine.asynchronous)
         # Hand out new blocks and free finished requests' blocks in the order step-by-step
         # simulation would: each step's new blocks in batch order, then at its end the requests
         # that finished in it, in batch order (freed blocks are the next ones taken).
@@ -594,12 +602,13 @@ class Engine:
 
 
 def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends: list[float],
-                 first_step: int) -> list[tuple[int, int]]:
+                 first_step: int, asynchronous: bool = False) -> list[tuple[int, int]]:
     """Apply a run's tokens to its requests: in step 0 each computes its `scheduled` tokens (all it
     had left: a decode's one, or a prompt's last chunk), in each later step one more, and it emits
     a token at the end of each of the `active_steps` it takes part in (`ends`: each step's end;
     step 0 of the run is engine step `first_step`). Returns (its last step, index) of the
-    requests that emitted their last token, sorted: they finish then."""
+    requests that emitted their last token, sorted: they finish then. `asynchronous`: each
+    request's sampled steps are kept (Request.last_sampled_step, cached_short_step)."""
     k = len(ends)
     finishing = []
     before_first = first_step - 1
@@ -613,7 +622,12 @@ def _emit_tokens(reqs: list, scheduled: list[int], active_steps: list[int], ends
         r.num_computed_tokens += q + num - 1
         num_output += num
         r.num_output_tokens = num_output
-        r.last_scheduled_step = before_first + num
+        last = before_first + num
+        r.last_scheduled_step = last
+        if asynchronous:  # it sampled in each of its steps, so in the one before its last if it took two
+            if num > 1 or r.last_sampled_step == before_first:
+                r.cached_short_step = last
+            r.last_sampled_step = last
         if num_output == r.max_tokens:
             finishing.append((num - 1, i))
     finishing.sort()

@@ -43,6 +43,14 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading blocks of block_table registered in the prefix cache
     last_scheduled_step: int | None = None  # the engine step that last scheduled it; None: never
+    admission_order: int = 0  # its place in the running list: the engine's admissions before it joined
+    # Asynchronous scheduling (set by the engine): the step in which it last sampled a token, and the
+    # last step in which it sampled one right after sampling one in the step before. vLLM scheduled
+    # that step before the token before it was known (its placeholder), so it cached the step's blocks
+    # one token short (KVCacheManager.allocate_slots caches min(num_computed + num_new,
+    # request.num_tokens), and num_tokens leaves out the token in flight); sim/block_manager.py.
+    last_sampled_step: int = -1
+    cached_short_step: int = -1
 
     # Timeline and counters.
     first_scheduled_s: float | None = None

@@ -49,10 +49,9 @@ without sliding windows), a request's own blocks (its tokens alone: generated on
 without trace hashes) are indexed only when it is preempted, since only it can ever find them: the
 blocks a window skipped too, while their key is still theirs (not evicted). They are counted cached
 (`num_hashed_blocks`) and freed to the free queue's tail as vLLM's hashed blocks are, so the queue
-and every lookup are the same. Where it still differs from vLLM: a block is cached when its
-tokens are scheduled, where vLLM's AsyncScheduler caches a block that a token in flight fills once
-that step's output is processed (tests/parity/test_sliding_window_parity.py names the runs this
-shows in).
+and every lookup are the same. Under asynchronous scheduling a block filled by a token vLLM does
+not know yet (sampled in the step in flight) is not cached when its request leaves beside that step:
+`free` counts one token less (BlockManager.num_cached_tokens).
 """
 
 from __future__ import annotations
@@ -444,6 +443,9 @@ class SlidingWindowBlockManager(BlockManager):
         them, once it is admitted again."""
         tables = self.tables(request)
         skipped_own = self._skipped_own.pop(request.index, None)
+        if self.pipelined:  # the block of a token vLLM does not know yet is not cached (`num_cached_tokens`)
+            request.num_hashed_blocks = min(request.num_hashed_blocks, self.num_cached_tokens(request, num_scheduled)
+                                            // self.block_size)
         if preempted and self.enable_prefix_caching:
             self._index_own(request, tables, skipped_own)
         num_hashed = request.num_hashed_blocks if self.enable_prefix_caching else 0

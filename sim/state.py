@@ -54,6 +54,14 @@ class EngineState:
         # vLLM's scheduler still holds them in its running list (skipped, their seats and blocks taken)
         # until that step's output is processed (sim/engine.py, docs/async-scheduling.md). Empty otherwise.
         self.finishing: list[Request] = []
+        self.num_admissions = 0  # requests that joined `running` (their `admission_order`)
+
+    def join_running(self, request: Request) -> None:
+        """The request joins the running list, last (vLLM's running order, which a finishing
+        request keeps: `admission_order`)."""
+        request.admission_order = self.num_admissions
+        self.num_admissions += 1
+        self.running.append(request)
 
     @property
     def num_seats(self) -> int:

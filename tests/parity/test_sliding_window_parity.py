@@ -31,18 +31,11 @@ from sim.sliding_block_manager import SlidingWindowBlockManager  # noqa: E402
 from tests.parity.cases import async_variant, hybrid_cases, sliding_cases  # noqa: E402
 from tests.parity.run import assert_schedules_as_vllm  # noqa: E402
 
-# Asynchronously (vLLM's AsyncScheduler), one run of each kind differs, in the class test_vllm_parity.py's async
-# xfails have (docs/async-scheduling.md): a request preempted with its step in flight is readmitted
-# with a prefix hit one block longer in servesim, which cached the block its token in flight filled
-# when it scheduled the token (vLLM, once the step's output is processed). Strict: it fails the
-# suite once it agrees.
-ASYNC_DIFFERING = {"sliding-300-prefix-tight-0-async", "hybrid-300-prefix-tight-1-async"}
-RUNS = sliding_cases() + hybrid_cases()
-SLIDING = RUNS + [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known async difference"))
-                  if c.name in ASYNC_DIFFERING else c for c in map(async_variant, RUNS)]
+SLIDING = sliding_cases() + hybrid_cases()
+SLIDING += [async_variant(c) for c in SLIDING]
 
 
-@pytest.mark.parametrize("case", SLIDING, ids=[c.name if hasattr(c, "name") else c.values[0].name for c in SLIDING])
+@pytest.mark.parametrize("case", SLIDING, ids=[c.name for c in SLIDING])
 def test_a_sliding_model_schedules_as_vllm(case):
     assert_schedules_as_vllm(case, fast_forward=True)  # (a sliding cache takes no runs: stepped)
 

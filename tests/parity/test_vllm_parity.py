@@ -22,17 +22,12 @@ from tests.parity.cases import all_cases, async_cases
 from tests.parity.run import assert_schedules_as_vllm
 
 CASES = all_cases()
-# Asynchronous cases servesim does not yet schedule exactly as vLLM's AsyncScheduler: a tight cache with
-# prefix caching, where a preemption or a prefix hit meets a request whose token is in flight
-# (docs/async-scheduling.md, "What servesim does not model"). Strict: they fail the suite once they agree.
-ASYNC_DIFFERING = {"bursty-tight-cached-0-async", "bursty-tight-cached-2-async"}
-ASYNC_CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known async difference"))
-               if c.name in ASYNC_DIFFERING else c for c in async_cases()]
+ASYNC_CASES = async_cases()
 ALL = CASES + ASYNC_CASES
 
 
 @pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
-@pytest.mark.parametrize("case", ALL, ids=[c.name if hasattr(c, "name") else c.values[0].name for c in ALL])
+@pytest.mark.parametrize("case", ALL, ids=[c.name for c in ALL])
 def test_servesim_schedules_as_vllm(case, fast_forward):
     assert_schedules_as_vllm(case, fast_forward)
 
