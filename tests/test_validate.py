@@ -111,6 +111,27 @@ def test_a_malformed_row_is_refused_naming_the_row_column_and_value(tmp_path, ca
     assert f"measured.csv: row 1 (a): {message}" in err and "Traceback" not in err
 
 
+def test_the_packages_own_conventions_are_read_not_refused(tmp_path):
+    """AIConfigurator's package writes 0 in a dense model's layout columns (not stated) and rows of
+    vLLM nightly builds (nightly-<commit>): both were refused, and the whole file with them."""
+    csv, ops, models = setup(tmp_path)
+    rows = [dict(r, attention_dp_size="", moe_tp_size=0, moe_ep_size=0.0) for r in measured_rows()[:2]]
+    rows[1]["backend_version"] = "nightly-5b8c30d62b754b57"
+    columns = COLUMNS + ["attention_dp_size", "moe_tp_size", "moe_ep_size"]
+    pd.DataFrame(rows, columns=columns).to_csv(csv, index=False)
+    out = tmp_path / "out"
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet"]) == 0
+    frame = pd.read_csv(out / "validate.csv", keep_default_na=False)
+    assert frame["id"].tolist() == ["a", "b"]
+    assert frame["tables"][1] == frame["tables"][0]  # a nightly build: the newest tables, as without a version
+    assert frame["notes"][1] == "backend_version nightly-5b8c30d62b754b57: a nightly build, not a release: priced " \
+        "with the newest tables"
+    rows[0]["moe_ep_size"] = -1  # still a number that cannot be a layout
+    pd.DataFrame(rows, columns=columns).to_csv(csv, index=False)
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(tmp_path / "o2"),
+                 "--quiet"]) == 2
+
+
 def test_an_unknown_model_is_skipped_not_guessed(tmp_path):
     csv, ops, _ = setup(tmp_path)
     out = tmp_path / "out"

@@ -141,11 +141,15 @@ KERNEL_CAVEATS = (
 
 
 def kernel_caveats(row) -> list[str]:
-    """The `KERNEL_CAVEATS` that apply to a measured row."""
+    """The `KERNEL_CAVEATS` that apply to a measured row, and whether its server was a nightly build."""
     source = str(row.get("silicon_data_source", ""))
-    return [caveat for pattern, backend, system, model, precision, caveat in KERNEL_CAVEATS
-            if re.search(pattern, source) and row.get("backend") == backend and row.get("system") == system
-            and re.search(model, str(row.get("model_path", ""))) and re.search(precision, str(row.get("precision", "")))]
+    caveats = [caveat for pattern, backend, system, model, precision, caveat in KERNEL_CAVEATS
+               if re.search(pattern, source) and row.get("backend") == backend and row.get("system") == system
+               and re.search(model, str(row.get("model_path", ""))) and re.search(precision, str(row.get("precision", "")))]
+    version = str(row.get("backend_version", "")).strip()
+    if version.startswith("nightly"):
+        caveats.append(f"backend_version {version}: a nightly build, not a release: priced with the newest tables")
+    return caveats
 
 
 @dataclass(frozen=True)
@@ -360,8 +364,22 @@ def tables_version_for(row) -> str | None:
     return version if row["backend"] == "vllm" and re.match(r"\d+\.\d+", version) else None
 
 
-# A release as the rows write it: 0.12.0, 0.10.1.1, 1.0.0rc3, 0.5.6.post2 (blank: not stated).
-ROW_VERSION = re.compile(r"\d+(\.\d+)+(\.?(rc|post|dev)\d+)?")
+# A release as the rows write it: 0.12.0, 0.10.1.1, 1.0.0rc3, 0.5.6.post2 (blank: not stated), or a
+# nightly build (nightly-5b8c30d62b754b57: AIConfigurator's package has such rows), priced with the
+# newest tables (`tables_version_for`), as a row without a version is.
+ROW_VERSION = re.compile(r"\d+(\.\d+)+(\.?(rc|post|dev)\d+)?|nightly(-[0-9a-f]+)?")
+# The parallel layout's columns: blank or 0 where the row does not state them (a dense model's rows in
+# AIConfigurator's package write moe_tp_size 0 and moe_ep_size 0).
+LAYOUT_COLUMNS = ("attention_dp_size", "moe_tp_size", "moe_ep_size")
+
+
+def layout_number(row, column: str) -> int | None:
+    """A layout column's value (`LAYOUT_COLUMNS`), None where not stated (blank or 0)."""
+    text = str(row.get(column, "")).strip()
+    if text in ("", "nan"):
+        return None
+    number = int(float(text))
+    return number or None
 
 
 def _row_number(row, column: str, where: str, whole: bool = True, optional: bool = False) -> None:
@@ -390,8 +408,9 @@ def check_row(row, where: str) -> None:
     if float(row["osl"]) < 2:  # a TPOT (the mean time between a request's output tokens) needs two of them
         raise ServesimError(f"{where}: osl must be at least 2 for the row's TPOT (the time between output tokens), "
                             f"got {row['osl']!r}")
-    for column in ("attention_dp_size", "moe_tp_size", "moe_ep_size"):
-        _row_number(row, column, where, optional=True)
+    for column in LAYOUT_COLUMNS:
+        if str(row.get(column, "")).strip() not in ("0", "0.0"):  # (0: not stated)
+            _row_number(row, column, where, optional=True)
     version = str(row.get("backend_version", "")).strip()
     if version and not ROW_VERSION.fullmatch(version):
         raise ServesimError(f"{where}: backend_version must be a release such as 0.12.0, got {version!r}")
@@ -488,8 +507,8 @@ def moe_layout(row, model) -> tuple[int, int, bool]:
     tp = int(row["tp_size"])
 
     def number(column: str, default: int) -> int:
-        value = str(row.get(column, "")).strip()
-        return int(float(value)) if value not in ("", "nan") else default
+        value = layout_number(row, column)
+        return default if value is None else value
 
     moe_tp, moe_ep = number("moe_tp_size", tp), number("moe_ep_size", 1)
     dp = number("attention_dp_size", max(moe_tp * moe_ep // tp, 1))
