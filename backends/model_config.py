@@ -34,11 +34,14 @@ VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vocab_parallel_embeddin
 # Weights' storage, per quantization (quantization_config of the checkpoint): fp8-block is
 # DeepSeek's e4m3 with one fp32 scale per 128 x 128 block (weight_block_size); mxfp4 is OCP MX fp4,
 # one e8m0 byte per 32 weights along the input; int4 is compressed-tensors' pack-quantized int4 with
-# one bf16 scale per group of 32 inputs (symmetric: no zero points).
-WEIGHT_DTYPES = ("bf16", "fp8", "fp8-block", "mxfp4", "int4")
+# one bf16 scale per group of 32 inputs (symmetric: no zero points); nvfp4 is NVIDIA's NVFP4 (e2m1 with
+# one e4m3 scale per 16 inputs, and fp4 activations: W4A4), as NVIDIA's ModelOpt checkpoints store
+# their routed experts (nvidia/Kimi-K2.5-NVFP4, nvidia/MiniMax-M2.5-NVFP4).
+WEIGHT_DTYPES = ("bf16", "fp8", "fp8-block", "mxfp4", "int4", "nvfp4")
 FP8_BLOCK = 128
 FP4_GROUP = 32
 INT4_GROUP = 32
+NVFP4_GROUP = 16
 
 # model_type -> (architecture, QK-norm)
 FAMILIES = {"llama": ("LlamaForCausalLM", False), "mistral": ("MistralForCausalLM", False),
@@ -207,7 +210,7 @@ class ModelConfig:
         # An fp8 checkpoint (per-tensor, or blocks of 128 x 128) is priced in fp8 (`served_dtype`); any other
         # quantization is refused naming it, never priced as bf16.
         fields["weight_dtype"] = _quantization(raw.get("quantization_config"), where, False)[0]
-        name = Path(where).parent.name or str(where)
+        name = config_name(where)
         try:
             return cls(name=name, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qk_norm=qk_norm,
@@ -509,10 +512,22 @@ def linear_bytes(k: int, n: int, dtype: str) -> int:
         return -(-k * n // 2) + -(-k // FP4_GROUP) * n
     if dtype == "int4":
         return -(-k * n // 2) + 2 * -(-k // INT4_GROUP) * n
+    if dtype == "nvfp4":
+        return -(-k * n // 2) + -(-k // NVFP4_GROUP) * n
     raise ServesimError(f"unknown weight dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
 
 
 # Reading Hugging Face config files.
+
+
+def config_name(path: str) -> str:
+    """The model's name for a config file: its folder's for ORG/NAME/config.json (NAME), the file's own
+    for a config saved by another name (the tables package's ORG--NAME_config.json: ORG/NAME)."""
+    p = Path(path)
+    if p.name == "config.json" or p.suffix != ".json":
+        return p.parent.name or str(path)
+    stem = p.stem.removesuffix("_config")
+    return stem.replace("--", "/", 1) or str(path)
 
 
 def read_config_json(path: str | Path) -> tuple[str, dict]:
@@ -693,7 +708,7 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
     gemma = model_type.startswith("gemma")
     if model_type == "gpt_oss":
         fields.update(attention_sinks=True, attention_bias=bool(raw.get("attention_bias", True)))
-    name = Path(where.split(" (")[0]).parent.name or where
+    name = config_name(where.split(" (")[0])
     try:
         return ModelConfig(name=name, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                            tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)), qk_norm=qk_norm,
@@ -787,6 +802,8 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
     method = config.get("quant_method")
     if method in (None, "modelopt") and str(config.get("quant_algo", "")).upper() == "FP8":
         return "fp8", "fp8"  # NVIDIA ModelOpt's FP8: per-tensor scaled weights (vLLM's ModelOptFp8Config)
+    if method in (None, "modelopt") and str(config.get("quant_algo", "")).upper() == "NVFP4":
+        return _nvfp4_experts(config.get("exclude_modules") or config.get("ignore"), config, where, has_experts)
     if method == "fp8":
         block = config.get("weight_block_size")
         if block is None:
@@ -805,6 +822,9 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
         if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" and w.get("strategy") in
                            ("tensor", "channel") for w in weights):
             return "fp8", "fp8"  # fp8 weights with per-tensor or per-channel scales
+        if weights and all(w.get("num_bits") == 4 and w.get("type") == "float" and w.get("group_size") == NVFP4_GROUP
+                           for w in weights):
+            return _nvfp4_experts(config.get("ignore"), config, where, has_experts)
         int4 = [w for w in weights if w.get("num_bits") == 4 and w.get("type") == "int"]
         if has_experts and len(int4) == len(weights) == 1 and int4[0].get("group_size") == INT4_GROUP:
             ignore = " ".join(str(x) for x in config.get("ignore") or [])
@@ -813,4 +833,17 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
         raise ServesimError(f"{where}: quantization_config config_groups = {groups}: servesim prices "
                             f"compressed-tensors int4 (group {INT4_GROUP}) routed experts only")
     raise ServesimError(f"{where}: quantization_config quant_method = {method!r} is not supported (fp8, ModelOpt "
-                        "FP8, mxfp4, compressed-tensors fp8 and int4)")
+                        "FP8 and NVFP4, mxfp4, compressed-tensors fp8, int4 and NVFP4)")
+
+
+def _nvfp4_experts(excluded, config: dict, where: str, has_experts: bool) -> tuple[str, str]:
+    """An NVFP4 checkpoint (NVIDIA ModelOpt's, as config.json's compressed-tensors or ModelOpt
+    quantization_config writes it): its routed experts in nvfp4, its attention left in bf16 (excluded,
+    as in every such checkpoint servesim prices). The linears it quantizes besides the routed experts
+    (a shared expert, the first dense layers' MLPs) are priced in bf16, so their few weights are
+    counted at most four times over (Kimi K2.5's shared experts: 0.3% of its weights in nvfp4)."""
+    text = " ".join(str(x) for x in excluded or [])
+    if not has_experts or "self_attn" not in text:
+        raise ServesimError(f"{where}: quantization_config {str(config)[:200]}: servesim prices NVFP4 checkpoints "
+                            "of mixtures of experts whose attention is not quantized only")
+    return "bf16", "nvfp4"

@@ -133,6 +133,29 @@ def test_kimi_k25_int4_experts_from_its_text_config():
     assert parts["shared_experts"] == 60 * (7168 * 512 * 2 + 256 * 7168 * 2)  # bf16: ignored by the quantization
 
 
+@pytest.mark.parametrize("name,form", [("nvidia--Kimi-K2.5-NVFP4", "compressed-tensors"),
+                                       ("nvidia--MiniMax-M2.5-NVFP4", "ModelOpt")])
+def test_nvfp4_checkpoints_price_their_experts_in_nvfp4(name, form):
+    # NVIDIA's NVFP4 checkpoints (ModelOpt), written as compressed-tensors (Kimi) or ModelOpt's own
+    # quantization_config (MiniMax): e2m1 weights, one e4m3 scale per 16 inputs; attention excluded.
+    m = package(name)
+    assert (m.weight_dtype, m.expert_dtype) == ("bf16", "nvfp4")
+    assert m.name == name.replace("--", "/")  # (the package's ORG--NAME_config.json, not its folder)
+    assert linear_bytes(7168, 512, "nvfp4") == 7168 * 512 // 2 + (7168 // 16) * 512
+    h, i, layers = m.hidden_size, m.moe_intermediate_size, m.num_moe_layers
+    expert = linear_bytes(h, 2 * i // 8, "nvfp4") + linear_bytes(i // 8, h, "nvfp4")  # TP 8: a slice of each
+    assert m.weight_bytes_by_part(tp=8)["experts"] == layers * m.num_experts * expert
+
+
+def test_an_nvfp4_checkpoint_with_quantized_attention_is_refused():
+    raw = json.loads((CONFIGS / "nvidia--MiniMax-M2.5-NVFP4_config.json").read_text())
+    raw["quantization_config"]["ignore"] = ["lm_head"]
+    path = Path(__import__("tempfile").mkdtemp()) / "config.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ServesimError, match="NVFP4 checkpoints of mixtures of experts whose attention is not quantized"):
+        ModelConfig.from_hf(path)
+
+
 def test_gpt_oss_sliding_sinks_mxfp4_by_hand():
     m = package("openai--gpt-oss-120b")
     assert m.layer_types == ("sliding_attention", "full_attention") * 18 and m.sliding_window == 128

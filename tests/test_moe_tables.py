@@ -297,3 +297,45 @@ def test_a_layout_vllm_would_not_make_is_refused_naming_it():
     with pytest.raises(ServesimError, match="moe_tp_size 4 x moe_ep_size 1 is not vLLM's layout of TP 2 x DP 1"):
         moe_layout({"tp_size": 2, "attention_dp_size": 1, "moe_tp_size": 4, "moe_ep_size": 1},
                    resolve_model("Qwen3-235B-A22B"))
+
+
+def test_nvfp4_experts_are_the_tables_nvfp4_rows_on_grid_points(package):
+    # NVIDIA's NVFP4 Kimi K2.5 on B200 (vLLM 0.19.0's tables: FlashInfer's TRT-LLM fp4 MoE kernel).
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.costmodel.optables.systems import read_layout_table
+    from backends.hardware import resolve_hardware
+    from backends.model_config import ModelConfig
+
+    model = ModelConfig.from_hf(package.parent / "model_configs" / "nvidia--Kimi-K2.5-NVFP4_config.json")
+    ops = moe_table_model(model, resolve_hardware("b200_sxm"), "b200_sxm", package / "data", tp=4,
+                          vllm_version="0.19.0", distribution="balanced")
+    assert "nvfp4" in ops.sources["moe"] and "vllm_flashinfer_trtllm_moe_fp4" in ops.sources["moe"]
+    table = read_layout_table(package / "data", "b200_sxm", "moe", "vllm", "moe_perf", "0.19.0").frame
+    rows = table[(table.hidden_size == 7168) & (table.inter_size == 2048) & (table.topk == 8)
+                 & (table.num_experts == 384) & (table.moe_dtype == "nvfp4") & (table.moe_tp_size == 4)
+                 & (table.moe_ep_size == 1) & (table.distribution == "balanced")]
+    assert not rows.empty
+    for t in sorted(set(rows.num_tokens))[::4]:
+        assert ops.dense(t, 0)[2] == pytest.approx(60 * rows[rows.num_tokens == t]["seconds"].mean(), rel=1e-12)
+
+
+def test_validate_prices_an_fp4_row_with_nvidias_nvfp4_checkpoint(package, tmp_path):
+    # A row of moonshotai/Kimi-K2.5 (int4 experts) at precision fp4 served nvidia/Kimi-K2.5-NVFP4; a row
+    # of a model NVIDIA publishes no NVFP4 config of is refused, as an int4 row of a model without int4 experts.
+    base = {"silicon_data_source": "", "backend": "vllm", "backend_version": "0.19.0", "system": "b200_sxm",
+            "mode": "agg", "isl": 256, "osl": 8, "batch_size": 2, "tp_size": 4, "pp_size": 1,
+            "attention_dp_size": "", "moe_tp_size": 4, "moe_ep_size": 1, "silicon_ttft_ms": 50.0,
+            "silicon_tpot_ms": 10.0}
+    rows = [dict(base, id="kimi-fp4", model_path="moonshotai/Kimi-K2.5", precision="fp4"),
+            dict(base, id="qwen-fp4", model_path="Qwen/Qwen3-30B-A3B", precision="fp4"),
+            dict(base, id="qwen-int4", model_path="Qwen/Qwen3-30B-A3B", precision="int4")]
+    path = tmp_path / "rows.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    assert main(["validate", str(path), "--out", str(tmp_path / "v"), "--quiet"]) == 0
+    out = pd.read_csv(tmp_path / "v" / "validate.csv", keep_default_na=False)
+    assert out["id"].tolist() == ["kimi-fp4"]
+    assert out["notes"][0].startswith("precision fp4: NVIDIA's NVFP4 checkpoint nvidia/Kimi-K2.5-NVFP4")
+    assert "nvfp4" in out["tables"][0]
+    skipped = {s["id"]: s["reason"] for s in json.loads((tmp_path / "v" / "validate.json").read_text())["skipped"]}
+    assert "no config of NVIDIA's NVFP4 one, nvidia/Qwen3-30B-A3B-NVFP4" in skipped["qwen-fp4"]
+    assert skipped["qwen-int4"] == "precision int4: Qwen/Qwen3-30B-A3B's config has no int4 experts"

@@ -229,7 +229,8 @@ class MoERooflineCostModel(CostModel):
 
     def _gemm(self, t, k: int, n: int, dtype: str, weight_fraction=1.0):
         """One GEMM of t rows; `weight_fraction` of its weights read (routed experts)."""
-        peak = self.hardware.peak_flops("fp8" if dtype in ("fp8", "fp8-block") else "bf16") * self.eff.gemm
+        # (nvfp4 experts, W4A4: fp4 tensor cores, taken at fp8's rate, as the hardware files state no fp4 peak)
+        peak = self.hardware.peak_flops("fp8" if dtype in ("fp8", "fp8-block", "nvfp4") else "bf16") * self.eff.gemm
         flops = 2.0 * t * k * n
         num_bytes = weight_fraction * linear_bytes(k, n, dtype) + t * (k + n) * ACTIVATION_BYTES
         return np.maximum(flops / peak, num_bytes / self._bytes_s)

@@ -338,6 +338,34 @@ def package_model_config(model_path: str) -> Path | None:
     return config if config.is_file() else None
 
 
+def served_checkpoint(row, model, models: dict) -> tuple:
+    """The checkpoint a MoE row served, where its precision says another than its model_path's config:
+    (the model, its config's path), or (model, None) where the config is the one served. A 4-bit
+    float row (precision fp4, AIConfigurator's `moe_quant_mode` nvfp4) of a model whose own experts
+    are not 4-bit floats served NVIDIA's NVFP4 checkpoint of it, nvidia/NAME-NVFP4 (the tables package
+    ships its config); without that config the row is refused, never priced with the other weights.
+    An int4 row needs the config's int4 experts (Kimi K2.5's)."""
+    from backends.model_config import resolve_model
+
+    precision = str(row["precision"])
+    if precision == "fp4" and model.expert_dtype not in ("mxfp4", "nvfp4"):
+        name = str(row["model_path"]).split("/")[-1]
+        config = package_model_config(f"nvidia/{name}-NVFP4")
+        if config is None:
+            raise ServesimError(f"precision fp4: the row served a 4-bit float checkpoint of {row['model_path']} "
+                                f"(its experts are {model.expert_dtype or model.weight_dtype or 'bf16'}), and the "
+                                f"tables package has no config of NVIDIA's NVFP4 one, nvidia/{name}-NVFP4")
+        served = models.get(str(config))
+        if served is None:
+            served = models[str(config)] = resolve_model(str(config))
+        if served.expert_dtype != "nvfp4":
+            raise ServesimError(f"precision fp4: {config} does not hold nvfp4 experts")
+        return served, str(config)
+    if precision == "int4" and model.expert_dtype != "int4":
+        raise ServesimError(f"precision int4: {row['model_path']}'s config has no int4 experts")
+    return model, None
+
+
 def is_moe_config(path: Path) -> bool:
     try:
         raw = json.loads(path.read_text())
@@ -423,8 +451,9 @@ def skip_reason(row, systems: list[str], models_dir, where: str = "the row") -> 
     _row_number(row, "pp_size", where)
     if int(float(row["pp_size"])) != 1:
         return f"pipeline parallelism (pp_size {row['pp_size']}) is not simulated"
-    if str(row["precision"]) not in ("", "fp8", "bf16", "fp4"):
-        return f"precision {row['precision']}: servesim's cost model prices bf16, fp8 and fp4 (nvfp4) weights only"
+    if str(row["precision"]) not in ("", "fp8", "bf16", "fp4", "int4"):
+        return (f"precision {row['precision']}: servesim's cost model prices bf16, fp8 and fp4 (nvfp4) weights, and "
+                "int4 experts, only")
     if row["system"] not in systems:
         return f"no operator tables for system {row['system']} (tables for {', '.join(systems) or 'none'})"
     if hardware_for(row["system"]) is None:
@@ -658,8 +687,17 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                 if served != dtype:
                     dtype, key = served, (*key[:3], served, *key[4:])
                 if model.is_extended:
+                    model, served = served_checkpoint(row, model, models)
+                    if served is not None:
+                        row["model_source"] = served
                     prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
                                                  "fp8" if kv == "fp8" else "auto", moe_models)
+                    if served is not None:
+                        prediction["notes"] = "; ".join([f"precision {row['precision']}: NVIDIA's NVFP4 checkpoint "
+                                                         f"{model.name} (the tables package's config)",
+                                                         prediction.get("notes", "")])
+                elif str(row["precision"]) == "int4":
+                    raise ServesimError(f"precision int4: {row['model_path']}'s config has no int4 weights")
                 elif key not in profiles:
                     from backends.hardware import resolve_hardware
 

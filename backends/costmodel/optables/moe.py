@@ -74,7 +74,8 @@ from sim.batch import Batch
 from sim.errors import ServesimError
 
 # servesim's expert dtypes (ModelConfig.linear_dtypes) -> moe_perf's moe_dtype
-MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "mxfp4": "w4a16_mxfp4", "int4": "int4_wo"}
+MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "mxfp4": "w4a16_mxfp4", "int4": "int4_wo",
+              "nvfp4": "nvfp4"}
 # servesim's weight dtypes -> gemm_perf's gemm_dtype
 LINEAR_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block"}
 DISTRIBUTION = re.compile(r"^power-law:(?P<alpha>\d+(\.\d+)?)$")
