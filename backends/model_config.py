@@ -385,7 +385,14 @@ class ModelConfig:
             rules.append(self._split_rule("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
                                           tp, weights))
         if self.num_experts and moe_tp > 1:
-            rules.append(self._split_rule("moe_intermediate_size", self.moe_intermediate_size, moe_tp, experts))
+            rule = self._split_rule("moe_intermediate_size", self.moe_intermediate_size, moe_tp, experts)
+            if not rule[0] and experts == "fp8-block" and self.moe_intermediate_size % moe_tp == 0 and math.gcd(
+                    FP8_BLOCK, self.moe_intermediate_size // moe_tp, self.hidden_size) >= 32:
+                # vLLM refines the experts' block scales to a finer block that divides the TP slice, at least
+                # 32 (fused_moe/oracle/fp8.py refine_fp8_moe_block_shape, served by its Triton kernel):
+                # MiniMax-M2.5's 1536 over 8 GPUs, 192 each, in blocks of 64.
+                rule = (True, "", moe_tp)
+            rules.append(rule)
         for ok, what, among in rules:
             if not ok:
                 raise ServesimError(f"--tp {tp}" + (f" --dp {dp}" if dp > 1 else "") + f" does not split model "
