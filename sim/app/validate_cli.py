@@ -38,14 +38,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if show:
         print(file=sys.stderr)
     if not args.quiet:
-        print(f"{'system':<10}{'model':<36}{'backend':<9}{'version':<13}{'precision':<10}{'rows':>5}"
-              f"{'TTFT MAPE':>11}{'TPOT MAPE':>11}")
-        for g in summary["groups"]:
-            print(f"{g['system']:<10}{g['model']:<36}{g['backend']:<9}{g['backend_version']:<13}"
+        groups = summary["groups"]
+        # Each column as wide as its longest value (a nightly build's version is 24 characters).
+        widths = {key: max([least, *(len(str(g[key])) + 1 for g in groups)])
+                  for key, least in (("system", 10), ("model", 36), ("backend", 9), ("backend_version", 13))}
+        print(f"{'system':<{widths['system']}}{'model':<{widths['model']}}{'backend':<{widths['backend']}}"
+              f"{'version':<{widths['backend_version']}}{'precision':<10}{'rows':>5}{'TTFT MAPE':>11}{'TPOT MAPE':>11}")
+        for g in groups:
+            print(f"{g['system']:<{widths['system']}}{g['model']:<{widths['model']}}{g['backend']:<{widths['backend']}}"
+                  f"{g['backend_version']:<{widths['backend_version']}}"
                   f"{g['precision'] or '-':<10}{g['rows']:>5}{g['ttft_mape']:>10.1f}%{g['tpot_mape']:>10.1f}%")
         a = summary["all"]
         if a["rows"]:
-            print(f"{'all':<78}{a['rows']:>5}{a['ttft_mape']:>10.1f}%{a['tpot_mape']:>10.1f}%")
+            print(f"{'all':<{sum(widths.values()) + 10}}{a['rows']:>5}{a['ttft_mape']:>10.1f}%{a['tpot_mape']:>10.1f}%")
         print(f"{len(summary['skipped'])} rows skipped (reasons in validate.json); "
               f"{time.perf_counter() - started:.0f} s; wrote {args.out}/")
     return 0
