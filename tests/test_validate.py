@@ -96,11 +96,12 @@ def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
     ("silicon_ttft_ms", "", "silicon_ttft_ms must be a positive number, got ''"),
     ("silicon_tpot_ms", "nan", "silicon_tpot_ms must be a positive number"),
     ("pp_size", "two", "pp_size must be a positive whole number, got 'two'"),
-    ("backend_version", "abc", "backend_version must be a release such as 0.12.0, got 'abc'"),
+    ("backend_version", "0.12.x", "backend_version must be a release such as 0.12.0 or a build's name, got '0.12.x'"),
+    ("backend_version", "nightly dev", "backend_version must be a release such as 0.12.0 or a build's name"),
 ])
 def test_a_malformed_row_is_refused_naming_the_row_column_and_value(tmp_path, capsys, column, value, message):
     """Before, these ended in a traceback (tp_size 0, a negative ISL, a blank TTFT) or were read as
-    something else (backend_version 'abc': the newest tables)."""
+    something else (backend_version '0.12.x': the newest tables)."""
     csv, ops, models = setup(tmp_path)
     rows = measured_rows()
     rows[0][column] = value
@@ -113,10 +114,10 @@ def test_a_malformed_row_is_refused_naming_the_row_column_and_value(tmp_path, ca
 
 def test_the_packages_own_conventions_are_read_not_refused(tmp_path):
     """AIConfigurator's package writes 0 in a dense model's layout columns (not stated) and rows of
-    vLLM nightly builds (nightly-<commit>): both were refused, and the whole file with them."""
+    builds (nightly-<commit>, gpt-oss-dev): both were refused, and the whole file with them."""
     csv, ops, models = setup(tmp_path)
     rows = [dict(r, attention_dp_size="", moe_tp_size=0, moe_ep_size=0.0) for r in measured_rows()[:2]]
-    rows[1]["backend_version"] = "nightly-5b8c30d62b754b57"
+    rows[1]["backend_version"] = "nightly-5b8c30d62b754b57"  # (SGLang's rows write nightly-dev)
     columns = COLUMNS + ["attention_dp_size", "moe_tp_size", "moe_ep_size"]
     pd.DataFrame(rows, columns=columns).to_csv(csv, index=False)
     out = tmp_path / "out"
@@ -124,8 +125,8 @@ def test_the_packages_own_conventions_are_read_not_refused(tmp_path):
     frame = pd.read_csv(out / "validate.csv", keep_default_na=False)
     assert frame["id"].tolist() == ["a", "b"]
     assert frame["tables"][1] == frame["tables"][0]  # a nightly build: the newest tables, as without a version
-    assert frame["notes"][1] == "backend_version nightly-5b8c30d62b754b57: a nightly build, not a release: priced " \
-        "with the newest tables"
+    assert frame["notes"][1] == "backend_version nightly-5b8c30d62b754b57: a build, not a release: priced with the " \
+        "newest tables"
     rows[0]["moe_ep_size"] = -1  # still a number that cannot be a layout
     pd.DataFrame(rows, columns=columns).to_csv(csv, index=False)
     assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(tmp_path / "o2"),
@@ -385,3 +386,13 @@ def test_a_launch_scripts_kernel_the_tables_do_not_measure_is_said_per_row():
     (caveat,) = kernel_caveats(b200)
     assert "FlashInferCuteDslNvFp4LinearKernel" in caveat
     assert kernel_caveats({**b200, "precision": "fp8"}) == []
+
+
+@pytest.mark.parametrize("version, release", [
+    ("0.12.0", True), ("1.0.0rc3", True), ("0.5.6.post2", True), ("1.1.0rc2.post2", True), ("0.19.0+cu130", True),
+    ("0.12", True), ("nightly-5b8c30d62b754b57", True), ("nightly-dev", True), ("nightly", True), ("nightly-", True),
+    ("gpt-oss-dev", True), ("0.12.x", False), ("0.19.0-x", False), ("nightly dev", False)])
+def test_the_versions_a_row_may_state(version, release):
+    from sim.app.validate import ROW_VERSION
+
+    assert bool(ROW_VERSION.fullmatch(version)) is release

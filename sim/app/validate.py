@@ -147,8 +147,8 @@ def kernel_caveats(row) -> list[str]:
                if re.search(pattern, source) and row.get("backend") == backend and row.get("system") == system
                and re.search(model, str(row.get("model_path", ""))) and re.search(precision, str(row.get("precision", "")))]
     version = str(row.get("backend_version", "")).strip()
-    if version.startswith("nightly"):
-        caveats.append(f"backend_version {version}: a nightly build, not a release: priced with the newest tables")
+    if version and not is_release(version) and row.get("backend") == "vllm":
+        caveats.append(f"backend_version {version}: a build, not a release: priced with the newest tables")
     return caveats
 
 
@@ -389,13 +389,23 @@ def tables_version_for(row) -> str | None:
     """The vLLM version whose tables price the row: its own for a vLLM row that states one, else
     None (the newest)."""
     version = str(row.get("backend_version", "")).strip()
-    return version if row["backend"] == "vllm" and re.match(r"\d+\.\d+", version) else None
+    release = re.match(r"\d+(\.\d+)+", version)  # (its release numbers: 0.19.0 of 0.19.0+cu130)
+    return release.group() if row["backend"] == "vllm" and release else None
 
 
-# A release as the rows write it: 0.12.0, 0.10.1.1, 1.0.0rc3, 0.5.6.post2 (blank: not stated), or a
-# nightly build (nightly-5b8c30d62b754b57: AIConfigurator's package has such rows), priced with the
-# newest tables (`tables_version_for`), as a row without a version is.
-ROW_VERSION = re.compile(r"\d+(\.\d+)+(\.?(rc|post|dev)\d+)?|nightly(-[0-9a-f]+)?")
+# A release as the rows write it: 0.12.0, 0.10.1.1, 1.0.0rc3, 0.5.6.post2, 1.1.0rc2.post2, 0.19.0+cu130 (PEP
+# 440's, a local label too; blank: not stated), or the name of a build (nightly-5b8c30d62b754b57,
+# nightly-dev, gpt-oss-dev: AIConfigurator's package has such rows), which names no tables: a vLLM
+# row's are then the newest, said in its notes. A value that starts as a number must be a release.
+ROW_VERSION = re.compile(r"\d+(\.\d+)+([-_.]?(a|b|rc)\d*)?([-_.]?post\d*)?([-_.]?dev\d*)?(\+[0-9A-Za-z.]+)?"
+                         r"|[A-Za-z][0-9A-Za-z._+-]*")
+
+
+def is_release(version: str) -> bool:
+    """A version that names a release (not a build's name: `ROW_VERSION`)."""
+    return version[:1].isdigit()
+
+
 # The parallel layout's columns: blank or 0 where the row does not state them (a dense model's rows in
 # AIConfigurator's package write moe_tp_size 0 and moe_ep_size 0).
 LAYOUT_COLUMNS = ("attention_dp_size", "moe_tp_size", "moe_ep_size")
@@ -441,7 +451,8 @@ def check_row(row, where: str) -> None:
             _row_number(row, column, where, optional=True)
     version = str(row.get("backend_version", "")).strip()
     if version and not ROW_VERSION.fullmatch(version):
-        raise ServesimError(f"{where}: backend_version must be a release such as 0.12.0, got {version!r}")
+        raise ServesimError(f"{where}: backend_version must be a release such as 0.12.0 or a build's name, "
+                            f"got {version!r}")
 
 
 def skip_reason(row, systems: list[str], models_dir, where: str = "the row") -> str | None:
