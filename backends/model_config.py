@@ -339,6 +339,8 @@ class ModelConfig:
         CUDA graph, backends/costmodel/optables/moe.py), as vLLM serves a quantized checkpoint whatever its
         --dtype (the activations'); else `dtype` (--dtype). A mixture of experts prices its checkpoint's
         dtypes itself (`linear_dtypes`)."""
+        if not self.is_extended and self.weight_dtype == "nvfp4":
+            return "fp4"  # an NVFP4 checkpoint, served in fp4 whatever --dtype
         if self.is_extended or self.weight_dtype not in ("fp8", "fp8-block"):
             return dtype
         if dtype == "fp4":
@@ -544,7 +546,20 @@ def read_config_json(path: str | Path) -> tuple[str, dict]:
         p = p / "config.json"
     if not p.is_file():
         raise ServesimError(f"{p}: no such file (--model takes a preset name, a config.json or a folder holding one)")
-    return str(p), read_json_file(p, "model config")
+    raw = read_json_file(p, "model config")
+    text = raw.get("text_config")
+    if raw.get("quantization_config") is None and not (isinstance(text, dict) and text.get("quantization_config")):
+        # NVIDIA's ModelOpt checkpoints may state their quantization in hf_quant_config.json beside
+        # config.json, which vLLM reads (ModelOptFp8Config / ModelOptNvFp4Config); the tables package
+        # ships it as ORG--NAME_hf_quant_config.json beside ORG--NAME_config.json.
+        beside = p.with_name("hf_quant_config.json" if p.name == "config.json"
+                             else p.name.removesuffix("config.json") + "hf_quant_config.json")
+        if beside.is_file():
+            quantization = read_json_file(beside, "ModelOpt quantization config").get("quantization")
+            if not isinstance(quantization, dict):
+                raise ServesimError(f"{beside}: no \"quantization\" object in it")
+            raw = {**raw, "quantization_config": {"quant_method": "modelopt", **quantization}}
+    return str(p), raw
 
 
 def refuse_unpriceable(raw: dict, where: str) -> None:
@@ -850,7 +865,13 @@ def _nvfp4_experts(excluded, config: dict, where: str, has_experts: bool) -> tup
     (a shared expert, the first dense layers' MLPs) are priced in bf16, so their few weights are
     counted at most four times over (Kimi K2.5's shared experts: 0.3% of its weights in nvfp4)."""
     text = " ".join(str(x) for x in excluded or [])
-    if not has_experts or "self_attn" not in text:
+    if not has_experts:
+        # A dense model's: every linear but the LM head in nvfp4, served as --dtype fp4 (`served_dtype`).
+        if any("lm_head" not in str(x) for x in excluded or []):
+            raise ServesimError(f"{where}: quantization_config excludes {text[:200]} from NVFP4: servesim prices "
+                                "a dense NVFP4 checkpoint with every linear but the LM head quantized")
+        return "nvfp4", ""
+    if "self_attn" not in text:
         raise ServesimError(f"{where}: quantization_config {str(config)[:200]}: servesim prices NVFP4 checkpoints "
                             "of mixtures of experts whose attention is not quantized only")
     return "bf16", "nvfp4"

@@ -149,6 +149,29 @@ def test_nvfp4_checkpoints_price_their_experts_in_nvfp4(name, form):
     assert m.weight_bytes_by_part(tp=8)["experts"] == layers * m.num_experts * expert
 
 
+def test_a_modelopt_checkpoint_states_its_quantization_beside_config_json(tmp_path):
+    # nvidia/DeepSeek-V3.1-NVFP4's config.json has no quantization_config: vLLM reads hf_quant_config.json
+    # beside it (the package ships it as ORG--NAME_hf_quant_config.json), and so does servesim.
+    m = package("nvidia--DeepSeek-V3.1-NVFP4")
+    assert (m.name, m.weight_dtype, m.expert_dtype) == ("nvidia/DeepSeek-V3.1-NVFP4", "bf16", "nvfp4")
+    # A dense model's NVFP4 checkpoint (every linear but the LM head) is served in fp4 whatever --dtype.
+    dense = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+             "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 512, "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(dense))
+    quant = {"quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}}
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(quant))
+    m = ModelConfig.from_hf(tmp_path)
+    assert (m.weight_dtype, m.served_dtype("bf16"), m.served_dtype("fp8")) == ("nvfp4", "fp4", "fp4")
+    quant["quantization"]["exclude_modules"] = ["lm_head", "model.layers.0.self_attn*"]
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(quant))
+    with pytest.raises(ServesimError, match="every linear but the LM head quantized"):
+        ModelConfig.from_hf(tmp_path)
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"producer": {}}))
+    with pytest.raises(ServesimError, match="hf_quant_config.json: no \"quantization\" object in it"):
+        ModelConfig.from_hf(tmp_path)
+
+
 def test_an_nvfp4_checkpoint_with_quantized_attention_is_refused():
     raw = json.loads((CONFIGS / "nvidia--MiniMax-M2.5-NVFP4_config.json").read_text())
     raw["quantization_config"]["ignore"] = ["lm_head"]
