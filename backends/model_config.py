@@ -115,6 +115,9 @@ class ModelConfig:
     # MLP weights, and of the routed experts'; "" when the checkpoint is not quantized (--dtype).
     weight_dtype: str = ""
     expert_dtype: str = ""
+    # The KV cache the checkpoint's quantization states ("fp8"; "" where none): vLLM resolves
+    # --kv-cache-dtype auto to it (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string).
+    kv_cache_dtype: str = ""
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -163,6 +166,8 @@ class ModelConfig:
             if "sliding_attention" in self.layer_types and not (isinstance(self.sliding_window, int)
                                                                   and self.sliding_window >= 1):
                 fail(f"sliding_window must be a positive whole number, got {self.sliding_window!r}")
+        if self.kv_cache_dtype not in ("", "fp8"):
+            fail(f"kv_cache_dtype must be fp8 or empty, got {self.kv_cache_dtype!r}")
         for field in ("weight_dtype", "expert_dtype"):
             if getattr(self, field) not in ("",) + WEIGHT_DTYPES:
                 fail(f"{field} must be one of {', '.join(WEIGHT_DTYPES)}, got {getattr(self, field)!r}")
@@ -210,6 +215,7 @@ class ModelConfig:
         # An fp8 checkpoint (per-tensor, or blocks of 128 x 128) is priced in fp8 (`served_dtype`); any other
         # quantization is refused naming it, never priced as bf16.
         fields["weight_dtype"] = _quantization(raw.get("quantization_config"), where, False)[0]
+        fields["kv_cache_dtype"] = checkpoint_kv_cache(raw.get("quantization_config"))
         name = config_name(where)
         try:
             return cls(name=name, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
@@ -665,7 +671,7 @@ _EXTENDED_FIELDS = ("model_type", "num_experts", "num_experts_per_tok", "moe_int
                     "shared_expert_intermediate_size", "norm_topk_prob", "first_k_dense_replace", "kv_lora_rank",
                     "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
                     "layer_types", "attention_sinks", "attention_bias", "sandwich_norms", "weight_dtype",
-                    "expert_dtype")
+                    "expert_dtype", "kv_cache_dtype")
 _DEEPSEEK = ("deepseek_v3", "kimi_k2")
 
 
@@ -725,6 +731,7 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
     if fields.get("kv_lora_rank"):
         fields["head_dim"] = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
     fields.update(_window_fields(raw, where, model_type, layers))
+    fields["kv_cache_dtype"] = checkpoint_kv_cache(raw.get("quantization_config"))
     fields["weight_dtype"], fields["expert_dtype"] = _quantization(raw.get("quantization_config"), where,
                                                                    bool(fields.get("num_experts")))
     gemma = model_type.startswith("gemma")
@@ -856,6 +863,19 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
                             f"compressed-tensors int4 (group {INT4_GROUP}) routed experts only")
     raise ServesimError(f"{where}: quantization_config quant_method = {method!r} is not supported (fp8, ModelOpt "
                         "FP8 and NVFP4, mxfp4, compressed-tensors fp8, int4 and NVFP4)")
+
+
+def checkpoint_kv_cache(config) -> str:
+    """"fp8" where a checkpoint's quantization_config states an fp8 KV cache (ModelOpt's
+    kv_cache_quant_algo FP8, or a kv_cache_scheme of 8-bit floats, ModelOpt's or compressed-tensors'),
+    as vLLM reads it (vllm/utils/torch_utils.py get_kv_cache_quant_algo_string;
+    model_executor/layers/attention/attention.py for compressed-tensors); else ""."""
+    if not isinstance(config, dict):
+        return ""
+    scheme = config.get("kv_cache_scheme") or config.get("kv_cache_quant_algo")
+    if isinstance(scheme, dict):
+        return "fp8" if scheme.get("num_bits") == 8 and scheme.get("type") == "float" else ""
+    return "fp8" if str(scheme or "").upper() == "FP8" else ""
 
 
 def _nvfp4_experts(excluded, config: dict, where: str, has_experts: bool) -> tuple[str, str]:

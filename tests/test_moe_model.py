@@ -172,6 +172,27 @@ def test_a_modelopt_checkpoint_states_its_quantization_beside_config_json(tmp_pa
         ModelConfig.from_hf(tmp_path)
 
 
+def test_a_checkpoints_fp8_kv_cache_is_what_auto_resolves_to(tmp_path):
+    # vLLM resolves --kv-cache-dtype auto to the KV cache a checkpoint's quantization states
+    # (resolve_kv_cache_dtype_string): ModelOpt's kv_cache_quant_algo, a kv_cache_scheme of 8-bit floats.
+    from backends.model_config import checkpoint_kv_cache
+    from sim.app.plan import resolve
+    from sim.app.replay import ReplayOptions
+
+    assert package("nvidia--Kimi-K2.5-NVFP4").kv_cache_dtype == "fp8"  # (its compressed-tensors kv_cache_scheme)
+    assert package("nvidia--DeepSeek-V3.1-NVFP4").kv_cache_dtype == "fp8"  # (hf_quant_config.json's FP8)
+    assert package("moonshotai--Kimi-K2.5").kv_cache_dtype == ""
+    assert checkpoint_kv_cache({"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}) == "fp8"
+    assert checkpoint_kv_cache({"kv_cache_scheme": {"num_bits": 8, "type": "float"}}) == "fp8"
+    assert checkpoint_kv_cache({"kv_cache_scheme": None, "quant_method": "fp8"}) == ""
+    assert "kv_cache_dtype" not in resolve_model("Llama-3.1-8B").describe()
+    config = str(CONFIGS / "nvidia--MiniMax-M2.5-NVFP4_config.json")
+    plan = resolve(ReplayOptions(model=config, hardware="b200_sxm", tp=4), build_backend=False)
+    assert plan.options.kv_cache_dtype == "fp8"
+    plan = resolve(ReplayOptions(model=config, hardware="b200_sxm", tp=4, kv_cache_dtype="fp8"), build_backend=False)
+    assert plan.options.kv_cache_dtype == "fp8"
+
+
 def test_an_nvfp4_checkpoint_with_quantized_attention_is_refused():
     raw = json.loads((CONFIGS / "nvidia--MiniMax-M2.5-NVFP4_config.json").read_text())
     raw["quantization_config"]["ignore"] = ["lm_head"]

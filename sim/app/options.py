@@ -58,7 +58,8 @@ class ReplayOptions:
                         help="the weights' dtype: fp8 halves their bytes and uses the fp8 peak; fp4 (nvfp4) is priced "
                              "from operator tables only (default: {default})")
     kv_cache_dtype: str = option("auto", flag="--kv-cache-dtype", choices=("auto", "fp8"),
-                                 help="the KV cache's dtype: auto (bf16) or fp8, half the bytes per block "
+                                 help="the KV cache's dtype: auto (the checkpoint's where its quantization states "
+                                      "one, as vLLM resolves auto; else bf16) or fp8, half the bytes per block "
                                       "(default: {default})")
     # vLLM's --data-parallel-size: engine ranks in lockstep behind its DP load balancer (sim/data_parallel.py)
     dp: int = option(1, flag="--dp", range=DATA_PARALLEL, metavar="N",

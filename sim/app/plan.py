@@ -182,6 +182,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         served = model.served_dtype(options.dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
         if served != options.dtype:
             options = replace(options, dtype=served)
+        if options.kv_cache_dtype == "auto" and model.kv_cache_dtype:  # the checkpoint's, as vLLM resolves auto
+            options = replace(options, kv_cache_dtype=model.kv_cache_dtype)
     model.check_tp(options.tp)
     hardware.check_tp(options.tp)
     if options.dp > 1:  # vLLM's divisibility rules for the experts over tp x dp GPUs

@@ -697,13 +697,19 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                 served = model.served_dtype(dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
                 if served != dtype:
                     dtype, key = served, (*key[:3], served, *key[4:])
+                checkpoint = None
                 if model.is_extended:
-                    model, served = served_checkpoint(row, model, models)
-                    if served is not None:
-                        row["model_source"] = served
+                    model, checkpoint = served_checkpoint(row, model, models)
+                    if checkpoint is not None:
+                        row["model_source"] = checkpoint
+                if kv_cache == "auto" and model.kv_cache_dtype:  # the checkpoint's, as vLLM resolves auto
+                    kv_cache, kv = model.kv_cache_dtype, kv_name(model.kv_cache_dtype)
+                    kv_why = f"the checkpoint's ({model.name}'s quantization config), as vLLM resolves auto"
+                    key = (*key[:4], kv, *key[5:])
+                if model.is_extended:
                     prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
                                                  "fp8" if kv == "fp8" else "auto", moe_models)
-                    if served is not None:
+                    if checkpoint is not None:
                         prediction["notes"] = "; ".join([f"precision {row['precision']}: NVIDIA's NVFP4 checkpoint "
                                                          f"{model.name} (the tables package's config)",
                                                          prediction.get("notes", "")])
