@@ -734,6 +734,9 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
     fields["kv_cache_dtype"] = checkpoint_kv_cache(raw.get("quantization_config"))
     fields["weight_dtype"], fields["expert_dtype"] = _quantization(raw.get("quantization_config"), where,
                                                                    bool(fields.get("num_experts")))
+    if fields.get("kv_lora_rank") and fields["weight_dtype"] == "nvfp4":
+        raise ServesimError(f"{where}: an NVFP4 checkpoint that quantizes MLA's projections: servesim prices MLA "
+                            "from its module tables in bf16 or block fp8 only")
     gemma = model_type.startswith("gemma")
     if model_type == "gpt_oss":
         fields.update(attention_sinks=True, attention_bias=bool(raw.get("attention_bias", True)))
@@ -880,10 +883,11 @@ def checkpoint_kv_cache(config) -> str:
 
 def _nvfp4_experts(excluded, config: dict, where: str, has_experts: bool) -> tuple[str, str]:
     """An NVFP4 checkpoint (NVIDIA ModelOpt's, as config.json's compressed-tensors or ModelOpt
-    quantization_config writes it): its routed experts in nvfp4, its attention left in bf16 (excluded,
-    as in every such checkpoint servesim prices). The linears it quantizes besides the routed experts
-    (a shared expert, the first dense layers' MLPs) are priced in bf16, so their few weights are
-    counted at most four times over (Kimi K2.5's shared experts: 0.3% of its weights in nvfp4)."""
+    quantization_config writes it): its routed experts in nvfp4, and its attention's linears in nvfp4
+    too unless it excludes them (`self_attn`; an MLA model's must be: `extended_from_hf`). Where the
+    attention is excluded, the linears it quantizes besides the routed experts (a shared expert, the
+    first dense layers' MLPs) are priced in bf16, so their few weights are counted at most four times
+    over (Kimi K2.5's shared experts: 0.3% of its weights in nvfp4)."""
     text = " ".join(str(x) for x in excluded or [])
     if not has_experts:
         # A dense model's: every linear but the LM head in nvfp4, served as --dtype fp4 (`served_dtype`).
@@ -891,7 +895,6 @@ def _nvfp4_experts(excluded, config: dict, where: str, has_experts: bool) -> tup
             raise ServesimError(f"{where}: quantization_config excludes {text[:200]} from NVFP4: servesim prices "
                                 "a dense NVFP4 checkpoint with every linear but the LM head quantized")
         return "nvfp4", ""
-    if "self_attn" not in text:
-        raise ServesimError(f"{where}: quantization_config {str(config)[:200]}: servesim prices NVFP4 checkpoints "
-                            "of mixtures of experts whose attention is not quantized only")
+    if "self_attn" not in text:  # (nvidia/Qwen3-235B-A22B-NVFP4: its attention's linears in nvfp4 too)
+        return "nvfp4", "nvfp4"
     return "bf16", "nvfp4"

@@ -193,13 +193,19 @@ def test_a_checkpoints_fp8_kv_cache_is_what_auto_resolves_to(tmp_path):
     assert plan.options.kv_cache_dtype == "fp8"
 
 
-def test_an_nvfp4_checkpoint_with_quantized_attention_is_refused():
-    raw = json.loads((CONFIGS / "nvidia--MiniMax-M2.5-NVFP4_config.json").read_text())
-    raw["quantization_config"]["ignore"] = ["lm_head"]
-    path = Path(__import__("tempfile").mkdtemp()) / "config.json"
-    path.write_text(json.dumps(raw))
-    with pytest.raises(ServesimError, match="NVFP4 checkpoints of mixtures of experts whose attention is not quantized"):
-        ModelConfig.from_hf(path)
+def test_an_nvfp4_checkpoint_that_quantizes_attention(tmp_path):
+    # nvidia/Qwen3-235B-A22B-NVFP4 quantizes its attention's linears too (hf_quant_config.json excludes only
+    # the routers); an MLA model's projections in nvfp4 are refused (MLA is priced from its module tables).
+    m = package("nvidia--Qwen3-235B-A22B-NVFP4")
+    assert (m.weight_dtype, m.expert_dtype, m.kv_cache_dtype) == ("nvfp4", "nvfp4", "fp8")
+    assert m.weight_bytes_by_part(tp=4)["attention"] == 94 * (linear_bytes(4096, (64 // 4 + 2 * 1) * 128, "nvfp4")
+                                                               + linear_bytes(64 // 4 * 128, 4096, "nvfp4")
+                                                               + 2 * 128 * 2)  # (q and k norms: bf16)
+    raw = json.loads((CONFIGS / "nvidia--Kimi-K2.5-NVFP4_config.json").read_text())
+    raw["quantization_config"]["ignore"] = ["language_model.lm_head"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ServesimError, match="an NVFP4 checkpoint that quantizes MLA's projections"):
+        ModelConfig.from_hf(tmp_path)
 
 
 def test_gpt_oss_sliding_sinks_mxfp4_by_hand():

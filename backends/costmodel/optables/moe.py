@@ -77,7 +77,7 @@ from sim.errors import ServesimError
 MOE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "mxfp4": "w4a16_mxfp4", "int4": "int4_wo",
               "nvfp4": "nvfp4"}
 # servesim's weight dtypes -> gemm_perf's gemm_dtype
-LINEAR_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block"}
+LINEAR_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "nvfp4": "nvfp4"}
 DISTRIBUTION = re.compile(r"^power-law:(?P<alpha>\d+(\.\d+)?)$")
 ACTIVATION_BYTES = 2  # bf16 hidden states
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes messages up to 8 MiB (derive.py)
