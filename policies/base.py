@@ -244,8 +244,7 @@ class Policy:
         A request finishing in the step in flight (`_or_finishing`) only frees its blocks."""
         if request.status is Status.FINISHED:
             state.finishing.remove(request)
-            state.block_manager.free(request)
-            request.drop_block_hashes()
+            state.block_manager.release_finished(request)
             request.num_preemptions += 1
             state.num_preemptions += 1
             return

@@ -253,6 +253,13 @@ class BlockManager(PrefixIndex):
         request.block_table = []
         request.num_hashed_blocks = 0
 
+    def release_finished(self, request: Request) -> None:
+        """A finished request's blocks back to the pool (its hashed blocks stay cached there), and its
+        block keys dropped: it is never looked up again. The engine's, and a policy's for a finishing
+        request it preempts (policies/base.py `_preempt`)."""
+        self.free(request)
+        request.drop_block_hashes()
+
     def num_cached_tokens(self, request: Request, num_scheduled: int = 0) -> int:
         """The tokens whose full blocks vLLM has cached for the request when it leaves
         (`num_scheduled`: its tokens of this step, for a request preempted after it was scheduled in

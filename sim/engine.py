@@ -579,13 +579,8 @@ class Engine:
         """Free the blocks of the requests that finished in the last step and were held while the
         next was scheduled (asynchronous scheduling: `EngineState.finishing`)."""
         for r in self.state.finishing:
-            self._release(r)
+            self.block_manager.release_finished(r)
         self.state.finishing = []
-
-    def _release(self, r: Request) -> None:
-        """A finished request's blocks back to the pool (its hashed blocks stay cached there)."""
-        self.block_manager.free(r)
-        r.drop_block_hashes()
 
     def finish(self, r: Request, now: float) -> None:
         r.status = Status.FINISHED
@@ -593,7 +588,7 @@ class Engine:
         if self.asynchronous:  # its blocks are freed once the next step is scheduled (`run`)
             self.state.finishing.append(r)
         else:
-            self._release(r)
+            self.block_manager.release_finished(r)
         self.num_finished += 1
         if self.token_times is not None:
             self.token_times.store(r)

@@ -46,9 +46,9 @@ class Request:
     admission_order: int = 0  # its place in the running list: the engine's admissions before it joined
     # Asynchronous scheduling (set by the engine): the step in which it last sampled a token, and the
     # last step in which it sampled one right after sampling one in the step before. vLLM scheduled
-    # that step before the token before it was known (its placeholder), so it cached the step's blocks
-    # one token short (KVCacheManager.allocate_slots caches min(num_computed + num_new,
-    # request.num_tokens), and num_tokens leaves out the token in flight); sim/block_manager.py.
+    # that step before the token before it was known (its placeholder), so while that step is in
+    # flight its blocks are cached one token short (KVCacheManager.allocate_slots caches
+    # min(num_computed + num_new, request.num_tokens)); BlockManager.num_cached_tokens.
     last_sampled_step: int = -1
     cached_short_step: int = -1
 
