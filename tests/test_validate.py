@@ -133,6 +133,27 @@ def test_the_packages_own_conventions_are_read_not_refused(tmp_path):
                  "--quiet"]) == 2
 
 
+def test_whole_numbers_written_as_floats_read_as_the_same_row(tmp_path):
+    """pandas writes an integer column that has a blank as floats (tp_size 2.0, isl 64.0): check_row
+    accepts them as whole, and they were then read with int("2.0"), an internal error."""
+    csv, ops, models = setup(tmp_path)
+    rows = measured_rows()[:2] + [dict(measured_rows()[3], tp_size="")]  # a disaggregated row states no tp_size
+    out = tmp_path / "ints"
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet"]) == 0
+    floats = tmp_path / "floats.csv"
+    text = pd.DataFrame(rows, columns=COLUMNS).astype({c: float for c in ("isl", "osl", "batch_size")})
+    text["tp_size"] = ["1.0", "2.0", ""]
+    text.to_csv(floats, index=False)
+    assert ",2.0," in floats.read_text()
+    out2 = tmp_path / "floats"
+    assert main(["validate", str(floats), "--ops", str(ops), "--models", str(models), "--out", str(out2),
+                 "--quiet"]) == 0
+    a, b = pd.read_csv(out / "validate.csv"), pd.read_csv(out2 / "validate.csv")
+    assert b["tp"].tolist() == [1, 2] and b["isl"].tolist() == [64, 64]
+    pd.testing.assert_frame_equal(a, b)
+
+
 def test_an_unknown_model_is_skipped_not_guessed(tmp_path):
     csv, ops, _ = setup(tmp_path)
     out = tmp_path / "out"

@@ -681,6 +681,8 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
         if reason is None:
             check_row(row, where)
             row = row.copy()
+            for column in ("isl", "osl", "tp_size", "concurrency"):  # checked whole: "4.0" is 4
+                row[column] = int(float(row[column]))
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
             dtype = str(row["precision"]) if row["precision"] in ("fp8", "fp4") else "bf16"
             kv_cache, kv_why = protocol.kv_cache_for(row)
