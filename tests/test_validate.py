@@ -154,6 +154,13 @@ def test_whole_numbers_written_as_floats_read_as_the_same_row(tmp_path):
     pd.testing.assert_frame_equal(a, b)
 
 
+def test_a_mode_that_is_neither_agg_nor_disagg_is_skipped_saying_so():
+    from sim.app.validate import skip_reason
+
+    row = dict(measured_rows()[0], mode="")
+    assert skip_reason(row, ["h100_sxm"], None) == "mode '': only aggregated serving (mode agg) is simulated"
+
+
 def test_an_unknown_model_is_skipped_not_guessed(tmp_path):
     csv, ops, _ = setup(tmp_path)
     out = tmp_path / "out"

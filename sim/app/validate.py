@@ -457,8 +457,10 @@ def check_row(row, where: str) -> None:
 
 def skip_reason(row, systems: list[str], models_dir, where: str = "the row") -> str | None:
     """Why `row` cannot be expressed, or None (`where`: the file and the row, for a malformed pp_size)."""
-    if str(row["mode"]) != "agg":
+    if str(row["mode"]) == "disagg":
         return f"mode {row['mode']}: disaggregated serving (prefill and decode workers) is not simulated"
+    if str(row["mode"]) != "agg":
+        return f"mode {str(row['mode'])!r}: only aggregated serving (mode agg) is simulated"
     _row_number(row, "pp_size", where)
     if int(float(row["pp_size"])) != 1:
         return f"pipeline parallelism (pp_size {row['pp_size']}) is not simulated"
