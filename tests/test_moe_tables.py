@@ -14,11 +14,14 @@ import pytest
 from backends.costmodel.optables.moe import (
     MoEShape,
     check_moe_distribution,
+    dispatched_moe_kernel,
     family_distribution,
     moe_curve,
     nccl_curve,
+    pick_moe_curve,
     table_distribution,
 )
+from backends.costmodel.optables.systems import LayoutTable, versions_by_nearness
 from backends.costmodel.roofline import combine_bytes, dispatch_bytes, dp_gathered_tokens
 from sim.app.cli import main
 from sim.errors import ServesimError
@@ -67,6 +70,87 @@ def test_moe_curve_is_the_table_on_grid_points_and_picks_vllms_hopper_kernel():
 def test_a_shape_the_table_lacks_is_a_reason_never_a_guess(change, says):
     reason = moe_curve(moe_frame(), shape(**change))
     assert isinstance(reason, str) and says in reason
+
+
+def mxfp4_rows(kernel: str, scale: float, tokens=(1, 8, 64), tp: int = 1) -> list[dict]:
+    return [{"kernel_source": kernel, "moe_dtype": "w4a16_mxfp4", "num_tokens": t, "hidden_size": 2880,
+             "inter_size": 2880, "topk": 4, "num_experts": 128, "moe_tp_size": tp, "moe_ep_size": 1,
+             "distribution": "power_law_1.2", "seconds": scale * t * 1e-6} for t in tokens]
+
+
+def layout(version: str, how: str, rows: list[dict]) -> LayoutTable:
+    return LayoutTable("moe_perf", version, how, (f"/x/{version}/moe_perf.parquet",), pd.DataFrame(rows))
+
+
+def test_versions_by_nearness_start_with_choose_versions_pick():
+    assert versions_by_nearness(["0.19.0", "0.22.0", "0.24.0"], "0.15.1") == [
+        ("0.19.0", "the nearest to 0.15.1 (available: 0.19.0, 0.22.0, 0.24.0)"),
+        ("0.22.0", "the next nearest to 0.15.1"), ("0.24.0", "the next nearest to 0.15.1")]
+    assert [v for v, _ in versions_by_nearness(["0.19.0", "0.22.0", "0.24.0"], "0.23.0")] == \
+        ["0.24.0", "0.22.0", "0.19.0"]  # a tie goes to the newer
+    assert [v for v, _ in versions_by_nearness(["0.19.0", "0.24.0"], None)] == ["0.24.0", "0.19.0"]
+
+
+def test_the_kernel_vllm_serves_the_experts_with_by_dtype_and_gpu():
+    assert dispatched_moe_kernel("int4_wo", None)[0] == "marlin"  # compressed-tensors WNA16: Marlin anywhere
+    assert dispatched_moe_kernel("w4a16_mxfp4", 100)[0] == "flashinfer_trtllm_mxfp4_bf16"  # B200
+    assert dispatched_moe_kernel("w4a16_mxfp4", 103)[0] == "flashinfer_trtllm_mxfp4_bf16"  # B300
+    assert dispatched_moe_kernel("w4a16_mxfp4", 90)[0] == "oaitriton"  # H100, H200
+    assert dispatched_moe_kernel("w4a16_mxfp4", 89)[0] == "marlin"  # L40S
+    assert dispatched_moe_kernel("w4a16_mxfp4", None) is None  # a GPU the package does not describe
+    assert dispatched_moe_kernel("fp8_block", 90) is None
+
+
+def test_a_shape_the_nearest_version_lacks_comes_from_the_next_nearest_never_the_roofline():
+    """vLLM 0.19's B200 table measures gpt-oss's experts at MoE TP 1 and 8 only: a TP 2 row of vLLM
+    0.15.1 was priced by the roofline though 0.24's table measures TP 2."""
+    near = layout("0.19.0", "the nearest to 0.15.1", mxfp4_rows("vllm_mxfp4_moe", 10.0))
+    far = layout("0.24.0", "the next nearest to 0.15.1", mxfp4_rows("vllm_x_marlin_y", 2.0, tp=2))
+    table, priced, (kernel, xs, ys), why = pick_moe_curve([near, far], mxfp4_shape(moe_tp_size=2), False, None)
+    assert table is far and kernel == "vllm_x_marlin_y" and ys.tolist() == [2.0 * t * 1e-6 for t in (1, 8, 64)]
+    assert why == "; vLLM 0.19.0's table does not measure it at this shape"
+    reason = pick_moe_curve([near, far], mxfp4_shape(moe_tp_size=4), False, None)
+    assert reason == ("no moe_perf rows at MoE TP 4, EP 1 (moe_perf.parquet vLLM 0.19.0; no other version "
+                      "measures it)")
+
+
+def test_the_served_kernel_comes_before_the_nearer_versions_helper_timing():
+    """vLLM 0.19's table times gpt-oss's experts through a helper (vllm_mxfp4_moe, 3 to 4x the FlashInfer
+    kernel vLLM serves them with on B200); 0.24's names the served kernel."""
+    served = dispatched_moe_kernel("w4a16_mxfp4", 100)
+    near = layout("0.19.0", "the nearest", mxfp4_rows("vllm_mxfp4_moe", 10.0))
+    far = layout("0.24.0", "the next nearest", mxfp4_rows(
+        "vllm_gptossmxfp4moe_flashinfer_trtllm_mxfp4_bf16_trtllmmxfp4expertsmonolithic", 3.0))
+    table, _, (kernel, _, ys), why = pick_moe_curve([near, far], mxfp4_shape(), False, served)
+    assert table is far and "flashinfer_trtllm_mxfp4_bf16" in kernel and ys[0] == pytest.approx(3e-6)
+    assert why.startswith("; FlashInfer TRT-LLM MXFP4 x BF16") and "0.19.0's table does not measure it" in why
+    # Where no version measures the served kernel, the nearest version's helper timing prices it.
+    table, _, (kernel, _, _), why = pick_moe_curve([near], mxfp4_shape(), False, served)
+    assert table is near and kernel == "vllm_mxfp4_moe" and why == ""
+    # The helper labels never count as the served kernel, even where their names contain it.
+    int4 = layout("0.19.0", "the nearest", [dict(r, moe_dtype="int4_wo") for r in mxfp4_rows("vllm_marlin_int4_moe", 9.0)])
+    marlin = layout("0.24.0", "the next nearest", [dict(r, moe_dtype="int4_wo") for r in mxfp4_rows(
+        "vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts", 4.0)])
+    table, _, (kernel, _, _), _ = pick_moe_curve([int4, marlin], mxfp4_shape(moe_dtype="int4_wo"), False,
+                                                 dispatched_moe_kernel("int4_wo", 100))
+    assert table is marlin
+
+
+def test_a_curve_from_one_token_comes_before_a_nearer_partial_one():
+    """vLLM 0.19's B200 table measures gpt-oss at MoE TP 8 from 128 tokens only: every decode step of
+    fewer tokens would be priced at 128 tokens' time."""
+    near = layout("0.19.0", "the nearest", mxfp4_rows("vllm_mxfp4_moe", 10.0, tokens=(128, 256), tp=8))
+    far = layout("0.24.0", "the next nearest", mxfp4_rows("vllm_other", 3.0, tp=8))
+    table, _, (_, xs, _), _ = pick_moe_curve([near, far], mxfp4_shape(moe_tp_size=8), False, None)
+    assert table is far and xs[0] == 1
+    table, _, (_, xs, _), _ = pick_moe_curve([near], mxfp4_shape(moe_tp_size=8), False, None)
+    assert table is near and xs.tolist() == [128, 256]  # the only measurement there is
+
+
+def mxfp4_shape(**kw) -> MoEShape:
+    base = dict(hidden_size=2880, inter_size=2880, topk=4, num_experts=128, moe_tp_size=1, moe_ep_size=1,
+                moe_dtype="w4a16_mxfp4", distribution="power_law_1.2")
+    return MoEShape(**{**base, **kw})
 
 
 def test_dispatch_and_combine_sizes_worked_by_hand():
@@ -339,3 +423,37 @@ def test_validate_prices_an_fp4_row_with_nvidias_nvfp4_checkpoint(package, tmp_p
     skipped = {s["id"]: s["reason"] for s in json.loads((tmp_path / "v" / "validate.json").read_text())["skipped"]}
     assert "no config of NVIDIA's NVFP4 one, nvidia/Qwen3-30B-A3B-NVFP4" in skipped["qwen-fp4"]
     assert skipped["qwen-int4"] == "precision int4: Qwen/Qwen3-30B-A3B's config has no int4 experts"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_gpt_oss_on_b200_of_an_older_vllm_is_priced_with_the_kernel_vllm_serves_it_with(package, tp):
+    """vLLM 0.15.1's nearest tables on B200 are 0.19's, whose gpt-oss rows time a helper at 3 to 4x
+    FlashInfer's TRT-LLM MXFP4 kernel (the one vLLM serves them with) and hold no MoE TP 2 at all (it
+    was the roofline). Now both come from the rows naming that kernel, exact on grid points."""
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.costmodel.optables.systems import read_layout_table
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    ops = moe_table_model(resolve_model("gpt-oss-120b"), resolve_hardware("b200_sxm"), "b200_sxm", package / "data",
+                          tp=tp, vllm_version="0.15.1")
+    assert "vllm_gptossmxfp4moe_flashinfer_trtllm_mxfp4_bf16" in ops.sources["moe"]
+    assert "the kernel vLLM serves these experts with" in ops.sources["moe"]
+    table = read_layout_table(package / "data", "b200_sxm", "moe", "vllm", "moe_perf", "0.24.0").frame
+    rows = table[(table.hidden_size == 2880) & (table.num_experts == 128) & (table.moe_tp_size == tp)
+                 & (table.moe_ep_size == 1) & (table.distribution == "power_law_1.2")
+                 & table.kernel_source.str.contains("flashinfer_trtllm_mxfp4_bf16")]
+    assert not rows.empty
+    for t in (1, 8, 256, 4096):
+        assert ops.dense(t, 0)[2] == pytest.approx(36 * rows[rows.num_tokens == t]["seconds"].mean(), rel=1e-12)
+
+
+def test_kimis_int4_experts_are_priced_with_marlin_not_the_helper_the_older_table_times(package):
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.hardware import resolve_hardware
+    from backends.model_config import ModelConfig
+
+    model = ModelConfig.from_hf(package.parent / "model_configs" / "moonshotai--Kimi-K2.5_config.json")
+    ops = moe_table_model(model, resolve_hardware("H200"), "h200_sxm", package / "data", tp=8, vllm_version="0.16.0")
+    assert "int4_wo" in ops.sources["moe"] and "compressedtensorswna16marlinmoe_marlin" in ops.sources["moe"]
+    assert "vllm_marlin_int4_moe" not in ops.sources["moe"]

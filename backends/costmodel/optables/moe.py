@@ -8,10 +8,16 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   moe_intermediate_size, top-k, experts), MoE TP and EP, expert dtype and token distribution
   (`--moe-distribution`: by default, `auto`, the family's skewed routing, `family_distribution`;
   or balanced, or power-law:ALPHA for the skewed ones measured),
-  log-log in tokens between grid points, exact on them. The kernel is the one vLLM 0.33 picks on
-  Hopper (vllm/model_executor/layers/fused_moe/oracle/fp8.py, `_get_priority_backends`: block fp8
-  runs Triton under TP and FlashInfer CUTLASS under EP), else the one the tables measured most.
-  A shape the table does not hold is the roofline's (never interpolated across models).
+  log-log in tokens between grid points, exact on them. The kernel, where servesim knows the one
+  vLLM's layer serves the experts' dtype with on the GPU (`dispatched_moe_kernel`: Marlin for int4,
+  FlashInfer's TRT-LLM MXFP4 kernel on B200 and B300, OpenAI's Triton MXFP4 kernels on H100 and
+  H200), is that one, from a table that names it: the tables of vLLM before 0.24 time vLLM's
+  standalone helpers instead (`HELPER_KERNELS`). Else the one vLLM 0.33 picks on Hopper
+  (vllm/model_executor/layers/fused_moe/oracle/fp8.py, `_get_priority_backends`: block fp8 runs
+  Triton under TP and FlashInfer CUTLASS under EP), else the one the tables measured most.
+  The version: the row's own, else the nearest that measures the shape (`pick_moe_curve`: a version
+  whose table lacks it yields to the next nearest, as AIConfigurator's sibling versions fill a
+  shape). A shape no version holds is the roofline's (never interpolated across models).
   Tokens: the MoE layer of a DP > 1 deployment sees every DP rank's tokens (the dispatch gathers
   them): a DP group's lockstep step prices it once from every rank's tokens (`dp_moe_parts`,
   backends/costmodel/roofline.py; sim/data_parallel.py), and a step priced alone (`execute`)
@@ -137,9 +143,49 @@ def moe_kernel(kernels: list[str], moe_dtype: str, ep: int) -> str:
     return kernels[0]
 
 
-def moe_curve(frame, shape: MoEShape) -> tuple[str, np.ndarray, np.ndarray] | str:
+# The kernel_source labels of the tables that time one of vLLM's standalone helpers (AIConfigurator's
+# collector before vLLM 0.24, ai-dynamo/aiconfigurator collector/vllm/collect_moe.py, `run_moe_torch`:
+# `fused_experts` called with each quant config, or a bare FusedMoE module), not the kernel a served
+# layer dispatched. vllm_marlin_int4_moe, for one, is `fused_experts` with `int4_w4a16_moe_quant_config`:
+# the Triton or CUDA WNA16 kernel, not Marlin. The 0.24 tables name the layer's method, backend and
+# experts class instead (vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts); the package's own
+# notes call the 0.19 and 0.22 MoE folders bridging tables flagged for retirement
+# (systems/data/*/moe/vllm/0.24.0/collection_meta.yaml).
+HELPER_KERNELS = frozenset({"vllm_fused_moe", "vllm_mxfp4_moe", "vllm_marlin_int4_moe",
+                            "vllm_flashinfer_trtllm_moe_fp4"})
+
+
+def dispatched_moe_kernel(moe_dtype: str, sm_version: int | None) -> tuple[str, str] | None:
+    """(what its kernel_source contains, its name) of the fused-MoE kernel vLLM's layer runs by
+    default for experts of `moe_dtype` on a GPU of compute capability `sm_version`, where servesim
+    knows it; None where it does not (the lanes are then `moe_kernel`'s choice).
+
+    - int4 (compressed-tensors WNA16, Kimi K2's experts): Marlin
+      (vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe.py,
+      `CompressedTensorsWNA16MarlinMoEMethod`).
+    - MXFP4 (gpt-oss): `get_mxfp4_backend` (vllm/model_executor/layers/quantization/mxfp4.py) with its
+      default environment and FlashInfer installed: FlashInfer's TRT-LLM MXFP4 x BF16 kernel on the
+      SM 100 family (B200, B300), OpenAI's Triton kernels on SM 90 (H100, H200), Marlin elsewhere."""
+    if moe_dtype == "int4_wo":
+        return "marlin", "Marlin (CompressedTensorsWNA16MarlinMoEMethod)"
+    if moe_dtype == "w4a16_mxfp4" and sm_version is not None:
+        if sm_version // 10 == 10:
+            return "flashinfer_trtllm_mxfp4_bf16", "FlashInfer TRT-LLM MXFP4 x BF16 (Mxfp4Backend.SM100_FI_MXFP4_BF16)"
+        if sm_version == 90:
+            return "oaitriton", "OpenAI's Triton MXFP4 kernels (Mxfp4Backend.TRITON)"
+        return "marlin", "Marlin (Mxfp4Backend.MARLIN)"
+    return None
+
+
+def names_kernel(kernel_source: str, part: str) -> bool:
+    """Whether a lane's kernel_source names the served kernel `part` (`dispatched_moe_kernel`)."""
+    return kernel_source not in HELPER_KERNELS and part in kernel_source
+
+
+def moe_curve(frame, shape: MoEShape, lane: str | None = None) -> tuple[str, np.ndarray, np.ndarray] | str:
     """(kernel, tokens, seconds) of the fused MoE layer at `shape`; a reason string where the
-    table does not hold that shape (the caller falls back to the roofline and says why)."""
+    table does not hold that shape (the caller falls back to the roofline and says why). `lane`:
+    only the kernels whose kernel_source names it (`names_kernel`)."""
     f = frame
     rows = f[(f["hidden_size"] == shape.hidden_size) & (f["inter_size"] == shape.inter_size)
              & (f["topk"] == shape.topk) & (f["num_experts"] == shape.num_experts)]
@@ -155,10 +201,48 @@ def moe_curve(frame, shape: MoEShape) -> tuple[str, np.ndarray, np.ndarray] | st
     rows = rows[rows["distribution"] == shape.distribution]
     if rows.empty:
         return f"no moe_perf rows with the {shape.distribution} token distribution"
+    if lane is not None:
+        rows = rows[[names_kernel(str(k), lane) for k in rows["kernel_source"]]]
+        if rows.empty:
+            return f"no moe_perf rows of the {lane} kernel at this shape"
     counts = rows["kernel_source"].value_counts()
     kernel = moe_kernel([str(k) for k in counts.index], shape.moe_dtype, shape.moe_ep_size)
     curve = rows[rows["kernel_source"] == kernel].groupby("num_tokens")["seconds"].mean().sort_index()
     return kernel, curve.index.to_numpy(dtype=np.float64), curve.to_numpy(dtype=np.float64)
+
+
+def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str, str] | None):
+    """(table, shape priced, (kernel, tokens, seconds), why) of the fused MoE layer, from `tables`
+    (LayoutTables of one system's moe_perf, nearest version first), else the first table's reason
+    it does not hold the shape (the roofline prices it then).
+
+    In order: a curve of the kernel vLLM serves these experts with (`served`, `dispatched_moe_kernel`),
+    then any measured kernel (`moe_kernel`'s choice), each from the nearest version that measures the
+    shape from one token up (the smallest step a deployment runs); a curve that starts higher only
+    where none does. Within each, the family's skew (the shape's distribution), then, with `auto`,
+    the balanced rows. A version's table that lacks the shape yields to the next nearest that has it,
+    never to the roofline while one does."""
+    shapes = [shape]
+    if auto and shape.distribution != "balanced":
+        shapes.append(replace(shape, distribution="balanced"))
+    passes = ([(served[0], True)] if served is not None else []) + [(None, True), (None, False)]
+    nearest = tables[0]
+    for lane, from_one in passes:
+        for s in shapes:
+            for t in tables:
+                found = moe_curve(t.frame, s, lane)
+                if isinstance(found, str) or (from_one and found[1][0] > 1):
+                    continue
+                why = ""
+                if lane is not None and served is not None:
+                    why = f"; {served[1]}, the kernel vLLM serves these experts with"
+                if t is not nearest:
+                    why += f"; vLLM {nearest.version}'s table does not measure it at this shape"
+                return t, s, found, why
+    reason = moe_curve(nearest.frame, shape)
+    if not isinstance(reason, str):
+        reason = "a curve that does not start at one token"
+    return f"{reason} ({Path(nearest.path).name} vLLM {nearest.version}; no other version measures it)"
 
 
 def nccl_curve(frame, op: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -188,7 +272,8 @@ class MoETableCostModel(MoERooflineCostModel):
                  enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "auto",
                  moe_table=None, mla_tables: MLATables | str | None = None, derived: dict | None = None):
         """`tables`: a TableSet of the system (load_layout: gemm, attention, custom all-reduce, NCCL);
-        `moe_table`: the system's moe_perf LayoutTable (read_layout_table), or None; `mla_tables`: its
+        `moe_table`: the system's moe_perf LayoutTables, nearest version first (read_layout_tables; one
+        LayoutTable is taken as a list of one), or None; `mla_tables`: its
         MLA module tables (mla.read_mla_tables), None where it has none, or why they cannot be read.
         `derived`: what `derived()` gave for the same arguments instead (the tables then are not
         read: None)."""
@@ -229,29 +314,34 @@ class MoETableCostModel(MoERooflineCostModel):
         m = self.model
         self._moe = self._attention = None
         # moe
+        moe_tables = [] if moe_table is None else [moe_table] if not isinstance(moe_table, list) else moe_table
         if not m.num_experts:
             pass
-        elif moe_table is None:
+        elif not moe_tables:
             self.sources["moe"] = f"roofline: {tables.system} has no moe_perf table for vLLM"
         else:
+            from backends.costmodel.optables.systems import system_sm_version
+
             shape = MoEShape(m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
                              self.moe_tp, self.ep, MOE_DTYPES.get(self.experts_dtype, self.experts_dtype),
                              self.distribution)
-            found = moe_curve(moe_table.frame, shape)
-            if isinstance(found, str) and auto and not isinstance(
-                    balanced := moe_curve(moe_table.frame, replace(shape, distribution="balanced")), str):
-                # The family's skew is not measured at this shape, the balanced one is: take it, and say so.
-                self.notes.append(f"moe: no {shape.distribution} rows at this shape; priced balanced")
-                found, shape = balanced, replace(shape, distribution="balanced")
-                self.distribution = "balanced"
-            if isinstance(found, str):
-                self.sources["moe"] = f"roofline: {found} ({Path(moe_table.path).name} vLLM {moe_table.version})"
+            served = dispatched_moe_kernel(shape.moe_dtype, system_sm_version(tables.system))
+            picked = pick_moe_curve(moe_tables, shape, auto, served)
+            if isinstance(picked, str):
+                self.sources["moe"] = f"roofline: {picked}"
             else:
-                kernel, xs, ys = found
+                table, priced, (kernel, xs, ys), why = picked
+                if priced.distribution != shape.distribution:
+                    # The family's skew is not measured at this shape, the balanced one is: take it, and say so.
+                    self.notes.append(f"moe: no {shape.distribution} rows at this shape; priced balanced")
+                    self.distribution = "balanced"
+                if served is not None and not names_kernel(kernel, served[0]):
+                    self.notes.append(f"moe: {served[1]}, the kernel vLLM serves {shape.moe_dtype} experts with "
+                                      f"on this GPU, is not measured at this shape; priced with {kernel}")
                 self._moe = Curve(xs, ys)
-                self.sources["moe"] = (f"moe_perf vLLM {moe_table.version} ({moe_table.how}): {kernel}, "
-                                       f"{shape.moe_dtype}, MoE TP {shape.moe_tp_size} EP {shape.moe_ep_size}, "
-                                       f"{shape.distribution}; tokens {int(xs[0])}..{int(xs[-1])}")
+                self.sources["moe"] = (f"moe_perf vLLM {table.version} ({table.how}{why}): {kernel}, "
+                                       f"{priced.moe_dtype}, MoE TP {priced.moe_tp_size} EP {priced.moe_ep_size}, "
+                                       f"{priced.distribution}; tokens {int(xs[0])}..{int(xs[-1])}")
         if m.num_experts and not auto and not self.distribution == "balanced" and self._moe is None:
             raise ServesimError(f"--moe-distribution {distribution} is a distribution the moe_perf tables measured; "
                                 f"{self.sources['moe']}")
@@ -837,7 +927,7 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
     tables give this deployment is kept there (`derived_cache_path`) and read back by later runs,
     which then read no table."""
     from backends.costmodel.optables.mla import read_mla_tables
-    from backends.costmodel.optables.systems import read_layout_table
+    from backends.costmodel.optables.systems import read_layout_tables
     from backends.costmodel.optables.tables import load_layout
 
     args = dict(tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype, enable_expert_parallel=enable_expert_parallel, dp=dp,
@@ -849,7 +939,7 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
         if derived is not None:
             return MoETableCostModel(model, hardware, None, **args, derived=derived)
     tables = load_layout(data_dir, system, "vllm", vllm_version)
-    moe_table = read_layout_table(data_dir, system, "moe", "vllm", "moe_perf", vllm_version) \
+    moe_table = read_layout_tables(data_dir, system, "moe", "vllm", "moe_perf", vllm_version) \
         if model.num_experts else None
     mla_tables = read_mla_tables(data_dir, system, vllm_version) if model.kv_lora_rank else None
     priced = MoETableCostModel(model, hardware, tables, **args, moe_table=moe_table, mla_tables=mla_tables)

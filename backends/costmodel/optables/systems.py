@@ -115,6 +115,16 @@ def choose_version(available, wanted: str | None) -> tuple[str, str]:
     return best, f"the nearest to {wanted} (available: {', '.join(available)})"
 
 
+def versions_by_nearness(available, wanted: str | None) -> list[tuple[str, str]]:
+    """Every available version with how it would be chosen, the one `choose_version` picks first,
+    then the next nearest to `wanted` (None: the newest first), and so on."""
+    first, how = choose_version(available, wanted)
+    rest = sorted(set(available) - {first}, key=version_key, reverse=True)  # ties (after the sort below) to the newer
+    if wanted is not None:
+        rest.sort(key=lambda v: _distance(v, wanted))
+    return [(first, how)] + [(v, f"the next nearest to {wanted or 'the newest'}") for v in rest]
+
+
 def find_data_dir(folder: str | Path) -> Path | None:
     """The `data` folder of a tree in the package's layout (DIR/systems/data, DIR/data, DIR), else None."""
     folder = Path(folder)
@@ -203,21 +213,47 @@ def read_layout_table(data_dir: Path, system: str, family: str, framework: str, 
     """One table of any family (gemm, attention, comm, moe, mla, or comm/nccl with framework
     'nccl') at `version` or the nearest there is; None where the system has none for `framework`.
     Rows a reuse.yaml donor adds carry `reused` True: a kernel's choice prefers the version's own."""
-    import pandas as pd
-
-    from backends.costmodel.optables.tables import read_frame
-
     versions = table_versions(data_dir, system, family, framework, table)
     if not versions:
         return None
     chosen, how = choose_version(versions, version)
-    paths = versions[chosen]
+    return _read_version(table, chosen, how, versions[chosen])
+
+
+def read_layout_tables(data_dir: Path, system: str, family: str, framework: str, table: str,
+                       version: str | None) -> list[LayoutTable]:
+    """`read_layout_table` at every version the system has, nearest to `version` first
+    (`versions_by_nearness`): for a caller that takes a shape the chosen version does not measure
+    from the next nearest that does. [] where the system has none."""
+    versions = table_versions(data_dir, system, family, framework, table)
+    if not versions:
+        return []
+    return [_read_version(table, chosen, how, versions[chosen])
+            for chosen, how in versions_by_nearness(versions, version)]
+
+
+def _read_version(table: str, chosen: str, how: str, paths: list[Path]) -> LayoutTable:
+    import pandas as pd
+
+    from backends.costmodel.optables.tables import read_frame
+
     frames = [read_frame(path, table).assign(reused=i > 0) for i, path in enumerate(paths)]
     frame = frames[0]
     if len(frames) > 1:  # the version's own rows win where the donor measured the same key
         both = pd.concat(frames, ignore_index=True)
         frame = both.drop_duplicates(subset=_key_columns(frames[0]), keep="first").reset_index(drop=True)
     return LayoutTable(table, chosen, how, tuple(paths), frame)
+
+
+def system_sm_version(system: str) -> int | None:
+    """The GPU's compute capability as the package's <system>.yaml states it (gpu.sm_version: 90 for
+    H100 and H200, 100 for B200, 103 for B300), None where the package does not describe `system`."""
+    folder = package_systems_dir()
+    path = None if folder is None else folder / f"{system}.yaml"
+    if path is None or not path.is_file() or not _is_system(path):
+        return None
+    sm = (_yaml(path).get("gpu") or {}).get("sm_version")
+    return int(sm) if isinstance(sm, (int, float)) and not isinstance(sm, bool) else None
 
 
 @lru_cache(maxsize=4)
