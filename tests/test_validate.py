@@ -406,7 +406,10 @@ def test_a_launch_scripts_kernel_the_tables_do_not_measure_is_said_per_row():
            "backend": "vllm", "system": "h100_sxm", "model_path": "openai/gpt-oss-120b"}
     (caveat,) = kernel_caveats(row)
     assert "VLLM_MXFP4_USE_MARLIN=1" in caveat and "gptoss_fp4_h100.sh" in caveat
-    assert kernel_caveats({**row, "system": "h200_sxm"}) == []
+    (caveat,) = kernel_caveats({**row, "system": "h200_sxm"})  # the H200 script sets it too
+    assert "VLLM_MXFP4_USE_MARLIN=1" in caveat and "gptoss_fp4_h200.sh" in caveat
+    assert kernel_caveats({**row, "system": "b200_sxm", "precision": "fp4"}) != [] and \
+        not any("MARLIN" in c for c in kernel_caveats({**row, "system": "b200_sxm"}))
     assert kernel_caveats({**row, "model_path": "Qwen/Qwen3-235B-A22B-FP8"}) == []
     assert kernel_caveats({**row, "silicon_data_source": "source_file=/x/aic-auto-gap-analysis/a.csv"}) == []
     # B200's fp4 rows: the one nvfp4 GEMM kernel the tables measure (vLLM 0.24's); not its fp8 rows.

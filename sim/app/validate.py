@@ -132,6 +132,10 @@ KERNEL_CAVEATS = (
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h100.sh) sets "
      "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
      "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
+    (INFERENCEMAX, "vllm", "h200_sxm", r"gpt-oss", r"",
+     "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h200.sh) sets "
+     "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
+     "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
     (INFERENCEMAX, "vllm", "b200_sxm", r"", r"^fp4$",
      "caveat: the tables measure nvfp4 GEMMs with one kernel only, vLLM 0.24's "
      "FlashInferCuteDslNvFp4LinearKernel, newer than this row's server; the kernel it ran is not measured, "

@@ -235,7 +235,7 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
                     continue
                 why = ""
                 if lane is not None and served is not None:
-                    why = f"; {served[1]}, the kernel vLLM serves these experts with"
+                    why = f"; {served[1]}, the kernel vLLM serves these experts with by default"
                 if t is not nearest:
                     why += f"; vLLM {nearest.version}'s table does not measure it at this shape"
                 return t, s, found, why
@@ -337,7 +337,7 @@ class MoETableCostModel(MoERooflineCostModel):
                     self.distribution = "balanced"
                 if served is not None and not names_kernel(kernel, served[0]):
                     self.notes.append(f"moe: {served[1]}, the kernel vLLM serves {shape.moe_dtype} experts with "
-                                      f"on this GPU, is not measured at this shape; priced with {kernel}")
+                                      f"by default on this GPU, is not measured at this shape; priced with {kernel}")
                 self._moe = Curve(xs, ys)
                 self.sources["moe"] = (f"moe_perf vLLM {table.version} ({table.how}{why}): {kernel}, "
                                        f"{priced.moe_dtype}, MoE TP {priced.moe_tp_size} EP {priced.moe_ep_size}, "
