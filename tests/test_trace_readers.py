@@ -199,7 +199,10 @@ BAD = [
     ("canonical", "arrival_s,prompt_tokens,output_tokens,hash_ids,hash_block_tokens\n0,6,2,1,16\n1,6,2,1,32\n",
      "{p}:3: hash_block_tokens is 32, but earlier lines have 16"),
     ("azure", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,3\n", "{p}:1: missing column 'GeneratedTokens'"),
-    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.68,3,1\r\nsoon,3,1", "{p}:3: TIMESTAMP 'soon'"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.68,3,1\r\nsoon,3,1",
+     "{p}:3: TIMESTAMP 'soon' is not a date and time"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n9999-12-31 23:59:59.0000000,3,1\n",  # a date, out of the clock's range
+     "{p}:2: TIMESTAMP '9999-12-31 23:59:59.0000000' is outside the times servesim reads (1677-09-22 to 2262-04-11"),
     ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,-3,1\n",
      "{p}:2: ContextTokens must not be negative, got -3"),
     ("burstgpt", "Timestamp,Model,Request tokens,Total tokens,Log Type\n1,ChatGPT,3,4,API log\n",

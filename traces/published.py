@@ -17,7 +17,7 @@ problem with its file and line.
 from __future__ import annotations
 
 import re
-from datetime import date
+from datetime import date, datetime
 from itertools import islice
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -33,6 +33,18 @@ if TYPE_CHECKING:
 
 # A UTC offset at the end of an ISO 8601 stamp (after its time): Z, +HH, +HHMM or +HH:MM.
 OFFSET = r"\d:\d\d(?::\d\d(?:[.,]\d*)?)?\s*([zZ]|[+-]\d\d(?::?\d\d)?)\s*$"
+
+
+def _why_not_a_time(stamp: str) -> str:
+    """Why pandas read `stamp` as no time: not a date and time at all, or one outside the arrival
+    clock's range (nanoseconds since 1970 in 64 bits: 1677-09-22 to 2262-04-11), as 9999-12-31 is."""
+    try:
+        when = datetime.fromisoformat(str(stamp).strip().replace("Z", "+00:00")).replace(tzinfo=None)
+    except ValueError:
+        return "is not a date and time"
+    if datetime(1677, 9, 22) <= when <= datetime(2262, 4, 11):
+        return "is not a date and time"
+    return "is outside the times servesim reads (1677-09-22 to 2262-04-11: nanoseconds since 1970 in 64 bits)"
 
 
 class AzureRows:
@@ -56,7 +68,7 @@ class AzureRows:
         bad = times.isna().to_numpy()
         if bad.any():
             row = int(np.argmax(bad))
-            raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} is not a date and time")
+            raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} {_why_not_a_time(stamps.iloc[row])}")
         if is_mixed:
             self._check_mixed(chunk, stamps)
         else:
