@@ -299,7 +299,7 @@ def test_out_on_a_read_only_folder_is_refused(tmp_path, capsys):
 def test_an_overwrite_replaces_the_folder_whole_and_a_failed_one_keeps_the_old(tmp_path, capsys):
     folder = tmp_path / "run"
     assert sim("replay", *SMALL, "--out", folder, "--quiet") == 0
-    (folder / "stale-note.txt").write_text("from the old run")
+    (folder / "steps.csv").write_text("from an older run, written with --steps csv")
     before = snapshot(folder)
     # A run that fails midway (the user's policy raises at step 3): the old folder is untouched.
     assert sim("replay", *SMALL, "--policy", f"{HOSTILE}:Raises", "--out", folder, "--overwrite", "--quiet") == 2
@@ -308,8 +308,44 @@ def test_an_overwrite_replaces_the_folder_whole_and_a_failed_one_keeps_the_old(t
     # A run that succeeds replaces the folder as a whole: nothing of the old run is left beside the new.
     assert sim("replay", *SMALL, "--policy", "decode-first", "--out", folder, "--overwrite", "--quiet") == 0
     after = snapshot(folder)
-    assert "stale-note.txt" not in after and after.keys() == before.keys() - {"stale-note.txt"}
+    assert "steps.csv" not in after and after.keys() == before.keys() - {"steps.csv"}
     assert after["summary.json"] != before["summary.json"] and not leftovers(tmp_path)
+
+
+def test_an_overwrite_never_deletes_what_servesim_did_not_write(tmp_path, capsys, monkeypatch):
+    """--overwrite replaces a folder whole, so a folder holding anything but a run's files is refused,
+    naming it, and left as it was: `--out . --overwrite` in a project deleted the project before."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "model.py").write_text("weights = 1\n")
+    (project / "notes.md").write_text("my notes\n")
+    def tree():
+        return {str(p.relative_to(project)): p.read_bytes() if p.is_file() else None for p in project.rglob("*")}
+
+    before = tree()
+    monkeypatch.chdir(project)
+    for flags in ((), ("--overwrite",)):
+        assert sim("replay", *SMALL, "--out", ".", *flags, "--quiet") == 2
+        said = error_text(capsys)
+        assert "holds notes.md, src, which no servesim command writes" in said and "choose another --out" in said
+        assert tree() == before
+    # A note saved in a run folder is kept too; once moved out, the run is replaced.
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    (run / "my-note.txt").write_text("keep me")
+    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 2
+    assert "holds my-note.txt, which no servesim command writes" in error_text(capsys)
+    assert (run / "my-note.txt").read_text() == "keep me"
+    (run / "my-note.txt").unlink()
+    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 0
+    # A comparison's run folders are servesim's; a stranger inside one of them is not.
+    (run / "measured").mkdir()
+    (run / "measured" / "summary.json").write_text("{}")
+    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 0
+    (run / "predicted").mkdir()
+    (run / "predicted" / "data.bin").write_bytes(b"x")
+    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 2
+    assert "holds predicted/data.bin" in error_text(capsys)
 
 
 def test_a_full_disk_during_an_overwrite_keeps_the_old_run(tmp_path):

@@ -164,7 +164,9 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
     naming a few, unless `overwrite` or `resume`; the check is made under the lock, so two
     commands cannot both find it empty. With `overwrite`, a folder holding files is not written
     into: the command writes `lock.folder`, a new folder beside it, swapped in whole when the
-    command succeeds (`FolderLock.stage`). A folder that is or holds one of `inputs` is refused."""
+    command succeeds (`FolderLock.stage`). A folder that is or holds one of `inputs` is refused, and
+    so is one holding anything no servesim command writes (`foreign_entries`), but with `resume`,
+    which writes into the folder and removes nothing."""
     path = check_folder_destination(path)
     check_not_input(path, inputs, folder=True)
     created = not path.exists()
@@ -174,12 +176,17 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
         raise ServesimError(f"{path}: cannot make the folder ({e.strerror or e})") from None
     lock = FolderLock(path).acquire()
     lock.created = created
+    foreign = [] if resume else foreign_entries(path)
+    if foreign:  # an --overwrite replaces the folder whole: it would delete what no servesim command wrote
+        lock.release()
+        raise ServesimError(f"{path}: holds {_shown(foreign)}, which no servesim command writes; a run is written "
+                            "into a new or empty folder, and --overwrite replaces only a folder that holds nothing "
+                            "but a servesim run's files: choose another --out")
     if not (overwrite or resume):
         held = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
         if held:
             lock.release()
-            shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-            raise ServesimError(f"{path}: already holds a run ({shown}); {hint}")
+            raise ServesimError(f"{path}: already holds a run ({_shown(held)}); {hint}")
     elif overwrite and not resume and any(entry.name != LOCK_NAME for entry in path.iterdir()):
         try:
             lock.stage()
@@ -187,6 +194,42 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
             lock.release()
             raise
     return lock
+
+
+# What servesim's commands write into a folder they claim (sim/app/run_folder.py: a run's tables,
+# summary, digest and report; compare.py: its two runs and figures; results_table.py and
+# capacity_cli.py: a sweep's or capacity search's table; validate.py). An --overwrite replaces a folder
+# whole, so it is refused for a folder holding anything else: `--out . --overwrite` in a project, or
+# a note saved in a run folder, is never deleted.
+RUN_FILES = frozenset({"summary.json", "digest.json", "report.html", "requests.csv", "requests.parquet",
+                       "steps.parquet", "steps.csv", "compare.json", "results.parquet", "probes.parquet",
+                       "capacity.csv", "validate.csv", "validate.json"})
+RUN_SUBFOLDERS = frozenset({"measured", "predicted"})  # sim compare's two run folders
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The entries of `folder` that no servesim command writes, sorted; a temporary file that a
+    killed write left (`.NAME.XXXX.tmp`, `.servesim-probe-XXXX`) is servesim's, and so is the lock."""
+    found = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        name = entry.name
+        if name == LOCK_NAME or _is_temporary(name):
+            continue
+        if entry.is_symlink():
+            found.append(name)
+        elif name in RUN_SUBFOLDERS and entry.is_dir():
+            found += [f"{name}/{inner}" for inner in foreign_entries(entry)]
+        elif name not in RUN_FILES or not entry.is_file():
+            found.append(name)
+    return found
+
+
+def _is_temporary(name: str) -> bool:
+    return (name.startswith(".") and name.endswith(TEMP_SUFFIX)) or name.startswith(".servesim-probe-")
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def open_run_folder(out: str | Path | None, default_name: str, *, parent: str | Path = "runs",
