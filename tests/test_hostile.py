@@ -361,10 +361,35 @@ def test_a_full_disk_during_an_overwrite_keeps_the_old_run(tmp_path):
     assert snapshot(folder) == before and not leftovers(tmp_path)
 
 
+def test_a_file_output_never_replaces_an_existing_file_without_overwrite(tmp_path, capsys):
+    """sim trace convert, sim trace synth and sim calibrate --from-ops wrote over any file of the
+    name given; an existing file is now replaced only with --overwrite."""
+    from tests.helpers import shared_dir
+
+    kept = "my own data\n"
+    cases = {
+        "t.csv": ("trace", "convert", *SMALL[:1], "--limit", "5"),
+        "s.csv": ("trace", "synth", "--num-requests", "5"),
+    }
+    tables = shared_dir() / "gpu-data" / "aiconfigurator"
+    if list(tables.glob("h100_sxm*gemm_perf*")):  # the shared tables, where this checkout has them
+        cases["p.json"] = ("calibrate", "--from-ops", str(tables), "--system", "h100_sxm", "--model", "Llama-3.1-8B",
+                           "--hardware", "H100-SXM", "--tp", "1", "--quiet", "--out")
+    for name, command in cases.items():
+        out = tmp_path / name
+        out.write_text(kept)
+        assert sim(*command, out) == 2
+        assert error_text(capsys).strip().endswith(f"{out}: exists; pass --overwrite to replace it, or choose another name")
+        assert out.read_text() == kept
+        assert sim(*command, out, "--overwrite") == 0
+        assert out.read_text() != kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(cases)
+
+
 def test_a_full_disk_while_writing_a_trace_keeps_the_old_file(tmp_path):
     out = tmp_path / "t.csv"
     out.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
-    run = child(["trace", "synth", "--num-requests", 20000, out], fsize=16 * 1024)
+    run = child(["trace", "synth", "--num-requests", 20000, out, "--overwrite"], fsize=16 * 1024)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 2 and "File too large" in err, err
     assert out.read_text() == "arrival_s,prompt_tokens,output_tokens\n0,1,1\n"

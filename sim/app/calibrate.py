@@ -38,7 +38,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ServesimError(f"--out {out}: a profile is a .json file")
     csv = out.with_suffix(".csv")
     for path in (out, csv):  # checked before the measuring, which takes minutes; never over an input
-        check_file_destination(path, command_inputs(args))
+        check_file_destination(path, command_inputs(args), overwrite=True)  # existence: next, with a hint
         if path.exists() and not args.overwrite:
             raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose another --out "
                                 "(profiles/tiny-cpu.json is the bundled profile the tests use)")

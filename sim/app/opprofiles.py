@@ -184,7 +184,7 @@ def cmd_from_ops(args) -> int:
     out = Path(args.out)
     if out.suffix != ".json":
         raise ServesimError(f"--out {out}: a profile is a .json file")
-    check_file_destination(out, command_inputs(args))
+    check_file_destination(out, command_inputs(args), overwrite=args.overwrite)
     if args.system is None:
         raise ServesimError("--from-ops needs --system, the tables' system name (e.g. h100_sxm)")
     model = resolve_model(args.model)

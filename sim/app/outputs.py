@@ -63,8 +63,9 @@ def check_folder_destination(path: str | Path) -> Path:
     return path
 
 
-def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = ()) -> Path:
-    """A file the command will write: its folder exists and is writable, and it is none of `inputs`."""
+def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = False) -> Path:
+    """A file the command will write: its folder exists and is writable, it is none of `inputs`, and
+    it does not exist yet, unless `overwrite` (the command's --overwrite) says to replace it."""
     path = Path(path)
     if path.is_dir():
         raise ServesimError(f"{path}: is a folder; name a file to write")
@@ -74,6 +75,8 @@ def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = ()
     if not folder.is_dir():
         raise ServesimError(f"{folder}: is a file, so {path} cannot be written")
     check_not_input(path, inputs)
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose another name")
     _probe(folder)
     return path
 

@@ -42,7 +42,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     _check_max_model_len(args)
     check_csv_name(args.out)
-    out = check_file_destination(args.out, inputs=command_inputs(args))  # before the work, never over an input
+    # Before the work: never over an input, nor over an existing file without --overwrite.
+    out = check_file_destination(args.out, inputs=command_inputs(args), overwrite=args.overwrite)
     trace = load_trace(args.file, args, args.max_model_len)
     write_trace(trace, out)
     hashes = "with" if trace.hash_ids is not None else "without"
@@ -54,7 +55,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from traces.synth import Lengths, SynthConfig, write_synthetic
 
     check_csv_name(args.out)
-    out = check_file_destination(args.out, inputs=command_inputs(args))
+    out = check_file_destination(args.out, inputs=command_inputs(args), overwrite=args.overwrite)
     lengths_from = None
     if args.lengths_from is not None:
         lengths_from = load_trace(args.lengths_from, args, None)
@@ -113,6 +114,7 @@ def register(subparsers) -> None:
                                    "[,hash_ids,hash_block_tokens]. OUT ending in .gz is compressed.")
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     p.add_argument("out", help="canonical CSV to write")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     add_trace_options(p)
     p.add_argument("--max-model-len", type=MODEL_LEN.flag_type("--max-model-len"), default=None, metavar="N",
                    help="for --on-too-long truncate")
@@ -123,6 +125,7 @@ def register(subparsers) -> None:
                                    "uniform:LO:HI or zipf:S:LO:HI. Multi-turn sessions (--turns) share their "
                                    "conversation prefix through hash ids.")
     p.add_argument("out", help="canonical CSV to write")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.add_argument("--num-requests", type=COUNT.flag_type("--num-requests"), default=1000, metavar="N",
                    help="requests in all (default: 1000)")
     p.add_argument("--rate", type=REQUEST_RATE.flag_type("--rate"), default=1.0, metavar="R",
