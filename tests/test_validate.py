@@ -223,7 +223,7 @@ def test_the_kv_cache_dtype_comes_from_the_sources_launch_scripts():
 
     imax = "source_file=2026-04-06.csv; model=Llama-3.1-70B; ; measured=2025-10-29T00:00:00.000Z; wip=False"
     other = "source_file=/data/h200_sxm/vllm/0.12.0/x.csv; silicon_concurrency=8"
-    row = {"silicon_data_source": imax, "backend": "vllm", "system": "h200_sxm"}
+    row = {"silicon_data_source": imax, "backend": "vllm", "system": "h200_sxm", "model_path": "meta-llama/Llama-3.1-70B"}
     assert Protocol().kv_cache_for(row) == ("fp8", LAUNCH_RECIPES[0].cites)
     assert "70b_fp8_h200_slurm.sh" in LAUNCH_RECIPES[0].cites
     assert Protocol().kv_cache_for({**row, "backend": "trtllm"})[0] == "fp8"
@@ -242,6 +242,41 @@ def test_the_kv_cache_dtype_comes_from_the_sources_launch_scripts():
     assert Protocol().kv_cache_for({**b200, "backend": "trtllm"})[0] == "fp8"
     with pytest.raises(ServesimError, match="unknown --kv-cache-dtype 'bf8'"):
         Protocol(kv_cache_dtype="bf8")
+
+
+def test_a_launch_recipe_is_its_scripts_model_and_gives_its_token_budget():
+    """A recipe cites one model's script: the Llama-3.1-70B scripts say nothing of another model
+    served on the same GPU by the same source. InferenceX's MiniMax-M2.5 B300 scripts set an fp8 KV
+    cache and --max-num-batched-tokens "$((ISL * 2))" (both checkpoints), its gpt-oss B200 script an
+    fp8 KV cache and 8192, its gpt-oss H100 and H200 scripts no KV dtype; the database dumps
+    (`db-dump/...`) are the same runs as the dashboard's exports."""
+    from sim.app.validate import DEFAULT_BUDGET, KV_DEFAULT, Protocol
+
+    export = "source_file=2026-04-06.csv; model=MiniMax-M2.5; ; measured=2026-04-03T00:00:00.000Z; wip=False"
+    dump = "db-dump/2026-04-27; config_id=732; ; measured=2026-04-17T00:00:00.000Z; workflow_run_id=758"
+    minimax = {"backend": "vllm", "system": "b300_sxm", "model_path": "MiniMaxAI/MiniMax-M2.5", "precision": "fp8",
+               "isl": 8192, "concurrency": 16}
+    for source in (export, dump):
+        row = {**minimax, "silicon_data_source": source}
+        kv, why = Protocol().kv_cache_for(row)
+        assert kv == "fp8" and "minimaxm2.5_fp8_b300.sh" in why
+        assert Protocol().budget_for(row) == 2 * 8192
+        assert Protocol().budget_for({**row, "isl": 1024, "concurrency": 4096}) == 4096  # at least one token each
+        assert Protocol(max_num_batched_tokens=4096).budget_for(row) == 4096  # the flag, for every row
+        assert Protocol().budget_for({**row, "precision": "fp4"}) == 2 * 8192
+    # The Llama-3.1-70B H200 script's fp8 cache is not MiniMax's on H200 (its scripts disagree): the default.
+    h200 = {**minimax, "system": "h200_sxm", "silicon_data_source": export}
+    assert Protocol().kv_cache_for(h200) == ("auto", KV_DEFAULT) and Protocol().budget_for(h200) == DEFAULT_BUDGET
+    gptoss = {**h200, "model_path": "openai/gpt-oss-120b", "precision": "fp4"}
+    assert Protocol().kv_cache_for(gptoss)[0] == "auto" and "gptoss_fp4_h200.sh" in Protocol().kv_cache_for(gptoss)[1]
+    b200 = {**gptoss, "system": "b200_sxm"}
+    assert Protocol().kv_cache_for(b200)[0] == "fp8" and Protocol().allreduce_fusion_bytes({**b200, "tp_size": 8}) == 0
+    # Kimi-K2.5's int4 scripts set no KV dtype; its fp4 scripts disagree, so no recipe.
+    kimi = {**b200, "model_path": "moonshotai/Kimi-K2.5", "precision": "int4"}
+    assert "kimik2.5_int4_b200.sh" in Protocol().kv_cache_for(kimi)[1]
+    assert Protocol().kv_cache_for({**kimi, "precision": "fp4"}) == ("auto", KV_DEFAULT)
+    # Another source's row: no recipe.
+    assert Protocol().kv_cache_for({**minimax, "silicon_data_source": "source_file=gap.csv"}) == ("auto", KV_DEFAULT)
     with pytest.raises(ServesimError, match=r"--warmup-waves must be auto or in \[0, --prompts-per-client\), got 10"):
         Protocol(warmup_waves=10)
 
@@ -259,8 +294,9 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens_and_validate_csv_says_why(tmp_pa
                  "--kv-cache-dtype", "fp8"]) == 0
     rows, rows8 = pd.read_csv(out / "validate.csv"), pd.read_csv(out8 / "validate.csv")
     assert rows["kv_cache_dtype"].tolist() == ["auto"] * 3 and rows8["kv_cache_dtype"].tolist() == ["fp8"] * 3
-    assert "70b_fp8_h100_docker.sh" in rows["kv_cache_dtype_from"][0]  # InferenceMAX on an H100: no fp8 KV
-    assert rows["kv_cache_dtype_from"][1] == "not stated by the row or its source: vLLM's default, auto"
+    # InferenceMAX's Llama-3.1-70B scripts do not speak for another model on the same GPU: vLLM's default.
+    assert rows["kv_cache_dtype_from"].tolist() == ["not stated by the row or its source: vLLM's default, auto"] * 3
+    assert rows["max_num_batched_tokens"].tolist() == [8192] * 3
     # Same GPU memory, half the bytes per token: about twice the blocks (vLLM's plan, less rounding).
     tp1 = rows["tp"] == 1  # (row b's TP 2 cache is capped at the block table's limit)
     assert (rows8["num_gpu_blocks"][tp1] / rows["num_gpu_blocks"][tp1]).between(1.95, 2.05).all()
@@ -408,8 +444,10 @@ def test_a_launch_scripts_kernel_the_tables_do_not_measure_is_said_per_row():
     assert "VLLM_MXFP4_USE_MARLIN=1" in caveat and "gptoss_fp4_h100.sh" in caveat
     (caveat,) = kernel_caveats({**row, "system": "h200_sxm"})  # the H200 script sets it too
     assert "VLLM_MXFP4_USE_MARLIN=1" in caveat and "gptoss_fp4_h200.sh" in caveat
-    assert kernel_caveats({**row, "system": "b200_sxm", "precision": "fp4"}) != [] and \
-        not any("MARLIN" in c for c in kernel_caveats({**row, "system": "b200_sxm"}))
+    # The nvfp4 GEMM caveat is the Llama-3.1-70B fp4 rows' (gpt-oss's experts are MXFP4, no nvfp4 GEMM).
+    assert kernel_caveats({**row, "system": "b200_sxm", "precision": "fp4"}) == []
+    llama = {**row, "system": "b200_sxm", "precision": "fp4", "model_path": "meta-llama/Llama-3.1-70B"}
+    assert len(kernel_caveats(llama)) == 1 and "FlashInferCuteDslNvFp4LinearKernel" in kernel_caveats(llama)[0]
     assert kernel_caveats({**row, "model_path": "Qwen/Qwen3-235B-A22B-FP8"}) == []
     assert kernel_caveats({**row, "silicon_data_source": "source_file=/x/aic-auto-gap-analysis/a.csv"}) == []
     # B200's fp4 rows: the one nvfp4 GEMM kernel the tables measure (vLLM 0.24's); not its fp8 rows.

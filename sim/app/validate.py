@@ -80,8 +80,8 @@ REQUIRED = ("id", "backend", "backend_version", "model_path", "system", "precisi
 SYSTEM_HARDWARE = {"h100_sxm": "H100-SXM", "h200_sxm": "H200"}  # operator-table systems -> hardware presets
 GROUP = ("system", "model", "backend", "backend_version", "precision")
 # validate.csv's columns taken as they are from predict_row, after the measured and predicted means.
-PREDICTED_COLUMNS = ("predicted_engine_ttft_ms", "num_gpu_blocks", "num_preemptions", "async_scheduling",
-                     "warmup_waves", "warmup_from", "implied_tokens_per_s", "tables_max_tokens_per_s",
+PREDICTED_COLUMNS = ("predicted_engine_ttft_ms", "max_num_batched_tokens", "num_gpu_blocks", "num_preemptions",
+                     "async_scheduling", "warmup_waves", "warmup_from", "implied_tokens_per_s", "tables_max_tokens_per_s",
                      "faster_than_tables", "tables", "notes")
 
 
@@ -89,6 +89,11 @@ PREDICTED_COLUMNS = ("predicted_engine_ttft_ms", "num_gpu_blocks", "num_preempti
 # its ISL/OSL grid (1k/1k, 1k/8k, 8k/1k) and concurrency 4-64.
 INFERENCEMAX = r"^source_file=\d{4}-\d{2}-\d{2}\.csv;"
 INFERENCEMAX_SCRIPTS = "github.com/InferenceMAX/InferenceMAX, benchmarks/"
+# InferenceX (InferenceMAX renamed): the dashboard's exports as above, and its database's dumps
+# (`db-dump/<date>; config_id=...; workflow_run_id=...`) of the same runs.
+INFERENCEX = r"^(source_file=\d{4}-\d{2}-\d{2}\.csv;|db-dump/)"
+INFERENCEX_SCRIPTS = "github.com/SemiAnalysisAI/InferenceX, benchmarks/single_node/"
+DEFAULT_BUDGET = 8192  # vLLM's --max-num-batched-tokens for its API server on GPUs of 70 GiB and more
 
 
 @dataclass(frozen=True)
@@ -98,29 +103,57 @@ class LaunchRecipe:
     source: str  # a regular expression on the row's silicon_data_source
     backend: str
     system: str
+    model: str  # a regular expression on the row's model_path: a script serves one model
     kv_cache_dtype: str  # "auto" (the model's bf16) or "fp8"
     cites: str
     # vLLM's FlashInfer all-reduce fusion where the script turns it on: (TP, the largest fused
     # all-reduce in MB) pairs, its VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB (derive_allreduce)
     allreduce_fusion_mb: tuple[tuple[int, float], ...] = ()
+    precision: str = ""  # a regular expression on the row's precision (one script per checkpoint)
+    budget_per_isl: int = 0  # --max-num-batched-tokens "$((ISL * k))": k; 0: the script sets none or 8192
 
 
+LLAMA_70B = r"Llama-3\.1-70B"
 LAUNCH_RECIPES = (
-    LaunchRecipe(INFERENCEMAX, "vllm", "h200_sxm", "fp8",
+    LaunchRecipe(INFERENCEMAX, "vllm", "h200_sxm", LLAMA_70B, "fp8",
                  INFERENCEMAX_SCRIPTS + "70b_fp8_h200_slurm.sh: config.yaml sets kv-cache-dtype: fp8"),
-    LaunchRecipe(INFERENCEMAX, "trtllm", "h200_sxm", "fp8",
+    LaunchRecipe(INFERENCEMAX, "trtllm", "h200_sxm", LLAMA_70B, "fp8",
                  INFERENCEMAX_SCRIPTS + "70b_fp8_h200_trt_slurm.sh: kv_cache_config sets dtype: fp8"),
-    LaunchRecipe(INFERENCEMAX, "vllm", "h100_sxm", "auto",
+    LaunchRecipe(INFERENCEMAX, "vllm", "h100_sxm", LLAMA_70B, "auto",
                  INFERENCEMAX_SCRIPTS + "70b_fp8_h100_docker.sh: no --kv-cache-dtype (vLLM's auto)"),
-    LaunchRecipe(INFERENCEMAX, "vllm", "b200_sxm", "fp8",
+    LaunchRecipe(INFERENCEMAX, "vllm", "b200_sxm", LLAMA_70B, "fp8",
                  INFERENCEMAX_SCRIPTS + "70b_fp8_b200_docker.sh and 70b_fp4_b200_docker.sh: config.yaml sets "
                  "kv-cache-dtype: fp8 (70b_b200_docker.sh before them: --kv-cache-dtype fp8), and "
                  "enable_fi_allreduce_fusion with VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB "
                  "{\"2\":32,\"4\":32,\"8\":8}",
                  allreduce_fusion_mb=((2, 32.0), (4, 32.0), (8, 8.0))),
-    LaunchRecipe(INFERENCEMAX, "trtllm", "b200_sxm", "fp8",
+    LaunchRecipe(INFERENCEMAX, "trtllm", "b200_sxm", LLAMA_70B, "fp8",
                  INFERENCEMAX_SCRIPTS + "70b_fp8_b200_trt_slurm.sh and 70b_fp4_b200_trt_slurm.sh: kv_cache_config "
                  "sets dtype: fp8"),
+    # InferenceX's mixture-of-experts scripts, where every stored version of the script agrees (read
+    # 2026-12-06). Where versions disagree (MiniMax-M2.5 on B200 and H200, Kimi-K2.5 fp4: later ones
+    # add --kv-cache-dtype fp8 and --max-num-batched-tokens "$((ISL * 2))"), no recipe: vLLM's defaults.
+    LaunchRecipe(INFERENCEX, "vllm", "b300_sxm", r"MiniMax-M2", "fp8",
+                 INFERENCEX_SCRIPTS + "minimaxm2.5_fp8_b300.sh and minimaxm2.5_fp4_b300.sh: --kv-cache-dtype fp8 "
+                 "--max-num-batched-tokens \"$((ISL * 2 ))\"", budget_per_isl=2),
+    LaunchRecipe(INFERENCEX, "vllm", "h100_sxm", r"MiniMax-M2", "auto",
+                 INFERENCEX_SCRIPTS + "minimaxm2.5_fp8_h100.sh: no --kv-cache-dtype (vLLM's auto), no "
+                 "--max-num-batched-tokens"),
+    LaunchRecipe(INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", "fp8",
+                 INFERENCEX_SCRIPTS + "gptoss_fp4_b200.sh: config.yaml sets kv-cache-dtype: fp8, "
+                 "max-num-batched-tokens: 8192"),
+    LaunchRecipe(INFERENCEX, "vllm", "h100_sxm", r"gpt-oss", "auto",
+                 INFERENCEX_SCRIPTS + "gptoss_fp4_h100.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
+                 "max-num-batched-tokens: 8192"),
+    LaunchRecipe(INFERENCEX, "vllm", "h200_sxm", r"gpt-oss", "auto",
+                 INFERENCEX_SCRIPTS + "gptoss_fp4_h200.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
+                 "max-num-batched-tokens: 8192"),
+    LaunchRecipe(INFERENCEX, "vllm", "b200_sxm", r"Kimi-K2", "auto",
+                 INFERENCEX_SCRIPTS + "kimik2.5_int4_b200.sh: no --kv-cache-dtype (vLLM's auto), no "
+                 "--max-num-batched-tokens", precision=r"^int4$"),
+    LaunchRecipe(INFERENCEX, "vllm", "h200_sxm", r"Kimi-K2", "auto",
+                 INFERENCEX_SCRIPTS + "kimik2.5_int4_h200.sh: no --kv-cache-dtype (vLLM's auto), no "
+                 "--max-num-batched-tokens", precision=r"^int4$"),
 )
 KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 
@@ -128,15 +161,15 @@ KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 # row's notes (validate.csv), never priced by guess: (source, backend, system, model regex, precision
 # regex, caveat).
 KERNEL_CAVEATS = (
-    (INFERENCEMAX, "vllm", "h100_sxm", r"gpt-oss", r"",
+    (INFERENCEX, "vllm", "h100_sxm", r"gpt-oss", r"",
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h100.sh) sets "
      "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
      "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
-    (INFERENCEMAX, "vllm", "h200_sxm", r"gpt-oss", r"",
+    (INFERENCEX, "vllm", "h200_sxm", r"gpt-oss", r"",
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h200.sh) sets "
      "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
      "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
-    (INFERENCEMAX, "vllm", "b200_sxm", r"", r"^fp4$",
+    (INFERENCEMAX, "vllm", "b200_sxm", LLAMA_70B, r"^fp4$",
      "caveat: the tables measure nvfp4 GEMMs with one kernel only, vLLM 0.24's "
      "FlashInferCuteDslNvFp4LinearKernel, newer than this row's server; the kernel it ran is not measured, "
      "and these rows' decode steps price about 12% short even at TP 1, where there is no all-reduce "
@@ -162,7 +195,7 @@ class Protocol:
 
     range_ratio: float = 0.8
     prompts_per_client: int = 10
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int | None = None  # every row's; None: its launch recipe's, else DEFAULT_BUDGET
     seed: int = 0
     kv_cache_dtype: str = "recipe"  # per row from LAUNCH_RECIPES, else auto; or auto / fp8 for every row
     async_scheduling: bool | None = None  # per row (`async_for`), or True / False for every row
@@ -237,9 +270,21 @@ class Protocol:
         return 0.0 if recipe is None else dict(recipe.allreduce_fusion_mb).get(int(row["tp_size"]), 0.0) * 2**20
 
     def _recipe(self, row) -> LaunchRecipe | None:
-        source = str(row.get("silicon_data_source", ""))
+        source, model = str(row.get("silicon_data_source", "")), str(row.get("model_path", ""))
+        precision = str(row.get("precision", ""))
         return next((recipe for recipe in LAUNCH_RECIPES if recipe.backend == row["backend"]
-                     and recipe.system == row["system"] and re.search(recipe.source, source)), None)
+                     and recipe.system == row["system"] and re.search(recipe.source, source)
+                     and re.search(recipe.model, model) and re.search(recipe.precision, precision)), None)
+
+    def budget_for(self, row) -> int:
+        """The row's server's --max-num-batched-tokens: --max-num-batched-tokens for every row, else
+        its launch recipe's ("$((ISL * k))"), else vLLM's default; at least the concurrency (every
+        running request decodes one token a step)."""
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            recipe = self._recipe(row)
+            budget = recipe.budget_per_isl * int(row["isl"]) if recipe and recipe.budget_per_isl else DEFAULT_BUDGET
+        return max(int(budget), int(row["concurrency"]))
 
     def kv_cache_for(self, row) -> tuple[str, str]:
         """(the row's KV cache dtype, auto or fp8; why)."""
@@ -483,7 +528,7 @@ def skip_reason(row, systems: list[str], models_dir, where: str = "the row") -> 
 def predict_row(row, profile, protocol: Protocol) -> dict:
     """Simulate one measured benchmark with an operator-table profile."""
     ops = profile.op_model()
-    budget = max(protocol.max_num_batched_tokens, int(row["concurrency"]))
+    budget = protocol.budget_for(row)
     out = simulate_row(row, OpTableBackend(ops, device=profile.source["system"]), profile.tp, profile.dtype,
                        profile.kv_cache_dtype, profile.client_overhead, ops.max_gemm_tokens_per_s(budget),
                        row_tables_note(profile), protocol)
@@ -502,7 +547,7 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
     `num_blocks` KV blocks, the benchmark's C clients in front of the API server."""
     c, isl, osl = int(row["concurrency"]), int(row["isl"]), int(row["osl"])
     n = protocol.prompts_per_client * c
-    budget = max(protocol.max_num_batched_tokens, c)
+    budget = protocol.budget_for(row)
     asynchronous = protocol.async_for(row)
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl, async_scheduling=asynchronous),
@@ -538,7 +583,8 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
     cycle_s = 1e-3 * (float(row["silicon_ttft_ms"]) + (mean_osl - 1.0) * float(row["silicon_tpot_ms"]))
     implied = c * (float(np.mean(isls)) + mean_osl - 1.0) / cycle_s if cycle_s > 0 else float("inf")
     return {"predicted_ttft_ms": 1e3 * ttft, "predicted_tpot_ms": 1e3 * tpot,
-            "predicted_engine_ttft_ms": 1e3 * ttft_engine, "num_gpu_blocks": plan.num_blocks,
+            "predicted_engine_ttft_ms": 1e3 * ttft_engine, "max_num_batched_tokens": budget,
+            "num_gpu_blocks": plan.num_blocks,
             "num_preemptions": result.num_preemptions, "async_scheduling": asynchronous,
             "warmup_waves": warmup, "warmup_from": warmup_why, "implied_tokens_per_s": implied,
             "tables_max_tokens_per_s": tokens_per_s, "faster_than_tables": bool(implied > tokens_per_s),
@@ -589,7 +635,7 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
                                          vllm_version=version, distribution=protocol.moe_distribution)
     backend = cache[key]
     c = int(row["concurrency"])
-    budget = max(protocol.max_num_batched_tokens, c)
+    budget = protocol.budget_for(row)
     kv = kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=budget,
                      max_num_seqs=c, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
                      max_model_len=int(row["isl"]) + int(row["osl"]), dp=dp, enable_expert_parallel=ep,

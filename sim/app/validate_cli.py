@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from sim.app.validate import Protocol, validate
+from sim.app.validate import DEFAULT_BUDGET, Protocol, validate
 from sim.errors import ServesimError
 
 
@@ -85,9 +85,9 @@ def register(sub) -> None:
                    help=f"requests per benchmark: K x concurrency (default: {default.prompts_per_client}, as "
                         "InferenceMAX)")
     p.add_argument("--max-num-batched-tokens", type=TOKENS_PER_STEP.flag_type("--max-num-batched-tokens"),
-                   default=default.max_num_batched_tokens, metavar="N",
-                   help=f"the servers' token budget per step (default: {default.max_num_batched_tokens}, vLLM's on "
-                        "H100/H200)")
+                   default=None, metavar="N",
+                   help=f"every row's server's token budget per step (default: the row's launch script's where "
+                        f"servesim knows it, else {DEFAULT_BUDGET}, vLLM's on H100, H200 and B200)")
     p.add_argument("--seed", type=SEED.flag_type("--seed"), default=default.seed,
                    help=f"seed of the lengths (default: {default.seed})")
     p.add_argument("--kv-cache-dtype", default="recipe", choices=("recipe", "auto", "fp8"),
