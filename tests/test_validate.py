@@ -264,6 +264,12 @@ def test_a_launch_recipe_is_its_scripts_model_and_gives_its_token_budget():
         assert Protocol().budget_for({**row, "isl": 1024, "concurrency": 4096}) == 4096  # at least one token each
         assert Protocol(max_num_batched_tokens=4096).budget_for(row) == 4096  # the flag, for every row
         assert Protocol().budget_for({**row, "precision": "fp4"}) == 2 * 8192
+    # On B200 the script of vLLM 0.19.0's days is the one the B300 script copied; 0.17.0's set neither.
+    b200_minimax = {**minimax, "system": "b200_sxm", "silicon_data_source": dump, "backend_version": "0.19.0"}
+    assert Protocol().kv_cache_for(b200_minimax)[0] == "fp8" and Protocol().budget_for(b200_minimax) == 2 * 8192
+    assert Protocol().budget_for({**b200_minimax, "backend_version": "nightly-5b8c30d62b754b57"}) == 2 * 8192
+    early = {**b200_minimax, "backend_version": "0.17.0"}
+    assert Protocol().kv_cache_for(early) == ("auto", KV_DEFAULT) and Protocol().budget_for(early) == DEFAULT_BUDGET
     # The Llama-3.1-70B H200 script's fp8 cache is not MiniMax's on H200 (its scripts disagree): the default.
     h200 = {**minimax, "system": "h200_sxm", "silicon_data_source": export}
     assert Protocol().kv_cache_for(h200) == ("auto", KV_DEFAULT) and Protocol().budget_for(h200) == DEFAULT_BUDGET

@@ -110,6 +110,7 @@ class LaunchRecipe:
     # all-reduce in MB) pairs, its VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB (derive_allreduce)
     allreduce_fusion_mb: tuple[tuple[int, float], ...] = ()
     precision: str = ""  # a regular expression on the row's precision (one script per checkpoint)
+    version: str = ""  # a regular expression on the row's backend_version (a script's version of that time)
     budget_per_isl: int = 0  # --max-num-batched-tokens "$((ISL * k))": k; 0: the script sets none or 8192
 
 
@@ -131,11 +132,18 @@ LAUNCH_RECIPES = (
                  INFERENCEMAX_SCRIPTS + "70b_fp8_b200_trt_slurm.sh and 70b_fp4_b200_trt_slurm.sh: kv_cache_config "
                  "sets dtype: fp8"),
     # InferenceX's mixture-of-experts scripts, where every stored version of the script agrees (read
-    # 2026-12-06). Where versions disagree (MiniMax-M2.5 on B200 and H200, Kimi-K2.5 fp4: later ones
-    # add --kv-cache-dtype fp8 and --max-num-batched-tokens "$((ISL * 2))"), no recipe: vLLM's defaults.
+    # 2026-12-06). Where versions disagree (MiniMax-M2.5 on H200, Kimi-K2.5 fp4: later ones add
+    # --kv-cache-dtype fp8 and --max-num-batched-tokens "$((ISL * 2))"), no recipe: vLLM's defaults.
     LaunchRecipe(INFERENCEX, "vllm", "b300_sxm", r"MiniMax-M2", "fp8",
                  INFERENCEX_SCRIPTS + "minimaxm2.5_fp8_b300.sh and minimaxm2.5_fp4_b300.sh: --kv-cache-dtype fp8 "
                  "--max-num-batched-tokens \"$((ISL * 2 ))\"", budget_per_isl=2),
+    # MiniMax-M2.5 on B200: the early script versions set neither; the B300 script "reuses the existing
+    # MiniMax-M2.5 FP8 B200 vLLM recipe as-is", with both, and its rows ran vllm/vllm-openai:v0.19.0, as
+    # the B200 rows of 0.19.0 and the nightly of the same days did. The 0.17.0 rows: vLLM's defaults.
+    LaunchRecipe(INFERENCEX, "vllm", "b200_sxm", r"MiniMax-M2", "fp8",
+                 INFERENCEX_SCRIPTS + "minimaxm2.5_fp8_b200.sh and minimaxm2.5_fp4_b200.sh as "
+                 "minimaxm2.5_fp8_b300.sh copied them (vLLM 0.19.0 and its nightlies): --kv-cache-dtype fp8 "
+                 "--max-num-batched-tokens \"$((ISL * 2 ))\"", budget_per_isl=2, version=r"^(0\.19\.|nightly-)"),
     LaunchRecipe(INFERENCEX, "vllm", "h100_sxm", r"MiniMax-M2", "auto",
                  INFERENCEX_SCRIPTS + "minimaxm2.5_fp8_h100.sh: no --kv-cache-dtype (vLLM's auto), no "
                  "--max-num-batched-tokens"),
@@ -274,7 +282,8 @@ class Protocol:
         precision = str(row.get("precision", ""))
         return next((recipe for recipe in LAUNCH_RECIPES if recipe.backend == row["backend"]
                      and recipe.system == row["system"] and re.search(recipe.source, source)
-                     and re.search(recipe.model, model) and re.search(recipe.precision, precision)), None)
+                     and re.search(recipe.model, model) and re.search(recipe.precision, precision)
+                     and re.search(recipe.version, str(row.get("backend_version", "")))), None)
 
     def budget_for(self, row) -> int:
         """The row's server's --max-num-batched-tokens: --max-num-batched-tokens for every row, else
