@@ -30,8 +30,10 @@ What a row does not state but its source's launch scripts do (`LAUNCH_RECIPES`):
 dtype. InferenceMAX's H200 scripts set `kv-cache-dtype: fp8` (vLLM, benchmarks/70b_fp8_h200_slurm.sh)
 and `kv_cache_config: dtype: fp8` (TensorRT-LLM, benchmarks/70b_fp8_h200_trt_slurm.sh); its H100
 vLLM script (benchmarks/70b_fp8_h100_docker.sh) sets none, so vLLM's `auto` (bf16). The KV dtype
-decides how many requests fit, so it decides which rows queue. A row of any other source gets
-vLLM's default, `auto`, and validate.csv says which each row got and why.
+decides how many requests fit, so it decides which rows queue. A recipe is one model's script
+(the Llama-3.1-70B scripts say nothing of other models); InferenceX's MoE scripts also give the
+token budget (MiniMax-M2.5 on B300: --max-num-batched-tokens "$((ISL * 2))"). A row of any other
+source or model gets vLLM's defaults, and validate.csv says which each row got and why.
 
 Two physical checks, per row (validate.csv), against the most tokens per second the operator
 tables' GEMMs alone allow at the server's token budget (`OperatorModel.max_gemm_tokens_per_s`;
