@@ -179,6 +179,10 @@ KERNEL_CAVEATS = (
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h200.sh) sets "
      "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
      "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
+    (INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", r"",
+     "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/single_node/gptoss_fp4_b200.sh, every "
+     "version) sets VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, so vLLM ran FlashInfer's MXFP4 x MXFP8 experts; the "
+     "tables measure gpt-oss's shapes with the MXFP4 x BF16 kernel only (vLLM 0.24's), which prices them"),
     (INFERENCEMAX, "vllm", "b200_sxm", LLAMA_70B, r"^fp4$",
      "caveat: the tables measure nvfp4 GEMMs with one kernel only, vLLM 0.24's "
      "FlashInferCuteDslNvFp4LinearKernel, newer than this row's server; the kernel it ran is not measured, "
