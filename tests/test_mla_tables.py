@@ -270,3 +270,67 @@ def test_chunk_steps_cost_each_step_as_execute_does(decodes, chunk, before, step
     seconds, _ = cm.chunk_steps([c - 1 for c in decodes], chunk, before, steps)
     for j in range(steps):
         assert cm.execute(batch([c + j for c in decodes], (chunk, before + chunk * j))).seconds == seconds[j]
+
+
+# ---- rows collected before the collector's fix (mla.COLLECTOR_FIX)
+
+
+def _copy_version(src: Path, dst: Path, meta: str | None) -> None:
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "collection_meta.yaml":
+            (dst / f.name).write_bytes(f.read_bytes())
+    if meta is not None:
+        (dst / "collection_meta.yaml").write_text(meta)
+
+
+LEGACY = "schema_version: 1\nprovenance: legacy\ntables:\n  mla_context_module_perf:\n    status: complete\n" \
+         "  mla_generation_module_perf:\n    status: complete\n"
+FIXED = "schema_version: 1\ntables:\n  mla_context_module_perf:\n    collected_at: '2026-08-18'\n" \
+        "  mla_generation_module_perf:\n    norm_dispatch: vllm_c_eager_surrogate\n"
+
+
+def test_rows_collected_before_the_collectors_fix_yield_to_the_systems_own_fixed_ones(tmp_path):
+    """A version whose MLA rows predate AIConfigurator's fused-op fix (its collection_meta.yaml has
+    neither the fix's norm_dispatch nor a collected_at from 2026-07-27 on) yields to another version
+    of the system collected with it, even one further from the version asked; rows without any
+    collection_meta.yaml (a user's own tables) are taken as they are."""
+    src = DATA / "tiny_gpu" / "mla" / "vllm" / "0.20.0"
+    root = tmp_path / "data" / "tiny_gpu" / "mla" / "vllm"
+    _copy_version(src, root / "0.20.0", LEGACY)
+    _copy_version(src, root / "0.27.0", FIXED)
+    tables = read_mla_tables(tmp_path / "data", "tiny_gpu", "0.20.0")
+    assert tables.generation.version == tables.context.version == "0.27.0"
+    assert tables.after_collector_fix and "predate AIConfigurator's fused-op collector fix" in tables.describe
+    assert "tiny_gpu's vLLM 0.20.0" not in tables.describe and "tiny_gpu's rows (vLLM 0.20.0)" in tables.describe
+    # Only legacy rows: taken as they are, and said.
+    (root / "0.27.0" / "collection_meta.yaml").write_text(LEGACY)
+    tables = read_mla_tables(tmp_path / "data", "tiny_gpu", "0.27.0")
+    assert tables.generation.version == "0.27.0" and "taken as they are" in tables.describe
+    # No collection_meta.yaml: as they are, nothing said.
+    tables = read_mla_tables(DATA, "tiny_gpu", None)
+    assert tables.after_collector_fix and tables.note == ""
+
+
+def test_a_gpu_with_only_legacy_rows_takes_the_same_gpus_fixed_ones(package):
+    """B300's only MLA rows (vLLM 0.24) predate the fix; GB300 (the same GPU, SM 103) has rows of
+    vLLM 0.27 collected with it, which price B300. GB200's legacy rows yield to B200's re-collected
+    ones (SM 100). H100 and H200 have none collected with it: their own, said."""
+    from backends.costmodel.optables.mla import same_gpu_systems
+
+    data = package / "data"
+    b300 = read_mla_tables(data, "b300_sxm", "0.19.0")
+    assert Path(b300.generation.path).parts[-5] == "gb300" and b300.generation.version == "0.27.0"
+    assert "gb300's, the same GPU as b300_sxm" in b300.describe and "same_gpu" not in b300.describe
+    assert "gb300" in same_gpu_systems(data, "b300_sxm") and "b200_sxm" not in same_gpu_systems(data, "b300_sxm")
+    gb200 = read_mla_tables(data, "gb200", "0.24.0")
+    assert Path(gb200.generation.path).parts[-5] == "b200_sxm"
+    b200 = read_mla_tables(data, "b200_sxm", "0.24.0")
+    assert Path(b200.generation.path).parts[-5] == "b200_sxm" and b200.note == ""
+    h200 = read_mla_tables(data, "h200_sxm", None)
+    assert Path(h200.generation.path).parts[-5] == "h200_sxm" and "taken as they are" in h200.describe
+    # The fixed rows' decode module at small batch is B200-like, the legacy ones about twice it.
+    g = b300.generation.frame
+    small = g[(g.num_heads == 16) & (g.batch_size == 1) & (g.step == 2) & (g.kv_cache_dtype.astype(str) == "fp8")
+              & (g.gemm_type == "bfloat16")]
+    assert len(small) and small.latency.median() < 0.05

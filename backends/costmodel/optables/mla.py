@@ -62,7 +62,7 @@ stated reason, and the operators stay the roofline's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,13 +89,41 @@ class MLATables:
     generation: LayoutTable
     shapes: dict
     data_dir: Path | None = None
+    note: str = ""  # why these rows and not the system's own nearest (`read_mla_tables`)
 
     @property
     def describe(self) -> str:
         c, g = self.context, self.generation
         if c.version == g.version:
-            return f"{Path(c.path).name}, {Path(g.path).name} vLLM {c.version} ({c.how})"
-        return f"{Path(c.path).name} vLLM {c.version} ({c.how}), {Path(g.path).name} vLLM {g.version} ({g.how})"
+            said = f"{Path(c.path).name}, {Path(g.path).name} vLLM {c.version} ({c.how})"
+        else:
+            said = f"{Path(c.path).name} vLLM {c.version} ({c.how}), {Path(g.path).name} vLLM {g.version} ({g.how})"
+        return f"{said}; {self.note}" if self.note else said
+
+    @property
+    def after_collector_fix(self) -> bool:
+        return collected_after_fix(self.context) and collected_after_fix(self.generation)
+
+
+# AIConfigurator's MLA module collector timed, before its fused-op fix (ai-dynamo/aiconfigurator#1423),
+# "the never-in-serving native chain" of RMSNorm ops: the package's own note on B200's rows, re-collected
+# on 2026-07-27 with the fix (systems/data/b200_sxm/mla/vllm/0.24.0/collection_meta.yaml, +34% before it
+# at its anchor). The legacy rows of the same GPU show it at small batches: GB200's vLLM 0.24 decode
+# module (16 heads, batch 1) takes 86 us, B200's re-collected one 42 us; GB300's 0.24 rows 87 us, its
+# 0.27 rows (collected 2026-08-18) 38 us. A table's collection_meta.yaml says which it is: the fix's
+# `norm_dispatch`, or a `collected_at` from the fix on; a table without the file is taken as it is.
+COLLECTOR_FIX = "2026-07-27"
+
+
+def collected_after_fix(table: LayoutTable) -> bool:
+    """Whether an MLA module table was collected with the fused-op fix (see COLLECTOR_FIX)."""
+    from backends.costmodel.optables.systems import _yaml
+
+    meta = Path(table.path).parent / "collection_meta.yaml"
+    if not meta.is_file():
+        return True
+    entry = ((_yaml(meta) or {}).get("tables") or {}).get(table.table) or {}
+    return bool(entry.get("norm_dispatch")) or str(entry.get("collected_at") or "") >= COLLECTOR_FIX
 
 
 def model_shape(fields) -> tuple[int, ...]:
@@ -124,7 +152,41 @@ def measured_shape(name: str, data_dir: Path | None) -> tuple[int, ...] | None:
 
 def read_mla_tables(data_dir: Path, system: str, version: str | None) -> MLATables | str | None:
     """The system's MLA module tables at `version` (or the nearest); None where it has neither, a
-    reason where it has one but not the other."""
+    reason where it has one but not the other. Where they predate the collector's fix (COLLECTOR_FIX),
+    tables collected with it are taken instead, said in `note`: the system's own at the nearest
+    version that has them, else those of a system with the same GPU (the package's gpu.sm_version:
+    B300 and GB300, B200 and GB200), nearest version first; else the system's own, said too."""
+    from backends.costmodel.optables.systems import table_versions, versions_by_nearness
+
+    own = _read_mla_tables(data_dir, system, version)
+    if not isinstance(own, MLATables) or own.after_collector_fix:
+        return own
+    why = (f"{system}'s rows (vLLM {own.generation.version}) predate AIConfigurator's fused-op collector fix "
+           "(ai-dynamo/aiconfigurator#1423), which timed an RMSNorm chain vLLM does not serve")
+    for donor in [system, *same_gpu_systems(data_dir, system)]:
+        available = table_versions(Path(data_dir), donor, FAMILY, "vllm", TABLES[1])
+        for v, _ in (versions_by_nearness(available, version) if available else []):
+            tables = own if donor == system and v == own.generation.version else _read_mla_tables(data_dir, donor, v)
+            if isinstance(tables, MLATables) and tables.after_collector_fix:
+                how = f"{donor}'s" + ("" if donor == system else f", the same GPU as {system}")
+                return replace(tables, context=replace(tables.context, how=how),
+                               generation=replace(tables.generation, how=how), note=f"collected with the fix: {why}")
+    return replace(own, note=f"{why}; no rows collected with it for this GPU: taken as they are")
+
+
+def same_gpu_systems(data_dir: Path, system: str) -> list[str]:
+    """The other systems under `data_dir` with MLA tables whose GPU has `system`'s compute
+    capability (gpu.sm_version), by name; [] where the package does not state it."""
+    from backends.costmodel.optables.systems import system_sm_version
+
+    sm = system_sm_version(system)
+    if sm is None or not Path(data_dir).is_dir():
+        return []
+    return [other.name for other in sorted(Path(data_dir).iterdir())
+            if other.name != system and (other / FAMILY / "vllm").is_dir() and system_sm_version(other.name) == sm]
+
+
+def _read_mla_tables(data_dir: Path, system: str, version: str | None) -> MLATables | str | None:
     from backends.costmodel.optables.systems import read_layout_table
 
     context, generation = (read_layout_table(data_dir, system, FAMILY, "vllm", t, version) for t in TABLES)
