@@ -386,6 +386,17 @@ def test_a_file_output_never_replaces_an_existing_file_without_overwrite(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(cases)
 
 
+def test_an_output_named_by_nothing_is_refused(tmp_path, capsys, monkeypatch):
+    """--out "" would be the current folder and --out " " a folder named by a space: both refused."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("", " ", "\t"):
+        assert sim("replay", *SMALL, "--out", name, "--quiet") == 2
+        assert error_text(capsys).strip() == f"sim: error: {name!r}: an empty name; name the folder to write"
+        assert sim("trace", "convert", SMALL[0], name) == 2
+        assert error_text(capsys).strip() == f"sim: error: {name!r}: an empty name; name the file to write"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_full_disk_while_writing_a_trace_keeps_the_old_file(tmp_path):
     out = tmp_path / "t.csv"
     out.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n")

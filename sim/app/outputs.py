@@ -46,9 +46,17 @@ LOCK_NAME = "servesim.lock"
 
 # Destinations, checked at command start.
 
+def _named(path: str | Path, what: str) -> Path:
+    """`path` as a Path, refused when it names nothing: an empty name (which would be the current
+    folder) or one of spaces only (a folder or file named " " is never what was meant)."""
+    if isinstance(path, str) and not path.strip():
+        raise ServesimError(f"{path!r}: an empty name; name the {what} to write")
+    return Path(path)
+
+
 def check_folder_destination(path: str | Path) -> Path:
     """A folder the command will write into (made if missing): no file in the way, writable."""
-    path = Path(path)
+    path = _named(path, "folder")
     if path.exists():
         if not path.is_dir():
             raise ServesimError(f"{path}: is a file, not a folder")
@@ -66,7 +74,7 @@ def check_folder_destination(path: str | Path) -> Path:
 def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = False) -> Path:
     """A file the command will write: its folder exists and is writable, it is none of `inputs`, and
     it does not exist yet, unless `overwrite` (the command's --overwrite) says to replace it."""
-    path = Path(path)
+    path = _named(path, "file")
     if path.is_dir():
         raise ServesimError(f"{path}: is a folder; name a file to write")
     folder = path.parent
