@@ -337,7 +337,9 @@ def test_an_overwrite_never_deletes_what_servesim_did_not_write(tmp_path, capsys
     assert "holds my-note.txt, which no servesim command writes" in error_text(capsys)
     assert (run / "my-note.txt").read_text() == "keep me"
     (run / "my-note.txt").unlink()
+    (run / ".DS_Store").write_bytes(b"Finder's view of the folder")  # a file browser's: no one's data
     assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 0
+    assert not (run / ".DS_Store").exists()
     # A comparison's run folders are servesim's; a stranger inside one of them is not.
     (run / "measured").mkdir()
     (run / "measured" / "summary.json").write_text("{}")

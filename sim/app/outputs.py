@@ -216,6 +216,7 @@ RUN_FILES = frozenset({"summary.json", "digest.json", "report.html", "requests.c
                        "steps.parquet", "steps.csv", "compare.json", "results.parquet", "probes.parquet",
                        "capacity.csv", "validate.csv", "validate.json"})
 RUN_SUBFOLDERS = frozenset({"measured", "predicted"})  # sim compare's two run folders
+OS_FILES = frozenset({".DS_Store", "Thumbs.db"})  # what a file browser leaves in a folder it showed: no one's data
 
 
 def foreign_entries(folder: Path) -> list[str]:
@@ -224,7 +225,7 @@ def foreign_entries(folder: Path) -> list[str]:
     found = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         name = entry.name
-        if name == LOCK_NAME or _is_temporary(name):
+        if name == LOCK_NAME or name in OS_FILES or _is_temporary(name):
             continue
         if entry.is_symlink():
             found.append(name)
