@@ -18,7 +18,8 @@ Models: --models DIR, else a preset by name, else the package's model_configs/ (
 The benchmark, as the rows were measured (InferenceMAX's client, github.com/InferenceMAX,
 `benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts 10 x C
 --max-concurrency C --request-rate inf --ignore-eos`, and its vLLM server flags
-`--max-num-seqs C --max-num-batched-tokens 8192 --no-enable-prefix-caching`): 10 x C requests,
+`--max-num-seqs C --max-num-batched-tokens 8192 --no-enable-prefix-caching`; the budget is the
+row's launch recipe's where it sets another, `Protocol.budget_for`): 10 x C requests,
 all created at once, C in flight; prompt and output lengths uniform integers in
 [int(0.8 x ISL), ISL] and [int(0.8 x OSL), OSL] (its `sample_random_requests`); the row's
 `batch_size` is C unless its `silicon_data_source` says `silicon_concurrency=` (trusted, as the
