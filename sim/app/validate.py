@@ -153,18 +153,12 @@ LAUNCH_RECIPES = (
     LaunchRecipe(INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", "fp8",
                  INFERENCEX_SCRIPTS + "gptoss_fp4_b200.sh: config.yaml sets kv-cache-dtype: fp8, "
                  "max-num-batched-tokens: 8192"),
-    LaunchRecipe(INFERENCEX, "vllm", "h100_sxm", r"gpt-oss", "auto",
-                 INFERENCEX_SCRIPTS + "gptoss_fp4_h100.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
-                 "max-num-batched-tokens: 8192"),
-    LaunchRecipe(INFERENCEX, "vllm", "h200_sxm", r"gpt-oss", "auto",
-                 INFERENCEX_SCRIPTS + "gptoss_fp4_h200.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
-                 "max-num-batched-tokens: 8192"),
-    LaunchRecipe(INFERENCEX, "vllm", "b200_sxm", r"Kimi-K2", "auto",
-                 INFERENCEX_SCRIPTS + "kimik2.5_int4_b200.sh: no --kv-cache-dtype (vLLM's auto), no "
-                 "--max-num-batched-tokens", precision=r"^int4$"),
-    LaunchRecipe(INFERENCEX, "vllm", "h200_sxm", r"Kimi-K2", "auto",
-                 INFERENCEX_SCRIPTS + "kimik2.5_int4_h200.sh: no --kv-cache-dtype (vLLM's auto), no "
-                 "--max-num-batched-tokens", precision=r"^int4$"),
+    *(LaunchRecipe(INFERENCEX, "vllm", f"{gpu}_sxm", r"gpt-oss", "auto",
+                   INFERENCEX_SCRIPTS + f"gptoss_fp4_{gpu}.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
+                   "max-num-batched-tokens: 8192") for gpu in ("h100", "h200")),
+    *(LaunchRecipe(INFERENCEX, "vllm", f"{gpu}_sxm", r"Kimi-K2", "auto",
+                   INFERENCEX_SCRIPTS + f"kimik2.5_int4_{gpu}.sh: no --kv-cache-dtype (vLLM's auto), no "
+                   "--max-num-batched-tokens", precision=r"^int4$") for gpu in ("b200", "h200")),
 )
 KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 
@@ -172,14 +166,11 @@ KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 # row's notes (validate.csv), never priced by guess: (source, backend, system, model regex, precision
 # regex, caveat).
 KERNEL_CAVEATS = (
-    (INFERENCEX, "vllm", "h100_sxm", r"gpt-oss", r"",
-     "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h100.sh) sets "
-     "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
-     "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
-    (INFERENCEX, "vllm", "h200_sxm", r"gpt-oss", r"",
-     "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_h200.sh) sets "
-     "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
-     "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)"),
+    *((INFERENCEX, "vllm", f"{gpu}_sxm", r"gpt-oss", r"",
+       f"caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_{gpu}.sh) sets "
+       "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
+       "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)")
+      for gpu in ("h100", "h200")),
     (INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", r"",
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/single_node/gptoss_fp4_b200.sh, every "
      "version) sets VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, so vLLM ran FlashInfer's MXFP4 x MXFP8 experts; the "
