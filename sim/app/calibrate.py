@@ -38,10 +38,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ServesimError(f"--out {out}: a profile is a .json file")
     csv = out.with_suffix(".csv")
     for path in (out, csv):  # checked before the measuring, which takes minutes; never over an input
-        check_file_destination(path, command_inputs(args), overwrite=True)  # existence: next, with a hint
-        if path.exists() and not args.overwrite:
-            raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose another --out "
-                                "(profiles/tiny-cpu.json is the bundled profile the tests use)")
+        check_file_destination(path, command_inputs(args), overwrite=args.overwrite,
+                               other="another --out (profiles/tiny-cpu.json is the bundled profile the tests use)")
     get_model(args.model)
     grid = args.grid or default_grid(args.device)
     num_blocks = args.num_blocks

@@ -71,9 +71,11 @@ def check_folder_destination(path: str | Path) -> Path:
     return path
 
 
-def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = False) -> Path:
+def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = False,
+                           other: str = "another name") -> Path:
     """A file the command will write: its folder exists and is writable, it is none of `inputs`, and
-    it does not exist yet, unless `overwrite` (the command's --overwrite) says to replace it."""
+    it does not exist yet, unless `overwrite` (the command's --overwrite) says to replace it; `other`
+    says what to choose instead in that refusal."""
     path = _named(path, "file")
     if path.is_dir():
         raise ServesimError(f"{path}: is a folder; name a file to write")
@@ -84,7 +86,7 @@ def check_file_destination(path: str | Path, inputs: tuple[str | Path, ...] = ()
         raise ServesimError(f"{folder}: is a file, so {path} cannot be written")
     check_not_input(path, inputs)
     if (path.exists() or path.is_symlink()) and not overwrite:
-        raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose another name")
+        raise ServesimError(f"{path}: exists; pass --overwrite to replace it, or choose {other}")
     _probe(folder)
     return path
 
