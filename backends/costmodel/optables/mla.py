@@ -117,12 +117,17 @@ COLLECTOR_FIX = "2026-07-27"
 
 def collected_after_fix(table: LayoutTable) -> bool:
     """Whether an MLA module table was collected with the fused-op fix (see COLLECTOR_FIX)."""
+    return _file_after_fix(Path(table.path), table.table)
+
+
+def _file_after_fix(path: Path, table: str) -> bool:
+    """`collected_after_fix` of the table file at `path`, from its folder's collection_meta.yaml."""
     from backends.costmodel.optables.systems import _yaml
 
-    meta = Path(table.path).parent / "collection_meta.yaml"
+    meta = path.parent / "collection_meta.yaml"
     if not meta.is_file():
         return True
-    entry = ((_yaml(meta) or {}).get("tables") or {}).get(table.table) or {}
+    entry = ((_yaml(meta) or {}).get("tables") or {}).get(table) or {}
     return bool(entry.get("norm_dispatch")) or str(entry.get("collected_at") or "") >= COLLECTOR_FIX
 
 
@@ -164,9 +169,12 @@ def read_mla_tables(data_dir: Path, system: str, version: str | None) -> MLATabl
     why = (f"{system}'s rows (vLLM {own.generation.version}) predate AIConfigurator's fused-op collector fix "
            "(ai-dynamo/aiconfigurator#1423), which timed an RMSNorm chain vLLM does not serve")
     for donor in [system, *same_gpu_systems(data_dir, system)]:
-        available = table_versions(Path(data_dir), donor, FAMILY, "vllm", TABLES[1])
-        for v, _ in (versions_by_nearness(available, version) if available else []):
-            tables = own if donor == system and v == own.generation.version else _read_mla_tables(data_dir, donor, v)
+        files = {t: table_versions(Path(data_dir), donor, FAMILY, "vllm", t) for t in TABLES}
+        # A version's tables are read only where both files' collection_meta.yaml say they have the fix.
+        fixed = [v for v in files[TABLES[1]]
+                 if v in files[TABLES[0]] and all(_file_after_fix(files[t][v][0], t) for t in TABLES)]
+        for v, _ in (versions_by_nearness(fixed, version) if fixed else []):
+            tables = _read_mla_tables(data_dir, donor, v)
             if isinstance(tables, MLATables) and tables.after_collector_fix:
                 how = f"{donor}'s" + ("" if donor == system else f", the same GPU as {system}")
                 return replace(tables, context=replace(tables.context, how=how),
