@@ -12,14 +12,17 @@ import pandas as pd
 import pytest
 
 from backends.costmodel.optables.moe import (
+    NAMED_KERNELS,
     MoEShape,
     check_moe_distribution,
     dispatched_moe_kernel,
     family_distribution,
     moe_curve,
+    moe_layer_roofline,
     nccl_curve,
     pick_moe_curve,
     table_distribution,
+    transferred_moe_curve,
 )
 from backends.costmodel.optables.systems import LayoutTable, versions_by_nearness
 from backends.costmodel.roofline import combine_bytes, dispatch_bytes, dp_gathered_tokens
@@ -457,3 +460,116 @@ def test_kimis_int4_experts_are_priced_with_marlin_not_the_helper_the_older_tabl
     ops = moe_table_model(model, resolve_hardware("H200"), "h200_sxm", package / "data", tp=8, vllm_version="0.16.0")
     assert "int4_wo" in ops.sources["moe"] and "compressedtensorswna16marlinmoe_marlin" in ops.sources["moe"]
     assert "vllm_marlin_int4_moe" not in ops.sources["moe"]
+
+
+# ---- --moe-kernel: the kernel a launch script names, carried from another shape where needed
+
+
+def marlin_rows(hidden: int, inter: int, topk: int, experts: int, ms: dict, tp: int = 1) -> list[dict]:
+    return [{"kernel_source": "vllm_w4a16mxfp4moe_marlin_marlinexperts", "moe_dtype": "w4a16_mxfp4",
+             "num_tokens": t, "hidden_size": hidden, "inter_size": inter, "topk": topk, "num_experts": experts,
+             "moe_tp_size": tp, "moe_ep_size": 1, "distribution": "power_law_1.2", "seconds": v * 1e-3}
+            for t, v in ms.items()]
+
+
+def test_the_moe_layer_roofline_worked_by_hand():
+    from backends.hardware import resolve_hardware
+
+    h100 = resolve_hardware("H100-SXM")
+    # gpt-oss at MoE TP 2, one token: 4 experts reached, each a [2880, 2 x 1440] and a [1440, 2880]
+    # MXFP4 weight (half a byte a weight, one byte of scale per 32), read at the HBM bandwidth.
+    per_expert = (2880 * 2880 // 2 + 2880 // 32 * 2880) + (1440 * 2880 // 2 + 1440 // 32 * 2880)
+    num_bytes = 4 * per_expert + 4 * (3 * 2880 + 3 * 1440) * 2
+    assert moe_layer_roofline(h100, mxfp4_shape(moe_tp_size=2), [1])[0] == pytest.approx(
+        num_bytes / h100.memory_bandwidth, rel=1e-12)
+    # 8192 tokens: 32,768 assignments through every expert, at the bf16 peak (W4A16)
+    flops = 6.0 * 8192 * 4 * 2880 * 1440
+    assert moe_layer_roofline(h100, mxfp4_shape(moe_tp_size=2), [8192])[0] == pytest.approx(
+        flops / h100.peak_flops("bf16"), rel=1e-12)
+
+
+def test_a_named_kernel_measured_only_at_another_shape_is_carried_by_its_work_over_the_roofline():
+    """Marlin measured at a source shape with 4x gpt-oss's experts per token (experts / top-k = 128
+    against 32): gpt-oss at t tokens is the source at 4t tokens (the same tokens per expert). Its
+    time is the kernel's floor (the least any row measures) plus the source's work (time less the
+    floor) scaled by the two rooflines."""
+    from backends.hardware import resolve_hardware
+
+    h100 = resolve_hardware("H100-SXM")
+    source_rows = marlin_rows(2048, 1024, 4, 512, {1: 0.03, 4: 0.05, 16: 0.2, 64: 0.6, 256: 2.0})
+    floor_rows = marlin_rows(1024, 512, 2, 8, {1: 0.02}, tp=8)  # another shape: only its floor counts
+    table = layout("0.24.0", "the newest", source_rows + floor_rows)
+    target = mxfp4_shape()
+    table_out, source, (kernel, xs, ys) = transferred_moe_curve([table], target, "marlin", h100)
+    assert table_out is table and kernel == "vllm_w4a16mxfp4moe_marlin_marlinexperts"
+    assert (source.hidden_size, source.inter_size, source.topk, source.num_experts) == (2048, 1024, 4, 512)
+    assert xs.tolist() == [1, 4, 16, 64, 256]
+    floor = 0.02e-3
+    measured = {1: 0.03e-3, 4: 0.05e-3, 16: 0.2e-3, 64: 0.6e-3, 256: 2.0e-3}
+    for t, y in zip((1, 4, 16, 64), ys):
+        work = (measured[4 * t] - floor) / moe_layer_roofline(h100, source, [4 * t])[0]
+        assert y == pytest.approx(floor + work * moe_layer_roofline(h100, target, [t])[0], rel=1e-12)
+    # Past the source curve's end, its last point's work per roofline second is held (never extrapolated).
+    work = (measured[256] - floor) / moe_layer_roofline(h100, source, [256])[0]
+    assert ys[-1] == pytest.approx(floor + work * moe_layer_roofline(h100, target, [256])[0], rel=1e-12)
+    # No row of the kernel at this TP, or none of it at all: nothing to carry.
+    assert transferred_moe_curve([table], mxfp4_shape(moe_tp_size=2), "marlin", h100) is None
+    assert transferred_moe_curve([table], target, "flashinfer", h100) is None
+
+
+def test_a_named_kernel_is_never_priced_with_a_kernel_the_server_did_not_run():
+    """gpt-oss on H100 under VLLM_MXFP4_USE_MARLIN=1: the tables measure gpt-oss's shape with OpenAI's
+    Triton kernel only and Marlin at another model's shape. vLLM's default takes the Triton rows;
+    the named Marlin takes Marlin's rows, carried; where Marlin is measured at the shape itself,
+    those rows, exact."""
+    from backends.hardware import resolve_hardware
+
+    h100 = resolve_hardware("H100-SXM")
+    triton = mxfp4_rows("vllm_gptossmxfp4moe_triton_oaitritonmxfp4expertsmonolithic", 5.0)
+    source = marlin_rows(2048, 1024, 4, 512, {1: 0.03, 8: 0.1, 64: 0.6})
+    table = layout("0.24.0", "the newest", triton + source)
+    _, _, (kernel, _, _), _ = pick_moe_curve([table], mxfp4_shape(), False, dispatched_moe_kernel("w4a16_mxfp4", 90))
+    assert "oaitriton" in kernel
+    _, _, (kernel, _, _), why = pick_moe_curve([table], mxfp4_shape(), False, NAMED_KERNELS["marlin"], h100)
+    assert "marlin" in kernel and "measured at no version at this shape" in why and "hidden 2048" in why
+    exact = layout("0.24.0", "the newest", triton + source + mxfp4_rows("vllm_x_marlin_y", 7.0))
+    _, _, (kernel, _, ys), why = pick_moe_curve([exact], mxfp4_shape(), False, NAMED_KERNELS["marlin"], h100)
+    assert kernel == "vllm_x_marlin_y" and ys.tolist() == [7.0 * t * 1e-6 for t in (1, 8, 64)]
+    assert "the kernel the server was told to run" in why
+    # Named, and measured nowhere: the measured kernel at the shape, and the model's notes say so.
+    _, _, (kernel, _, _), _ = pick_moe_curve([layout("0.24.0", "the newest", triton)], mxfp4_shape(), False,
+                                             NAMED_KERNELS["flashinfer"], h100)
+    assert "oaitriton" in kernel
+
+
+def test_moe_kernel_applies_only_to_a_table_priced_moe_layer(capsys):
+    code = main(["replay", "traces/samples/azure_conv_2023_first5min.csv", "--moe-kernel", "marlin",
+                 "--out", "/nonexistent/never-written"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--moe-kernel marlin prices a mixture of experts' fused-MoE layer" in err
+    assert "Llama-3.1-8B" in err and "Traceback" not in err
+
+
+def test_gpt_oss_on_h100_with_marlin_is_marlins_rows_carried_and_says_so(package, tmp_path):
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    args = (resolve_model("gpt-oss-120b"), resolve_hardware("H100-SXM"), "h100_sxm", package / "data")
+    triton = moe_table_model(*args, tp=2)
+    marlin = moe_table_model(*args, tp=2, moe_kernel="marlin")
+    assert "oaitriton" in triton.sources["moe"]
+    assert "_marlin_" in marlin.sources["moe"] and "at the same tokens per expert" in marlin.sources["moe"]
+    # Marlin's floor (its least measured layer, 39 us on H100) and its prefill, slower than Triton's
+    assert marlin.dense(1, 0)[2] >= 36 * 39e-6
+    assert marlin.dense(8192, 0)[2] > 1.3 * triton.dense(8192, 0)[2]
+    with pytest.raises(ServesimError, match="--moe-kernel 'cutlass'"):
+        moe_table_model(*args, tp=2, moe_kernel="cutlass")
+    # summary.json says the kernel named, and a run of vLLM's default keeps its summary
+    for kernel in ("marlin", "auto"):
+        out = tmp_path / kernel
+        assert main(["replay", "traces/samples/azure_conv_2023_first5min.csv", "--model", "gpt-oss-120b",
+                     "--hardware", "H100-SXM", "--tp", "2", "--moe-kernel", kernel, "--out", str(out)]) == 0
+        options = json.loads((out / "summary.json").read_text())["options"]
+        assert options.get("moe_kernel") == (None if kernel == "auto" else "marlin")
+        assert ("_marlin_" in options["cost_model"]["operators"]["moe"]) == (kernel == "marlin")

@@ -117,6 +117,8 @@ class RunPlan:
             d["operator_tables"] = self.tables
         if not self.model.num_experts:
             del d["moe_distribution"]  # dense runs keep the summary they had
+        if d["moe_kernel"] == "auto":
+            del d["moe_kernel"]  # runs of vLLM's default kernel keep the summary they had
         if hasattr(self.backend, "cost_model_summary"):
             d["cost_model"] = self.backend.cost_model_summary()  # per operator: the table or the roofline
         sched = self.options.scheduler
@@ -222,7 +224,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
             backend = moe_table_model(model, hardware, system_of(hardware), require_package() / "data", options.tp,
                                       options.dtype, options.kv_cache_dtype, options.enable_expert_parallel,
                                       dp=options.dp, distribution=options.moe_distribution,
-                                      vllm_version=options.vllm_version, cache=cache_dir())
+                                      vllm_version=options.vllm_version, cache=cache_dir(),
+                                      moe_kernel=options.moe_kernel)
         else:
             fusion = options.allreduce_fusion_max_mb
             found = None if options.vllm_version or fusion else matching_profile(
@@ -243,6 +246,10 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         raise ServesimError(f"--allreduce-fusion-max-mb prices the fused all-reduces from the operator tables of the "
                             f"hardware's system (a dense model, no --profile, the tables extra); this run of "
                             f"{model.name} on {hardware.name} is priced another way")
+    if options.moe_kernel != "auto" and build_backend and not hasattr(backend, "moe_kernel"):
+        raise ServesimError(f"--moe-kernel {options.moe_kernel} prices a mixture of experts' fused-MoE layer from the "
+                            f"moe_perf tables of the hardware's system (the tables extra); this run of {model.name} "
+                            f"on {hardware.name} has no such layer priced from them")
     if options.dtype == "fp4" and op_profile is None and backend is None:
         raise ServesimError("fp4 weights are priced from operator tables that measure them (nvfp4 GEMMs), not the "
                             "roofline")

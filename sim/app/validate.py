@@ -115,6 +115,7 @@ class LaunchRecipe:
     precision: str = ""  # a regular expression on the row's precision (one script per checkpoint)
     version: str = ""  # a regular expression on the row's backend_version (a script's version of that time)
     budget_per_isl: int = 0  # --max-num-batched-tokens "$((ISL * k))": k; 0: the script sets none or 8192
+    moe_kernel: str = "auto"  # the fused-MoE kernel the script tells vLLM to run (sim replay's --moe-kernel)
 
 
 LLAMA_70B = r"Llama-3\.1-70B"
@@ -155,7 +156,8 @@ LAUNCH_RECIPES = (
                  "max-num-batched-tokens: 8192"),
     *(LaunchRecipe(INFERENCEX, "vllm", f"{gpu}_sxm", r"gpt-oss", "auto",
                    INFERENCEX_SCRIPTS + f"gptoss_fp4_{gpu}.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
-                   "max-num-batched-tokens: 8192") for gpu in ("h100", "h200")),
+                   "max-num-batched-tokens: 8192; VLLM_MXFP4_USE_MARLIN=1 (the experts run Marlin)",
+                   moe_kernel="marlin") for gpu in ("h100", "h200")),
     *(LaunchRecipe(INFERENCEX, "vllm", f"{gpu}_sxm", r"Kimi-K2", "auto",
                    INFERENCEX_SCRIPTS + f"kimik2.5_int4_{gpu}.sh: no --kv-cache-dtype (vLLM's auto), no "
                    "--max-num-batched-tokens", precision=r"^int4$") for gpu in ("b200", "h200")),
@@ -168,8 +170,8 @@ KV_DEFAULT = "not stated by the row or its source: vLLM's default, auto"
 KERNEL_CAVEATS = (
     *((INFERENCEX, "vllm", f"{gpu}_sxm", r"gpt-oss", r"",
        f"caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/gptoss_fp4_{gpu}.sh) sets "
-       "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin; the tables measure gpt-oss's shapes "
-       "with the Triton kernel only, and long prompts' prefill is priced short (docs/moe.md)")
+       "VLLM_MXFP4_USE_MARLIN=1, so vLLM ran the experts with Marlin, which the tables measure at another "
+       "model's shape only: priced with its efficiency there, carried to gpt-oss's shape (docs/moe.md)")
       for gpu in ("h100", "h200")),
     (INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", r"",
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/single_node/gptoss_fp4_b200.sh, every "
@@ -292,6 +294,11 @@ class Protocol:
             recipe = self._recipe(row)
             budget = recipe.budget_per_isl * int(row["isl"]) if recipe and recipe.budget_per_isl else DEFAULT_BUDGET
         return max(int(budget), int(row["concurrency"]))
+
+    def moe_kernel_for(self, row) -> str:
+        """The fused-MoE kernel the row's server ran: its launch recipe's, else vLLM's default (auto)."""
+        recipe = self._recipe(row)
+        return "auto" if recipe is None else recipe.moe_kernel
 
     def kv_cache_for(self, row) -> tuple[str, str]:
         """(the row's KV cache dtype, auto or fp8; why)."""
@@ -632,14 +639,16 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     tp, dp, ep = moe_layout(row, model)
     hardware = resolve_hardware(hardware_for(row["system"]))
     dtype = "fp8" if str(row["precision"]) == "fp8" and not model.weight_dtype else "bf16"
-    key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version, protocol.moe_distribution)
+    kernel = protocol.moe_kernel_for(row)
+    key = (row["system"], row["model_source"], tp, dp, ep, dtype, kv_cache, version, protocol.moe_distribution, kernel)
     if key not in cache:
         if protocol.moe_cost_model == "roofline":
             cache[key] = MoERooflineCostModel(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
                                               enable_expert_parallel=ep, dp=dp)
         else:
             cache[key] = moe_table_model(model, hardware, row["system"], data_dir, tp, dtype, kv_cache, ep, dp=dp,
-                                         vllm_version=version, distribution=protocol.moe_distribution)
+                                         vllm_version=version, distribution=protocol.moe_distribution,
+                                         moe_kernel=kernel)
     backend = cache[key]
     c = int(row["concurrency"])
     budget = protocol.budget_for(row)

@@ -211,7 +211,86 @@ def moe_curve(frame, shape: MoEShape, lane: str | None = None) -> tuple[str, np.
     return kernel, curve.index.to_numpy(dtype=np.float64), curve.to_numpy(dtype=np.float64)
 
 
-def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str, str] | None):
+# --moe-kernel: the fused-MoE kernel a server was told to run (an environment variable or flag of
+# its launch script) instead of vLLM's default; (what its kernel_source contains, its name)
+NAMED_KERNELS = {
+    "marlin": ("marlin", "Marlin (--moe-kernel marlin: vLLM's VLLM_MXFP4_USE_MARLIN=1 for MXFP4 experts)"),
+    "triton": ("triton", "Triton (--moe-kernel triton)"),
+    "flashinfer": ("flashinfer", "FlashInfer (--moe-kernel flashinfer)"),
+}
+MOE_KERNELS = ("auto", *NAMED_KERNELS)
+TABLE_TO_DTYPE = {v: k for k, v in MOE_DTYPES.items()}
+
+
+def moe_layer_roofline(hardware, shape: MoEShape, tokens) -> np.ndarray:
+    """The datasheet roofline of one fused-MoE layer of `shape` on one GPU (as
+    `MoERooflineCostModel.moe_seconds` prices a layer): tokens x top-k / EP assignments through the
+    local experts' gate-up and down (inter / MoE TP wide), the weights of the experts that receive a
+    token read once, computed at the bf16 peak (W4A16 and bf16 experts) or the fp8 peak."""
+    from backends.model_config import linear_bytes
+
+    dtype = TABLE_TO_DTYPE.get(shape.moe_dtype, "bf16")
+    h, i = shape.hidden_size, shape.inter_size // shape.moe_tp_size
+    assignments = np.asarray(tokens, dtype=np.float64) * shape.topk / shape.moe_ep_size
+    active = np.minimum(-(-shape.num_experts // shape.moe_ep_size), assignments)
+    peak = hardware.peak_flops("fp8" if dtype in ("fp8", "fp8-block") else "bf16")
+    flops = 6.0 * assignments * h * i
+    num_bytes = active * (linear_bytes(h, 2 * i, dtype) + linear_bytes(i, h, dtype)) \
+        + assignments * (3 * h + 3 * i) * ACTIVATION_BYTES
+    return np.maximum(flops / peak, num_bytes / hardware.memory_bandwidth)
+
+
+def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware):
+    """(table, source shape, (kernel, tokens, seconds)) of the kernel `lane` at `shape` where no
+    version measures it there but one measures it at another model's shape with the same expert
+    dtype, MoE TP, EP and token distribution. A layer's time is taken as the kernel's fixed cost
+    (its floor: the least time any row of any version measures the kernel at, any shape, dtype or
+    TP: its launches and routing bookkeeping, which a smaller model does not shrink; Marlin's is
+    39 us on H100) plus its work, and the work (measured time less the floor) is carried from the
+    source shape in proportion to the two shapes' rooflines (`moe_layer_roofline`), at the same
+    tokens per expert (tokens x top-k / experts: the same GEMM rows per expert and the same share
+    of experts reached). The source is the nearest version's, then the shape nearest in expert size
+    (hidden x intermediate) and tokens per expert; its curve from one token. None where none."""
+    def of_kernel(frame):
+        return frame[np.array([names_kernel(str(k), lane) for k in frame["kernel_source"]], dtype=bool)]
+
+    kernel_rows = [of_kernel(t.frame) for t in tables]
+    if all(rows.empty for rows in kernel_rows):
+        return None
+    floor = min(float(rows["seconds"].min()) for rows in kernel_rows if not rows.empty)
+    best = None
+    for t, f in zip(tables, kernel_rows):
+        rows = f[(f["moe_dtype"] == shape.moe_dtype) & (f["moe_tp_size"] == shape.moe_tp_size)
+                 & (f["moe_ep_size"] == shape.moe_ep_size) & (f["distribution"] == shape.distribution)]
+        for key, group in rows.groupby(["hidden_size", "inter_size", "topk", "num_experts", "kernel_source"]):
+            hidden, inter, topk, experts, kernel = key
+            curve = group.groupby("num_tokens")["seconds"].mean().sort_index()
+            if curve.index[0] > 1 or len(curve) < 2:
+                continue
+            distance = (abs(math.log(hidden * inter / (shape.hidden_size * shape.inter_size)))
+                        + abs(math.log(experts / topk * shape.topk / shape.num_experts)))
+            if best is None or distance < best[0]:
+                source = replace(shape, hidden_size=int(hidden), inter_size=int(inter), topk=int(topk),
+                                 num_experts=int(experts))
+                best = (distance, t, source, str(kernel), curve)
+        if best is not None:
+            break  # the nearest version that measures the kernel at all
+    if best is None:
+        return None
+    _, table, source, kernel, curve = best
+    xs = curve.index.to_numpy(dtype=np.float64)
+    measured = Curve(xs, curve.to_numpy(dtype=np.float64))
+    # This shape's token counts at the source's tokens per expert; the efficiency held at the
+    # source curve's ends beyond them (never extrapolated).
+    per_token = (shape.topk / shape.num_experts) / (source.topk / source.num_experts)
+    at = np.clip(xs * per_token, xs[0], xs[-1])
+    seconds, _ = measured.many(at)
+    work = np.maximum(seconds - floor, 0.0) / moe_layer_roofline(hardware, source, at)  # per roofline second
+    return table, source, (kernel, xs, floor + work * moe_layer_roofline(hardware, shape, xs))
+
+
+def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str, str] | None,
+                   named_on=None):
     """(table, shape priced, (kernel, tokens, seconds), why) of the fused MoE layer, from `tables`
     (LayoutTables of one system's moe_perf, nearest version first), else the first table's reason
     it does not hold the shape (the roofline prices it then).
@@ -221,13 +300,28 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
     shape from one token up (the smallest step a deployment runs); a curve that starts higher only
     where none does. Within each, the family's skew (the shape's distribution), then, with `auto`,
     the balanced rows. A version's table that lacks the shape yields to the next nearest that has it,
-    never to the roofline while one does."""
+    never to the roofline while one does.
+
+    `named_on` (the Hardware) where the server was told its kernel (`--moe-kernel`): a kernel the
+    server did not run is never taken for it. Where no version measures the named kernel at this
+    shape, it is carried from another shape that one measures it at (`transferred_moe_curve`);
+    only where none does, the passes after it."""
     shapes = [shape]
     if auto and shape.distribution != "balanced":
         shapes.append(replace(shape, distribution="balanced"))
     passes = ([(served[0], True)] if served is not None else []) + [(None, True), (None, False)]
     nearest = tables[0]
     for lane, from_one in passes:
+        if lane is None and from_one and named_on is not None and served is not None:
+            for s in shapes:
+                carried = transferred_moe_curve(tables, s, served[0], named_on)
+                if carried is not None:
+                    t, source, found = carried
+                    why = (f"; {served[1]}, measured at no version at this shape: its efficiency against "
+                           f"the roofline at hidden {source.hidden_size}, inter {source.inter_size}, top-"
+                           f"{source.topk} of {source.num_experts} experts (vLLM {t.version}), at the same "
+                           f"tokens per expert")
+                    return t, s, found, why
         for s in shapes:
             for t in tables:
                 found = moe_curve(t.frame, s, lane)
@@ -235,7 +329,8 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
                     continue
                 why = ""
                 if lane is not None and served is not None:
-                    why = f"; {served[1]}, the kernel vLLM serves these experts with by default"
+                    why = f"; {served[1]}, " + ("the kernel the server was told to run" if named_on is not None
+                                                else "the kernel vLLM serves these experts with by default")
                 if t is not nearest:
                     why += f"; vLLM {nearest.version}'s table does not measure it at this shape"
                 return t, s, found, why
@@ -270,13 +365,18 @@ class MoETableCostModel(MoERooflineCostModel):
 
     def __init__(self, model, hardware, tables, tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto",
                  enable_expert_parallel: bool = False, dp: int = 1, distribution: str = "auto",
-                 moe_table=None, mla_tables: MLATables | str | None = None, derived: dict | None = None):
+                 moe_table=None, mla_tables: MLATables | str | None = None, derived: dict | None = None,
+                 moe_kernel: str = "auto"):
         """`tables`: a TableSet of the system (load_layout: gemm, attention, custom all-reduce, NCCL);
         `moe_table`: the system's moe_perf LayoutTables, nearest version first (read_layout_tables; one
         LayoutTable is taken as a list of one), or None; `mla_tables`: its
         MLA module tables (mla.read_mla_tables), None where it has none, or why they cannot be read.
         `derived`: what `derived()` gave for the same arguments instead (the tables then are not
-        read: None)."""
+        read: None). `moe_kernel`: the fused-MoE kernel the server was told to run (`NAMED_KERNELS`),
+        or auto: vLLM's default for the experts' dtype on this GPU (`dispatched_moe_kernel`)."""
+        if moe_kernel not in MOE_KERNELS:
+            raise ServesimError(f"--moe-kernel {moe_kernel!r}: give one of {', '.join(MOE_KERNELS)}")
+        self.moe_kernel = moe_kernel
         self._tables_ready = False
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                          enable_expert_parallel=enable_expert_parallel, dp=dp)
@@ -325,8 +425,10 @@ class MoETableCostModel(MoERooflineCostModel):
             shape = MoEShape(m.hidden_size, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
                              self.moe_tp, self.ep, MOE_DTYPES.get(self.experts_dtype, self.experts_dtype),
                              self.distribution)
-            served = dispatched_moe_kernel(shape.moe_dtype, system_sm_version(tables.system))
-            picked = pick_moe_curve(moe_tables, shape, auto, served)
+            named = self.moe_kernel != "auto"
+            served = NAMED_KERNELS[self.moe_kernel] if named else dispatched_moe_kernel(
+                shape.moe_dtype, system_sm_version(tables.system))
+            picked = pick_moe_curve(moe_tables, shape, auto, served, self.hardware if named else None)
             if isinstance(picked, str):
                 self.sources["moe"] = f"roofline: {picked}"
             else:
@@ -336,8 +438,10 @@ class MoETableCostModel(MoERooflineCostModel):
                     self.notes.append(f"moe: no {shape.distribution} rows at this shape; priced balanced")
                     self.distribution = "balanced"
                 if served is not None and not names_kernel(kernel, served[0]):
-                    self.notes.append(f"moe: {served[1]}, the kernel vLLM serves {shape.moe_dtype} experts with "
-                                      f"by default on this GPU, is not measured at this shape; priced with {kernel}")
+                    said = "the kernel the server was told to run" if named else \
+                        f"the kernel vLLM serves {shape.moe_dtype} experts with by default on this GPU"
+                    self.notes.append(f"moe: {served[1]}, {said}, is not measured by any version; priced with "
+                                      f"{kernel}")
                 self._moe = Curve(xs, ys)
                 self.sources["moe"] = (f"moe_perf vLLM {table.version} ({table.how}{why}): {kernel}, "
                                        f"{priced.moe_dtype}, MoE TP {priced.moe_tp_size} EP {priced.moe_ep_size}, "
@@ -921,7 +1025,7 @@ def max_tokens_per_s(cost_model, max_tokens: int) -> float:
 def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, dtype: str = "bf16",
                     kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False, dp: int = 1,
                     distribution: str = "auto", vllm_version: str | None = None,
-                    cache: Path | None = None) -> MoETableCostModel:
+                    cache: Path | None = None, moe_kernel: str = "auto") -> MoETableCostModel:
     """The table-priced model of `system`'s vLLM tables (each at `vllm_version` or the nearest;
     None: the newest) in the package's layout under `data_dir`. With `cache` (a folder), what the
     tables give this deployment is kept there (`derived_cache_path`) and read back by later runs,
@@ -932,6 +1036,8 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
 
     args = dict(tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype, enable_expert_parallel=enable_expert_parallel, dp=dp,
                 distribution=distribution)
+    if moe_kernel != "auto":  # (the cache files of vLLM's default kernel keep their names)
+        args["moe_kernel"] = moe_kernel
     path = None
     if cache is not None:
         path = derived_cache_path(cache, model, system, data_dir, vllm_version, **args)
