@@ -536,7 +536,7 @@ def test_a_named_kernel_is_never_priced_with_a_kernel_the_server_did_not_run():
     _, _, (kernel, _, ys), why = pick_moe_curve([exact], mxfp4_shape(), False, NAMED_KERNELS["marlin"], h100)
     assert kernel == "vllm_x_marlin_y" and ys.tolist() == [7.0 * t * 1e-6 for t in (1, 8, 64)]
     assert "the kernel the server was told to run" in why
-    # Named, and measured nowhere: the measured kernel at the shape, and the model's notes say so.
+    # Named, and measured nowhere: the passes after it (the model refuses that: the next test).
     _, _, (kernel, _, _), _ = pick_moe_curve([layout("0.24.0", "the newest", triton)], mxfp4_shape(), False,
                                              NAMED_KERNELS["flashinfer"], h100)
     assert "oaitriton" in kernel
@@ -565,6 +565,10 @@ def test_gpt_oss_on_h100_with_marlin_is_marlins_rows_carried_and_says_so(package
     assert marlin.dense(8192, 0)[2] > 1.3 * triton.dense(8192, 0)[2]
     with pytest.raises(ServesimError, match="--moe-kernel 'cutlass'"):
         moe_table_model(*args, tp=2, moe_kernel="cutlass")
+    # A kernel the tables measure nowhere for these experts is refused, never priced with another's rows.
+    with pytest.raises(ServesimError, match="--moe-kernel flashinfer: no version of h100_sxm's moe_perf tables "
+                                            "measures flashinfer for w4a16_mxfp4 experts at MoE TP 2, EP 1"):
+        moe_table_model(*args, tp=2, moe_kernel="flashinfer")
     # summary.json says the kernel named, and a run of vLLM's default keeps its summary
     for kernel in ("marlin", "auto"):
         out = tmp_path / kernel

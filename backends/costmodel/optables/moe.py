@@ -429,6 +429,12 @@ class MoETableCostModel(MoERooflineCostModel):
             served = NAMED_KERNELS[self.moe_kernel] if named else dispatched_moe_kernel(
                 shape.moe_dtype, system_sm_version(tables.system))
             picked = pick_moe_curve(moe_tables, shape, auto, served, self.hardware if named else None)
+            if named and (isinstance(picked, str) or not names_kernel(picked[2][0], served[0])):
+                raise ServesimError(
+                    f"--moe-kernel {self.moe_kernel}: no version of {tables.system}'s moe_perf tables measures "
+                    f"{served[0]} for {shape.moe_dtype} experts at MoE TP {shape.moe_tp_size}, EP "
+                    f"{shape.moe_ep_size} ({shape.distribution}), at this model's shape or another; leave "
+                    f"--moe-kernel auto for the kernel vLLM picks")
             if isinstance(picked, str):
                 self.sources["moe"] = f"roofline: {picked}"
             else:
@@ -438,10 +444,8 @@ class MoETableCostModel(MoERooflineCostModel):
                     self.notes.append(f"moe: no {shape.distribution} rows at this shape; priced balanced")
                     self.distribution = "balanced"
                 if served is not None and not names_kernel(kernel, served[0]):
-                    said = "the kernel the server was told to run" if named else \
-                        f"the kernel vLLM serves {shape.moe_dtype} experts with by default on this GPU"
-                    self.notes.append(f"moe: {served[1]}, {said}, is not measured by any version; priced with "
-                                      f"{kernel}")
+                    self.notes.append(f"moe: {served[1]}, the kernel vLLM serves {shape.moe_dtype} experts with by "
+                                      f"default on this GPU, is not measured at this shape; priced with {kernel}")
                 self._moe = Curve(xs, ys)
                 self.sources["moe"] = (f"moe_perf vLLM {table.version} ({table.how}{why}): {kernel}, "
                                        f"{priced.moe_dtype}, MoE TP {priced.moe_tp_size} EP {priced.moe_ep_size}, "
