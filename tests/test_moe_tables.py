@@ -577,3 +577,36 @@ def test_gpt_oss_on_h100_with_marlin_is_marlins_rows_carried_and_says_so(package
         options = json.loads((out / "summary.json").read_text())["options"]
         assert options.get("moe_kernel") == (None if kernel == "auto" else "marlin")
         assert ("_marlin_" in options["cost_model"]["operators"]["moe"]) == (kernel == "marlin")
+
+
+def test_mxfp4_weights_with_mxfp8_activations_are_read_as_mxfp4_and_computed_at_the_fp8_peak():
+    from backends.hardware import resolve_hardware
+
+    b200 = resolve_hardware("b200_sxm")
+    w4a16, w4a8 = mxfp4_shape(moe_tp_size=2), mxfp4_shape(moe_tp_size=2, moe_dtype="w4a8_mxfp4_mxfp8")
+    # One token: bound by the weights' bytes, the same MXFP4 bytes either way.
+    assert moe_layer_roofline(b200, w4a8, [1])[0] == moe_layer_roofline(b200, w4a16, [1])[0]
+    # 65,536 tokens: bound by the FLOPs, at the fp8 peak with MXFP8 activations (960 FLOPs a byte of
+    # activations, past B200's 584 at the fp8 peak).
+    flops = 6.0 * 65536 * 4 * 2880 * 1440
+    assert moe_layer_roofline(b200, w4a8, [65536])[0] == pytest.approx(flops / b200.peak_flops("fp8"), rel=1e-12)
+    assert moe_layer_roofline(b200, w4a16, [65536])[0] == pytest.approx(flops / b200.peak_flops("bf16"), rel=1e-12)
+
+
+def test_gpt_oss_on_b200_with_flashinfers_mxfp8_kernel_is_its_rows_carried_and_other_experts_are_refused(package):
+    """InferenceX's gpt-oss B200 script sets VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1: the MXFP4 experts
+    run with MXFP8 activations, a kernel the tables measure (moe_dtype w4a8_mxfp4_mxfp8) at other
+    models' shapes only."""
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    hardware = resolve_hardware("b200_sxm")
+    ops = moe_table_model(resolve_model("gpt-oss-120b"), hardware, "b200_sxm", package / "data", tp=2,
+                          moe_kernel="flashinfer-mxfp8")
+    assert "mxfp4_mxfp8" in ops.sources["moe"] and "w4a8_mxfp4_mxfp8" in ops.sources["moe"]
+    assert "measured at no version at this shape" in ops.sources["moe"]
+    with pytest.raises(ServesimError, match="--moe-kernel flashinfer-mxfp8: no version of b200_sxm's moe_perf "
+                                            "tables measures mxfp4_mxfp8 for bfloat16 experts"):
+        moe_table_model(resolve_model("Qwen3-30B-A3B"), hardware, "b200_sxm", package / "data", tp=1,
+                        moe_kernel="flashinfer-mxfp8")

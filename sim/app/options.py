@@ -77,12 +77,13 @@ class ReplayOptions:
                                         "others, as AIConfigurator prices them), balanced, or power-law:ALPHA (the "
                                         "tables measure 1.01 and 1.2)")
     # The fused-MoE kernel the server was told to run (backends/costmodel/optables/moe.py, NAMED_KERNELS)
-    moe_kernel: str = option("auto", flag="--moe-kernel", choices=("auto", "marlin", "triton", "flashinfer"),
+    moe_kernel: str = option("auto", flag="--moe-kernel",
+                             choices=("auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8"),
                              help="the fused-MoE kernel the server runs a mixture of experts' experts with: auto "
                                   "(default: vLLM's own choice for the experts' dtype on the GPU), or the one a "
-                                  "launch script names (marlin: VLLM_MXFP4_USE_MARLIN=1), priced from the tables' "
-                                  "rows of that kernel, carried from another model's shape where none measure it at "
-                                  "this one")
+                                  "launch script names (marlin: VLLM_MXFP4_USE_MARLIN=1; flashinfer-mxfp8: "
+                                  "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1), priced from the tables' rows of that "
+                                  "kernel, carried from another model's shape where none measure it at this one")
     backend: str = option("costmodel", flag="--backend", choices=BACKENDS, metavar="costmodel|real",
                           help="step-time backend: costmodel (default) or real (runs every step through a real "
                                "model)")

@@ -153,7 +153,8 @@ LAUNCH_RECIPES = (
                  "--max-num-batched-tokens"),
     LaunchRecipe(INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", "fp8",
                  INFERENCEX_SCRIPTS + "gptoss_fp4_b200.sh: config.yaml sets kv-cache-dtype: fp8, "
-                 "max-num-batched-tokens: 8192"),
+                 "max-num-batched-tokens: 8192; VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 (the experts run "
+                 "FlashInfer's MXFP4 x MXFP8 kernel)", moe_kernel="flashinfer-mxfp8"),
     *(LaunchRecipe(INFERENCEX, "vllm", f"{gpu}_sxm", r"gpt-oss", "auto",
                    INFERENCEX_SCRIPTS + f"gptoss_fp4_{gpu}.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
                    "max-num-batched-tokens: 8192; VLLM_MXFP4_USE_MARLIN=1 (the experts run Marlin)",
@@ -175,8 +176,9 @@ KERNEL_CAVEATS = (
       for gpu in ("h100", "h200")),
     (INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", r"",
      "caveat: the launch script (SemiAnalysisAI/InferenceX, benchmarks/single_node/gptoss_fp4_b200.sh, every "
-     "version) sets VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, so vLLM ran FlashInfer's MXFP4 x MXFP8 experts; the "
-     "tables measure gpt-oss's shapes with the MXFP4 x BF16 kernel only (vLLM 0.24's), which prices them"),
+     "version) sets VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, so vLLM ran FlashInfer's MXFP4 x MXFP8 experts, which "
+     "the tables measure at other models' shapes only: priced with its work there, carried to gpt-oss's shape "
+     "(docs/moe.md)"),
     (INFERENCEMAX, "vllm", "b200_sxm", LLAMA_70B, r"^fp4$",
      "caveat: the tables measure nvfp4 GEMMs with one kernel only, vLLM 0.24's "
      "FlashInferCuteDslNvFp4LinearKernel, newer than this row's server; the kernel it ran is not measured, "

@@ -217,23 +217,30 @@ NAMED_KERNELS = {
     "marlin": ("marlin", "Marlin (--moe-kernel marlin: vLLM's VLLM_MXFP4_USE_MARLIN=1 for MXFP4 experts)"),
     "triton": ("triton", "Triton (--moe-kernel triton)"),
     "flashinfer": ("flashinfer", "FlashInfer (--moe-kernel flashinfer)"),
+    "flashinfer-mxfp8": ("mxfp4_mxfp8", "FlashInfer's TRT-LLM MXFP4 x MXFP8 kernel (--moe-kernel flashinfer-mxfp8: "
+                                        "vLLM's VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1)"),
 }
 MOE_KERNELS = ("auto", *NAMED_KERNELS)
-TABLE_TO_DTYPE = {v: k for k, v in MOE_DTYPES.items()}
+# A named kernel that quantizes the activations too runs the experts' weights as another moe_dtype of
+# the tables: MXFP4 weights with MXFP8 activations (vLLM's Mxfp4Backend.SM100_FI_MXFP4_MXFP8_TRTLLM).
+KERNEL_DTYPES = {("flashinfer-mxfp8", "w4a16_mxfp4"): "w4a8_mxfp4_mxfp8"}
+TABLE_TO_DTYPE = {**{v: k for k, v in MOE_DTYPES.items()}, "w4a8_mxfp4_mxfp8": "mxfp4"}  # the weights' dtype
+FP8_COMPUTE = ("fp8", "fp8_block", "w4a8_mxfp4_mxfp8")  # moe_dtypes whose GEMMs run on the fp8 tensor cores
 
 
 def moe_layer_roofline(hardware, shape: MoEShape, tokens) -> np.ndarray:
     """The datasheet roofline of one fused-MoE layer of `shape` on one GPU (as
     `MoERooflineCostModel.moe_seconds` prices a layer): tokens x top-k / EP assignments through the
     local experts' gate-up and down (inter / MoE TP wide), the weights of the experts that receive a
-    token read once, computed at the bf16 peak (W4A16 and bf16 experts) or the fp8 peak."""
+    token read once, computed at the bf16 peak (W4A16 and bf16 experts) or the fp8 peak (fp8, block
+    fp8, and MXFP4 weights with MXFP8 activations)."""
     from backends.model_config import linear_bytes
 
     dtype = TABLE_TO_DTYPE.get(shape.moe_dtype, "bf16")
     h, i = shape.hidden_size, shape.inter_size // shape.moe_tp_size
     assignments = np.asarray(tokens, dtype=np.float64) * shape.topk / shape.moe_ep_size
     active = np.minimum(-(-shape.num_experts // shape.moe_ep_size), assignments)
-    peak = hardware.peak_flops("fp8" if dtype in ("fp8", "fp8-block") else "bf16")
+    peak = hardware.peak_flops("fp8" if shape.moe_dtype in FP8_COMPUTE else "bf16")
     flops = 6.0 * assignments * h * i
     num_bytes = active * (linear_bytes(h, 2 * i, dtype) + linear_bytes(i, h, dtype)) \
         + assignments * (3 * h + 3 * i) * ACTIVATION_BYTES
@@ -317,10 +324,10 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
                 carried = transferred_moe_curve(tables, s, served[0], named_on)
                 if carried is not None:
                     t, source, found = carried
-                    why = (f"; {served[1]}, measured at no version at this shape: its efficiency against "
-                           f"the roofline at hidden {source.hidden_size}, inter {source.inter_size}, top-"
-                           f"{source.topk} of {source.num_experts} experts (vLLM {t.version}), at the same "
-                           f"tokens per expert")
+                    why = (f"; {served[1]}, measured at no version at this shape: the kernel's floor plus its "
+                           f"work at hidden {source.hidden_size}, inter {source.inter_size}, top-{source.topk} of "
+                           f"{source.num_experts} experts (vLLM {t.version}) scaled by the two shapes' rooflines at "
+                           f"the same tokens per expert")
                     return t, s, found, why
         for s in shapes:
             for t in tables:
@@ -428,6 +435,7 @@ class MoETableCostModel(MoERooflineCostModel):
             named = self.moe_kernel != "auto"
             served = NAMED_KERNELS[self.moe_kernel] if named else dispatched_moe_kernel(
                 shape.moe_dtype, system_sm_version(tables.system))
+            shape = replace(shape, moe_dtype=KERNEL_DTYPES.get((self.moe_kernel, shape.moe_dtype), shape.moe_dtype))
             picked = pick_moe_curve(moe_tables, shape, auto, served, self.hardware if named else None)
             if named and (isinstance(picked, str) or not names_kernel(picked[2][0], served[0])):
                 raise ServesimError(
