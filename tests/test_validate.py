@@ -277,11 +277,11 @@ def test_a_launch_recipe_is_its_scripts_model_and_gives_its_token_budget():
     assert Protocol().kv_cache_for(gptoss)[0] == "auto" and "gptoss_fp4_h200.sh" in Protocol().kv_cache_for(gptoss)[1]
     b200 = {**gptoss, "system": "b200_sxm"}
     assert Protocol().kv_cache_for(b200)[0] == "fp8" and Protocol().allreduce_fusion_bytes({**b200, "tp_size": 8}) == 0
-    # gpt-oss's H100 and H200 scripts set VLLM_MXFP4_USE_MARLIN=1 (the experts run Marlin); B200's, and
-    # every other recipe and source, leave vLLM's own choice.
+    # gpt-oss's H100 and H200 scripts set VLLM_MXFP4_USE_MARLIN=1 (the experts run Marlin), its B200 one
+    # VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1; every other recipe and source leaves vLLM's own choice.
     for system in ("h100_sxm", "h200_sxm"):
         assert Protocol().moe_kernel_for({**gptoss, "system": system}) == "marlin"
-    assert Protocol().moe_kernel_for(b200) == "auto" and Protocol().moe_kernel_for(minimax) == "auto"
+    assert Protocol().moe_kernel_for(b200) == "flashinfer-mxfp8" and Protocol().moe_kernel_for(minimax) == "auto"
     assert Protocol().moe_kernel_for({**gptoss, "silicon_data_source": "source_file=gap.csv"}) == "auto"
     # Kimi-K2.5's int4 scripts set no KV dtype; its fp4 scripts disagree, so no recipe.
     kimi = {**b200, "model_path": "moonshotai/Kimi-K2.5", "precision": "int4"}
