@@ -14,7 +14,11 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   H200), is that one, from a table that names it: the tables of vLLM before 0.24 time vLLM's
   standalone helpers instead (`HELPER_KERNELS`). Else the one vLLM 0.33 picks on Hopper
   (vllm/model_executor/layers/fused_moe/oracle/fp8.py, `_get_priority_backends`: block fp8 runs
-  Triton under TP and FlashInfer CUTLASS under EP), else the one the tables measured most.
+  Triton under TP and FlashInfer CUTLASS under EP), else the one the tables measured most. A kernel
+  the server was told to run (`--moe-kernel`, a launch script's VLLM_MXFP4_USE_MARLIN=1 or
+  VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1) is that kernel's rows, carried from another model's shape
+  where none measure this one (`transferred_moe_curve`), and refused where the tables measure it
+  nowhere.
   The version: the row's own, else the nearest that measures the shape (`pick_moe_curve`: a version
   whose table lacks it yields to the next nearest, as AIConfigurator's sibling versions fill a
   shape). A shape no version holds is the roofline's (never interpolated across models).
@@ -287,8 +291,8 @@ def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware):
     _, table, source, kernel, curve = best
     xs = curve.index.to_numpy(dtype=np.float64)
     measured = Curve(xs, curve.to_numpy(dtype=np.float64))
-    # This shape's token counts at the source's tokens per expert; the efficiency held at the
-    # source curve's ends beyond them (never extrapolated).
+    # This shape's token counts at the source's tokens per expert; the work per roofline second
+    # held at the source curve's ends beyond them (never extrapolated).
     per_token = (shape.topk / shape.num_experts) / (source.topk / source.num_experts)
     at = np.clip(xs * per_token, xs[0], xs[-1])
     seconds, _ = measured.many(at)
