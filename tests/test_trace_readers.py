@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -252,3 +253,76 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(CLEAN["vidur"].encode())[:30])
     with pytest.raises(ServesimError, match="cut.csv.gz"):
         read_trace(tmp_path / "cut.csv.gz")
+
+
+# ---- vLLM's bench serve results (--save-result --save-detailed)
+
+
+def vllm_bench_result(**change) -> dict:
+    """A result as vllm/benchmarks/serve.py writes it: per-request lists, two clients' sends."""
+    result = {"date": "20261201-120000", "backend": "vllm", "max_concurrency": 2,
+              "input_lens": [100, 200, 150, 120], "output_lens": [10, 20, 0, 12],
+              "ttfts": [0.05, 0.06, 0.0, 0.05], "itls": [[0.01], [0.01], [], [0.01]],
+              "start_times": [1000.5, 1000.0, 1001.0, 1001.25], "errors": ["", "", "timeout", ""]}
+    return {**result, **change}
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_vllm_bench_result_is_its_requests_sent_when_the_client_sent_them(tmp_path, indent):
+    """One line or pretty-printed, detected from its first line; sorted by send time, request ids
+    their positions in the lists (so requests.csv joins the file's own ttfts); the failed request
+    dropped and counted."""
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result(), indent=indent))
+    trace = read_trace(path)
+    assert trace.format == "vllm-bench"
+    assert trace.arrival_s.tolist() == [0.0, 0.5, 1.25]
+    assert trace.prompt_tokens.tolist() == [200, 100, 120] and trace.output_tokens.tolist() == [20, 10, 12]
+    assert trace.request_ids == ["1", "0", "3"]
+    assert trace.dropped == {"a failed request (errors)": 1}
+    assert trace.warnings == [f"{path}: request 2: dropped 1 request with a failed request (errors)"]
+    assert read_trace(path, "vllm").format == "vllm-bench"  # the alias
+    # Without an errors list as long as the others (vLLM versions that list the failed ones apart),
+    # an output of 0 tokens is dropped as in every format.
+    path.write_text(json.dumps(vllm_bench_result(errors=["timeout"])))
+    assert read_trace(path).dropped == {"0 output_lens": 1}
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(start_times=None), "without start_times: its per-request lists are saved with --save-result "
+                             "--save-detailed"),
+    (dict(input_lens=[1, 2]), "input_lens has 2 entries and start_times 4: one per request each"),
+    (dict(output_lens=[1, 2.5, 3, 4]), "request 1: output_lens must be a whole number, got 2.5"),
+    (dict(start_times=[1, -2, 3, 4]), "request 1: start_times must be finite and not negative, got -2"),
+    (dict(input_lens=[1, 2, 3, 2**40]), "request 3: input_lens is 1099511627776, more tokens than any model"),
+    (dict(start_times="now"), "start_times must be a list"),
+    (dict(start_times=[], input_lens=[], output_lens=[], errors=[]), "the result holds no requests"),
+])
+def test_a_bad_vllm_bench_result_names_the_file_and_request(tmp_path, change, message):
+    path = tmp_path / "result.json"
+    result = {k: v for k, v in vllm_bench_result(**change).items() if v is not None}
+    path.write_text(json.dumps(result))
+    with pytest.raises(ServesimError, match=re.escape(message)):
+        read_trace(path)
+
+
+def test_a_vllm_bench_result_that_is_not_json_names_the_line(tmp_path):
+    path = tmp_path / "result.json"
+    path.write_text('{\n "start_times": [1, 2],\n "input_lens": [1, 2],,\n}\n')
+    with pytest.raises(ServesimError, match=re.escape(f"{path}:3: not valid JSON")):
+        read_trace(path)
+
+
+def test_sim_replay_of_a_vllm_bench_result_gives_each_measured_request_its_prediction(tmp_path):
+    import pandas as pd
+
+    from sim.app.cli import main
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result()))
+    assert main(["replay", str(path), "--out", str(tmp_path / "run")]) == 0
+    requests = pd.read_csv(tmp_path / "run" / "requests.csv", dtype={"request_id": str})
+    measured = vllm_bench_result()
+    joined = {rid: measured["ttfts"][int(rid)] for rid in requests["request_id"]}
+    assert sorted(joined) == ["0", "1", "3"] and all(t > 0 for t in joined.values())
+    assert (requests["status"] == "finished").all()

@@ -39,6 +39,11 @@ class TraceBuilder:
     first_unordered_line: int | None = None
     earliest: tuple[float, int] | None = None  # (arrival, line)
     latest: tuple[float, int] | None = None
+    entries: bool = False  # the "lines" are requests' positions in one JSON document (vLLM bench results)
+
+    def at(self, line: int) -> str:
+        """Where a row is, for messages: file:line, or the request's position in a JSON document."""
+        return f"{self.path}: request {line}" if self.entries else f"{self.path}:{line}"
 
     def drop(self, reason: str, mask: np.ndarray, lines: np.ndarray) -> None:
         n = int(mask.sum())
@@ -100,15 +105,15 @@ class TraceBuilder:
         span_s = (float(last) - float(first)) / self.arrival_per_s  # int64 ns could overflow
         if np.isfinite(span_s) and span_s <= LONG_SPAN_S:
             return
-        where = f"{self.path}:{last_line}: {self.shown(last)} is {span_s:.4g} s ({span_s / YEAR_S:.3g} years) " \
-                f"after the first arrival ({self.shown(first)}, line {first_line})"
+        where = f"{self.at(last_line)}: {self.shown(last)} is {span_s:.4g} s ({span_s / YEAR_S:.3g} years) " \
+                f"after the first arrival ({self.shown(first)}, {'request' if self.entries else 'line'} {first_line})"
         if not np.isfinite(span_s) or span_s > MAX_SPAN_S:
             raise ServesimError(f"{where}; a trace cannot span more than {MAX_SPAN_S:g} s: check the value")
         self.warnings.append(f"{where}; more than a year: check the value")
 
     def trace(self) -> Trace:
         path = self.path
-        warnings = [f"{path}:{self.first_dropped_line[reason]}: dropped {n} request{'s' * (n != 1)} with {reason}"
+        warnings = [f"{self.at(self.first_dropped_line[reason])}: dropped {n} request{'s' * (n != 1)} with {reason}"
                     for reason, n in self.dropped.items() if not reason.startswith("model ")]
         if not self.arrival:
             if self.dropped:
@@ -124,7 +129,7 @@ class TraceBuilder:
         request_ids, hash_ids = self.request_ids, self.hash_ids
         priority = None if self.priority is None else np.concatenate(self.priority)
         if self.first_unordered_line is not None:
-            warnings.append(f"{path}:{self.first_unordered_line}: arrivals are out of order; "
+            warnings.append(f"{self.at(self.first_unordered_line)}: arrivals are out of order; "
                             f"sorted them by arrival time")
             order = np.argsort(arrival, kind="stable")
             arrival, prompt, output = arrival[order], prompt[order], output[order]

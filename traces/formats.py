@@ -8,6 +8,7 @@ which one it is, and the limits every reader holds a row to.
 | burstgpt  | Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type | seconds       |
 | vidur     | arrived_at,num_prefill_tokens,num_decode_tokens (Vidur/Splitwise) | seconds          |
 | mooncake  | JSON Lines: timestamp, input_length, output_length, hash_ids      | milliseconds     |
+| vllm-bench | a JSON object: `vllm bench serve --save-detailed`'s result: start_times, input_lens, output_lens | seconds |
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT = ("Timestamp", "Model", "Request tokens", "Response tokens")
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 MOONCAKE = ("timestamp", "input_length", "output_length")
+VLLM_BENCH = ("start_times", "input_lens", "output_lens")
 CSV_COLUMNS = {"canonical": CANONICAL, "azure": AZURE, "burstgpt": BURSTGPT, "vidur": VIDUR}
-FORMATS = ("canonical", "azure", "mooncake", "burstgpt", "vidur")
-ALIASES = {"azure2023": "azure", "azure2024": "azure", "splitwise": "vidur", "jsonl": "mooncake"}
+FORMATS = ("canonical", "azure", "mooncake", "burstgpt", "vidur", "vllm-bench")
+ALIASES = {"azure2023": "azure", "azure2024": "azure", "splitwise": "vidur", "jsonl": "mooncake",
+           "vllm": "vllm-bench"}
 # Columns kept as text (the others are left to pandas' fast numeric parsing).
 TEXT_COLUMNS = ("request_id", "hash_ids", "TIMESTAMP", "Model", "Log Type")
 
@@ -49,8 +52,13 @@ def format_name(fmt: str) -> str:
 
 
 def detect_format(path: Path, first: str) -> str:
-    """The format of a file from its first non-blank line (a CSV header or a JSON object)."""
-    if first.lstrip().startswith("{") or suffix(path) in (".jsonl", ".json"):
+    """The format of a file from its first non-blank line (a CSV header or a JSON object): one JSON
+    document with vLLM's bench serve result fields (or an object opened on a line of its own, as a
+    pretty-printed document is; a Mooncake line is never only "{") is vllm-bench."""
+    text = first.strip()
+    if text == "{" or (text.startswith("{") and '"input_lens"' in text):
+        return "vllm-bench"
+    if text.startswith("{") or suffix(path) in (".jsonl", ".json"):
         return "mooncake"
     names = set(header(first))
     overlap = {fmt: len(set(columns) & names) for fmt, columns in CSV_COLUMNS.items()}

@@ -17,6 +17,7 @@ dropped, counted in `Trace.dropped` and warned about, in every format.
 | canonical.py   | servesim's canonical CSV (with prefix hash ids)        |
 | published.py   | Azure 2023/2024, BurstGPT, Vidur/Splitwise CSV         |
 | mooncake.py    | Mooncake JSON Lines                                    |
+| vllm_bench.py  | vLLM's `bench serve` result JSON (per-request starts)  |
 | builder.py     | the chunks into one `Trace`: drops, order, span        |
 
 pandas parses the CSV formats (csv_rows.py), imported on first use; a clean Azure file
@@ -44,12 +45,13 @@ from traces.mooncake import read_mooncake
 from traces.published import AzureRows, BurstGptRows, VidurRows, read_plain_azure
 from traces.textfile import READ_ERRORS, first_line, open_trace
 from traces.trace import Trace
+from traces.vllm_bench import read_vllm_bench
 
 __all__ = ["CHUNK_ROWS", "FORMATS", "detect_format", "read_trace"]
 
 # The column (or field) of each format's arrival time, as messages name it.
 ARRIVAL = {"canonical": "arrival_s", "azure": "TIMESTAMP", "burstgpt": "Timestamp", "vidur": "arrived_at",
-           "mooncake": "timestamp"}
+           "mooncake": "timestamp", "vllm-bench": "start_times"}
 
 
 def read_trace(path: str | Path, fmt: str | None = None, *, model_filter: str | None = None,
@@ -73,6 +75,8 @@ def read_trace(path: str | Path, fmt: str | None = None, *, model_filter: str | 
         try:
             if fmt == "mooncake":
                 read_mooncake(builder, handle, first, first_line_no, chunk_rows)
+            elif fmt == "vllm-bench":
+                read_vllm_bench(builder, handle, first, first_line_no)
             else:
                 _read_csv(builder, handle, first, first_line_no, chunk_rows, model_filter)
         except READ_ERRORS as e:
