@@ -313,7 +313,7 @@ def test_a_vllm_bench_result_that_is_not_json_names_the_line(tmp_path):
         read_trace(path)
 
 
-def test_sim_replay_of_a_vllm_bench_result_gives_each_measured_request_its_prediction(tmp_path):
+def test_sim_replay_of_a_vllm_bench_result_puts_each_requests_prediction_beside_its_measurement(tmp_path, capsys):
     import pandas as pd
 
     from sim.app.cli import main
@@ -322,7 +322,63 @@ def test_sim_replay_of_a_vllm_bench_result_gives_each_measured_request_its_predi
     path.write_text(json.dumps(vllm_bench_result()))
     assert main(["replay", str(path), "--out", str(tmp_path / "run")]) == 0
     requests = pd.read_csv(tmp_path / "run" / "requests.csv", dtype={"request_id": str})
-    measured = vllm_bench_result()
-    joined = {rid: measured["ttfts"][int(rid)] for rid in requests["request_id"]}
-    assert sorted(joined) == ["0", "1", "3"] and all(t > 0 for t in joined.values())
-    assert (requests["status"] == "finished").all()
+    assert sorted(requests["request_id"]) == ["0", "1", "3"] and (requests["status"] == "finished").all()
+    comparison = json.loads((tmp_path / "run" / "measured.json").read_text())
+    assert comparison["source"] == str(path) and comparison["requests"] == 3
+    ttft = comparison["metrics"]["ttft"]
+    assert ttft["measured_mean_ms"] == pytest.approx(1e3 * (0.05 + 0.06 + 0.05) / 3)
+    predicted = requests.set_index("request_id")["ttft_s"]
+    assert ttft["predicted_mean_ms"] == pytest.approx(1e3 * predicted.mean())
+    assert "against the trace's own measurements (3 requests)" in capsys.readouterr().out
+    # A trace without measurements writes no measured.json.
+    assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "20", "--out", str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "measured.json").exists()
+
+
+def test_measured_ttft_and_tpot_are_vllms_from_e2els_else_itls(tmp_path):
+    """TPOT as vLLM's bench serve computes it: (E2E - TTFT) / (output - 1); from the inter-token
+    gaps where the file has no e2els; NaN for a one-token output."""
+    path = tmp_path / "result.json"
+    result = vllm_bench_result(output_lens=[11, 21, 1, 1], e2els=[0.15, 0.26, 0.0, 0.05],
+                               itls=[[0.01] * 10, [0.01] * 20, [], []], errors=["", "", "", ""])
+    path.write_text(json.dumps(result))
+    trace = read_trace(path)
+    assert trace.request_ids == ["1", "0", "2", "3"]
+    assert trace.measured["ttft_s"].tolist() == [0.06, 0.05, 0.0, 0.05]
+    tpot = trace.measured["tpot_s"]
+    assert tpot[:2].tolist() == pytest.approx([(0.26 - 0.06) / 20, (0.15 - 0.05) / 10])
+    assert np.isnan(tpot[2:]).all()
+    path.write_text(json.dumps({k: v for k, v in result.items() if k != "e2els"}))
+    assert read_trace(path).measured["tpot_s"][:2].tolist() == pytest.approx([0.2 / 20, 0.1 / 10])
+
+
+def test_a_transform_that_changes_what_was_measured_leaves_the_measurement_out(tmp_path):
+    from traces.transforms import apply
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result()))
+    trace = read_trace(path)
+    scaled = apply(trace, rate_scale=2.0)
+    assert scaled.measured is None and "the trace's own measurements are not compared" in scaled.warnings[-1]
+    assert apply(trace, rate_scale=1.0).measured is not None
+    cut = apply(trace, on_too_long="truncate", max_model_len=150)  # the 200-token prompt is cut
+    assert np.isnan(cut.measured["ttft_s"][0]) and cut.measured["ttft_s"][1:].tolist() == [0.05, 0.05]
+    assert apply(trace, num_requests=2).measured["ttft_s"].tolist() == [0.06, 0.05]
+
+
+def test_compare_measured_worked_by_hand():
+    import pandas as pd
+
+    from reports.measured import compare_measured
+
+    requests = pd.DataFrame({"request_id": ["a", "b", "c", "d"], "status": ["finished"] * 3 + ["rejected"],
+                             "ttft_s": [0.1, 0.3, 0.2, float("nan")], "tpot_s": [0.01, 0.02, float("nan"), 0.0]})
+    measured = {"ttft_s": np.array([0.2, 0.2, 0.4, 0.1]), "tpot_s": np.array([0.01, 0.01, 0.01, 0.01])}
+    out = compare_measured(requests, measured, ["c", "a", "b", "d"])  # the trace's order differs
+    assert out["requests"] == 3  # d was rejected in the replay
+    ttft = out["metrics"]["ttft"]  # predicted / measured: a 0.1 / 0.2, b 0.3 / 0.4, c 0.2 / 0.2
+    assert ttft["measured_mean_ms"] == pytest.approx(800 / 3) and ttft["predicted_mean_ms"] == pytest.approx(200)
+    assert ttft["mape_pct"] == pytest.approx((50 + 25 + 0) / 3)
+    assert ttft["median_ape_pct"] == pytest.approx(25)
+    assert ttft["mean_error_pct"] == pytest.approx(-25)
+    assert out["metrics"]["tpot"]["requests"] == 2  # c's predicted TPOT is NaN (one output token)

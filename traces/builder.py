@@ -40,6 +40,7 @@ class TraceBuilder:
     earliest: tuple[float, int] | None = None  # (arrival, line)
     latest: tuple[float, int] | None = None
     entries: bool = False  # the "lines" are requests' positions in one JSON document (vLLM bench results)
+    measured: dict[str, np.ndarray] | None = None  # the whole trace's, in the order added (Trace.measured)
 
     def at(self, line: int) -> str:
         """Where a row is, for messages: file:line, or the request's position in a JSON document."""
@@ -128,6 +129,7 @@ class TraceBuilder:
         arrival = (arrival - arrival.min()) / self.arrival_per_s  # exact differences before the division
         request_ids, hash_ids = self.request_ids, self.hash_ids
         priority = None if self.priority is None else np.concatenate(self.priority)
+        measured = self.measured
         if self.first_unordered_line is not None:
             warnings.append(f"{self.at(self.first_unordered_line)}: arrivals are out of order; "
                             f"sorted them by arrival time")
@@ -140,9 +142,12 @@ class TraceBuilder:
                 hash_ids = [hash_ids[i] for i in positions]
             if priority is not None:
                 priority = priority[order]
+            if measured is not None:
+                measured = {k: v[order] for k, v in measured.items()}
         arrival = arrival - arrival[0]
         return Trace(arrival, prompt, output, request_ids, hash_ids, self.hash_block_tokens, source=str(path),
-                     format=self.fmt, warnings=warnings, dropped=dict(self.dropped), priority=priority)
+                     format=self.fmt, warnings=warnings, dropped=dict(self.dropped), priority=priority,
+                     measured=measured)
 
 
 def check_hash_ids(where: str, ids: np.ndarray, prompt: int, block_tokens: int, prompt_name: str) -> None:

@@ -27,6 +27,9 @@ class Trace:
     dropped: dict[str, int] = field(default_factory=dict)  # rows left out while reading, by reason
     transforms: dict = field(default_factory=dict)  # the workload transforms applied (traces.transforms.apply)
     priority: np.ndarray | None = None  # [n] int64, for --scheduling-policy priority (lower first); None: all 0
+    # The trace's own measurements, per request ([n] float64 each: ttft_s, tpot_s; NaN where not
+    # measured), where it is a measured run (a vLLM bench result); None: none.
+    measured: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -48,4 +51,5 @@ class Trace:
             request_ids=None if self.request_ids is None else [self.request_ids[i] for i in positions],
             hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in positions],
             priority=None if self.priority is None else self.priority[index],
+            measured=None if self.measured is None else {k: v[index] for k, v in self.measured.items()},
             warnings=list(self.warnings), dropped=dict(self.dropped))

@@ -31,6 +31,9 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
     if trace.duration_s / factor > MAX_SPAN_S:
         raise ServesimError(f"rate scale {factor:g} stretches the trace's {trace.duration_s:g} s to "
                             f"{trace.duration_s / factor:.3g} s, more than {MAX_SPAN_S:g} s")
+    if trace.measured is not None and factor != 1:  # its measurements were taken at the measured arrivals
+        return replace(trace, arrival_s=trace.arrival_s / factor, measured=None, warnings=trace.warnings + [
+            f"{trace.source}: the rate changed by {factor:g}, so the trace's own measurements are not compared"])
     return replace(trace, arrival_s=trace.arrival_s / factor)
 
 
@@ -101,8 +104,11 @@ def truncate_too_long(trace: Trace, max_model_len: int) -> Trace:
         hash_ids = [ids[:n] for ids, n in zip(hash_ids, needed)]
     n = int(changed.sum())
     note = f"truncated {n} request{'s' * (n != 1)} to --max-model-len {max_model_len}"
+    measured = trace.measured
+    if measured is not None:  # a truncated request is not the one measured
+        measured = {k: np.where(changed, np.nan, v) for k, v in measured.items()}
     return replace(trace, prompt_tokens=prompt, output_tokens=output, hash_ids=hash_ids,
-                   warnings=trace.warnings + [note])
+                   warnings=trace.warnings + [note], measured=measured)
 
 
 def apply(trace: Trace, *, time_window_s: tuple[float | None, float | None] | None = None,

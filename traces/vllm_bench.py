@@ -70,6 +70,30 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
     order = np.argsort(arrival, kind="stable")  # concurrent clients' sends, in the order they were made
     builder.add(arrival[order], prompt[order], output[order], positions[order], keep=keep[order],
                 request_ids=[str(i) for i in order.tolist()])
+    kept = order[keep[order]]
+    builder.measured = measured(builder, result, n, kept, output)
+
+
+def measured(builder: TraceBuilder, result: dict, n: int, kept: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
+    """The kept requests' (`kept`: positions in the lists) measured TTFT and TPOT in seconds, as
+    vLLM's bench serve defines them (vllm/benchmarks/serve.py, `calculate_metrics`): TTFT its
+    `ttfts`, TPOT (E2E - TTFT) / (output - 1) from its `e2els`, else the sum of its `itls` over
+    output - 1; NaN where the file does not say (or the output is one token)."""
+    ttft = np.full(len(kept), np.nan)
+    tpot = np.full(len(kept), np.nan)
+    ttfts, e2els, itls = result.get("ttfts"), result.get("e2els"), result.get("itls")
+    if not (isinstance(ttfts, list) and len(ttfts) == n):
+        return {"ttft_s": ttft, "tpot_s": tpot}
+    for j, i in enumerate(kept.tolist()):
+        ttft[j] = _number(builder, i, "ttfts", ttfts[i])
+        if output[i] < 2:
+            continue
+        if isinstance(e2els, list) and len(e2els) == n:
+            tpot[j] = (_number(builder, i, "e2els", e2els[i]) - ttft[j]) / (output[i] - 1)
+        elif isinstance(itls, list) and len(itls) == n:
+            gaps = itls[i] if isinstance(itls[i], list) else [itls[i]]
+            tpot[j] = sum(_number(builder, i, "itls", g) for g in gaps) / (output[i] - 1)
+    return {"ttft_s": ttft, "tpot_s": tpot}
 
 
 def _number(builder: TraceBuilder, i: int, name: str, value) -> float:

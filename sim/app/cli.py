@@ -75,12 +75,35 @@ def cmd_replay(args: argparse.Namespace) -> int:
             summary = write_run(out, result, plan, trace, steps=args.steps, requests=args.requests)
         progress.close()
         wall = time.perf_counter() - started
+        comparison = write_measured(out, trace, args.requests)
     if not args.quiet:
         print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}"
               + _cluster_words(plan))
         print(format_summary(summary))
+        if comparison is not None:
+            from reports.measured import format_measured
+
+            print(format_measured(comparison))
         print(f"simulated {summary['simulated_s']:.1f} s in {wall:.2f} s of wall time; wrote {folder.final}/")
     return 0
+
+
+def write_measured(out, trace, requests_format: str) -> dict | None:
+    """measured.json beside a replay of a measured run (reports/measured.py); None for other traces."""
+    if trace.measured is None:
+        return None
+    import json
+
+    import pandas as pd
+
+    from reports.measured import compare_measured
+    from sim.app.outputs import atomic_write_text
+
+    path = out / f"requests.{requests_format}"
+    table = pd.read_csv(path, dtype={"request_id": str}) if requests_format == "csv" else pd.read_parquet(path)
+    comparison = {"source": trace.source, **compare_measured(table, trace.measured, trace.ids())}
+    atomic_write_text(out / "measured.json", json.dumps(comparison, indent=2) + "\n")
+    return comparison
 
 
 def _cluster_words(plan) -> str:

@@ -216,7 +216,7 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
 # a note saved in a run folder, is never deleted.
 RUN_FILES = frozenset({"summary.json", "digest.json", "report.html", "requests.csv", "requests.parquet",
                        "steps.parquet", "steps.csv", "compare.json", "results.parquet", "probes.parquet",
-                       "capacity.csv", "validate.csv", "validate.json"})
+                       "capacity.csv", "validate.csv", "validate.json", "measured.json"})
 RUN_SUBFOLDERS = frozenset({"measured", "predicted"})  # sim compare's two run folders
 OS_FILES = frozenset({".DS_Store", "Thumbs.db"})  # what a file browser leaves in a folder it showed: no one's data
 

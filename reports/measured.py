@@ -1,0 +1,57 @@
+"""A replay of a measured run beside the run's own measurements, request for request.
+
+Where the trace is a measured run (a vLLM bench result, traces/vllm_bench.py: each request's TTFT
+and TPOT as vLLM's client measured them), `sim replay` writes `measured.json` into its run folder:
+the requests both finished in the replay and measured (joined on request_id), and per metric the
+measured and predicted mean, median and p99, the mean signed error of the means, and the mean and
+median of the per-request absolute percentage errors. The measured TTFT is the client's (its send
+to its first token); the replay's is the engine's (arrival to first token), so the two differ by
+the API server's and the network's time, which a trace replay does not model (docs/traces.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+METRICS = ("ttft_s", "tpot_s")
+
+
+def compare_measured(requests, measured: dict[str, np.ndarray], request_ids: list[str]) -> dict:
+    """`requests`: the replay's requests table (a pandas frame, requests.csv's columns);
+    `measured`: the trace's measurements by metric, in the order of `request_ids`."""
+    ids = requests["request_id"].astype(str).to_numpy()
+    finished = requests["status"].to_numpy() == "finished"
+    position = {rid: i for i, rid in enumerate(request_ids)}
+    rows = [(k, position[rid]) for k, rid in enumerate(ids) if finished[k] and rid in position]
+    out: dict = {"requests": len(rows), "metrics": {}}
+    if not rows:
+        return out
+    replay_rows, trace_rows = (np.array(c, dtype=np.int64) for c in zip(*rows))
+    for name in METRICS:
+        predicted = requests[name].to_numpy(dtype=np.float64)[replay_rows]
+        truth = measured[name][trace_rows]
+        both = np.isfinite(predicted) & np.isfinite(truth) & (truth > 0)
+        if not both.any():
+            continue
+        p, m = predicted[both], truth[both]
+        ape = np.abs(p / m - 1) * 100
+        out["metrics"][name.removesuffix("_s")] = {
+            "requests": int(both.sum()),
+            "measured_mean_ms": float(m.mean() * 1e3), "predicted_mean_ms": float(p.mean() * 1e3),
+            "measured_p50_ms": float(np.median(m) * 1e3), "predicted_p50_ms": float(np.median(p) * 1e3),
+            "measured_p99_ms": float(np.quantile(m, 0.99) * 1e3),
+            "predicted_p99_ms": float(np.quantile(p, 0.99) * 1e3),
+            "mean_error_pct": float((p.mean() / m.mean() - 1) * 100),
+            "mape_pct": float(ape.mean()), "median_ape_pct": float(np.median(ape)),
+        }
+    return out
+
+
+def format_measured(comparison: dict) -> str:
+    """The comparison as the terminal shows it."""
+    lines = [f"against the trace's own measurements ({comparison['requests']} requests): measured / predicted"]
+    for name, m in comparison["metrics"].items():
+        lines.append(f"  {name:<5} mean {m['measured_mean_ms']:8.1f} / {m['predicted_mean_ms']:8.1f} ms "
+                     f"({m['mean_error_pct']:+.1f}%)   p50 {m['measured_p50_ms']:8.1f} / {m['predicted_p50_ms']:8.1f}"
+                     f"   per-request MAPE {m['mape_pct']:.1f}%")
+    return "\n".join(lines)
