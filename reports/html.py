@@ -60,7 +60,9 @@ def run_report_files(summary: dict, digest: dict) -> dict[str, str]:
     return {"digest.json": json.dumps(jsonable(digest)) + "\n", "report.html": run_report_html(summary, digest)}
 
 
-def run_report_html(summary: dict, digest: dict | None) -> str:
+def run_report_html(summary: dict, digest: dict | None, measured: dict | None = None) -> str:
+    """One replay's report.html; `measured`: its measured.json (a replay of a measured run,
+    reports/measured.py), drawn as a table after the numbers."""
     options = summary.get("options", {})
     trace = Path(str(options.get("trace", ""))).name
     title = f"{options.get('scheduler', {}).get('policy', '')} on {trace}"
@@ -70,7 +72,7 @@ def run_report_html(summary: dict, digest: dict | None) -> str:
         import pandas as pd
 
         return report_html(pd.DataFrame([row]), title=title, subtitle=subtitle)
-    return _run_page(row, title, subtitle)
+    return _run_page(row, title, subtitle, measured)
 
 
 def folder_report_html(directory: str | Path) -> str:
@@ -96,7 +98,13 @@ def folder_report_html(directory: str | Path) -> str:
         if digest is None:
             raise ServesimError(f"{d}: holds summary.json but neither digest.json nor the requests and steps tables, "
                                 "so there is nothing to draw; replay the trace again into a new folder")
-        return run_report_html(summary, digest)
+        measured = None
+        if (d / "measured.json").exists():
+            try:
+                measured = json.loads((d / "measured.json").read_text())
+            except (OSError, ValueError) as e:
+                raise ServesimError(f"{d / 'measured.json'}: cannot read ({type(e).__name__}: {e})") from None
+        return run_report_html(summary, digest, measured)
     runs = sorted(p.parent for p in d.glob("*/summary.json"))
     if not runs:
         raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; "
@@ -160,9 +168,10 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
     return _page(title, subtitle, plotly_js(), sections)
 
 
-def _run_page(row: dict, title: str, subtitle: str) -> str:
+def _run_page(row: dict, title: str, subtitle: str, measured: dict | None = None) -> str:
     """report_html of one run that did not fail (its summary_row), to the byte, without pandas: the
-    sections report_html draws for a single row."""
+    sections report_html draws for a single row; and, for a replay of a measured run, the table of
+    `measured` after them."""
     rows = [row]
     sections = [_section("Latency CDFs", cdf_figure(rows, [], None), seed_note(rows, []))]
     if "timeline_start_s" in row:
@@ -171,7 +180,32 @@ def _run_page(row: dict, title: str, subtitle: str) -> str:
         sections.append(_section("Load per replica", replica_figure(row), REPLICA_NOTE))
     sections.append(_section("TTFT in parts", ttft_parts_figure(row), TTFT_PARTS_NOTE))
     sections.append(f"<h2>Numbers</h2>{_stats_table(row)}")
+    if measured is not None:
+        sections.append(_measured_section(measured))
     return _page(title, subtitle, plotly_js(), sections)
+
+
+MEASURED_NOTE = ("The replay beside the run's own measurements (measured.json), for the requests finished in both, "
+                 "joined on request_id. The measured TTFT is the benchmark client's (its send to its first token); "
+                 "the replay's is the engine's (arrival to first token), so the API server's and the network's time "
+                 "is in the first and not in the second. MAPE: the mean of the per-request absolute percentage "
+                 "errors.")
+MEASURED_COLUMNS = (("requests", "requests"), ("measured_mean_ms", "measured mean (ms)"),
+                    ("predicted_mean_ms", "predicted mean (ms)"), ("mean_error_pct", "error of the mean (%)"),
+                    ("measured_p50_ms", "measured p50"), ("predicted_p50_ms", "predicted p50"),
+                    ("measured_p99_ms", "measured p99"), ("predicted_p99_ms", "predicted p99"),
+                    ("mape_pct", "MAPE (%)"), ("median_ape_pct", "median APE (%)"))
+
+
+def _measured_section(measured: dict) -> str:
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in MEASURED_COLUMNS)
+    body = "".join(f'<tr><td class="t">{html.escape(str(name))}</td>'
+                   + "".join(f"<td>{fmt(values.get(key), 1)}</td>" for key, _ in MEASURED_COLUMNS)
+                   + "</tr>" for name, values in measured.get("metrics", {}).items())
+    source = html.escape(str(measured.get("source", "")))
+    return (f'<h2>Against the run\'s own measurements</h2><div class="note">{html.escape(MEASURED_NOTE)} '
+            f"Source: {source}; {int(measured.get('requests', 0))} requests in both.</div>"
+            f'<table><tr><th class="t">metric</th>{head}</tr>{body}</table>')
 
 
 TTFT_PARTS_NOTE = ("Mean TTFT split into its parts (docs/async-scheduling.md): the API server's share (a client's "

@@ -330,9 +330,17 @@ def test_sim_replay_of_a_vllm_bench_result_puts_each_requests_prediction_beside_
     predicted = requests.set_index("request_id")["ttft_s"]
     assert ttft["predicted_mean_ms"] == pytest.approx(1e3 * predicted.mean())
     assert "against the trace's own measurements (3 requests)" in capsys.readouterr().out
-    # A trace without measurements writes no measured.json.
+    # report.html draws the same table, and `sim report` draws it again from measured.json.
+    section = "Against the run's own measurements"
+    report = (tmp_path / "run" / "report.html").read_text()
+    assert section in report and "3 requests in both" in report
+    (tmp_path / "run" / "report.html").unlink()
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert section in (tmp_path / "run" / "report.html").read_text()
+    # A trace without measurements writes no measured.json, and its report has no such table.
     assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "20", "--out", str(tmp_path / "plain")]) == 0
     assert not (tmp_path / "plain" / "measured.json").exists()
+    assert section not in (tmp_path / "plain" / "report.html").read_text()
 
 
 def test_measured_ttft_and_tpot_are_vllms_from_e2els_else_itls(tmp_path):

@@ -103,6 +103,11 @@ def write_measured(out, trace, requests_format: str) -> dict | None:
     table = pd.read_csv(path, dtype={"request_id": str}) if requests_format == "csv" else pd.read_parquet(path)
     comparison = {"source": trace.source, **compare_measured(table, trace.measured, trace.ids())}
     atomic_write_text(out / "measured.json", json.dumps(comparison, indent=2) + "\n")
+    from reports.html import run_report_html  # the report again, with the comparison's table
+
+    summary = json.loads((out / "summary.json").read_text())
+    digest = json.loads((out / "digest.json").read_text())
+    atomic_write_text(out / "report.html", run_report_html(summary, digest, comparison))
     return comparison
 
 
