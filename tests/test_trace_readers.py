@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim.errors import ServesimError
 from traces import AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE, read_trace
@@ -390,3 +392,23 @@ def test_compare_measured_worked_by_hand():
     assert ttft["median_ape_pct"] == pytest.approx(25)
     assert ttft["mean_error_pct"] == pytest.approx(-25)
     assert out["metrics"]["tpot"]["requests"] == 2  # c's predicted TPOT is NaN (one output token)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(["start_times", "input_lens", "output_lens", "ttfts", "itls", "e2els",
+                                        "errors"]),
+                       st.one_of(st.none(), st.booleans(), st.text(max_size=3),
+                                 st.lists(st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40),
+                                                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=2),
+                                                    st.lists(st.floats(-1, 1), max_size=2)),
+                                          max_size=4))))
+def test_any_vllm_bench_document_reads_or_is_refused_by_name_never_a_traceback(tmp_path, document):
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({"input_lens": [], **document}))
+    try:
+        trace = read_trace(path, "vllm-bench")
+    except ServesimError as e:
+        assert str(e).startswith(str(path))
+        return
+    assert len(trace) and (trace.prompt_tokens > 0).all() and (trace.output_tokens > 0).all()
+    assert all(len(v) == len(trace) for v in trace.measured.values())
