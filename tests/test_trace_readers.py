@@ -284,6 +284,12 @@ def test_a_vllm_bench_result_is_its_requests_sent_when_the_client_sent_them(tmp_
     assert trace.dropped == {"a failed request (errors)": 1}
     assert trace.warnings == [f"{path}: request 2: dropped 1 request with a failed request (errors)"]
     assert read_trace(path, "vllm").format == "vllm-bench"  # the alias
+    from traces.stats import format_stats, trace_stats
+
+    stats = trace_stats(trace)  # `sim trace stats` shows the run's own latencies too
+    assert stats["measured"]["ttft"]["mean"] == pytest.approx(1e3 * (0.06 + 0.05 + 0.05) / 3)
+    assert stats["measured"]["ttft"]["requests"] == 3 and "measured (ms)" in format_stats(stats)
+    assert "measured" not in trace_stats(read_trace(AZURE_CONV_SAMPLE))
     # Without an errors list as long as the others (vLLM versions that list the failed ones apart),
     # an output of 0 tokens is dropped as in every format.
     path.write_text(json.dumps(vllm_bench_result(errors=["timeout"])))

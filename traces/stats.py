@@ -57,7 +57,20 @@ def trace_stats(trace: Trace) -> dict:
         "prefix_sharing_ratio": prefix_sharing_ratio(trace),
         "hash_block_tokens": trace.hash_block_tokens if trace.hash_ids is not None else None,
         "dropped": dict(trace.dropped),
+        **({} if trace.measured is None else {"measured": _measured(trace.measured)}),
     }
+
+
+def _measured(measured: dict[str, np.ndarray]) -> dict[str, dict]:
+    """A measured run's own latencies (a vLLM bench result's TTFT and TPOT), in ms, where measured."""
+    out = {}
+    for name, values in measured.items():
+        finite = values[np.isfinite(values)] * 1e3
+        if len(finite):
+            p50, p90, p99 = np.percentile(finite, [50, 90, 99])
+            out[name.removesuffix("_s")] = {"requests": len(finite), "mean": float(finite.mean()), "p50": float(p50),
+                                            "p90": float(p90), "p99": float(p99), "max": float(finite.max())}
+    return out
 
 
 def format_stats(stats: dict) -> str:
@@ -84,4 +97,9 @@ def format_stats(stats: dict) -> str:
                      f"{stats['hash_block_tokens']} tokens, unbounded cache)")
     for reason, n in stats["dropped"].items():
         lines.append(f"dropped           {n:,} with {reason}")
+    if stats.get("measured"):
+        lines.append(f"{'measured (ms)':<16}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
+        for name, m in stats["measured"].items():
+            lines.append(f"  {name:<14}{m['mean']:>10.1f}{m['p50']:>10.1f}{m['p90']:>10.1f}{m['p99']:>10.1f}"
+                         f"{m['max']:>10.1f}")
     return "\n".join(lines)
