@@ -512,6 +512,10 @@ def test_a_named_kernel_measured_only_at_another_shape_is_carried_by_its_work_ov
     # Past the source curve's end, its last point's work per roofline second is held (never extrapolated).
     work = (measured[256] - floor) / moe_layer_roofline(h100, source, [256])[0]
     assert ys[-1] == pytest.approx(floor + work * moe_layer_roofline(h100, target, [256])[0], rel=1e-12)
+    # floor_s 0 (scripts/moe_carry_loo.py's other carry): the whole time scales by the rooflines.
+    _, _, (_, _, proportional) = transferred_moe_curve([table], target, "marlin", h100, floor_s=0.0)
+    assert proportional[0] == pytest.approx(measured[4] * moe_layer_roofline(h100, target, [1])[0]
+                                            / moe_layer_roofline(h100, source, [4])[0], rel=1e-12)
     # No row of the kernel at this TP, or none of it at all: nothing to carry.
     assert transferred_moe_curve([table], mxfp4_shape(moe_tp_size=2), "marlin", h100) is None
     assert transferred_moe_curve([table], target, "flashinfer", h100) is None

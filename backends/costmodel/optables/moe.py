@@ -251,7 +251,7 @@ def moe_layer_roofline(hardware, shape: MoEShape, tokens) -> np.ndarray:
     return np.maximum(flops / peak, num_bytes / hardware.memory_bandwidth)
 
 
-def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware):
+def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware, floor_s: float | None = None):
     """(table, source shape, (kernel, tokens, seconds)) of the kernel `lane` at `shape` where no
     version measures it there but one measures it at another model's shape with the same expert
     dtype, MoE TP, EP and token distribution. A layer's time is taken as the kernel's fixed cost
@@ -261,14 +261,15 @@ def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware):
     source shape in proportion to the two shapes' rooflines (`moe_layer_roofline`), at the same
     tokens per expert (tokens x top-k / experts: the same GEMM rows per expert and the same share
     of experts reached). The source is the nearest version's, then the shape nearest in expert size
-    (hidden x intermediate) and tokens per expert; its curve from one token. None where none."""
+    (hidden x intermediate) and tokens per expert; its curve from one token. None where none.
+    `floor_s`: another fixed cost (scripts/moe_carry_loo.py compares 0, a proportional carry)."""
     def of_kernel(frame):
         return frame[np.array([names_kernel(str(k), lane) for k in frame["kernel_source"]], dtype=bool)]
 
     kernel_rows = [of_kernel(t.frame) for t in tables]
     if all(rows.empty for rows in kernel_rows):
         return None
-    floor = min(float(rows["seconds"].min()) for rows in kernel_rows if not rows.empty)
+    floor = min(float(rows["seconds"].min()) for rows in kernel_rows if not rows.empty) if floor_s is None else floor_s
     best = None
     for t, f in zip(tables, kernel_rows):
         rows = f[(f["moe_dtype"] == shape.moe_dtype) & (f["moe_tp_size"] == shape.moe_tp_size)
