@@ -534,16 +534,34 @@ def test_a_named_kernel_is_never_priced_with_a_kernel_the_server_did_not_run():
     table = layout("0.24.0", "the newest", triton + source)
     _, _, (kernel, _, _), _ = pick_moe_curve([table], mxfp4_shape(), False, dispatched_moe_kernel("w4a16_mxfp4", 90))
     assert "oaitriton" in kernel
-    _, _, (kernel, _, _), why = pick_moe_curve([table], mxfp4_shape(), False, NAMED_KERNELS["marlin"], h100)
+    _, _, (kernel, _, _), why = pick_moe_curve([table], mxfp4_shape(), False, NAMED_KERNELS["marlin"], h100, True)
     assert "marlin" in kernel and "measured at no version at this shape" in why and "hidden 2048" in why
     exact = layout("0.24.0", "the newest", triton + source + mxfp4_rows("vllm_x_marlin_y", 7.0))
-    _, _, (kernel, _, ys), why = pick_moe_curve([exact], mxfp4_shape(), False, NAMED_KERNELS["marlin"], h100)
+    _, _, (kernel, _, ys), why = pick_moe_curve([exact], mxfp4_shape(), False, NAMED_KERNELS["marlin"], h100,
+                                                True)
     assert kernel == "vllm_x_marlin_y" and ys.tolist() == [7.0 * t * 1e-6 for t in (1, 8, 64)]
     assert "the kernel the server was told to run" in why
     # Named, and measured nowhere: the passes after it (the model refuses that: the next test).
     _, _, (kernel, _, _), _ = pick_moe_curve([layout("0.24.0", "the newest", triton)], mxfp4_shape(), False,
-                                             NAMED_KERNELS["flashinfer"], h100)
+                                             NAMED_KERNELS["flashinfer"], h100, True)
     assert "oaitriton" in kernel
+
+
+def test_vllms_own_kernel_measured_only_at_another_shape_is_carried_before_another_kernel_at_this_one():
+    """int4 experts: vLLM serves them with Marlin. Where the tables measure Marlin only at another
+    model's shape and the WNA16 helper (2.4-2.8x Marlin where both are measured) at this one, the
+    carried Marlin prices the layer; with no hardware to carry on, the helper, as before."""
+    from backends.hardware import resolve_hardware
+
+    h100 = resolve_hardware("H100-SXM")
+    helper = [dict(r, moe_dtype="int4_wo") for r in mxfp4_rows("vllm_marlin_int4_moe", 9.0)]
+    marlin = [dict(r, moe_dtype="int4_wo") for r in marlin_rows(2048, 1024, 4, 512, {1: 0.03, 8: 0.1, 64: 0.6})]
+    table = layout("0.24.0", "the newest", helper + marlin)
+    served = dispatched_moe_kernel("int4_wo", 90)
+    _, _, (kernel, _, _), why = pick_moe_curve([table], mxfp4_shape(moe_dtype="int4_wo"), False, served, h100)
+    assert kernel == "vllm_w4a16mxfp4moe_marlin_marlinexperts" and "measured at no version at this shape" in why
+    _, _, (kernel, _, _), _ = pick_moe_curve([table], mxfp4_shape(moe_dtype="int4_wo"), False, served)
+    assert kernel == "vllm_marlin_int4_moe"
 
 
 def test_moe_kernel_applies_only_to_a_table_priced_moe_layer(capsys):

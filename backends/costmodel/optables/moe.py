@@ -302,7 +302,7 @@ def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware, fl
 
 
 def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str, str] | None,
-                   named_on=None):
+                   carry_on=None, named: bool = False):
     """(table, shape priced, (kernel, tokens, seconds), why) of the fused MoE layer, from `tables`
     (LayoutTables of one system's moe_perf, nearest version first), else the first table's reason
     it does not hold the shape (the roofline prices it then).
@@ -314,19 +314,21 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
     the balanced rows. A version's table that lacks the shape yields to the next nearest that has it,
     never to the roofline while one does.
 
-    `named_on` (the Hardware) where the server was told its kernel (`--moe-kernel`): a kernel the
-    server did not run is never taken for it. Where no version measures the named kernel at this
-    shape, it is carried from another shape that one measures it at (`transferred_moe_curve`);
-    only where none does, the passes after it."""
+    `carry_on` (the Hardware): where no version measures the served kernel at this shape, it is
+    carried from another shape that one measures it at (`transferred_moe_curve`) before any other
+    kernel at this shape is taken: on the tables, a kernel carried from another shape lands within
+    8-12% median (scripts/moe_carry_loo.py), where another kernel at the same shape can be 2.4-2.8x
+    off (the WNA16 helper against Marlin). Only where none does, the passes after it. `named`: the
+    server was told its kernel (`--moe-kernel`), and the notes say so."""
     shapes = [shape]
     if auto and shape.distribution != "balanced":
         shapes.append(replace(shape, distribution="balanced"))
     passes = ([(served[0], True)] if served is not None else []) + [(None, True), (None, False)]
     nearest = tables[0]
     for lane, from_one in passes:
-        if lane is None and from_one and named_on is not None and served is not None:
+        if lane is None and from_one and carry_on is not None and served is not None:
             for s in shapes:
-                carried = transferred_moe_curve(tables, s, served[0], named_on)
+                carried = transferred_moe_curve(tables, s, served[0], carry_on)
                 if carried is not None:
                     t, source, found = carried
                     why = (f"; {served[1]}, measured at no version at this shape: the kernel's floor plus its "
@@ -341,7 +343,7 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
                     continue
                 why = ""
                 if lane is not None and served is not None:
-                    why = f"; {served[1]}, " + ("the kernel the server was told to run" if named_on is not None
+                    why = f"; {served[1]}, " + ("the kernel the server was told to run" if named
                                                 else "the kernel vLLM serves these experts with by default")
                 if t is not nearest:
                     why += f"; vLLM {nearest.version}'s table does not measure it at this shape"
@@ -441,7 +443,7 @@ class MoETableCostModel(MoERooflineCostModel):
             served = NAMED_KERNELS[self.moe_kernel] if named else dispatched_moe_kernel(
                 shape.moe_dtype, system_sm_version(tables.system))
             shape = replace(shape, moe_dtype=KERNEL_DTYPES.get((self.moe_kernel, shape.moe_dtype), shape.moe_dtype))
-            picked = pick_moe_curve(moe_tables, shape, auto, served, self.hardware if named else None)
+            picked = pick_moe_curve(moe_tables, shape, auto, served, self.hardware, named)
             if named and (isinstance(picked, str) or not names_kernel(picked[2][0], served[0])):
                 raise ServesimError(
                     f"--moe-kernel {self.moe_kernel}: no version of {tables.system}'s moe_perf tables measures "
