@@ -283,6 +283,10 @@ def test_a_launch_recipe_is_its_scripts_model_and_gives_its_token_budget():
         assert Protocol().moe_kernel_for({**gptoss, "system": system}) == "marlin"
     assert Protocol().moe_kernel_for(b200) == "flashinfer-mxfp8" and Protocol().moe_kernel_for(minimax) == "auto"
     assert Protocol().moe_kernel_for({**gptoss, "silicon_data_source": "source_file=gap.csv"}) == "auto"
+    assert Protocol(moe_kernel="auto").moe_kernel_for({**gptoss, "system": "h100_sxm"}) == "auto"  # the flag wins
+    assert Protocol(moe_kernel="marlin").moe_kernel_for(minimax) == "marlin"
+    with pytest.raises(ServesimError, match="unknown --moe-kernel 'cutlass'; choose recipe, auto, marlin"):
+        Protocol(moe_kernel="cutlass")
     # Kimi-K2.5's int4 scripts set no KV dtype; its fp4 scripts disagree, so no recipe.
     kimi = {**b200, "model_path": "moonshotai/Kimi-K2.5", "precision": "int4"}
     assert "kimik2.5_int4_b200.sh" in Protocol().kv_cache_for(kimi)[1]

@@ -213,6 +213,7 @@ class Protocol:
     unique_prompts: int = 0  # 0: every prompt its own (vLLM's random dataset); N: N prompts sent in turn
     moe_cost_model: str = "tables"  # MoE, MLA, sliding-window rows: "tables" (MoETableCostModel) or "roofline"
     moe_distribution: str = "auto"  # the moe_perf rows' token distribution (--moe-distribution, as sim replay's)
+    moe_kernel: str = "recipe"  # per row from LAUNCH_RECIPES, else vLLM's own (auto); or one kernel for every row
 
     def __post_init__(self) -> None:
         if self.moe_cost_model not in ("tables", "roofline"):
@@ -220,6 +221,10 @@ class Protocol:
         from backends.costmodel.optables.moe import check_moe_distribution
 
         check_moe_distribution("--moe-distribution", self.moe_distribution)
+        from backends.costmodel.optables.moe import MOE_KERNELS
+
+        if self.moe_kernel not in ("recipe", *MOE_KERNELS):
+            raise ServesimError(f"unknown --moe-kernel {self.moe_kernel!r}; choose recipe, {', '.join(MOE_KERNELS)}")
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose recipe, auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
@@ -298,7 +303,10 @@ class Protocol:
         return max(int(budget), int(row["concurrency"]))
 
     def moe_kernel_for(self, row) -> str:
-        """The fused-MoE kernel the row's server ran: its launch recipe's, else vLLM's default (auto)."""
+        """The fused-MoE kernel the row's server ran: --moe-kernel's for every row, else its launch
+        recipe's, else vLLM's default (auto)."""
+        if self.moe_kernel != "recipe":
+            return self.moe_kernel
         recipe = self._recipe(row)
         return "auto" if recipe is None else recipe.moe_kernel
 

@@ -22,7 +22,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
                         kv_cache_dtype=args.kv_cache_dtype, async_scheduling=asynchronous, warmup_waves=warmup,
                         unique_prompts=args.unique_prompts, moe_cost_model=args.moe_cost_model,
-                        moe_distribution=args.moe_distribution)
+                        moe_distribution=args.moe_distribution, moe_kernel=args.moe_kernel)
     started = time.perf_counter()
     show = sys.stderr.isatty() and not args.quiet
 
@@ -104,6 +104,12 @@ def register(sub) -> None:
     p.add_argument("--moe-distribution", default=default.moe_distribution, metavar="auto|balanced|power-law:ALPHA",
                    help="the token distribution over experts of the moe_perf rows that price MoE rows, as sim "
                         f"replay's --moe-distribution (default: {default.moe_distribution}, the family's skewed routing)")
+    p.add_argument("--moe-kernel", default=default.moe_kernel,
+                   choices=("recipe", "auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8"),
+                   help="the fused-MoE kernel of MoE rows' servers, which the rows do not state: recipe (default) "
+                        "takes it from the source's launch scripts where they name one (InferenceX's gpt-oss: "
+                        "Marlin on H100 and H200, FlashInfer's MXFP8 kernel on B200) and vLLM's own choice "
+                        "elsewhere; or one kernel for every row, as sim replay's --moe-kernel")
     p.add_argument("--unique-prompts", type=UNIQUE_PROMPTS.flag_type("--unique-prompts"),
                    default=default.unique_prompts, metavar="N",
                    help="the client cycles through N prompts (AIPerf's and genai-perf's dataset of 100 by default) "
