@@ -301,7 +301,7 @@ def test_a_vllm_bench_result_is_its_requests_sent_when_the_client_sent_them(tmp_
                              "--save-detailed"),
     (dict(input_lens=[1, 2]), "input_lens has 2 entries and start_times 4: one per request each"),
     (dict(output_lens=[1, 2.5, 3, 4]), "request 1: output_lens must be a whole number, got 2.5"),
-    (dict(start_times=[1, -2, 3, 4]), "request 1: start_times must be finite and not negative, got -2"),
+    (dict(start_times=[1, -2, 3, 4]), "request 1: start_times must not be negative, got -2"),
     (dict(input_lens=[1, 2, 3, 2**40]), "request 3: input_lens is 1099511627776, more tokens than any model"),
     (dict(start_times="now"), "start_times must be a list"),
     (dict(start_times=[], input_lens=[], output_lens=[], errors=[]), "the result holds no requests"),

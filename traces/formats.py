@@ -14,6 +14,8 @@ which one it is, and the limits every reader holds a row to.
 from __future__ import annotations
 
 import csv
+import json
+import math
 from pathlib import Path
 
 from sim.errors import ServesimError
@@ -81,3 +83,25 @@ def suffix(path: Path) -> str:
 def header(line: str) -> list[str]:
     """The column names of a CSV header line."""
     return [name.strip() for name in next(csv.reader([line]))]
+
+
+def json_number(where: str, name: str, value) -> float:
+    """A JSON field that must be a finite, non-negative number (the JSON formats' readers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ServesimError(f"{where}: {name} must be a number, got {json.dumps(value)[:40]}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ServesimError(f"{where}: {name} must be finite, got {value}")
+    if value < 0:
+        raise ServesimError(f"{where}: {name} must not be negative, got {value}")
+    return value
+
+
+def json_count(where: str, name: str, value) -> int:
+    """A JSON field that must be a token count: a whole number up to MAX_TOKENS."""
+    value = json_number(where, name, value)
+    if value != int(value):
+        raise ServesimError(f"{where}: {name} must be a whole number, got {value}")
+    if value > MAX_TOKENS:
+        raise ServesimError(f"{where}: {name} is {value}, more tokens than any model takes "
+                            f"(at most 2**31 = {MAX_TOKENS:,})")
+    return int(value)

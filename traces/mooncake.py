@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -12,7 +11,7 @@ import numpy as np
 
 from sim.errors import ServesimError
 from traces.builder import TraceBuilder, check_hash_ids
-from traces.formats import MAX_TOKENS, MOONCAKE, MOONCAKE_BLOCK_TOKENS
+from traces.formats import MOONCAKE, MOONCAKE_BLOCK_TOKENS, json_count, json_number
 from traces.textfile import decode
 
 
@@ -52,9 +51,9 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
         for name in MOONCAKE:
             if name not in record:
                 raise ServesimError(f"{where}: missing field {name!r}")
-        timestamp_ms = _json_number(where, record, "timestamp")
-        prompt = _json_count(where, record, "input_length")
-        output = _json_count(where, record, "output_length")
+        timestamp_ms = json_number(where, "timestamp", record["timestamp"])
+        prompt = json_count(where, "input_length", record["input_length"])
+        output = json_count(where, "output_length", record["output_length"])
         if has_hashes is None:
             has_hashes = "hash_ids" in record
             builder.hash_ids = [] if has_hashes else None
@@ -77,23 +76,3 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
             flush()
     flush()
 
-
-def _json_number(where: str, record: dict, name: str) -> float:
-    value = record[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ServesimError(f"{where}: {name} must be a number, got {json.dumps(value)[:40]}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ServesimError(f"{where}: {name} must be finite, got {value}")
-    if value < 0:
-        raise ServesimError(f"{where}: {name} must not be negative, got {value}")
-    return value
-
-
-def _json_count(where: str, record: dict, name: str) -> int:
-    value = _json_number(where, record, name)
-    if value != int(value):
-        raise ServesimError(f"{where}: {name} must be a whole number, got {value}")
-    if value > MAX_TOKENS:
-        raise ServesimError(f"{where}: {name} is {value}, more tokens than any model takes "
-                            f"(at most 2**31 = {MAX_TOKENS:,})")
-    return int(value)

@@ -13,14 +13,13 @@ replayed. A result saved without --save-detailed has no per-request lists, and i
 from __future__ import annotations
 
 import json
-import math
 from typing import BinaryIO
 
 import numpy as np
 
 from sim.errors import ServesimError
 from traces.builder import TraceBuilder
-from traces.formats import MAX_TOKENS, VLLM_BENCH
+from traces.formats import VLLM_BENCH, json_count, json_number
 from traces.textfile import decode
 
 MAX_BYTES = 2**31  # a result document larger than this is not one benchmark's
@@ -55,10 +54,10 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
             raise ServesimError(f"{path}: {name} has {len(values)} entries and start_times {n}: one per request each")
     if n == 0:
         raise ServesimError(f"{path}: the result holds no requests")
-    arrival = np.array([_number(builder, i, "start_times", v) for i, v in enumerate(lists["start_times"])])
-    prompt = np.array([_count(builder, i, "input_lens", v) for i, v in enumerate(lists["input_lens"])], dtype=np.int64)
-    output = np.array([_count(builder, i, "output_lens", v) for i, v in enumerate(lists["output_lens"])],
-                      dtype=np.int64)
+    arrival, prompt, output = (
+        np.array([check(builder.at(i), name, v) for i, v in enumerate(lists[name])], dtype=dtype)
+        for name, check, dtype in (("start_times", json_number, np.float64), ("input_lens", json_count, np.int64),
+                                   ("output_lens", json_count, np.int64)))
     positions = np.arange(n, dtype=np.int64)
     keep = np.ones(n, dtype=bool)
     errors = result.get("errors")
@@ -85,30 +84,13 @@ def measured(builder: TraceBuilder, result: dict, n: int, kept: np.ndarray, outp
     if not (isinstance(ttfts, list) and len(ttfts) == n):
         return {"ttft_s": ttft, "tpot_s": tpot}
     for j, i in enumerate(kept.tolist()):
-        ttft[j] = _number(builder, i, "ttfts", ttfts[i])
+        ttft[j] = json_number(builder.at(i), "ttfts", ttfts[i])
         if output[i] < 2:
             continue
         if isinstance(e2els, list) and len(e2els) == n:
-            tpot[j] = (_number(builder, i, "e2els", e2els[i]) - ttft[j]) / (output[i] - 1)
+            tpot[j] = (json_number(builder.at(i), "e2els", e2els[i]) - ttft[j]) / (output[i] - 1)
         elif isinstance(itls, list) and len(itls) == n:
             gaps = itls[i] if isinstance(itls[i], list) else [itls[i]]
-            tpot[j] = sum(_number(builder, i, "itls", g) for g in gaps) / (output[i] - 1)
+            tpot[j] = sum(json_number(builder.at(i), "itls", g) for g in gaps) / (output[i] - 1)
     return {"ttft_s": ttft, "tpot_s": tpot}
 
-
-def _number(builder: TraceBuilder, i: int, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ServesimError(f"{builder.at(i)}: {name} must be a number, got {json.dumps(value)[:40]}")
-    if not math.isfinite(value) or value < 0:
-        raise ServesimError(f"{builder.at(i)}: {name} must be finite and not negative, got {value}")
-    return float(value)
-
-
-def _count(builder: TraceBuilder, i: int, name: str, value) -> int:
-    number = _number(builder, i, name, value)
-    if number != int(number):
-        raise ServesimError(f"{builder.at(i)}: {name} must be a whole number, got {value}")
-    if number > MAX_TOKENS:
-        raise ServesimError(f"{builder.at(i)}: {name} is {value}, more tokens than any model takes "
-                            f"(at most 2**31 = {MAX_TOKENS:,})")
-    return int(number)
