@@ -564,6 +564,13 @@ def test_vllms_own_kernel_measured_only_at_another_shape_is_carried_before_anoth
     assert kernel == "vllm_marlin_int4_moe"
 
 
+def test_the_clis_moe_kernel_choices_are_the_cost_models():
+    from backends.costmodel.optables.moe import MOE_KERNELS
+    from sim.app.options import MOE_KERNEL_CHOICES
+
+    assert MOE_KERNEL_CHOICES == MOE_KERNELS
+
+
 def test_moe_kernel_applies_only_to_a_table_priced_moe_layer(capsys):
     code = main(["replay", "traces/samples/azure_conv_2023_first5min.csv", "--moe-kernel", "marlin",
                  "--out", "/nonexistent/never-written"])

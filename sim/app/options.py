@@ -37,6 +37,9 @@ BACKENDS = ("costmodel", "real")
 # A vLLM release as its tables and its pip versions name it: 0.12.0, 0.10.1.1, 0.12.0rc1, 0.11.0.post1.
 VLLM_VERSION = re.compile(r"\d+(\.\d+){1,3}(rc\d+|\.post\d+|\.dev\d+)?")
 DEFAULT_DEPLOYMENT = (1, "bf16", "auto")
+# --moe-kernel's values: vLLM's own choice, or a kernel a launch script names (the cost model's
+# MOE_KERNELS, backends/costmodel/optables/moe.py, not imported here to keep the CLI's start light)
+MOE_KERNEL_CHOICES = ("auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8")
 DATA_PARALLEL = Range(1, 64, "ranks", "engine ranks of one data-parallel group, each a scheduler and KV cache in this "
                       "process's memory", whole=True)  # (tp, dtype, kv_cache_dtype) of one device in its own dtype
 
@@ -77,8 +80,7 @@ class ReplayOptions:
                                         "others, as AIConfigurator prices them), balanced, or power-law:ALPHA (the "
                                         "tables measure 1.01 and 1.2)")
     # The fused-MoE kernel the server was told to run (backends/costmodel/optables/moe.py, NAMED_KERNELS)
-    moe_kernel: str = option("auto", flag="--moe-kernel",
-                             choices=("auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8"),
+    moe_kernel: str = option("auto", flag="--moe-kernel", choices=MOE_KERNEL_CHOICES,
                              help="the fused-MoE kernel the server runs a mixture of experts' experts with: auto "
                                   "(default: vLLM's own choice for the experts' dtype on the GPU), or the one a "
                                   "launch script names (marlin: VLLM_MXFP4_USE_MARLIN=1; flashinfer-mxfp8: "

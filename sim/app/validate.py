@@ -218,11 +218,9 @@ class Protocol:
     def __post_init__(self) -> None:
         if self.moe_cost_model not in ("tables", "roofline"):
             raise ServesimError(f"unknown --moe-cost-model {self.moe_cost_model!r}; choose tables or roofline")
-        from backends.costmodel.optables.moe import check_moe_distribution
+        from backends.costmodel.optables.moe import MOE_KERNELS, check_moe_distribution
 
         check_moe_distribution("--moe-distribution", self.moe_distribution)
-        from backends.costmodel.optables.moe import MOE_KERNELS
-
         if self.moe_kernel not in ("recipe", *MOE_KERNELS):
             raise ServesimError(f"unknown --moe-kernel {self.moe_kernel!r}; choose recipe, {', '.join(MOE_KERNELS)}")
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):

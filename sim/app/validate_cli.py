@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from sim.app.options import MOE_KERNEL_CHOICES
 from sim.app.validate import DEFAULT_BUDGET, Protocol, validate
 from sim.errors import ServesimError
 
@@ -105,7 +106,7 @@ def register(sub) -> None:
                    help="the token distribution over experts of the moe_perf rows that price MoE rows, as sim "
                         f"replay's --moe-distribution (default: {default.moe_distribution}, the family's skewed routing)")
     p.add_argument("--moe-kernel", default=default.moe_kernel,
-                   choices=("recipe", "auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8"),
+                   choices=("recipe", *MOE_KERNEL_CHOICES),
                    help="the fused-MoE kernel of MoE rows' servers, which the rows do not state: recipe (default) "
                         "takes it from the source's launch scripts where they name one (InferenceX's gpt-oss: "
                         "Marlin on H100 and H200, FlashInfer's MXFP8 kernel on B200) and vLLM's own choice "
