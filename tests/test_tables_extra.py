@@ -25,7 +25,7 @@ from backends.costmodel.optables.tables import load_tables
 from sim.app.cli import main
 from sim.errors import ServesimError
 from tests.helpers import shared_dir
-from tests.optables_fixture import TINY, gemm_ms, table_set
+from tests.optables_fixture import TINY, ar_ms, gemm_ms, table_set
 
 LAYOUT = Path(__file__).parent / "data" / "aic_layout"
 TINY_1024 = dict(TINY, vocab_size=1024)  # its LM head, n = 1024, is the shape measured to m = 256
@@ -113,6 +113,25 @@ def test_pcie_two_gpus_use_the_custom_kernel_four_use_nccls_table():
     # NVLink at 4 GPUs keeps the custom kernel (the fixture has rows for 2 only: NCCL's table then).
     nv = derive(tables, four_heads, tp=4, nvlink_bytes_per_s=NVLINK)["allreduce"]
     assert nv["link"] == "nvlink" and "nccl" in nv
+
+
+def test_an_all_reduce_measured_in_one_mode_prices_both_with_it():
+    """Intel's B60 has no CUDA graphs: its tables hold vLLM's eager custom all-reduce alone. Steps inside
+    a graph are then priced with the eager kernel (said in the notes), not refused; a table with neither
+    kernel for the GPU count is refused naming the kernels it has."""
+    tables = table_set()
+    ar = tables.custom_allreduce
+    eager_only = type(tables)(**{**tables.__dict__, "custom_allreduce": ar[ar["kernel_source"] == "vLLM_custom_eager"]})
+    d = derive(eager_only, TINY, tp=2, nvlink_bytes_per_s=NVLINK)
+    assert d["allreduce"]["graph"]["kernel"] == "vLLM_custom_eager"
+    assert any("no vLLM_custom_graph rows for 2 GPUs" in n and "priced with vLLM_custom_eager" in n for n in d["notes"])
+    ops = op_model(d, TINY, tp=2)
+    size = 2.0**20  # bytes: 2**19 bf16 elements, on the fixture's grid
+    assert ops.allreduce(np.array([size]), np.array([True]))[0] == pytest.approx(ar_ms(2**19, graph=False) * 1e-3)
+    other = type(tables)(**{**tables.__dict__, "custom_allreduce": ar.assign(kernel_source="some_other_kernel")})
+    with pytest.raises(ServesimError, match=r"no vLLM_custom_graph or vLLM_custom_eager rows for 2 GPUs on tiny_gpu "
+                                            r"\(vllm 0\.24\.0; kernels there: some_other_kernel\)"):
+        derive(other, TINY, tp=2, nvlink_bytes_per_s=NVLINK)
 
 
 def test_a_missing_table_or_rows_are_refused_by_name(tmp_path):

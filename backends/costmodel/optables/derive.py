@@ -351,11 +351,21 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         for mode in ("graph", "eager"):
             kernel = KERNELS[("allreduce", mode)]
             mine = rows[rows["kernel_source"] == kernel]
-            if mine.empty:
-                raise ServesimError(f"{tables.files['custom_allreduce']}: no {kernel} rows for {tp} GPUs on "
-                                    f"{tables.system} ({tables.framework} {tables.version})")
-            message_bytes, seconds = _curve(mine)
-            curves[mode] = {"kernel": kernel, "message_bytes": message_bytes, "seconds": seconds}
+            if not mine.empty:
+                message_bytes, seconds = _curve(mine)
+                curves[mode] = {"kernel": kernel, "message_bytes": message_bytes, "seconds": seconds}
+        if not curves:
+            kinds = ", ".join(sorted(str(k) for k in rows["kernel_source"].unique()))
+            raise ServesimError(f"{tables.files['custom_allreduce']}: no {KERNELS[('allreduce', 'graph')]} or "
+                                f"{KERNELS[('allreduce', 'eager')]} rows for {tp} GPUs on {tables.system} "
+                                f"({tables.framework} {tables.version}; kernels there: {kinds})")
+        # A system measured in one mode only (Intel's B60 has no CUDA graphs: its tables hold the eager
+        # kernel alone) prices the other mode's messages with the kernel it measures, and says so.
+        for mode, other in (("graph", "eager"), ("eager", "graph")):
+            if mode not in curves:
+                curves[mode] = dict(curves[other])
+                notes.append(f"all-reduce: no {KERNELS[('allreduce', mode)]} rows for {tp} GPUs on {tables.system}; "
+                             f"its messages priced with {curves[other]['kernel']}")
         out.update(curves, table_max_bytes=TABLE_ALLREDUCE_MAX_BYTES)
     elif custom_used:
         where = "no custom all-reduce table" if a is None else f"no custom all-reduce rows for {tp} GPUs"
