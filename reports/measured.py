@@ -7,13 +7,16 @@ measured and predicted mean, median and p99, the mean signed error of the means,
 median of the per-request absolute percentage errors. The measured TTFT is the client's (its send
 to its first token); the replay's is the engine's (arrival to first token), so the two differ by
 the API server's and the network's time, which a trace replay does not model (docs/traces.md).
+Where the server reported its own TTFT per request (vLLM's `server_ttfts`), that is compared with the
+replay's engine TTFT too (`server_ttft`): the like-for-like figure.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-METRICS = ("ttft_s", "tpot_s")
+# a measured metric -> the replay's requests.csv column it is compared with
+METRICS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "e2e_s": "e2e_s", "server_ttft_s": "ttft_s"}
 
 
 def compare_measured(requests, measured: dict[str, np.ndarray], request_ids: list[str]) -> dict:
@@ -27,8 +30,10 @@ def compare_measured(requests, measured: dict[str, np.ndarray], request_ids: lis
     if not rows:
         return out
     replay_rows, trace_rows = (np.array(c, dtype=np.int64) for c in zip(*rows))
-    for name in METRICS:
-        predicted = requests[name].to_numpy(dtype=np.float64)[replay_rows]
+    for name, column in METRICS.items():
+        if name not in measured:
+            continue
+        predicted = requests[column].to_numpy(dtype=np.float64)[replay_rows]
         truth = measured[name][trace_rows]
         both = np.isfinite(predicted) & np.isfinite(truth) & (truth > 0)
         if not both.any():
@@ -51,7 +56,7 @@ def format_measured(comparison: dict) -> str:
     """The comparison as the terminal shows it."""
     lines = [f"against the trace's own measurements ({comparison['requests']} requests): measured / predicted"]
     for name, m in comparison["metrics"].items():
-        lines.append(f"  {name:<5} mean {m['measured_mean_ms']:8.1f} / {m['predicted_mean_ms']:8.1f} ms "
+        lines.append(f"  {name:<11} mean {m['measured_mean_ms']:8.1f} / {m['predicted_mean_ms']:8.1f} ms "
                      f"({m['mean_error_pct']:+.1f}%)   p50 {m['measured_p50_ms']:8.1f} / {m['predicted_p50_ms']:8.1f}"
                      f"   per-request MAPE {m['mape_pct']:.1f}%")
     return "\n".join(lines)

@@ -368,6 +368,34 @@ def test_measured_ttft_and_tpot_are_vllms_from_e2els_else_itls(tmp_path):
     assert read_trace(path).measured["tpot_s"][:2].tolist() == pytest.approx([0.2 / 20, 0.1 / 10])
 
 
+def test_vllms_saved_latencies_give_e2e_and_tpot_and_the_servers_ttft_is_kept_where_reported(tmp_path, capsys):
+    """vLLM's saved result names each request's E2E `latencies` (vllm/benchmarks/serve.py); where the
+    server reported per-request metrics, `server_ttfts` (null where a request had none) is compared with
+    the replay's engine TTFT, the like-for-like figure."""
+    path = tmp_path / "result.json"
+    result = vllm_bench_result(output_lens=[11, 21, 1, 1], latencies=[0.15, 0.26, 0.0, 0.05],
+                               server_ttfts=[0.04, None, None, 0.045], errors=["", "", "", ""])
+    path.write_text(json.dumps(result))
+    trace = read_trace(path)
+    assert trace.request_ids == ["1", "0", "2", "3"]
+    assert trace.measured["e2e_s"].tolist() == [0.26, 0.15, 0.0, 0.05]
+    assert trace.measured["tpot_s"][:2].tolist() == pytest.approx([(0.26 - 0.06) / 20, (0.15 - 0.05) / 10])
+    server = trace.measured["server_ttft_s"]
+    assert np.isnan(server[0]) and server[1] == 0.04 and np.isnan(server[2]) and server[3] == 0.045
+    from sim.app.cli import main
+
+    assert main(["replay", str(path), "--out", str(tmp_path / "run")]) == 0
+    comparison = json.loads((tmp_path / "run" / "measured.json").read_text())
+    assert set(comparison["metrics"]) == {"ttft", "tpot", "e2e", "server_ttft"}
+    assert comparison["metrics"]["server_ttft"]["requests"] == 2
+    assert comparison["metrics"]["server_ttft"]["measured_mean_ms"] == pytest.approx(1e3 * (0.04 + 0.045) / 2)
+    assert "server_ttft" in capsys.readouterr().out
+    # A file with no latencies at all (no ttfts, latencies or server metrics) has no measurements.
+    bare = {k: v for k, v in result.items() if k not in ("ttfts", "itls", "latencies", "server_ttfts")}
+    path.write_text(json.dumps(bare))
+    assert read_trace(path).measured is None
+
+
 def test_a_transform_that_changes_what_was_measured_leaves_the_measurement_out(tmp_path):
     from traces.transforms import apply
 

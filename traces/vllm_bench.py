@@ -70,27 +70,38 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
     builder.add(arrival[order], prompt[order], output[order], positions[order], keep=keep[order],
                 request_ids=[str(i) for i in order.tolist()])
     kept = order[keep[order]]
-    builder.measured = measured(builder, result, n, kept, output)
+    builder.measured = measured(builder, result, n, kept, output) or None
 
 
 def measured(builder: TraceBuilder, result: dict, n: int, kept: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
-    """The kept requests' (`kept`: positions in the lists) measured TTFT and TPOT in seconds, as
-    vLLM's bench serve defines them (vllm/benchmarks/serve.py, `calculate_metrics`): TTFT its
-    `ttfts`, TPOT (E2E - TTFT) / (output - 1) from its `e2els`, else the sum of its `itls` over
-    output - 1; NaN where the file does not say (or the output is one token)."""
-    ttft = np.full(len(kept), np.nan)
-    tpot = np.full(len(kept), np.nan)
-    ttfts, e2els, itls = result.get("ttfts"), result.get("e2els"), result.get("itls")
-    if not (isinstance(ttfts, list) and len(ttfts) == n):
-        return {"ttft_s": ttft, "tpot_s": tpot}
+    """The kept requests' (`kept`: positions in the lists) measured latencies in seconds, as vLLM's
+    bench serve defines them (vllm/benchmarks/serve.py, `calculate_metrics`): TTFT its `ttfts`; E2E
+    its `latencies` (the name the saved result gives `RequestFuncOutput.latency`; `e2els` in some
+    tools' copies); TPOT (E2E - TTFT) / (output - 1), else the sum of its `itls` over output - 1;
+    and, where the server reported its own per-request metrics (`server_ttfts`, vLLM's
+    `time_to_first_token_ms` on the final streamed chunk), the server's TTFT. NaN where the file
+    does not say (a null server entry; TPOT of a one-token output)."""
+    def per_request(name: str) -> list | None:
+        values = result.get(name)
+        return values if isinstance(values, list) and len(values) == n else None
+
+    out = {name: np.full(len(kept), np.nan) for name in ("ttft_s", "tpot_s", "e2e_s", "server_ttft_s")}
+    ttfts, itls, server = per_request("ttfts"), per_request("itls"), per_request("server_ttfts")
+    e2e_name = "latencies" if per_request("latencies") is not None else "e2els"
+    e2els = per_request(e2e_name)
     for j, i in enumerate(kept.tolist()):
-        ttft[j] = json_number(builder.at(i), "ttfts", ttfts[i])
+        if server is not None and server[i] is not None:
+            out["server_ttft_s"][j] = json_number(builder.at(i), "server_ttfts", server[i])
+        if e2els is not None:
+            out["e2e_s"][j] = json_number(builder.at(i), e2e_name, e2els[i])
+        if ttfts is None:
+            continue
+        out["ttft_s"][j] = ttft = json_number(builder.at(i), "ttfts", ttfts[i])
         if output[i] < 2:
             continue
-        if isinstance(e2els, list) and len(e2els) == n:
-            tpot[j] = (json_number(builder.at(i), "e2els", e2els[i]) - ttft[j]) / (output[i] - 1)
-        elif isinstance(itls, list) and len(itls) == n:
+        if e2els is not None:
+            out["tpot_s"][j] = (out["e2e_s"][j] - ttft) / (output[i] - 1)
+        elif itls is not None:
             gaps = itls[i] if isinstance(itls[i], list) else [itls[i]]
-            tpot[j] = sum(json_number(builder.at(i), "itls", g) for g in gaps) / (output[i] - 1)
-    return {"ttft_s": ttft, "tpot_s": tpot}
-
+            out["tpot_s"][j] = sum(json_number(builder.at(i), "itls", g) for g in gaps) / (output[i] - 1)
+    return {name: values for name, values in out.items() if np.isfinite(values).any()}
