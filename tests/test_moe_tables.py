@@ -639,3 +639,34 @@ def test_gpt_oss_on_b200_with_flashinfers_mxfp8_kernel_is_its_rows_carried_and_o
                                             "tables measures mxfp4_mxfp8 for bfloat16 experts"):
         moe_table_model(resolve_model("Qwen3-30B-A3B"), hardware, "b200_sxm", package / "data", tp=1,
                         moe_kernel="flashinfer-mxfp8")
+
+
+def test_a_layout_no_version_measures_is_carried_from_the_nearest_measured_one_not_the_roofline():
+    """Block fp8 at MoE TP 4 of this shape, measured at MoE TP 1 only (two kernels, Triton the one vLLM
+    runs under TP) and at TP 2 of a far smaller shape: the layer is Triton's TP 1 curve carried by the
+    two layouts' rooflines (the nearest layout in per-GPU expert size: inter / 4 against inter / 1 is
+    nearer than the small shape), as an unmeasured shape is. Without hardware to carry on, the roofline's
+    reason, as before."""
+    from backends.hardware import resolve_hardware
+
+    h100 = resolve_hardware("H100-SXM")
+    rows = moe_frame()
+    far = rows[rows["kernel_source"].str.contains("fp8moe_triton") & (rows["moe_ep_size"] == 1)].assign(
+        hidden_size=512, inter_size=128, moe_tp_size=2, seconds=lambda f: f["seconds"] * 0.1)
+    table = layout("0.24.0", "the newest", pd.concat([rows, far]).to_dict("records"))
+    target = shape(moe_tp_size=4)
+    t, priced, (kernel, xs, ys), why = pick_moe_curve([table], target, False, None, h100)
+    assert priced == target and kernel == "vllm_fp8moe_triton_tritonexperts"
+    assert "no moe_perf rows at MoE TP 4, EP 1" in why and "MoE TP 1 EP 1" in why and "inter 1536" in why
+    source = shape()
+    floor = 0.1 * 0.05e-3  # the least any row of the kernel measures: the small shape's one token
+    measured = {1: 0.05e-3, 8: 0.07e-3, 64: 0.2e-3}
+    assert xs.tolist() == [1, 8, 64]
+    for x, y in zip(xs, ys):
+        work = (measured[int(x)] - floor) / moe_layer_roofline(h100, source, [x])[0]
+        assert y == pytest.approx(floor + work * moe_layer_roofline(h100, target, [x])[0], rel=1e-12)
+    # Not carried across dtypes: bf16 at TP 4 has no bf16 source at a layout of its own dtype but TP 1's.
+    assert "MoE TP 1 EP 1" in pick_moe_curve([table], shape(moe_tp_size=4, moe_dtype="bfloat16",
+                                                            distribution="power_law_1.2"), False, None, h100)[3]
+    assert isinstance(pick_moe_curve([table], shape(moe_dtype="int4_wo"), False, None, h100), str)
+    assert isinstance(pick_moe_curve([table], target, False, None), str)

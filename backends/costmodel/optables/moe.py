@@ -21,7 +21,9 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   nowhere.
   The version: the row's own, else the nearest that measures the shape (`pick_moe_curve`: a version
   whose table lacks it yields to the next nearest, as AIConfigurator's sibling versions fill a
-  shape). A shape no version holds is the roofline's (never interpolated across models).
+  shape). A shape or MoE TP/EP layout no version holds in the dtype is carried from the nearest
+  measured one by the two layers' rooflines (`transferred_moe_curve(any_layout=True)`); only an
+  expert dtype the system's tables never measure is the roofline's.
   Tokens: the MoE layer of a DP > 1 deployment sees every DP rank's tokens (the dispatch gathers
   them): a DP group's lockstep step prices it once from every rank's tokens (`dp_moe_parts`,
   backends/costmodel/roofline.py; sim/data_parallel.py), and a step priced alone (`execute`)
@@ -251,7 +253,8 @@ def moe_layer_roofline(hardware, shape: MoEShape, tokens) -> np.ndarray:
     return np.maximum(flops / peak, num_bytes / hardware.memory_bandwidth)
 
 
-def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware, floor_s: float | None = None):
+def transferred_moe_curve(tables: list, shape: MoEShape, lane: str | None, hardware, floor_s: float | None = None,
+                          any_layout: bool = False):
     """(table, source shape, (kernel, tokens, seconds)) of the kernel `lane` at `shape` where no
     version measures it there but one measures it at another model's shape with the same expert
     dtype, MoE TP, EP and token distribution. A layer's time is taken as the kernel's fixed cost
@@ -262,8 +265,23 @@ def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware, fl
     tokens per expert (tokens x top-k / experts: the same GEMM rows per expert and the same share
     of experts reached). The source is the nearest version's, then the shape nearest in expert size
     (hidden x intermediate) and tokens per expert; its curve from one token. None where none.
-    `floor_s`: another fixed cost (scripts/moe_carry_loo.py compares 0, a proportional carry)."""
+    `floor_s`: another fixed cost (scripts/moe_carry_loo.py compares 0, a proportional carry).
+
+    `any_layout`: the source may also be measured at another MoE TP and EP (the rooflines price each
+    layout's per-GPU share: inter / MoE TP wide experts, tokens x top-k / EP assignments, experts / EP
+    held), nearest first in per-GPU expert size, experts per top-k slot and experts held; `lane` None
+    takes the kernel vLLM runs (`moe_kernel`) among those measured for the dtype. This is the carry of
+    a layout or shape no version measures in the dtype (`pick_moe_curve`'s last pass, before the
+    roofline alone)."""
     def of_kernel(frame):
+        if lane is None:
+            rows = frame[(frame["moe_dtype"] == shape.moe_dtype) & (frame["distribution"] == shape.distribution)]
+            if rows.empty:
+                return rows
+            counts = rows["kernel_source"].value_counts()
+            kernel = moe_kernel([str(k) for k in counts.index if str(k) not in HELPER_KERNELS]
+                                or [str(k) for k in counts.index], shape.moe_dtype, shape.moe_ep_size)
+            return frame[frame["kernel_source"] == kernel]
         return frame[np.array([names_kernel(str(k), lane) for k in frame["kernel_source"]], dtype=bool)]
 
     kernel_rows = [of_kernel(t.frame) for t in tables]
@@ -272,18 +290,25 @@ def transferred_moe_curve(tables: list, shape: MoEShape, lane: str, hardware, fl
     floor = min(float(rows["seconds"].min()) for rows in kernel_rows if not rows.empty) if floor_s is None else floor_s
     best = None
     for t, f in zip(tables, kernel_rows):
-        rows = f[(f["moe_dtype"] == shape.moe_dtype) & (f["moe_tp_size"] == shape.moe_tp_size)
-                 & (f["moe_ep_size"] == shape.moe_ep_size) & (f["distribution"] == shape.distribution)]
-        for key, group in rows.groupby(["hidden_size", "inter_size", "topk", "num_experts", "kernel_source"]):
-            hidden, inter, topk, experts, kernel = key
+        rows = f[(f["moe_dtype"] == shape.moe_dtype) & (f["distribution"] == shape.distribution)]
+        if not any_layout:
+            rows = rows[(rows["moe_tp_size"] == shape.moe_tp_size) & (rows["moe_ep_size"] == shape.moe_ep_size)]
+        for key, group in rows.groupby(["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size",
+                                        "kernel_source"]):
+            hidden, inter, topk, experts, tp, ep, kernel = key
+            if (int(hidden), int(inter), int(topk), int(experts), int(tp), int(ep)) == (
+                    shape.hidden_size, shape.inter_size, shape.topk, shape.num_experts, shape.moe_tp_size,
+                    shape.moe_ep_size):
+                continue  # the shape itself: a carry is for what is not measured
             curve = group.groupby("num_tokens")["seconds"].mean().sort_index()
             if curve.index[0] > 1 or len(curve) < 2:
                 continue
-            distance = (abs(math.log(hidden * inter / (shape.hidden_size * shape.inter_size)))
-                        + abs(math.log(experts / topk * shape.topk / shape.num_experts)))
+            distance = (abs(math.log(hidden * inter / tp / (shape.hidden_size * shape.inter_size / shape.moe_tp_size)))
+                        + abs(math.log(experts / topk * shape.topk / shape.num_experts))
+                        + (abs(math.log(experts / ep * shape.moe_ep_size / shape.num_experts)) if any_layout else 0.0))
             if best is None or distance < best[0]:
                 source = replace(shape, hidden_size=int(hidden), inter_size=int(inter), topk=int(topk),
-                                 num_experts=int(experts))
+                                 num_experts=int(experts), moe_tp_size=int(tp), moe_ep_size=int(ep))
                 best = (distance, t, source, str(kernel), curve)
         if best is not None:
             break  # the nearest version that measures the kernel at all
@@ -319,7 +344,13 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
     kernel at this shape is taken: on the tables, a kernel carried from another shape lands within
     8-12% median (scripts/moe_carry_loo.py), where another kernel at the same shape can be 2.4-2.8x
     off (the WNA16 helper against Marlin). Only where none does, the passes after it. `named`: the
-    server was told its kernel (`--moe-kernel`), and the notes say so."""
+    server was told its kernel (`--moe-kernel`), and the notes say so.
+
+    Last, where no version measures the shape at this MoE TP and EP in the dtype at all (Qwen3-30B-A3B
+    at MoE TP 8; a model whose shape the tables lack), the kernel is carried from the nearest shape and
+    layout that one measures (`transferred_moe_curve(any_layout=True)`): left out of the tables one at a
+    time, such a carry lands within 6-12% median of the measured curve, where the roofline alone is
+    55-76% short (scripts/moe_carry_loo.py --layouts)."""
     shapes = [shape]
     if auto and shape.distribution != "balanced":
         shapes.append(replace(shape, distribution="balanced"))
@@ -351,6 +382,20 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
     reason = moe_curve(nearest.frame, shape)
     if not isinstance(reason, str):
         reason = "a curve that does not start at one token"
+    if carry_on is not None:
+        # No version measures this shape at this layout: carry the kernel from the nearest shape and
+        # layout measured in the dtype (the served kernel's rows first), as the roofline alone prices a
+        # layer 2-4x too fast (scripts/moe_carry_loo.py --layouts).
+        for lane in ([served[0]] if served is not None else []) + [None]:
+            for s in shapes:
+                carried = transferred_moe_curve(tables, s, lane, carry_on, any_layout=True)
+                if carried is not None:
+                    t, source, found = carried
+                    why = (f"; {reason}: the kernel's floor plus its work at hidden {source.hidden_size}, inter "
+                           f"{source.inter_size}, top-{source.topk} of {source.num_experts} experts, MoE TP "
+                           f"{source.moe_tp_size} EP {source.moe_ep_size} (vLLM {t.version}) scaled by the two "
+                           f"layers' rooflines at the same tokens per expert")
+                    return t, s, found, why
     return f"{reason} ({Path(nearest.path).name} vLLM {nearest.version}; no other version measures it)"
 
 
