@@ -377,6 +377,30 @@ def test_a_moe_rows_layout(row, layout):
     assert moe_layout(row, resolve_model("Qwen3-235B-A22B")) == layout
 
 
+EXPORT = "source_file=2026-04-06.csv; model=MiniMax-M2.5; silicon_concurrency=4"
+
+
+@pytest.mark.parametrize("change, layout", [
+    ({}, (4, 1, True)),  # the export's TP 4 x DP 4, EP 16 for a `tp4_ep4` run: the id's TP 4 with EP 4
+    ({"id": "x_c4_tp2_ep2_1", "tp_size": 2, "attention_dp_size": 2, "moe_ep_size": 4}, (2, 1, True)),
+    ({"attention_dp_size": 1, "moe_ep_size": 4}, (4, 1, True)),  # the columns agree: taken
+    ({"backend": "sglang"}, (4, 4, True)),  # another backend's rows: the columns stand
+    ({"silicon_data_source": "source_file=/a/gap-analysis.csv"}, (4, 4, True)),  # another source
+    ({"id": "x_c4_tp4_ep2_1"}, (4, 4, True)),  # an EP that is not the TP group: not the convention
+    ({"id": "x_c4_cfg733"}, (4, 4, True)),  # an id that names no layout (InferenceX's database dumps)
+])
+def test_an_inferencex_row_whose_columns_add_data_parallelism_its_id_does_not_name_is_the_ids_layout(change, layout):
+    """InferenceX's 2026-04-06 export writes attention_dp_size = TP and moe_ep_size = TP x EP for its vLLM
+    runs with expert parallelism; its id and the launch scripts say TP x 1 (sim/app/validate.py, id_layout)."""
+    from backends.model_config import resolve_model
+    from sim.app.validate import moe_layout
+
+    row = {"id": "2026_04_06_minimax_m2_5_h100_sxm_vllm_fp8_agg_1024x1024_c4_tp4_ep4_1357", "backend": "vllm",
+           "silicon_data_source": EXPORT, "tp_size": 4, "attention_dp_size": 4, "moe_tp_size": 1, "moe_ep_size": 16,
+           **change}
+    assert moe_layout(row, resolve_model("Qwen3-235B-A22B")) == layout
+
+
 def test_a_layout_vllm_would_not_make_is_refused_naming_it():
     from backends.model_config import resolve_model
     from sim.app.validate import moe_layout

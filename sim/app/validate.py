@@ -613,11 +613,44 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
             "tables": tables}
 
 
+# An InferenceX row's id ends with its launch config's layout: `..._c64_tp4_ep4_1357` (TP 4, EP 4).
+INFERENCEX_LAYOUT_ID = re.compile(r"_tp(?P<tp>\d+)_ep(?P<ep>\d+)_\d+$")
+
+
+def id_layout(row) -> tuple[int, int] | None:
+    """(TP, EP) an InferenceX vLLM row's id names, where its columns state data parallelism that
+    layout does not have; None otherwise (the columns are taken).
+
+    InferenceX's dashboard export of 2026-04-06 writes, for the vLLM runs it served with expert
+    parallelism, attention_dp_size = TP and moe_ep_size = TP x EP (Kimi-K2.5 and MiniMax-M2.5 on
+    B200, MiniMax-M2.5 on H100: `tp4_ep4` as TP 4 x DP 4 on 16 GPUs, EP 16). The launch scripts run
+    no data parallelism (benchmarks/single_node/minimaxm2.5_fp8_h100.sh and minimaxm2.5_fp8_b200.sh:
+    `vllm serve --tensor-parallel-size=$TP` and `--enable-expert-parallel` when EP_SIZE > 1; no
+    --data-parallel-size), and each of those 40 rows repeats, within a few percent and most of them
+    exactly, the measurement of the same configuration (system, model, precision, lengths,
+    concurrency, TP and EP) in the 2026-03-25 export, which states DP 1. So such a row is the id's
+    layout: TP x 1, expert parallel when EP > 1 (vLLM's EP group is then the TP group)."""
+    if str(row.get("backend", "")) != "vllm" or not re.match(INFERENCEX, str(row.get("silicon_data_source", ""))):
+        return None
+    m = INFERENCEX_LAYOUT_ID.search(str(row.get("id", "")))
+    dp = layout_number(row, "attention_dp_size")
+    if m is None or dp is None or dp <= 1:
+        return None
+    tp, ep = int(m.group("tp")), int(m.group("ep"))
+    if tp != int(row["tp_size"]) or ep not in (1, tp):
+        return None  # not the export's convention: the columns stand
+    return tp, ep
+
+
 def moe_layout(row, model) -> tuple[int, int, bool]:
     """(attention TP, DP ranks, expert parallel) of a MoE row: `tp_size` within a DP rank,
     `attention_dp_size` ranks (where blank: moe_tp_size x moe_ep_size / tp_size GPUs over the ranks),
     expert parallel when `moe_ep_size` > 1; refused where vLLM's layout (ModelConfig.moe_parallel)
-    would not give the row's MoE TP and EP."""
+    would not give the row's MoE TP and EP. An InferenceX vLLM row whose columns state a data
+    parallelism its id's launch config does not have is the id's layout (`id_layout`)."""
+    named = id_layout(row)
+    if named is not None:
+        return named[0], 1, named[1] > 1
     tp = int(row["tp_size"])
 
     def number(column: str, default: int) -> int:
@@ -675,6 +708,10 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
                        f"{dp} DP ranks in lockstep behind vLLM's DP load balancer (sim/data_parallel.py, as sim replay "
                        f"--dp), the {c} clients spread by it; each step's MoE layers priced from every rank's tokens "
                        f"(dispatch, kernel, combine), idle ranks' dummy batches included"))
+    if id_layout(row) is not None:
+        out["notes"] += (f"; layout from the row's id ({row['id']}): its columns' attention_dp_size "
+                         f"{row['attention_dp_size']} and moe_ep_size {row['moe_ep_size']} are the 2026-04-06 export's "
+                         f"for a TP {tp} run{' with expert parallelism' if ep else ''} (sim/app/validate.py, id_layout)")
     out["notes"] = "; ".join([out["notes"], *kernel_caveats(row)])
     return out
 
