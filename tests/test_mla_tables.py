@@ -222,8 +222,10 @@ def test_a_replay_of_another_mla_shape_falls_back_and_says_so(package, tmp_path)
     ops = json.loads((tmp_path / "run" / "summary.json").read_text())["options"]["cost_model"]["operators"]
     assert ops["attention"].startswith("roofline: MLA (the MLA module tables measured deepseek-ai/DeepSeek-V3 ")
     assert "'kv_lora_rank': 32" in ops["attention"] and "mla_context_module_perf.parquet" in ops["attention"]
-    # Its experts are not in moe_perf either: said, not a crash (the file named, as for every reason).
-    assert ops["moe"].startswith("roofline: no moe_perf rows for hidden 128") and "moe_perf.parquet" in ops["moe"]
+    # Its experts are not in moe_perf either: carried from the nearest shape measured in their dtype
+    # (the package's h200_sxm bf16 rows), and said (pick_moe_curve's last pass), not a crash.
+    assert ops["moe"].startswith("moe_perf vLLM ") and "no moe_perf rows for hidden 128, inter 64" in ops["moe"]
+    assert "the kernel's floor plus its work at hidden" in ops["moe"] and "bfloat16" in ops["moe"]
 
 
 # ---- fast-forward's costs equal execute's, step by step (the engine relies on it)
