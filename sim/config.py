@@ -214,10 +214,16 @@ class SchedulerConfig:
     # lists the policies (sim.app.options).
     policy: str = option("chunked", flag="--policy", help="scheduling policy: {policies} (default: {default}), or "
                          "your own as path/to/file.py:ClassName or package.module:ClassName (see the README)")
+    # On the command line, unset means vLLM's API server's default for the GPU (sim.app.options,
+    # vllm_batch_defaults: 8192 and 1024 on a GPU of 70 GiB or more that is not an A100); these
+    # defaults are the rest's (vLLM's for smaller GPUs).
     max_num_batched_tokens: int = option(DEFAULT_BUDGET, flag="--max-num-batched-tokens", range=TOKENS_PER_STEP,
-                                         metavar="N", help="token budget of one step (default: {default})")
+                                         metavar="N", help="token budget of one step (default: vLLM's API server's "
+                                         "for the GPU: 8192 on a GPU of 70 GiB or more that is not an A100 "
+                                         "(H100, H200, B200), else {default})")
     max_num_seqs: int = option(256, flag="--max-num-seqs", range=SEQUENCES, metavar="N",
-                               help="most requests running at once (default: {default})")
+                               help="most requests running at once (default: vLLM's API server's for the GPU: 1024 "
+                                    "on a GPU of 70 GiB or more that is not an A100, else {default})")
     max_model_len: int | None = option(None, flag="--max-model-len", range=MODEL_LEN, metavar="N",
                                        help="longest prompt + output accepted; longer requests are rejected "
                                             "(default: the model's max_position_embeddings)")

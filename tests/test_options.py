@@ -58,6 +58,11 @@ CHANGED_DEFAULTS = {
         None, "the row's launch script's where servesim knows it, else 8192",
         "2026-12-06: a row whose launch script sets another budget (InferenceX's MiniMax-M2.5 on B300: "
         "2 x ISL) takes it; every other row keeps 8192"),
+    **{(command, (flag,)): (None, said, "2026-12-06: unset, vLLM's API server's default for the GPU "
+                                        "(EngineArgs.get_batch_defaults): 8192 and 1024 on H100, H200 and B200")
+       for command in ("replay", "bench", "compare")
+       for flag, said in (("--max-num-batched-tokens", "8192 on a GPU of 70 GiB or more that is not an A100"),
+                          ("--max-num-seqs", "1024 on a GPU of 70 GiB or more that is not an A100"))},
 }
 
 
@@ -91,7 +96,35 @@ def test_no_numeric_flag_without_a_range():
 def test_the_default_flags_build_the_default_options():
     """Defaults are written once, in the dataclasses: the flags' defaults build them back."""
     args = build_parser().parse_args(["replay", SAMPLE])
-    assert options_from_args(args) == ReplayOptions()
+    # The budget and --max-num-seqs left unset: vLLM's for the GPU, resolved with the hardware.
+    assert options_from_args(args) == ReplayOptions(batch_defaults=("max_num_batched_tokens", "max_num_seqs"))
+
+
+@pytest.mark.parametrize("hardware, budget, seqs", [("H100-SXM", 8192, 1024), ("H200", 8192, 1024),
+                                                    ("A100-80GB", 2048, 256)])
+def test_an_unset_budget_and_max_num_seqs_are_vllms_api_servers_for_the_gpu(hardware, budget, seqs):
+    """vLLM's EngineArgs.get_batch_defaults (OPENAI_API_SERVER): 8192 tokens and 1024 sequences on a GPU
+    of 70 GiB or more that is not an A100, else 2048 and 256; a flag given is kept, the other resolved."""
+    from sim.app.plan import resolve
+
+    def plan(*flags):
+        args = build_parser().parse_args(["replay", SAMPLE, "--hardware", hardware, *flags])
+        return resolve(options_from_args(args), build_backend=False).options.scheduler
+
+    scheduler = plan()
+    assert (scheduler.max_num_batched_tokens, scheduler.max_num_seqs) == (budget, seqs)
+    scheduler = plan("--max-num-batched-tokens", "4096")
+    assert (scheduler.max_num_batched_tokens, scheduler.max_num_seqs) == (4096, seqs)
+    scheduler = plan("--max-num-seqs", "64")
+    assert (scheduler.max_num_batched_tokens, scheduler.max_num_seqs) == (budget, 64)
+    if seqs > 512:  # a budget under vLLM's default --max-num-seqs: refused as vLLM refuses it, saying what to give
+        with pytest.raises(ServesimError, match=rf"--max-num-batched-tokens 512 is less than vLLM's default "
+                                                rf"--max-num-seqs on {hardware} \({seqs}\).*give both flags"):
+            plan("--max-num-batched-tokens", "512")
+    # The real backend runs on --device, and keeps servesim's own defaults.
+    args = build_parser().parse_args(["replay", SAMPLE, "--hardware", hardware, "--backend", "real", "--model", "tiny"])
+    real = resolve(options_from_args(args), build_backend=False).options.scheduler
+    assert (real.max_num_batched_tokens, real.max_num_seqs) == (2048, 256)
 
 
 def test_options_are_built_by_keyword_from_the_flags():
@@ -223,13 +256,13 @@ def test_a_capped_kv_cache_is_reported_as_capped(tmp_path, capsys):
     assert main(["replay", SAMPLE, "--limit", "3", "--model", "tiny", "--hardware", "H200", "--block-size", "1",
                  "--out", str(out)]) == 0
     err = capsys.readouterr()
-    assert "sim: warning: the KV cache derived for this GPU holds 524,645,431 blocks; servesim simulates at most " \
+    assert "sim: warning: the KV cache derived for this GPU holds 524,582,763 blocks; servesim simulates at most " \
            "33,554,432" in err.err
     kv = json.loads((out / "summary.json").read_text())["kv_cache"]
     assert kv["num_gpu_blocks"] == MAX_NUM_BLOCKS
-    assert kv["capped"] == {"derived_num_gpu_blocks": 524645431, "cap": MAX_NUM_BLOCKS,
+    assert kv["capped"] == {"derived_num_gpu_blocks": 524582763, "cap": MAX_NUM_BLOCKS,
                             "why": "each KV block takes about 60 bytes of host memory"}
-    assert f"{MAX_NUM_BLOCKS} KV blocks (capped from 524645431)" in err.out
+    assert f"{MAX_NUM_BLOCKS} KV blocks (capped from 524582763)" in err.out
 
 
 def test_an_uncapped_kv_cache_says_nothing_of_a_cap(tmp_path, capsys):

@@ -119,6 +119,9 @@ class ReplayOptions:
 
     # vLLM's FlashInfer all-reduce fusion (pass_config.enable_fi_allreduce_fusion) up to this size:
     # priced from the system's TensorRT-LLM all-reduce table (backends/costmodel/optables/derive.py)
+    # The scheduler's fields the command line left unset (VLLM_BATCH_FIELDS): sim.app.plan.resolve takes
+    # vLLM's API server's defaults for the GPU for them (vllm_batch_defaults). Not a flag.
+    batch_defaults: tuple[str, ...] = ()
     allreduce_fusion_max_mb: float = option(0.0, flag="--allreduce-fusion-max-mb", range=FUSION_MB, metavar="MB",
                                             help="the server runs vLLM's FlashInfer all-reduce fusion "
                                                  "(compilation_config pass_config enable_fi_allreduce_fusion) for "
@@ -229,14 +232,34 @@ def add_replay_flags(p: argparse.ArgumentParser) -> None:
     from sim.app.cluster_options import POOL_OPTIONS
 
     add_flags(p, SchedulerConfig, policies=", ".join(POLICIES))
+    p.set_defaults(**dict.fromkeys(VLLM_BATCH_FIELDS))  # unset: vLLM's for the GPU (options_from_args)
     add_flags(p, ReplayOptions, models=", ".join(MODELS), hardware=", ".join(HARDWARE))
     add_flags(p, CacheConfig)
     g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (see the README)")
     add_flags(g, ClusterOptions, routers=", ".join(ROUTERS), pool_options=", ".join(POOL_OPTIONS))
 
 
+# The scheduler's flags whose default is vLLM's for the GPU (`vllm_batch_defaults`): parsed with
+# default None, so that a value the command line did not give is told from one it did.
+VLLM_BATCH_FIELDS = ("max_num_batched_tokens", "max_num_seqs")
+
+
+def vllm_batch_defaults(memory_bytes: int, name: str) -> dict[str, int]:
+    """vLLM's --max-num-batched-tokens and --max-num-seqs for its OpenAI API server (`vllm serve`) on one
+    GPU of `memory_bytes` named `name`: 8192 and 1024 on a GPU of 70 GiB or more that is not an A100,
+    else 2048 and 256 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults, the
+    UsageContext.OPENAI_API_SERVER column; an A100 is held to the smaller values by vllm-project/vllm#17885)."""
+    if memory_bytes >= 70 * 2**30 and "a100" not in name.lower():
+        return {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    return {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+
+
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
-    return from_args(ReplayOptions, args)
+    unset = tuple(name for name in VLLM_BATCH_FIELDS if getattr(args, name, None) is None)
+    if unset:
+        defaults = {f.name: f.default for f in fields(SchedulerConfig)}
+        args = argparse.Namespace(**{**vars(args), **{name: defaults[name] for name in unset}})
+    return from_args(ReplayOptions, args, batch_defaults=unset)
 
 
 def range_of(dest: str) -> Range | None:

@@ -33,7 +33,7 @@ from sim.app.opprofiles import (
     system_profile,
     tables_summary,
 )
-from sim.app.options import ReplayOptions
+from sim.app.options import ReplayOptions, vllm_batch_defaults
 from sim.backend import Backend
 from sim.block_manager import BlockManager
 from sim.config import MAX_CLUSTER_BLOCKS
@@ -105,6 +105,7 @@ class RunPlan:
         """The options as the run used them (summary.json, sweep rows). A lone engine's leave the
         cluster out, so its files are those of servesim before clusters."""
         d = asdict(self.options)
+        del d["batch_defaults"]  # resolved into the scheduler's values (resolve)
         if not self.options.enable_expert_parallel:  # dense runs' files as before the flag
             del d["enable_expert_parallel"]
         if self.options.dp == 1:  # runs without data parallelism keep the summary they had
@@ -180,6 +181,23 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     given = options
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
+    if options.batch_defaults:
+        # Left unset on the command line: vLLM's API server's defaults for this GPU (the cost model's;
+        # the real backend runs on --device, and keeps the rest's).
+        values = vllm_batch_defaults(hardware.memory_bytes, hardware.name) if options.backend == "costmodel" else {}
+        values = {k: v for k, v in values.items() if k in options.batch_defaults}
+        budget = values.get("max_num_batched_tokens", options.scheduler.max_num_batched_tokens)
+        seqs = values.get("max_num_seqs", options.scheduler.max_num_seqs)
+        if budget < seqs:  # vLLM's SchedulerConfig refuses the same pair
+            if "max_num_seqs" in values:
+                what = (f"--max-num-batched-tokens {budget} is less than vLLM's default --max-num-seqs on "
+                        f"{hardware.name} ({seqs})")
+            else:
+                what = (f"--max-num-seqs {seqs} is more than vLLM's default --max-num-batched-tokens on "
+                        f"{hardware.name} ({budget})")
+            raise ServesimError(f"{what}: a step's budget must hold every running decode, and vLLM refuses the "
+                                f"pair too; give both flags")
+        options = replace(options, batch_defaults=(), scheduler=replace(options.scheduler, **values))
     if options.backend == "costmodel":
         served = model.served_dtype(options.dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
         if served != options.dtype:

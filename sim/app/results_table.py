@@ -32,6 +32,7 @@ def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions, 
     from reports.digest import flat_options
 
     described = asdict(options)
+    del described["batch_defaults"]  # the command line's unset flags: a value, not an option (sim.app.plan)
     if options.cluster.is_single:  # as tables were before clusters, so they still resume
         del described["cluster"]
     fixed = {k: v for k, v in flat_options(described).items() if k not in sweep_axes}
