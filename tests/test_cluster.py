@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -112,6 +113,12 @@ def test_pools_take_their_own_options():
         == (2, "H200", False)
     recorded = plan.as_dict()["cluster"]
     assert recorded["prefill"]["scheduler"]["policy"] == "prefill-first" and recorded["decode"]["hardware"] == "H200"
+    # Flags left unset on the command line: each pool takes vLLM's defaults for its own GPU, but never over a
+    # value the pool sets (the prefill pool's budget, the decode pool's --max-num-seqs).
+    unset = ("max_num_batched_tokens", "max_num_seqs")
+    prefill, decode = resolve(replace(options(cluster), batch_defaults=unset)).pools
+    assert (prefill.options.scheduler.max_num_batched_tokens, prefill.options.scheduler.max_num_seqs) == (4096, 1024)
+    assert (decode.options.scheduler.max_num_batched_tokens, decode.options.scheduler.max_num_seqs) == (8192, 2)
 
 
 @pytest.mark.parametrize("kwargs, message", [

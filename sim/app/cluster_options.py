@@ -181,5 +181,7 @@ class ClusterOptions:
             (top if part is None else parts[part])[name] = value
         if role == "decode":
             parts["cache"]["enable_prefix_caching"] = False  # decode replicas hold transferred KV only
+        # A scheduler value the pool sets is given, not left to vLLM's default for the GPU (batch_defaults).
+        top["batch_defaults"] = tuple(name for name in base.batch_defaults if name not in parts["scheduler"])
         return replace(base, scheduler=replace(base.scheduler, **parts["scheduler"]),
                        cache=replace(base.cache, **parts["cache"]), **top)
