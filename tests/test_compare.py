@@ -155,9 +155,10 @@ def test_cpu_round_trip_calibrate_then_compare_on_tiny(tmp_path, capsys):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
                      + "".join(f"{a:.3f},{p},{o}\n" for a, p, o in ROWS[:8]))
     out = tmp_path / "cmp"
+    # --max-num-batched-tokens left unset: the real backend's run keeps servesim's 2048 (vLLM's for an H100,
+    # the --hardware, would be 8192), and the cost model's run has the very same scheduler.
     assert main(["compare", str(trace), "--model", "tiny", "--device", "cpu", "--profile", str(profile),
-                 "--max-num-batched-tokens", "64", "--max-num-seqs", "8", "--num-blocks", "128",
-                 "--out", str(out)]) == 0
+                 "--max-num-seqs", "8", "--num-blocks", "128", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "median APE" in printed and "ttft_p50" in printed
     data = json.loads((out / "compare.json").read_text())
@@ -168,5 +169,7 @@ def test_cpu_round_trip_calibrate_then_compare_on_tiny(tmp_path, capsys):
     assert measured["options"]["backend"] == "real" and measured["completed"] == 8
     predicted = json.loads((out / "predicted" / "summary.json").read_text())
     assert predicted["options"]["profile"] == str(profile)
+    assert predicted["options"]["scheduler"] == measured["options"]["scheduler"]
+    assert measured["options"]["scheduler"]["max_num_batched_tokens"] == 2048
     assert data["step_error"]["all"]["count"] == measured["num_steps"]
     assert (out / "report.html").stat().st_size > 1_000_000 and (out / "steps.csv").is_file()

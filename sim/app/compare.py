@@ -213,7 +213,9 @@ def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> lis
     measured = replace(measured, backend=with_clock(measured.backend, args.clock))
     # Both runs plan with the KV blocks the real backend allocated.
     cache = replace(options.cache, num_blocks=measured.num_blocks)
-    predicted = resolve(replace(options, backend="costmodel", weights=None, cache=cache))
+    # The same scheduler as the measured run's, as resolved for the real backend's device (batch_defaults).
+    predicted = resolve(replace(options, backend="costmodel", weights=None, cache=cache,
+                                scheduler=measured.options.scheduler, batch_defaults=()))
     profile = load_profile(args.profile, options.model)
     trace = load_trace(args.trace, args, predicted.max_model_len)
     profile_clock = profile.grid.get("clock", "wall")
