@@ -109,3 +109,40 @@ def test_fast_forward_gives_the_same_bench_with_long_prompts(monkeypatch):
     np.testing.assert_array_equal(fast.token_times, slow.token_times)
     fc, sc = fast.steps.columns(), slow.steps.columns()
     assert fc.keys() == sc.keys() and all(np.array_equal(fc[k], sc[k], equal_nan=True) for k in fc)
+
+
+def test_random_range_ratio_draws_lengths_as_vllms_random_dataset():
+    """vllm/benchmarks/datasets.py RandomDataset.get_sampling_params: uniform integers in
+    [floor(x (1 - r)), ceil(x (1 + r))], an output at least one token, from numpy's default_rng(seed),
+    all prompt lengths then all output lengths; r = 0 keeps every length exact."""
+    spec = BenchSpec(4, 1000, 3, 500, range_ratio=0.25)
+    assert spec.bounds() == ((750, 1250), (2, 4))
+    prompts, outputs = spec.lengths(seed=7)
+    rng = np.random.default_rng(7)
+    assert prompts == rng.integers(750, 1251, size=500).tolist() and outputs == rng.integers(2, 5, size=500).tolist()
+    assert min(prompts) >= 750 and max(prompts) <= 1250 and set(outputs) == {2, 3, 4}
+    assert spec.lengths(seed=7) == (prompts, outputs) and spec.lengths(seed=8) != (prompts, outputs)
+    assert BenchSpec(4, 10, 1, 3, range_ratio=0.9).bounds() == ((1, 19), (1, 2))  # never a 0-token output
+    assert BenchSpec(4, 100, 5, 3).lengths(seed=1) == ([100] * 3, [5] * 3)
+    assert [(r.num_prompt_tokens, r.max_tokens) for r in spec.requests(seed=7)] == list(zip(prompts, outputs))
+    with pytest.raises(Exception, match=r"--random-range-ratio must be in \[0, 1\), got 1"):
+        BenchSpec(4, 100, 5, 3, range_ratio=1.0)
+
+
+def test_a_range_ratio_runs_each_request_with_its_own_lengths(tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "8", "--num-prompts", "6",
+                 "--random-range-ratio", "0.5", "--seed", "3", "--model", "tiny", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["bench"]["random_range_ratio"] == 0.5 and summary["completed"] == 6
+    import pandas as pd
+
+    rows = pd.read_csv(out / "requests.csv").sort_values("request_id")
+    prompts, outputs = BenchSpec(2, 64, 8, 6, range_ratio=0.5).lengths(seed=3)
+    assert sorted(rows["prompt_tokens"]) == sorted(prompts) and sorted(rows["output_tokens"]) == sorted(outputs)
+    # The longest request is what must fit: refused up front, naming the range.
+    assert main(["bench", "--concurrency", "2", "--input-len", "3000", "--output-len", "8", "--num-prompts", "2",
+                 "--random-range-ratio", "0.5", "--max-model-len", "4096", "--model", "tiny",
+                 "--out", str(tmp_path / "c"), "--quiet"]) == 2
+    assert ("the longest request (--input-len 3000, --output-len 8, --random-range-ratio 0.5: up to 4500 + 12 "
+            "tokens) is 4512 tokens, more than --max-model-len 4096") in capsys.readouterr().err

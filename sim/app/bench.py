@@ -45,6 +45,7 @@ class BenchSpec:
     output_len: int
     num_prompts: int
     request_rate: float = math.inf  # requests per second; inf: all created at once
+    range_ratio: float = 0.0  # vllm bench's --random-range-ratio: lengths uniform in [x (1 - r), x (1 + r)]
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "input_len", "output_len", "num_prompts"):
@@ -53,6 +54,32 @@ class BenchSpec:
                 raise ServesimError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value}")
         if not self.request_rate > 0:
             raise ServesimError(f"--request-rate must be positive (inf: all at once), got {self.request_rate}")
+        if not 0.0 <= self.range_ratio < 1.0:  # as vLLM's RandomDataset refuses it
+            raise ServesimError(f"--random-range-ratio must be in [0, 1), got {self.range_ratio:g}")
+
+    def bounds(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((low, high) of the prompt lengths, (low, high) of the output lengths), both inclusive, as
+        vllm/benchmarks/datasets.py `RandomDataset.get_sampling_params` bounds them: floor(x (1 - r))
+        to ceil(x (1 + r)), an output at least 1 token. (vLLM first takes the tokenizer's special
+        tokens off the prompt length; servesim has no tokenizer, and counts the prompt as given.)"""
+        r = self.range_ratio
+        # (a prompt at least 1 token too: vLLM's would be its special tokens alone, which a replay has not)
+        prompt = (max(math.floor(self.input_len * (1 - r)), 1), math.ceil(self.input_len * (1 + r)))
+        output = (max(math.floor(self.output_len * (1 - r)), 1), max(math.ceil(self.output_len * (1 + r)), 1))
+        return prompt, output
+
+    def lengths(self, seed: int) -> tuple[list[int], list[int]]:
+        """Each request's prompt and output tokens: exactly --input-len and --output-len, or with a range
+        ratio uniform integers within `bounds`, drawn as vLLM draws them (numpy's default_rng(seed), all
+        prompt lengths, then all output lengths)."""
+        n = self.num_prompts
+        if self.range_ratio == 0.0:
+            return [self.input_len] * n, [self.output_len] * n
+        (p_low, p_high), (o_low, o_high) = self.bounds()
+        rng = np.random.default_rng(seed)
+        prompts = rng.integers(p_low, p_high + 1, size=n)
+        outputs = rng.integers(o_low, o_high + 1, size=n)
+        return [int(v) for v in prompts], [int(v) for v in outputs]
 
     def created_s(self, seed: int) -> list[float]:
         """When each request is created (before it waits for a slot)."""
@@ -63,13 +90,17 @@ class BenchSpec:
         times = np.cumsum(gaps)
         return (times * (n / self.request_rate / times[-1])).tolist()
 
-    def requests(self) -> list[Request]:
-        return [Request(i, f"bench-{i}", 0.0, self.input_len, self.output_len) for i in range(self.num_prompts)]
+    def requests(self, seed: int = 0) -> list[Request]:
+        prompts, outputs = self.lengths(seed)
+        return [Request(i, f"bench-{i}", 0.0, prompts[i], outputs[i]) for i in range(self.num_prompts)]
 
     def as_dict(self) -> dict:
-        return {"concurrency": self.concurrency, "input_len": self.input_len, "output_len": self.output_len,
-                "num_prompts": self.num_prompts,
-                "request_rate": None if math.isinf(self.request_rate) else self.request_rate}
+        out = {"concurrency": self.concurrency, "input_len": self.input_len, "output_len": self.output_len,
+               "num_prompts": self.num_prompts,
+               "request_rate": None if math.isinf(self.request_rate) else self.request_rate}
+        if self.range_ratio:  # fixed lengths keep the summary they had
+            out["random_range_ratio"] = self.range_ratio
+        return out
 
 
 def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool = True) -> tuple[SimResult, ClosedLoop]:
@@ -77,7 +108,7 @@ def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool 
         raise ServesimError("sim bench's closed loop drives one engine; --replicas, --router, --dp and the prefill "
                             "and decode pools are for sim replay, sim sweep and sim capacity")
     check_runnable(spec, plan)
-    requests = spec.requests()
+    requests = spec.requests(plan.options.seed)
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
                     plan.max_model_len, fast_forward=fast_forward, progress=progress)
     workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine)
@@ -85,21 +116,30 @@ def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool 
 
 
 def check_runnable(spec: BenchSpec, plan: RunPlan) -> None:
-    """Refuse, before anything runs, a benchmark whose requests the engine would reject (all are
-    alike): prompt + output over the model length, or more KV blocks than the whole cache
-    (the engine's own tests, `Engine.submit`)."""
-    total = spec.input_len + spec.output_len
+    """Refuse, before anything runs, a benchmark whose requests the engine could reject: the longest
+    (prompt and output at the top of their ranges; all of them with fixed lengths) over the model
+    length, or needing more KV blocks than the whole cache (the engine's own tests, `Engine.submit`)."""
+    (_, prompt), (_, output) = spec.bounds()
+    total = prompt + output
+    if spec.range_ratio:
+        which = (f"the longest request (--input-len {spec.input_len}, --output-len {spec.output_len}, "
+                 f"--random-range-ratio {spec.range_ratio:g}: up to {prompt} + {output} tokens)")
+        what, fix = "it could be rejected", "shorten the lengths or the range"
+    else:
+        which, what, fix = "each request", "every request would be rejected", "shorten them"
     if total > plan.max_model_len:
-        raise ServesimError(f"--input-len {spec.input_len} + --output-len {spec.output_len} = {total} tokens, more than "
-                            f"--max-model-len {plan.max_model_len}: every request would be rejected; shorten them "
-                            "or raise --max-model-len")
-    request = Request(0, "bench-0", 0.0, spec.input_len, spec.output_len)
+        head = (f"--input-len {spec.input_len} + --output-len {spec.output_len} = {total} tokens" if not spec.range_ratio
+                else f"{which} is {total} tokens")
+        raise ServesimError(f"{head}, more than --max-model-len {plan.max_model_len}: {what}; {fix} or raise "
+                            f"--max-model-len")
+    request = Request(0, "bench-0", 0.0, prompt, output)
     bm = plan.make_block_manager()
     needed = bm.blocks_for(request.max_kv_tokens)
     if needed > bm.num_blocks:
-        raise ServesimError(f"each request (--input-len {spec.input_len}, --output-len {spec.output_len}) needs "
-                            f"{needed} KV blocks, and the whole cache has {bm.num_blocks}: every request would be "
-                            "rejected; shorten them, or give more blocks (--num-gpu-blocks, --gpu-memory-utilization)")
+        if not spec.range_ratio:
+            which = f"each request (--input-len {spec.input_len}, --output-len {spec.output_len})"
+        raise ServesimError(f"{which} needs {needed} KV blocks, and the whole cache has {bm.num_blocks}: {what}; "
+                            f"{fix}, or give more blocks (--num-gpu-blocks, --gpu-memory-utilization)")
 
 
 def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) -> dict:
@@ -120,8 +160,9 @@ def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) ->
 
 def describe(spec: BenchSpec) -> str:
     rate = "inf" if math.isinf(spec.request_rate) else f"{spec.request_rate:g}"
+    ratio = f" --random-range-ratio {spec.range_ratio:g}" if spec.range_ratio else ""
     return (f"--concurrency {spec.concurrency} --input-len {spec.input_len} --output-len {spec.output_len} "
-            f"--num-prompts {spec.num_prompts} --request-rate {rate}")
+            f"--num-prompts {spec.num_prompts} --request-rate {rate}{ratio}")
 
 
 TRACE_OPTIONS = ("format", "model_filter", "time_window", "limit", "rate_scale", "target_rate")
@@ -138,7 +179,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in TRACE_OPTIONS:
         if getattr(args, name, None) is not None:
             raise ServesimError(f"--{name.replace('_', '-')} shapes a trace; sim bench makes its own requests")
-    spec = BenchSpec(args.concurrency, args.input_len, args.output_len, args.num_prompts, args.request_rate)
+    spec = BenchSpec(args.concurrency, args.input_len, args.output_len, args.num_prompts, args.request_rate,
+                     args.random_range_ratio)
     options = options_from_args(args)
     # The run folder is claimed (made, locked, refused if it holds a run) before any work.
     with open_run_folder(args.out, f"{run_stamp()}-bench", overwrite=args.overwrite,
@@ -166,7 +208,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from sim.app.cli import add_replay_options
     from sim.app.options import add_output_options
-    from sim.config import COUNT, REQUEST_RATE_OR_INF, REQUEST_TOKENS, SEQUENCES
+    from sim.config import COUNT, RANGE_RATIO, REQUEST_RATE_OR_INF, REQUEST_TOKENS, SEQUENCES
 
     p = sub.add_parser(
         "bench", help="a closed-loop benchmark, as vllm bench serve --max-concurrency runs it",
@@ -182,6 +224,10 @@ def register(sub) -> None:
     p.add_argument("--num-prompts", type=COUNT.flag_type("--num-prompts"), required=True, metavar="N", help="requests sent in all")
     p.add_argument("--request-rate", type=REQUEST_RATE_OR_INF.flag_type("--request-rate"), default=math.inf, metavar="R",
                    help="requests created per second, on a Poisson schedule (default: inf, all at once)")
+    p.add_argument("--random-range-ratio", type=RANGE_RATIO.flag_type("--random-range-ratio"), default=0.0,
+                   metavar="R", help="prompt and output lengths uniform integers in [x (1 - R), x (1 + R)], drawn "
+                                     "from --seed, as vllm bench serve's --random-range-ratio (default: 0, exactly "
+                                     "--input-len and --output-len)")
     add_replay_options(p)
     add_output_options(p)
     p.add_argument("--no-fast-forward", action="store_true",
