@@ -124,20 +124,17 @@ def check_runnable(spec: BenchSpec, plan: RunPlan) -> None:
     if spec.range_ratio:
         which = (f"the longest request (--input-len {spec.input_len}, --output-len {spec.output_len}, "
                  f"--random-range-ratio {spec.range_ratio:g}: up to {prompt} + {output} tokens)")
-        what, fix = "it could be rejected", "shorten the lengths or the range"
+        size, what, fix = f"{which} is {total} tokens", "it could be rejected", "shorten the lengths or the range"
     else:
-        which, what, fix = "each request", "every request would be rejected", "shorten them"
+        which = f"each request (--input-len {spec.input_len}, --output-len {spec.output_len})"
+        size = f"--input-len {spec.input_len} + --output-len {spec.output_len} = {total} tokens"
+        what, fix = "every request would be rejected", "shorten them"
     if total > plan.max_model_len:
-        head = (f"--input-len {spec.input_len} + --output-len {spec.output_len} = {total} tokens" if not spec.range_ratio
-                else f"{which} is {total} tokens")
-        raise ServesimError(f"{head}, more than --max-model-len {plan.max_model_len}: {what}; {fix} or raise "
-                            f"--max-model-len")
-    request = Request(0, "bench-0", 0.0, prompt, output)
+        raise ServesimError(f"{size}, more than --max-model-len {plan.max_model_len}: {what}; {fix} or raise "
+                            "--max-model-len")
     bm = plan.make_block_manager()
-    needed = bm.blocks_for(request.max_kv_tokens)
+    needed = bm.blocks_for(Request(0, "bench-0", 0.0, prompt, output).max_kv_tokens)
     if needed > bm.num_blocks:
-        if not spec.range_ratio:
-            which = f"each request (--input-len {spec.input_len}, --output-len {spec.output_len})"
         raise ServesimError(f"{which} needs {needed} KV blocks, and the whole cache has {bm.num_blocks}: {what}; "
                             f"{fix}, or give more blocks (--num-gpu-blocks, --gpu-memory-utilization)")
 

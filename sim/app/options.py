@@ -117,11 +117,11 @@ class ReplayOptions:
                                            "else the nearest the system has (said on the terminal and in summary.json); "
                                            "default: a committed profile, else the newest")
 
-    # vLLM's FlashInfer all-reduce fusion (pass_config.enable_fi_allreduce_fusion) up to this size:
-    # priced from the system's TensorRT-LLM all-reduce table (backends/costmodel/optables/derive.py)
     # The scheduler's fields the command line left unset (VLLM_BATCH_FIELDS): sim.app.plan.resolve takes
     # vLLM's API server's defaults for the GPU for them (vllm_batch_defaults). Not a flag.
     batch_defaults: tuple[str, ...] = ()
+    # vLLM's FlashInfer all-reduce fusion (pass_config.enable_fi_allreduce_fusion) up to this size:
+    # priced from the system's TensorRT-LLM all-reduce table (backends/costmodel/optables/derive.py)
     allreduce_fusion_max_mb: float = option(0.0, flag="--allreduce-fusion-max-mb", range=FUSION_MB, metavar="MB",
                                             help="the server runs vLLM's FlashInfer all-reduce fusion "
                                                  "(compilation_config pass_config enable_fi_allreduce_fusion) for "
@@ -240,8 +240,10 @@ def add_replay_flags(p: argparse.ArgumentParser) -> None:
 
 
 # The scheduler's flags whose default is vLLM's for the GPU (`vllm_batch_defaults`): parsed with
-# default None, so that a value the command line did not give is told from one it did.
+# default None, so that a value the command line did not give is told from one it did. Unset, they
+# hold SchedulerConfig's own defaults until the GPU is known (and in a grid's points: sim.app.sweep_cli).
 VLLM_BATCH_FIELDS = ("max_num_batched_tokens", "max_num_seqs")
+SCHEDULER_DEFAULTS = {f.name: f.default for f in fields(SchedulerConfig)}
 
 
 def vllm_batch_defaults(memory_bytes: int, name: str) -> dict[str, int]:
@@ -257,8 +259,7 @@ def vllm_batch_defaults(memory_bytes: int, name: str) -> dict[str, int]:
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     unset = tuple(name for name in VLLM_BATCH_FIELDS if getattr(args, name, None) is None)
     if unset:
-        defaults = {f.name: f.default for f in fields(SchedulerConfig)}
-        args = argparse.Namespace(**{**vars(args), **{name: defaults[name] for name in unset}})
+        args = argparse.Namespace(**{**vars(args), **{name: SCHEDULER_DEFAULTS[name] for name in unset}})
     return from_args(ReplayOptions, args, batch_defaults=unset)
 
 

@@ -182,22 +182,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
     if options.batch_defaults:
-        # Left unset on the command line: vLLM's API server's defaults for this GPU (the cost model's;
-        # the real backend runs on --device, and keeps the rest's).
-        values = vllm_batch_defaults(hardware.memory_bytes, hardware.name) if options.backend == "costmodel" else {}
-        values = {k: v for k, v in values.items() if k in options.batch_defaults}
-        budget = values.get("max_num_batched_tokens", options.scheduler.max_num_batched_tokens)
-        seqs = values.get("max_num_seqs", options.scheduler.max_num_seqs)
-        if budget < seqs:  # vLLM's SchedulerConfig refuses the same pair
-            if "max_num_seqs" in values:
-                what = (f"--max-num-batched-tokens {budget} is less than vLLM's default --max-num-seqs on "
-                        f"{hardware.name} ({seqs})")
-            else:
-                what = (f"--max-num-seqs {seqs} is more than vLLM's default --max-num-batched-tokens on "
-                        f"{hardware.name} ({budget})")
-            raise ServesimError(f"{what}: a step's budget must hold every running decode, and vLLM refuses the "
-                                f"pair too; give both flags")
-        options = replace(options, batch_defaults=(), scheduler=replace(options.scheduler, **values))
+        options = with_batch_defaults(options, hardware)
     if options.backend == "costmodel":
         served = model.served_dtype(options.dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
         if served != options.dtype:
@@ -303,6 +288,25 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                    TokenSpec(options.seed, model.vocab_size), router, pools, tables)
     plan.check_host_memory()
     return plan
+
+
+def with_batch_defaults(options: ReplayOptions, hardware: Hardware) -> ReplayOptions:
+    """`options` with the scheduler's fields the command line left unset (`batch_defaults`) at vLLM's API
+    server's defaults for `hardware` (`vllm_batch_defaults`); the real backend runs on --device and keeps
+    SchedulerConfig's. A budget below --max-num-seqs is refused, as vLLM's SchedulerConfig refuses it,
+    naming the default that made it."""
+    values = vllm_batch_defaults(hardware.memory_bytes, hardware.name) if options.backend == "costmodel" else {}
+    values = {k: v for k, v in values.items() if k in options.batch_defaults}
+    budget = values.get("max_num_batched_tokens", options.scheduler.max_num_batched_tokens)
+    seqs = values.get("max_num_seqs", options.scheduler.max_num_seqs)
+    if budget < seqs:
+        if "max_num_seqs" in values:
+            what = f"--max-num-batched-tokens {budget} is less than vLLM's default --max-num-seqs on {hardware.name} ({seqs})"
+        else:
+            what = f"--max-num-seqs {seqs} is more than vLLM's default --max-num-batched-tokens on {hardware.name} ({budget})"
+        raise ServesimError(f"{what}: a step's budget must hold every running decode, and vLLM refuses the pair too; "
+                            "give both flags")
+    return replace(options, batch_defaults=(), scheduler=replace(options.scheduler, **values))
 
 
 def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware, calibration=None) -> Backend:

@@ -45,19 +45,15 @@ def add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
     """Re-declare the sweepable replay options as comma-separated lists (keeping their defaults). A grid
     states every point's values: the budget and --max-num-seqs default to SchedulerConfig's (2048, 256)
     on every GPU, not to vLLM's for the GPU as a single replay's do (sim.app.options, vllm_batch_defaults)."""
-    from dataclasses import fields
-
     from reports.axes import AXES
-    from sim.config import SchedulerConfig
-
-    SCHEDULER_DEFAULTS = {f.name: f.default for f in fields(SchedulerConfig)}
+    from sim.app.options import SCHEDULER_DEFAULTS
 
     for name in AXES:
         if name == "rate_scale" and not with_rate_scale:
             continue
         flag = "--" + name.replace("_", "-")
-        default = "1" if name == "rate_scale" else str(p.get_default(name) if p.get_default(name) is not None
-                                                        else SCHEDULER_DEFAULTS[name])
+        given = p.get_default(name)  # None: a flag whose default is vLLM's for the GPU
+        default = "1" if name == "rate_scale" else str(SCHEDULER_DEFAULTS[name] if given is None else given)
         p.add_argument(flag, default=default, metavar="A,B,...",
                        help=f"{GRID_HELP[name]}, comma-separated (default: {default})")
     if not with_rate_scale:

@@ -358,15 +358,10 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
     nearest = tables[0]
     for lane, from_one in passes:
         if lane is None and from_one and carry_on is not None and served is not None:
-            for s in shapes:
-                carried = transferred_moe_curve(tables, s, served[0], carry_on)
-                if carried is not None:
-                    t, source, found = carried
-                    why = (f"; {served[1]}, measured at no version at this shape: the kernel's floor plus its "
-                           f"work at hidden {source.hidden_size}, inter {source.inter_size}, top-{source.topk} of "
-                           f"{source.num_experts} experts (vLLM {t.version}) scaled by the two shapes' rooflines at "
-                           f"the same tokens per expert")
-                    return t, s, found, why
+            carried = _carried(tables, shapes, served[0], carry_on, any_layout=False)
+            if carried is not None:
+                t, s, found, source = carried
+                return t, s, found, f"; {served[1]}, measured at no version at this shape: {_carry_words(t, source, False)}"
         for s in shapes:
             for t in tables:
                 found = moe_curve(t.frame, s, lane)
@@ -387,16 +382,31 @@ def pick_moe_curve(tables: list, shape: MoEShape, auto: bool, served: tuple[str,
         # layout measured in the dtype (the served kernel's rows first), as the roofline alone prices a
         # layer 2-4x too fast (scripts/moe_carry_loo.py --layouts).
         for lane in ([served[0]] if served is not None else []) + [None]:
-            for s in shapes:
-                carried = transferred_moe_curve(tables, s, lane, carry_on, any_layout=True)
-                if carried is not None:
-                    t, source, found = carried
-                    why = (f"; {reason}: the kernel's floor plus its work at hidden {source.hidden_size}, inter "
-                           f"{source.inter_size}, top-{source.topk} of {source.num_experts} experts, MoE TP "
-                           f"{source.moe_tp_size} EP {source.moe_ep_size} (vLLM {t.version}) scaled by the two "
-                           f"layers' rooflines at the same tokens per expert")
-                    return t, s, found, why
+            carried = _carried(tables, shapes, lane, carry_on, any_layout=True)
+            if carried is not None:
+                t, s, found, source = carried
+                return t, s, found, f"; {reason}: {_carry_words(t, source, True)}"
     return f"{reason} ({Path(nearest.path).name} vLLM {nearest.version}; no other version measures it)"
+
+
+def _carried(tables: list, shapes: list[MoEShape], lane: str | None, hardware, any_layout: bool):
+    """(table, shape priced, (kernel, tokens, seconds), source shape) of the first of `shapes` (the
+    family's skew, then balanced) that `transferred_moe_curve` carries the kernel `lane` to; None."""
+    for shape in shapes:
+        carried = transferred_moe_curve(tables, shape, lane, hardware, any_layout=any_layout)
+        if carried is not None:
+            table, source, found = carried
+            return table, shape, found, source
+    return None
+
+
+def _carry_words(table, source: MoEShape, layout: bool) -> str:
+    """How a carried curve was made, for summary.json's and validate.csv's MoE source."""
+    where = f"hidden {source.hidden_size}, inter {source.inter_size}, top-{source.topk} of {source.num_experts} experts"
+    if layout:
+        where += f", MoE TP {source.moe_tp_size} EP {source.moe_ep_size}"
+    return (f"the kernel's floor plus its work at {where} (vLLM {table.version}) scaled by the two "
+            f"{'layers' if layout else 'shapes'}' rooflines at the same tokens per expert")
 
 
 def nccl_curve(frame, op: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray] | None:
