@@ -443,9 +443,11 @@ class SlidingWindowBlockManager(BlockManager):
         them, once it is admitted again."""
         tables = self.tables(request)
         skipped_own = self._skipped_own.pop(request.index, None)
-        if self.pipelined:  # the block of a token vLLM does not know yet is not cached (`num_cached_tokens`)
-            request.num_hashed_blocks = min(request.num_hashed_blocks, self.num_cached_tokens(request, num_scheduled)
-                                            // self.block_size)
+        if self.pipelined:  # the block of a token vLLM does not know yet is not cached (`num_cached_tokens`):
+            # its own blocks only; the prompt's shared blocks were indexed when scheduled (their tokens known)
+            bs = self.block_size
+            known = max(self.num_cached_tokens(request, num_scheduled) // bs, request.num_shared_blocks(bs))
+            request.num_hashed_blocks = min(request.num_hashed_blocks, known)
         if preempted and self.enable_prefix_caching:
             self._index_own(request, tables, skipped_own)
         num_hashed = request.num_hashed_blocks if self.enable_prefix_caching else 0

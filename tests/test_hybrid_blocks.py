@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from backends.kv_capacity import KVCacheGroup, kv_cache_groups
@@ -98,6 +98,10 @@ def test_admission_counts_every_group():
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 200), st.integers(1, 30), st.integers(0, 3)),
                 min_size=1, max_size=20),
        st.integers(24, 80), st.sampled_from([16, 32]), st.booleans(), st.sampled_from([2, 3]), st.booleans())
+# Found by this property: a shared prompt preempted beside the step in flight kept its indexed blocks'
+# keys but went to the free queue's head (a cached block at the head; then one block free twice).
+@example([(0, 1, 1, 0), (0, 1, 1, 0), (0, 1, 2, 0), (0, 20, 2, 0)], 24, 16, True, 2, True)
+@example([(0, 1, 1, 0), (0, 1, 1, 0), (0, 1, 1, 0), (0, 20, 2, 0)], 24, 32, True, 2, True)
 def test_blocks_conserved_and_windows_held(rows, num_blocks, window, caching, num_sliding, asynchronous):
     layout = (("sliding_attention", window),) * num_sliding + (("full_attention", None),)
     bm = SlidingWindowBlockManager(num_blocks, 4, caching, layout, window - 1 + (1 + asynchronous) * 32)

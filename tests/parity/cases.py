@@ -210,5 +210,13 @@ def hybrid_cases() -> list[Case]:
     """The same runs with a sliding group and a full-attention group sharing the pool (vLLM's
     HybridKVCacheCoordinator; gpt-oss, Gemma 2), named `hybrid-...`. `sliding-hand-tight` is left out:
     a request needs more blocks than its 20 (vLLM stalls with it waiting; servesim rejects it)."""
-    return [replace(with_setup(case, hybrid=True), name=case.name.replace("sliding", "hybrid", 1))
-            for case in sliding_cases() if case.name != "sliding-hand-tight"]
+    cases = [replace(with_setup(case, hybrid=True), name=case.name.replace("sliding", "hybrid", 1))
+             for case in sliding_cases() if case.name != "sliding-hand-tight"]
+    # A shared prompt preempted in a tight pool (16 blocks, 8 a group): its indexed prompt blocks stay
+    # cached when it leaves (found by tests/test_hybrid_blocks.py's property, asynchronously).
+    shared = [[0, 1]] * 3 + [[0, 1] * 3]
+    cases.append(Case("hybrid-hand-shared-tight", _trace([(0, 1, 1), (0, 1, 1), (0, 1, 1), (0, 20, 2)],
+                                                         hash_ids=shared, hash_block_tokens=4),
+                      EngineSetup(block_size=4, num_gpu_blocks=16, max_num_batched_tokens=32, max_num_seqs=4,
+                                  sliding_window=16, hybrid=True)))
+    return cases

@@ -271,6 +271,9 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
     live: dict[str, Request] = {}
     queue: list[tuple] = []  # oldest first: (out, req ids, samples, GPU end, tokens scheduled, contexts)
     now, gpu_free, next_arrival, num_finished, steps = 0.0, 0.0, 0, 0, 0
+    # Preemptions of a schedule that ran nothing (its only request preempted itself) count in the next
+    # step that runs, as servesim records them (vLLM's output of the empty step carries them alone).
+    carried_preemptions = 0
     queue_size = 2  # VllmConfig.max_concurrent_batches with async scheduling, pipeline parallel 1
     while num_finished < n:
         steps += 1
@@ -296,7 +299,9 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
                     contexts.append(live[rid].num_computed_tokens)  # includes tokens still in flight
                     if timeline.first_scheduled_s[index_of[rid]] is None:
                         timeline.first_scheduled_s[index_of[rid]] = now
-                timeline.steps.append(_classify(out, live, samples))
+                num_prefill, num_decode, num_preempted = _classify(out, live, samples)
+                timeline.steps.append((num_prefill, num_decode, num_preempted + carried_preemptions))
+                carried_preemptions = 0
                 if host_time is not None:
                     now += host_time(scheduled, contexts)
                 start = max(now, gpu_free)
@@ -305,6 +310,7 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
                 end = gpu_free
             else:
                 end = now
+                carried_preemptions += len(out.preempted_req_ids or ())
             queue.append((out, req_ids, samples, end, scheduled, contexts))
             if len(queue) < queue_size and (executed or scheduler.has_requests()):
                 continue
