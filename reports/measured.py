@@ -4,11 +4,12 @@ Where the trace is a measured run (a vLLM bench result, traces/vllm_bench.py: ea
 and TPOT as vLLM's client measured them), `sim replay` writes `measured.json` into its run folder:
 the requests both finished in the replay and measured (joined on request_id), and per metric the
 measured and predicted mean, median and p99, the mean signed error of the means, and the mean and
-median of the per-request absolute percentage errors. The measured TTFT is the client's (its send
-to its first token); the replay's is the engine's (arrival to first token), so the two differ by
-the API server's and the network's time, which a trace replay does not model (docs/traces.md).
-Where the server reported its own TTFT per request (vLLM's `server_ttfts`), that is compared with the
-replay's engine TTFT too (`server_ttft`): the like-for-like figure.
+median of the per-request absolute percentage errors. The measured TTFT and E2E are the client's
+(from its send); the replay's are taken from the send too where it modelled vLLM's API server
+(`--api-server`, on by default for a vLLM bench result: requests.csv's `client_ttft_s`, and E2E
+plus the API server's share), else from the engine's arrival. The network's time is in the
+measurement alone (docs/traces.md). Where the server reported its own TTFT per request (vLLM's
+`server_ttfts`), that is compared with the replay's engine TTFT (`server_ttft`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,17 @@ import numpy as np
 
 # a measured metric -> the replay's requests.csv column it is compared with
 METRICS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "e2e_s": "e2e_s", "server_ttft_s": "ttft_s"}
+FROM_SEND = ("ttft_s", "e2e_s")  # measured metrics that start at the client's send
+
+
+def predicted(requests, name: str) -> np.ndarray:
+    """The replay's figure for measured metric `name`: from the client's send where it starts there
+    and the replay modelled the API server (`ttft_api_server_s` given), else the engine's."""
+    values = requests[METRICS[name]].to_numpy(dtype=np.float64)
+    if name not in FROM_SEND or "ttft_api_server_s" not in requests:
+        return values
+    api = requests["ttft_api_server_s"].to_numpy(dtype=np.float64)
+    return np.where(np.isnan(api), values, values + api)
 
 
 def compare_measured(requests, measured: dict[str, np.ndarray], request_ids: list[str]) -> dict:
@@ -26,19 +38,20 @@ def compare_measured(requests, measured: dict[str, np.ndarray], request_ids: lis
     finished = requests["status"].to_numpy() == "finished"
     position = {rid: i for i, rid in enumerate(request_ids)}
     rows = [(k, position[rid]) for k, rid in enumerate(ids) if finished[k] and rid in position]
-    out: dict = {"requests": len(rows), "metrics": {}}
+    from_send = "ttft_api_server_s" in requests and bool(np.isfinite(requests["ttft_api_server_s"].to_numpy(np.float64)).any())
+    out: dict = {"requests": len(rows), "predicted_from": "send" if from_send else "arrival", "metrics": {}}
     if not rows:
         return out
     replay_rows, trace_rows = (np.array(c, dtype=np.int64) for c in zip(*rows))
-    for name, column in METRICS.items():
+    for name in METRICS:
         if name not in measured:
             continue
-        predicted = requests[column].to_numpy(dtype=np.float64)[replay_rows]
+        figures = predicted(requests, name)[replay_rows]
         truth = measured[name][trace_rows]
-        both = np.isfinite(predicted) & np.isfinite(truth) & (truth > 0)
+        both = np.isfinite(figures) & np.isfinite(truth) & (truth > 0)
         if not both.any():
             continue
-        p, m = predicted[both], truth[both]
+        p, m = figures[both], truth[both]
         ape = np.abs(p / m - 1) * 100
         out["metrics"][name.removesuffix("_s")] = {
             "requests": int(both.sum()),

@@ -191,6 +191,8 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start
         sketch = outcomes.ttft_part_sketches[name]
         if sketch.count or name != "ttft_api_server":
             summary[name] = sketch.stats()
+    if outcomes.ttft_part_sketches["client_ttft"].count:  # the TTFT the parts add up to: from the client's send
+        summary["client_ttft"] = outcomes.ttft_part_sketches["client_ttft"].stats()
     slo = outcomes.slo
     if slo.is_set:
         summary["slo"] = slo.limits()
@@ -235,6 +237,9 @@ def format_summary(summary: dict) -> str:
         s = summary[name]
         lines.append(f"{name:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}")
         if name == "ttft":
+            if "client_ttft" in summary:  # an API server is modelled: the parts add up to this
+                c = summary["client_ttft"]
+                lines.append(f"{'ttft from send':<18}{ms(c['mean'])}{ms(c['p50'])}{ms(c['p90'])}{ms(c['p99'])}")
             for part in TTFT_PARTS:
                 if part in summary and summary[part]["mean"] is not None:
                     p = summary[part]

@@ -58,7 +58,8 @@ class RequestOutcomes:
         self.writer = writer
         self.batch_rows = batch_rows
         self.sketches = {name: StreamingQuantiles(exact_limit) for name in LATENCIES}
-        self.ttft_part_sketches = {name: StreamingQuantiles(exact_limit) for name in TTFT_PARTS}
+        # The parts, and the TTFT they add up to from the client's send (where an API server is modelled)
+        self.ttft_part_sketches = {name: StreamingQuantiles(exact_limit) for name in (*TTFT_PARTS, "client_ttft")}
         self.itl = StreamingQuantiles(exact_limit)
         self.num_requests = 0
         self.num_completed = 0
@@ -171,8 +172,8 @@ class RequestOutcomes:
             self.writer.write(table)
         self._count(columns, arrival, output, times["finish_s"], latencies)
         done = np.array(columns["status"]) == FINISHED
-        for name in TTFT_PARTS:
-            self.ttft_part_sketches[name].add(parts[f"{name}_s"][done])
+        for name, sketch in self.ttft_part_sketches.items():
+            sketch.add(parts[f"{name}_s"][done])  # (NaN, a part not given, is left out)
 
     def _count(self, columns: dict, arrival: np.ndarray, output: np.ndarray, finish: np.ndarray,
                latencies: dict[str, np.ndarray]) -> None:

@@ -11,6 +11,7 @@ ends (`on_done`), so that a closed-loop workload can send the next one: the `Wor
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from typing import cast
@@ -21,6 +22,29 @@ import simpy
 from sim.engine import Engine, SimResult, delay_to
 from sim.request import Request
 from sim.workload import Workload
+
+
+def through_api_servers(sent_s: np.ndarray, seconds: np.ndarray, servers: int = 1) -> np.ndarray:
+    """When requests sent at `sent_s` (ascending) reach the engine through `servers` API servers
+    that each handle one request at a time, `seconds[i]` for request i, in send order, each request
+    taken by the server free first (vLLM's API server is one asyncio process: it handles a request
+    until it hands it to the engine core; vllm/entrypoints/cli/serve.py starts one per data-parallel
+    rank from vLLM 0.15). One server: arrival[i] = max(arrival[i - 1], sent[i]) + seconds[i],
+    written as a running maximum (arrival[i] = C[i] + max over j <= i of sent[j] - C[j - 1], C the
+    cumulative seconds)."""
+    sent_s = np.asarray(sent_s, dtype=np.float64)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if servers < 1:
+        raise ValueError(f"at least one API server, got {servers}")
+    if servers == 1 or len(sent_s) <= 1:
+        total = np.cumsum(seconds)
+        return total + np.maximum.accumulate(sent_s - (total - seconds))
+    free = [0.0] * servers  # each server's next free instant, a heap
+    arrival = np.empty(len(sent_s))
+    for i, (sent, cost) in enumerate(zip(sent_s.tolist(), seconds.tolist())):
+        arrival[i] = done = max(free[0], sent) + cost
+        heapq.heapreplace(free, done)
+    return arrival
 
 
 class RequestStream:

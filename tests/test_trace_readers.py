@@ -335,9 +335,25 @@ def test_sim_replay_of_a_vllm_bench_result_puts_each_requests_prediction_beside_
     assert comparison["source"] == str(path) and comparison["requests"] == 3
     ttft = comparison["metrics"]["ttft"]
     assert ttft["measured_mean_ms"] == pytest.approx(1e3 * (0.05 + 0.06 + 0.05) / 3)
-    predicted = requests.set_index("request_id")["ttft_s"]
-    assert ttft["predicted_mean_ms"] == pytest.approx(1e3 * predicted.mean())
+    # vLLM's API server is modelled (its times are the client's sends): the replay's TTFT is compared
+    # from the send, the client's, as measured; the engine's arrival is the send plus the server's time.
+    assert comparison["predicted_from"] == "send"
+    by_id = requests.set_index("request_id")
+    assert ttft["predicted_mean_ms"] == pytest.approx(1e3 * by_id["client_ttft_s"].mean())
+    assert (by_id["client_ttft_s"] == by_id["ttft_s"] + by_id["ttft_api_server_s"]).all()
+    # The sends are 0.5 s apart or more, so no request waits for the server: 1 ms + 2 us a prompt token.
+    assert by_id["ttft_api_server_s"].tolist() == pytest.approx([1e-3 + 2e-6 * n for n in (200, 100, 120)])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["options"]["api_server"]["servers"] == 1
     assert "against the trace's own measurements (3 requests)" in capsys.readouterr().out
+    # --api-server off: the engine's TTFT from the send, as before the API server was modelled.
+    assert main(["replay", str(path), "--api-server", "off", "--out", str(tmp_path / "off")]) == 0
+    off = json.loads((tmp_path / "off" / "measured.json").read_text())
+    engine = pd.read_csv(tmp_path / "off" / "requests.csv", dtype={"request_id": str}).set_index("request_id")
+    assert off["predicted_from"] == "arrival" and engine["ttft_api_server_s"].isna().all()
+    assert off["metrics"]["ttft"]["predicted_mean_ms"] == pytest.approx(1e3 * engine["ttft_s"].mean())
+    assert engine["arrival_s"].tolist() == pytest.approx([0.0, 0.5, 1.25])
+    assert by_id["arrival_s"].tolist() == pytest.approx([0.0 + 1.4e-3, 0.5 + 1.2e-3, 1.25 + 1.24e-3])
     # report.html draws the same table, and `sim report` draws it again from measured.json.
     section = "Against the run's own measurements"
     report = (tmp_path / "run" / "report.html").read_text()
@@ -382,6 +398,8 @@ def test_vllms_saved_latencies_give_e2e_and_tpot_and_the_servers_ttft_is_kept_wh
     assert trace.measured["tpot_s"][:2].tolist() == pytest.approx([(0.26 - 0.06) / 20, (0.15 - 0.05) / 10])
     server = trace.measured["server_ttft_s"]
     assert np.isnan(server[0]) and server[1] == 0.04 and np.isnan(server[2]) and server[3] == 0.045
+    import pandas as pd
+
     from sim.app.cli import main
 
     assert main(["replay", str(path), "--out", str(tmp_path / "run")]) == 0
@@ -389,6 +407,12 @@ def test_vllms_saved_latencies_give_e2e_and_tpot_and_the_servers_ttft_is_kept_wh
     assert set(comparison["metrics"]) == {"ttft", "tpot", "e2e", "server_ttft"}
     assert comparison["metrics"]["server_ttft"]["requests"] == 2
     assert comparison["metrics"]["server_ttft"]["measured_mean_ms"] == pytest.approx(1e3 * (0.04 + 0.045) / 2)
+    # E2E is compared from the client's send (the API server's share added), the server's TTFT with the engine's.
+    requests = pd.read_csv(tmp_path / "run" / "requests.csv", dtype={"request_id": str}).set_index("request_id")
+    e2e_from_send = (requests["e2e_s"] + requests["ttft_api_server_s"]).loc[["1", "0", "3"]]
+    assert comparison["metrics"]["e2e"]["predicted_mean_ms"] == pytest.approx(1e3 * e2e_from_send.mean())
+    assert comparison["metrics"]["server_ttft"]["predicted_mean_ms"] == pytest.approx(
+        1e3 * requests["ttft_s"].loc[["0", "3"]].mean())
     assert "server_ttft" in capsys.readouterr().out
     # A file with no latencies at all (no ttfts, latencies or server metrics) has no measurements.
     bare = {k: v for k, v in result.items() if k not in ("ttfts", "itls", "latencies", "server_ttfts")}

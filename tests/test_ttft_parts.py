@@ -153,3 +153,62 @@ def test_parts_of_far_apart_magnitudes_still_add_up():
     p = parts_of(arrival, scheduled, start, first_token, None)
     assert (p["ttft_queue_s"] + p["ttft_async_wait_s"]) + p["ttft_prefill_s"] == ttft
     assert abs(p["ttft_queue_s"] - queue) <= 4 * np.spacing(ttft) and abs(p["ttft_async_wait_s"] - wait) <= 4 * np.spacing(ttft)
+
+
+# vLLM's API server in front of a replay's engine (sim/arrivals.py through_api_servers; `--api-server`).
+
+def test_worked_example_of_the_api_servers_queue():
+    from sim.arrivals import through_api_servers
+
+    sent = np.array([0.0, 0.0, 0.0, 1.0, 1.0])
+    cost = np.array([0.1, 0.2, 0.3, 0.1, 0.1])
+    # One server: each waits for the one before it (0.1, 0.1 + 0.2, 0.3 + 0.3), then idle until 1.0.
+    assert through_api_servers(sent, cost).tolist() == pytest.approx([0.1, 0.3, 0.6, 1.1, 1.2])
+    # Two: the first two at once, the third on the server free first (at 0.1).
+    assert through_api_servers(sent, cost, 2).tolist() == pytest.approx([0.1, 0.2, 0.4, 1.1, 1.1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(0, 0.5)), min_size=1, max_size=40), st.integers(1, 4))
+def test_api_servers_serve_in_send_order_each_one_at_a_time(rows, servers):
+    """As a plain simulation of the servers: a request reaches the engine no sooner than its send plus
+    its own time; with one server, exactly the later of its send and the one before's arrival, plus its
+    time; more servers never deliver a request later."""
+    from sim.arrivals import through_api_servers
+
+    sent = np.sort(np.array([r[0] for r in rows]))
+    cost = np.array([r[1] for r in rows])
+    arrival = through_api_servers(sent, cost, servers)
+    assert (arrival >= sent + cost - 1e-9).all()
+    free, expected = [0.0] * servers, []
+    for s, c in zip(sent.tolist(), cost.tolist()):
+        k = min(range(servers), key=lambda j: free[j])
+        free[k] = max(free[k], s) + c
+        expected.append(free[k])
+    assert arrival.tolist() == pytest.approx(expected, abs=1e-9)
+    assert (through_api_servers(sent, cost, servers + 1) <= arrival + 1e-9).all()
+
+
+@pytest.mark.parametrize("dp, version, servers", [(1, None, 1), (4, None, 4), (4, "0.15.0", 4), (4, "0.14.1", 1),
+                                                  (2, "0.12.0", 1)])
+def test_one_api_server_per_data_parallel_rank_from_vllm_0_15(dp, version, servers):
+    from sim.app.options import ReplayOptions
+    from sim.app.replay import api_server_count
+
+    assert api_server_count(ReplayOptions(dp=dp, vllm_version=version)) == servers
+
+
+def test_api_server_applies_to_a_clients_sends_only_unless_asked():
+    from sim.app.options import ReplayOptions
+    from sim.app.replay import with_api_server
+    from traces.trace import Trace
+
+    trace = Trace(np.array([0.0, 0.0]), np.array([500, 1000]), np.array([4, 4]), format="azure")
+    assert with_api_server(trace, ReplayOptions()) is trace  # an Azure trace's times are the engine's arrivals
+    on = with_api_server(trace, ReplayOptions(api_server="on"))
+    assert on.client_sent_s.tolist() == [0.0, 0.0]
+    assert on.arrival_s.tolist() == pytest.approx([2e-3, 2e-3 + 3e-3])  # 1 ms + 2 us a token, one after the other
+    assert with_api_server(on, ReplayOptions(api_server="on")) is on  # applied once
+    bench = Trace(np.array([0.0]), np.array([100]), np.array([4]), format="vllm-bench")
+    assert with_api_server(bench, ReplayOptions(api_server="off")) is bench
+    assert with_api_server(bench, ReplayOptions()).arrival_s.tolist() == pytest.approx([1.2e-3])

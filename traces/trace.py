@@ -30,6 +30,9 @@ class Trace:
     # The trace's own measurements, per request ([n] float64 each: ttft_s, tpot_s; NaN where not
     # measured), where it is a measured run (a vLLM bench result); None: none.
     measured: dict[str, np.ndarray] | None = None
+    # When each request's client sent it ([n] float64), where arrival_s is when it reached the engine
+    # through an API server (sim/app/replay.py, with_api_server); None: arrival_s is the engine's and the send
+    client_sent_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -52,4 +55,5 @@ class Trace:
             hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in positions],
             priority=None if self.priority is None else self.priority[index],
             measured=None if self.measured is None else {k: v[index] for k, v in self.measured.items()},
+            client_sent_s=None if self.client_sent_s is None else self.client_sent_s[index],
             warnings=list(self.warnings), dropped=dict(self.dropped))

@@ -40,6 +40,7 @@ DEFAULT_DEPLOYMENT = (1, "bf16", "auto")
 # --moe-kernel's values: vLLM's own choice, or a kernel a launch script names (the cost model's
 # MOE_KERNELS, backends/costmodel/optables/moe.py, not imported here to keep the CLI's start light)
 MOE_KERNEL_CHOICES = ("auto", "marlin", "triton", "flashinfer", "flashinfer-mxfp8")
+API_SERVER_CHOICES = ("auto", "on", "off")
 DATA_PARALLEL = Range(1, 64, "ranks", "engine ranks of one data-parallel group, each a scheduler and KV cache in this "
                       "process's memory", whole=True)  # (tp, dtype, kv_cache_dtype) of one device in its own dtype
 
@@ -116,6 +117,16 @@ class ReplayOptions:
                                            "(AIConfigurator's package, pip install -e '.[tables]'): the version itself, "
                                            "else the nearest the system has (said on the terminal and in summary.json); "
                                            "default: a committed profile, else the newest")
+
+    # vLLM's API server between a client's sends and the engine (sim/arrivals.py, through_api_servers;
+    # sim/app/replay.py, with_api_server): "auto" models it for a trace of a client's sends (a vLLM bench result)
+    api_server: str = option("auto", flag="--api-server", choices=API_SERVER_CHOICES,
+                             help="model vLLM's API server between the trace's sends and the engine: each request "
+                                  "waits its turn at one of the servers (one per --dp rank, vLLM >= 0.15's default; "
+                                  "else one) for 1 ms plus its prompt's tokenisation (2 us a token), as sim validate "
+                                  "prices it, so TTFT is also reported from the send (requests.csv client_ttft_s). "
+                                  "auto (default): on for a vLLM bench result, whose times are its client's sends; "
+                                  "off for other traces, whose times are the engine's arrivals")
 
     # The scheduler's fields the command line left unset (VLLM_BATCH_FIELDS): sim.app.plan.resolve takes
     # vLLM's API server's defaults for the GPU for them (vllm_batch_defaults). Not a flag.

@@ -110,6 +110,8 @@ class RunPlan:
             del d["enable_expert_parallel"]
         if self.options.dp == 1:  # runs without data parallelism keep the summary they had
             del d["dp"]
+        if d["api_server"] == "auto":
+            del d["api_server"]  # runs that left it keep the summary they had (run_options says where it applied)
         if d["vllm_version"] is None:
             del d["vllm_version"]  # runs without it keep the summary they had
         if not d["allreduce_fusion_max_mb"]:

@@ -5,14 +5,16 @@ writes the run folder as the replay goes and keeps only what is in flight (`sim 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from sim.app.options import ReplayOptions
 from sim.app.plan import RunPlan
-from sim.arrivals import RequestStream, TraceArrivals, simulate
+from sim.arrivals import RequestStream, TraceArrivals, simulate, through_api_servers
 from sim.cluster import Cluster
 from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPResult, cuda_graph_max_tokens
 from sim.disagg import DisaggregatedCluster, PrefillEngine
@@ -40,7 +42,64 @@ def request_maker(trace: Trace, as_lists: bool = False) -> Callable[[int], Reque
                        hash_ids=None if hash_ids is None else hash_ids[j], hash_block_tokens=block_tokens,
                        priority=0 if priority is None else int(priority[j]))
 
-    return make
+    sent = trace.client_sent_s
+    if sent is None:
+        return make
+
+    def make_sent(j: int) -> Request:
+        r = make(j)
+        r.client_sent_s = float(sent[j])
+        return r
+
+    return make_sent
+
+
+# Trace formats whose times are a client's sends, before vLLM's API server (`--api-server auto`)
+CLIENT_SEND_FORMATS = ("vllm-bench",)
+API_SERVER_MIN_VERSION = (0, 15)  # the first vLLM to start one API server per data-parallel rank by default
+
+
+def api_server_count(options: ReplayOptions) -> int:
+    """vLLM's API servers in front of the engine ranks: --api-server-count defaults to the
+    data-parallel size from vLLM 0.15 (vllm/entrypoints/cli/serve.py, ServeSubcommand.cmd: internal
+    load balancing), one before; the version is --vllm-version's, else the newest."""
+    if options.vllm_version is not None:
+        version = tuple(int(part) for part in re.findall(r"\d+", options.vllm_version)[:2])
+        if version < API_SERVER_MIN_VERSION:
+            return 1
+    return options.dp
+
+
+def models_api_server(options: ReplayOptions, trace: Trace) -> bool:
+    return options.api_server == "on" or (options.api_server == "auto" and trace.format in CLIENT_SEND_FORMATS)
+
+
+def with_api_server(trace: Trace, options: ReplayOptions) -> Trace:
+    """The trace as the engine sees it behind vLLM's API server (`--api-server`): its times are
+    the clients' sends (kept as `client_sent_s`), each request reaching the engine once a server
+    has handled it (sim/arrivals.py, through_api_servers), for the time `sim validate` prices
+    (ClientOverhead: a fixed part and the prompt's tokenisation). Unchanged where it does not apply
+    or was applied already."""
+    if not models_api_server(options, trace) or trace.client_sent_s is not None or not len(trace):
+        return trace
+    from backends.costmodel.optables.profile import ClientOverhead
+
+    client = ClientOverhead()
+    seconds = client.fixed_s + client.per_prompt_token_s * trace.prompt_tokens.astype(np.float64)
+    arrival = through_api_servers(trace.arrival_s, seconds, api_server_count(options))
+    return replace(trace, arrival_s=arrival, client_sent_s=trace.arrival_s)
+
+
+def api_server_entry(options: ReplayOptions, trace: Trace) -> dict | None:
+    """summary.json's account of the API server, where one is modelled."""
+    if not models_api_server(options, trace):
+        return None
+    from backends.costmodel.optables.profile import ClientOverhead
+
+    client = ClientOverhead()
+    return {"servers": api_server_count(options), "fixed_s": client.fixed_s,
+            "per_prompt_token_s": client.per_prompt_token_s, "source": client.source,
+            "why": "on" if options.api_server == "on" else f"auto: a {trace.format} trace's times are its client's sends"}
 
 
 def make_requests(trace: Trace) -> list[Request]:
@@ -54,6 +113,7 @@ def replay(trace: Trace, plan: RunPlan, progress: Callable[[float, int], None] |
     """Simulate the trace with the plan (sim.app.plan.resolve(options, backend) makes it).
     `fast_forward=False` steps every decode step one by one (same answers, slower; see
     sim/fast_forward.py)."""
+    trace = with_api_server(trace, plan.options)
     requests = sorted(make_requests(trace), key=lambda r: (r.arrival_s, r.index))  # arrival order, ties in trace order
     if plan.options.dp > 1:
         return make_dp_group(plan, requests, fast_forward, progress).run()
@@ -134,6 +194,7 @@ def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", re
     if plan.options.dp > 1:  # every rank's steps in one table: kept in memory, written at the end
         return write_run(out, replay(trace, plan, progress, fast_forward), plan, trace, steps=steps,
                          requests=requests, step_batch_rows=step_batch_rows)
+    trace = with_api_server(trace, plan.options)
     folder = RunFolder(out, run_options(plan, trace), plan.options.slo, steps, requests)
     try:
         log = StepLog(sink=folder.on_steps, spill_rows=step_batch_rows)
@@ -163,6 +224,9 @@ def run_options(plan: RunPlan, trace: Trace) -> dict:
     options["trace"] = trace.source
     if trace.transforms:
         options["trace_transforms"] = trace.transforms
+    api_server = api_server_entry(plan.options, trace)
+    if api_server is not None:
+        options["api_server"] = api_server
     return options
 
 
