@@ -198,6 +198,16 @@ def test_one_api_server_per_data_parallel_rank_from_vllm_0_15(dp, version, serve
     assert api_server_count(ReplayOptions(dp=dp, vllm_version=version)) == servers
 
 
+def test_a_clusters_replicas_each_bring_their_api_server():
+    from sim.app.cluster_options import ClusterOptions
+    from sim.app.options import ReplayOptions
+    from sim.app.replay import api_server_count
+
+    assert api_server_count(ReplayOptions(cluster=ClusterOptions(num_replicas=3))) == 3
+    disaggregated = ClusterOptions(num_prefill_replicas=2, num_decode_replicas=5)
+    assert api_server_count(ReplayOptions(cluster=disaggregated)) == 2
+
+
 def test_api_server_applies_to_a_clients_sends_only_unless_asked():
     from sim.app.options import ReplayOptions
     from sim.app.replay import with_api_server

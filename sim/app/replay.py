@@ -62,12 +62,16 @@ API_SERVER_MIN_VERSION = (0, 15)  # the first vLLM to start one API server per d
 def api_server_count(options: ReplayOptions) -> int:
     """vLLM's API servers in front of the engine ranks: --api-server-count defaults to the
     data-parallel size from vLLM 0.15 (vllm/entrypoints/cli/serve.py, ServeSubcommand.cmd: internal
-    load balancing), one before; the version is --vllm-version's, else the newest."""
+    load balancing), one before; the version is --vllm-version's, else the newest. A cluster's
+    replicas are servers of their own, each with its API servers (a disaggregated cluster's requests
+    enter through its prefill replicas'); they are pooled here, a request taken by the first free."""
+    per_server = options.dp
     if options.vllm_version is not None:
         version = tuple(int(part) for part in re.findall(r"\d+", options.vllm_version)[:2])
         if version < API_SERVER_MIN_VERSION:
-            return 1
-    return options.dp
+            per_server = 1
+    cluster = options.cluster
+    return per_server * (cluster.num_prefill_replicas if cluster.is_disaggregated else cluster.num_replicas)
 
 
 def models_api_server(options: ReplayOptions, trace: Trace) -> bool:
