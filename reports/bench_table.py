@@ -43,7 +43,7 @@ def format_bench_table(summary: dict, max_concurrency: int | None, request_rate:
               row("Peak concurrent requests:", float(summary["peak_concurrent_requests"])),
               row("Total token throughput (tok/s):", float(summary["total_token_throughput"] or 0.0))]
     for key, name, header in SECTIONS:
-        stats = summary[key]
+        stats = summary.get(f"client_{key}", summary[key])  # from the client's send, through an API server
         lines += [f"{header:-^50}",
                   row(f"Mean {name} (ms):", ms(stats["mean"])),
                   row(f"Median {name} (ms):", ms(stats["p50"])),

@@ -191,8 +191,9 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start
         sketch = outcomes.ttft_part_sketches[name]
         if sketch.count or name != "ttft_api_server":
             summary[name] = sketch.stats()
-    if outcomes.ttft_part_sketches["client_ttft"].count:  # the TTFT the parts add up to: from the client's send
-        summary["client_ttft"] = outcomes.ttft_part_sketches["client_ttft"].stats()
+    for name, sketch in outcomes.client_sketches.items():  # from the client's send: TTFT (the parts' sum), E2E
+        if sketch.count:
+            summary[name] = sketch.stats()
     slo = outcomes.slo
     if slo.is_set:
         summary["slo"] = slo.limits()
@@ -233,16 +234,15 @@ def format_summary(summary: dict) -> str:
                      + ", ".join(f"{k}<={v}s" for k, v in summary["slo"].items()) + ")")
     lines.extend(cluster.format_replicas(summary))
     lines.append(f"{f'metric ({unit})':<18}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    def row(label: str, s: dict) -> str:
+        return f"{label:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}"
+
     for name in names:
-        s = summary[name]
-        lines.append(f"{name:<18}{ms(s['mean'])}{ms(s['p50'])}{ms(s['p90'])}{ms(s['p99'])}")
-        if name == "ttft":
-            if "client_ttft" in summary:  # an API server is modelled: the parts add up to this
-                c = summary["client_ttft"]
-                lines.append(f"{'ttft from send':<18}{ms(c['mean'])}{ms(c['p50'])}{ms(c['p90'])}{ms(c['p99'])}")
+        lines.append(row(name, summary[name]))
+        if f"client_{name}" in summary:  # an API server is modelled: from the client's send too
+            lines.append(row(f"{name} from send", summary[f"client_{name}"]))
+        if name == "ttft":  # (its parts add up to the TTFT from the send where there is one)
             for part in TTFT_PARTS:
                 if part in summary and summary[part]["mean"] is not None:
-                    p = summary[part]
-                    label = "  " + part.removeprefix("ttft_").replace("_", " ")
-                    lines.append(f"{label:<18}{ms(p['mean'])}{ms(p['p50'])}{ms(p['p90'])}{ms(p['p99'])}")
+                    lines.append(row("  " + part.removeprefix("ttft_").replace("_", " "), summary[part]))
     return "\n".join(lines)

@@ -38,6 +38,7 @@ REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", 
 # A request's TTFT in parts, in the order they add up (ttft_parts).
 TTFT_PARTS = ("ttft_api_server", "ttft_queue", "ttft_async_wait", "ttft_prefill")
 LATENCIES = ("ttft", "tpot", "e2e", "scheduling_delay")  # per finished request; ITL is per token gap
+CLIENT_LATENCIES = ("client_ttft", "client_e2e")  # from the client's send, where an API server is modelled
 SLO_METRICS = {"delay": "scheduling_delay", "tbt": "tbt"}  # an SLO key's metric, where the names differ
 BATCH_ROWS = 65536  # outcomes per batch (a row group of the Parquet table)
 GAP_BATCH = 1 << 20  # inter-token gaps sketched at a time
@@ -58,8 +59,9 @@ class RequestOutcomes:
         self.writer = writer
         self.batch_rows = batch_rows
         self.sketches = {name: StreamingQuantiles(exact_limit) for name in LATENCIES}
-        # The parts, and the TTFT they add up to from the client's send (where an API server is modelled)
-        self.ttft_part_sketches = {name: StreamingQuantiles(exact_limit) for name in (*TTFT_PARTS, "client_ttft")}
+        self.ttft_part_sketches = {name: StreamingQuantiles(exact_limit) for name in TTFT_PARTS}
+        # TTFT (the parts' sum) and E2E from the client's send, where an API server is modelled
+        self.client_sketches = {name: StreamingQuantiles(exact_limit) for name in CLIENT_LATENCIES}
         self.itl = StreamingQuantiles(exact_limit)
         self.num_requests = 0
         self.num_completed = 0
@@ -172,8 +174,12 @@ class RequestOutcomes:
             self.writer.write(table)
         self._count(columns, arrival, output, times["finish_s"], latencies)
         done = np.array(columns["status"]) == FINISHED
-        for name, sketch in self.ttft_part_sketches.items():
-            sketch.add(parts[f"{name}_s"][done])  # (NaN, a part not given, is left out)
+        for name in TTFT_PARTS:
+            self.ttft_part_sketches[name].add(parts[f"{name}_s"][done])
+        client_sent = np.array(columns["client_sent_s"], dtype=np.float64)
+        if not np.isnan(client_sent).all():  # (NaN, a request without a client, is left out)
+            self.client_sketches["client_ttft"].add(parts["client_ttft_s"][done])
+            self.client_sketches["client_e2e"].add((times["finish_s"] - client_sent)[done])
 
     def _count(self, columns: dict, arrival: np.ndarray, output: np.ndarray, finish: np.ndarray,
                latencies: dict[str, np.ndarray]) -> None:

@@ -165,19 +165,25 @@ class ClosedLoop(_WakesEngine):
     """vLLM's benchmark client with --max-concurrency (vllm/benchmarks/serve.py, `benchmark` and
     `get_request`): request i is created at `created_s[i]` (all at 0 for an infinite request rate,
     else on a Poisson schedule) and waits, in creation order, for one of `concurrency` slots; it is
-    sent, and arrives at the engine, when it has a slot. A slot is freed when a request finishes
-    (or is rejected). `requests` are in creation order; their `arrival_s` is set when they are
-    sent, so TTFT and E2E count from the send, as vLLM's client measures them (its time waiting for
-    a slot is not part of them)."""
+    sent when it has a slot. A slot is freed when a request finishes (or is rejected). `requests`
+    are in creation order; their `arrival_s` is set when they are sent, so TTFT and E2E count from
+    the send, as vLLM's client measures them (its time waiting for a slot is not part of them).
+    With `server_seconds`, vLLM's API server stands between the client and the engine: it takes the
+    sent requests one at a time, in send order, `server_seconds(request)` each, and a request
+    arrives at the engine when it is done (`client_sent_s` keeps the send, where the client's TTFT
+    starts: reports.outcomes.ttft_parts)."""
 
     reacts_to_finishes = True  # a finish sends the next request
     # (delivers_by_time and busy_engine_alone as TraceArrivals: sends that finishes cause are delivered by time)
 
-    def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine):
+    def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine,
+                 server_seconds: Callable[[Request], float] | None = None):
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         super().__init__(engine)
         self.requests, self.created_s, self.concurrency = requests, created_s, concurrency
+        self.server_seconds = server_seconds
+        self._server_free_s = 0.0  # when the API server is done with the requests sent so far
         self.num_in_flight = 0
         self.max_in_flight = 0
         self._next = 0  # the next request to send
@@ -187,6 +193,9 @@ class ClosedLoop(_WakesEngine):
     def _send(self, at: float) -> None:
         r = self.requests[self._next]
         self._next += 1
+        if self.server_seconds is not None:
+            r.client_sent_s = at
+            at = self._server_free_s = max(self._server_free_s, at) + self.server_seconds(r)
         r.arrival_s = at
         self._sent.append(r)
         self.num_in_flight += 1

@@ -26,13 +26,25 @@ def test_one_client_with_a_constant_step_by_hand():
     # C = 1, each step 0.25 s, 100-token prompts in one prefill step, 5 output tokens: a request's
     # prefill step emits its first token (TTFT 0.25 s), four decode steps follow (E2E 1.25 s), and
     # the next request is sent at the finish.
-    result, loop = run_bench(BenchSpec(1, 100, 5, 3), plan_for(ConstantBackend(0.25)))
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3), plan_for(ConstantBackend(0.25), api_server="off"))
     rows = result.requests
     assert [r.arrival_s for r in rows] == [0.0, 1.25, 2.5]
     assert [r.first_token_s - r.arrival_s for r in rows] == [0.25] * 3
     assert [r.finish_s - r.arrival_s for r in rows] == [1.25] * 3
     assert [(r.finish_s - r.first_token_s) / 4 for r in rows] == [0.25] * 3  # TPOT
     assert loop.max_in_flight == 1 and result.end_s == 3.75
+
+
+def test_one_client_through_vllms_api_server_by_hand():
+    # The same, with vLLM's API server (the default): each request reaches the engine 1 ms + 100 x 2 us
+    # after its send, and the client's next send is at the finish.
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3), plan_for(ConstantBackend(0.25)))
+    rows = result.requests
+    server = 1e-3 + 100 * 2e-6
+    assert [r.client_sent_s for r in rows] == pytest.approx([0.0, 1.25 + server, 2.5 + 2 * server])
+    assert [r.arrival_s - r.client_sent_s for r in rows] == pytest.approx([server] * 3)
+    assert [r.finish_s - r.client_sent_s for r in rows] == pytest.approx([1.25 + server] * 3)  # E2E from the send
+    assert result.end_s == pytest.approx(3.75 + 3 * server)
 
 
 @pytest.mark.slow
@@ -65,16 +77,19 @@ def test_the_closed_loop_keeps_c_in_flight_and_sends_exactly_n(concurrency, num_
     rows = result.requests
     assert len(rows) == num_prompts and all(r.finish_s is not None for r in rows)  # every prompt sent, once
     assert loop.max_in_flight <= concurrency
-    assert peak_concurrency([r.arrival_s for r in rows], [r.finish_s for r in rows]) <= concurrency
+    sends = [r.client_sent_s for r in rows]  # (the client's; each reaches the engine through the API server)
+    assert all(r.arrival_s > r.client_sent_s for r in rows)
+    assert peak_concurrency(sends, [r.finish_s for r in rows]) <= concurrency
     created = spec.created_s(seed)
-    assert all(r.arrival_s >= c for r, c in zip(rows, created))  # never sent before it is created
-    assert [r.arrival_s for r in rows] == sorted(r.arrival_s for r in rows)  # sent in creation order
+    assert all(s >= c for s, c in zip(sends, created))  # never sent before it is created
+    assert sends == sorted(sends)  # sent in creation order
+    assert [r.arrival_s for r in rows] == sorted(r.arrival_s for r in rows)  # and through the server in that order
     if math.isinf(rate):
-        assert [r.arrival_s for r in rows[:concurrency]] == [0.0] * min(concurrency, num_prompts)  # the first wave
+        assert sends[:concurrency] == [0.0] * min(concurrency, num_prompts)  # the first wave
     else:
         assert abs(created[-1] - num_prompts / rate) <= 1e-12 * created[-1]  # vLLM rescales the Poisson schedule to end at N / R
-    for r, c in zip(rows, created):  # a request waits only for a slot, freed by a finish
-        assert r.arrival_s == c or r.arrival_s in {q.finish_s for q in rows}
+    for s, c in zip(sends, created):  # a request waits only for a slot, freed by a finish
+        assert s == c or s in {q.finish_s for q in rows}
 
 
 def test_fast_forward_gives_the_same_bench():

@@ -16,8 +16,11 @@ finish. The first wave (C requests sent together at t = 0, all prefilling at onc
 and counted, as vLLM counts it. Warm-up: vLLM first sends one test request (the first prompt) and
 --num-warmups requests (default 0), and counts neither; servesim starts the benchmark on an idle
 engine with an empty KV cache and sends no warm-up. (vLLM's test request leaves the first prompt
-in the prefix cache, so its request 0 finds its prompt cached; here it does not.) Time between a
-request's last token and the client's next send (HTTP, detokenisation) is zero here.
+in the prefix cache, so its request 0 finds its prompt cached; here it does not.) Between the
+client and the engine stands vLLM's API server (`--api-server`, on unless `off`: sim/app/replay.py
+`with_api_server`, the time `sim validate` prices), so TTFT and E2E are the client's, from the send,
+as vLLM's table gives them (`client_ttft`, `client_e2e`). Time between a request's last token and
+the client's next send (HTTP, detokenisation) is zero here.
 """
 
 from __future__ import annotations
@@ -111,7 +114,15 @@ def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool 
     requests = spec.requests(plan.options.seed)
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
                     plan.max_model_len, fast_forward=fast_forward, progress=progress)
-    workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine)
+    server = None
+    if plan.options.api_server != "off":  # (auto: on, the client is vLLM's)
+        from backends.costmodel.optables.profile import ClientOverhead
+
+        client = ClientOverhead()
+
+        def server(r: Request) -> float:
+            return client.seconds(r.num_prompt_tokens)
+    workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine, server)
     return simulate(engine, workload), workload
 
 
@@ -148,10 +159,13 @@ def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) ->
 
     rows = result.requests
     sent = [r for r in rows if r.finish_s is not None]
+
+    def send(r: Request) -> float:  # the client's (before the API server, where one is modelled)
+        return r.arrival_s if r.client_sent_s is None else r.client_sent_s
     trace = Trace(np.array([r.arrival_s for r in rows]), np.array([r.num_prompt_tokens for r in rows]),
-                  np.array([r.max_tokens for r in rows]), source=f"sim bench {describe(spec)}")
+                  np.array([r.max_tokens for r in rows]), source=f"sim bench {describe(spec)}", format="sim-bench")
     extra = {"bench": spec.as_dict(),
-             "peak_concurrent_requests": peak_concurrency([r.arrival_s for r in sent], [r.finish_s for r in sent])}
+             "peak_concurrent_requests": peak_concurrency([send(r) for r in sent], [r.finish_s for r in sent])}
     return write_run(out, result, plan, trace, extra=extra, start_s=0.0)
 
 

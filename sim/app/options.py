@@ -125,8 +125,9 @@ class ReplayOptions:
                                   "waits its turn at one of the servers (one per --dp rank, vLLM >= 0.15's default; "
                                   "else one) for 1 ms plus its prompt's tokenisation (2 us a token), as sim validate "
                                   "prices it, so TTFT is also reported from the send (requests.csv client_ttft_s). "
-                                  "auto (default): on for a vLLM bench result, whose times are its client's sends; "
-                                  "off for other traces, whose times are the engine's arrivals")
+                                  "auto (default): on for a vLLM bench result, whose times are its client's sends, and in "
+                                  "sim bench (vLLM's client); off for other traces, whose times are the engine's "
+                                  "arrivals")
 
     # The scheduler's fields the command line left unset (VLLM_BATCH_FIELDS): sim.app.plan.resolve takes
     # vLLM's API server's defaults for the GPU for them (vllm_batch_defaults). Not a flag.

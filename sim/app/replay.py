@@ -55,7 +55,7 @@ def request_maker(trace: Trace, as_lists: bool = False) -> Callable[[int], Reque
 
 
 # Trace formats whose times are a client's sends, before vLLM's API server (`--api-server auto`)
-CLIENT_SEND_FORMATS = ("vllm-bench",)
+CLIENT_SEND_FORMATS = ("vllm-bench", "sim-bench")  # (sim bench's requests are sent by vLLM's client too)
 API_SERVER_MIN_VERSION = (0, 15)  # the first vLLM to start one API server per data-parallel rank by default
 
 

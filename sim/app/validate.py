@@ -335,11 +335,10 @@ class ThroughApiServer(ClosedLoop):
 
     def __init__(self, requests, created_s, concurrency, engine, client: ClientOverhead,
                  async_scheduling: bool = True):
-        super().__init__(requests, created_s, concurrency, engine)
+        super().__init__(requests, created_s, concurrency, engine, lambda r: client.seconds(r.num_prompt_tokens))
         self.client = client
         self.async_scheduling = async_scheduling
         self.sent_s: dict[int, float] = {}
-        self._server_free_s = 0.0
         self._last_schedule_s = 0.0  # when the engine last asked for arrivals (scheduled a step)
 
     def deliver(self, now: float) -> None:
@@ -353,10 +352,7 @@ class ThroughApiServer(ClosedLoop):
 
     def _send(self, at: float) -> None:
         super()._send(at)
-        r = self._sent[-1]
-        self.sent_s[r.index] = r.client_sent_s = at
-        self._server_free_s = max(self._server_free_s, at) + self.client.seconds(r.num_prompt_tokens)
-        r.arrival_s = self._server_free_s
+        self.sent_s[self._sent[-1].index] = at
 
 
 def read_measured(path: str | Path) -> pd.DataFrame:
