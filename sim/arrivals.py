@@ -11,6 +11,7 @@ ends (`on_done`), so that a closed-loop workload can send the next one: the `Wor
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable
@@ -45,6 +46,34 @@ def through_api_servers(sent_s: np.ndarray, seconds: np.ndarray, servers: int = 
         arrival[i] = done = max(free[0], sent) + cost
         heapq.heapreplace(free, done)
     return arrival
+
+
+class ApiServers:
+    """vLLM's API servers in a closed loop (`through_api_servers`, one request at a time): a
+    request sent at `at` waits for the server free first and reaches the engine `seconds(request)`
+    after it starts there. `take` records the send (`client_sent_s`, where the client's TTFT
+    starts) and the arrival (`arrival_s`)."""
+
+    def __init__(self, seconds: Callable[[Request], float], count: int = 1):
+        if count < 1:
+            raise ValueError(f"at least one API server, got {count}")
+        self.seconds = seconds
+        self._free = [0.0] * count  # each server's next free instant, a heap
+
+    def take(self, request: Request, at: float) -> float:
+        request.client_sent_s = at
+        request.arrival_s = done = max(self._free[0], at) + self.seconds(request)
+        heapq.heapreplace(self._free, done)
+        return done
+
+
+def queue_by_arrival(queue: list[Request], request: Request) -> None:
+    """Put `request` in `queue` (ascending arrival_s) after those arriving no later: in send order
+    where one server keeps it (an append), else where its arrival falls."""
+    if not queue or queue[-1].arrival_s <= request.arrival_s:
+        queue.append(request)
+    else:
+        bisect.insort_right(queue, request, key=lambda r: r.arrival_s)
 
 
 class RequestStream:
@@ -168,22 +197,20 @@ class ClosedLoop(_WakesEngine):
     sent when it has a slot. A slot is freed when a request finishes (or is rejected). `requests`
     are in creation order; their `arrival_s` is set when they are sent, so TTFT and E2E count from
     the send, as vLLM's client measures them (its time waiting for a slot is not part of them).
-    With `server_seconds`, vLLM's API server stands between the client and the engine: it takes the
-    sent requests one at a time, in send order, `server_seconds(request)` each, and a request
-    arrives at the engine when it is done (`client_sent_s` keeps the send, where the client's TTFT
-    starts: reports.outcomes.ttft_parts)."""
+    With `servers` (ApiServers), vLLM's API servers stand between the client and the engine: a
+    request arrives at the engine when one has handled it (`client_sent_s` keeps the send, where the
+    client's TTFT starts: reports.outcomes.ttft_parts)."""
 
     reacts_to_finishes = True  # a finish sends the next request
     # (delivers_by_time and busy_engine_alone as TraceArrivals: sends that finishes cause are delivered by time)
 
     def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine,
-                 server_seconds: Callable[[Request], float] | None = None):
+                 servers: ApiServers | None = None):
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         super().__init__(engine)
         self.requests, self.created_s, self.concurrency = requests, created_s, concurrency
-        self.server_seconds = server_seconds
-        self._server_free_s = 0.0  # when the API server is done with the requests sent so far
+        self.servers = servers
         self.num_in_flight = 0
         self.max_in_flight = 0
         self._next = 0  # the next request to send
@@ -193,11 +220,12 @@ class ClosedLoop(_WakesEngine):
     def _send(self, at: float) -> None:
         r = self.requests[self._next]
         self._next += 1
-        if self.server_seconds is not None:
-            r.client_sent_s = at
-            at = self._server_free_s = max(self._server_free_s, at) + self.server_seconds(r)
-        r.arrival_s = at
-        self._sent.append(r)
+        if self.servers is None:
+            r.arrival_s = at
+            self._sent.append(r)
+        else:
+            self.servers.take(r, at)
+            queue_by_arrival(self._sent, r)
         self.num_in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
 

@@ -52,11 +52,11 @@ API server, as vLLM's benchmark sends them: `sim validate`'s DP rows).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable
 
 import simpy
 
+from sim.arrivals import ApiServers, queue_by_arrival
 from sim.backend import StepResult
 from sim.batch import Batch
 from sim.cluster import Cluster, ClusterSteps, Instant, Replica
@@ -92,19 +92,21 @@ def cuda_graph_max_tokens(max_num_seqs: int, hardware_name: str = "") -> int:
 class ClosedLoopClients:
     """C clients in a closed loop in front of the group's API server (vLLM's benchmark with
     --max-concurrency C and --request-rate inf): requests in send order, the first C sent at the
-    start, each finish (or rejection) sending the next at its instant. The API server takes the
+    start, each finish (or rejection) sending the next at its instant. An API server takes the
     requests one at a time, in send order, `server_seconds(request)` each, before the load balancer
-    routes them (`arrival_s`); `sent_s` keeps each send, where the client's TTFT starts."""
+    routes them (`arrival_s`); `num_servers` of them each take the next request when free
+    (sim/arrivals.py, ApiServers: vLLM >= 0.15 starts one per rank); `sent_s` keeps each send, where
+    the client's TTFT starts."""
 
     def __init__(self, requests: list[Request], concurrency: int,
-                 server_seconds: Callable[[Request], float] = lambda r: 0.0):
+                 server_seconds: Callable[[Request], float] = lambda r: 0.0, num_servers: int = 1):
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        self.requests, self.concurrency, self.server_seconds = requests, concurrency, server_seconds
-        self.pending: deque[Request] = deque()  # sent, not yet through the API server
+        self.requests, self.concurrency = requests, concurrency
+        self.servers = ApiServers(server_seconds, num_servers)
+        self.pending: list[Request] = []  # sent, not yet through the API server, by arrival
         self.sent_s: dict[int, float] = {}
         self._next = 0
-        self._server_free_s = 0.0
 
     @property
     def all_sent(self) -> bool:
@@ -115,10 +117,9 @@ class ClosedLoopClients:
             return
         r = self.requests[self._next]
         self._next += 1
-        self.sent_s[r.index] = r.client_sent_s = at
-        self._server_free_s = max(self._server_free_s, at) + self.server_seconds(r)
-        r.arrival_s = self._server_free_s
-        self.pending.append(r)
+        self.sent_s[r.index] = at
+        self.servers.take(r, at)
+        queue_by_arrival(self.pending, r)
 
     def start(self) -> None:
         for _ in range(self.concurrency):
@@ -267,7 +268,7 @@ class DataParallelGroup(Cluster):
         """Route the clients' requests that are through the API server by `now`."""
         pending = self.clients.pending if self.clients is not None else None
         while pending and pending[0].arrival_s <= now:
-            self.route(pending.popleft())
+            self.route(pending.pop(0))
 
     def _closed_loop(self, env: simpy.Environment):
         """The arrivals of `clients`: each routed when the API server hands it over."""

@@ -292,6 +292,22 @@ def test_a_closed_loop_dp_row_exact_to_the_step():
     assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 1), (1, 1, 3)]
 
 
+def test_closed_loop_clients_through_one_api_server_per_rank():
+    """vLLM >= 0.15 starts one API server per DP rank: the first wave's sends are handled two at a
+    time, each taken by the server free first; their arrivals stay in order for the balancer."""
+    requests = sorted(make_requests(make_trace([(0.0, 4, 1)] * 3 + [(0.0, 40, 1)])), key=lambda r: r.index)
+    one, two = (ClosedLoopClients(requests, 4, lambda r: 0.01 * r.num_prompt_tokens, n) for n in (1, 2))
+    one.start()
+    assert [r.arrival_s for r in one.pending] == pytest.approx([0.04, 0.08, 0.12, 0.52])
+    two.start()  # 0.04 and 0.04 at once, then 0.08 and (the 40-token prompt) 0.44
+    assert [r.arrival_s for r in two.pending] == pytest.approx([0.04, 0.04, 0.08, 0.44])
+    assert [r.index for r in two.pending] == [0, 1, 2, 3] and two.sent_s == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    late = sorted(make_requests(make_trace([(0.0, 40, 1), (0.0, 4, 1)])), key=lambda r: r.index)
+    clients = ClosedLoopClients(late, 2, lambda r: 0.01 * r.num_prompt_tokens, 2)
+    clients.start()  # the short prompt, sent second, is through first
+    assert [(r.index, r.arrival_s) for r in clients.pending] == [(1, pytest.approx(0.04)), (0, pytest.approx(0.4))]
+
+
 def test_dp_padding_and_cuda_graph_sizes():
     # vllm/v1/worker/dp_utils.py: every rank under a CUDA graph -> all padded to the largest rank's tokens.
     assert dp_padded_tokens([4, 1], 512) == [4, 4]

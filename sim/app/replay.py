@@ -59,19 +59,23 @@ CLIENT_SEND_FORMATS = ("vllm-bench", "sim-bench")  # (sim bench's requests are s
 API_SERVER_MIN_VERSION = (0, 15)  # the first vLLM to start one API server per data-parallel rank by default
 
 
-def api_server_count(options: ReplayOptions) -> int:
-    """vLLM's API servers in front of the engine ranks: --api-server-count defaults to the
+def default_api_servers(dp: int, vllm_version: str | None) -> int:
+    """vLLM's API servers in front of `dp` engine ranks: --api-server-count defaults to the
     data-parallel size from vLLM 0.15 (vllm/entrypoints/cli/serve.py, ServeSubcommand.cmd: internal
-    load balancing), one before; the version is --vllm-version's, else the newest. A cluster's
+    load balancing), one before; a version not given (or not a release) is taken as the newest."""
+    version = re.match(r"(\d+)\.(\d+)", vllm_version or "")
+    if version is not None and (int(version[1]), int(version[2])) < API_SERVER_MIN_VERSION:
+        return 1
+    return dp
+
+
+def api_server_count(options: ReplayOptions) -> int:
+    """The API servers of a run (`default_api_servers` for --dp and --vllm-version). A cluster's
     replicas are servers of their own, each with its API servers (a disaggregated cluster's requests
     enter through its prefill replicas'); they are pooled here, a request taken by the first free."""
-    per_server = options.dp
-    if options.vllm_version is not None:
-        version = tuple(int(part) for part in re.findall(r"\d+", options.vllm_version)[:2])
-        if version < API_SERVER_MIN_VERSION:
-            per_server = 1
     cluster = options.cluster
-    return per_server * (cluster.num_prefill_replicas if cluster.is_disaggregated else cluster.num_replicas)
+    replicas = cluster.num_prefill_replicas if cluster.is_disaggregated else cluster.num_replicas
+    return default_api_servers(options.dp, options.vllm_version) * replicas
 
 
 def models_api_server(options: ReplayOptions, trace: Trace) -> bool:

@@ -72,7 +72,7 @@ from sim.app.opprofiles import kv_name
 from sim.app.options import ReplayOptions
 from sim.app.outputs import atomic_write_text
 from sim.app.plan import resolve
-from sim.arrivals import ClosedLoop, simulate
+from sim.arrivals import ApiServers, ClosedLoop, simulate
 from sim.config import CacheConfig, SchedulerConfig
 from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
@@ -335,7 +335,8 @@ class ThroughApiServer(ClosedLoop):
 
     def __init__(self, requests, created_s, concurrency, engine, client: ClientOverhead,
                  async_scheduling: bool = True):
-        super().__init__(requests, created_s, concurrency, engine, lambda r: client.seconds(r.num_prompt_tokens))
+        super().__init__(requests, created_s, concurrency, engine,
+                         ApiServers(lambda r: client.seconds(r.num_prompt_tokens)))
         self.client = client
         self.async_scheduling = async_scheduling
         self.sent_s: dict[int, float] = {}
@@ -579,10 +580,12 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
     warmup, warmup_why = protocol.warmup_for(
         row, first_wave_ttft_bound_ms(c, float(np.mean(isls)), tokens_per_s, protocol.prompts_per_client))
     if dp > 1:
-        from sim.app.replay import make_dp_group
+        from sim.app.replay import default_api_servers, make_dp_group
         from sim.data_parallel import ClosedLoopClients
 
-        clients = ClosedLoopClients(requests, c, lambda r: client.seconds(r.num_prompt_tokens))
+        # vLLM's API servers: one per rank from 0.15, one before (another engine's: one)
+        servers = default_api_servers(dp, str(row.get("backend_version", ""))) if row["backend"] == "vllm" else 1
+        clients = ClosedLoopClients(requests, c, lambda r: client.seconds(r.num_prompt_tokens), servers)
         result = make_dp_group(plan, requests, clients=clients).run()
         sent_s = clients.sent_s
     else:
