@@ -104,6 +104,11 @@ def folder_report_html(directory: str | Path) -> str:
                 measured = json.loads((d / "measured.json").read_text())
             except (OSError, ValueError) as e:
                 raise ServesimError(f"{d / 'measured.json'}: cannot read ({type(e).__name__}: {e})") from None
+            metrics = measured.get("metrics") if isinstance(measured, dict) else None
+            if not (isinstance(metrics, dict) and all(isinstance(m, dict) for m in metrics.values())
+                    and isinstance(measured.get("requests", 0), int)):
+                raise ServesimError(f"{d / 'measured.json'}: not a comparison sim replay writes (an object with "
+                                    "requests and metrics, one object a metric); replay the trace again")
         return run_report_html(summary, digest, measured)
     runs = sorted(p.parent for p in d.glob("*/summary.json"))
     if not runs:
@@ -186,9 +191,10 @@ def _run_page(row: dict, title: str, subtitle: str, measured: dict | None = None
 
 
 MEASURED_NOTE = ("The replay beside the run's own measurements (measured.json), for the requests finished in both, "
-                 "joined on request_id. The measured TTFT is the benchmark client's (its send to its first token); "
-                 "the replay's is the engine's (arrival to first token), so the API server's and the network's time "
-                 "is in the first and not in the second. MAPE: the mean of the per-request absolute percentage "
+                 "joined on request_id. The measured TTFT and E2E are the benchmark client's (from its send); the "
+                 "replay's are from the send too where it modelled vLLM's API server (predicted from: send), else "
+                 "the engine's (from its arrival). The network's time is in the measurement alone. server_ttft: the "
+                 "server's own TTFT beside the engine's. MAPE: the mean of the per-request absolute percentage "
                  "errors.")
 MEASURED_COLUMNS = (("requests", "requests"), ("measured_mean_ms", "measured mean (ms)"),
                     ("predicted_mean_ms", "predicted mean (ms)"), ("mean_error_pct", "error of the mean (%)"),
@@ -203,8 +209,9 @@ def _measured_section(measured: dict) -> str:
                    + "".join(f"<td>{fmt(values.get(key), 1)}</td>" for key, _ in MEASURED_COLUMNS)
                    + "</tr>" for name, values in measured.get("metrics", {}).items())
     source = html.escape(str(measured.get("source", "")))
+    since = html.escape(str(measured.get("predicted_from", "arrival")))
     return (f'<h2>Against the run\'s own measurements</h2><div class="note">{html.escape(MEASURED_NOTE)} '
-            f"Source: {source}; {int(measured.get('requests', 0))} requests in both.</div>"
+            f"Source: {source}; {int(measured.get('requests', 0))} requests in both; predicted from: {since}.</div>"
             f'<table><tr><th class="t">metric</th>{head}</tr>{body}</table>')
 
 

@@ -361,6 +361,11 @@ def test_sim_replay_of_a_vllm_bench_result_puts_each_requests_prediction_beside_
     (tmp_path / "run" / "report.html").unlink()
     assert main(["report", str(tmp_path / "run")]) == 0
     assert section in (tmp_path / "run" / "report.html").read_text()
+    saved = (tmp_path / "run" / "measured.json").read_text()  # a broken comparison is named, not a traceback
+    (tmp_path / "run" / "measured.json").write_text('{"metrics": 5}')
+    assert main(["report", str(tmp_path / "run")]) == 2
+    assert "measured.json: not a comparison sim replay writes" in capsys.readouterr().err
+    (tmp_path / "run" / "measured.json").write_text(saved)
     # A trace without measurements writes no measured.json, and its report has no such table.
     assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "20", "--out", str(tmp_path / "plain")]) == 0
     assert not (tmp_path / "plain" / "measured.json").exists()
@@ -371,12 +376,12 @@ def test_measured_ttft_and_tpot_are_vllms_from_e2els_else_itls(tmp_path):
     """TPOT as vLLM's bench serve computes it: (E2E - TTFT) / (output - 1); from the inter-token
     gaps where the file has no e2els; NaN for a one-token output."""
     path = tmp_path / "result.json"
-    result = vllm_bench_result(output_lens=[11, 21, 1, 1], e2els=[0.15, 0.26, 0.0, 0.05],
+    result = vllm_bench_result(output_lens=[11, 21, 1, 1], e2els=[0.15, 0.26, 0.02, 0.05], ttfts=[0.05, 0.06, 0.02, 0.05],
                                itls=[[0.01] * 10, [0.01] * 20, [], []], errors=["", "", "", ""])
     path.write_text(json.dumps(result))
     trace = read_trace(path)
     assert trace.request_ids == ["1", "0", "2", "3"]
-    assert trace.measured["ttft_s"].tolist() == [0.06, 0.05, 0.0, 0.05]
+    assert trace.measured["ttft_s"].tolist() == [0.06, 0.05, 0.02, 0.05]
     tpot = trace.measured["tpot_s"]
     assert tpot[:2].tolist() == pytest.approx([(0.26 - 0.06) / 20, (0.15 - 0.05) / 10])
     assert np.isnan(tpot[2:]).all()
@@ -389,12 +394,12 @@ def test_vllms_saved_latencies_give_e2e_and_tpot_and_the_servers_ttft_is_kept_wh
     server reported per-request metrics, `server_ttfts` (null where a request had none) is compared with
     the replay's engine TTFT, the like-for-like figure."""
     path = tmp_path / "result.json"
-    result = vllm_bench_result(output_lens=[11, 21, 1, 1], latencies=[0.15, 0.26, 0.0, 0.05],
+    result = vllm_bench_result(output_lens=[11, 21, 1, 1], latencies=[0.15, 0.26, 0.02, 0.05], ttfts=[0.05, 0.06, 0.02, 0.05],
                                server_ttfts=[0.04, None, None, 0.045], errors=["", "", "", ""])
     path.write_text(json.dumps(result))
     trace = read_trace(path)
     assert trace.request_ids == ["1", "0", "2", "3"]
-    assert trace.measured["e2e_s"].tolist() == [0.26, 0.15, 0.0, 0.05]
+    assert trace.measured["e2e_s"].tolist() == [0.26, 0.15, 0.02, 0.05]
     assert trace.measured["tpot_s"][:2].tolist() == pytest.approx([(0.26 - 0.06) / 20, (0.15 - 0.05) / 10])
     server = trace.measured["server_ttft_s"]
     assert np.isnan(server[0]) and server[1] == 0.04 and np.isnan(server[2]) and server[3] == 0.045
@@ -409,7 +414,7 @@ def test_vllms_saved_latencies_give_e2e_and_tpot_and_the_servers_ttft_is_kept_wh
     assert comparison["metrics"]["server_ttft"]["measured_mean_ms"] == pytest.approx(1e3 * (0.04 + 0.045) / 2)
     # E2E is compared from the client's send (the API server's share added), the server's TTFT with the engine's.
     requests = pd.read_csv(tmp_path / "run" / "requests.csv", dtype={"request_id": str}).set_index("request_id")
-    e2e_from_send = (requests["e2e_s"] + requests["ttft_api_server_s"]).loc[["1", "0", "3"]]
+    e2e_from_send = requests["e2e_s"] + requests["ttft_api_server_s"]
     assert comparison["metrics"]["e2e"]["predicted_mean_ms"] == pytest.approx(1e3 * e2e_from_send.mean())
     assert comparison["metrics"]["server_ttft"]["predicted_mean_ms"] == pytest.approx(
         1e3 * requests["ttft_s"].loc[["0", "3"]].mean())
@@ -470,3 +475,49 @@ def test_any_vllm_bench_document_reads_or_is_refused_by_name_never_a_traceback(t
         return
     assert len(trace) and (trace.prompt_tokens > 0).all() and (trace.output_tokens > 0).all()
     assert all(len(v) == len(trace) for v in trace.measured.values())
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(ttfts=[0.05, 0.06, 0.0]), "ttfts must be a list with one entry per request (4), got 3 entries"),
+    (dict(latencies=[0.2, 0.3, 0.0]), "latencies must be a list with one entry per request (4), got 3 entries"),
+    (dict(itls="none"), 'itls must be a list with one entry per request (4), got "none"'),
+    (dict(ttfts=[0.05, 0.06, 0.0, 0.0]), "request 3: ttfts is 0 for a request that did not fail"),
+    (dict(latencies=[0.15, 0.26, 0.0, 0.0]), "request 3: latencies is 0 for a request that did not fail"),
+    (dict(latencies=[0.15, 0.26, 0.0, 0.04]), "request 3: ttfts 0.05 s is past its latencies 0.04 s"),
+    (dict(ttfts=[0.05, 0.06, 0.0, 10**400]), "request 3: ttfts is a 401-digit number, too large to be one"),
+    (dict(start_times=[1000.5, 1000.0, 1001.0, 10**400]), "request 3: start_times is a 401-digit number"),
+    (dict(start_times=[1e18, 1e18 + 10, 1e18 + 20, 1e18 + 30]), "is too large to keep its arrivals apart: a number "
+                                                                 "this large is exact only to 128 s"),
+])
+def test_a_vllm_bench_result_vllm_could_not_have_measured_is_refused_naming_the_request(tmp_path, change, message):
+    """A list not matched one to one with the requests, a latency of 0 or a first token after the last
+    for a request that did not fail, a number past any float: refused, never dropped unseen."""
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result(**change)))
+    with pytest.raises(ServesimError, match=re.escape(message)):
+        read_trace(path)
+
+
+def test_a_vllm_bench_result_saved_without_its_lists_is_named_on_one_line_too(tmp_path):
+    path = tmp_path / "summary-only.json"
+    path.write_text('{"date": "x", "backend": "vllm", "num_prompts": 20, "mean_ttft_ms": 40.0}\n')
+    with pytest.raises(ServesimError, match="saved with --save-result --save-detailed"):
+        read_trace(path)
+
+
+def test_an_errors_list_of_the_failed_alone_is_said_not_matched(tmp_path):
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result(errors=["timeout"])))
+    trace = read_trace(path)
+    assert trace.dropped == {"0 output_lens": 1}
+    assert any("errors has 1 entries for 4 requests, so they cannot be matched" in w for w in trace.warnings)
+
+
+def test_arrivals_too_large_for_a_float_to_keep_apart_are_refused(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n1e12,10,5\n1000000000000.001,10,5\n")
+    with pytest.raises(ServesimError, match=re.escape(f"{path}:2: arrival_s 1e+12 is too large to keep its arrivals "
+                                                      "apart")):
+        read_trace(path)
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n1700000000,10,5\n1700000000.001,10,5\n")  # since 1970
+    assert read_trace(path).arrival_s.tolist() == pytest.approx([0.0, 0.001], abs=1e-6)

@@ -14,6 +14,7 @@ from traces.formats import LONG_SPAN_S, MAX_SPAN_S, MOONCAKE_BLOCK_TOKENS
 from traces.trace import Trace
 
 YEAR_S = 365.25 * 86400
+RESOLUTION_S = 1e-6  # the coarsest step between representable arrival times accepted (_check_precision)
 
 
 @dataclass
@@ -101,6 +102,19 @@ class TraceBuilder:
             return f"{self.arrival_name} {pd.Timestamp(int(value)).isoformat(sep=' ')}"  # UTC if zoned
         return f"{self.arrival_name} {value:g}"
 
+    def _check_precision(self) -> None:
+        """Arrivals stored as 64-bit floats are exact to a step that grows with their size: 2.4e-7 s
+        for seconds, milliseconds, microseconds or nanoseconds since 1970, but 128 s for seconds near
+        1e18. Refused when that step passes `RESOLUTION_S`: nearby arrivals would merge unseen."""
+        for value, line in (self.earliest, self.latest):
+            if not isinstance(value, (float, np.floating)):
+                continue  # whole numbers (nanosecond dates) are exact
+            step_s = float(np.spacing(abs(float(value)))) / self.arrival_per_s
+            if step_s > RESOLUTION_S:
+                raise ServesimError(f"{self.at(line)}: {self.shown(value)} is too large to keep its arrivals apart: "
+                                    f"a number this large is exact only to {step_s:.3g} s; give arrival times from "
+                                    "the trace's start (or since 1970)")
+
     def _check_span(self) -> None:
         (first, first_line), (last, last_line) = self.earliest, self.latest
         span_s = (float(last) - float(first)) / self.arrival_per_s  # int64 ns could overflow
@@ -122,6 +136,7 @@ class TraceBuilder:
                 raise ServesimError(f"{path}: no requests left to replay (dropped {counts})")
             raise ServesimError(f"{path}: the trace has a header but no requests")
         self._check_span()
+        self._check_precision()
         warnings += self.warnings
         arrival = np.concatenate(self.arrival)
         prompt = np.concatenate(self.prompt)

@@ -29,6 +29,8 @@ BURSTGPT = ("Timestamp", "Model", "Request tokens", "Response tokens")
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 MOONCAKE = ("timestamp", "input_length", "output_length")
 VLLM_BENCH = ("start_times", "input_lens", "output_lens")
+# Keys of vllm/benchmarks/serve.py's result, with or without --save-detailed (no Mooncake line has them)
+VLLM_BENCH_KEYS = (*VLLM_BENCH, "num_prompts", "request_throughput", "mean_ttft_ms", "max_concurrency")
 CSV_COLUMNS = {"canonical": CANONICAL, "azure": AZURE, "burstgpt": BURSTGPT, "vidur": VIDUR}
 FORMATS = ("canonical", "azure", "mooncake", "burstgpt", "vidur", "vllm-bench")
 ALIASES = {"azure2023": "azure", "azure2024": "azure", "splitwise": "vidur", "jsonl": "mooncake",
@@ -58,8 +60,9 @@ def detect_format(path: Path, first: str) -> str:
     document with vLLM's bench serve result fields (or an object opened on a line of its own, as a
     pretty-printed document is; a Mooncake line is never only "{") is vllm-bench."""
     text = first.strip()
-    if text == "{" or (text.startswith("{") and '"input_lens"' in text):
-        return "vllm-bench"
+    if text == "{" or (text.startswith("{") and '"timestamp"' not in text
+                       and any(f'"{key}"' in text for key in VLLM_BENCH_KEYS)):
+        return "vllm-bench"  # (a result saved without --save-detailed too: its reader says what it lacks)
     if text.startswith("{") or suffix(path) in (".jsonl", ".json"):
         return "mooncake"
     names = set(header(first))
@@ -85,12 +88,17 @@ def header(line: str) -> list[str]:
     return [name.strip() for name in next(csv.reader([line]))]
 
 
+MAX_JSON_INT = 10**300  # a whole number beyond this is no token count or time (and overflows a float near 1.8e308)
+
+
 def json_number(where: str, name: str, value) -> float:
     """A JSON field that must be a finite, non-negative number (the JSON formats' readers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ServesimError(f"{where}: {name} must be a number, got {json.dumps(value)[:40]}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ServesimError(f"{where}: {name} must be finite, got {value}")
+    if isinstance(value, int) and abs(value) > MAX_JSON_INT:  # past a float (and any count or time)
+        raise ServesimError(f"{where}: {name} is a {len(str(abs(value)))}-digit number, too large to be one")
     if value < 0:
         raise ServesimError(f"{where}: {name} must not be negative, got {value}")
     return value

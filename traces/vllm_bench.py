@@ -61,7 +61,11 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
     positions = np.arange(n, dtype=np.int64)
     keep = np.ones(n, dtype=bool)
     errors = result.get("errors")
-    if isinstance(errors, list) and len(errors) == n:
+    if isinstance(errors, list) and len(errors) != n and any(errors):  # failed ones listed apart: not matched
+        builder.warnings.append(f"{path}: errors has {len(errors)} entries for {n} requests, so they cannot be "
+                                "matched to requests; a failed request is known by its 0 output tokens alone")
+    elif errors is not None:
+        errors = per_request_list(builder, result, "errors", n)
         failed = np.array([bool(e) for e in errors])
         builder.drop("a failed request (errors)", failed, positions)
         keep &= ~failed
@@ -73,6 +77,18 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
     builder.measured = measured(builder, result, n, kept, output) or None
 
 
+def per_request_list(builder: TraceBuilder, result: dict, name: str, n: int) -> list | None:
+    """The result's per-request list `name` (None where the result has none, or null); one of
+    another length, or not a list, is refused: it cannot be matched to the requests."""
+    values = result.get(name)
+    if values is None:
+        return None
+    if not isinstance(values, list) or len(values) != n:
+        got = f"{len(values)} entries" if isinstance(values, list) else json.dumps(values)[:40]
+        raise ServesimError(f"{builder.path}: {name} must be a list with one entry per request ({n}), got {got}")
+    return values
+
+
 def measured(builder: TraceBuilder, result: dict, n: int, kept: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
     """The kept requests' (`kept`: positions in the lists) measured latencies in seconds, as vLLM's
     bench serve defines them (vllm/benchmarks/serve.py, `calculate_metrics`): TTFT its `ttfts`; E2E
@@ -80,23 +96,25 @@ def measured(builder: TraceBuilder, result: dict, n: int, kept: np.ndarray, outp
     tools' copies); TPOT (E2E - TTFT) / (output - 1), else the sum of its `itls` over output - 1;
     and, where the server reported its own per-request metrics (`server_ttfts`, vLLM's
     `time_to_first_token_ms` on the final streamed chunk), the server's TTFT. NaN where the file
-    does not say (a null server entry; TPOT of a one-token output)."""
-    def per_request(name: str) -> list | None:
-        values = result.get(name)
-        return values if isinstance(values, list) and len(values) == n else None
-
+    does not say (a null server entry; TPOT of a one-token output). A list that is not one entry per
+    request, and a request that did not fail with a TTFT or E2E of 0 or a TTFT past its E2E, are
+    refused naming it: vLLM's client cannot measure them."""
     out = {name: np.full(len(kept), np.nan) for name in ("ttft_s", "tpot_s", "e2e_s", "server_ttft_s")}
-    ttfts, itls, server = per_request("ttfts"), per_request("itls"), per_request("server_ttfts")
-    e2e_name = "latencies" if per_request("latencies") is not None else "e2els"
-    e2els = per_request(e2e_name)
+    ttfts, itls, server = (per_request_list(builder, result, name, n) for name in ("ttfts", "itls", "server_ttfts"))
+    e2e_name = "latencies" if result.get("latencies") is not None else "e2els"
+    e2els = per_request_list(builder, result, e2e_name, n)
     for j, i in enumerate(kept.tolist()):
+        where = builder.at(i)
         if server is not None and server[i] is not None:
-            out["server_ttft_s"][j] = json_number(builder.at(i), "server_ttfts", server[i])
+            out["server_ttft_s"][j] = positive(where, "server_ttfts", server[i])
         if e2els is not None:
-            out["e2e_s"][j] = json_number(builder.at(i), e2e_name, e2els[i])
+            out["e2e_s"][j] = positive(where, e2e_name, e2els[i])
         if ttfts is None:
             continue
-        out["ttft_s"][j] = ttft = json_number(builder.at(i), "ttfts", ttfts[i])
+        out["ttft_s"][j] = ttft = positive(where, "ttfts", ttfts[i])
+        if e2els is not None and ttft > out["e2e_s"][j]:
+            raise ServesimError(f"{where}: ttfts {ttft:g} s is past its {e2e_name} {out['e2e_s'][j]:g} s: the first "
+                                "token cannot come after the last")
         if output[i] < 2:
             continue
         if e2els is not None:
@@ -105,3 +123,11 @@ def measured(builder: TraceBuilder, result: dict, n: int, kept: np.ndarray, outp
             gaps = itls[i] if isinstance(itls[i], list) else [itls[i]]
             out["tpot_s"][j] = sum(json_number(builder.at(i), "itls", g) for g in gaps) / (output[i] - 1)
     return {name: values for name, values in out.items() if np.isfinite(values).any()}
+
+
+def positive(where: str, name: str, value) -> float:
+    """A measured latency of a request that did not fail: a number above 0."""
+    value = json_number(where, name, value)
+    if value == 0:
+        raise ServesimError(f"{where}: {name} is 0 for a request that did not fail: vLLM's client measures more")
+    return value

@@ -164,6 +164,12 @@ class RunPlan:
         found = [w for p in plans if p.kv is not None for w in [p.kv.warning()] if w]
         if self.options.allreduce_fusion_max_mb and self.options.tp == 1:
             found.append(FUSION_AT_TP1)
+        for p in plans:  # an operator the measured tables were meant to price, left to the roofline
+            if hasattr(p.backend, "cost_model_summary"):
+                for op, source in p.backend.cost_model_summary().get("operators", {}).items():
+                    if isinstance(source, str) and source.startswith(ROOFLINE_FALLBACK):
+                        found.append(f"the {op} is priced by the datasheet roofline, not measured tables: "
+                                     f"{source.removeprefix(ROOFLINE_FALLBACK)} (summary.json cost_model)")
         return found
 
     def kv_cache(self) -> dict:
@@ -173,6 +179,7 @@ class RunPlan:
         return self.kv.as_dict()  # a capped cache says so (KVCapacity.capped_from)
 
 
+ROOFLINE_FALLBACK = "roofline: "  # a cost model's source for an operator its tables lack (then the reason)
 FUSION_AT_TP1 = ("--allreduce-fusion-max-mb changes nothing at --tp 1: one GPU has no all-reduce to fuse "
                  "(its RMSNorms are priced as without the flag)")
 
