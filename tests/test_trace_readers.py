@@ -521,3 +521,24 @@ def test_arrivals_too_large_for_a_float_to_keep_apart_are_refused(tmp_path):
         read_trace(path)
     path.write_text("arrival_s,prompt_tokens,output_tokens\n1700000000,10,5\n1700000000.001,10,5\n")  # since 1970
     assert read_trace(path).arrival_s.tolist() == pytest.approx([0.0, 0.001], abs=1e-6)
+
+
+def test_a_measured_run_cut_by_a_window_or_limit_says_the_cut_load_is_left_out(tmp_path):
+    from traces.transforms import apply
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result()))
+    trace = read_trace(path)
+    for cut in (apply(trace, num_requests=2), apply(trace, time_window_s=(0.0, 1.0))):
+        assert cut.measured is not None and "1 of the run's requests are cut away" in cut.warnings[-1]
+    assert not any("cut away" in w for w in apply(trace, num_requests=10).warnings)
+
+
+@pytest.mark.parametrize("window, message", [((1e400, None), "START must be a finite number of seconds, got inf"),
+                                             ((None, -1e400), "END must be a finite number of seconds, got -inf"),
+                                             ((2.0, 1.0), "START must be before END, got 2.0:1.0")])
+def test_a_time_window_that_is_not_one_says_which_end(window, message):
+    from traces.transforms import time_window
+
+    with pytest.raises(ServesimError, match=re.escape(message)):
+        time_window(read_trace(AZURE_CONV_SAMPLE), *window)

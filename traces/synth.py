@@ -67,7 +67,8 @@ class Lengths:
             raise ServesimError(f"{option}: {text!r} has a value that is not a number") from None
         counts = params if kind != "zipf" else params[1:]
         if any(c < 1 or c != int(c) for c in counts):
-            raise ServesimError(f"{option}: {text!r}: token counts must be whole numbers of at least 1")
+            what = "turns" if "turn" in option else "token counts"
+            raise ServesimError(f"{option}: {text!r}: {what} must be whole numbers of at least 1")
         if any(c > MAX_TOKENS for c in counts):
             raise ServesimError(f"{option}: {text!r}: more tokens than any model takes (at most 2**31 = "
                                 f"{MAX_TOKENS:,})")

@@ -72,20 +72,33 @@ def time_window(trace: Trace, start_s: float | None, end_s: float | None) -> Tra
     """The requests arriving in [start_s, end_s), with arrivals counted again from the first kept."""
     start = -math.inf if start_s is None else start_s
     end = math.inf if end_s is None else end_s
-    if not (start < end) or any(b is not None and not math.isfinite(b) for b in (start_s, end_s)):
+    for name, b in (("START", start_s), ("END", end_s)):
+        if b is not None and not math.isfinite(b):
+            raise ServesimError(f"--time-window: {name} must be a finite number of seconds, got {b}")
+    if not start < end:
         raise ServesimError(f"--time-window: START must be before END, got {start_s}:{end_s}")
     kept = trace.take((trace.arrival_s >= start) & (trace.arrival_s < end))
     if not len(kept):
         raise ServesimError(f"--time-window {start_s}:{end_s} keeps no request; the trace spans "
                             f"0 to {trace.duration_s:g} s")
-    return replace(kept, arrival_s=kept.arrival_s - kept.arrival_s[0])
+    return replace(kept, arrival_s=kept.arrival_s - kept.arrival_s[0], warnings=kept.warnings + cut_load(trace, kept))
+
+
+def cut_load(trace: Trace, kept: Trace) -> list[str]:
+    """A measured run cut to some of its requests: the rest loaded the server while the kept ones were
+    measured, and the replay runs without them (said, not refused)."""
+    if trace.measured is None or len(kept) == len(trace):
+        return []
+    return [f"{trace.source}: {len(trace) - len(kept)} of the run's requests are cut away, but loaded the server "
+            "while the ones kept were measured: the comparison with the measurements leaves their load out"]
 
 
 def limit(trace: Trace, num_requests: int) -> Trace:
     """The first `num_requests` requests."""
     if num_requests < 1:
         raise ServesimError(f"--limit must be at least 1, got {num_requests}")
-    return trace.take(np.arange(min(num_requests, len(trace))))
+    kept = trace.take(np.arange(min(num_requests, len(trace))))
+    return replace(kept, warnings=kept.warnings + cut_load(trace, kept))
 
 
 def truncate_too_long(trace: Trace, max_model_len: int) -> Trace:
