@@ -254,7 +254,8 @@ class SchedulerConfig:
         True, flag="--async-scheduling", boolean=True,
         help="schedule step n+1 while the GPU runs step n, as vLLM's --async-scheduling (its default since "
              "0.14): a request arriving during step n is first scheduled in step n+2, and a step's host (CPU) "
-             "seconds overlap its GPU seconds instead of adding to them (default: on)")
+             "seconds overlap its GPU seconds instead of adding to them (default: on; off for a --vllm-version "
+             "below 0.14)")
     host_time: bool = option(
         True, flag="--host-time", boolean=True,
         help="add each step's host seconds (vLLM's scheduler, input preparation and output processing, measured: "

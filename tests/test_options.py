@@ -358,3 +358,16 @@ def test_vllm_version_is_a_release_number(version):
     else:
         with pytest.raises(ServesimError, match=f"--vllm-version takes a vLLM release .*got {version!r}"):
             ReplayOptions(vllm_version=version)
+
+
+@pytest.mark.parametrize("argv, asynchronous", [([], True), (["--vllm-version", "0.14.0"], True),
+                                                (["--vllm-version", "0.12.0"], False),
+                                                (["--vllm-version", "0.12.0", "--async-scheduling"], True),
+                                                (["--no-async-scheduling"], False)])
+def test_async_scheduling_follows_the_vllm_version_unless_given(argv, asynchronous):
+    """vLLM schedules asynchronously by default from 0.14: a run priced as an older server schedules
+    synchronously unless the flag says otherwise."""
+    from sim.app.cli import options_from_args
+
+    args = build_parser().parse_args(["replay", "trace.csv", *argv])
+    assert options_from_args(args).scheduler.async_scheduling is asynchronous

@@ -245,6 +245,7 @@ def add_replay_flags(p: argparse.ArgumentParser) -> None:
 
     add_flags(p, SchedulerConfig, policies=", ".join(POLICIES))
     p.set_defaults(**dict.fromkeys(VLLM_BATCH_FIELDS))  # unset: vLLM's for the GPU (options_from_args)
+    p.set_defaults(async_scheduling=None)  # unset: vLLM's for --vllm-version (options_from_args)
     add_flags(p, ReplayOptions, models=", ".join(MODELS), hardware=", ".join(HARDWARE))
     add_flags(p, CacheConfig)
     g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (see the README)")
@@ -256,6 +257,7 @@ def add_replay_flags(p: argparse.ArgumentParser) -> None:
 # hold SchedulerConfig's own defaults until the GPU is known (and in a grid's points: sim.app.sweep_cli).
 VLLM_BATCH_FIELDS = ("max_num_batched_tokens", "max_num_seqs")
 SCHEDULER_DEFAULTS = {f.name: f.default for f in fields(SchedulerConfig)}
+ASYNC_SCHEDULING_SINCE = (0, 14)  # the first vLLM to schedule asynchronously by default
 
 
 def vllm_batch_defaults(memory_bytes: int, name: str) -> dict[str, int]:
@@ -268,10 +270,20 @@ def vllm_batch_defaults(memory_bytes: int, name: str) -> dict[str, int]:
     return {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
 
 
+def async_scheduling_default(vllm_version: str | None) -> bool:
+    """vLLM schedules asynchronously by default from 0.14 (vllm-project/vllm#27614); a run priced as an
+    older server (--vllm-version) schedules synchronously unless told otherwise."""
+    version = re.match(r"(\d+)\.(\d+)", vllm_version or "")
+    return version is None or (int(version[1]), int(version[2])) >= ASYNC_SCHEDULING_SINCE
+
+
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     unset = tuple(name for name in VLLM_BATCH_FIELDS if getattr(args, name, None) is None)
-    if unset:
-        args = argparse.Namespace(**{**vars(args), **{name: SCHEDULER_DEFAULTS[name] for name in unset}})
+    given = {name: SCHEDULER_DEFAULTS[name] for name in unset}
+    if getattr(args, "async_scheduling", True) is None:
+        given["async_scheduling"] = async_scheduling_default(getattr(args, "vllm_version", None))
+    if given:
+        args = argparse.Namespace(**{**vars(args), **given})
     return from_args(ReplayOptions, args, batch_defaults=unset)
 
 
