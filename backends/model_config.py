@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from sim.config import MODEL_LEN
 from sim.errors import ServesimError
 from sim.jsonable import read_json_file
 
@@ -50,6 +51,7 @@ _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
              "max_position_embeddings")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the layer_types entries servesim prices
 
 
 class Gemm(NamedTuple):
@@ -203,6 +205,7 @@ class ModelConfig:
         for field in _REQUIRED:
             if field not in fields:
                 raise ServesimError(f"{where}: no {field} in it")
+        _flag(raw, "attention_bias", where, False)  # not priced here, but must be true or false
         architecture, qk_norm = FAMILIES[model_type]
         architectures = raw.get("architectures")
         if isinstance(architectures, list) and architectures:
@@ -217,9 +220,9 @@ class ModelConfig:
         fields["weight_dtype"] = _quantization(raw.get("quantization_config"), where, False)[0]
         fields["kv_cache_dtype"] = checkpoint_kv_cache(raw.get("quantization_config"))
         name = config_name(where)
+        eps, tied = _number(raw, "rms_norm_eps", where, 1e-6), _flag(raw, "tie_word_embeddings", where, False)
         try:
-            return cls(name=name, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                       tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qk_norm=qk_norm,
+            return cls(name=name, rms_norm_eps=eps, tie_word_embeddings=tied, qk_norm=qk_norm,
                        architecture=architecture, qkv_bias=model_type == "qwen2", **fields)
         except ServesimError as e:
             raise ServesimError(f"{where}: {e}") from None
@@ -577,10 +580,10 @@ def refuse_unpriceable(raw: dict, where: str) -> None:
         if raw.get(field) is not None:
             raise ServesimError(f"{where}: {field} = {raw[field]}: multi-head latent attention is not supported")
     window = raw.get("sliding_window")
-    if window is not None and raw.get("use_sliding_window", True) is not False:
+    if _flag(raw, "use_sliding_window", where, True) and window is not None:
         raise ServesimError(f"{where}: sliding_window = {window}: sliding-window attention is not supported")
-    layer_types = raw.get("layer_types")
-    if isinstance(layer_types, list) and "sliding_attention" in layer_types:
+    layer_types = _layer_types(raw, where)
+    if layer_types and "sliding_attention" in layer_types:
         raise ServesimError(f"{where}: layer_types has sliding_attention layers: sliding-window attention is not "
                             "supported")
 
@@ -592,12 +595,14 @@ def hf_fields(raw: dict, where: str) -> dict:
     fields = {}
     for field in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
-        value = raw.get(field)
-        if value is None:
-            continue
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ServesimError(f"{where}: {field} = {value!r}, expected a positive whole number")
-        fields[field] = value
+        if raw.get(field) is not None:
+            # A model shorter than --max-model-len's least (a prompt and one output token) serves nothing.
+            least = int(MODEL_LEN.low) if field == "max_position_embeddings" else 1
+            fields[field] = _whole(raw, field, where, minimum=least)
+    if fields.get("max_position_embeddings", 0) > MODEL_LEN.high:
+        raise ServesimError(f"{where}: max_position_embeddings = {fields['max_position_embeddings']}, more than "
+                            f"{int(MODEL_LEN.high):,} tokens, the most --max-model-len takes (no released model's context "
+                            "reaches it)")
     if "head_dim" not in fields and "hidden_size" in fields and "num_attention_heads" in fields:
         fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
     fields.update(_rope(raw, where))
@@ -686,13 +691,49 @@ def _is_extended(raw: dict) -> bool:
     return model_type not in FAMILIES or isinstance(raw.get("text_config"), dict)
 
 
-def _whole(raw: dict, field: str, where: str, default: int | None = None, minimum: int = 0) -> int:
-    value = raw.get(field, default)
-    if value is None and default is not None:
+def _field(raw: dict, field: str, where: str, kind: str, default=None, minimum: int = 0):
+    """A config.json field read with its type, `default` where it is absent or null (None: it must be
+    there). kind "flag": JSON true or false; "number": a number above 0; "whole": a whole number >=
+    `minimum`. Anything else (a string "false", "1e-5") is refused naming the file, field and value."""
+    value = raw.get(field)
+    if value is None:
         value = default
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
-        raise ServesimError(f"{where}: {field} = {value!r}, expected a whole number >= {minimum}")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "flag":
+        ok, expected = isinstance(value, bool), "true or false"
+    elif kind == "number":
+        ok, expected = number and math.isfinite(value) and value > 0, "a number above 0"
+    else:
+        ok, expected = number and isinstance(value, int) and value >= minimum, f"a whole number >= {minimum}"
+    if not ok:
+        raise ServesimError(f"{where}: {field} = {value!r}, expected {expected}")
     return value
+
+
+def _whole(raw: dict, field: str, where: str, default: int | None = None, minimum: int = 0) -> int:
+    return _field(raw, field, where, "whole", default, minimum)
+
+
+def _flag(raw: dict, field: str, where: str, default: bool) -> bool:
+    return _field(raw, field, where, "flag", default)
+
+
+def _number(raw: dict, field: str, where: str, default: float) -> float:
+    return float(_field(raw, field, where, "number", default))
+
+
+def _layer_types(raw: dict, where: str) -> list | None:
+    """The config's layer_types (None where it has none), each entry one servesim prices."""
+    types = raw.get("layer_types")
+    if types is None:
+        return None
+    if not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise ServesimError(f"{where}: layer_types = {types!r}, expected a list of names")
+    for i, t in enumerate(types):
+        if t not in LAYER_TYPES:
+            raise ServesimError(f"{where}: layer_types[{i}] = {t!r}: servesim prices {' and '.join(LAYER_TYPES)} "
+                                "layers only")
+    return types
 
 
 def extended_from_hf(raw: dict, where: str) -> ModelConfig:
@@ -701,6 +742,11 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
     K2.5, Gemma 3). What servesim cannot price is refused naming the field."""
     text = raw.get("text_config")
     if isinstance(text, dict):
+        if text.get("model_type") not in EXTENDED_FAMILIES:
+            raise ServesimError(
+                f"{where}: model_type {raw.get('model_type')!r} (a multimodal wrapper around a text_config of "
+                f"model_type {text.get('model_type')!r}) is not supported; servesim reads a wrapper's text_config "
+                f"only for {', '.join(EXTENDED_FAMILIES)} decoders")
         quantization = raw.get("quantization_config", text.get("quantization_config"))
         raw = {**text, "quantization_config": quantization}
         where = f"{where} (text_config)"
@@ -739,11 +785,13 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
                             "from its module tables in bf16 or block fp8 only")
     gemma = model_type.startswith("gemma")
     if model_type == "gpt_oss":
-        fields.update(attention_sinks=True, attention_bias=bool(raw.get("attention_bias", True)))
+        fields.update(attention_sinks=True, attention_bias=_flag(raw, "attention_bias", where, True))
+    else:
+        _flag(raw, "attention_bias", where, False)  # not priced here, but must be true or false
     name = config_name(where.split(" (")[0])
+    eps, tied = _number(raw, "rms_norm_eps", where, 1e-6), _flag(raw, "tie_word_embeddings", where, gemma)
     try:
-        return ModelConfig(name=name, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                           tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma)), qk_norm=qk_norm,
+        return ModelConfig(name=name, rms_norm_eps=eps, tie_word_embeddings=tied, qk_norm=qk_norm,
                            architecture=architecture, model_type=model_type, sandwich_norms=gemma, **fields)
     except ServesimError as e:
         raise ServesimError(f"{where}: {e}") from None
@@ -753,6 +801,9 @@ def _moe_fields(raw: dict, where: str, model_type: str) -> dict:
     counts = [f for f in _MOE_FIELDS if raw.get(f)]
     if not counts:
         if model_type in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2") or raw.get("n_routed_experts") == 0:
+            for field in _MOE_FIELDS:
+                if raw.get(field) is not None:
+                    _whole(raw, field, where, minimum=1)  # refuses its 0 (or false), naming it
             raise ServesimError(f"{where}: no num_experts (or num_local_experts, n_routed_experts) in it")
         return {}
     if model_type not in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *_DEEPSEEK):
@@ -764,7 +815,7 @@ def _moe_fields(raw: dict, where: str, model_type: str) -> dict:
     out["num_experts_per_tok"] = _whole(raw, top_k, where, minimum=1)
     if model_type in ("qwen3_moe", *_DEEPSEEK):
         out["moe_intermediate_size"] = _whole(raw, "moe_intermediate_size", where, minimum=1)
-    out["norm_topk_prob"] = bool(raw.get("norm_topk_prob", model_type in ("mixtral", "gpt_oss", "minimax_m2")))
+    out["norm_topk_prob"] = _flag(raw, "norm_topk_prob", where, model_type in ("mixtral", "gpt_oss", "minimax_m2"))
     if model_type == "qwen3_moe":
         if raw.get("mlp_only_layers"):
             raise ServesimError(f"{where}: mlp_only_layers = {raw['mlp_only_layers']}: dense layers among the "
@@ -799,23 +850,25 @@ def _mla_fields(raw: dict, where: str) -> dict:
 def _window_fields(raw: dict, where: str, model_type: str, layers: int) -> dict:
     """Which layers slide, as vLLM reads each family (layer_types when the file has them)."""
     window = raw.get("sliding_window")
+    types = _layer_types(raw, where)
+    if types is not None and len(types) != layers:
+        raise ServesimError(f"{where}: layer_types has {len(types)} entries for num_hidden_layers = {layers}")
     if model_type == "qwen3_moe":
-        if raw.get("use_sliding_window"):
+        if _flag(raw, "use_sliding_window", where, False):
             raise ServesimError(f"{where}: use_sliding_window = true: Qwen's max_window_layers windows are not "
                                 "supported")
+        if types and "sliding_attention" in types:
+            raise ServesimError(f"{where}: layer_types has sliding_attention layers: Qwen3-MoE's windows are not "
+                                "supported")
         return {}
-    if raw.get("use_sliding_window") is False:
+    if not _flag(raw, "use_sliding_window", where, True):
         window = None
-    types = raw.get("layer_types")
-    if types is not None:
-        if not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
-            raise ServesimError(f"{where}: layer_types = {types!r}, expected a list of names")
-    elif model_type == "gemma2":
+    if types is None and model_type == "gemma2":
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
-    elif model_type == "gemma3_text":
+    elif types is None and model_type == "gemma3_text":
         pattern = _whole(raw, "sliding_window_pattern", where, 6, 1)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-    elif window is not None:
+    elif types is None and window is not None:
         types = ["sliding_attention"] * layers  # Mistral-7B-v0.1, Mixtral with a window: every layer
     if not types or "sliding_attention" not in types:
         return {}

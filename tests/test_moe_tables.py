@@ -269,7 +269,7 @@ def test_auto_takes_the_balanced_rows_where_the_familys_are_not_measured_and_say
     priced = MoETableCostModel(model, hw, tables, moe_table=only_balanced)
     assert "balanced" in priced.sources["moe"] and priced.notes == ["moe: no power_law_1.2 rows at this shape; priced balanced"]
     assert priced.dense(64, 0)[2] == qwen30b(package, distribution="balanced").dense(64, 0)[2]
-    with pytest.raises(ServesimError, match="power-law:1.2 is a distribution the moe_perf tables measured"):
+    with pytest.raises(ServesimError, match="power-law:1.2 is priced from the moe_perf rows measured with it, and none price this layer"):
         MoETableCostModel(model, hw, tables, moe_table=only_balanced, distribution="power-law:1.2")  # asked: refused
 
 

@@ -101,8 +101,10 @@ NO_STEP = StepAggregates(0, 0, 0, 0, 0, 0, 0, 0, 0)  # for the parts that do not
 
 
 def check_moe_distribution(flag: str, value: str) -> None:
-    if value not in ("auto", "balanced") and DISTRIBUTION.match(value) is None:
-        raise ServesimError(f"{flag} {value!r}: give auto, balanced or power-law:ALPHA (e.g. power-law:1.2)")
+    m = DISTRIBUTION.match(value)
+    if value not in ("auto", "balanced") and (m is None or not float(m.group("alpha")) > 0):
+        raise ServesimError(f"{flag} {value!r}: give auto, balanced or power-law:ALPHA with ALPHA above 0 "
+                            "(the moe_perf tables measure power-law:1.01 and power-law:1.2)")
 
 
 def family_distribution(model) -> str:
@@ -521,8 +523,8 @@ class MoETableCostModel(MoERooflineCostModel):
                                        f"{priced.moe_dtype}, MoE TP {priced.moe_tp_size} EP {priced.moe_ep_size}, "
                                        f"{priced.distribution}; tokens {int(xs[0])}..{int(xs[-1])}")
         if m.num_experts and not auto and not self.distribution == "balanced" and self._moe is None:
-            raise ServesimError(f"--moe-distribution {distribution} is a distribution the moe_perf tables measured; "
-                                f"{self.sources['moe']}")
+            raise ServesimError(f"--moe-distribution {distribution} is priced from the moe_perf rows measured with "
+                                f"it, and none price this layer ({self.sources['moe']}); give auto or balanced")
         if m.kv_lora_rank:
             self._derive_mla(tables.system, mla_tables, kv_cache_dtype)
         self._linear_curves = self._derive_linear(tables)
