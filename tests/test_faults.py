@@ -271,8 +271,8 @@ def test_replays_started_in_the_same_second_get_two_folders(tmp_path):
     folders = sorted((tmp_path / "runs").iterdir())
     assert len(folders) == 3
     for folder in folders:
-        assert sorted(p.name for p in folder.iterdir()) == ["digest.json", "report.html", "requests.csv",
-                                                           "steps.parquet", "summary.json"]
+        assert sorted(p.name for p in folder.iterdir()) == [".servesim-files.json", "digest.json", "report.html",
+                                                           "requests.csv", "steps.parquet", "summary.json"]
 
 
 # Workers die with their parent.

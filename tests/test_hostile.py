@@ -298,8 +298,7 @@ def test_out_on_a_read_only_folder_is_refused(tmp_path, capsys):
 
 def test_an_overwrite_replaces_the_folder_whole_and_a_failed_one_keeps_the_old(tmp_path, capsys):
     folder = tmp_path / "run"
-    assert sim("replay", *SMALL, "--out", folder, "--quiet") == 0
-    (folder / "steps.csv").write_text("from an older run, written with --steps csv")
+    assert sim("replay", *SMALL, "--steps", "csv", "--out", folder, "--quiet") == 0
     before = snapshot(folder)
     # A run that fails midway (the user's policy raises at step 3): the old folder is untouched.
     assert sim("replay", *SMALL, "--policy", f"{HOSTILE}:Raises", "--out", folder, "--overwrite", "--quiet") == 2
@@ -308,7 +307,7 @@ def test_an_overwrite_replaces_the_folder_whole_and_a_failed_one_keeps_the_old(t
     # A run that succeeds replaces the folder as a whole: nothing of the old run is left beside the new.
     assert sim("replay", *SMALL, "--policy", "decode-first", "--out", folder, "--overwrite", "--quiet") == 0
     after = snapshot(folder)
-    assert "steps.csv" not in after and after.keys() == before.keys() - {"steps.csv"}
+    assert "steps.csv" not in after and after.keys() == before.keys() - {"steps.csv"} | {"steps.parquet"}
     assert after["summary.json"] != before["summary.json"] and not leftovers(tmp_path)
 
 
@@ -340,10 +339,13 @@ def test_an_overwrite_never_deletes_what_servesim_did_not_write(tmp_path, capsys
     (run / ".DS_Store").write_bytes(b"Finder's view of the folder")  # a file browser's: no one's data
     assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 0
     assert not (run / ".DS_Store").exists()
-    # A comparison's run folders are servesim's; a stranger inside one of them is not.
+    # A comparison's run folders are servesim's as it recorded them: a file put in one by hand is not.
     (run / "measured").mkdir()
     (run / "measured" / "summary.json").write_text("{}")
-    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 0
+    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 2
+    assert "holds measured/summary.json, which servesim did not record writing" in error_text(capsys)
+    assert (run / "measured" / "summary.json").read_text() == "{}"
+    (run / "measured" / "summary.json").unlink()
     (run / "predicted").mkdir()
     (run / "predicted" / "data.bin").write_bytes(b"x")
     assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 2

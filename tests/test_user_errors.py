@@ -105,7 +105,8 @@ def test_capacity_of_another_trace_in_a_sweeps_folder_is_refused_naming_both(tmp
         "another --out, or pass --overwrite to remove it")
     assert sim(*args, "--overwrite") == 0
     # --overwrite replaces the folder as a whole (issue 32): the sweep of the other trace is gone with it.
-    assert sorted(p.name for p in out.iterdir()) == ["capacity.csv", "probes.parquet", "report.html"]
+    assert sorted(p.name for p in out.iterdir()) == [".servesim-files.json", "capacity.csv", "probes.parquet",
+                                                     "report.html"]
     assert not list(tmp_path.glob(".x.servesim-new-*"))
 
 

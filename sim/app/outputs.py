@@ -9,9 +9,16 @@ not at all, run folders never overwritten unawares, one writer per folder.
     open_run_folder                                      --out claimed, or a new folder under runs/
     claim_folder                                         an --out folder, locked, refused if it holds a
                                                           run (unless --overwrite or --resume)
-    FolderLock                                           the lock file holding pid and host
+    FolderLock                                           the lock file holding pid and host; on release,
+                                                          the folder's run files recorded (write_manifest)
+    record_file                                          a run file rewritten later (sim report) recorded
     check_not_input                                      an output is none of the command's inputs
     command_inputs                                       every file or folder a command's arguments name
+
+A command that claimed a folder records, when it ends with the folder kept, the run files it holds
+(`MANIFEST_NAME`, with each file's size and mtime): --overwrite replaces a folder only when every
+run file in it is recorded so, and nothing else is in it. A user's `requests.csv`, a file edited
+since, a folder of an older servesim or of a killed command are refused, never deleted.
 
 An --overwrite of a folder that holds a run never loses it: the new run is written into a new
 folder beside it (`.NAME.servesim-new-XXXX`, `FolderLock.staged`) and swapped in whole when the
@@ -178,7 +185,8 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
     commands cannot both find it empty. With `overwrite`, a folder holding files is not written
     into: the command writes `lock.folder`, a new folder beside it, swapped in whole when the
     command succeeds (`FolderLock.stage`). A folder that is or holds one of `inputs` is refused, and
-    so is one holding anything no servesim command writes (`foreign_entries`), but with `resume`,
+    so is one holding anything no servesim command writes (`foreign_entries`), or with `overwrite`,
+    a run file that servesim did not record writing (or that changed since), but with `resume`,
     which writes into the folder and removes nothing."""
     path = check_folder_destination(path)
     check_not_input(path, inputs, folder=True)
@@ -190,17 +198,25 @@ def claim_folder(path: str | Path, *, overwrite: bool = False, resume: bool = Fa
     lock = FolderLock(path).acquire()
     lock.created = created
     foreign = [] if resume else foreign_entries(path)
-    if foreign:  # an --overwrite replaces the folder whole: it would delete what no servesim command wrote
+    unrecorded = [name for name in foreign if name.rpartition("/")[2] in RUN_FILES]
+    strangers = [name for name in foreign if name not in unrecorded]
+    if strangers or (overwrite and unrecorded):  # an --overwrite replaces the folder whole: it would delete them
         lock.release()
-        raise ServesimError(f"{path}: holds {_shown(foreign)}, which no servesim command writes; a run is written "
-                            "into a new or empty folder, and --overwrite replaces only a folder that holds nothing "
-                            "but a servesim run's files: choose another --out")
+        why = (f"not in its {MANIFEST_NAME}, or changed since" if (path / MANIFEST_NAME).exists() else
+               f"no {MANIFEST_NAME}: an older servesim's folder, or a killed command's")
+        parts = ([f"{_shown(strangers)}, which no servesim command writes"] if strangers else []) + (
+            [f"{_shown(unrecorded)}, which servesim did not record writing ({why})"] if unrecorded else [])
+        raise ServesimError(f"{path}: holds {'; and '.join(parts)}; --overwrite replaces only a folder that holds "
+                            "nothing but the files servesim wrote there: choose another --out, or remove them yourself")
+    if resume:  # run files there that servesim did not write stay unrecorded unless this command rewrites them
+        not_ours = foreign_entries(path)
+        lock.unrecorded = {name: stat for name, stat in _run_files(path).items() if name in not_ours}
     if not (overwrite or resume):
-        held = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
+        held = sorted(entry.name for entry in path.iterdir() if entry.name not in (LOCK_NAME, MANIFEST_NAME))
         if held:
             lock.release()
             raise ServesimError(f"{path}: already holds a run ({_shown(held)}); {hint}")
-    elif overwrite and not resume and any(entry.name != LOCK_NAME for entry in path.iterdir()):
+    elif overwrite and not resume and any(entry.name not in (LOCK_NAME, MANIFEST_NAME) for entry in path.iterdir()):
         try:
             lock.stage()
         except BaseException:
@@ -221,25 +237,97 @@ RUN_SUBFOLDERS = frozenset({"measured", "predicted"})  # sim compare's two run f
 OS_FILES = frozenset({".DS_Store", "Thumbs.db"})  # what a file browser leaves in a folder it showed: no one's data
 
 
+MANIFEST_NAME = ".servesim-files.json"  # the run files a command wrote into the folder: name, size, mtime
+
+
 def foreign_entries(folder: Path) -> list[str]:
-    """The entries of `folder` that no servesim command writes, sorted; a temporary file that a
-    killed write left (`.NAME.XXXX.tmp`, `.servesim-probe-XXXX`) is servesim's, and so is the lock."""
+    """The entries of `folder` that are not servesim's, sorted (those of RUN_SUBFOLDERS as
+    "measured/NAME"). A run file is servesim's only if the folder's manifest records it with its
+    present size and mtime: a user's file of the same name, or one edited since, is not. The lock,
+    the manifest and a temporary file that a killed write left (`.NAME.XXXX.tmp` of a run file or
+    the manifest, `.servesim-probe-XXXX`) are servesim's."""
+    recorded = read_manifest(folder) or {}
+    held = _run_files(folder)
+
+    def ours(name: str) -> bool:
+        return name in held and recorded.get(name) == held[name]
+
+    def left_over(name: str) -> bool:  # a file browser's, or a killed write's
+        return name in OS_FILES or _is_temporary(name)
+
     found = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         name = entry.name
-        if name == LOCK_NAME or name in OS_FILES or _is_temporary(name):
+        if name in (LOCK_NAME, MANIFEST_NAME) or left_over(name):
             continue
-        if entry.is_symlink():
-            found.append(name)
-        elif name in RUN_SUBFOLDERS and entry.is_dir():
-            found += [f"{name}/{inner}" for inner in foreign_entries(entry)]
-        elif name not in RUN_FILES or not entry.is_file():
+        if name in RUN_SUBFOLDERS and entry.is_dir() and not entry.is_symlink():
+            found += [f"{name}/{inner.name}" for inner in sorted(entry.iterdir(), key=lambda e: e.name)
+                      if not (left_over(inner.name) or ours(f"{name}/{inner.name}"))]
+        elif not ours(name):
             found.append(name)
     return found
 
 
+def _run_files(folder: Path) -> dict[str, tuple[int, int]]:
+    """The run files (RUN_FILES, plain files, not links) in `folder` and in its RUN_SUBFOLDERS, by
+    name ("measured/requests.csv"), with their size and st_mtime_ns."""
+    found = {}
+    for prefix, place in [("", folder)] + [(f"{sub}/", folder / sub) for sub in sorted(RUN_SUBFOLDERS)]:
+        if (prefix and place.is_symlink()) or not place.is_dir():  # --out may be a link; a subfolder may not
+            continue
+        for entry in place.iterdir():
+            if entry.name in RUN_FILES and not entry.is_symlink() and entry.is_file():
+                st = entry.stat()
+                found[prefix + entry.name] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def read_manifest(folder: Path) -> dict[str, tuple[int, int]] | None:
+    """The run files `folder`'s manifest records, with their size and mtime; None when it has none
+    (or one that cannot be read: then nothing in it is taken as servesim's)."""
+    try:
+        files = json.loads((Path(folder) / MANIFEST_NAME).read_text())["files"]
+        return {str(name): (int(v["size"]), int(v["mtime_ns"])) for name, v in files.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def write_manifest(folder: Path, unrecorded: dict[str, tuple[int, int]] | None = None) -> None:
+    """Record the run files `folder` holds in its manifest, written whole, but those of
+    `unrecorded` that are as they were (files of a resumed folder that servesim did not write).
+    A folder holding no run file and no manifest is left as it is (an empty one stays empty)."""
+    unrecorded = unrecorded or {}
+    files = {name: stat for name, stat in _run_files(folder).items() if unrecorded.get(name) != stat}
+    if files or (folder / MANIFEST_NAME).exists():
+        _save_manifest(folder, files)
+
+
+def record_file(folder: str | Path, name: str) -> None:
+    """After servesim rewrote `folder/name` outside a claimed folder (`sim report`), record it in
+    the folder's manifest, where it has one, so that the folder stays servesim's."""
+    folder = Path(folder)
+    recorded = read_manifest(folder)
+    if recorded is None:
+        return
+    st = (folder / name).stat()
+    recorded[name] = (st.st_size, st.st_mtime_ns)
+    _save_manifest(folder, recorded)
+
+
+def _save_manifest(folder: Path, files: dict[str, tuple[int, int]]) -> None:
+    record = {"about": "the files servesim wrote in this folder; --overwrite replaces the folder only while "
+                       "it holds nothing else and these are as written",
+              "files": {name: {"size": size, "mtime_ns": mtime} for name, (size, mtime) in sorted(files.items())}}
+    atomic_write_text(folder / MANIFEST_NAME, json.dumps(record, indent=1) + "\n")
+
+
+_TEMPORARY = re.compile(r"\.(.+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))  # atomic_path's (mkstemp): .NAME.XXXXXXXX.tmp
+
+
 def _is_temporary(name: str) -> bool:
-    return (name.startswith(".") and name.endswith(TEMP_SUFFIX)) or name.startswith(".servesim-probe-")
+    """A temporary file of servesim's: atomic_path's for a run file or the manifest, or _probe's."""
+    match = _TEMPORARY.fullmatch(name)
+    return (match is not None and match[1] in RUN_FILES | {MANIFEST_NAME}) or name.startswith(".servesim-probe-")
 
 
 def _shown(names: list[str]) -> str:
@@ -288,6 +376,7 @@ class FolderLock:
         self.discard_on_failure = False  # remove what it holds too (a replay), not only when empty (a sweep)
         self.final = self.folder  # the folder the user named; `folder` is where to write (a staged one)
         self.staged = False
+        self.unrecorded: dict[str, tuple[int, int]] = {}  # run files a resumed folder held that servesim did not write
 
     def stage(self) -> None:
         """Write the run into a new folder beside the locked one, to replace it whole on success
@@ -375,6 +464,7 @@ class FolderLock:
             staging = str(self.folder)
             try:
                 if kind is None:
+                    write_manifest(self.folder)  # recorded before the swap: the folder arrives recorded
                     self._swap_in()
             finally:
                 if self.staged:  # failed, or the swap did: the new run is discarded, the old one stays
@@ -384,7 +474,16 @@ class FolderLock:
             if isinstance(value, ServesimError) and staging in str(value):  # name the folder the user named
                 raise ServesimError(str(value).replace(staging, str(self.final))) from None
             return
-        self.release()
+        try:
+            if kind is None:
+                write_manifest(self.folder, self.unrecorded)
+            elif not (self.created and self.discard_on_failure):  # what a failed command keeps (a sweep's rows)
+                try:
+                    write_manifest(self.folder, self.unrecorded)
+                except (ServesimError, OSError):  # a full disk, say: the command's own error is the one to show
+                    pass
+        finally:
+            self.release()
         if kind is not None and self.created:  # the command failed in a folder it made
             if self.discard_on_failure:
                 shutil.rmtree(self.folder, ignore_errors=True)  # a part of a run is no run

@@ -7,12 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from sim.app.outputs import atomic_write_text, check_folder_destination
+from sim.app.outputs import atomic_write_text, check_folder_destination, record_file
 from sim.errors import ServesimError
 
 
 def write_report(directory: str | Path) -> Path:
-    """DIR/report.html for what DIR holds (reports.html draws it)."""
+    """DIR/report.html for what DIR holds (reports.html draws it), recorded in DIR's manifest
+    where it has one (sim.app.outputs.record_file)."""
     from reports.html import folder_report_html
 
     d = Path(directory)
@@ -28,6 +29,7 @@ def write_report(directory: str | Path) -> Path:
                                    "below shows only the finished points; finish it with the same `sim sweep` "
                                    "command and --resume.")
     atomic_write_text(out, page)
+    record_file(d, out.name)  # a folder servesim wrote stays servesim's (an --overwrite may replace it)
     return out
 
 

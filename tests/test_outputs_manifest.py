@@ -1,0 +1,181 @@
+"""The record of the files servesim wrote in a folder (sim/app/outputs.py, MANIFEST_NAME): --overwrite
+replaces a folder only when each run file in it is recorded there as it is now. A user's file of a
+run file's name, a hidden file of theirs, a file edited since, are refused, never deleted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sim.app.cli import main
+from sim.app.outputs import MANIFEST_NAME, atomic_write_text, claim_folder, foreign_entries, read_manifest
+from sim.errors import ServesimError
+from traces import AZURE_CONV_SAMPLE
+
+SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "10"]
+
+
+def sim(*args) -> int:
+    return main([str(a) for a in args])
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("sim: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_users_files_of_run_file_names_are_refused_and_kept(tmp_path, capsys):
+    uf = tmp_path / "uf"
+    uf.mkdir()
+    (uf / "requests.csv").write_text("my precious data\n")
+    (uf / "report.html").write_text("notes\n")
+    h2 = tmp_path / "h2"
+    h2.mkdir()
+    (h2 / ".draft.tmp").write_text("precious draft\n")
+    (h2 / "summary.json").write_text("{}\n")
+    h3 = tmp_path / "h3"
+    (h3 / "measured").mkdir(parents=True)
+    (h3 / "measured" / "requests.csv").write_text("mine\n")
+    before = {folder: tree(folder) for folder in (uf, h2, h3)}
+    for folder, named in ((uf, "holds report.html, requests.csv, which servesim did not record writing "
+                               f"(no {MANIFEST_NAME}: "),
+                          (h2, "holds .draft.tmp, which no servesim command writes; and summary.json, which "
+                               "servesim did not record writing"),
+                          (h3, "holds measured/requests.csv, which servesim did not record writing")):
+        assert sim("replay", *SMALL, "--out", folder, "--overwrite", "--quiet") == 2
+        said = error_line(capsys)
+        assert said.startswith(f"sim: error: {folder}: {named}"), said
+        assert said.endswith("choose another --out, or remove them yourself\n"), said
+        assert tree(folder) == before[folder]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h2", "h3", "uf"]  # nothing left beside them
+    # Without --overwrite it is the usual refusal; nothing is written either.
+    assert sim("replay", *SMALL, "--out", uf, "--quiet") == 2
+    assert "already holds a run (report.html, requests.csv)" in error_line(capsys)
+    assert tree(uf) == before[uf]
+
+
+def test_a_run_folder_servesim_wrote_is_overwritten_again_and_again(tmp_path):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    recorded = read_manifest(run)
+    assert sorted(recorded) == ["digest.json", "report.html", "requests.csv", "steps.parquet", "summary.json"]
+    for policy in ("decode-first", "prefill-first"):
+        assert sim("replay", *SMALL, "--policy", policy, "--out", run, "--overwrite", "--quiet") == 0
+        assert json.loads((run / "summary.json").read_text())["options"]["scheduler"]["policy"] == policy
+        assert foreign_entries(run) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_run_file_edited_since_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    with open(run / "requests.csv", "a") as f:
+        f.write("my note at the end\n")
+    before = tree(run)
+    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 2
+    assert error_line(capsys).startswith(f"sim: error: {run}: holds requests.csv, which servesim did not record "
+                                         f"writing (not in its {MANIFEST_NAME}, or changed since); ")
+    assert tree(run) == before
+
+
+def test_sim_report_keeps_the_folder_servesims(tmp_path):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    assert sim("report", run) == 0
+    assert foreign_entries(run) == []
+    assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 0
+    # A folder without a record (an older servesim's) gets none from sim report: its other files are
+    # still not vouched for, and an --overwrite of it is refused.
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare)
+    (bare / MANIFEST_NAME).unlink()
+    assert sim("report", bare) == 0
+    assert not (bare / MANIFEST_NAME).exists()
+    assert sim("replay", *SMALL, "--out", bare, "--overwrite", "--quiet") == 2
+
+
+def test_temporary_files_are_servesims_only_in_atomic_paths_shape(tmp_path):
+    with claim_folder(tmp_path / "run") as lock:
+        atomic_write_text(lock.folder / "summary.json", "{}")
+    run = tmp_path / "run"
+    for name in (".requests.csv.a1b2_c3d.tmp", f".{MANIFEST_NAME}.zz99ab12.tmp", ".servesim-probe-x1y2z3w4",
+                 ".DS_Store"):
+        (run / name).write_text("left by a killed write")
+    assert foreign_entries(run) == []
+    for name in (".draft.tmp", ".notes.txt.a1b2c3d4.tmp", ".requests.csv.tmp"):
+        (run / name).write_text("mine")
+    assert foreign_entries(run) == [".draft.tmp", ".notes.txt.a1b2c3d4.tmp", ".requests.csv.tmp"]
+
+
+def test_compare_subfolders_are_recorded(tmp_path):
+    from dataclasses import replace
+
+    from backends.calibration import calibrate
+    from backends.profile import save_profile
+    from sim.app.compare import compare, write_comparison
+    from sim.app.plan import resolve
+    from sim.app.replay import ReplayOptions
+    from sim.config import CacheConfig, SchedulerConfig
+    from tests.helpers import make_trace
+    from tests.test_calibrate import StandInBackend
+
+    profile, _ = calibrate(StandInBackend("tiny", num_blocks=512), "tiny", grid="small", warmup=0, repeats=3)
+    save_profile(profile, tmp_path / "p.json")
+    predicted = ReplayOptions(scheduler=SchedulerConfig("chunked", max_num_batched_tokens=128, max_num_seqs=8),
+                              cache=CacheConfig(num_blocks=256), model="tiny", hardware="H200",
+                              profile=str(tmp_path / "p.json"))
+    measured = resolve(replace(predicted, profile=None), StandInBackend("tiny", num_blocks=256, seed=4))
+    predicted = resolve(predicted)
+    trace = make_trace([(0.002 * i, 40 + 37 * i, 3 + (5 * i) % 11) for i in range(6)])
+    out = tmp_path / "cmp"
+    for overwrite in (False, True):
+        with claim_folder(out, overwrite=overwrite) as lock:
+            write_comparison(lock.folder, compare(trace, measured, predicted), trace, measured, predicted,
+                             {"model": "tiny", "device": "cpu", "policy": "chunked", "trace": "test"})
+            assert lock.staged == overwrite
+        recorded = read_manifest(out)
+        assert {"compare.json", "steps.csv", "report.html", "measured/summary.json", "measured/requests.csv",
+                "predicted/summary.json", "predicted/steps.parquet"} <= set(recorded)
+        assert foreign_entries(out) == []
+    (out / "predicted" / "requests.csv").write_text("edited\n")
+    with pytest.raises(ServesimError, match="holds predicted/requests.csv, which servesim did not record writing"):
+        claim_folder(out, overwrite=True)
+
+
+def test_a_failed_command_records_what_it_keeps(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt), claim_folder(run) as lock:  # a sweep keeps its rows when stopped
+        atomic_write_text(lock.folder / "results.parquet", "rows")
+        raise KeyboardInterrupt
+    assert sorted(read_manifest(run)) == ["results.parquet"]
+    claim_folder(run, overwrite=True).release()
+    with pytest.raises(KeyboardInterrupt), claim_folder(tmp_path / "empty"):  # nothing kept: the folder goes
+        raise KeyboardInterrupt
+    assert not (tmp_path / "empty").exists()
+
+
+def test_sweep_resume_then_overwrite(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "S"
+    args = ["sweep", *SMALL, "--policy", "chunked,decode-first", "--jobs", 1, "--quiet", "--out", out]
+    assert sim(*args) == 0
+    assert sim(*args, "--resume") == 0
+    assert {"results.parquet", "report.html"} <= set(read_manifest(out))
+    assert sim(*args, "--overwrite") == 0
+    # --resume writes into a folder whatever it holds, but records only what servesim wrote: a user's
+    # capacity.csv in it stays theirs, and an --overwrite is refused.
+    (out / "capacity.csv").write_text("mine\n")
+    assert sim(*args, "--resume") == 0
+    assert "capacity.csv" not in read_manifest(out) and foreign_entries(out) == ["capacity.csv"]
+    capsys.readouterr()
+    assert sim(*args, "--overwrite") == 2
+    assert "holds capacity.csv, which servesim did not record writing" in error_line(capsys)
+    assert (out / "capacity.csv").read_text() == "mine\n"
