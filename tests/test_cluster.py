@@ -22,6 +22,7 @@ from sim.app.cluster_options import ClusterOptions
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve
 from sim.app.replay import make_cluster, make_requests, replay, write_run
+from sim.batch import Batch
 from sim.config import CacheConfig, SchedulerConfig
 from sim.errors import ServesimError
 from tests.helpers import ConstantBackend, make_trace
@@ -119,6 +120,22 @@ def test_pools_take_their_own_options():
     prefill, decode = resolve(replace(options(cluster), batch_defaults=unset)).pools
     assert (prefill.options.scheduler.max_num_batched_tokens, prefill.options.scheduler.max_num_seqs) == (4096, 1024)
     assert (decode.options.scheduler.max_num_batched_tokens, decode.options.scheduler.max_num_seqs) == (8192, 2)
+
+
+def test_each_pool_is_priced_on_its_own_hardware_tp_and_dtype():
+    """A pool's hardware, TP or dtype prices its steps (its own backend), not the top level's."""
+    base = resolve(options(ClusterOptions(num_prefill_replicas=1, num_decode_replicas=1)))
+    batch = Batch()
+    batch.add("r", 0, 2048, list(range(2048)), needs_logits=True, is_decode=False, token_source=list(range(2048)))
+    seconds = {name: plan.backend.execute(batch).seconds for name, plan in zip(("prefill", "decode"), base.pools)}
+    assert seconds["prefill"] == seconds["decode"]
+    for pool_options, faster in (("hardware=A100-80GB", False), ("tp=2", True)):
+        plan = resolve(options(ClusterOptions(num_prefill_replicas=1, num_decode_replicas=1,
+                                              prefill_options=pool_options)))
+        prefill, decode = plan.pools
+        assert decode.backend.execute(batch).seconds == seconds["decode"]
+        assert (prefill.backend.execute(batch).seconds < seconds["prefill"]) is faster, pool_options
+        assert prefill.backend.execute(batch).seconds != seconds["prefill"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

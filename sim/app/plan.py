@@ -187,7 +187,7 @@ FUSION_AT_TP1 = ("--allreduce-fusion-max-mb changes nothing at --tp 1: one GPU h
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
     check everything but build no backend (sweeps check every point before running any)."""
-    given = options
+    given, given_backend = options, backend
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
     if options.batch_defaults:
@@ -292,7 +292,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     pools = ()
     if cluster.is_disaggregated:
         # Each pool resolves from the options as given: its own hardware, TP or dtype picks its own default profile.
-        pools = tuple(resolve(cluster.pool(given, role), backend, build_backend) for role in ("prefill", "decode"))
+        # (The backend built above is the top level's: a pool builds its own unless the caller gave one.)
+        pools = tuple(resolve(cluster.pool(given, role), given_backend, build_backend) for role in ("prefill", "decode"))
     plan = RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
                    TokenSpec(options.seed, model.vocab_size), router, pools, tables)
     plan.check_host_memory()
