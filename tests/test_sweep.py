@@ -99,6 +99,21 @@ def test_resume_refuses_a_table_of_other_options(tmp_path, capsys):
     assert "grid policy" in capsys.readouterr().err
 
 
+def test_resume_refuses_another_commands_folder(tmp_path, capsys):
+    """--resume writes into the folder: a replay's (or a capacity search's) is refused, its files untouched."""
+    out = tmp_path / "r"
+    assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "20", "--out", str(out), "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert sweep("--policy", "chunked", "--out", out, "--resume", "--quiet") == 2
+    assert "holds no sweep to resume (no results.parquet)" in capsys.readouterr().err
+    assert main(["capacity", str(AZURE_CONV_SAMPLE), "--limit", "20", "--slo", "ttft=1", "--out", str(out),
+                 "--resume", "--quiet"]) == 2
+    assert "holds no capacity search to resume (no probes.parquet)" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sweep("--policy", "chunked", "--out", tmp_path / "new", "--resume", "--jobs", 1, "--quiet") == 0  # none yet
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--policy", ""], "--policy: no values, so the grid is empty"),
     (["--seed", ","], "--seed: no values"),

@@ -153,8 +153,32 @@ def open_folder(args: argparse.Namespace, what: str):
     folder = open_run_folder(args.out, f"{run_stamp()}-{what}", overwrite=args.overwrite, resume=args.resume,
                              hint="pass --resume to continue it, --overwrite to start again, or choose another --out",
                              inputs=command_inputs(args))
+    if args.resume:
+        try:
+            check_resumable(folder.folder, what)
+        except BaseException:
+            folder.release()
+            raise
     warn(folder.took_over)
     return folder
+
+
+def check_resumable(folder, what: str) -> None:
+    """--resume continues a sweep (or capacity search) in its own folder: one that holds its table,
+    or nothing yet (one stopped before its first row). Another command's run is refused, never
+    written into."""
+    from reports.tables import RESULTS
+    from sim.app.outputs import LOCK_NAME, MANIFEST_NAME, OS_FILES
+    from sim.app.results_table import PROBES
+
+    table = RESULTS if what == "sweep" else PROBES
+    what = "sweep" if what == "sweep" else "capacity search"
+    held = sorted(p.name for p in folder.iterdir() if p.name not in (LOCK_NAME, MANIFEST_NAME) and p.name not in OS_FILES
+                  and not p.name.startswith("."))
+    if held and table not in held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ServesimError(f"{folder}: holds no {what} to resume (no {table}) but {shown}: --resume continues a "
+                            f"{what} in its own folder; choose another --out")
 
 
 def interrupted_words(folder, kept: str) -> str:
