@@ -164,9 +164,59 @@ def test_a_mode_that_is_neither_agg_nor_disagg_is_skipped_saying_so():
 def test_an_unknown_model_is_skipped_not_guessed(tmp_path):
     csv, ops, _ = setup(tmp_path)
     out = tmp_path / "out"
-    assert main(["validate", str(csv), "--ops", str(ops), "--out", str(out), "--quiet"]) == 0
+    # Every row skipped: the validation is written, and the exit status says nothing was validated.
+    assert main(["validate", str(csv), "--ops", str(ops), "--out", str(out), "--quiet"]) == 2
     skipped = json.loads((out / "validate.json").read_text())["skipped"]
     assert skipped[0] == {"id": "a", "reason": "no config for org/toy: give --models DIR holding org/toy/config.json"}
+
+
+@pytest.mark.parametrize("source, message", [
+    ("f.csv; silicon_concurrency=8.5", "silicon_data_source's silicon_concurrency must be a positive whole number, "
+                                       "got '8.5'"),
+    ("f.csv; silicon_concurrency=-4", "got '-4'"),
+    ("silicon_concurrency=", "got ''"),
+])
+def test_a_malformed_stated_concurrency_is_refused_not_read_as_another(tmp_path, capsys, source, message):
+    csv, ops, models = setup(tmp_path)
+    rows = measured_rows()
+    rows[0]["silicon_data_source"] = source
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "measured.csv: row 1 (a): silicon_data_source's silicon_concurrency" in err and message in err
+
+
+def test_only_the_stated_concurrency_key_is_read():
+    from sim.app.validate import STATED_CONCURRENCY
+
+    sources = pd.Series(["f.csv; silicon_concurrency=16", "max_silicon_concurrency=64", "silicon_concurrency=8"])
+    assert sources.str.extract(STATED_CONCURRENCY)[0].tolist()[::2] == ["16", "8"]
+    assert pd.isna(sources.str.extract(STATED_CONCURRENCY)[0][1])
+
+
+def test_an_empty_file_or_tables_folder_is_refused(tmp_path, capsys):
+    csv, ops, models = setup(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["validate", str(csv), "--ops", str(empty), "--models", str(models), "--out", str(tmp_path / "o")]) == 2
+    assert f"{empty}: holds no operator tables" in capsys.readouterr().err
+    header = tmp_path / "header.csv"
+    header.write_text(",".join(COLUMNS) + "\n")
+    assert main(["validate", str(header), "--ops", str(ops), "--out", str(tmp_path / "o")]) == 2
+    assert "header.csv: holds no rows, only a header" in capsys.readouterr().err
+
+
+def test_a_dense_rows_data_parallel_ranks_are_skipped_saying_so(tmp_path):
+    csv, ops, models = setup(tmp_path)
+    rows = [dict(measured_rows()[0], attention_dp_size=4), measured_rows()[0]]
+    rows[1]["id"] = "one-rank"
+    pd.DataFrame(rows, columns=[*COLUMNS, "attention_dp_size"]).to_csv(csv, index=False)
+    out = tmp_path / "out"
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "validate.json").read_text())
+    assert summary["skipped"][0]["id"] == "a" and "attention_dp_size 4 on a dense model" in summary["skipped"][0]["reason"]
+    assert summary["all"]["rows"] == 1
 
 
 @pytest.mark.skipif(not (SHARED / "silicon_llama3.1.csv").exists(), reason="needs ../shared/gpu-data")

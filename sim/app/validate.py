@@ -366,8 +366,11 @@ def read_measured(path: str | Path) -> pd.DataFrame:
     if missing:
         raise ServesimError(f"{path}: lacks column(s) {', '.join(missing)}")
     source = frame.get("silicon_data_source", pd.Series([""] * len(frame))).astype(str)
-    stated = source.str.extract(r"silicon_concurrency=(\d+)")[0]
-    frame["concurrency"] = np.where(stated.notna(), pd.to_numeric(stated, errors="coerce"), frame["batch_size"])
+    stated = source.str.extract(STATED_CONCURRENCY)[0]  # the key alone (not max_silicon_concurrency=)
+    number = pd.to_numeric(stated, errors="coerce")
+    number = number.where((number > 0) & (number == number.round()))  # else NaN: check_row names the text
+    frame["concurrency"] = np.where(stated.notna(), number, frame["batch_size"])
+    frame["stated_concurrency"] = stated
     return frame
 
 
@@ -504,9 +507,16 @@ def _row_number(row, column: str, where: str, whole: bool = True, optional: bool
         raise ServesimError(f"{where}: {column} must be {kind}, got {value!r}")
 
 
+STATED_CONCURRENCY = r"(?:^|[;\s])silicon_concurrency=([^;\s]*)"  # in silicon_data_source, as the package writes it
+
+
 def check_row(row, where: str) -> None:
     """The fields `sim validate` reads from a row it expresses, each checked (`where`: the file and
     the row): a malformed row is refused in one line, never read as something else."""
+    stated = row.get("stated_concurrency")
+    if isinstance(stated, str) and not (isinstance(row["concurrency"], (int, float)) and row["concurrency"] > 0):
+        raise ServesimError(f"{where}: silicon_data_source's silicon_concurrency must be a positive whole number, "
+                            f"got {stated!r}")
     for column in ("isl", "osl", "tp_size", "concurrency"):
         _row_number(row, column, where)
     for column in ("silicon_ttft_ms", "silicon_tpot_ms"):
@@ -784,8 +794,13 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
              progress=None) -> dict:
     """Run every expressible row; write validate.csv, validate.json and report.html to out_dir."""
     frame = read_measured(measured_csv)
+    if not len(frame):
+        raise ServesimError(f"{measured_csv}: holds no rows, only a header")
     ops_dir = default_ops_dir() if ops_dir is None else ops_dir
     systems = systems_in(ops_dir)
+    if not systems:
+        raise ServesimError(f"{ops_dir}: holds no operator tables (a system's *_perf files, or the tables package's "
+                            "layout with systems/data or data: docs/tables.md)")
     tables, profiles, out, skipped, models, moe_models = {}, {}, [], [], {}, {}
     for i, row in frame.iterrows():
         where = f"{measured_csv}: row {i + 1} ({row['id']})"
@@ -829,6 +844,10 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                                                          prediction.get("notes", "")])
                 elif str(row["precision"]) == "int4":
                     raise ServesimError(f"precision int4: {row['model_path']}'s config has no int4 weights")
+                elif (layout_number(row, "attention_dp_size") or 1) > 1:  # a dense model's DP: replicas, not expressed
+                    raise ServesimError(f"attention_dp_size {layout_number(row, 'attention_dp_size')} on a dense model: data-parallel "
+                                        "ranks of a dense model (independent replicas behind one load balancer) are "
+                                        "not expressed here; its single-rank rows are")
                 elif key not in profiles:
                     from backends.hardware import resolve_hardware
 
