@@ -14,7 +14,8 @@ STEP_KINDS = ("prefill", "decode", "mixed")
 
 
 def _cdf(values: np.ndarray, num_points: int = 1000) -> tuple[np.ndarray, np.ndarray]:
-    values = np.sort(np.asarray(values, dtype=np.float64)[~np.isnan(values)])
+    values = np.asarray(values, dtype=np.float64)  # (None, a request that never finished, is NaN)
+    values = np.sort(values[~np.isnan(values)])
     if len(values) == 0:
         return values, values
     fraction = np.linspace(0, 1, min(num_points, len(values)))

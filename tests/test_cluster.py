@@ -147,6 +147,8 @@ def test_each_pool_is_priced_on_its_own_hardware_tp_and_dtype():
      "--kv-transfer-bandwidth must be a number from 0.001 to 100000 GB/s, got 0 "),
     (dict(num_prefill_replicas=1, num_decode_replicas=1, decode_options="colour=red"), "cannot read 'colour=red'"),
     (dict(num_prefill_replicas=1, num_decode_replicas=1, prefill_options="num-blocks=many"), "not a whole number"),
+    (dict(num_prefill_replicas=1, num_decode_replicas=1, prefill_options="num-blocks=100,num-gpu-blocks=200"),
+     r"num-gpu-blocks is given twice \(as num-blocks\)"),
 ])
 def test_cluster_options_are_checked(kwargs, message):
     with pytest.raises(ServesimError, match=message):

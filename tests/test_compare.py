@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,6 +139,21 @@ def test_compare_needs_a_profile(tmp_path, capsys):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
     assert main(["compare", str(trace), "--model", "tiny", "--out", str(tmp_path / "c")]) == 2
     assert "needs --profile" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_where_every_request_is_rejected_says_there_is_nothing_to_compare(tmp_path, capsys):
+    """Before, the report's CDF of no finished request was an internal error."""
+    pytest.importorskip("torch")
+    from sim.app.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,40,2\n0.1,50,2\n")
+    assert main(["compare", str(trace), "--model", "tiny", "--device", "cpu", "--profile",
+                 str(Path(__file__).resolve().parents[1] / "profiles" / "tiny-cpu.json"), "--num-gpu-blocks", "1", "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "no figure for ttft_p50_rel_error (nothing to compare" in out and "missed" not in out
+    assert (tmp_path / "c" / "report.html").is_file()
 
 
 @pytest.mark.slow

@@ -70,12 +70,16 @@ def _require(condition: bool, message: str) -> None:
 def parse_pool_options(text: str, flag: str) -> tuple[tuple[str, object], ...]:
     """'policy=prefill-first,max-num-batched-tokens=8192' -> (('policy', 'prefill-first'), ...)."""
     pairs: dict[str, object] = {}
+    keys_of: dict[str, str] = {}  # the field each key given sets: an alias (num-blocks) sets num-gpu-blocks' too
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, sep, raw = part.partition("=")
         key = key.strip().replace("_", "-")
         _require(sep == "=" and key in POOL_OPTIONS,
                  f"{flag}: cannot read {part!r}; expected KEY=VALUE with KEY one of {', '.join(POOL_OPTIONS)}")
-        _require(key not in pairs, f"{flag}: {key} is given twice")
+        field = pool_fields()[key][1]
+        _require(field not in keys_of, f"{flag}: {key} is given twice"
+                 + (f" (as {keys_of[field]})" if keys_of.get(field, key) != key else ""))
+        keys_of[field] = key
         bounds = pool_fields()[key][2]
         if bounds is None:
             pairs[key] = raw.strip()

@@ -164,9 +164,11 @@ def format_comparison(figures: dict) -> str:
     for name, m in figures["metrics"].items():
         lines.append(f"  {name:<24}{value(name, m['measured']):>12}{value(name, m['predicted']):>12}"
                      f"{pct(m['relative_error'], signed=True):>12}")
-    met = figures["targets"]["met"]
+    met, errors = figures["targets"]["met"], figures["errors"]
     lines.append(f"targets met: {sum(met.values())}/{len(met)}"
-                 + "".join(f"\n  missed {k} (limit {TARGETS[k]:.0%})" for k, ok in met.items() if not ok))
+                 + "".join(f"\n  missed {k} (limit {TARGETS[k]:.0%})" if errors[k] is not None else
+                           f"\n  no figure for {k} (nothing to compare: no finished request or step)"
+                           for k, ok in met.items() if not ok))
     return "\n".join(lines)
 
 
