@@ -150,7 +150,8 @@ def test_compare_where_every_request_is_rejected_says_there_is_nothing_to_compar
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,40,2\n0.1,50,2\n")
     assert main(["compare", str(trace), "--model", "tiny", "--device", "cpu", "--profile",
-                 str(Path(__file__).resolve().parents[1] / "profiles" / "tiny-cpu.json"), "--num-gpu-blocks", "1", "--out", str(tmp_path / "c")]) == 0
+                 str(Path(__file__).resolve().parents[1] / "profiles" / "tiny-cpu.json"), "--num-gpu-blocks", "1",
+                 "--out", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert "no figure for ttft_p50_rel_error (nothing to compare" in out and "missed" not in out
     assert (tmp_path / "c" / "report.html").is_file()
