@@ -236,3 +236,14 @@ def test_progress_bar_shows_points_failures_and_an_eta(capsys):
     assert "3/4 points  1 failed  0:0" in lines[-1] and "elapsed  ETA 0:0" in lines[-1]
     Progress(4, "points", enabled=False).update(2)
     assert capsys.readouterr().err == ""
+
+
+def test_a_resume_refusal_names_the_option_that_differs():
+    """A table of one engine resumed as a cluster's: the replicas are named, not an empty pool option."""
+    from sim.app.results_table import difference
+
+    one = {"trace_sha256": "t", "axes": {}, "fixed": {"seed": 0}}
+    cluster = {"trace_sha256": "t", "axes": {}, "fixed": {"seed": 0, "cluster_decode_options": "",
+                                                          "cluster_num_replicas": 2}}
+    assert difference(one, cluster) == "option cluster_num_replicas = not set there, 2 here"
+    assert difference(one, {**one, "fixed": {"seed": 3}}) == "option seed = 0 there, 3 here"

@@ -45,10 +45,21 @@ def difference(stored: dict, current: dict, skip_axes: tuple[str, ...] = ()) -> 
         return "a different trace (its requests differ)"
     for section, label in (("axes", "grid"), ("fixed", "option")):
         old, new = stored.get(section, {}), current[section]
-        for key in sorted(set(old) | set(new)):
-            if key not in skip_axes and old.get(key) != new.get(key):
-                return f"{label} {key} = {old.get(key)!r} there, {new.get(key)!r} here"
+        differ = [key for key in set(old) | set(new) if key not in skip_axes and old.get(key) != new.get(key)]
+        if differ:
+            # The telling key first: one both state, else one given a value (a cluster's replicas, not its
+            # empty pool options, where one table is of a cluster and the other of one engine).
+            key = min(differ, key=lambda k: (not (k in old and k in new), old.get(k) in EMPTY and new.get(k) in EMPTY,
+                                             k))
+            return f"{label} {key} = {_shown(old, key)} there, {_shown(new, key)} here"
     return None
+
+
+def _shown(values: dict, key: str) -> str:
+    return repr(values[key]) if key in values else "not set"
+
+
+EMPTY = (None, "", 0, False, (), [])  # an option's value that says nothing was given
 
 
 def check_folder(folder: Path, name: str, current: dict, trace_source: str, overwrite: bool) -> list[str]:
