@@ -27,11 +27,12 @@ def _require(condition: bool, message: str) -> None:
 
 
 def show_number(x: Any) -> str:
-    """16,777,216; 0.9; 1e+300 (a huge whole number as a float, not its 300 digits); other values by repr."""
+    """16,777,216; 0.9; 1e+300 (a huge whole number as a float, not its 300 digits; one of up to 40 digits
+    exactly, never rounded to another); other values by repr."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return repr(x)
     if isinstance(x, int):
-        return f"{x:,}" if abs(x) < 10**19 else f"{float(x):g}"
+        return f"{x:,}" if abs(x) < 10**40 else f"{float(x):g}"
     return f"{x:g}"
 
 

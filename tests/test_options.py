@@ -371,3 +371,10 @@ def test_async_scheduling_follows_the_vllm_version_unless_given(argv, asynchrono
 
     args = build_parser().parse_args(["replay", "trace.csv", *argv])
     assert options_from_args(args).scheduler.async_scheduling is asynchronous
+
+
+def test_a_whole_number_out_of_range_is_shown_as_given_not_rounded():
+    from sim.config import SEED
+
+    with pytest.raises(ServesimError, match="got 99,999,999,999,999,999,999,999 "):
+        SEED.check("--seed", 99999999999999999999999)  # (shown as 1e+23 before: another number)
