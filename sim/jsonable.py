@@ -33,7 +33,7 @@ def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> dict:
     `missing_hint`, how to make one), unreadable, not JSON (with its line), not one object."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8-sig"))  # (a byte-order mark, as some editors write, is read past)
     except FileNotFoundError:
         raise ServesimError(f"{p}: no such {what}{f' ({missing_hint})' if missing_hint else ''}") from None
     except json.JSONDecodeError as e:

@@ -378,3 +378,10 @@ def test_a_whole_number_out_of_range_is_shown_as_given_not_rounded():
 
     with pytest.raises(ServesimError, match="got 99,999,999,999,999,999,999,999 "):
         SEED.check("--seed", 99999999999999999999999)  # (shown as 1e+23 before: another number)
+
+
+def test_a_hardware_file_with_a_byte_order_mark_is_read(tmp_path):
+    """As trace and measured CSVs are: some editors write a UTF-8 byte-order mark."""
+    path = tmp_path / "h100-bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({k: v for k, v in H100.as_dict().items() if k != "name"}).encode())
+    assert resolve_hardware(str(path)).memory_bytes == H100.memory_bytes
