@@ -9,7 +9,6 @@ it (Mooncake's JSON Lines, a clean Azure CSV) never pays for the import.
 
 from __future__ import annotations
 
-import csv
 import re
 import warnings
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from sim.errors import ServesimError
-from traces.formats import MAX_TOKENS, TEXT_COLUMNS
+from traces.formats import MAX_TOKENS, TEXT_COLUMNS, csv_fields
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a chunk is parsed: a replay of a clean Azure or Mooncake file never needs it
@@ -110,12 +109,16 @@ def csv_chunks(path: Path, handle: BinaryIO, header: list[str], header_line: int
         yield Chunk(path, frame, frame.index.to_numpy(dtype=np.int64) + header_line + 1)
 
 
+# The most of the first row read to count its fields: a cut row has no more fields than the whole.
+FIRST_ROW_BYTES = 1 << 24
+
+
 def _check_first_row(path: Path, handle: BinaryIO, header: list[str], header_line: int) -> None:
     """The row after the header, read and put back (plain and gzip files can seek back)."""
     position = handle.tell()
-    raw = handle.readline()
+    raw = handle.readline(FIRST_ROW_BYTES)
     handle.seek(position)
-    fields = next(csv.reader([raw.decode("utf-8", errors="replace")]), [])
+    fields = csv_fields(raw.decode("utf-8", errors="replace"))
     if len(fields) > len(header):
         raise ServesimError(f"{path}:{header_line + 1}: expected {len(header)} fields as in the header, "
                             f"saw {len(fields)}")

@@ -14,6 +14,7 @@ which one it is, and the limits every reader holds a row to.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -71,7 +72,7 @@ def detect_format(path: Path, first: str) -> str:
     if overlap[best]:
         return best  # a missing column is named when the header is checked
     expected = "; ".join(f"{fmt}: {','.join(cols)}" for fmt, cols in CSV_COLUMNS.items())
-    raise ServesimError(f"{path}:1: unknown trace format with columns {first.strip()!r}; expected {expected}, "
+    raise ServesimError(f"{path}:1: unknown trace format with columns {text[:200]!r}; expected {expected}, "
                         f"or JSON Lines with {','.join(MOONCAKE)} (or name one with --format)")
 
 
@@ -83,9 +84,19 @@ def suffix(path: Path) -> str:
     return suffixes[-1].lower() if suffixes else ""
 
 
+# Python's csv module refuses a field over 131,072 characters; canonical CSV's hash_ids field of a
+# long prompt is longer. This is the most it takes on every platform (a C long).
+csv.field_size_limit(2**31 - 1)
+
+
+def csv_fields(line: str) -> list[str]:
+    """The fields of one CSV row. A CR inside the line ends the row, as it does for pandas."""
+    return next(csv.reader(io.StringIO(line, newline="")), [])
+
+
 def header(line: str) -> list[str]:
     """The column names of a CSV header line."""
-    return [name.strip() for name in next(csv.reader([line]))]
+    return [name.strip() for name in csv_fields(line)]
 
 
 MAX_JSON_INT = 10**300  # a whole number beyond this is no token count or time (and overflows a float near 1.8e308)

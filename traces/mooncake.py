@@ -46,6 +46,8 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
             record = json.loads(text)
         except json.JSONDecodeError as e:
             raise ServesimError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise ServesimError(f"{where}: JSON nested too deeply to read") from None
         if not isinstance(record, dict):
             raise ServesimError(f"{where}: expected a JSON object with {', '.join(MOONCAKE)}, got {text[:40]!r}")
         for name in MOONCAKE:
@@ -58,12 +60,12 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
             has_hashes = "hash_ids" in record
             builder.hash_ids = [] if has_hashes else None
         if has_hashes:
-            ids = record.get("hash_ids")
-            if ids is None:
+            if "hash_ids" not in record:
                 raise ServesimError(f"{where}: missing field 'hash_ids' (earlier lines have it)")
-            array = np.array(ids) if isinstance(ids, list) else None
-            if array is None or (len(array) and array.dtype.kind not in "iu"):
-                raise ServesimError(f"{where}: hash_ids must be a list of whole numbers, got {str(ids)[:40]}")
+            array = _whole_numbers(record["hash_ids"])
+            if array is None:
+                raise ServesimError(f"{where}: hash_ids must be a list of whole numbers, "
+                                    f"got {_short(record['hash_ids'])}")
             check_hash_ids(where, array, prompt, MOONCAKE_BLOCK_TOKENS, "input_length")
         if prompt == 0 or output == 0:
             name = "input_length" if prompt == 0 else "output_length"
@@ -76,3 +78,24 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
             flush()
     flush()
 
+
+
+def _whole_numbers(ids) -> np.ndarray | None:
+    """A JSON list of whole numbers as an array; None for anything else (null, a nested list)."""
+    if not isinstance(ids, list):
+        return None
+    try:
+        array = np.array(ids)
+    except (ValueError, TypeError, OverflowError, RecursionError):  # lists of different lengths, too deep
+        return None
+    if array.ndim != 1 or (len(array) and array.dtype.kind not in "iu"):
+        return None
+    return array
+
+
+def _short(value) -> str:
+    """The start of a JSON value, for a message."""
+    try:
+        return json.dumps(value)[:40]
+    except RecursionError:
+        return "a list nested too deeply"

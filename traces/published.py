@@ -44,7 +44,10 @@ def _why_not_a_time(stamp: str) -> str:
         return "is not a date and time"
     if datetime(1677, 9, 22) <= when <= datetime(2262, 4, 11):
         return "is not a date and time"
-    return "is outside the times servesim reads (1677-09-22 to 2262-04-11: nanoseconds since 1970 in 64 bits)"
+    return OUTSIDE
+
+
+OUTSIDE = "is outside the times servesim reads (1677-09-22 to 2262-04-11: nanoseconds since 1970 in 64 bits)"
 
 
 class AzureRows:
@@ -75,6 +78,12 @@ class AzureRows:
             self._check_one_zone(chunk, stamps, times.dt.tz)
         if times.dt.tz is not None:
             times = times.dt.tz_convert("UTC").dt.tz_localize(None)
+        try:  # pandas 3 parses to microseconds: a stamp past 2262 has no nanoseconds in 64 bits
+            times = times.dt.as_unit("ns")
+        except pd.errors.OutOfBoundsDatetime:
+            outside = ((times < pd.Timestamp.min) | (times > pd.Timestamp.max)).to_numpy()
+            row = int(np.argmax(outside))
+            raise ServesimError(f"{chunk.where(row)}: TIMESTAMP {stamps.iloc[row]!r} {OUTSIDE}") from None
         ns = times.to_numpy().astype("datetime64[ns]").astype(np.int64)
         prompt = chunk.counts("ContextTokens")
         output = chunk.counts("GeneratedTokens")

@@ -2,7 +2,7 @@
 file's first line or named.
 
 Files are parsed `chunk_rows` rows at a time, so memory beyond the resulting columns stays
-bounded; gzip files are read as they are. A byte-order mark, CRLF line ends, blank lines and a
+bounded; gzip files are read as they are. A byte-order mark, CRLF or CR-only line ends, blank lines and a
 missing final newline are accepted. Every problem is a `ServesimError` naming the file and line:
 a token count above 2**31, a trace spanning more than 1e9 s, a row with a field too many.
 
@@ -87,13 +87,16 @@ def read_trace(path: str | Path, fmt: str | None = None, *, model_filter: str | 
 def _read_csv(builder: TraceBuilder, handle: BinaryIO, first: str, header_line: int, chunk_rows: int,
               model_filter: str | None) -> None:
     path, fmt = builder.path, builder.fmt
+    if "\r" in first:
+        raise ServesimError(f"{path}:{header_line}: a carriage return (CR) inside the header line; "
+                            f"save the file with one kind of line end")
     names = header(first)
     if len(set(names)) != len(names):
         twice = next(name for name in names if names.count(name) > 1)
         raise ServesimError(f"{path}:{header_line}: column {twice!r} appears twice in the header")
     for name in CSV_COLUMNS[fmt]:
         if name not in names:
-            raise ServesimError(f"{path}:{header_line}: missing column {name!r} (the header has {first.strip()})")
+            raise ServesimError(f"{path}:{header_line}: missing column {name!r} (the header has {first.strip()[:200]})")
     if fmt == "azure" and read_plain_azure(builder, handle, names, header_line, chunk_rows):
         return  # a clean file, read without pandas
     if fmt == "canonical":

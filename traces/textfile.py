@@ -1,9 +1,13 @@
-"""Opening a trace file: gzip or plain, UTF-8 with an optional byte-order mark, the first
-non-blank line. Every problem is a `ServesimError` naming the file (and line)."""
+"""Opening a trace file: a regular file, gzip or plain, UTF-8 with an optional byte-order mark,
+LF, CRLF or CR-only (old Mac) line ends, the first non-blank line. Every problem is a
+`ServesimError` naming the file (and line)."""
 
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import BinaryIO
@@ -13,23 +17,70 @@ from sim.errors import ServesimError
 # What a truncated or corrupt gzip stream raises while it is read.
 READ_ERRORS = (OSError, EOFError, zlib.error)
 
+# How much is read to look at a file's start: its line ends, a CSV header. A longer first line is
+# a JSON document (read up to JSON_LINE_BYTES) or not a trace.
+HEAD_BYTES = 1 << 20
+# The longest first line read: a vLLM bench result saved on one line (vllm_bench.MAX_BYTES).
+JSON_LINE_BYTES = 2**31
+
 
 def open_trace(path: Path) -> BinaryIO:
-    """The file's bytes, gunzipped when it starts with gzip's magic number."""
+    """The file's bytes, gunzipped when it starts with gzip's magic number, CR line ends read as LF."""
     try:
-        handle = open(path, "rb")  # noqa: SIM115 (returned to the caller, who closes it)
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise ServesimError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ServesimError(f"{path}: is a directory, not a trace file") from None
     except OSError as e:
         raise ServesimError(f"{path}: cannot read: {e.strerror}") from None
-    is_gzip = handle.read(2) == b"\x1f\x8b"
-    if is_gzip:
+    if stat.S_ISDIR(mode):
+        raise ServesimError(f"{path}: is a directory, not a trace file")
+    if not stat.S_ISREG(mode):  # a pipe cannot seek back, a FIFO may never end, /dev/zero never does
+        raise ServesimError(f"{path}: not a regular file (a pipe, a device...); save the trace to a file first")
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 (returned to the caller, who closes it)
+    except OSError as e:
+        raise ServesimError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        if handle.read(2) == b"\x1f\x8b":
+            handle.close()
+            handle = gzip.open(path, "rb")
+        handle.seek(0)
+        head = handle.read(HEAD_BYTES)
+        handle.seek(0)
+    except READ_ERRORS as e:
         handle.close()
-        return gzip.open(path, "rb")
-    handle.seek(0)
+        raise ServesimError(f"{path}: cannot read: {e}") from None
+    if b"\r" in head and b"\n" not in head:
+        return io.BufferedReader(_CrAsLf(handle), buffer_size=HEAD_BYTES)
     return handle
+
+
+class _CrAsLf(io.RawIOBase):
+    """A file whose lines end in CR alone, read with LF instead (byte for byte: offsets are the same)."""
+
+    def __init__(self, handle: BinaryIO):
+        self.handle = handle
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.handle.read(len(buffer)).replace(b"\r", b"\n")
+        buffer[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.handle.tell()
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
 
 
 def decode(path: Path, line_no: int, raw: bytes) -> str:
@@ -40,14 +91,28 @@ def decode(path: Path, line_no: int, raw: bytes) -> str:
 
 
 def first_line(path: Path, handle: BinaryIO) -> tuple[str, int]:
-    """The first non-blank line and its number; `handle` is left just after it."""
+    """The first non-blank line and its number; `handle` is left just after it. A line is read
+    whole only if it opens a JSON document: a CSV header is short."""
     line_no = 0
     try:
-        for raw in handle:
+        while raw := handle.readline(HEAD_BYTES):
             line_no += 1
+            if len(raw) == HEAD_BYTES and not raw.endswith(b"\n"):
+                raw = _long_line(path, line_no, handle, raw)
             text = decode(path, line_no, raw).strip()
             if text:
                 return text, line_no
     except READ_ERRORS as e:
         raise ServesimError(f"{path}: cannot read: {e}") from None
     raise ServesimError(f"{path}: the file is empty")
+
+
+def _long_line(path: Path, line_no: int, handle: BinaryIO, start: bytes) -> bytes:
+    """The rest of a line longer than HEAD_BYTES: a JSON document's, else refused."""
+    if not start.lstrip(b"\xef\xbb\xbf \t\r").startswith(b"{"):
+        raise ServesimError(f"{path}:{line_no}: the line is longer than {HEAD_BYTES:,} bytes: not a CSV header "
+                            f"or JSON (or the file has no line ends)")
+    raw = start + handle.readline(JSON_LINE_BYTES - len(start))
+    if len(raw) == JSON_LINE_BYTES and not raw.endswith(b"\n"):
+        raise ServesimError(f"{path}:{line_no}: the line is longer than {JSON_LINE_BYTES:,} bytes: not a trace")
+    return raw

@@ -38,6 +38,8 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
     except json.JSONDecodeError as e:
         raise ServesimError(f"{path}:{e.lineno + first_line - 1}: not valid JSON ({e.msg} at column {e.colno})") \
             from None
+    except RecursionError:
+        raise ServesimError(f"{path}: JSON nested too deeply to read") from None
     if not isinstance(result, dict):
         raise ServesimError(f"{path}: expected one JSON object (vLLM's bench serve result), got {type(result).__name__}")
     missing = [name for name in VLLM_BENCH if name not in result]

@@ -164,9 +164,10 @@ def open_folder(args: argparse.Namespace, what: str):
 
 
 def check_resumable(folder, what: str) -> None:
-    """--resume continues a sweep (or capacity search) in its own folder: one that holds its table,
-    or nothing yet (one stopped before its first row). Another command's run is refused, never
-    written into."""
+    """--resume continues a sweep (or capacity search) in its own folder: one that holds its table
+    (or the other kind's, of the same trace, which a sweep and a capacity search share: results_table.py
+    check_folder), or nothing yet (one stopped before its first row). Another command's run is refused,
+    never written into."""
     from reports.tables import RESULTS
     from sim.app.outputs import LOCK_NAME, MANIFEST_NAME, OS_FILES
     from sim.app.results_table import PROBES
@@ -175,7 +176,7 @@ def check_resumable(folder, what: str) -> None:
     what = "sweep" if what == "sweep" else "capacity search"
     held = sorted(p.name for p in folder.iterdir() if p.name not in (LOCK_NAME, MANIFEST_NAME) and p.name not in OS_FILES
                   and not p.name.startswith("."))
-    if held and table not in held:
+    if held and not {RESULTS, PROBES} & set(held):
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
         raise ServesimError(f"{folder}: holds no {what} to resume (no {table}) but {shown}: --resume continues a "
                             f"{what} in its own folder; choose another --out")
