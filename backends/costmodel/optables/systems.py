@@ -85,8 +85,8 @@ def _yaml(path: Path):
 
     try:  # libyaml's parser where PyYAML has it (the same objects as safe_load's, several times faster)
         return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError) as e:
-        raise ServesimError(f"{path}: cannot read it: {e}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ServesimError(f"{path}: cannot read it: {' '.join(str(e).split())}") from None
 
 
 def version_key(version: str) -> tuple:
@@ -147,19 +147,26 @@ def _reuse(folder: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     raw = _yaml(path) or {}
+    entries = (raw.get("reuse") or []) if isinstance(raw, dict) else None
+    if not isinstance(entries, list):
+        raise ServesimError(f"{path}: not a reuse file: expected a mapping with a list `reuse` of entries")
     out = {}
-    for entry in raw.get("reuse", []) or []:
+    for entry in entries:
         if not (isinstance(entry, dict) and "table" in entry and "from_version" in entry):
             raise ServesimError(f"{path}: each reuse entry needs table and from_version")
-        out[str(entry["table"])] = str(entry["from_version"])
+        source = str(entry["from_version"])
+        if not source or source in (".", "..") or "/" in source or "\\" in source:
+            raise ServesimError(f"{path}: from_version {source!r} is not a version folder's name")
+        out[str(entry["table"])] = source
     return out
 
 
 def _table_file(folder: Path, table: str) -> Path | None:
-    for ext in (".parquet", ".csv"):
-        if (folder / (table + ext)).is_file():
-            return folder / (table + ext)
-    return None
+    """The version folder's file of `table` (.parquet or .csv), None where there is none; both is refused."""
+    found = [folder / (table + ext) for ext in (".parquet", ".csv") if (folder / (table + ext)).is_file()]
+    if len(found) > 1:
+        raise ServesimError(f"{found[0]} and {found[1].name}: one table in two files; keep one")
+    return found[0] if found else None
 
 
 def table_versions(data_dir: Path, system: str, family: str, framework: str, table: str) -> dict[str, list[Path]]:
@@ -259,10 +266,16 @@ def system_sm_version(system: str) -> int | None:
 @lru_cache(maxsize=4)
 def _manifest(path: str) -> dict[tuple[str, str], tuple[str, ...]]:
     raw = _yaml(Path(path)) or {}
+    groups = (raw.get("groups") or []) if isinstance(raw, dict) else None
+    if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
+        raise ServesimError(f"{path}: not a reuse manifest: expected a mapping with a list `groups` of mappings")
     out = {}
-    for g in raw.get("groups", []) or []:
+    for g in groups:
+        frameworks = g.get("frameworks") or []
+        if not isinstance(frameworks, list):
+            raise ServesimError(f"{path}: a group's frameworks must be a list, not {frameworks!r}")
         out[(str(g.get("op_file", "")).rsplit(".", 1)[0], str(g.get("kernel_source")))] = \
-            tuple(g.get("frameworks") or ())
+            tuple(str(f) for f in frameworks)
     return out
 
 

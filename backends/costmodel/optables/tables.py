@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from sim.errors import ServesimError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 KINDS = ("gemm", "context_attention", "generation_attention", "custom_allreduce")
@@ -105,35 +106,67 @@ class TableSet:
         return kernel_allowed(self.data_dir, table, kernel, self.framework)
 
 
-def list_tables(folder: str | Path) -> dict[tuple[str, str, str], dict[str, Path]]:
-    """(system, framework, version) -> {kind: path} of every table file in `folder` (flat names)."""
+def _scan(folder: str | Path) -> dict[tuple[str, str, str], dict[str, list[Path]]]:
+    """(system, framework, version) -> {kind: the table files} in `folder` (flat names): one file a
+    kind, or two where a table is there as both .csv and .parquet (refused where it is read)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ServesimError(f"{folder}: no such folder of operator tables")
-    found: dict[tuple[str, str, str], dict[str, Path]] = {}
+    found: dict[tuple[str, str, str], dict[str, list[Path]]] = {}
     for path in sorted(folder.iterdir()):
         match = _NAME.match(path.name)
         if match is None:
             continue
         key = (match["system"], match["framework"].lower(), match["version"])
-        kinds = found.setdefault(key, {})
-        if match["kind"] in kinds and kinds[match["kind"]].suffix == ".parquet":
-            continue  # a parquet file wins over a CSV copy
-        kinds[match["kind"]] = path
+        found.setdefault(key, {}).setdefault(match["kind"], []).append(path)
     return found
+
+
+def list_tables(folder: str | Path) -> dict[tuple[str, str, str], dict[str, Path]]:
+    """(system, framework, version) -> {kind: path} of every table file in `folder` (flat names)."""
+    return {key: {kind: paths[-1] for kind, paths in kinds.items()}  # sorted: the .parquet of two files
+            for key, kinds in _scan(folder).items()}
 
 
 KIND_OF_TABLE = {f"{k}_perf": k for k in KINDS}
 
 
+# Columns that count or size something, checked in any table that has them: whole numbers of at
+# least 1 (at least 0 for `step` and `window_size`; a window of 0 is no window).
+SIZE_COLUMNS = {c: 1 for c in ("m", "n", "k", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
+                               "num_gpus", "message_size", "num_tokens", "hidden_size", "inter_size", "topk",
+                               "num_experts", "moe_tp_size", "moe_ep_size", "tp_size")}
+SIZE_COLUMNS.update(step=0, window_size=0)
+TEXT_COLUMNS = ("kernel_source", "gemm_dtype", "kv_cache_dtype")  # must not be empty where a table has them
+MEASURED = ("latency", "power", "power_limit")  # what a row measures; the other columns are its key
+# Rows with the same key are repeated measurements, averaged by the derivation. The published tables
+# repeat some points with up to 4.2x between the times (NCCL's small messages); rows further apart
+# than this are not noise: the table is refused.
+DUPLICATE_SPREAD = 10.0
+# Text columns with one value on all or most rows of a published table: left out of the cheap first grouping.
+SAME_TEXT = ("framework", "version", "device", "op_name")
+
+
+def _row(path: Path, i: int) -> str:
+    """Data row i (from 0) of a table file, as a message names it: rows count from 1; a CSV's line too."""
+    return f"row {i + 1} (line {i + 2})" if path.suffix == ".csv" else f"row {i + 1}"
+
+
+def _value(value) -> str:
+    """A cell as a message shows it: text quoted, numbers plain."""
+    value = value.item() if hasattr(value, "item") else value
+    return repr(value) if isinstance(value, str) else str(value)
+
+
 def read_frame(path: Path, table: str) -> pd.DataFrame:
     """One table file (parquet or CSV) with a `seconds` column; `table` is its kind (gemm ...) or
-    its file stem (gemm_perf, nccl_perf, moe_perf ...): a known kind's columns are checked."""
+    its file stem (gemm_perf, nccl_perf, moe_perf ...): a known kind's columns are checked. Every
+    table's sizes, times and repeated points are checked (`check_frame`)."""
     import pandas as pd  # here, not at import: a replay loading a profile never needs it
 
     kind = KIND_OF_TABLE.get(table, table)
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, low_memory=False)
     except (OSError, ValueError) as e:
         raise ServesimError(f"{path}: cannot read the {kind} table: {e}") from None
     missing = [c for c in COLUMNS.get(kind, ("latency",)) if c not in frame.columns]
@@ -144,12 +177,104 @@ def read_frame(path: Path, table: str) -> pd.DataFrame:
     frame = frame.copy()
     if "window_size" not in frame.columns and kind in ("context_attention", "generation_attention"):
         frame["window_size"] = 0
-    frame["seconds"] = frame["latency"].astype(float) * 1e-3
-    bad = frame[~(frame["seconds"] > 0)]
-    if len(bad):
-        raise ServesimError(f"{path}: {len(bad)} row(s) with a latency that is not positive "
-                            f"(first at row {bad.index[0]})")
+    return check_frame(frame, path, kind)
+
+
+def check_frame(frame: pd.DataFrame, path: Path, kind: str) -> pd.DataFrame:
+    """`frame` (read from `path`) checked, with sizes made integers and a `seconds` column added.
+    Refused, naming the row, column and value: no rows; a size (SIZE_COLUMNS) that is not a whole
+    number at least its minimum; an empty TEXT_COLUMNS cell; a latency that is not a positive finite
+    number; two rows with the same key whose latencies are more than DUPLICATE_SPREAD apart."""
+    import numpy as np
+    import pandas as pd
+
+    if len(frame) == 0:
+        raise ServesimError(f"{path}: the {kind} table has no rows")
+    for column, least in SIZE_COLUMNS.items():
+        if column not in frame.columns:
+            continue
+        raw = frame[column]
+        values = raw if raw.dtype.kind in "iu" else pd.to_numeric(raw, errors="coerce").astype(float)
+        bad = (values < least).to_numpy()
+        if values.dtype.kind == "f":
+            # past 2**53 a float is no exact whole number
+            bad = bad | ~(np.isfinite(values) & (values == np.floor(values)) & (values <= 2**53)).to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ServesimError(f"{path}: {_row(path, i)}, column {column}: {_value(raw.iloc[i])} is not a whole number "
+                                f"of at least {least}")
+        if values.dtype.kind == "f":
+            frame[column] = values.astype("int64")
+    for column in TEXT_COLUMNS:
+        if column in frame.columns and frame[column].isna().any():
+            i = int(np.flatnonzero(frame[column].isna().to_numpy())[0])
+            raise ServesimError(f"{path}: {_row(path, i)}, column {column}: empty")
+    latency = pd.to_numeric(frame["latency"], errors="coerce").astype(float)
+    bad = ~(np.isfinite(latency) & (latency > 0)).to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ServesimError(f"{path}: {_row(path, i)}, column latency: {_value(frame['latency'].iloc[i])} is not a "
+                            f"positive time (ms)")
+    _check_repeats(frame, latency, path)
+    frame["seconds"] = latency * 1e-3
     return frame
+
+
+def _far_rows(keys: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """The positions of the rows whose group (the rows with the same `keys` value) has times more
+    than DUPLICATE_SPREAD apart (largest over smallest), in order."""
+    import numpy as np
+
+    order = np.argsort(keys)
+    ordered, spans = keys[order], times[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    if len(starts) == len(keys):  # no two rows alike
+        return starts[:0]
+    far = np.maximum.reduceat(spans, starts) > DUPLICATE_SPREAD * np.minimum.reduceat(spans, starts)
+    return np.sort(order[np.repeat(far, np.diff(np.r_[starts, len(keys)]))])
+
+
+def _check_repeats(frame: pd.DataFrame, latency: pd.Series, path: Path) -> None:
+    """Refuse rows with the same key (every column but MEASURED) whose latencies are more than
+    DUPLICATE_SPREAD apart, naming both rows, the key and the two latencies.
+
+    Hashing every text cell is slow on large tables, so rows are first grouped coarsely, by their
+    numbers and the lengths of their texts but those of SAME_TEXT (rows with the same key are in
+    the same group); only the groups whose times spread too far are grouped again by the key."""
+    import numpy as np
+
+    key = [c for c in frame.columns if c not in MEASURED]
+    times = latency.to_numpy()
+    coarse = np.zeros(len(frame), dtype=np.uint64)
+    for column in (c for c in key if c not in SAME_TEXT):
+        values = frame[column]
+        try:
+            if values.dtype.kind in "iub":
+                part = values.to_numpy().astype(np.uint64)
+            elif values.dtype.kind == "f":
+                part = values.to_numpy(dtype=np.float64)
+                part = np.where(np.isnan(part), 0.0, part + 0.0).view(np.uint64)  # -0.0 as 0.0, NaNs alike
+            else:
+                part = values.str.len().fillna(-1).to_numpy(dtype=np.int64).view(np.uint64)
+        except (AttributeError, TypeError, ValueError):
+            continue  # left out of the coarse groups: they are only coarser
+        coarse = coarse * np.uint64(0x9E3779B97F4A7C15) + part  # a large odd factor mixes the columns into one number
+    rows = _far_rows(coarse, times)
+    if len(rows) == 0:
+        return
+    try:
+        exact = frame.iloc[rows].groupby(key, dropna=False, sort=False).ngroup().to_numpy()
+    except TypeError:  # a column of lists or the like: no derivation reads it
+        return
+    far = _far_rows(exact, times[rows])
+    if len(far) == 0:
+        return
+    members = rows[exact == exact[far[0]]]
+    i, j = sorted((members[np.argmin(times[members])], members[np.argmax(times[members])]))
+    shown = [c for c in key if frame[c].nunique(dropna=False) > 1] or key  # not those the same on every row
+    point = ", ".join(f"{c}={_value(frame[c].iloc[i])}" for c in shown)
+    raise ServesimError(f"{path}: {_row(path, i)} and {_row(path, j)} measure the same point ({point}) with "
+                        f"latencies {times[i]:g} and {times[j]:g} ms, more than {DUPLICATE_SPREAD:g}x apart")
 
 
 _read = read_frame
@@ -169,7 +294,7 @@ def load_tables(folder: str | Path, system: str, framework: str = "vllm", versio
     data_dir = find_data_dir(folder) if Path(folder).is_dir() else None
     if data_dir is not None:
         return load_layout(data_dir, system, framework, version)
-    found = list_tables(folder)
+    found = _scan(folder)
     matches = {k: v for k, v in found.items() if k[0] == system and k[1] == framework.lower()}
     if not matches:
         have = ", ".join(sorted({f"{s} ({f}-{v})" for s, f, v in found})) or "none"
@@ -179,7 +304,11 @@ def load_tables(folder: str | Path, system: str, framework: str = "vllm", versio
 
     asked = version
     chosen, how = choose_version([k[2] for k in matches], asked)
-    (system, framework, version), files = next((k, v) for k, v in matches.items() if k[2] == chosen)
+    (system, framework, version), found_files = next((k, v) for k, v in matches.items() if k[2] == chosen)
+    for paths in found_files.values():
+        if len(paths) > 1:
+            raise ServesimError(f"{paths[0]} and {paths[1].name}: one table in two files; keep one")
+    files = {k: paths[0] for k, paths in found_files.items()}
     missing = [k for k in KINDS if k not in files and k != "custom_allreduce"]
     if missing:
         raise ServesimError(f"{folder}: {system} ({framework}-{version}) lacks the table(s) "
