@@ -52,6 +52,7 @@ API server, as vLLM's benchmark sends them: `sim validate`'s DP rows).
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import simpy
@@ -177,6 +178,12 @@ class DPRank(Replica):
         else:
             super().wake()
 
+    @property
+    def next_observation_s(self) -> float:
+        # Besides the balancer at each arrival, the coordinator reads every rank at each of its ticks:
+        # a run of steps (fast-forward) ends before it, so the counts it reads are step-by-step's.
+        return min(super().next_observation_s, self.group.next_tick_s)
+
     def report(self) -> None:
         """Send (waiting, running, kv usage) to the coordinator if they changed
         (_maybe_publish_request_counts; get_kv_cache_usage: used / usable blocks)."""
@@ -237,6 +244,7 @@ class DataParallelGroup(Cluster):
         self.cuda_graph_max_tokens = cuda_graph_max_tokens
         self.clients = clients
         self._client_sent: simpy.Event | None = None
+        self._next_tick_s = STATS_UPDATE_S  # the coordinator's first read of the ranks
         self.counts_changed = False
         self.num_lockstep_steps = 0
         self.num_waves = 0
@@ -290,6 +298,11 @@ class DataParallelGroup(Cluster):
         self.arrivals_done = True
         self.wake()
 
+    @property
+    def next_tick_s(self) -> float:
+        """When the coordinator next reads the ranks (`_coordinator`); inf once it has stopped."""
+        return math.inf if self.arrivals_done else self._next_tick_s
+
     def _coordinator(self, env: simpy.Environment):
         """Publish the ranks' last reported counts to the balancer every 0.1 s when some changed,
         every 5 s otherwise (DPCoordinatorProc.process_input_socket), while requests still arrive."""
@@ -297,6 +310,7 @@ class DataParallelGroup(Cluster):
         balancer: DPLoadBalancer = self.router
         while not self.arrivals_done:
             tick += 1
+            self._next_tick_s = tick * STATS_UPDATE_S
             yield env.timeout(delay_to(env.now, tick * STATS_UPDATE_S))
             while env.now < tick * STATS_UPDATE_S:
                 yield env.timeout(delay_to(env.now, tick * STATS_UPDATE_S))
