@@ -166,7 +166,8 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
     if len(rows) == 1 and is_list(rows.iloc[0].get("replica_requests")):
         sections.append(_section("Load per replica", replica_figure(rows.iloc[0]), REPLICA_NOTE))
     if len(rows) == 1 and len(ok) == 1:
-        sections.append(_section("TTFT in parts", ttft_parts_figure(rows.iloc[0].to_dict()), TTFT_PARTS_NOTE))
+        sections.append(_section("TTFT in parts", ttft_parts_figure(rows.iloc[0].to_dict()),
+                                 ttft_parts_note(rows.iloc[0].to_dict())))
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:
         sections.append(f"<h2>Numbers</h2>{_rows_table(rows, swept, label_column)}")
@@ -183,7 +184,7 @@ def _run_page(row: dict, title: str, subtitle: str, measured: dict | None = None
         sections.append(_section("Step timeline", timeline_figure(rows, [], None), TIMELINE_NOTE))
     if is_list(row.get("replica_requests")):
         sections.append(_section("Load per replica", replica_figure(row), REPLICA_NOTE))
-    sections.append(_section("TTFT in parts", ttft_parts_figure(row), TTFT_PARTS_NOTE))
+    sections.append(_section("TTFT in parts", ttft_parts_figure(row), ttft_parts_note(row)))
     sections.append(f"<h2>Numbers</h2>{_stats_table(row)}")
     if measured is not None:
         sections.append(_measured_section(measured))
@@ -220,6 +221,15 @@ TTFT_PARTS_NOTE = ("Mean TTFT split into its parts (docs/async-scheduling.md): t
                    "the wait for the GPU after scheduling (host time before the launch; under asynchronous "
                    "scheduling, the step already queued ahead), and the prefill (the first step's start to the "
                    "first token). Each request's parts add up to its TTFT exactly (requests.csv).")
+FROM_SEND_NOTE = (" With an API server modelled, they add up to the TTFT from the client's send (the table's "
+                  "'ttft from send'), not to the engine's TTFT (from its arrival).")
+
+
+def ttft_parts_note(row: dict) -> str:
+    client = row.get("client_ttft_mean")
+    return TTFT_PARTS_NOTE + (FROM_SEND_NOTE if client is not None and not _is_nan(client) else "")
+
+
 TTFT_PART_LABELS = {"ttft_api_server": "API server", "ttft_queue": "queueing", "ttft_async_wait": "wait for the GPU",
                     "ttft_prefill": "prefill"}
 
@@ -390,12 +400,15 @@ def _stats_table(row) -> str:
     lines = [f"<table><tr>{first}</tr><tr>{values}</tr></table><br>",
              '<table><tr><th class="t">ms</th>' + "".join(f"<th>{s}</th>" for s in ("mean", "p50", "p90", "p99"))
              + "</tr>"]
-    for metric in ("ttft", *(f"  {p}" for p in TTFT_PART_LABELS), "tpot", "itl", "e2e", "scheduling_delay"):
+    # With an API server, TTFT and E2E from the client's send too (the parts add up to the TTFT from the send).
+    for metric in ("ttft", "client_ttft", *(f"  {p}" for p in TTFT_PART_LABELS), "tpot", "itl", "e2e", "client_e2e",
+                   "scheduling_delay"):
         key = metric.strip()
-        if key != metric and row.get(f"{key}_mean") is None:
+        if (key != metric or key.startswith("client_")) and row.get(f"{key}_mean") is None:
             continue  # a part the run does not report (a run from before the parts; no API server)
         cells = "".join(f"<td>{fmt(row.get(f'{key}_{stat}'), 1e3)}</td>" for stat in ("mean", "p50", "p90", "p99"))
-        label = f"&nbsp;&nbsp;{html.escape(TTFT_PART_LABELS[key])}" if key != metric else metric
+        label = (f"&nbsp;&nbsp;{html.escape(TTFT_PART_LABELS[key])}" if key != metric else
+                 f"{key.removeprefix('client_')} from send" if key.startswith("client_") else metric)
         lines.append(f'<tr><td class="t">{label}</td>{cells}</tr>')
     return "".join(lines) + "</table>"
 

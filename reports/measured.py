@@ -38,6 +38,8 @@ def compare_measured(requests, measured: dict[str, np.ndarray], request_ids: lis
     finished = requests["status"].to_numpy() == "finished"
     position = {rid: i for i, rid in enumerate(request_ids)}
     rows = [(k, position[rid]) for k, rid in enumerate(ids) if finished[k] and rid in position]
+    # (a request the replay changed, e.g. truncated, has no measurement to compare: not counted)
+    rows = [(k, i) for k, i in rows if any(np.isfinite(values[i]) for values in measured.values())]
     from_send = "ttft_api_server_s" in requests and bool(np.isfinite(requests["ttft_api_server_s"].to_numpy(np.float64)).any())
     out: dict = {"requests": len(rows), "predicted_from": "send" if from_send else "arrival", "metrics": {}}
     if not rows:

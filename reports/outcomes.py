@@ -172,22 +172,27 @@ class RequestOutcomes:
             table.update(parts)
             table.update({name: np.asarray(columns[name]) for name in self.extra_columns})
             self.writer.write(table)
-        self._count(columns, arrival, output, times["finish_s"], latencies)
+        client_sent = np.array(columns["client_sent_s"], dtype=np.float64)
+        from_send = {"ttft": parts["client_ttft_s"], "e2e": times["finish_s"] - client_sent}  # NaN without a client
+        # (the run starts at its first send where a client is modelled, as vLLM's benchmark clocks it)
+        self._count(columns, np.fmin(arrival, client_sent), output, times["finish_s"], latencies, from_send)
         done = np.array(columns["status"]) == FINISHED
         for name in TTFT_PARTS:
             self.ttft_part_sketches[name].add(parts[f"{name}_s"][done])
-        client_sent = np.array(columns["client_sent_s"], dtype=np.float64)
         if not np.isnan(client_sent).all():  # (NaN, a request without a client, is left out)
-            self.client_sketches["client_ttft"].add(parts["client_ttft_s"][done])
-            self.client_sketches["client_e2e"].add((times["finish_s"] - client_sent)[done])
+            self.client_sketches["client_ttft"].add(from_send["ttft"][done])
+            self.client_sketches["client_e2e"].add(from_send["e2e"][done])
 
     def _count(self, columns: dict, arrival: np.ndarray, output: np.ndarray, finish: np.ndarray,
-               latencies: dict[str, np.ndarray]) -> None:
+               latencies: dict[str, np.ndarray], from_send: dict[str, np.ndarray]) -> None:
+        """Counts, sketches and goodput of a batch of outcomes. Goodput judges TTFT and E2E from the
+        client's send where an API server is modelled (`from_send`, NaN elsewhere), as a client's
+        benchmark does (vLLM's bench serve --goodput)."""
         status = np.array(columns["status"])
         done = status == FINISHED
         self.num_requests += len(status)
         self.num_completed += int(done.sum())
-        self.first_arrival_s = min(self.first_arrival_s, float(arrival.min()))
+        self.first_arrival_s = min(self.first_arrival_s, float(arrival.min()))  # (or send: _flush)
         if done.any():
             self.last_finish_s = max(self.last_finish_s, float(finish[done].max()))
         self.total_output_tokens += int(output[done].sum())
@@ -198,6 +203,8 @@ class RequestOutcomes:
         good = done.copy()
         for name, limit in self.slo.limits().items():
             values = latencies[SLO_METRICS.get(name, name)]
+            if name in from_send:
+                values = np.where(np.isnan(from_send[name]), values, from_send[name])
             good &= np.isnan(values) | (values <= limit)  # TPOT and TBT are undefined for one-token outputs
         self.num_good += int(good.sum())
         for reason in np.array(columns["reject_reason"], dtype=object)[status == REJECTED].tolist():
@@ -214,7 +221,7 @@ class RequestOutcomes:
             self.writer.close()
 
     def duration_s(self, start_s: float | None = None) -> float:
-        """`start_s` (default: the first arrival) to the last finish; 0 when nothing finished."""
+        """`start_s` (default: the first arrival, or client send) to the last finish; 0 when nothing finished."""
         start = self.first_arrival_s if start_s is None else start_s
         return self.last_finish_s - start if self.num_completed else 0.0
 

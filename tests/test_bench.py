@@ -161,3 +161,18 @@ def test_a_range_ratio_runs_each_request_with_its_own_lengths(tmp_path, capsys):
                  "--out", str(tmp_path / "c"), "--quiet"]) == 2
     assert ("the longest request (--input-len 3000, --output-len 8, --random-range-ratio 0.5: up to 4500 + 12 "
             "tokens) is 4512 tokens, more than --max-model-len 4096") in capsys.readouterr().err
+
+
+def test_goodput_judges_the_ttft_from_the_send_as_the_table_shows_it(tmp_path):
+    """Through vLLM's API server the TTFT a client sees starts at its send: goodput's TTFT is that one
+    (the engine's, from its arrival, is a few ms shorter), as vLLM's bench serve --goodput counts it."""
+    import pandas as pd
+
+    out = tmp_path / "b"
+    assert main(["bench", "--concurrency", "8", "--input-len", "512", "--output-len", "16", "--num-prompts", "40",
+                 "--slo", "ttft=0.07", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rows = pd.read_csv(out / "requests.csv")
+    good_from_send = int((rows["client_ttft_s"] <= 0.07).sum())
+    assert summary["slo_attainment"] == pytest.approx(good_from_send / len(rows))
+    assert good_from_send < int((rows["ttft_s"] <= 0.07).sum())  # (this case tells the two apart)

@@ -75,9 +75,9 @@ def test_gaps_of_token_times_in_bulk_are_each_requests_own(result, tmp_path, mon
     outcomes = RequestOutcomes(slo, TableWriter(tmp_path / "requests.csv", "csv"), batch_rows=batch_rows,
                                exact_limit=exact_limit)
     counted = []  # each row's longest gap, as counted
-    def count(columns, arrival, output, finish, latencies, count=outcomes._count):
+    def count(columns, arrival, output, finish, latencies, from_send, count=outcomes._count):
         counted.append(latencies["tbt"])
-        count(columns, arrival, output, finish, latencies)
+        count(columns, arrival, output, finish, latencies, from_send)
     outcomes._count = count
     for position in np.random.default_rng(2).permutation(len(result.requests)).tolist():
         r = result.requests[position]

@@ -358,6 +358,8 @@ def test_sim_replay_of_a_vllm_bench_result_puts_each_requests_prediction_beside_
     section = "Against the run's own measurements"
     report = (tmp_path / "run" / "report.html").read_text()
     assert section in report and "3 requests in both" in report
+    # Its table shows the TTFT and E2E from the send too, which the TTFT parts add up to (and says so).
+    assert ">ttft from send<" in report and ">e2e from send<" in report and "add up to the TTFT from the" in report
     (tmp_path / "run" / "report.html").unlink()
     assert main(["report", str(tmp_path / "run")]) == 0
     assert section in (tmp_path / "run" / "report.html").read_text()
@@ -542,3 +544,14 @@ def test_a_time_window_that_is_not_one_says_which_end(window, message):
 
     with pytest.raises(ServesimError, match=re.escape(message)):
         time_window(read_trace(AZURE_CONV_SAMPLE), *window)
+
+
+def test_a_truncated_request_is_left_out_of_the_comparison_and_its_count(tmp_path):
+    from sim.app.cli import main
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result()))
+    assert main(["replay", str(path), "--max-model-len", "150", "--on-too-long", "truncate", "--out",
+                 str(tmp_path / "run"), "--quiet"]) == 0
+    comparison = json.loads((tmp_path / "run" / "measured.json").read_text())
+    assert comparison["requests"] == 2 == comparison["metrics"]["ttft"]["requests"]  # request 1 (220 tokens) cut
