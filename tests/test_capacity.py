@@ -139,3 +139,16 @@ def test_capacity_of_a_single_server_queue_is_the_known_answer(tmp_path, capsys)
     # Limit s/2: x* = d / (s - s / 100) = (100 / 99) (d / s).
     assert (tighter["capacity_rate_scale"] <= 100 / 99 * d / s).all()
     assert (100 / 99 * d / s < tighter["lowest_failing_rate_scale"]).all()
+
+
+def test_served_share_tells_a_growing_queue_from_a_trace_that_drains():
+    """Finished requests over the busy time (less the mean request's own span) over the arrival rate:
+    about 1 when the server keeps up; the figures of the Azure sample's first 300 requests at 4x and
+    7.625x the rate (probes.parquet), whose whole-trace replays hold and miss a 0.5 s p99 TTFT."""
+    from sim.app.capacity_cli import SERVED_SHARE, served_share
+
+    kept_up = {"completed": 300, "duration_s": 25.716783, "e2e_mean": 3.567502, "request_rate": 14.280767}
+    falling_behind = {"completed": 300, "duration_s": 18.1038, "e2e_mean": 5.173316, "request_rate": 27.222711}
+    assert served_share(kept_up) == pytest.approx(0.948, abs=1e-3) and served_share(kept_up) > SERVED_SHARE
+    assert served_share(falling_behind) == pytest.approx(0.852, abs=1e-3) and served_share(falling_behind) < SERVED_SHARE
+    assert served_share({"completed": 0, "duration_s": 0.0, "e2e_mean": None, "request_rate": 1.0}) is None

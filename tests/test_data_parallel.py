@@ -232,7 +232,9 @@ def test_cli_end_to_end(tmp_path):
     requests = pd.read_csv(out / "requests.csv")
     one = tmp_path / "one"
     main(["replay", str(trace), "--model", "Qwen3-30B-A3B", "--hardware", "H200", "--out", str(one), "--quiet"])
-    assert list(requests.columns) == list(pd.read_csv(one / "requests.csv").columns)  # the same form
+    # the same form, and each request's rank (as the summary counts them)
+    assert list(requests.columns) == [*pd.read_csv(one / "requests.csv").columns, "dp_rank"]
+    assert requests["dp_rank"].value_counts().sort_index().tolist() == [r["requests"] for r in dp["ranks"]]
     assert (requests["status"] == "finished").all()
     steps = pd.read_parquet(out / "steps.parquet")
     assert set(np.unique(steps["dp_rank"])) == {0, 1}

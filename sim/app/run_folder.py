@@ -129,6 +129,9 @@ def write_run_folder(out: Path, result: SimResult, options: dict, slo, steps: st
 
     clustered = is_cluster(result)
     request_columns = cluster.request_columns(result) if clustered else {}
+    rank_of = getattr(result, "rank_of", None)
+    if rank_of is not None:  # a DP group's: the rank the balancer sent each request to
+        request_columns = {"dp_rank": rank_of}
     folder = RunFolder(out, options, slo, steps, requests, tuple(request_columns))
     try:
         for position, r in enumerate(result.requests):
