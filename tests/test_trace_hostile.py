@@ -91,23 +91,19 @@ def test_cr_only_line_ends_read_as_lf(tmp_path, name, gz):
     assert [ids.tolist() for ids in got.hash_ids or []] == [ids.tolist() for ids in want.hash_ids or []]
 
 
-def test_cr_only_file_names_the_bad_line(tmp_path, capsys):
+@pytest.mark.parametrize("content, message", [
+    # a CR-only file names its bad line as an LF file would
+    (b"arrival_s,prompt_tokens,output_tokens\r0,10,5\r1,ten,5\r", ":3: prompt_tokens is not a number: 'ten'"),
+    # a stray CR in the header is named
+    (b"arrival_s,prompt_tokens,output_tokens\r,request_id\n0,10,5,a\n",
+     ":1: a carriage return (CR) inside the header line; save the file with one kind of line end"),
+    # a stray CR in a row ends it, as pandas reads it
+    (b"arrival_s,prompt_tokens,output_tokens\n0,10\r,5\n1,2,3\n", ":3: arrival_s is missing"),
+])
+def test_carriage_returns_where_they_do_not_belong_are_named_by_line(tmp_path, capsys, content, message):
     path = tmp_path / "t.csv"
-    path.write_bytes(b"arrival_s,prompt_tokens,output_tokens\r0,10,5\r1,ten,5\r")
-    assert stats_error(capsys, path) == f"{path}:3: prompt_tokens is not a number: 'ten'"
-
-
-def test_stray_cr_in_header_is_named(tmp_path, capsys):
-    path = tmp_path / "t.csv"
-    path.write_bytes(b"arrival_s,prompt_tokens,output_tokens\r,request_id\n0,10,5,a\n")
-    assert stats_error(capsys, path) == (f"{path}:1: a carriage return (CR) inside the header line; "
-                                         f"save the file with one kind of line end")
-
-
-def test_stray_cr_in_a_row_ends_it_as_for_pandas(tmp_path, capsys):
-    path = tmp_path / "t.csv"
-    path.write_bytes(b"arrival_s,prompt_tokens,output_tokens\n0,10\r,5\n1,2,3\n")
-    assert stats_error(capsys, path) == f"{path}:3: arrival_s is missing"
+    path.write_bytes(content)
+    assert stats_error(capsys, path) == f"{path}{message}"
 
 
 # 3. Pipes, FIFOs and devices are refused before they are opened; a first line with no end is not read whole.
