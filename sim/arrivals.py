@@ -40,12 +40,8 @@ def through_api_servers(sent_s: np.ndarray, seconds: np.ndarray, servers: int = 
     if servers == 1 or len(sent_s) <= 1:
         total = np.cumsum(seconds)
         return total + np.maximum.accumulate(sent_s - (total - seconds))
-    free = [0.0] * servers  # each server's next free instant, a heap
-    arrival = np.empty(len(sent_s))
-    for i, (sent, cost) in enumerate(zip(sent_s.tolist(), seconds.tolist())):
-        arrival[i] = done = max(free[0], sent) + cost
-        heapq.heapreplace(free, done)
-    return arrival
+    pool = ApiServers(None, servers)
+    return np.array([pool.handle(sent, cost) for sent, cost in zip(sent_s.tolist(), seconds.tolist())])
 
 
 class ApiServers:
@@ -54,16 +50,22 @@ class ApiServers:
     after it starts there. `take` records the send (`client_sent_s`, where the client's TTFT
     starts) and the arrival (`arrival_s`)."""
 
-    def __init__(self, seconds: Callable[[Request], float], count: int = 1):
+    def __init__(self, seconds: Callable[[Request], float] | None, count: int = 1):
         if count < 1:
             raise ValueError(f"at least one API server, got {count}")
         self.seconds = seconds
         self._free = [0.0] * count  # each server's next free instant, a heap
 
-    def take(self, request: Request, at: float) -> float:
-        request.client_sent_s = at
-        request.arrival_s = done = max(self._free[0], at) + self.seconds(request)
+    def handle(self, at: float, seconds: float) -> float:
+        """A request sent at `at` that takes a server `seconds`: when it is done with it."""
+        done = max(self._free[0], at) + seconds
         heapq.heapreplace(self._free, done)
+        return done
+
+    def take(self, request: Request, at: float) -> float:
+        assert self.seconds is not None
+        request.client_sent_s = at
+        request.arrival_s = done = self.handle(at, self.seconds(request))
         return done
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.app.plan import RunPlan
-from sim.arrivals import ApiServers, ClosedLoop, simulate
+from sim.arrivals import ClosedLoop, simulate
 from sim.engine import Engine, SimResult, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Request
@@ -114,12 +114,9 @@ def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool 
     requests = spec.requests(plan.options.seed)
     engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
                     plan.max_model_len, fast_forward=fast_forward, progress=progress)
-    servers = None
-    if plan.options.api_server != "off":  # (auto: on, the client is vLLM's)
-        from backends.costmodel.optables.profile import ClientOverhead
+    from sim.app.replay import api_servers
 
-        client = ClientOverhead()
-        servers = ApiServers(lambda r: client.seconds(r.num_prompt_tokens))
+    servers = api_servers() if plan.options.api_server != "off" else None  # (auto: on, the client is vLLM's)
     workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine, servers)
     return simulate(engine, workload), workload
 

@@ -270,11 +270,22 @@ def vllm_batch_defaults(memory_bytes: int, name: str) -> dict[str, int]:
     return {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
 
 
+def vllm_release(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version ("0.12.0" -> (0, 12)); None for none or a build's name."""
+    found = re.match(r"(\d+)\.(\d+)", version or "")
+    return None if found is None else (int(found[1]), int(found[2]))
+
+
+def before_vllm(version: str | None, release: tuple[int, int]) -> bool:
+    """Whether `version` names a vLLM older than `release` (none, or a build's name: the newest)."""
+    found = vllm_release(version)
+    return found is not None and found < release
+
+
 def async_scheduling_default(vllm_version: str | None) -> bool:
     """vLLM schedules asynchronously by default from 0.14 (vllm-project/vllm#27614); a run priced as an
     older server (--vllm-version) schedules synchronously unless told otherwise."""
-    version = re.match(r"(\d+)\.(\d+)", vllm_version or "")
-    return version is None or (int(version[1]), int(version[2])) >= ASYNC_SCHEDULING_SINCE
+    return not before_vllm(vllm_version, ASYNC_SCHEDULING_SINCE)
 
 
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:

@@ -5,16 +5,15 @@ writes the run folder as the replay goes and keeps only what is in flight (`sim 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from sim.app.options import ReplayOptions
+from sim.app.options import ReplayOptions, before_vllm
 from sim.app.plan import RunPlan
-from sim.arrivals import RequestStream, TraceArrivals, simulate, through_api_servers
+from sim.arrivals import ApiServers, RequestStream, TraceArrivals, simulate, through_api_servers
 from sim.cluster import Cluster
 from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPResult, cuda_graph_max_tokens
 from sim.disagg import DisaggregatedCluster, PrefillEngine
@@ -63,10 +62,7 @@ def default_api_servers(dp: int, vllm_version: str | None) -> int:
     """vLLM's API servers in front of `dp` engine ranks: --api-server-count defaults to the
     data-parallel size from vLLM 0.15 (vllm/entrypoints/cli/serve.py, ServeSubcommand.cmd: internal
     load balancing), one before; a version not given (or not a release) is taken as the newest."""
-    version = re.match(r"(\d+)\.(\d+)", vllm_version or "")
-    if version is not None and (int(version[1]), int(version[2])) < API_SERVER_MIN_VERSION:
-        return 1
-    return dp
+    return 1 if before_vllm(vllm_version, API_SERVER_MIN_VERSION) else dp
 
 
 def api_server_count(options: ReplayOptions) -> int:
@@ -90,21 +86,29 @@ def with_api_server(trace: Trace, options: ReplayOptions) -> Trace:
     or was applied already."""
     if not models_api_server(options, trace) or trace.client_sent_s is not None or not len(trace):
         return trace
-    from backends.costmodel.optables.profile import ClientOverhead
-
-    client = ClientOverhead()
-    seconds = client.fixed_s + client.per_prompt_token_s * trace.prompt_tokens.astype(np.float64)
+    seconds = api_server_time().seconds(trace.prompt_tokens.astype(np.float64))  # (per request, as an array)
     arrival = through_api_servers(trace.arrival_s, seconds, api_server_count(options))
     return replace(trace, arrival_s=arrival, client_sent_s=trace.arrival_s)
+
+
+def api_server_time():
+    """What the API server takes over a request: `sim validate`'s ClientOverhead, its stated figures."""
+    from backends.costmodel.optables.profile import ClientOverhead
+
+    return ClientOverhead()
+
+
+def api_servers(count: int = 1) -> ApiServers:
+    """`count` API servers for a closed loop of clients (sim bench), each request priced by `api_server_time`."""
+    client = api_server_time()
+    return ApiServers(lambda r: client.seconds(r.num_prompt_tokens), count)
 
 
 def api_server_entry(options: ReplayOptions, trace: Trace) -> dict | None:
     """summary.json's account of the API server, where one is modelled."""
     if not models_api_server(options, trace):
         return None
-    from backends.costmodel.optables.profile import ClientOverhead
-
-    client = ClientOverhead()
+    client = api_server_time()
     return {"servers": api_server_count(options), "fixed_s": client.fixed_s,
             "per_prompt_token_s": client.per_prompt_token_s, "source": client.source,
             "why": "on" if options.api_server == "on" else f"auto: a {trace.format} trace's times are its client's sends"}

@@ -69,7 +69,7 @@ from backends.costmodel.optables.backend import OpTableBackend
 from backends.costmodel.optables.profile import ClientOverhead, build_profile
 from backends.costmodel.optables.tables import load_tables, systems_in
 from sim.app.opprofiles import kv_name
-from sim.app.options import ReplayOptions
+from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
 from sim.app.outputs import atomic_write_text
 from sim.app.plan import resolve
 from sim.arrivals import ApiServers, ClosedLoop, simulate
@@ -241,9 +241,7 @@ class Protocol:
         --async-scheduling; vLLM 0.14 on, SGLang and TensorRT-LLM (their overlap schedulers) do."""
         if self.async_scheduling is not None:
             return self.async_scheduling
-        version = re.match(r"(\d+)\.(\d+)", str(row.get("backend_version", "")))
-        return not (row["backend"] == "vllm" and version is not None
-                    and (int(version[1]), int(version[2])) < (0, 14))
+        return not (row["backend"] == "vllm" and before_vllm(str(row.get("backend_version", "")), ASYNC_SCHEDULING_SINCE))
 
     def warmup_for(self, row, first_wave_bound_ms: float) -> tuple[int, str]:
         """(waves not counted, why). `auto`: none, as vLLM's benchmark counts every request, unless
