@@ -94,3 +94,17 @@ def run(backend, items):
         b.add(str(i), computed, scheduled, table, needs_logits, is_decode=scheduled == 1 and computed > 0,
               token_source=ids)
     return backend.runner.logits(b.flatten(backend.block_size))
+
+
+def sim(*args) -> int:
+    """`sim ARGS...` in this process (each argument as text); its exit code."""
+    from sim.app.cli import main
+
+    return main([str(a) for a in args])
+
+
+def one_error_line(capsys) -> str:
+    """The one line `sim: error: ...` a refused command printed, without its prefix."""
+    err = capsys.readouterr().err
+    assert err.startswith("sim: error: ") and err.count("\n") == 1, err
+    return err.removeprefix("sim: error: ").rstrip("\n")

@@ -10,22 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from sim.app.cli import main
 from sim.app.outputs import MANIFEST_NAME, atomic_write_text, claim_folder, foreign_entries, read_manifest
 from sim.errors import ServesimError
+from tests.helpers import one_error_line, sim
 from traces import AZURE_CONV_SAMPLE
 
 SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "10"]
 
 
-def sim(*args) -> int:
-    return main([str(a) for a in args])
-
-
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("sim: error: ") and err.count("\n") == 1, err
-    return err
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -51,14 +43,14 @@ def test_a_users_files_of_run_file_names_are_refused_and_kept(tmp_path, capsys):
                                "servesim did not record writing"),
                           (h3, "holds measured/requests.csv, which servesim did not record writing")):
         assert sim("replay", *SMALL, "--out", folder, "--overwrite", "--quiet") == 2
-        said = error_line(capsys)
-        assert said.startswith(f"sim: error: {folder}: {named}"), said
-        assert said.endswith("choose another --out, or remove them yourself\n"), said
+        said = one_error_line(capsys)
+        assert said.startswith(f"{folder}: {named}"), said
+        assert said.endswith("choose another --out, or remove them yourself"), said
         assert tree(folder) == before[folder]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h2", "h3", "uf"]  # nothing left beside them
     # Without --overwrite it is the usual refusal; nothing is written either.
     assert sim("replay", *SMALL, "--out", uf, "--quiet") == 2
-    assert "already holds a run (report.html, requests.csv)" in error_line(capsys)
+    assert "already holds a run (report.html, requests.csv)" in one_error_line(capsys)
     assert tree(uf) == before[uf]
 
 
@@ -81,7 +73,7 @@ def test_a_run_file_edited_since_is_refused(tmp_path, capsys):
         f.write("my note at the end\n")
     before = tree(run)
     assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 2
-    assert error_line(capsys).startswith(f"sim: error: {run}: holds requests.csv, which servesim did not record "
+    assert one_error_line(capsys).startswith(f"{run}: holds requests.csv, which servesim did not record "
                                          f"writing (not in its {MANIFEST_NAME}, or changed since); ")
     assert tree(run) == before
 
@@ -177,5 +169,5 @@ def test_sweep_resume_then_overwrite(tmp_path, capsys):
     assert "capacity.csv" not in read_manifest(out) and foreign_entries(out) == ["capacity.csv"]
     capsys.readouterr()
     assert sim(*args, "--overwrite") == 2
-    assert "holds capacity.csv, which servesim did not record writing" in error_line(capsys)
+    assert "holds capacity.csv, which servesim did not record writing" in one_error_line(capsys)
     assert (out / "capacity.csv").read_text() == "mine\n"

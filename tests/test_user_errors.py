@@ -17,26 +17,17 @@ import pytest
 from reports.metrics import format_summary, requests_table, summarize
 from reports.outcomes import outcomes_from_result
 from sim.app.capacity import CapacitySLO
-from sim.app.cli import main
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve
 from sim.app.replay import replay
 from sim.config import SLO, SLO_KEYS, SchedulerConfig
-from tests.helpers import ConstantBackend, make_trace
+from tests.helpers import ConstantBackend, make_trace, one_error_line, sim
 from traces import AZURE_CONV_SAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "40"]
 
 
-def sim(*args) -> int:
-    return main([str(a) for a in args])
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("sim: error: ") and err.count("\n") == 1, err
-    return err.removeprefix("sim: error: ").rstrip("\n")
 
 
 # Exit 2, not "internal error".
