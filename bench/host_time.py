@@ -1,9 +1,9 @@
 """Host time per step: what vLLM's engine core does on the CPU each step, measured by running vLLM's own code.
 
-    VLLM_TARGET_DEVICE=cpu PYTHONPATH=$PWD /work/venv-parity/bin/python bench/host_time.py [--out FILE] [--reps N]
+    VLLM_TARGET_DEVICE=cpu .venv-parity/bin/python bench/host_time.py [--out FILE] [--reps N]
     python3 bench/host_time.py --reference-only     # on a serving host: its reference loop, to carry a profile there
 
-Needs vLLM (the `parity` extra); writes profiles/host/vllm-<version>-<cpu>.json (docs/host-time.md).
+Needs vLLM (the `parity` extra); writes profiles/host/vllm-<version>-<cpu>.json (docs/async-scheduling.md: Host time per step).
 
 Each step of a steady batch of R running requests (decoding, prompts of 512 tokens) is driven through:
 
@@ -313,7 +313,7 @@ def main(argv: list[str]) -> int:
     cpu = cpu_model()
     profile = {
         "what": "vLLM engine core host (CPU) seconds per step = sum over pieces of "
-                "fixed_s + per_request_s * requests + per_token_s * tokens (docs/host-time.md)",
+                "fixed_s + per_request_s * requests + per_token_s * tokens (docs/async-scheduling.md: Host time per step)",
         "vllm_version": vllm.__version__,
         "cpu": cpu,
         "python": platform.python_version(),

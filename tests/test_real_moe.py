@@ -6,7 +6,7 @@
 3. Against Hugging Face transformers (its own modeling_qwen3_moe.py and modeling_mixtral.py, the
    weights loaded by its from_pretrained from the hub's tensor names): logits and greedy tokens;
    and the dense decoder (Qwen3 with QK-norm, Llama with Llama 3.1's RoPE scaling) the same way.
-   Skipped where transformers is not installed (CI's main venv); run with /work/venv-parity's python.
+   Skipped where transformers is not installed (CI's main venv); run with .venv-parity's python (.ci/run does).
 4. What the real backend refuses (MLA, sliding windows, shared experts, other MoE families): one
    line naming the cost model.
 """
