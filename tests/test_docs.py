@@ -94,3 +94,21 @@ def test_readme_fits_a_few_screens():
     num_lines = len(README.read_text().splitlines())
     assert num_lines <= MAX_README_LINES, (f"README.md has {num_lines} lines, over {MAX_README_LINES}: move the "
                                           "detail to a page under docs/ and link it from the Topics table")
+
+
+DOCS_NAME = re.compile(r"(?<![\w./-])docs/([a-z0-9-]+\.md)")  # our pages: lower case and hyphens
+NAMED_IN = ("sim", "policies", "backends", "traces", "reports", "bench", "scripts", "profiles", "tests", "docs")
+
+
+def test_docs_pages_named_in_the_code_exist():
+    """A `docs/NAME.md` that a docstring, message, profile or page names is a page of ours (pages
+    are named in lower case with hyphens; another project's, such as llm-d's docs/disagg_pd.md, are not)."""
+    missing = []
+    for folder in NAMED_IN:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".md", ".json", ".toml") or not path.is_file():
+                continue
+            for name in DOCS_NAME.findall(path.read_text(errors="replace")):
+                if not (ROOT / "docs" / name).exists():
+                    missing.append(f"{path.relative_to(ROOT)}: docs/{name}")
+    assert not missing, "pages named but not in docs/: " + "; ".join(sorted(set(missing)))
