@@ -1,4 +1,4 @@
-"""servesim's DP load balancer (sim/data_parallel.py DPLoadBalancer) against vLLM 0.33's own
+"""servesim's DP load balancer (sim/data_parallel.py DPLoadBalancer) against vLLM 0.33's and 0.34's own
 DPLBAsyncMPClient.get_core_engine_for_request (vllm/v1/engine/core_client.py), called on a stand-in
 client that holds only the fields it reads: the same snapshots, in-flight counts and request
 order give the same ranks, the same local waiting increments and the same scan start.

@@ -28,6 +28,9 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, Slid
 from backends.kv_capacity import kv_cache_groups, vllm_kv_cache  # noqa: E402
 from backends.model_config import ModelConfig, resolve_model  # noqa: E402
 from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, MISTRAL_7B_V01  # noqa: E402
+from tests.parity.vllm_driver import allow_config_without_triton  # noqa: E402
+
+allow_config_without_triton()
 
 
 def vllm_config(max_model_len: int, block_size: int, max_num_batched_tokens: int) -> VllmConfig:

@@ -1,4 +1,4 @@
-"""Sliding windows against vLLM 0.33's own code:
+"""Sliding windows against vLLM 0.33's and 0.34's own code:
 
 - the block manager of sliding-window models (sim/sliding_block_manager.py) against vLLM's `Scheduler`
   and `AsyncScheduler` over one SlidingWindowSpec group (a model whose every layer slides:

@@ -27,7 +27,7 @@ import functools
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -51,6 +51,19 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 VOCAB_SIZE = 1 << 20  # above any synthetic token id
+
+
+def allow_config_without_triton() -> None:
+    """vLLM 0.34 refuses a `VllmConfig` on an x86 CPU without Triton's CPU backend
+    (vllm/platforms/cpu.py, `CpuPlatform.check_and_update_config`: "vLLM on x86 CPUs requires
+    Triton"), which its CPU model runner's kernels need. The parity suite builds the config for the
+    scheduler alone and runs no model, so it tells that check Triton is there (0.33 has no check)."""
+    import vllm.triton_utils
+
+    vllm.triton_utils.HAS_TRITON = True
+
+
+allow_config_without_triton()
 
 # (tokens scheduled this step, context length after the step), one entry per request -> seconds
 StepTime = Callable[[list[int], list[int]], float]
@@ -110,6 +123,15 @@ def _model_dir() -> str:
 def _block_hasher_ready() -> bool:
     init_none_hash(sha256)
     return True
+
+
+def runner_output(req_ids: list[str], sampled: list[list[int]]) -> ModelRunnerOutput:
+    """The mocked forward pass's output: one list of sampled tokens per scheduled request. vLLM 0.33's
+    `ModelRunnerOutput` also takes `req_id_to_index`; 0.34's derives it."""
+    extra = {}
+    if "req_id_to_index" in {f.name for f in fields(ModelRunnerOutput)}:
+        extra["req_id_to_index"] = {r: k for k, r in enumerate(req_ids)}
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, **extra)
 
 
 def make_scheduler(setup: EngineSetup) -> Scheduler:
@@ -183,7 +205,7 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
         # Decode: a running request computing only its last sampled token (servesim's is_decode;
         # an admission is counted as a prefill even when a cached prefix leaves one token).
         new_ids = {d.req_id for d in out.scheduled_new_reqs}
-        resumed = set(out.scheduled_cached_reqs.resumed_req_ids)
+        resumed = set(getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()))  # 0.34: in scheduled_new_reqs
         num_prefill = num_decode = 0
         scheduled, contexts = [], []
         for rid, num in out.num_scheduled_tokens.items():
@@ -209,8 +231,7 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
                 sampled.append([requests[i].output_token_ids[request.num_output_tokens]])
             else:
                 sampled.append([])  # a partial prefill chunk samples nothing
-        output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
-                                   sampled_token_ids=sampled)
+        output = runner_output(req_ids, sampled)
         for outputs in scheduler.update_from_output(out, output).values():
             stats = outputs.scheduler_stats  # this step's, reset by update_from_output (make_stats)
             if stats is not None and stats.prefix_cache_stats is not None:
@@ -326,8 +347,7 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
                 sampled.append([tokens[request.num_output_tokens]])
             else:
                 sampled.append([])
-        output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
-                                   sampled_token_ids=sampled)
+        output = runner_output(req_ids, sampled)
         _count_prefix_stats(timeline, scheduler.update_from_output(out, output))
         if output_time is not None and scheduled:
             now += output_time(scheduled, contexts)
@@ -358,7 +378,7 @@ def _classify(out, live: dict[str, Request], samples: list[bool]) -> tuple[int, 
     """(prefill tokens, decode tokens, preemptions) of a step just scheduled by the AsyncScheduler: a decode
     computes one token of a running request that already has an output (delivered or in flight)."""
     new_ids = {d.req_id for d in out.scheduled_new_reqs}
-    resumed = set(out.scheduled_cached_reqs.resumed_req_ids)
+    resumed = set(getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()))  # 0.34: in scheduled_new_reqs
     num_prefill = num_decode = 0
     for (rid, num), samples_one in zip(out.num_scheduled_tokens.items(), samples):
         request = live[rid]
