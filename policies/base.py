@@ -107,6 +107,9 @@ class Policy:
 
     name = ""
     promises: ClassVar[Promises] = NO_PROMISES
+    # A step may hold a whole prompt beyond the token budget (`_admit_whole_prompts`): a sliding
+    # window's cache then has up to max_model_len tokens in flight, not only the budget's (sim/app/plan.py).
+    whole_prompts: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

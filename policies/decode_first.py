@@ -16,6 +16,7 @@ class DecodeFirstPolicy(Policy):
     # The promises of policies/base.py: admission only as finish_may_admit says; with none waiting, every
     # running request decodes.
     promises = Promises(fast_forward=True, decodes_all_when_none_waits=True)
+    whole_prompts = True  # the first prompt of a step is admitted whole, even beyond the budget
 
     def schedule(self, state: EngineState, now: float) -> Batch:
         batch = Batch()

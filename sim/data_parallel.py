@@ -62,6 +62,7 @@ from sim.backend import StepResult
 from sim.batch import Batch
 from sim.cluster import Cluster, ClusterSteps, Instant, Replica
 from sim.engine import Engine, SimResult, TokenTimes, delay_to
+from sim.errors import ServesimError
 from sim.fast_forward import single_step
 from sim.request import Request
 
@@ -378,6 +379,7 @@ class DataParallelGroup(Cluster):
                 self.num_waves += 1
             work: list[Batch | None] = []
             scheduled: list[tuple[int, int, int] | None] = []
+            was_pipelined = list(pipelined)
             for i, rank in enumerate(ranks):
                 engine = rank.engine
                 state = engine.state
@@ -396,6 +398,8 @@ class DataParallelGroup(Cluster):
                 work.append(None)
                 scheduled.append(None)
                 pipelined[i] = False
+            if all(batch is None for batch in work):
+                self._check_not_stalled(now, was_pipelined)
             results = self._price(work)
             seconds = max(result.seconds for result in results)
             steps = [(rank, batch, result, *logged) for rank, batch, result, logged
@@ -425,6 +429,28 @@ class DataParallelGroup(Cluster):
                 for rank in ranks:
                     rank.engine.free_finishing()
                 return end_s  # nothing more will run: the trailing dummy steps change no answer
+
+    def _check_not_stalled(self, now: float, was_pipelined: list[bool]) -> None:
+        """Every rank ran a dummy batch: fail, as a lone engine does (Engine._wait_for_policy), where
+        nothing can change what they schedule (no request runs, none will arrive, no policy's retry
+        time is ahead), rather than run dummy batches for ever."""
+        clients = self.clients
+        if not self.arrivals_done or any(rank.inbox for rank in self.ranks) or (clients is not None and clients.pending):
+            return
+        if not any(rank.engine.state.waiting for rank in self.ranks):
+            return  # a wave's last steps: nothing waits
+        for rank, pipelined in zip(self.ranks, was_pipelined):
+            state, policy = rank.engine.state, rank.engine.policy
+            if pipelined or state.running or state.finishing:
+                return
+            retry_s = policy.retry_s(state, now) if state.waiting else None
+            if retry_s is not None and retry_s > now:
+                return
+        stuck = next(rank for rank in self.ranks if rank.engine.state.waiting)
+        raise ServesimError(
+            f"policy {stuck.engine.policy.name} of DP rank {stuck.index} scheduled nothing at t={now:.6f} s with "
+            f"{len(stuck.engine.state.waiting)} waiting and none running, and no request will arrive: a policy must "
+            "schedule a request while any waits and nothing else can change (Policy.retry_s)")
 
     def run(self) -> DPResult:  # type: ignore[override]
         env = self.env

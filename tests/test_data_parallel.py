@@ -388,3 +388,15 @@ def test_sequence_parallel_moe_gathers_over_tp_x_dp(package):
     assert parts["dispatch"] == 48 * float(model._gather.many(np.array([8 * 4160.0]))[0][0])
     assert parts["combine"] == 48 * float(model._scatter.many(np.array([8 * 4096.0]))[0][0])
     assert "among 4 GPUs (the EP group" in model.sources["dispatch"]
+
+
+def test_a_rank_that_can_never_schedule_fails_instead_of_stepping_for_ever():
+    # A 40-token prompt and gpt-oss's layout (window 8, blocks of 4): its blocks held at once under a
+    # budget of 8 (11 full + 5 sliding = 16) fit 18 blocks, so it is not rejected, but prefill-first
+    # computes its prompt whole, 10 + 10 blocks at once: it can never be admitted. A lone engine says
+    # so (Engine._wait_for_policy); the lockstep group ran dummy batches for ever (found 2026-12-07).
+    g = group([(0.0, 40, 2)], num_blocks=18, seed_policy="prefill-first", window=8)
+    with pytest.raises(ServesimError, match="DP rank 0 scheduled nothing .* with 1 waiting"):
+        g.run()
+    chunked = group([(0.0, 40, 2)], num_blocks=18, seed_policy="chunked", window=8).run()
+    assert chunked.requests[0].status is Status.FINISHED

@@ -197,3 +197,30 @@ def test_a_sliding_model_starts_when_its_window_fits(tmp_path):
                                   "max_blocks_per_request": 513}]
     with pytest.raises(ServesimError, match="one sliding window's group"):
         kv_capacity(model, hardware, gpu_memory_utilization=0.19, **args)
+
+
+@pytest.mark.parametrize("policy", ["prefill-first", "decode-first"])
+def test_whole_prompt_policies_count_a_whole_prompt_in_flight(tmp_path, policy):
+    # prefill-first and decode-first compute a prompt whole, beyond the budget: its window's group
+    # holds the whole prompt's blocks in that step. Until 2026-12-07 the cache counted the budget's
+    # tokens in flight (window 128 - 1 + 512: 41 blocks), so a 3,000-token prompt (188 blocks at
+    # once) was taken into a 100-block cache and never admitted: "scheduled nothing" with every
+    # later request waiting behind it. It is rejected now, and the others finish.
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.app.replay import replay
+    from sim.config import CacheConfig
+    from sim.request import Status
+    from tests.helpers import make_trace
+
+    options = ReplayOptions(model=_mistral(tmp_path, sliding_window=128), hardware="H100-SXM",
+                            scheduler=SchedulerConfig(policy, 512, 16, max_model_len=4096, async_scheduling=False),
+                            cache=CacheConfig(block_size=16, num_blocks=100))
+    plan = resolve(options)
+    assert plan.make_block_manager().max_admission_blocks == 4096 // 16 + 1  # the longest prompt, at once
+    result = replay(make_trace([(0.0, 100, 5), (0.0, 3000, 5), (0.1, 200, 5), (0.2, 1500, 5)]), plan)
+    assert [r.status for r in result.requests] == [Status.FINISHED, Status.REJECTED, Status.FINISHED, Status.FINISHED]
+    assert result.requests[1].reject_reason == "needs 188 KV blocks, the whole cache has 100"
+    chunked = resolve(ReplayOptions(model=options.model, hardware="H100-SXM", scheduler=SchedulerConfig(
+        "chunked", 512, 16, max_model_len=4096, async_scheduling=False), cache=options.cache))
+    assert chunked.make_block_manager().max_admission_blocks == -(-(127 + 512) // 16) + 1  # vLLM's, unchanged

@@ -78,7 +78,11 @@ class RunPlan:
         groups = kv_cache_groups(self.model)
         if any(g.kind == "sliding_attention" for g in groups):
             window = max(g.sliding_window or 0 for g in groups)
-            in_flight = max_in_flight_tokens(scheduler.max_num_batched_tokens, scheduler.async_scheduling)
+            # A step's tokens: at most the budget, or (a policy admitting whole prompts beyond it) a whole prompt.
+            step_tokens = scheduler.max_num_batched_tokens
+            if getattr(self.policy, "whole_prompts", False):
+                step_tokens = max(step_tokens, self.max_model_len)
+            in_flight = max_in_flight_tokens(step_tokens, scheduler.async_scheduling)
             admission = min(window - 1 + in_flight, self.max_model_len)
             return SlidingWindowBlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
                                              tuple((g.kind, g.sliding_window) for g in groups), admission)
