@@ -65,7 +65,8 @@ def run_report_html(summary: dict, digest: dict | None, measured: dict | None = 
     reports/measured.py), drawn as a table after the numbers."""
     options = summary.get("options", {})
     trace = Path(str(options.get("trace", ""))).name
-    title = f"{options.get('scheduler', {}).get('policy', '')} on {trace}"
+    scheduler = options.get("scheduler")
+    title = f"{scheduler.get('policy', '') if isinstance(scheduler, dict) else ''} on {trace}"
     subtitle = f"{options.get('model', '')} on {options.get('hardware', '')}, {options.get('backend', '')} backend"
     row = summary_row(summary, digest)
     if row.get("status", "ok") != "ok":  # a failed point: report_html's table of rows names its error
@@ -84,7 +85,10 @@ def folder_report_html(directory: str | Path) -> str:
     d = Path(directory)
     if not d.is_dir():
         raise ServesimError(f"{d}: no such folder")
-    capacity = pd.read_csv(d / "capacity.csv") if (d / "capacity.csv").exists() else None
+    # A sweep's folder holds a capacity search's capacity.csv only beside its probes.parquet (a file of that
+    # name without them is not servesim's, and a sweep's report leaves it out).
+    has_search = (d / "capacity.csv").exists() and ((d / "probes.parquet").exists() or not (d / RESULTS).exists())
+    capacity = _read_capacity(d / "capacity.csv") if has_search else None
     if (d / RESULTS).exists():  # a sweep, and the capacity search run into the same folder if any
         rows, _ = read_table(d / RESULTS)
         return report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
@@ -118,14 +122,55 @@ def folder_report_html(directory: str | Path) -> str:
     return report_html(rows, title=f"{len(runs)} run{'s' * (len(runs) != 1)} in {d}", label_column="run")
 
 
+CAPACITY_COLUMNS = ("point", "slo", "status", "capacity_request_rate")  # what the capacity sections draw from
+
+
+def _read_capacity(path: Path):
+    """A capacity search's capacity.csv (sim.app.capacity_cli), refused naming it when it is not one."""
+    import pandas as pd
+
+    try:
+        capacity = pd.read_csv(path)
+    except (OSError, ValueError) as e:  # pandas' parser and empty-file errors are ValueErrors; so is bad UTF-8
+        raise ServesimError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    missing = [c for c in CAPACITY_COLUMNS if c not in capacity]
+    if missing or not pd.api.types.is_numeric_dtype(capacity["capacity_request_rate"]):
+        what = f"no {', '.join(missing)} column" if missing else "capacity_request_rate is not all numbers"
+        raise ServesimError(f"{path}: not the capacity.csv sim capacity writes ({what}); run the search again "
+                            "with --resume")
+    return capacity
+
+
 def _read_run(d: Path) -> tuple[dict, dict | None]:
+    summary, digest = _read_run_files(d)
+    # A summary.json or digest.json of another shape (edited, or another program's) is named here, not
+    # met as a KeyError deep in the drawing: its row is what every page draws from.
+    for name, value in (("summary.json", summary), ("digest.json", digest)):
+        if value is not None and not isinstance(value, dict):
+            raise ServesimError(f"{d / name}: not the JSON object servesim writes (a {type(value).__name__}); "
+                                "replay the trace again into a new folder")
+    try:
+        summary_row(summary, digest)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ServesimError(f"{d}: summary.json or digest.json is not as servesim writes it ({type(e).__name__}: "
+                            f"{e}); replay the trace again into a new folder") from None
+    return summary, digest
+
+
+def _read_run_files(d: Path) -> tuple:
     try:
         summary = json.loads((d / "summary.json").read_text())
         if (d / "digest.json").exists():
             return summary, json.loads((d / "digest.json").read_text())
         if find_table(d, "requests") and find_table(d, "steps"):  # a run from before digest.json
             steps = read_run_table(d, "steps", ["start_s", *TIMELINE])
-            return summary, make_digest(read_run_table(d, "requests"), None,
+            requests = read_run_table(d, "requests")
+            expected = summary.get("num_requests") if isinstance(summary, dict) else None
+            if isinstance(expected, int) and len(requests) != expected:  # cut short, or another run's
+                rows = f"{len(requests):,} row{'s' * (len(requests) != 1)}"
+                raise ServesimError(f"{find_table(d, 'requests')}: {rows}, but summary.json counts {expected:,} "
+                                    "requests; replay the trace again into a new folder")
+            return summary, make_digest(requests, None,
                                         {name: steps[name].to_numpy() for name in ("start_s", *TIMELINE)})
     except (OSError, ValueError, KeyError) as e:
         raise ServesimError(f"{d}: cannot read the run ({type(e).__name__}: {e})") from None

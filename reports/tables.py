@@ -11,6 +11,7 @@ from sim.errors import ServesimError
 
 RESULTS = "results.parquet"  # a sweep's table; a capacity search's is probes.parquet
 METADATA_KEY = b"servesim.sweep"  # the schema metadata key holding the table's identity (trace, grid, options)
+KEY_COLUMNS = ("point", "status")  # every row's point and whether it finished: a table without them is no table
 
 
 def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
@@ -47,4 +48,23 @@ def _read_arrow(path: str | Path):
     metadata = table.schema.metadata or {}
     if METADATA_KEY not in metadata:
         raise ServesimError(f"{path}: not a servesim results table (no sweep metadata)")
-    return table, json.loads(metadata[METADATA_KEY])
+    try:
+        identity = json.loads(metadata[METADATA_KEY])
+    except ValueError:  # not JSON, or not UTF-8
+        identity = None
+    if not _is_identity(identity):
+        raise ServesimError(f"{path}: not a servesim results table (its sweep metadata is not the JSON object "
+                            "servesim writes)")
+    missing = [name for name in KEY_COLUMNS if name not in table.column_names]
+    if missing:
+        raise ServesimError(f"{path}: not a servesim results table (no {' or '.join(missing)} column)")
+    return table, identity
+
+
+def _is_identity(identity) -> bool:
+    """The shape results_table.identity writes: {"trace_sha256": str, "axes": {name: [values]}, "fixed": {...}}."""
+    if not isinstance(identity, dict):
+        return False
+    axes, fixed = identity.get("axes", {}), identity.get("fixed", {})
+    return (isinstance(identity.get("trace_sha256", ""), str) and isinstance(fixed, dict) and isinstance(axes, dict)
+            and all(isinstance(values, list) for values in axes.values()))

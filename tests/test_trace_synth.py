@@ -135,6 +135,27 @@ def test_diurnal_mapping_by_hand():
     assert diurnal_times(u, 0.0, 4.0) is u
 
 
+@pytest.mark.parametrize("amplitude", [0.98, 0.999, 1 - 1e-11])
+def test_diurnal_mapping_near_amplitude_1_converges(amplitude):
+    """Near A = 1 the slope at the trough is nearly 0 and Newton's steps overshoot; `sim trace synth
+    --diurnal 0.99` was `sim: internal error: ... did not converge` (exit 1). The bracketed bisection
+    that takes over solves the mapping to the same tolerance, in order."""
+    u = np.sort(np.random.default_rng(0).uniform(0, 5 * 86_400, 20_000))
+    u[0] = 0.0
+    t = diurnal_times(u, amplitude, 86_400.0)
+    w = 2 * np.pi / 86_400
+    assert np.abs(t - amplitude / w * np.sin(w * t) - u).max() < 1e-6
+    assert t[0] == 0.0 and (np.diff(t) >= 0).all()
+
+
+def test_synth_diurnal_099_writes_a_trace(tmp_path):
+    from sim.app.cli import main
+
+    out = tmp_path / "t.csv"
+    assert main(["trace", "synth", str(out), "--num-requests", "1000", "--diurnal", "0.99"]) == 0
+    assert len(read_trace(out)) == 1000
+
+
 def test_diurnal_arrivals_follow_the_daily_rate():
     # 200,000 requests over about 2 days at A = 0.5: the night quarter (around t = 0 mod a day)
     # has rate 1 - 0.5 * mean(cos) over it, the day quarter 1 + the same.

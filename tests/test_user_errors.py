@@ -73,10 +73,49 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
     (["trace", "stats", AZURE_CONV_SAMPLE, "--max-model-len", 100],
      "--max-model-len applies here with --on-too-long truncate (a replay rejects requests that are too long; "
      "these commands keep them unless told to truncate)"),
+    # sim calibrate's flags of the other way of calibrating were ignored: a --tp 4 fitted a profile of one device.
+    (["calibrate", "--model", "tiny", "--tp", 4],
+     "--tp 4 applies with --from-ops (a profile derived from operator tables); the real backend's calibration "
+     "measures one device (--device) as it is"),
+    (["calibrate", "--model", "tiny", "--dtype", "fp8"],
+     "--dtype fp8 applies with --from-ops (a profile derived from operator tables); the real backend's calibration "
+     "measures one device (--device) as it is"),
+    (["calibrate", "--from-ops", ".", "--system", "h100_sxm", "--model", "Llama-3.1-8B", "--device", "cuda"],
+     "--device cuda does not apply to sim calibrate with --from-ops, which runs no backend and derives the profile "
+     "from the tables"),
+    (["calibrate", "--from-ops", ".", "--system", "h100_sxm", "--model", "Llama-3.1-8B", "--grid", "small"],
+     "--grid small does not apply to sim calibrate with --from-ops, which runs no backend and derives the profile "
+     "from the tables"),
+    # --on-too-long shapes a trace, as --limit does; sim bench's own requests have their lengths.
+    (["bench", "--concurrency", 2, "--input-len", 64, "--output-len", 8, "--num-prompts", 4, "--on-too-long",
+      "truncate"], "--on-too-long truncate shapes a trace; sim bench makes its own requests (of --input-len and "
+                   "--output-len)"),
+    # A MoE priced by the roofline (a hardware file of no system) routes no tokens by a distribution.
+    (["replay", *SMALL, "--model", "Qwen3-30B-A3B", "--profile", "roofline", "--moe-distribution", "balanced"],
+     "--moe-distribution balanced prices a mixture of experts' fused-MoE layer from the moe_perf tables of the "
+     "hardware's system (the tables extra); this run of Qwen3-30B-A3B on H100-SXM is priced another way, which "
+     "spreads no tokens over experts"),
 ])
 def test_options_that_do_not_apply_are_refused(tmp_path, capsys, args, message):
-    assert sim(*args, *(["--out", tmp_path / "o"] if args[0] == "replay" else [])) == 2
+    out = {"replay": "--out", "bench": "--out", "calibrate": "--out"}.get(args[0])
+    target = tmp_path / ("p.json" if args[0] == "calibrate" else "o")
+    assert sim(*args, *([out, target] if out else [])) == 2
     assert one_error_line(capsys) == message
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("hardware,system", [("H200", "h200_sxm"), ("A100-80GB", "a100_sxm")])
+def test_calibrate_from_ops_refuses_hardware_of_another_gpu_than_the_tables(tmp_path, capsys, hardware, system):
+    """--system h100_sxm --hardware H200 wrote a profile named H200 with H100 kernel times, and `sim
+    replay --hardware H200 --profile` took it as H200's: silently an H100's step times."""
+    out = tmp_path / "p.json"
+    assert sim("calibrate", "--from-ops", tmp_path, "--system", "h100_sxm", "--model", "Llama-3.1-8B", "--hardware",
+               hardware, "--out", out) == 2
+    assert one_error_line(capsys) == (
+        f"--hardware {hardware} is the GPU of system {system}, but the --system h100_sxm tables were measured on "
+        f"H100-SXM: the profile would pass {hardware}'s name off with H100-SXM's kernel times; give --hardware "
+        "H100-SXM (or a hardware JSON file of that GPU)")
+    assert not out.exists()
 
 
 def test_capacity_of_another_trace_in_a_sweeps_folder_is_refused_naming_both(tmp_path, capsys):
@@ -185,6 +224,100 @@ def test_report_of_one_run_folder_says_1_run(tmp_path, capsys):
     assert sim("report", tmp_path / "runs") == 0
     title = re.search(r"<title>(.*?)</title>", (tmp_path / "runs" / "report.html").read_text()).group(1)
     assert title == f"1 run in {tmp_path / 'runs'}"
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("summary.json", "[]", "summary.json: not the JSON object servesim writes (a list)"),
+    ("summary.json", "NaN", "summary.json: not the JSON object servesim writes (a float)"),
+    ("summary.json", '{"ttft": 5}', "summary.json or digest.json is not as servesim writes it (TypeError"),
+    ("digest.json", "[1]", "digest.json: not the JSON object servesim writes (a list)"),
+    ("digest.json", "{}", "summary.json or digest.json is not as servesim writes it (KeyError: 'ttft')"),
+])
+def test_report_of_runs_with_a_summary_or_digest_of_another_shape_names_it(tmp_path, capsys, name, content, message):
+    """A run's summary.json or digest.json that is JSON but not servesim's shape was `sim: internal
+    error: AttributeError` (exit 1); now exit 2 naming the run, alone or in a folder of runs."""
+    runs = tmp_path / "runs"
+    for policy in ("chunked", "decode-first"):
+        assert sim("replay", *SMALL, "--limit", 10, "--policy", policy, "--out", runs / policy, "--quiet") == 0
+    (runs / "chunked" / name).write_text(content)
+    for folder in (runs, runs / "chunked"):
+        assert sim("report", folder) == 2
+        line = one_error_line(capsys)
+        assert str(runs / "chunked") in line and message in line, line
+        assert "replay the trace again" in line
+
+
+def test_report_of_a_run_whose_requests_table_is_cut_short_is_refused(tmp_path, capsys):
+    """A run from before digest.json is drawn from its tables: one cut short (a copy stopped midway)
+    drew CDFs of the rows left, exit 0; now its rows are counted against summary.json's."""
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--limit", 20, "--steps", "csv", "--out", run, "--quiet") == 0
+    (run / "digest.json").unlink()
+    lines = (run / "requests.csv").read_text().splitlines(keepends=True)
+    (run / "requests.csv").write_text("".join(lines[:5]))
+    assert sim("report", run) == 2
+    assert one_error_line(capsys) == (f"{run / 'requests.csv'}: 4 rows, but summary.json counts 20 requests; replay "
+                                      "the trace again into a new folder")
+    (run / "requests.csv").write_text("".join(lines))  # whole again: drawn as before
+    assert sim("report", run) == 0
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"\xff\xfe\x00\x01", "cannot read (UnicodeDecodeError"),
+    (b"", "cannot read (EmptyDataError"),
+    (b'policy,slo\n"unterminated\n', "cannot read (ParserError"),
+    (b"a,b\n", "not the capacity.csv sim capacity writes (no point, slo, status, capacity_request_rate column)"),
+])
+def test_report_of_a_capacity_search_with_a_broken_capacity_csv_names_it(tmp_path, capsys, content, message):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "c"
+    assert sim("capacity", *SMALL, "--limit", 20, "--slo", "tbt=0.1", "--max-rate-scale", 2, "--jobs", 1, "--out", out,
+               "--quiet") == 0
+    capsys.readouterr()
+    (out / "capacity.csv").write_bytes(content)
+    assert sim("report", out) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"{out / 'capacity.csv'}: {message}"), line
+    # --resume writes capacity.csv again from the probes.
+    assert sim("capacity", *SMALL, "--limit", 20, "--slo", "tbt=0.1", "--max-rate-scale", 2, "--jobs", 1, "--out",
+               out, "--quiet", "--resume") == 0
+    assert sim("report", out) == 0
+
+
+@pytest.mark.parametrize("metadata,message", [
+    (b"{not json", "not a servesim results table (its sweep metadata is not the JSON object servesim writes)"),
+    (b"\xff\xfe", "not a servesim results table (its sweep metadata is not the JSON object servesim writes)"),
+    (b'"x"', "not a servesim results table (its sweep metadata is not the JSON object servesim writes)"),
+    (b'{"axes": {"policy": 5}}', "not a servesim results table (its sweep metadata is not the JSON object servesim "
+                                 "writes)"),
+    (None, "not a servesim results table (no point column)"),
+])
+def test_a_sweep_table_of_another_shape_is_refused_by_resume_and_report(tmp_path, capsys, metadata, message):
+    """results.parquet whose identity is not JSON, or not an object, or that lacks its point column:
+    `sim sweep --resume` and `sim report` were `sim: internal error` (JSONDecodeError, AttributeError,
+    KeyError); now exit 2 naming the file."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "S"
+    args = ["sweep", *SMALL, "--limit", 5, "--policy", "chunked,decode-first", "--jobs", 1, "--quiet", "--out", out]
+    assert sim(*args) == 0
+    table = pq.read_table(out / "results.parquet")
+    if metadata is None:
+        table = table.drop_columns(["point"])
+    else:
+        table = table.replace_schema_metadata({b"servesim.sweep": metadata})
+    pq.write_table(table, out / "results.parquet")
+    for command in (args + ["--resume"], ["report", out]):
+        assert sim(*command) == 2
+        assert one_error_line(capsys) == f"{out / 'results.parquet'}: {message}"
+
+
+def test_a_users_capacity_csv_beside_a_sweep_is_left_out_of_its_report(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "S"
+    assert sim("sweep", *SMALL, "--limit", 5, "--jobs", 1, "--quiet", "--out", out) == 0
+    (out / "capacity.csv").write_bytes(b"\xff\xfe mine")  # no probes.parquet: no search ran here
+    assert sim("report", out) == 0
+    assert (out / "capacity.csv").read_bytes() == b"\xff\xfe mine"
 
 
 def _chromium() -> str | None:

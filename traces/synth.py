@@ -163,7 +163,9 @@ def _gaps(rng: np.random.Generator, n: int, rate: float, arrival: str, cv: float
 def diurnal_times(u: np.ndarray, amplitude: float, period_s: float) -> np.ndarray:
     """The times t at which the cumulative diurnal rate reaches the constant-rate times u: the t with
     t - amplitude * period / (2 pi) * sin(2 pi t / period) = u (Newton's method; the left side rises
-    with slope between 1 - amplitude and 1 + amplitude, so it has exactly one solution)."""
+    with slope between 1 - amplitude and 1 + amplitude, so it has exactly one solution). Near
+    amplitude 1 the slope at the trough is nearly 0 and Newton's steps overshoot: then bisection
+    on the bracket [u - amplitude / w, u + amplitude / w], which always holds the solution."""
     if amplitude == 0:
         return u
     w = 2 * math.pi / period_s
@@ -173,7 +175,14 @@ def diurnal_times(u: np.ndarray, amplitude: float, period_s: float) -> np.ndarra
         t -= step
         if np.abs(step).max() <= 1e-12 * max(1.0, float(t[-1])):
             return t
-    raise RuntimeError("internal error: the diurnal time mapping did not converge")
+    lo, hi = u - amplitude / w, u + amplitude / w
+    for _ in range(2200):  # a float's bracket halves to nothing within ~2100 halvings
+        if not (hi - lo > 1e-12 * np.maximum(1.0, np.abs(hi))).any():
+            break
+        mid = lo + (hi - lo) / 2
+        below = mid - amplitude / w * np.sin(w * mid) < u
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return hi
 
 
 def synthesize(config: SynthConfig) -> Trace:

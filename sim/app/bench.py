@@ -185,6 +185,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in TRACE_OPTIONS:
         if getattr(args, name, None) is not None:
             raise ServesimError(f"--{name.replace('_', '-')} shapes a trace; sim bench makes its own requests")
+    if getattr(args, "on_too_long", "reject") != "reject":  # its default, "reject", is the engine's own
+        raise ServesimError(f"--on-too-long {args.on_too_long} shapes a trace; sim bench makes its own requests "
+                            "(of --input-len and --output-len)")
     spec = BenchSpec(args.concurrency, args.input_len, args.output_len, args.num_prompts, args.request_rate,
                      args.random_range_ratio)
     options = options_from_args(args)

@@ -189,6 +189,7 @@ def cmd_from_ops(args) -> int:
         raise ServesimError("--from-ops needs --system, the tables' system name (e.g. h100_sxm)")
     model = resolve_model(args.model)
     hardware = resolve_hardware(args.hardware) if args.hardware else None
+    check_tables_hardware(args.system, args.hardware, hardware)
     if args.tp > 1 and hardware is None:
         raise ServesimError(f"--tp {args.tp} needs --hardware (its link's bandwidth prices the all-reduces no table "
                             "measures)")
@@ -207,6 +208,22 @@ def cmd_from_ops(args) -> int:
         print(format_op_profile(profile))
         print(f"wrote {out}")
     return 0
+
+
+def check_tables_hardware(system: str, given: str | None, hardware) -> None:
+    """Refuse a --hardware that names another GPU than the one the --system tables were measured on
+    (H200 with h100_sxm tables): the profile would carry the hardware's name and be taken for its
+    kernel times. A hardware file names no system: it is taken as the tables' GPU, as --hardware asks."""
+    from backends.costmodel.optables.systems import list_systems, package_systems_dir
+
+    measured_on = None if hardware is None else system_of(hardware)
+    if measured_on is None or measured_on == system:
+        return
+    if system in SYSTEM_HARDWARE or (package_systems_dir() is not None and system in list_systems()):
+        wanted = SYSTEM_HARDWARE.get(system, system)
+        raise ServesimError(f"--hardware {given} is the GPU of system {measured_on}, but the --system {system} tables "
+                            f"were measured on {wanted}: the profile would pass {given}'s name off with {wanted}'s "
+                            f"kernel times; give --hardware {wanted} (or a hardware JSON file of that GPU)")
 
 
 def format_op_profile(profile: OpProfile) -> str:

@@ -266,6 +266,14 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         raise ServesimError(f"--moe-kernel {options.moe_kernel} prices a mixture of experts' fused-MoE layer from the "
                             f"moe_perf tables of the hardware's system (the tables extra); this run of {model.name} "
                             f"on {hardware.name} has no such layer priced from them")
+    if options.moe_distribution != "auto" and model.num_experts and build_backend and not hasattr(backend, "moe_kernel"):
+        # (A dense model has no experts to route: the flag changes nothing and summary.json leaves it out, so a
+        # sweep over dense and MoE models may keep one value.) A MoE priced another way would record a
+        # distribution that priced nothing.
+        raise ServesimError(f"--moe-distribution {options.moe_distribution} prices a mixture of experts' fused-MoE "
+                            "layer from the moe_perf tables of the hardware's system (the tables extra); this run of "
+                            f"{model.name} on {hardware.name} is priced another way, which spreads no tokens over "
+                            "experts")
     if options.dtype == "fp4" and op_profile is None and backend is None:
         raise ServesimError("fp4 weights are priced from operator tables that measure them (nvfp4 GEMMs), not the "
                             "roofline")
