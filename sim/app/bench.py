@@ -147,20 +147,22 @@ def check_runnable(spec: BenchSpec, plan: RunPlan) -> None:
 
 def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) -> dict:
     """The run folder of `sim replay` (its trace: the requests as sent), with the bench's settings and
-    peak concurrency in summary.json."""
-    from reports.bench_table import peak_concurrency
+    vLLM's per-second peaks (output tokens, concurrent requests) in summary.json."""
+    from reports.bench_table import per_second_peaks
     from sim.app.replay import write_run
     from traces.trace import Trace
 
     rows = result.requests
-    sent = [r for r in rows if r.finish_s is not None]
+    done = [i for i, r in enumerate(rows) if r.finish_s is not None]
+    sent = [rows[i] for i in done]
 
     def send(r: Request) -> float:  # the client's (before the API server, where one is modelled)
         return r.arrival_s if r.client_sent_s is None else r.client_sent_s
     trace = Trace(np.array([r.arrival_s for r in rows]), np.array([r.num_prompt_tokens for r in rows]),
                   np.array([r.max_tokens for r in rows]), source=f"sim bench {describe(spec)}", format="sim-bench")
-    extra = {"bench": spec.as_dict(),
-             "peak_concurrent_requests": peak_concurrency([send(r) for r in sent], [r.finish_s for r in sent])}
+    token_times = np.concatenate([result.tokens_of(i) for i in done]) if done else np.zeros(0)
+    peak_tokens, peak_requests = per_second_peaks([send(r) for r in sent], [r.finish_s for r in sent], token_times)
+    extra = {"bench": spec.as_dict(), "peak_output_tokens_per_s": peak_tokens, "peak_concurrent_requests": peak_requests}
     return write_run(out, result, plan, trace, extra=extra, start_s=0.0)
 
 
