@@ -10,11 +10,17 @@ the step, which is then taken back out) until it fits or preempted itself. Then,
 preempted, waiting requests are admitted in queue order, each prefill chunked to the budget left
 (and the threshold), while the blocks of its whole sequence fit (`reserve_full_isl`). Steps mix
 prefill chunks and decodes.
+
+With `--cache-aware-admission-window N` (vLLM 0.34), before admitting, the first N waiting requests
+that never ran are reordered among their own places: the longest cached prefix first, queue order
+breaking ties (`_reorder_by_cached_prefix`).
 """
 
 from __future__ import annotations
 
-from policies.base import Policy, Promises, victim_key
+from itertools import islice
+
+from policies.base import NO_PROMISES, Policy, Promises, victim_key
 from sim.batch import Batch
 from sim.request import Request, Status, num_leading_decoding
 from sim.state import EngineState
@@ -25,6 +31,13 @@ class ChunkedPolicy(Policy):
     # The promises of policies/base.py: admission only as finish_may_admit says; with none waiting, every
     # running request decodes; a step that the decodes and a chunk fill repeats.
     promises = Promises(fast_forward=True, decodes_all_when_none_waits=True, repeats_full_chunk_steps=True)
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if config.cache_aware_admission_window:
+            # The queue's order then follows what the cache holds at every step (an eviction by a decode's new
+            # block can bring another request to the head), so no run of steps may be planned past it.
+            self.promises = NO_PROMISES  # type: ignore[misc]  # this instance's, narrower than the class's
 
     def chunk_run_budget(self) -> int | None:
         """The step budget, where the decodes and one prefill fill it (`Policy`'s third promise):
@@ -52,6 +65,8 @@ class ChunkedPolicy(Policy):
         budget = self._schedule_running_in_order(state, batch, budget, threshold)
         # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).
         if state.num_preemptions == num_preemptions:  # (so the seats are those counted above)
+            if cfg.cache_aware_admission_window and len(state.waiting) > 1:
+                self._reorder_by_cached_prefix(state)
             chunk_cap = min(budget, threshold) if threshold else budget
             while state.waiting and budget > 0 and num_seats < cfg.max_num_seqs:
                 admitted = self._try_admit(state, batch, now, max_chunk=chunk_cap)
@@ -61,6 +76,35 @@ class ChunkedPolicy(Policy):
                 budget -= admitted
                 chunk_cap = min(budget, threshold) if threshold else budget
         return batch
+
+    def _reorder_by_cached_prefix(self, state: EngineState) -> None:
+        """vLLM 0.34's cache-aware admission (vllm/v1/core/sched/scheduler.py,
+        `Scheduler._reorder_waiting_by_cached_prefix`, called before the waiting loop of a step that
+        preempted nothing): once the cache's usage (`BlockPool.get_usage`: 1 - free / usable blocks)
+        is at least the threshold, the requests among the first `window` waiting that never ran (status
+        WAITING, no computed tokens: a preempted one keeps its place) are put, in their own places, in
+        order of their cached prefix (`KVCacheManager.get_num_cached_tokens`: the admission's hit, at
+        most num_tokens - 1 tokens), longest first, queue order breaking ties. Only under fcfs with
+        prefix caching (sim/app/plan.py refuses the rest, which vLLM ignores)."""
+        cfg = self.config
+        block_manager = state.block_manager
+        if 1.0 - block_manager.num_free_blocks / block_manager.num_blocks < cfg.cache_aware_admission_threshold:
+            return
+        waiting = state.waiting
+        head = list(islice(waiting, cfg.cache_aware_admission_window))
+        slots = [i for i, request in enumerate(head) if not request.num_preemptions and not request.num_computed_tokens]
+        if len(slots) < 2:
+            return
+        cached = {i: len(block_manager.cached_prefix(head[i])) for i in slots}  # blocks: the same order as tokens
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        for _ in head:
+            waiting.popleft()  # type: ignore[union-attr]  # fcfs: a deque
+        waiting.extendleft(reversed(reordered))  # type: ignore[union-attr]
 
     def _schedule_running_in_order(self, state: EngineState, batch: Batch, budget: int, threshold: int) -> int:
         """The running requests' tokens, in running order; returns the budget left."""

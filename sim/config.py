@@ -109,6 +109,9 @@ BLOCK_SIZE = Range(1, 2**16, "tokens", "tokens per KV block, a power of two; vLL
 NUM_BLOCKS = Range(1, MAX_NUM_BLOCKS, "blocks", "each KV block takes about 60 bytes of host memory: 33,554,432 "
                    "take 2 GB; a larger --block-size needs fewer", whole=True)
 MEMORY_FRACTION = Range(0.0, 1.0, "", "a fraction of the device's memory", open_low=True)
+QUEUE_WINDOW = Range(0, 2**20, "requests", "0 means off; the waiting requests looked at in one step, each a prefix-cache "
+                     "lookup", whole=True)
+USAGE_FRACTION = Range(0.0, 1.0, "", "a fraction of the KV cache's blocks in use")
 SEED = Range(0, 2**63 - 1, "", "a random seed is a 64-bit signed integer", whole=True)
 FUSION_MB = Range(0.0, 1024.0, "MB", "0 means off; vLLM's FlashInfer all-reduce workspace holds at most a few hundred MB")
 TENSOR_PARALLEL = Range(1, 1024, "GPUs", "GPUs of one engine; the largest NVLink domain has 576", whole=True)
@@ -248,6 +251,19 @@ class SchedulerConfig:
         help="order of the waiting queue: fcfs (arrival) or priority (the trace's priority column, lower first, "
              "then arrival; preemption takes the running request with the largest priority value), as vLLM's "
              "--scheduling-policy (default: {default})")
+
+    # vLLM 0.34's cache-aware admission (SchedulerConfig.cache_aware_admission_window and _threshold;
+    # Scheduler._reorder_waiting_by_cached_prefix): chunked, fcfs and prefix caching only (sim/app/plan.py).
+    cache_aware_admission_window: int = option(
+        0, flag="--cache-aware-admission-window", range=QUEUE_WINDOW, metavar="N",
+        help="chunked: at each step, among the first N waiting requests (those never run), admit the ones with the "
+             "longest cached prefix first, arrival order breaking ties, once the KV cache is at least "
+             "--cache-aware-admission-threshold full: vLLM 0.34's option (needs fcfs and prefix caching; "
+             "default: {default}, off: strictly in arrival order)")
+    cache_aware_admission_threshold: float = option(
+        0.5, flag="--cache-aware-admission-threshold", range=USAGE_FRACTION, metavar="F",
+        help="fraction of the KV cache's blocks in use below which --cache-aware-admission-window does not reorder "
+             "(vLLM 0.34's; default: {default})")
 
     # The engine core's clock (docs/async-scheduling.md): vLLM's AsyncScheduler with its batch queue of 2
     # (default since vLLM 0.14), and the CPU's seconds per step (backends/host_time.py).

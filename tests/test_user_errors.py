@@ -95,6 +95,18 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
      "--moe-distribution balanced prices a mixture of experts' fused-MoE layer from the moe_perf tables of the "
      "hardware's system (the tables extra); this run of Qwen3-30B-A3B on H100-SXM is priced another way, which "
      "spreads no tokens over experts"),
+    # vLLM 0.34's cache-aware admission reorders chunked's fcfs queue by the prefix cache; vLLM ignores it otherwise.
+    (["replay", *SMALL, "--cache-aware-admission-window", 4, "--policy", "decode-first"],
+     "--cache-aware-admission-window 4 reorders the waiting queue of the chunked policy (vLLM's scheduler), not of "
+     "decode-first"),
+    (["replay", *SMALL, "--cache-aware-admission-window", 4, "--scheduling-policy", "priority"],
+     "--cache-aware-admission-window 4 needs --scheduling-policy fcfs: vLLM ignores it under priority"),
+    (["replay", *SMALL, "--cache-aware-admission-window", 4, "--no-prefix-caching"],
+     "--cache-aware-admission-window 4 orders requests by their cached prefix: it needs prefix caching (drop "
+     "--no-prefix-caching)"),
+    (["replay", *SMALL, "--cache-aware-admission-threshold", 1.5],
+     "--cache-aware-admission-threshold must be a number from 0 to 1, got 1.5 (a fraction of the KV cache's blocks "
+     "in use)"),
 ])
 def test_options_that_do_not_apply_are_refused(tmp_path, capsys, args, message):
     out = {"replay": "--out", "bench": "--out", "calibrate": "--out"}.get(args[0])

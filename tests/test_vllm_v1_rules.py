@@ -121,3 +121,47 @@ def test_long_prefill_token_threshold_caps_each_chunk_unless_one_request_is_left
     assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(3.0, 4.0), (2.0, 2.0)]
     _, uncapped = run(rows, num_blocks=64, budget=16)
     assert uncapped == [(16, 0, 0), (4, 1, 0)]  # R1 gets the 2 tokens left, then its last 4
+
+
+# vLLM 0.34's cache-aware admission (Scheduler._reorder_waiting_by_cached_prefix).
+
+CACHE_AWARE_ROWS = [(0.0, 64, 30), (0.5, 64, 4), (0.5, 64, 4)]
+CACHE_AWARE_HASHES = [[1, 2, 3, 4], [7, 8, 9, 10], [1, 2, 3, 11]]
+
+
+@pytest.mark.parametrize("window, threshold, a_times, b_times", [
+    (0, 0.5, (2.0, 5.0), (6.0, 9.0)),  # off: strictly in arrival order
+    (2, 0.0, (6.0, 9.0), (2.0, 5.0)),  # B's three cached blocks put it ahead of A
+    (2, 0.5, (2.0, 5.0), (6.0, 9.0)),  # 4 of 100 blocks in use: below the threshold, no reordering
+    (1, 0.0, (2.0, 5.0), (6.0, 9.0)),  # a window of one request reorders nothing
+])
+def test_cache_aware_admission_puts_a_cached_prefix_first(window, threshold, a_times, b_times):
+    # Block size 16, 100 blocks, budget 128, two seats. R0 (prompt 64, hash ids [1, 2, 3, 4], output 30)
+    # prefills at t=0 and decodes to t=30. A ([7, 8, 9, 10]) and B ([1, 2, 3, 11]) arrive at 0.5, A first,
+    # with one seat free. Whoever goes first at t=1 runs to t=5 (B computes 16 tokens, 48 cached; A 64),
+    # the other is admitted at t=5 and runs to t=9. B hits R0's three blocks either way.
+    result, _ = run(CACHE_AWARE_ROWS, num_blocks=100, budget=128, max_num_seqs=2, hash_ids=CACHE_AWARE_HASHES,
+                    cache_aware_admission_window=window, cache_aware_admission_threshold=threshold)
+    r0, a, b = result.requests
+    assert (r0.first_token_s, r0.finish_s) == (1.0, 30.0)
+    assert (a.first_token_s, a.finish_s) == a_times and (b.first_token_s, b.finish_s) == b_times
+    assert (a.num_prefix_hit_tokens, b.num_prefix_hit_tokens) == (0, 48)
+
+
+def test_cache_aware_admission_plans_no_runs_of_steps():
+    # The queue's order follows the cache at every step, so the engine steps one by one: the same answers
+    # with fast-forward on and off (tests/parity runs it against vLLM 0.34 itself).
+    rng = np.random.default_rng(5)
+    rows = [(float(t), int(rng.integers(16, 200)), int(rng.integers(1, 40))) for t in np.sort(rng.integers(0, 60, 60))]
+    # Three shared documents: each prompt's full blocks are the leading blocks of one of them.
+    hashes = [list(range(f * 100, f * 100 + p // 16)) for f, (_, p, _) in zip(rng.integers(0, 3, len(rows)), rows)]
+    options = ReplayOptions(
+        scheduler=SchedulerConfig("chunked", max_num_batched_tokens=128, max_num_seqs=8, async_scheduling=False,
+                                  host_time=False, cache_aware_admission_window=8,
+                                  cache_aware_admission_threshold=0.0),
+        cache=CacheConfig(block_size=16, num_blocks=60))
+    trace = make_trace(rows, hashes, 16)
+    plan = resolve(options, backend=ConstantBackend(1.0))
+    on, off = (replay(trace, plan, fast_forward=ff) for ff in (True, False))
+    assert [(r.first_token_s, r.finish_s) for r in on.requests] == [(r.first_token_s, r.finish_s) for r in off.requests]
+    assert on.steps.num_prefill_tokens.tolist() == off.steps.num_prefill_tokens.tolist()

@@ -188,6 +188,27 @@ FUSION_AT_TP1 = ("--allreduce-fusion-max-mb changes nothing at --tp 1: one GPU h
                  "(its RMSNorms are priced as without the flag)")
 
 
+def check_cache_aware_admission(options: ReplayOptions, policy: type[Policy]) -> None:
+    """--cache-aware-admission-window reorders a chunked engine's FCFS queue by what its prefix cache
+    holds: vLLM 0.34 ignores it under the priority policy or without prefix caching
+    (`Scheduler.__init__`, `cache_aware_window`); servesim refuses what would change nothing."""
+    from policies.chunked import ChunkedPolicy
+
+    window = options.scheduler.cache_aware_admission_window
+    if not window:
+        return
+    flag = f"--cache-aware-admission-window {window}"
+    if not issubclass(policy, ChunkedPolicy):
+        raise ServesimError(f"{flag} reorders the waiting queue of the chunked policy (vLLM's scheduler), not of "
+                            f"{options.scheduler.policy}")
+    if options.scheduler.scheduling_policy != "fcfs":
+        raise ServesimError(f"{flag} needs --scheduling-policy fcfs: vLLM ignores it under "
+                            f"{options.scheduler.scheduling_policy}")
+    if not options.cache.enable_prefix_caching:
+        raise ServesimError(f"{flag} orders requests by their cached prefix: it needs prefix caching (drop "
+                            "--no-prefix-caching)")
+
+
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
     check everything but build no backend (sweeps check every point before running any)."""
@@ -212,6 +233,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         raise ServesimError(f"--max-model-len {max_model_len} is more than {model.name}'s "
                             f"max_position_embeddings ({limit})")
     policy = load_policy(options.scheduler.policy)
+    check_cache_aware_admission(options, policy)
     calibration, op_profile, tables = None, None, None
     if options.vllm_version is not None and options.profile is not None:
         raise ServesimError(f"--vllm-version picks the tables a profile is derived from; it does not apply with "

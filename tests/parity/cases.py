@@ -220,3 +220,32 @@ def hybrid_cases() -> list[Case]:
                       EngineSetup(block_size=4, num_gpu_blocks=16, max_num_batched_tokens=32, max_num_seqs=4,
                                   sliding_window=16, hybrid=True)))
     return cases
+
+
+def cache_aware_cases() -> list[Case]:
+    """vLLM 0.34's cache-aware admission (`--cache-aware-admission-window`; skipped on a vLLM without
+    it): a hand case where the window moves a request with a cached prefix ahead of an earlier one,
+    the same under a threshold the cache's usage does not reach (no reordering), and the bursty
+    shared-prefix traces under tight and small caches (preempted requests keep their places)."""
+    # Request 0 (t = 0) caches blocks [1, 2, 3, 4]; at t = 30, during its decodes, A ([7, 8, 9, 10]) and
+    # then B ([1, 2, 3, 11]: three blocks cached) arrive, with one seat free: B goes first.
+    rows = [(0, 64, 30), (30, 64, 4), (30, 64, 4)]
+    hashes = [[1, 2, 3, 4], [7, 8, 9, 10], [1, 2, 3, 11]]
+    hand = _trace(rows, hash_ids=hashes, hash_block_tokens=16)
+    cases = [
+        Case("cache-aware-hand", hand, EngineSetup(max_num_batched_tokens=64, max_num_seqs=2, num_gpu_blocks=100,
+                                                   cache_aware_admission_window=2,
+                                                   cache_aware_admission_threshold=0.0)),
+        Case("cache-aware-hand-below-threshold", hand,
+             EngineSetup(max_num_batched_tokens=64, max_num_seqs=2, num_gpu_blocks=100,
+                         cache_aware_admission_window=2, cache_aware_admission_threshold=0.5)),
+    ]
+    for seed in range(2):
+        rows = bursty_rows(seed, 200, 800, 64)
+        hashed = _trace(rows, shared_prefix_hashes(seed, rows, 32), hash_block_tokens=32)
+        for blocks, window, threshold in ((300, 4, 0.5), (1200, 16, 0.0), (600, 8, 0.5)):
+            cases.append(Case(f"cache-aware-{blocks}-w{window}-{seed}", hashed,
+                              EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=blocks,
+                                          cache_aware_admission_window=window,
+                                          cache_aware_admission_threshold=threshold)))
+    return cases

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field, fields
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
+import pytest
 import torch
+import vllm
 from transformers import LlamaConfig
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
@@ -93,6 +95,8 @@ class EngineSetup:
     async_scheduling: bool = False  # vLLM's AsyncScheduler driven as the engine core's batch queue drives it
     sliding_window: int | None = None  # one group of sliding-window layers (SlidingWindowSpec) in place of full attention
     hybrid: bool = False  # with sliding_window: a sliding group, then a full-attention group (gpt-oss, Gemma 2)
+    cache_aware_admission_window: int = 0  # vLLM 0.34's cache-aware admission (0: off; not in 0.33)
+    cache_aware_admission_threshold: float = 0.5
 
 
 @dataclass
@@ -137,11 +141,17 @@ def runner_output(req_ids: list[str], sampled: list[list[int]]) -> ModelRunnerOu
 def make_scheduler(setup: EngineSetup) -> Scheduler:
     model = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float16", seed=0,
                         max_model_len=setup.max_model_len)
+    extra = {}
+    if setup.cache_aware_admission_window:
+        if "cache_aware_admission_window" not in SchedulerConfig.__dataclass_fields__:
+            pytest.skip(f"vLLM {vllm.__version__} has no cache-aware admission (it came in 0.34)")
+        extra = {"cache_aware_admission_window": setup.cache_aware_admission_window,
+                 "cache_aware_admission_threshold": setup.cache_aware_admission_threshold}
     scheduler = SchedulerConfig(
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len, is_encoder_decoder=False, enable_chunked_prefill=True,
         long_prefill_token_threshold=setup.long_prefill_token_threshold, policy=setup.scheduling_policy,
-        scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=setup.async_scheduling)
+        scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=setup.async_scheduling, **extra)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     # VllmConfig turns asynchronous scheduling off on this CPU platform; on a GPU it stays on, and
