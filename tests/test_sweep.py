@@ -247,3 +247,17 @@ def test_a_resume_refusal_names_the_option_that_differs():
                                                           "cluster_num_replicas": 2}}
     assert difference(one, cluster) == "option cluster_num_replicas = not set there, 2 here"
     assert difference(one, {**one, "fixed": {"seed": 3}}) == "option seed = 0 there, 3 here"
+
+
+@pytest.mark.slow
+def test_a_sweep_over_cache_aware_admission_windows(tmp_path):
+    # The Mooncake sample's shared prefixes under a tight cache: a window moves cached prompts ahead.
+    from traces import MOONCAKE_SAMPLE
+
+    out = tmp_path / "w"
+    assert main(["sweep", str(MOONCAKE_SAMPLE), "--limit", "120", "--num-gpu-blocks", "3000",
+                 "--cache-aware-admission-window", "0,32", "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    frame = read_table(out / RESULTS)[0]
+    assert frame["cache_aware_admission_window"].tolist() == [0, 32] and (frame["status"] == "ok").all()
+    assert (frame["num_requests"] == 120).all() and frame["completed"].nunique() == 1  # (the same rejected)
+    assert frame["ttft_p50"].iloc[1] != frame["ttft_p50"].iloc[0]
