@@ -428,7 +428,12 @@ class DataParallelGroup(Cluster):
             if self.arrivals_done and not any(rank.engine.state.has_work or rank.inbox for rank in ranks):
                 for rank in ranks:
                     rank.engine.free_finishing()
-                return end_s  # nothing more will run: the trailing dummy steps change no answer
+                if running:  # the wave's last steps, dummy batches on every rank until the all-reduce ends it:
+                    trailing = DP_SYNC_INTERVAL - counter % DP_SYNC_INTERVAL  # counted, not timed (no request
+                    self.num_lockstep_steps += trailing                       # is left to answer for)
+                    for rank in ranks:
+                        rank.num_dummy_steps += trailing
+                return end_s
 
     def _check_not_stalled(self, now: float, was_pipelined: list[bool]) -> None:
         """Every rank ran a dummy batch: fail, as a lone engine does (Engine._wait_for_policy), where

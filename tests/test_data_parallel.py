@@ -88,8 +88,10 @@ def test_worked_example_exact_to_the_step():
                     s.num_decode_tokens.tolist(), s.dp_wait.tolist()))
     assert rows == [(0, 0.0, 1.5, 4, 0, 0.0), (0, 1.5, 2.0, 2, 1, 0.75), (1, 1.5, 2.0, 6, 0, 0.0),
                     (0, 3.5, 0.75, 0, 1, 0.0)]
-    assert result.num_lockstep_steps == 3 and result.num_waves == 1
-    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 0), (1, 1, 2)]
+    # 3 lockstep steps run requests; then dummy batches on both ranks until the all-reduce of the 16th step
+    # ends the wave (counted, not timed: no request is left to answer for).
+    assert result.num_lockstep_steps == 16 and result.num_waves == 1
+    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 13), (1, 1, 15)]
 
 
 def test_worked_example_scheduled_asynchronously():
@@ -115,8 +117,8 @@ def test_worked_example_scheduled_asynchronously():
                     s.num_decode_tokens.tolist(), s.dp_wait.tolist()))
     assert rows == [(0, 0.0, 1.5, 4, 0, 0.0), (0, 1.5, 2.0, 0, 1, 1.25), (1, 1.5, 2.0, 6, 0, 0.0),
                     (0, 3.5, 1.0, 2, 0, 0.0), (0, 4.5, 0.75, 0, 1, 0.0)]
-    assert result.end_s == 5.25 and result.num_lockstep_steps == 4
-    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 4, 0), (1, 1, 3)]
+    assert result.end_s == 5.25 and result.num_lockstep_steps == 16  # 4, then dummies to the 16th's all-reduce
+    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 4, 12), (1, 1, 15)]
     assert result.summary()["scheduling"] == "asynchronous"
     for rank in g.ranks:
         assert rank.engine.block_manager.num_used_blocks == 0
@@ -290,8 +292,8 @@ def test_a_closed_loop_dp_row_exact_to_the_step():
                     s.num_decode_tokens.tolist(), s.moe.tolist(), s.dp_wait.tolist()))
     assert rows == [(0, 0.25, 3.75, 4, 0, 2.0, 0.0), (0, 4.0, 4.0, 0, 1, 1.75, 1.25), (1, 4.0, 4.0, 6, 0, 1.75, 0.0),
                     (0, 9.5, 2.25, 2, 0, 1.0, 0.0)]
-    assert result.end_s == 11.75 and result.num_lockstep_steps == 4 and result.num_waves == 1
-    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 1), (1, 1, 3)]
+    assert result.end_s == 11.75 and result.num_lockstep_steps == 16 and result.num_waves == 1  # 4 + 12 dummies
+    assert [(r["requests"], r["steps"], r["dummy_steps"]) for r in result.per_rank] == [(2, 3, 13), (1, 1, 15)]
 
 
 def test_closed_loop_clients_through_one_api_server_per_rank():
