@@ -78,7 +78,13 @@ class Worker:
     def __init__(self, max_num_reqs: int, max_model_len: int, max_tokens: int, block_size: int):
         import numpy as np
         import torch
-        from vllm.v1.worker.gpu_input_batch import InputBatch
+        try:
+            from vllm.v1.worker.gpu_input_batch import InputBatch
+        except ImportError:  # vLLM 0.34 replaced V1's GPU model runner with vllm/v1/worker/gpu/
+            import vllm
+            raise SystemExit(f"bench/host_time.py: vLLM {vllm.__version__} has no V1 GPU model runner "
+                             "(vllm/v1/worker/gpu_input_batch.py, gpu_model_runner.py), whose CPU work this "
+                             "measures; run it with vLLM 0.33 (docs/async-scheduling.md)") from None
 
         self.np, self.torch = np, torch
         self.batch = InputBatch(max_num_reqs=max_num_reqs, max_model_len=max_model_len,
