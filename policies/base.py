@@ -268,14 +268,21 @@ class Policy:
 
         With `reserve_full_isl` (the default) the blocks of the request's whole current sequence
         must be free, not only those of its first chunk: vLLM 0.33's Scheduler.schedule passes
-        `full_sequence_must_fit=scheduler_reserve_full_isl` to KVCacheManager.allocate_slots."""
+        `full_sequence_must_fit=scheduler_reserve_full_isl` to KVCacheManager.allocate_slots.
+
+        With `--watermark W`, while any request runs (vLLM's `has_scheduled_reqs=bool(self.running)`,
+        the finishing ones of a step in flight among them), int(W x the pool's blocks) must stay free
+        besides the request's (`allocate_slots`: `watermark_blocks = int(watermark *
+        kv_cache_config.num_blocks)`, the pool's blocks with its null block: servesim's + 1)."""
         request = state.waiting[0]
         bm = state.block_manager
         cached = bm.cached_prefix(request)
         remaining = request.num_tokens - len(cached) * bm.block_size
         num_tokens = remaining if max_chunk is None else min(remaining, max_chunk)
-        if not (bm.can_allocate(cached, remaining, num_tokens) if self.config.reserve_full_isl
-                else bm.can_allocate(cached, num_tokens)):
+        watermark = self.config.watermark
+        reserve = int(watermark * (bm.num_blocks + 1)) if watermark and (state.running or state.finishing) else 0
+        if not (bm.can_allocate(cached, remaining, num_tokens, reserve) if self.config.reserve_full_isl
+                else bm.can_allocate(cached, num_tokens, 0, reserve)):
             return 0
         state.waiting.popleft()
         num_hit = bm.allocate(request, cached, num_tokens)

@@ -11,13 +11,14 @@ AXES: dict[str, type] = {
     "max_num_seqs": int,
     "long_prefill_token_threshold": int,
     "scheduling_policy": str,
+    "watermark": float,
     "cache_aware_admission_window": int,
     "rate_scale": float,
     "seed": int,
 }
 SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs", "rate_scale": "rate",
                "long_prefill_token_threshold": "prefill cap", "scheduling_policy": "queue",
-               "cache_aware_admission_window": "cache-aware window"}
+               "watermark": "watermark", "cache_aware_admission_window": "cache-aware window"}
 
 
 def axis_name(axis: str) -> str:

@@ -119,14 +119,15 @@ class BlockManager(PrefixIndex):
             return 0
         return len(self._shared_hits(request, request.num_shared_blocks(self.block_size))[0])
 
-    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0) -> bool:
+    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0, reserve: int = 0) -> bool:
         """Whether a request with this cached prefix (`cached_prefix`'s answer) can get blocks for
         `num_new_tokens` more (SingleTypeKVCacheManager.get_num_blocks_to_allocate: a hit on a
         free block takes it out of the free queue too). `num_first_tokens`: the tokens of its first
         chunk when `num_new_tokens` reserves its whole sequence; they need fewer blocks here (a
-        sliding window's cap can make them the stricter check: SlidingWindowBlockManager)."""
+        sliding window's cap can make them the stricter check: SlidingWindowBlockManager). `reserve`:
+        blocks that must stay free besides (the watermark: Policy._try_admit)."""
         num_new = self.blocks_for(len(cached) * self.block_size + num_new_tokens) - len(cached)
-        return num_new + cached.num_free <= self.num_free_blocks
+        return num_new + cached.num_free + reserve <= self.num_free_blocks
 
     def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> int:
         """Give an admitted request its cached prefix (`cached_prefix`'s blocks, looked up just

@@ -112,6 +112,7 @@ MEMORY_FRACTION = Range(0.0, 1.0, "", "a fraction of the device's memory", open_
 QUEUE_WINDOW = Range(0, 2**20, "requests", "0 means off; the waiting requests looked at in one step, each a prefix-cache "
                      "lookup", whole=True)
 USAGE_FRACTION = Range(0.0, 1.0, "", "a fraction of the KV cache's blocks in use")
+WATERMARK = Range(0.0, 0.99, "", "a fraction of the KV cache's blocks kept free when admitting; vLLM's is below 1")
 SEED = Range(0, 2**63 - 1, "", "a random seed is a 64-bit signed integer", whole=True)
 FUSION_MB = Range(0.0, 1024.0, "MB", "0 means off; vLLM's FlashInfer all-reduce workspace holds at most a few hundred MB")
 TENSOR_PARALLEL = Range(1, 1024, "GPUs", "GPUs of one engine; the largest NVLink domain has 576", whole=True)
@@ -252,6 +253,13 @@ class SchedulerConfig:
              "then arrival; preemption takes the running request with the largest priority value), as vLLM's "
              "--scheduling-policy (default: {default})")
 
+    # Blocks kept free when admitting a waiting or preempted request while any runs (vLLM's watermark:
+    # KVCacheManager.allocate_slots, watermark_blocks = int(watermark * KVCacheConfig.num_blocks)).
+    watermark: float = option(
+        0.0, flag="--watermark", range=WATERMARK, metavar="F",
+        help="admit a waiting (or preempted) request only if, besides its blocks, this fraction of the KV cache "
+             "stays free, while any request runs: headroom against preemption, vLLM's --watermark (default: "
+             "{default}, off)")
     # vLLM 0.34's cache-aware admission (SchedulerConfig.cache_aware_admission_window and _threshold;
     # Scheduler._reorder_waiting_by_cached_prefix): chunked, fcfs and prefix caching only (sim/app/plan.py).
     cache_aware_admission_window: int = option(

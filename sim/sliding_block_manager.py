@@ -312,7 +312,7 @@ class SlidingWindowBlockManager(BlockManager):
             return 0
         return len(self._hit(request, request.num_shared_blocks(self.block_size))[0])
 
-    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0) -> bool:
+    def can_allocate(self, cached: CachedPrefix, num_new_tokens: int, num_first_tokens: int = 0, reserve: int = 0) -> bool:
         """allocate_slots' checks for a waiting request with this hit: each group's blocks for
         `num_new_tokens` more (a sliding group's capped at max_admission_blocks) when
         `num_first_tokens` (the first chunk's tokens) is given; then blocks for the first chunk,
@@ -325,11 +325,11 @@ class SlidingWindowBlockManager(BlockManager):
             capped = min(blocks, self.max_admission_blocks)
             needed = (len(self.full_groups) * max(blocks - num_hit, 0)
                       + len(self.sliding_groups) * max(capped - num_hit, 0))
-            if needed + cached.num_free > self.num_free_blocks:
+            if needed + cached.num_free + reserve > self.num_free_blocks:
                 return False
             num_new_tokens = num_first_tokens
         needed = num_groups * max(self.blocks_for(hit_tokens + num_new_tokens) - num_hit, 0)
-        return needed + cached.num_free <= self.num_free_blocks
+        return needed + cached.num_free + reserve <= self.num_free_blocks
 
     def allocate(self, request: Request, cached_blocks: list[int], num_new_tokens: int) -> int:
         """Give an admitted request its hit (`cached_prefix`'s, looked up just before): in each

@@ -104,6 +104,7 @@ configs = st.fixed_dictionaries({
     "reserve_full_isl": st.booleans(),
     "long_prefill_token_threshold": st.sampled_from([0, 0, 1, 3, 8]),
     "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
+    "watermark": st.sampled_from([0.0, 0.0, 0.1, 0.4]),
 })
 
 
@@ -117,7 +118,8 @@ def simulate(rows, cfg, check=True):
     sched = SchedulerConfig(cfg["policy"], cfg["max_num_seqs"] + cfg["extra_budget"], cfg["max_num_seqs"],
                             reserve_full_isl=cfg.get("reserve_full_isl", True),
                             long_prefill_token_threshold=cfg.get("long_prefill_token_threshold", 0),
-                            scheduling_policy=cfg.get("scheduling_policy", "fcfs"))
+                            scheduling_policy=cfg.get("scheduling_policy", "fcfs"),
+                            watermark=cfg.get("watermark", 0.0))
     policy = POLICIES[sched.policy](sched)
     if check:
         policy = CheckedPolicy(policy, sched)

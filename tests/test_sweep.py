@@ -182,7 +182,8 @@ def _points(policies=("prefill-first", "chunked"), scales=(1.0, 3.0)):
         for scale in scales:
             values = {"policy": policy, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
                       "max_num_batched_tokens": 512, "max_num_seqs": 256, "long_prefill_token_threshold": 0,
-                      "scheduling_policy": "fcfs", "cache_aware_admission_window": 0, "rate_scale": scale,
+                      "scheduling_policy": "fcfs", "watermark": 0.0, "cache_aware_admission_window": 0,
+                      "rate_scale": scale,
                       "seed": 0}
             points.append(make_point(values, lambda v: ReplayOptions(scheduler=SchedulerConfig(v["policy"], 512))))
     return points
@@ -262,3 +263,13 @@ def test_a_sweep_over_cache_aware_admission_windows(tmp_path):
     assert frame["cache_aware_admission_window"].tolist() == [0, 32] and (frame["status"] == "ok").all()
     assert (frame["num_requests"] == 120).all() and frame["completed"].nunique() == 1  # (the same rejected)
     assert frame["ttft_p50"].iloc[1] != frame["ttft_p50"].iloc[0]
+
+
+def test_a_share_axis_takes_zero_and_its_range():
+    assert parse_axis("watermark", "0,0.1,0.5") == (0.0, 0.1, 0.5)
+    with pytest.raises(ServesimError, match="--watermark: '-0.1' must be a non-negative finite number"):
+        parse_axis("watermark", "0,-0.1")
+    with pytest.raises(ServesimError, match="--watermark must be a number from 0 to 0.99, got 1"):
+        parse_axis("watermark", "1")
+    with pytest.raises(ServesimError, match="--rate-scale: '0' must be a positive finite number"):
+        parse_axis("rate_scale", "0")

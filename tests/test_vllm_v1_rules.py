@@ -165,3 +165,17 @@ def test_cache_aware_admission_plans_no_runs_of_steps():
     on, off = (replay(trace, plan, fast_forward=ff) for ff in (True, False))
     assert [(r.first_token_s, r.finish_s) for r in on.requests] == [(r.first_token_s, r.finish_s) for r in off.requests]
     assert on.steps.num_prefill_tokens.tolist() == off.steps.num_prefill_tokens.tolist()
+
+
+@pytest.mark.parametrize("watermark, r1_times", [(0.0, (2.0, 5.0)), (0.15, (2.0, 5.0)), (0.2, (41.0, 44.0)),
+                                                  (0.3, (41.0, 44.0))])
+def test_watermark_keeps_blocks_free_while_a_request_runs(watermark, r1_times):
+    # Block size 16, 20 blocks (vLLM's pool: 21 with its null block). R0 (prompt 160: 10 blocks, output 40)
+    # runs from t=0 and holds 11 blocks from t=1 (13 at its end); R1 (prompt 96: 6 blocks) arrives at 0.5
+    # and finds 9 free at t=1. The watermark keeps int(W x 21) blocks free besides R1's 6 while R0 runs:
+    # 0.15 keeps 3 (6 + 3 = 9: admitted at t=1); 0.2 keeps 4 and 0.3 keeps 6 (10 and 12 > 9): R1 waits
+    # until R0 finishes at t=40, when nothing runs and no watermark applies.
+    result, _ = run([(0.0, 160, 40), (0.5, 96, 4)], num_blocks=20, budget=256, watermark=watermark)
+    r0, r1 = result.requests
+    assert (r0.first_token_s, r0.finish_s) == (1.0, 40.0)
+    assert (r1.first_token_s, r1.finish_s) == r1_times

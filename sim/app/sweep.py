@@ -57,11 +57,12 @@ def parse_axis(name: str, text: str) -> tuple:
         except ValueError:
             what = "a whole number" if kind is int else "a number"
             raise ServesimError(f"{flag}: {part!r} is not {what}") from None
-        if kind is float and not (math.isfinite(value) and value > 0):
-            raise ServesimError(f"{flag}: {part!r} must be a positive finite number")
+        bounds = range_of(name)  # the flag's physical range (sim.config)
+        zero_ok = bounds is not None and bounds.contains(0.0)  # a share, such as --watermark
+        if kind is float and not (math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+            raise ServesimError(f"{flag}: {part!r} must be a {'non-negative' if zero_ok else 'positive'} finite number")
         if kind is int and value < 0:
             raise ServesimError(f"{flag}: {part!r} must not be negative")
-        bounds = range_of(name)  # the flag's physical range (sim.config)
         if bounds is not None:
             bounds.check(flag, value)
         if value in values:

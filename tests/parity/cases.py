@@ -249,3 +249,35 @@ def cache_aware_cases() -> list[Case]:
                                           cache_aware_admission_window=window,
                                           cache_aware_admission_threshold=threshold)))
     return cases
+
+
+def watermark_cases() -> list[Case]:
+    """vLLM's `--watermark`: blocks kept free when admitting while any request runs. A hand case
+    where it holds the second request back until the first finishes, then bursty traces under tight
+    caches (preemptions, whose re-admissions it also guards), with and without shared prefixes, a
+    sliding window and the whole-sequence reservation off."""
+    # 20 usable blocks (21 in vLLM's pool): watermark 0.3 keeps int(0.3 x 21) = 6 free. R0 (prompt 160: 10
+    # blocks, output 40) runs; R1 (prompt 96: 6 blocks) at t = 30 finds 10 - 1 = 9 free, fewer than 6 + 6.
+    hand = _trace([(0, 160, 40), (30, 96, 4)])
+    cases = [
+        Case("watermark-hand", hand, EngineSetup(max_num_batched_tokens=256, max_num_seqs=4, num_gpu_blocks=20,
+                                                 watermark=0.3)),
+        Case("watermark-hand-off", hand, EngineSetup(max_num_batched_tokens=256, max_num_seqs=4, num_gpu_blocks=20)),
+    ]
+    for seed in range(2):
+        rows = bursty_rows(30 + seed, 200, 800, 64)
+        trace = _trace(rows)
+        hashed = _trace(rows, shared_prefix_hashes(30 + seed, rows, 32), hash_block_tokens=32)
+        cases += [
+            Case(f"watermark-tight-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                               num_gpu_blocks=300, watermark=0.1)),
+            Case(f"watermark-prefix-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                 num_gpu_blocks=500, watermark=0.25)),
+            Case(f"watermark-no-reserve-isl-{seed}", trace,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300, watermark=0.05,
+                             reserve_full_isl=False)),
+            Case(f"watermark-sliding-{seed}", hashed,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=100, watermark=0.2,
+                             sliding_window=128)),
+        ]
+    return cases

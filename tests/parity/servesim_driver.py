@@ -81,7 +81,7 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
              "max_num_seqs": setup.max_num_seqs, "max_model_len": setup.max_model_len}
     # V1's scheduler options, where this servesim has them.
     known = {f.name for f in fields(SchedulerConfig)}
-    for name in ("long_prefill_token_threshold", "scheduling_policy", "reserve_full_isl", "async_scheduling",
+    for name in ("long_prefill_token_threshold", "scheduling_policy", "reserve_full_isl", "async_scheduling", "watermark",
                  "cache_aware_admission_window", "cache_aware_admission_threshold"):
         if name in known:
             sched[name] = getattr(setup, name)

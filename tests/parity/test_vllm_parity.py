@@ -18,7 +18,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM is not installed (pip install '.[parity]')")
 
-from tests.parity.cases import all_cases, async_cases, async_variant, cache_aware_cases
+from tests.parity.cases import all_cases, async_cases, async_variant, cache_aware_cases, watermark_cases
 from tests.parity.run import assert_schedules_as_vllm
 
 CASES = all_cases()
@@ -40,4 +40,14 @@ CACHE_AWARE = [case for base in cache_aware_cases() for case in (base, async_var
 @pytest.mark.parametrize("case", CACHE_AWARE, ids=[c.name for c in CACHE_AWARE])
 def test_cache_aware_admission_as_vllm(case, fast_forward):
     """vLLM 0.34's cache-aware admission (skipped on a vLLM without it)."""
+    assert_schedules_as_vllm(case, fast_forward)
+
+
+WATERMARK = [case for base in watermark_cases() for case in (base, async_variant(base))]
+
+
+@pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
+@pytest.mark.parametrize("case", WATERMARK, ids=[c.name for c in WATERMARK])
+def test_watermark_as_vllm(case, fast_forward):
+    """vLLM's --watermark (0.33 and 0.34)."""
     assert_schedules_as_vllm(case, fast_forward)
