@@ -59,8 +59,11 @@ class ChunkedPolicy(Policy):
         budget = cfg.max_num_batched_tokens
         # vLLM lifts the cap when a single request waits or runs: it has nobody to starve.
         num_seats = state.num_seats
-        threshold = (cfg.long_prefill_token_threshold
-                     if num_seats + len(state.waiting) > 1 else 0)
+        num_eligible = num_seats + len(state.waiting)
+        threshold = cfg.long_prefill_token_threshold if num_eligible > 1 else 0
+        if threshold and cfg.long_prefill_token_threshold_adaptive:
+            # vLLM's floor: a fair share of the budget (Scheduler.schedule, `adaptive_long_prefill_threshold`).
+            threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
         num_preemptions = state.num_preemptions
         budget = self._schedule_running_in_order(state, batch, budget, threshold)
         # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).

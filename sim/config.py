@@ -246,6 +246,10 @@ class SchedulerConfig:
         0, flag="--long-prefill-token-threshold", range=TOKEN_CAP, metavar="N",
         help="chunked: most prompt tokens one request computes in a step, so long prompts share the budget; 0 for "
              "no cap (vLLM's option and default; vLLM lifts it when a single request is waiting or running)")
+    long_prefill_token_threshold_adaptive: bool = option(
+        False, flag="--long-prefill-token-threshold-adaptive", boolean=True,
+        help="chunked: raise --long-prefill-token-threshold to a fair share of the budget, the budget divided by "
+             "the requests running and waiting, when that is more (vLLM's option; default: off)")
     # fcfs: by arrival; priority: by the trace's priority (lower first), then arrival (vLLM's policy).
     scheduling_policy: str = option(
         "fcfs", flag="--scheduling-policy", choices=SCHEDULING_POLICIES, metavar="fcfs|priority",

@@ -38,6 +38,7 @@ class CheckedPolicy:
         decoding_before = [r for r in state.running if r.is_decoding]
         running_before = list(state.running)
         num_queued_before = len(state.running) + len(state.waiting)
+        num_eligible_before = state.num_seats + len(state.waiting)  # vLLM's running list holds the finishing too
         preemptions_before = {id(r): r.num_preemptions for r in running_before}
         num_preemptions = state.num_preemptions
         batch = self.inner.schedule(state, now)
@@ -84,7 +85,10 @@ class CheckedPolicy:
                 assert id(r) in scheduled or r.status is Status.WAITING
         if self.name == "chunked" and threshold and num_queued_before > 1:
             # (With the cap, prefills ahead in the running order may take the budget from a decode,
-            # as in vLLM.) No request computes more than the cap in a step.
+            # as in vLLM.) No request computes more than the cap in a step (adaptive: at least a fair share of
+            # the budget).
+            if self.config.long_prefill_token_threshold_adaptive:
+                threshold = max(threshold, self.config.max_num_batched_tokens // num_eligible_before)
             assert max(batch.num_scheduled_tokens) <= threshold
         return batch
 
@@ -105,6 +109,7 @@ configs = st.fixed_dictionaries({
     "long_prefill_token_threshold": st.sampled_from([0, 0, 1, 3, 8]),
     "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
     "watermark": st.sampled_from([0.0, 0.0, 0.1, 0.4]),
+    "long_prefill_token_threshold_adaptive": st.booleans(),
 })
 
 
@@ -119,7 +124,9 @@ def simulate(rows, cfg, check=True):
                             reserve_full_isl=cfg.get("reserve_full_isl", True),
                             long_prefill_token_threshold=cfg.get("long_prefill_token_threshold", 0),
                             scheduling_policy=cfg.get("scheduling_policy", "fcfs"),
-                            watermark=cfg.get("watermark", 0.0))
+                            watermark=cfg.get("watermark", 0.0),
+                            long_prefill_token_threshold_adaptive=cfg.get("long_prefill_token_threshold_adaptive",
+                                                                          False))
     policy = POLICIES[sched.policy](sched)
     if check:
         policy = CheckedPolicy(policy, sched)

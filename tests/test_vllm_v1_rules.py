@@ -123,6 +123,17 @@ def test_long_prefill_token_threshold_caps_each_chunk_unless_one_request_is_left
     assert uncapped == [(16, 0, 0), (4, 1, 0)]  # R1 gets the 2 tokens left, then its last 4
 
 
+def test_the_adaptive_threshold_floors_the_cap_at_a_fair_share_of_the_budget():
+    # The rows above with --long-prefill-token-threshold-adaptive: two requests share the budget of 16, so
+    # the cap of 4 is raised to 16 // 2 = 8. Step 0: R0 8 tokens, R1 its whole 6 (it finishes). Step 1: R0,
+    # alone, its last 6. Step 2: R0 decodes.
+    rows = [(0.0, 14, 2), (0.0, 6, 1)]
+    result, steps = run(rows, num_blocks=64, budget=16, long_prefill_token_threshold=4,
+                        long_prefill_token_threshold_adaptive=True)
+    assert steps == [(14, 0, 0), (6, 0, 0), (0, 1, 0)]
+    assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(2.0, 3.0), (1.0, 1.0)]
+
+
 # vLLM 0.34's cache-aware admission (Scheduler._reorder_waiting_by_cached_prefix).
 
 CACHE_AWARE_ROWS = [(0.0, 64, 30), (0.5, 64, 4), (0.5, 64, 4)]

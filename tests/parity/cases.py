@@ -281,3 +281,30 @@ def watermark_cases() -> list[Case]:
                              sliding_window=128)),
         ]
     return cases
+
+
+def adaptive_threshold_cases() -> list[Case]:
+    """vLLM's `--long-prefill-token-threshold-adaptive`: the long-prefill cap raised to the budget over
+    the requests running and waiting. A hand case (two prompts: a cap of 4 becomes 16 // 2 = 8), then
+    bursty traces with tight and ample caches, shared prefixes and priorities."""
+    cases = [Case("adaptive-hand", _trace([(0, 30, 2), (0, 30, 1)]),
+                  EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, long_prefill_token_threshold=4,
+                              long_prefill_token_threshold_adaptive=True))]
+    for seed in range(2):
+        rows = bursty_rows(40 + seed, 200, 800, 64)
+        trace = _trace(rows)
+        hashed = _trace(rows, shared_prefix_hashes(40 + seed, rows, 32), hash_block_tokens=32)
+        priority = tuple(int(p) for p in np.random.default_rng(50 + seed).integers(0, 4, len(trace)))
+        cases += [
+            Case(f"adaptive-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=400,
+                                                        long_prefill_token_threshold=32,
+                                                        long_prefill_token_threshold_adaptive=True)),
+            Case(f"adaptive-prefix-tight-{seed}", hashed,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
+                             long_prefill_token_threshold=16, long_prefill_token_threshold_adaptive=True)),
+            Case(f"adaptive-priority-{seed}", trace,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
+                             scheduling_policy="priority", long_prefill_token_threshold=8,
+                             long_prefill_token_threshold_adaptive=True), priority=priority),
+        ]
+    return cases

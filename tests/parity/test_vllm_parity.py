@@ -18,7 +18,14 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM is not installed (pip install '.[parity]')")
 
-from tests.parity.cases import all_cases, async_cases, async_variant, cache_aware_cases, watermark_cases
+from tests.parity.cases import (
+    adaptive_threshold_cases,
+    all_cases,
+    async_cases,
+    async_variant,
+    cache_aware_cases,
+    watermark_cases,
+)
 from tests.parity.run import assert_schedules_as_vllm
 
 CASES = all_cases()
@@ -50,4 +57,14 @@ WATERMARK = [case for base in watermark_cases() for case in (base, async_variant
 @pytest.mark.parametrize("case", WATERMARK, ids=[c.name for c in WATERMARK])
 def test_watermark_as_vllm(case, fast_forward):
     """vLLM's --watermark (0.33 and 0.34)."""
+    assert_schedules_as_vllm(case, fast_forward)
+
+
+ADAPTIVE = [case for base in adaptive_threshold_cases() for case in (base, async_variant(base))]
+
+
+@pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
+@pytest.mark.parametrize("case", ADAPTIVE, ids=[c.name for c in ADAPTIVE])
+def test_adaptive_long_prefill_threshold_as_vllm(case, fast_forward):
+    """vLLM's --long-prefill-token-threshold-adaptive (0.33 and 0.34)."""
     assert_schedules_as_vllm(case, fast_forward)
