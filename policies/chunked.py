@@ -34,9 +34,16 @@ class ChunkedPolicy(Policy):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        if config.cache_aware_admission_window:
+        # vLLM's local prefill cadence (Scheduler.__init__: local_prefill_interval, last_prefill_step,
+        # num_executed_steps, prefill_capacity_bound).
+        self._interval = config.prefill_schedule_interval
+        self._last_prefill_step = -self._interval  # a full interval back: the first step is never held
+        self._num_executed_steps = 0
+        self._capacity_bound = False
+        if config.cache_aware_admission_window or self._interval > 1:
             # The queue's order then follows what the cache holds at every step (an eviction by a decode's new
-            # block can bring another request to the head), so no run of steps may be planned past it.
+            # block can bring another request to the head), or a held prefill is released by the count of
+            # steps alone: no run of steps may be planned past either.
             self.promises = NO_PROMISES  # type: ignore[misc]  # this instance's, narrower than the class's
 
     def chunk_run_budget(self) -> int | None:
@@ -65,20 +72,50 @@ class ChunkedPolicy(Policy):
             # vLLM's floor: a fair share of the budget (Scheduler.schedule, `adaptive_long_prefill_threshold`).
             threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
         num_preemptions = state.num_preemptions
-        budget = self._schedule_running_in_order(state, batch, budget, threshold)
+        defer = self._interval > 1 and self._holds_prefill(state)
+        budget = self._schedule_running_in_order(state, batch, budget, threshold, defer)
+        # A running request's prefill chunk in this step (vLLM's `prefill_scheduled`).
+        prefill_scheduled = self._interval > 1 and not all(batch.is_decode)
+        prefill_admitted = False
         # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).
         if state.num_preemptions == num_preemptions:  # (so the seats are those counted above)
-            if cfg.cache_aware_admission_window and len(state.waiting) > 1:
+            if cfg.cache_aware_admission_window and len(state.waiting) > 1 and not defer:
                 self._reorder_by_cached_prefix(state)
             chunk_cap = min(budget, threshold) if threshold else budget
             while state.waiting and budget > 0 and num_seats < cfg.max_num_seqs:
+                head = state.waiting[0]
+                if self._interval > 1:
+                    bm = state.block_manager
+                    needs_prefill = len(bm.cached_prefix(head)) * bm.block_size < head.num_tokens - 1
+                    if defer and needs_prefill:
+                        break  # held to a step the cadence allows
                 admitted = self._try_admit(state, batch, now, max_chunk=chunk_cap)
                 if not admitted:
                     break
+                if self._interval > 1:
+                    prefill_admitted |= needs_prefill
                 num_seats += 1  # it runs now
                 budget -= admitted
                 chunk_cap = min(budget, threshold) if threshold else budget
+            if self._interval > 1 and not defer:  # a step that could carry prefill: did it drain the queue?
+                self._capacity_bound = bool(state.waiting)
+        if self._interval > 1:
+            if batch.requests:
+                self._num_executed_steps += 1
+            if prefill_admitted or prefill_scheduled:
+                self._last_prefill_step = self._num_executed_steps
         return batch
+
+    def _holds_prefill(self, state: EngineState) -> bool:
+        """vLLM's local prefill cadence (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`, with
+        `prefill_schedule_interval` > 1 on an engine without DP): prefill is held in a step that comes
+        fewer than `interval` executed steps after the last step that carried prefill, while some
+        running request is past its prefill (vLLM's running list holds the finishing ones too), unless
+        the last step that could carry prefill left requests waiting (`prefill_capacity_bound`)."""
+        if self._capacity_bound or (self._num_executed_steps + 1) - self._last_prefill_step >= self._interval:
+            return False
+        return bool(state.finishing) or any(r.is_decoding for r in state.running)
+
 
     def _reorder_by_cached_prefix(self, state: EngineState) -> None:
         """vLLM 0.34's cache-aware admission (vllm/v1/core/sched/scheduler.py,
@@ -109,8 +146,10 @@ class ChunkedPolicy(Policy):
             waiting.popleft()  # type: ignore[union-attr]  # fcfs: a deque
         waiting.extendleft(reversed(reordered))  # type: ignore[union-attr]
 
-    def _schedule_running_in_order(self, state: EngineState, batch: Batch, budget: int, threshold: int) -> int:
-        """The running requests' tokens, in running order; returns the budget left."""
+    def _schedule_running_in_order(self, state: EngineState, batch: Batch, budget: int, threshold: int,
+                                   defer: bool = False) -> int:
+        """The running requests' tokens, in running order; returns the budget left. `defer`: a prefill
+        chunk of a running request is skipped this step (the cadence holds it; decodes still run)."""
         running = state.running
         bm = state.block_manager
         priority = self.config.scheduling_policy == "priority"
@@ -131,6 +170,9 @@ class ChunkedPolicy(Policy):
         step = state.step_index
         while i < len(running) and budget > 0:
             request = running[i]
+            if defer and not request.is_decoding:
+                i += 1
+                continue
             num_tokens = request.num_tokens - request.num_computed_tokens
             if 0 < threshold < num_tokens:
                 num_tokens = threshold

@@ -11,6 +11,7 @@ AXES: dict[str, type] = {
     "max_num_seqs": int,
     "long_prefill_token_threshold": int,
     "scheduling_policy": str,
+    "prefill_schedule_interval": int,
     "watermark": float,
     "cache_aware_admission_window": int,
     "rate_scale": float,
@@ -18,7 +19,8 @@ AXES: dict[str, type] = {
 }
 SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs", "rate_scale": "rate",
                "long_prefill_token_threshold": "prefill cap", "scheduling_policy": "queue",
-               "watermark": "watermark", "cache_aware_admission_window": "cache-aware window"}
+               "prefill_schedule_interval": "prefill interval", "watermark": "watermark",
+               "cache_aware_admission_window": "cache-aware window"}
 
 
 def axis_name(axis: str) -> str:

@@ -112,6 +112,7 @@ MEMORY_FRACTION = Range(0.0, 1.0, "", "a fraction of the device's memory", open_
 QUEUE_WINDOW = Range(0, 2**20, "requests", "0 means off; the waiting requests looked at in one step, each a prefix-cache "
                      "lookup", whole=True)
 USAGE_FRACTION = Range(0.0, 1.0, "", "a fraction of the KV cache's blocks in use")
+PREFILL_INTERVAL = Range(1, 2**20, "steps", "1 means every step; a step is at least a few milliseconds", whole=True)
 WATERMARK = Range(0.0, 0.99, "", "a fraction of the KV cache's blocks kept free when admitting; vLLM's is below 1")
 SEED = Range(0, 2**63 - 1, "", "a random seed is a 64-bit signed integer", whole=True)
 FUSION_MB = Range(0.0, 1024.0, "MB", "0 means off; vLLM's FlashInfer all-reduce workspace holds at most a few hundred MB")
@@ -246,6 +247,12 @@ class SchedulerConfig:
         0, flag="--long-prefill-token-threshold", range=TOKEN_CAP, metavar="N",
         help="chunked: most prompt tokens one request computes in a step, so long prompts share the budget; 0 for "
              "no cap (vLLM's option and default; vLLM lifts it when a single request is waiting or running)")
+    prefill_schedule_interval: int = option(
+        1, flag="--prefill-schedule-interval", range=PREFILL_INTERVAL, metavar="N",
+        help="chunked: while requests decode, carry prefill (admissions and running chunks) only once N steps have "
+             "passed since the last step that carried one, so decodes run in longer stretches; a step that "
+             "cannot admit every waiting request lifts it until the queue drains (vLLM's option; default: "
+             "{default}, every step)")
     long_prefill_token_threshold_adaptive: bool = option(
         False, flag="--long-prefill-token-threshold-adaptive", boolean=True,
         help="chunked: raise --long-prefill-token-threshold to a fair share of the budget, the budget divided by "

@@ -67,6 +67,7 @@ def compare(trace, options, hardware="H100-SXM", calibrated=False):
         "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
         "watermark": st.sampled_from([0.0, 0.0, 0.2]),
         "long_prefill_token_threshold_adaptive": st.booleans(),
+        "prefill_schedule_interval": st.sampled_from([1, 1, 3]),
     }),
 )
 def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_blocks, max_num_seqs, budget, caching,

@@ -110,6 +110,7 @@ configs = st.fixed_dictionaries({
     "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
     "watermark": st.sampled_from([0.0, 0.0, 0.1, 0.4]),
     "long_prefill_token_threshold_adaptive": st.booleans(),
+    "prefill_schedule_interval": st.sampled_from([1, 1, 2, 4]),
 })
 
 
@@ -126,7 +127,8 @@ def simulate(rows, cfg, check=True):
                             scheduling_policy=cfg.get("scheduling_policy", "fcfs"),
                             watermark=cfg.get("watermark", 0.0),
                             long_prefill_token_threshold_adaptive=cfg.get("long_prefill_token_threshold_adaptive",
-                                                                          False))
+                                                                          False),
+                            prefill_schedule_interval=cfg.get("prefill_schedule_interval", 1))
     policy = POLICIES[sched.policy](sched)
     if check:
         policy = CheckedPolicy(policy, sched)

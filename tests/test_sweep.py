@@ -182,8 +182,8 @@ def _points(policies=("prefill-first", "chunked"), scales=(1.0, 3.0)):
         for scale in scales:
             values = {"policy": policy, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
                       "max_num_batched_tokens": 512, "max_num_seqs": 256, "long_prefill_token_threshold": 0,
-                      "scheduling_policy": "fcfs", "watermark": 0.0, "cache_aware_admission_window": 0,
-                      "rate_scale": scale,
+                      "scheduling_policy": "fcfs", "prefill_schedule_interval": 1, "watermark": 0.0,
+                      "cache_aware_admission_window": 0, "rate_scale": scale,
                       "seed": 0}
             points.append(make_point(values, lambda v: ReplayOptions(scheduler=SchedulerConfig(v["policy"], 512))))
     return points

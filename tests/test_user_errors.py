@@ -104,6 +104,11 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
     (["replay", *SMALL, "--cache-aware-admission-window", 4, "--no-prefix-caching"],
      "--cache-aware-admission-window 4 orders requests by their cached prefix: it needs prefix caching (drop "
      "--no-prefix-caching)"),
+    (["replay", *SMALL, "--prefill-schedule-interval", 3, "--policy", "prefill-first"],
+     "--prefill-schedule-interval 3 holds the prefills of the chunked policy (vLLM's scheduler), not of prefill-first"),
+    (["replay", *SMALL, "--prefill-schedule-interval", 3, "--model", "Qwen3-30B-A3B", "--dp", 2],
+     "--prefill-schedule-interval 3 with --dp 2: vLLM's DP coordinator then holds prefills on a cadence the ranks "
+     "share, which servesim does not model; it models the cadence of one engine"),
     (["replay", *SMALL, "--cache-aware-admission-threshold", 1.5],
      "--cache-aware-admission-threshold must be a number from 0 to 1, got 1.5 (a fraction of the KV cache's blocks "
      "in use)"),

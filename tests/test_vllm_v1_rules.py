@@ -190,3 +190,23 @@ def test_watermark_keeps_blocks_free_while_a_request_runs(watermark, r1_times):
     r0, r1 = result.requests
     assert (r0.first_token_s, r0.finish_s) == (1.0, 40.0)
     assert (r1.first_token_s, r1.finish_s) == r1_times
+
+
+@pytest.mark.parametrize("interval, r1_times", [(1, (3.0, 4.0)), (2, (3.0, 4.0)), (3, (4.0, 5.0)), (4, (5.0, 6.0))])
+def test_prefill_cadence_holds_prefill_until_the_interval_has_passed(interval, r1_times):
+    # R0 (prompt 8, output 10) is prefilled at t=0 (executed step 1, the last to carry prefill) and decodes
+    # from t=1. R1 (prompt 8, output 2) arrives at 1.5. Step k + 1 may carry prefill once k + 1 - 1 >= the
+    # interval: at t=2 (step 3) with an interval of 2, t=3 (step 4) with 3, t=4 (step 5) with 4.
+    result, _ = run([(0.0, 8, 10), (1.5, 8, 2)], num_blocks=64, budget=64, prefill_schedule_interval=interval)
+    r0, r1 = result.requests
+    assert (r0.first_token_s, r0.finish_s) == (1.0, 10.0)
+    assert (r1.first_token_s, r1.finish_s) == r1_times
+
+
+def test_prefill_cadence_lifts_once_a_release_step_leaves_requests_waiting():
+    # Two seats, interval 3. R1 and R2 arrive at 1.5 while R0 decodes; the release step at t=3 admits R1 only
+    # (no seat for R2), so the queue did not drain: the cadence is lifted (vLLM's prefill_capacity_bound) and
+    # R2 gets in at t=5, as soon as R1's seat frees, not at the next release (t=7).
+    rows = [(0.0, 8, 10), (1.5, 8, 2), (1.5, 8, 2)]
+    result, _ = run(rows, num_blocks=64, budget=64, max_num_seqs=2, prefill_schedule_interval=3)
+    assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(1.0, 10.0), (4.0, 5.0), (6.0, 7.0)]

@@ -209,6 +209,23 @@ def check_cache_aware_admission(options: ReplayOptions, policy: type[Policy]) ->
                             "--no-prefix-caching)")
 
 
+def check_prefill_schedule_interval(options: ReplayOptions, policy: type[Policy]) -> None:
+    """--prefill-schedule-interval is vLLM's scheduler's local cadence: chunked only. Under --dp vLLM's
+    DP coordinator drives a cadence shared by the ranks instead (`throttle_prefills`), not modelled."""
+    from policies.chunked import ChunkedPolicy
+
+    interval = options.scheduler.prefill_schedule_interval
+    if interval == 1:
+        return
+    flag = f"--prefill-schedule-interval {interval}"
+    if not issubclass(policy, ChunkedPolicy):
+        raise ServesimError(f"{flag} holds the prefills of the chunked policy (vLLM's scheduler), not of "
+                            f"{options.scheduler.policy}")
+    if options.dp > 1:
+        raise ServesimError(f"{flag} with --dp {options.dp}: vLLM's DP coordinator then holds prefills on a cadence "
+                            "the ranks share, which servesim does not model; it models the cadence of one engine")
+
+
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
     check everything but build no backend (sweeps check every point before running any)."""
@@ -234,6 +251,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                             f"max_position_embeddings ({limit})")
     policy = load_policy(options.scheduler.policy)
     check_cache_aware_admission(options, policy)
+    check_prefill_schedule_interval(options, policy)
     calibration, op_profile, tables = None, None, None
     if options.vllm_version is not None and options.profile is not None:
         raise ServesimError(f"--vllm-version picks the tables a profile is derived from; it does not apply with "

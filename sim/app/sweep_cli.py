@@ -21,6 +21,7 @@ GRID_HELP = {
     "max_num_seqs": "most requests running at once",
     "long_prefill_token_threshold": "caps of a prefill's chunk per step (0: none)",
     "scheduling_policy": "waiting-queue orders (fcfs, priority)",
+    "prefill_schedule_interval": "prefill cadences: steps between steps that carry prefill (1: every step)",
     "watermark": "watermarks: shares of the KV cache kept free at admission while any request runs",
     "cache_aware_admission_window": "cache-aware admission windows (0: off; chunked, fcfs, prefix caching)",
     "rate_scale": "rate scales: arrival times divided by each (2 doubles the request rate)",

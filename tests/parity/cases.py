@@ -308,3 +308,28 @@ def adaptive_threshold_cases() -> list[Case]:
                              long_prefill_token_threshold_adaptive=True), priority=priority),
         ]
     return cases
+
+
+def cadence_cases() -> list[Case]:
+    """vLLM's `--prefill-schedule-interval` (the local prefill cadence): a hand case, then bursty traces
+    under ample and tight caches, with the long-prefill cap, shared prefixes and priorities."""
+    cases = [Case("cadence-hand", _trace([(0, 20, 30), (45, 40, 5), (90, 10, 5), (95, 10, 5)]),
+                  EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, prefill_schedule_interval=3))]
+    for seed in range(2):
+        rows = bursty_rows(60 + seed, 200, 800, 64)
+        trace = _trace(rows)
+        hashed = _trace(rows, shared_prefix_hashes(60 + seed, rows, 32), hash_block_tokens=32)
+        priority = tuple(int(p) for p in np.random.default_rng(70 + seed).integers(0, 4, len(trace)))
+        cases += [
+            Case(f"cadence-ample-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                             num_gpu_blocks=20000, prefill_schedule_interval=4)),
+            Case(f"cadence-tight-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                              num_gpu_blocks=300, prefill_schedule_interval=3)),
+            Case(f"cadence-threshold-{seed}", trace,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=400,
+                             long_prefill_token_threshold=64, prefill_schedule_interval=2)),
+            Case(f"cadence-priority-{seed}", trace,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
+                             scheduling_policy="priority", prefill_schedule_interval=5), priority=priority),
+        ]
+    return cases

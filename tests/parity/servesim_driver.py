@@ -82,7 +82,7 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
     # V1's scheduler options, where this servesim has them.
     known = {f.name for f in fields(SchedulerConfig)}
     for name in ("long_prefill_token_threshold", "scheduling_policy", "reserve_full_isl", "async_scheduling", "watermark",
-                 "long_prefill_token_threshold_adaptive",
+                 "long_prefill_token_threshold_adaptive", "prefill_schedule_interval",
                  "cache_aware_admission_window", "cache_aware_admission_threshold"):
         if name in known:
             sched[name] = getattr(setup, name)

@@ -24,6 +24,7 @@ from tests.parity.cases import (
     async_cases,
     async_variant,
     cache_aware_cases,
+    cadence_cases,
     watermark_cases,
 )
 from tests.parity.run import assert_schedules_as_vllm
@@ -67,4 +68,14 @@ ADAPTIVE = [case for base in adaptive_threshold_cases() for case in (base, async
 @pytest.mark.parametrize("case", ADAPTIVE, ids=[c.name for c in ADAPTIVE])
 def test_adaptive_long_prefill_threshold_as_vllm(case, fast_forward):
     """vLLM's --long-prefill-token-threshold-adaptive (0.33 and 0.34)."""
+    assert_schedules_as_vllm(case, fast_forward)
+
+
+CADENCE = [case for base in cadence_cases() for case in (base, async_variant(base))]
+
+
+@pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
+@pytest.mark.parametrize("case", CADENCE, ids=[c.name for c in CADENCE])
+def test_prefill_cadence_as_vllm(case, fast_forward):
+    """vLLM's --prefill-schedule-interval, one engine's cadence (0.33 and 0.34)."""
     assert_schedules_as_vllm(case, fast_forward)

@@ -90,6 +90,7 @@ class EngineSetup:
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     long_prefill_token_threshold_adaptive: bool = False
+    prefill_schedule_interval: int = 1
     scheduling_policy: str = "fcfs"
     reserve_full_isl: bool = True
     max_model_len: int = 1 << 16
@@ -155,7 +156,7 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         long_prefill_token_threshold=setup.long_prefill_token_threshold, policy=setup.scheduling_policy,
         scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=setup.async_scheduling,
         watermark=setup.watermark, long_prefill_token_threshold_adaptive=setup.long_prefill_token_threshold_adaptive,
-        **extra)
+        prefill_schedule_interval=setup.prefill_schedule_interval, **extra)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     # VllmConfig turns asynchronous scheduling off on this CPU platform; on a GPU it stays on, and
