@@ -76,6 +76,8 @@ def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_block
                        hash_ids=[np.resize(np.array(h + [50 + i]), -(-p // 16)) for i, (_, p, _, h) in enumerate(rows)],
                        hash_block_tokens=16)
     trace.priority = np.arange(len(rows), dtype=np.int64) % 3
+    if policy != "chunked":  # the prefill cadence is chunked's (vLLM's scheduler); refused for the others
+        v1_options = {**v1_options, "prefill_schedule_interval": 1}
     options = ReplayOptions(
         scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs,
                                   **v1_options),
