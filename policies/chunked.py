@@ -11,9 +11,14 @@ preempted, waiting requests are admitted in queue order, each prefill chunked to
 (and the threshold), while the blocks of its whole sequence fit (`reserve_full_isl`). Steps mix
 prefill chunks and decodes.
 
-With `--cache-aware-admission-window N` (vLLM 0.34), before admitting, the first N waiting requests
-that never ran are reordered among their own places: the longest cached prefix first, queue order
-breaking ties (`_reorder_by_cached_prefix`).
+vLLM's scheduler options, each as vLLM applies them (docs/policies.md):
+- `--long-prefill-token-threshold-adaptive`: the cap floored at the budget over the requests
+  running and waiting;
+- `--prefill-schedule-interval N`: one engine's prefill cadence (`_holds_prefill`);
+- `--cache-aware-admission-window N` (vLLM 0.34): before admitting, the first N waiting requests
+  that never ran are reordered among their own places, the longest cached prefix first, queue
+  order breaking ties (`_reorder_by_cached_prefix`);
+- `--watermark` is in `Policy._try_admit` (policies/base.py), shared by every policy.
 """
 
 from __future__ import annotations
@@ -115,7 +120,6 @@ class ChunkedPolicy(Policy):
         if self._capacity_bound or (self._num_executed_steps + 1) - self._last_prefill_step >= self._interval:
             return False
         return bool(state.finishing) or any(r.is_decoding for r in state.running)
-
 
     def _reorder_by_cached_prefix(self, state: EngineState) -> None:
         """vLLM 0.34's cache-aware admission (vllm/v1/core/sched/scheduler.py,
