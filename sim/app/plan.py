@@ -188,42 +188,36 @@ FUSION_AT_TP1 = ("--allreduce-fusion-max-mb changes nothing at --tp 1: one GPU h
                  "(its RMSNorms are priced as without the flag)")
 
 
-def check_cache_aware_admission(options: ReplayOptions, policy: type[Policy]) -> None:
-    """--cache-aware-admission-window reorders a chunked engine's FCFS queue by what its prefix cache
-    holds: vLLM 0.34 ignores it under the priority policy or without prefix caching
-    (`Scheduler.__init__`, `cache_aware_window`); servesim refuses what would change nothing."""
+# Options of vLLM's scheduler that only `chunked` follows: (field, its value when off, what it does to chunked).
+CHUNKED_ONLY = (("cache_aware_admission_window", 0, "reorders the waiting queue of"),
+                ("prefill_schedule_interval", 1, "holds the prefills of"))
+
+
+def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
+    """Refuse a chunked-only option given to another policy, and each where vLLM ignores it or servesim
+    does not model it: --cache-aware-admission-window reorders an FCFS queue by what the prefix cache
+    holds (vLLM 0.34 ignores it under priority or without prefix caching: `Scheduler.__init__`,
+    `cache_aware_window`); --prefill-schedule-interval is one engine's cadence (under --dp vLLM's DP
+    coordinator drives a cadence the ranks share, `throttle_prefills`)."""
     from policies.chunked import ChunkedPolicy
 
-    window = options.scheduler.cache_aware_admission_window
-    if not window:
-        return
-    flag = f"--cache-aware-admission-window {window}"
-    if not issubclass(policy, ChunkedPolicy):
-        raise ServesimError(f"{flag} reorders the waiting queue of the chunked policy (vLLM's scheduler), not of "
-                            f"{options.scheduler.policy}")
-    if options.scheduler.scheduling_policy != "fcfs":
-        raise ServesimError(f"{flag} needs --scheduling-policy fcfs: vLLM ignores it under "
-                            f"{options.scheduler.scheduling_policy}")
-    if not options.cache.enable_prefix_caching:
-        raise ServesimError(f"{flag} orders requests by their cached prefix: it needs prefix caching (drop "
-                            "--no-prefix-caching)")
-
-
-def check_prefill_schedule_interval(options: ReplayOptions, policy: type[Policy]) -> None:
-    """--prefill-schedule-interval is vLLM's scheduler's local cadence: chunked only. Under --dp vLLM's
-    DP coordinator drives a cadence shared by the ranks instead (`throttle_prefills`), not modelled."""
-    from policies.chunked import ChunkedPolicy
-
-    interval = options.scheduler.prefill_schedule_interval
-    if interval == 1:
-        return
-    flag = f"--prefill-schedule-interval {interval}"
-    if not issubclass(policy, ChunkedPolicy):
-        raise ServesimError(f"{flag} holds the prefills of the chunked policy (vLLM's scheduler), not of "
-                            f"{options.scheduler.policy}")
-    if options.dp > 1:
-        raise ServesimError(f"{flag} with --dp {options.dp}: vLLM's DP coordinator then holds prefills on a cadence "
-                            "the ranks share, which servesim does not model; it models the cadence of one engine")
+    sched = options.scheduler
+    for name, off, does in CHUNKED_ONLY:
+        value = getattr(sched, name)
+        if value != off and not issubclass(policy, ChunkedPolicy):
+            raise ServesimError(f"--{name.replace('_', '-')} {value} {does} the chunked policy (vLLM's scheduler), "
+                                f"not of {sched.policy}")
+    window, interval = sched.cache_aware_admission_window, sched.prefill_schedule_interval
+    if window and sched.scheduling_policy != "fcfs":
+        raise ServesimError(f"--cache-aware-admission-window {window} needs --scheduling-policy fcfs: vLLM ignores it "
+                            f"under {sched.scheduling_policy}")
+    if window and not options.cache.enable_prefix_caching:
+        raise ServesimError(f"--cache-aware-admission-window {window} orders requests by their cached prefix: it needs "
+                            "prefix caching (drop --no-prefix-caching)")
+    if interval > 1 and options.dp > 1:
+        raise ServesimError(f"--prefill-schedule-interval {interval} with --dp {options.dp}: vLLM's DP coordinator then "
+                            "holds prefills on a cadence the ranks share, which servesim does not model; it models the "
+                            "cadence of one engine")
 
 
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
@@ -250,8 +244,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         raise ServesimError(f"--max-model-len {max_model_len} is more than {model.name}'s "
                             f"max_position_embeddings ({limit})")
     policy = load_policy(options.scheduler.policy)
-    check_cache_aware_admission(options, policy)
-    check_prefill_schedule_interval(options, policy)
+    check_chunked_options(options, policy)
     calibration, op_profile, tables = None, None, None
     if options.vllm_version is not None and options.profile is not None:
         raise ServesimError(f"--vllm-version picks the tables a profile is derived from; it does not apply with "
