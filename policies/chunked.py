@@ -77,11 +77,12 @@ class ChunkedPolicy(Policy):
             # vLLM's floor: a fair share of the budget (Scheduler.schedule, `adaptive_long_prefill_threshold`).
             threshold = max(threshold, cfg.max_num_batched_tokens // num_eligible)
         num_preemptions = state.num_preemptions
-        defer = self._interval > 1 and self._holds_prefill(state)
+        cadence = self._interval > 1
+        defer = cadence and self._holds_prefill(state)
         budget = self._schedule_running_in_order(state, batch, budget, threshold, defer)
-        # A running request's prefill chunk in this step (vLLM's `prefill_scheduled`).
-        prefill_scheduled = self._interval > 1 and not all(batch.is_decode)
-        prefill_admitted = False
+        # A running request's prefill chunk in this step (vLLM's `prefill_scheduled`), or an admission that
+        # computes a prompt (`prefill_admitted`: its cached prefix leaves more than its last token).
+        carries_prefill = cadence and not all(batch.is_decode)
         # Then new requests, unless this step had to preempt (vLLM admits only `if not preempted_reqs`).
         if state.num_preemptions == num_preemptions:  # (so the seats are those counted above)
             if cfg.cache_aware_admission_window and len(state.waiting) > 1 and not defer:
@@ -89,27 +90,35 @@ class ChunkedPolicy(Policy):
             chunk_cap = min(budget, threshold) if threshold else budget
             while state.waiting and budget > 0 and num_seats < cfg.max_num_seqs:
                 head = state.waiting[0]
-                if self._interval > 1:
-                    bm = state.block_manager
-                    needs_prefill = len(bm.cached_prefix(head)) * bm.block_size < head.num_tokens - 1
-                    if defer and needs_prefill:
-                        break  # held to a step the cadence allows
+                if defer and self._needs_prefill(state, head):
+                    break  # held to a step the cadence allows
                 admitted = self._try_admit(state, batch, now, max_chunk=chunk_cap)
                 if not admitted:
                     break
-                if self._interval > 1:
-                    prefill_admitted |= needs_prefill
+                carries_prefill = carries_prefill or (cadence and head.num_computed_tokens < head.num_tokens - 1)
                 num_seats += 1  # it runs now
                 budget -= admitted
                 chunk_cap = min(budget, threshold) if threshold else budget
-            if self._interval > 1 and not defer:  # a step that could carry prefill: did it drain the queue?
+            if cadence and not defer:  # a step that could carry prefill: did it drain the queue?
                 self._capacity_bound = bool(state.waiting)
-        if self._interval > 1:
-            if batch.requests:
-                self._num_executed_steps += 1
-            if prefill_admitted or prefill_scheduled:
-                self._last_prefill_step = self._num_executed_steps
+        if cadence:
+            self._count_step(batch, carries_prefill)
         return batch
+
+    @staticmethod
+    def _needs_prefill(state: EngineState, request: Request) -> bool:
+        """Whether admitting `request` computes a prompt: its cached prefix leaves more than its last
+        token (vLLM's `num_computed_tokens < request.num_tokens - 1` after the prefix lookup)."""
+        bm = state.block_manager
+        return len(bm.cached_prefix(request)) * bm.block_size < request.num_tokens - 1
+
+    def _count_step(self, batch: Batch, carries_prefill: bool) -> None:
+        """vLLM's cadence clock: a step that scheduled anything is executed (`num_executed_steps`), and one
+        that carried prefill restarts the interval (`last_prefill_step`)."""
+        if batch.requests:
+            self._num_executed_steps += 1
+        if carries_prefill:
+            self._last_prefill_step = self._num_executed_steps
 
     def _holds_prefill(self, state: EngineState) -> bool:
         """vLLM's local prefill cadence (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`, with
