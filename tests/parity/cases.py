@@ -65,6 +65,17 @@ def shared_prefix_hashes(seed: int, rows, hash_block_tokens: int, num_families: 
     return out
 
 
+def bursty_traces(seed: int, priority_seed: int | None = None):
+    """The bursty trace of `seed` (200 requests, prompts up to 800 tokens, outputs up to 64), the same with
+    shared-prefix hash ids (32-token blocks), and with `priority_seed` each request's priority (0-3)."""
+    rows = bursty_rows(seed, 200, 800, 64)
+    trace = _trace(rows)
+    hashed = _trace(rows, shared_prefix_hashes(seed, rows, 32), hash_block_tokens=32)
+    priority = None if priority_seed is None else tuple(
+        int(p) for p in np.random.default_rng(priority_seed).integers(0, 4, len(trace)))
+    return trace, hashed, priority
+
+
 def all_cases() -> list[Case]:
     cases = [
         # A prompt chunked over several steps, alone.
@@ -95,15 +106,13 @@ def all_cases() -> list[Case]:
              EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, long_prefill_token_threshold=4)),
     ]
     for seed in range(4):
-        rows = bursty_rows(seed, 200, 800, 64)
-        trace = _trace(rows)
+        trace, hashed, _ = bursty_traces(seed)
         cases.append(Case(f"bursty-ample-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
                                                                      num_gpu_blocks=20000)))
         cases.append(Case(f"bursty-tight-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
                                                                      num_gpu_blocks=300, enable_prefix_caching=False)))
         cases.append(Case(f"bursty-tight-cached-{seed}", trace,
                           EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300)))
-        hashed = _trace(rows, shared_prefix_hashes(seed, rows, 32), hash_block_tokens=32)
         cases.append(Case(f"prefix-ample-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
                                                                       num_gpu_blocks=20000)))
         cases.append(Case(f"prefix-tight-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
@@ -111,19 +120,16 @@ def all_cases() -> list[Case]:
         cases.append(Case(f"prefix-small-cache-{seed}", hashed,
                           EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=1200)))
     for seed in range(2):
-        rows = bursty_rows(10 + seed, 200, 800, 64)
-        trace = _trace(rows)
+        trace, hashed, priority = bursty_traces(10 + seed, priority_seed=20 + seed)
         cases.append(Case(f"threshold-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
                                                                   long_prefill_token_threshold=96,
                                                                   num_gpu_blocks=400)))
         cases.append(Case(f"no-reserve-isl-{seed}", trace,
                           EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
                                       reserve_full_isl=False)))
-        priority = tuple(int(p) for p in np.random.default_rng(20 + seed).integers(0, 4, len(trace)))
         cases.append(Case(f"priority-tight-{seed}", trace,
                           EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
                                       scheduling_policy="priority"), priority=priority))
-        hashed = _trace(rows, shared_prefix_hashes(10 + seed, rows, 32), hash_block_tokens=32)
         cases.append(Case(f"priority-prefix-{seed}", hashed,
                           EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=500,
                                       scheduling_policy="priority", long_prefill_token_threshold=128),
@@ -241,8 +247,7 @@ def cache_aware_cases() -> list[Case]:
                          cache_aware_admission_window=2, cache_aware_admission_threshold=0.5)),
     ]
     for seed in range(2):
-        rows = bursty_rows(seed, 200, 800, 64)
-        hashed = _trace(rows, shared_prefix_hashes(seed, rows, 32), hash_block_tokens=32)
+        _, hashed, _ = bursty_traces(seed)
         for blocks, window, threshold in ((300, 4, 0.5), (1200, 16, 0.0), (600, 8, 0.5)):
             cases.append(Case(f"cache-aware-{blocks}-w{window}-{seed}", hashed,
                               EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=blocks,
@@ -265,9 +270,7 @@ def watermark_cases() -> list[Case]:
         Case("watermark-hand-off", hand, EngineSetup(max_num_batched_tokens=256, max_num_seqs=4, num_gpu_blocks=20)),
     ]
     for seed in range(2):
-        rows = bursty_rows(30 + seed, 200, 800, 64)
-        trace = _trace(rows)
-        hashed = _trace(rows, shared_prefix_hashes(30 + seed, rows, 32), hash_block_tokens=32)
+        trace, hashed, _ = bursty_traces(30 + seed)
         cases += [
             Case(f"watermark-tight-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
                                                                num_gpu_blocks=300, watermark=0.1)),
@@ -291,10 +294,7 @@ def adaptive_threshold_cases() -> list[Case]:
                   EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, long_prefill_token_threshold=4,
                               long_prefill_token_threshold_adaptive=True))]
     for seed in range(2):
-        rows = bursty_rows(40 + seed, 200, 800, 64)
-        trace = _trace(rows)
-        hashed = _trace(rows, shared_prefix_hashes(40 + seed, rows, 32), hash_block_tokens=32)
-        priority = tuple(int(p) for p in np.random.default_rng(50 + seed).integers(0, 4, len(trace)))
+        trace, hashed, priority = bursty_traces(40 + seed, priority_seed=50 + seed)
         cases += [
             Case(f"adaptive-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=400,
                                                         long_prefill_token_threshold=32,
@@ -316,10 +316,7 @@ def cadence_cases() -> list[Case]:
     cases = [Case("cadence-hand", _trace([(0, 20, 30), (45, 40, 5), (90, 10, 5), (95, 10, 5)]),
                   EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, prefill_schedule_interval=3))]
     for seed in range(2):
-        rows = bursty_rows(60 + seed, 200, 800, 64)
-        trace = _trace(rows)
-        hashed = _trace(rows, shared_prefix_hashes(60 + seed, rows, 32), hash_block_tokens=32)
-        priority = tuple(int(p) for p in np.random.default_rng(70 + seed).integers(0, 4, len(trace)))
+        trace, hashed, priority = bursty_traces(60 + seed, priority_seed=70 + seed)
         cases += [
             Case(f"cadence-ample-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
                                                              num_gpu_blocks=20000, prefill_schedule_interval=4)),
@@ -333,3 +330,9 @@ def cadence_cases() -> list[Case]:
                              scheduling_policy="priority", prefill_schedule_interval=5), priority=priority),
         ]
     return cases
+
+
+def option_cases() -> list[Case]:
+    """The cases of vLLM's scheduler options, each also asynchronously (`<name>-async`)."""
+    families = (cache_aware_cases(), watermark_cases(), adaptive_threshold_cases(), cadence_cases())
+    return [case for cases in families for base in cases for case in (base, async_variant(base))]
