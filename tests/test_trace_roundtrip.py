@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from sim.app.cli import main
 from tests.test_trace_readers import BURSTGPT, VIDUR, same_requests
-from traces import AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE, read_trace
+from traces import AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE, read_trace, writers
 from traces.trace import Trace
-from traces.writers import write_canonical
+from traces.writers import _pieces, write_canonical
 
 ID_TEXT = st.text(alphabet="abcXYZ019_-., \"'", min_size=1, max_size=8).filter(lambda s: s == s.strip())
 
@@ -39,13 +39,31 @@ def traces(draw):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
-@given(trace=traces(), gz=st.booleans(), chunk_rows=st.sampled_from([1, 4, 1000]))
-def test_write_then_read_gives_the_same_requests(tmp_path, trace, gz, chunk_rows):
+@given(trace=traces(), gz=st.booleans(), chunk_rows=st.sampled_from([1, 4, 1000]),
+       max_ids=st.sampled_from([1, 7, 1 << 20]))
+def test_write_then_read_gives_the_same_requests(tmp_path, monkeypatch, trace, gz, chunk_rows, max_ids):
+    monkeypatch.setattr(writers, "MAX_IDS_PER_PIECE", max_ids)  # pieces cut by hash ids too
     path = tmp_path / ("t.csv.gz" if gz else "t.csv")
     write_canonical(trace, path, chunk_rows=chunk_rows)
     back = read_trace(path, chunk_rows=chunk_rows)
     assert back.format == "canonical" and not back.warnings
     same_requests(back, trace)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(), chunk_rows=st.integers(1, 6), max_ids=st.integers(1, 40))
+def test_pieces_cover_every_row_once_within_their_limits(trace, chunk_rows, max_ids):
+    writers.MAX_IDS_PER_PIECE, before = max_ids, writers.MAX_IDS_PER_PIECE
+    try:
+        pieces = _pieces(trace, chunk_rows)
+    finally:
+        writers.MAX_IDS_PER_PIECE = before
+    assert pieces[0][0] == 0 and pieces[-1][1] == len(trace)
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    for start, end in pieces:
+        assert 0 < end - start <= chunk_rows
+        if trace.hash_ids is not None and end - start > 1:  # one row alone may hold more ids
+            assert sum(len(ids) for ids in trace.hash_ids[start:end]) <= max_ids
 
 
 def test_convert_published_traces_keeps_their_requests(tmp_path, capsys):

@@ -99,6 +99,10 @@ def test_multi_turn_sessions_share_their_conversation_prefix():
         assert ids[:4].tolist() == [0, 1, 2, 3]  # the system prompt: 64 tokens, 4 blocks of 16
         assert len(ids) == -(-prompt // 16)
     assert 0.3 < prefix_sharing_ratio(t) < 1
+    # Each turn's ids are a view of its session's one array: memory linear in a session's tokens.
+    for session, turns in sessions.items():
+        last = t.hash_ids[by_id[f"{session}-t{len(turns)}"]]
+        assert all(np.shares_memory(t.hash_ids[by_id[f"{session}-t{k}"]], last) for k in range(1, len(turns)))
 
 
 def test_single_turn_without_system_prompt_has_no_hashes():

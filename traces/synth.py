@@ -288,7 +288,7 @@ def _chunk(config: SynthConfig, k: int, n: int, state: dict, has_hashes: bool) -
     hash_ids: list[np.ndarray] = []
     i = 0
     for s, (start, num_turns) in enumerate(zip(starts.tolist(), turns.tolist()), start=first_session):
-        context, ids, t = config.system_prompt_tokens, system_ids, start
+        context, t, first = config.system_prompt_tokens, start, i
         for turn in range(num_turns):
             if turn:
                 t += think[i]
@@ -299,12 +299,14 @@ def _chunk(config: SynthConfig, k: int, n: int, state: dict, has_hashes: bool) -
                                     f"model takes (2**31): fewer --turns or shorter lengths")
             arrival[i], prompt[i] = t, context
             request_ids.append(f"s{s}-t{turn + 1}")
-            # Keep the ids of everything already in the conversation; new ids for the rest.
-            num_new = -(-context // block) - len(ids)
-            ids = np.concatenate([ids, np.arange(next_id, next_id + num_new, dtype=np.int64)])
-            next_id += num_new
-            hash_ids.append(ids)
             i += 1
+        # Each turn keeps the ids of everything already in the conversation and takes new ids for
+        # the rest, so every turn's ids are the start of the last turn's: one array per session,
+        # and each turn a view of it (memory linear in the session's tokens, not quadratic).
+        num_new = -(-context // block) - len(system_ids)
+        session_ids = np.concatenate([system_ids, np.arange(next_id, next_id + num_new, dtype=np.int64)])
+        next_id += num_new
+        hash_ids.extend(session_ids[:-(-int(p) // block)] for p in prompt[first:i].tolist())
     state["next_id"] = next_id
     return _Requests(arrival, prompt, output.astype(np.int64), request_ids, hash_ids, float(starts[0]))
 

@@ -18,6 +18,8 @@ import pandas as pd
 from traces.formats import CHUNK_ROWS
 from traces.trace import Trace
 
+MAX_IDS_PER_PIECE = 1 << 20  # hash ids formatted as text at a time (about 8 MB of it)
+
 
 def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS, *,
                     compress: bool | None = None) -> None:
@@ -28,9 +30,8 @@ def write_canonical(trace: Trace, out: str | Path, chunk_rows: int = CHUNK_ROWS,
         compress = out.suffix == ".gz"
     opener = gzip.open if compress else open
     with opener(out, "wt", encoding="utf-8", newline="") as handle:
-        for start in range(0, max(len(trace), 1), chunk_rows):
-            _frame(trace, start, start + chunk_rows).to_csv(handle, header=start == 0, index=False,
-                                                            lineterminator="\n")
+        for i, (start, end) in enumerate(_pieces(trace, chunk_rows)):
+            _frame(trace, start, end).to_csv(handle, header=i == 0, index=False, lineterminator="\n")
 
 
 def write_canonical_chunks(chunks, out: str | Path, *, compress: bool | None = None) -> int:
@@ -43,9 +44,28 @@ def write_canonical_chunks(chunks, out: str | Path, *, compress: bool | None = N
     num_rows = 0
     with opener(out, "wt", encoding="utf-8", newline="") as handle:
         for chunk in chunks:
-            _frame(chunk, 0, len(chunk)).to_csv(handle, header=num_rows == 0, index=False, lineterminator="\n")
-            num_rows += len(chunk)
+            for start, end in _pieces(chunk, CHUNK_ROWS):
+                _frame(chunk, start, end).to_csv(handle, header=num_rows == 0, index=False, lineterminator="\n")
+                num_rows += end - start
     return num_rows
+
+
+def _pieces(trace: Trace, chunk_rows: int) -> list[tuple[int, int]]:
+    """Row ranges to format at a time: at most `chunk_rows` rows and, where requests carry hash ids,
+    about `max_ids` ids, so that a trace of long multi-turn sessions (each turn repeating the ids of
+    the whole conversation) is never held as text all at once. At least one range, and at least
+    one row in each."""
+    n, max_ids = len(trace), MAX_IDS_PER_PIECE
+    if trace.hash_ids is None:
+        return [(start, min(start + chunk_rows, n)) for start in range(0, n, chunk_rows)] or [(0, 0)]
+    pieces, start, ids = [], 0, 0
+    for i, row_ids in enumerate(trace.hash_ids):
+        if i > start and (i - start >= chunk_rows or ids + len(row_ids) > max_ids):
+            pieces.append((start, i))
+            start, ids = i, 0
+        ids += len(row_ids)
+    pieces.append((start, n))
+    return pieces
 
 
 def _frame(trace: Trace, start: int, end: int) -> pd.DataFrame:
