@@ -109,6 +109,16 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
     (["replay", *SMALL, "--prefill-schedule-interval", 3, "--model", "Qwen3-30B-A3B", "--dp", 2],
      "--prefill-schedule-interval 3 with --dp 2: vLLM's DP coordinator then holds prefills on a cadence the ranks "
      "share, which servesim does not model; it models the cadence of one engine"),
+    # A router picks among replicas; with one engine (or a --dp group, whose balancer is vLLM's) it was ignored.
+    (["replay", *SMALL, "--router", "least-kv"],
+     "--router least-kv picks which replica takes each request, and there is one engine: add --replicas N, or "
+     "--prefill-replicas and --decode-replicas"),
+    (["replay", *SMALL, "--router", "prefix-aware", "--dp", 2],
+     "--router prefix-aware picks which replica takes each request, and there is one engine: with --dp vLLM's DP "
+     "load balancer picks the rank (docs/data-parallel.md); leave --router out"),
+    (["bench", "--concurrency", 2, "--input-len", 64, "--output-len", 8, "--num-prompts", 4, "--router", "random"],
+     "--router random picks which replica takes each request, and there is one engine: add --replicas N, or "
+     "--prefill-replicas and --decode-replicas"),
     (["replay", *SMALL, "--cache-aware-admission-threshold", 1.5],
      "--cache-aware-admission-threshold must be a number from 0 to 1, got 1.5 (a fraction of the KV cache's blocks "
      "in use)"),

@@ -160,6 +160,11 @@ class ReplayOptions:
                                 "with --backend real, --replicas or disaggregated pools")
         if self.backend == "real" and not self.cluster.is_single:
             raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
+        if self.cluster.router != ClusterOptions.router and self.cluster.is_single:
+            raise ServesimError(
+                f"--router {self.cluster.router} picks which replica takes each request, and there is one engine: "
+                + ("with --dp vLLM's DP load balancer picks the rank (docs/data-parallel.md); leave --router out"
+                   if self.dp > 1 else "add --replicas N, or --prefill-replicas and --decode-replicas"))
         if self.vllm_version is not None and not VLLM_VERSION.fullmatch(self.vllm_version):
             raise ServesimError(f"--vllm-version takes a vLLM release such as 0.12.0 or 0.10.1.1, got "
                                 f"{self.vllm_version!r}")
