@@ -27,13 +27,42 @@ def jsonable(value):
     return value
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object names one key twice. Python's json (and most readers) keep the last value
+    silently; a file a user wrote by hand that does so most likely meant something else."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {key!r} is given twice in one object (a JSON reader keeps only the last value; "
+                         "give it once)")
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return data
+
+
+def loads_unique(text: str):
+    """json.loads, refusing an object that names a key twice (DuplicateKeyError)."""
+    return json.loads(text, object_pairs_hook=_unique_pairs)
+
+
 def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> dict:
     """The JSON object in the file at `path`, `what` (e.g. "profile", "hardware file") naming it
     in the one-line errors every reader of a servesim JSON file gives: no such file (with
-    `missing_hint`, how to make one), unreadable, not JSON (with its line), not one object."""
+    `missing_hint`, how to make one), unreadable, not JSON (with its line), a key given twice, not
+    one object."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8-sig"))  # (a byte-order mark, as some editors write, is read past)
+        data = loads_unique(p.read_text(encoding="utf-8-sig"))  # (a byte-order mark, as some editors write, is read past)
+    except DuplicateKeyError as e:
+        raise ServesimError(f"{p}: {e}") from None
     except FileNotFoundError:
         raise ServesimError(f"{p}: no such {what}{f' ({missing_hint})' if missing_hint else ''}") from None
     except json.JSONDecodeError as e:

@@ -21,6 +21,9 @@ from sim.jsonable import read_json_file
     ("[1, 2]", "not a profile: a profile is one JSON object"),
     ('"text"', "not a profile: a profile is one JSON object"),
     (b"\xff\xfe", "cannot read the profile"),
+    # Python's json keeps the last of two values of one key: a hand-written file saying a key twice is refused.
+    ('{"a": 1, "b": {"c": 2, "c": 3}}', "the key 'c' is given twice in one object (a JSON reader keeps only the last "
+                                        "value; give it once)"),
 ])
 def test_read_json_file_names_the_file_and_what_is_wrong(tmp_path, content, message):
     path = tmp_path / "p.json"

@@ -220,6 +220,8 @@ BAD = [
      "{p}:2: not valid JSON (Unterminated string"),
     ("mooncake", '{"timestamp": 0, "input_length": 5, "hash_ids": [0]}\n', "{p}:1: missing field 'output_length'"),
     ("mooncake", '\n[1, 2, 3]\n', "{p}:2: expected a JSON object"),
+    ("mooncake", '{"timestamp": 0, "input_length": 5, "output_length": 1, "output_length": 9, "hash_ids": [0]}\n',
+     "{p}:1: the key 'output_length' is given twice in one object"),
     ("mooncake", '{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []}\n',
      "{p}:1: input_length must not be negative, got -5"),
     ("mooncake", '{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [0]}\n',
@@ -318,6 +320,14 @@ def test_a_vllm_bench_result_that_is_not_json_names_the_line(tmp_path):
     path = tmp_path / "result.json"
     path.write_text('{\n "start_times": [1, 2],\n "input_lens": [1, 2],,\n}\n')
     with pytest.raises(ServesimError, match=re.escape(f"{path}:3: not valid JSON")):
+        read_trace(path)
+
+
+def test_a_vllm_bench_result_naming_a_key_twice_is_refused(tmp_path):
+    path = tmp_path / "result.json"
+    text = json.dumps(vllm_bench_result())
+    path.write_text(text[:-1] + ', "input_lens": [7, 7]}')
+    with pytest.raises(ServesimError, match=re.escape(f"{path}: the key 'input_lens' is given twice in one object")):
         read_trace(path)
 
 

@@ -10,6 +10,7 @@ from typing import BinaryIO
 import numpy as np
 
 from sim.errors import ServesimError
+from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder, check_hash_ids
 from traces.formats import MOONCAKE, MOONCAKE_BLOCK_TOKENS, json_count, json_number
 from traces.textfile import decode
@@ -43,7 +44,9 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
             continue
         where = f"{where_path}:{line_no}"
         try:
-            record = json.loads(text)
+            record = loads_unique(text)
+        except DuplicateKeyError as e:
+            raise ServesimError(f"{where}: {e}") from None
         except json.JSONDecodeError as e:
             raise ServesimError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
         except RecursionError:

@@ -18,6 +18,7 @@ from typing import BinaryIO
 import numpy as np
 
 from sim.errors import ServesimError
+from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder
 from traces.formats import VLLM_BENCH, json_count, json_number
 from traces.textfile import decode
@@ -34,7 +35,9 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
         raise ServesimError(f"{path}: more than {MAX_BYTES:,} bytes: not one vLLM benchmark result")
     text = first + "\n" + decode(path, first_line + 1, rest)
     try:
-        result = json.loads(text)
+        result = loads_unique(text)
+    except DuplicateKeyError as e:
+        raise ServesimError(f"{path}: {e}") from None
     except json.JSONDecodeError as e:
         raise ServesimError(f"{path}:{e.lineno + first_line - 1}: not valid JSON ({e.msg} at column {e.colno})") \
             from None
