@@ -45,7 +45,8 @@ def trace_of(rows):
 
 def options_of(shape, cfg) -> ReplayOptions:
     n, p, d = shape
-    cluster = ClusterOptions(num_replicas=n, router=cfg["router"], num_prefill_replicas=p, num_decode_replicas=d,
+    router = cfg["router"] if n > 1 or p else ClusterOptions.router  # one engine: a router is refused (none to pick)
+    cluster = ClusterOptions(num_replicas=n, router=router, num_prefill_replicas=p, num_decode_replicas=d,
                              kv_transfer_bandwidth_gb_s=0.5 if p else None, kv_transfer_latency_s=0.1 if p else None,
                              decode_options=f"num-blocks={cfg['decode_blocks']}" if p else "")
     return ReplayOptions(
@@ -97,7 +98,7 @@ def test_cluster_invariants(rows, shape, cfg):
     pools = [cluster.replicas] if not p else [cluster.replicas[:p], cluster.replicas[p:]]
     for pool in pools:
         routed = [replica.num_routed for replica in pool]
-        if cfg["router"] == "round-robin" and not p:  # (disaggregated, a request refused on arrival counts on neither)
+        if options_of(shape, cfg).cluster.router == "round-robin" and not p:  # (disaggregated, a request refused on arrival counts on neither)
             assert max(routed) - min(routed) <= 1
     if not p:
         assert sum(replica.num_routed for replica in cluster.replicas) == len(rows)
