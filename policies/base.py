@@ -1,6 +1,6 @@
-"""What every policy shares: a token budget per step, `max_num_seqs`, FCFS admission, and the
-KV cache's rules (admit only when blocks fit; preempt by recompute when a running request
-cannot grow)."""
+"""What every policy shares: a token budget per step, an admission limit (`max_num_seqs`, or
+`--max-num-active-seqs` below it), FCFS admission, and the KV cache's rules (admit only when
+blocks fit; preempt by recompute when a running request cannot grow)."""
 
 from __future__ import annotations
 
@@ -61,10 +61,11 @@ def victim_key(request: Request) -> tuple[int, float, int]:
 class Policy:
     """A scheduling policy: `schedule(state, now)` returns this step's batch, reserving its KV blocks.
 
-    What a policy may read: `state.waiting`, `state.running`, `state.num_seats` (the seats of
-    max_num_seqs taken, finishing requests' too under asynchronous scheduling) and their requests' token state
-    (`num_prompt_tokens`, `num_computed_tokens`, `num_output_tokens`, `max_tokens`, `arrival_s`,
-    ...), `state.block_manager`'s `can_*` queries, `state.step_index`, `now` and `self.config`.
+    What a policy may read: `state.waiting`, `state.running`, `state.num_seats` (the seats of the
+    admission limit, `config.max_num_active_reqs`, taken, finishing requests' too under
+    asynchronous scheduling) and their requests' token state (`num_prompt_tokens`,
+    `num_computed_tokens`, `num_output_tokens`, `max_tokens`, `arrival_s`, ...),
+    `state.block_manager`'s `can_*` queries, `state.step_index`, `now` and `self.config`.
     What it changes, only through this class's helpers: admission (`_try_admit`), block
     reservations (`_schedule_running`, `_schedule_decodes`) and preemption (`_preempt`). It must
     not touch the backend, the clock, the step log, or a request's timeline fields.
@@ -133,6 +134,7 @@ class Policy:
                 f"`promises = <its parent>.promises` to keep them (see policies.base.Policy)")
 
     def __init__(self, config: SchedulerConfig):
+        config.check_max_num_active_seqs()  # (a plan checked it; a config built by hand is checked here)
         self.config = config
 
     def schedule(self, state: EngineState, now: float) -> Batch:
@@ -298,11 +300,13 @@ class Policy:
         return num_tokens
 
     def _admit_whole_prompts(self, state: EngineState, batch: Batch, now: float) -> int:
-        """Admit whole prompts FCFS up to the token budget and max_num_seqs. The first is admitted
-        even when it alone exceeds the budget, so a long prompt never blocks the queue."""
+        """Admit whole prompts FCFS up to the token budget and the admission limit (--max-num-active-seqs,
+        else max_num_seqs: `SchedulerConfig.max_num_active_reqs`). The first is admitted even when it
+        alone exceeds the budget, so a long prompt never blocks the queue."""
         num_tokens = 0
         cfg = self.config
-        while state.waiting and state.num_seats < cfg.max_num_seqs:
+        limit = cfg.max_num_active_reqs
+        while state.waiting and state.num_seats < limit:
             head = state.waiting[0]
             if num_tokens and num_tokens + head.num_tokens_to_compute > cfg.max_num_batched_tokens:
                 # Cached prefix tokens are not computed; check the exact count before refusing.

@@ -2,8 +2,9 @@
 is wrapped so that
 
 - every batch its `schedule` returns is checked against the engine's rules (`batch_violation`):
-  the token budget, `max_num_seqs`, positive whole token counts, each request once, only requests
-  that are running once scheduled (admitted from the waiting queue or already running), token
+  the token budget, `max_num_seqs` (and the requests running: the admission limit,
+  `--max-num-active-seqs`), positive whole token counts, each request once, only requests that
+  are running once scheduled (admitted from the waiting queue or already running), token
   counts that the request has, KV blocks that exist and cover the tokens; a violation stops the
   run (a `ServesimError`, exit 2) naming the policy, the step and the rule;
 - an exception raised in the user's code stops the run as the user's error, not servesim's:
@@ -75,8 +76,9 @@ def batch_violation(batch: Any, state: Any, config: Any) -> str | None:
         return None
     if n > config.max_num_seqs:
         return f"{n} requests in one step, more than --max-num-seqs {config.max_num_seqs}"
-    if len(state.running) > config.max_num_seqs:
-        return f"{len(state.running)} requests running, more than --max-num-seqs {config.max_num_seqs}"
+    if len(state.running) > config.max_num_active_reqs:
+        flag = "--max-num-active-seqs" if config.max_num_active_seqs else "--max-num-seqs"
+        return f"{len(state.running)} requests running, more than {flag} {config.max_num_active_reqs}"
     running = {id(r) for r in state.running}
     seen: set[int] = set()
     bm = state.block_manager

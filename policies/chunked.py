@@ -18,7 +18,10 @@ vLLM's scheduler options, each as vLLM applies them (docs/policies.md):
 - `--cache-aware-admission-window N` (vLLM 0.34): before admitting, the first N waiting requests
   that never ran are reordered among their own places, the longest cached prefix first, queue
   order breaking ties (`_reorder_by_cached_prefix`);
-- `--watermark` is in `Policy._try_admit` (policies/base.py), shared by every policy.
+- `--watermark` is in `Policy._try_admit` (policies/base.py), shared by every policy;
+- `--max-num-active-seqs N`: admission (of waiting and preempted requests) stops once N run, where it
+  would stop at max_num_seqs (`SchedulerConfig.max_num_active_reqs`; vLLM's Scheduler.schedule, the
+  WAITING loop: `if num_running >= self.max_num_active_reqs: break`).
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ class ChunkedPolicy(Policy):
             if cfg.cache_aware_admission_window and len(state.waiting) > 1 and not defer:
                 self._reorder_by_cached_prefix(state)
             chunk_cap = min(budget, threshold) if threshold else budget
-            while state.waiting and budget > 0 and num_seats < cfg.max_num_seqs:
+            # vLLM's WAITING loop stops once `len(self.running)` reaches `max_num_active_reqs` (max_num_active_seqs,
+            # else max_num_seqs): waiting and preempted requests alike, never the running ones.
+            limit = cfg.max_num_active_reqs
+            while state.waiting and budget > 0 and num_seats < limit:
                 head = state.waiting[0]
                 if defer and self._needs_prefill(state, head):
                     break  # held to a step the cadence allows

@@ -9,6 +9,7 @@ AXES: dict[str, type] = {
     "hardware": str,
     "max_num_batched_tokens": int,
     "max_num_seqs": int,
+    "max_num_active_seqs": int,
     "long_prefill_token_threshold": int,
     "scheduling_policy": str,
     "prefill_schedule_interval": int,
@@ -17,7 +18,8 @@ AXES: dict[str, type] = {
     "rate_scale": float,
     "seed": int,
 }
-SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs", "rate_scale": "rate",
+SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs",
+               "max_num_active_seqs": "max active seqs", "rate_scale": "rate",
                "long_prefill_token_threshold": "prefill cap", "scheduling_policy": "queue",
                "prefill_schedule_interval": "prefill interval", "watermark": "watermark",
                "cache_aware_admission_window": "cache-aware window"}

@@ -103,6 +103,8 @@ HOST_REFERENCE_LOOP = Range(1e-3, 1e3, "seconds", "bench/host_time.py's referenc
                             "server CPUs", open_low=True)
 SEQUENCES = Range(1, 2**20, "requests", "each running request holds at least one KV block; 1,048,576 at once is "
                   "more than any GPU's KV cache holds", whole=True)
+ACTIVE_SEQUENCES = Range(0, 2**20, "requests", "0 means unset: --max-num-seqs; at most --max-num-seqs, as vLLM requires",
+                         whole=True)
 MODEL_LEN = Range(2, MAX_TOKENS, "tokens", "a prompt and one output token at least; the longest context of any "
                   "released model is 10M tokens", whole=True)
 BLOCK_SIZE = Range(1, 2**16, "tokens", "tokens per KV block, a power of two; vLLM's are 16 to 256", whole=True)
@@ -235,6 +237,15 @@ class SchedulerConfig:
     max_model_len: int | None = option(None, flag="--max-model-len", range=MODEL_LEN, metavar="N",
                                        help="longest prompt + output accepted; longer requests are rejected "
                                             "(default: the model's max_position_embeddings)")
+    # vLLM's max_num_active_seqs (SchedulerConfig; Scheduler.max_num_active_reqs in
+    # vllm/v1/core/sched/scheduler.py): the admission limit, below max_num_seqs, which still sizes
+    # the model runner (CUDA graphs, the profile run's activations). 0: unset, max_num_seqs. Checked
+    # against max_num_seqs once that is known (ReplayOptions, sim.app.plan.with_batch_defaults). After
+    # max_model_len, so that positional arguments keep their places.
+    max_num_active_seqs: int = option(
+        0, flag="--max-num-active-seqs", range=ACTIVE_SEQUENCES, metavar="N",
+        help="most requests admitted into the running batch, at most --max-num-seqs, which still sizes the model "
+             "runner (CUDA graphs, activations): vLLM's --max-num-active-seqs (default: unset, --max-num-seqs)")
     # Admit a waiting request only if blocks for its whole current sequence are free, not just its
     # first chunk's (vLLM 0.33's scheduler_reserve_full_isl, default True).
     reserve_full_isl: bool = option(True, flag="--reserve-full-isl", boolean=True,
@@ -301,6 +312,24 @@ class SchedulerConfig:
         None, flag="--host-reference-loop-s", range=HOST_REFERENCE_LOOP, metavar="S",
         help="seconds of the reference loop (python3 bench/host_time.py --reference-only) on the serving host's "
              "CPU, to carry the measured host time to it (default: the profile's own CPU, as measured)")
+
+    @property
+    def max_num_active_reqs(self) -> int:
+        """The admission limit every policy compares its seats with: --max-num-active-seqs, else
+        --max-num-seqs (vLLM's `Scheduler.max_num_active_reqs`, vllm/v1/core/sched/scheduler.py,
+        `Scheduler.__init__`)."""
+        return self.max_num_active_seqs or self.max_num_seqs
+
+    def check_max_num_active_seqs(self, default_of: str | None = None) -> None:
+        """Refuse --max-num-active-seqs above --max-num-seqs, as vLLM's SchedulerConfig does
+        (vllm/config/scheduler.py, `SchedulerConfig.verify_max_model_len`: "max_num_active_seqs (N)
+        cannot be greater than max_num_seqs (M)."). `default_of`: the GPU whose vLLM default
+        --max-num-seqs is, when the command line left it unset."""
+        active, seqs = self.max_num_active_seqs, self.max_num_seqs
+        if active > seqs:
+            where = f", vLLM's default on {default_of}" if default_of else ""
+            raise ServesimError(f"--max-num-active-seqs ({active}) cannot be greater than --max-num-seqs ({seqs}"
+                                f"{where}), as vLLM refuses it")
 
     def __post_init__(self) -> None:
         _require(bool(self.policy), "--policy must not be empty")

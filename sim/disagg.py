@@ -13,8 +13,9 @@ A request's life:
                  latency + bytes / bandwidth seconds, each transfer at the link's full bandwidth;
                  then the prefill replica frees them
     decode       the request waits on the decode replica until it has blocks for the context and
-                 the next token, and a slot under max_num_seqs (first come, first served, ahead of
-                 the replica's own preempted requests); then it decodes as any running request
+                 the next token, and a slot under max_num_seqs (or --max-num-active-seqs; first
+                 come, first served, ahead of the replica's own preempted requests); then it
+                 decodes as any running request
 
 A request with one output token finishes on its prefill replica. Decode replicas keep no prefix
 cache (their blocks hold transferred KV; the prefill pool's caches hold the prefixes). A decode
@@ -166,12 +167,13 @@ class DecodeReplica(Replica):
     def _admit(self) -> None:
         """Give transferred requests, first come first served, blocks for their context (the
         next decode opens the next block as usual) while blocks for the context and the next
-        token are free and a slot is."""
+        token are free and a slot is (under the admission limit: --max-num-active-seqs, else max_num_seqs,
+        as vLLM's decode instance admits KV-loaded requests through the same WAITING loop)."""
         engine = self.engine
         state, bm = engine.state, engine.block_manager
-        max_num_seqs = engine.policy.config.max_num_seqs
+        limit = engine.policy.config.max_num_active_reqs  # --max-num-active-seqs, else max_num_seqs
         waiting = self.transferred
-        while waiting and len(state.running) < max_num_seqs:
+        while waiting and len(state.running) < limit:
             r = waiting[0]
             if bm.blocks_for(r.num_computed_tokens + 1) > bm.num_free_blocks:
                 break

@@ -66,7 +66,8 @@ class EngineState:
     @property
     def num_seats(self) -> int:
         """Seats of --max-num-seqs taken: the running requests and, asynchronously, those finishing
-        in the step in flight. What a policy compares with max_num_seqs before admitting."""
+        in the step in flight. What a policy compares with the admission limit (max_num_seqs, or
+        --max-num-active-seqs: `SchedulerConfig.max_num_active_reqs`) before admitting."""
         return len(self.running) + len(self.finishing)
 
     @property

@@ -58,14 +58,16 @@ def compare(trace, options):
     budget=st.integers(8, 512),
     caching=st.booleans(),
     link_s=st.sampled_from([1e-5, 1e-3, 2e-2]),
+    active_seqs_cut=st.sampled_from([0, 0, 1, 3]),  # --max-num-active-seqs: max_num_seqs less this (0: unset)
 )
 # Found by this test: a decode replica's transferred request waited for the blocks of a request that finished in
 # the step in flight; the step after it was fast-forwarded into a run, so the request missed the schedule at which
 # vLLM's asynchronous scheduler lets it in (Engine.run takes such a step alone).
 @example(rows=[(0.0, 1, 23, []), (0.0, 208, 9, []), (0.0, 82, 2, [])], shape=(1, 1, 1), router="least-kv",
-         policy="chunked", block_size=16, num_blocks=21, max_num_seqs=2, budget=13, caching=False, link_s=1e-05)
+         policy="chunked", block_size=16, num_blocks=21, max_num_seqs=2, budget=13, caching=False, link_s=1e-05,
+         active_seqs_cut=0)
 def test_fast_forward_gives_a_cluster_the_same_answers(rows, shape, router, policy, block_size, num_blocks,
-                                                       max_num_seqs, budget, caching, link_s):
+                                                       max_num_seqs, budget, caching, link_s, active_seqs_cut):
     trace = make_trace([(a, p, o) for a, p, o, _ in rows],
                        hash_ids=[np.resize(np.array(h + [50 + i]), -(-p // 16)) for i, (_, p, _, h) in enumerate(rows)],
                        hash_block_tokens=16)
@@ -73,7 +75,8 @@ def test_fast_forward_gives_a_cluster_the_same_answers(rows, shape, router, poli
     cluster = ClusterOptions(num_replicas=n, router=router, num_prefill_replicas=p, num_decode_replicas=d,
                              kv_transfer_latency_s=link_s if p else None)
     options = ReplayOptions(
-        scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs),
+        scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs,
+                                  max_num_active_seqs=max(max_num_seqs - active_seqs_cut, 1) if active_seqs_cut else 0),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching),
         model="Qwen3-0.6B", cluster=cluster)
     compare(trace, options)

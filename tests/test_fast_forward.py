@@ -69,9 +69,10 @@ def compare(trace, options, hardware="H100-SXM", calibrated=False):
         "long_prefill_token_threshold_adaptive": st.booleans(),
         "prefill_schedule_interval": st.sampled_from([1, 1, 3]),
     }),
+    active_seqs_cut=st.sampled_from([0, 0, 1, 3]),  # --max-num-active-seqs: max_num_seqs less this (0: unset)
 )
 def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_blocks, max_num_seqs, budget, caching,
-                                             calibrated, v1_options):
+                                             calibrated, v1_options, active_seqs_cut):
     trace = make_trace([(a, p, o) for a, p, o, _ in rows],
                        hash_ids=[np.resize(np.array(h + [50 + i]), -(-p // 16)) for i, (_, p, _, h) in enumerate(rows)],
                        hash_block_tokens=16)
@@ -80,6 +81,7 @@ def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_block
         v1_options = {**v1_options, "prefill_schedule_interval": 1}
     options = ReplayOptions(
         scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs,
+                                  max_num_active_seqs=max(max_num_seqs - active_seqs_cut, 1) if active_seqs_cut else 0,
                                   **v1_options),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=caching),
         model="Qwen3-0.6B")

@@ -53,6 +53,8 @@ class CheckedPolicy:
         assert batch.num_tokens <= self.config.max_num_batched_tokens or (
             self.name != "chunked" and len(batch) == 1 and batch.num_decode_tokens == 0)
         assert len(state.running) <= self.config.max_num_seqs
+        # No admission past the admission limit (--max-num-active-seqs, else max_num_seqs), finishing seats counted.
+        assert state.num_seats <= self.config.max_num_active_reqs
         for r, n, c in zip(batch.requests, batch.num_scheduled_tokens, batch.num_computed_tokens):
             assert n >= 1
             # Nothing is scheduled past the prompt and the tokens generated so far.
@@ -110,6 +112,7 @@ configs = st.fixed_dictionaries({
     "long_prefill_token_threshold": st.sampled_from([0, 0, 1, 3, 8]),
     "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
     "watermark": st.sampled_from([0.0, 0.0, 0.1, 0.4]),
+    "active_seqs_cut": st.sampled_from([0, 0, 1, 2, 5]),  # --max-num-active-seqs: max_num_seqs less this (0: unset)
     "long_prefill_token_threshold_adaptive": st.booleans(),
     "prefill_schedule_interval": st.sampled_from([1, 1, 2, 4]),
 })
@@ -129,7 +132,8 @@ def simulate(rows, cfg, check=True):
                             watermark=cfg.get("watermark", 0.0),
                             long_prefill_token_threshold_adaptive=cfg.get("long_prefill_token_threshold_adaptive",
                                                                           False),
-                            prefill_schedule_interval=cfg.get("prefill_schedule_interval", 1))
+                            prefill_schedule_interval=cfg.get("prefill_schedule_interval", 1),
+                            max_num_active_seqs=active_seqs(cfg["max_num_seqs"], cfg.get("active_seqs_cut", 0)))
     policy = POLICIES[sched.policy](sched)
     if check:
         policy = CheckedPolicy(policy, sched)
@@ -148,7 +152,7 @@ def simulate(rows, cfg, check=True):
          cfg={"policy": "chunked", "block_size": 1, "num_blocks": 4, "max_num_seqs": 2, "extra_budget": 0,
               "prefix_caching": False, "reserve_full_isl": False, "long_prefill_token_threshold": 0,
               "scheduling_policy": "fcfs", "watermark": 0.0, "long_prefill_token_threshold_adaptive": False,
-              "prefill_schedule_interval": 2})
+              "prefill_schedule_interval": 2, "active_seqs_cut": 0})
 def test_invariants(rows, cfg):
     result, bm = simulate(rows, cfg)
     event(f"preemptions: {result.num_preemptions > 0}")
@@ -184,7 +188,13 @@ tight_configs = st.fixed_dictionaries({
     "reserve_full_isl": st.booleans(),
     "long_prefill_token_threshold": st.sampled_from([0, 2, 5]),
     "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
+    "active_seqs_cut": st.sampled_from([0, 0, 1, 3]),
 })
+
+
+def active_seqs(max_num_seqs: int, cut: int) -> int:
+    """A drawn --max-num-active-seqs: `cut` below max_num_seqs, at least 1; 0 (unset) for a cut of 0."""
+    return max(max_num_seqs - cut, 1) if cut else 0
 
 
 @pytest.mark.slow  # 150 random workloads, checked at every step

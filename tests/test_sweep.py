@@ -181,9 +181,9 @@ def _points(policies=("prefill-first", "chunked"), scales=(1.0, 3.0)):
     for policy in policies:
         for scale in scales:
             values = {"policy": policy, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
-                      "max_num_batched_tokens": 512, "max_num_seqs": 256, "long_prefill_token_threshold": 0,
-                      "scheduling_policy": "fcfs", "prefill_schedule_interval": 1, "watermark": 0.0,
-                      "cache_aware_admission_window": 0, "rate_scale": scale,
+                      "max_num_batched_tokens": 512, "max_num_seqs": 256, "max_num_active_seqs": 0,
+                      "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs", "prefill_schedule_interval": 1,
+                      "watermark": 0.0, "cache_aware_admission_window": 0, "rate_scale": scale,
                       "seed": 0}
             points.append(make_point(values, lambda v: ReplayOptions(scheduler=SchedulerConfig(v["policy"], 512))))
     return points
@@ -273,3 +273,20 @@ def test_a_share_axis_takes_zero_and_its_range():
         parse_axis("watermark", "1")
     with pytest.raises(ServesimError, match="--rate-scale: '0' must be a positive finite number"):
         parse_axis("rate_scale", "0")
+
+
+@pytest.mark.slow
+def test_a_sweep_over_max_num_active_seqs(tmp_path):
+    # 0 is unset (--max-num-seqs, 32 here); 4 holds the Azure sample's requests back at 2x their rate.
+    out = tmp_path / "a"
+    assert main(["sweep", str(AZURE_CONV_SAMPLE), "--limit", "120", "--rate-scale", "2", "--max-num-seqs", "32",
+                 "--max-num-active-seqs", "0,4,32", "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    frame = read_table(out / RESULTS)[0]
+    assert frame["max_num_active_seqs"].tolist() == [0, 4, 32] and (frame["status"] == "ok").all()
+    assert frame["ttft_p50"].iloc[1] > frame["ttft_p50"].iloc[0] == frame["ttft_p50"].iloc[2]
+
+
+def test_the_max_num_active_seqs_axis_takes_zero_for_unset():
+    assert parse_axis("max_num_active_seqs", "0,16,64") == (0, 16, 64)
+    with pytest.raises(ServesimError, match="--max-num-active-seqs must be a whole number from 0 to 1,048,576"):
+        parse_axis("max_num_active_seqs", "2000000")

@@ -122,6 +122,15 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
     (["replay", *SMALL, "--cache-aware-admission-threshold", 1.5],
      "--cache-aware-admission-threshold must be a number from 0 to 1, got 1.5 (a fraction of the KV cache's blocks "
      "in use)"),
+    # vLLM's SchedulerConfig: "max_num_active_seqs (N) cannot be greater than max_num_seqs (M)."
+    (["replay", *SMALL, "--max-num-seqs", 32, "--max-num-active-seqs", 64],
+     "--max-num-active-seqs (64) cannot be greater than --max-num-seqs (32), as vLLM refuses it"),
+    (["replay", *SMALL, "--hardware", "A100-80GB", "--max-num-active-seqs", 512],
+     "--max-num-active-seqs (512) cannot be greater than --max-num-seqs (256, vLLM's default on A100-80GB), as vLLM "
+     "refuses it"),
+    (["replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--max-num-active-seqs", 64,
+      "--decode-options", "max-num-seqs=32"],
+     "--max-num-active-seqs (64) cannot be greater than --max-num-seqs (32), as vLLM refuses it"),
 ])
 def test_options_that_do_not_apply_are_refused(tmp_path, capsys, args, message):
     out = {"replay": "--out", "bench": "--out", "calibrate": "--out"}.get(args[0])
@@ -464,3 +473,19 @@ def test_bench_compiled_probe_names_a_missing_trace(tmp_path):
                           capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2
     assert "nope.csv: no such file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_max_num_active_seqs_is_checked_against_vllms_default_max_num_seqs_for_the_gpu(tmp_path):
+    # Left unset, --max-num-seqs is vLLM's default for the GPU (1024 on an H100): 512 active seqs are fine there.
+    assert sim("replay", *SMALL, "--max-num-active-seqs", 512, "--out", tmp_path / "o") == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert (summary["options"]["scheduler"]["max_num_seqs"], summary["options"]["scheduler"]["max_num_active_seqs"]) \
+        == (1024, 512)
+
+
+def test_a_scheduler_config_built_by_hand_is_checked_when_its_policy_is_made():
+    from policies.chunked import ChunkedPolicy
+    from sim.errors import ServesimError
+
+    with pytest.raises(ServesimError, match=r"--max-num-active-seqs \(5\) cannot be greater than --max-num-seqs \(4\)"):
+        ChunkedPolicy(SchedulerConfig(max_num_seqs=4, max_num_active_seqs=5))

@@ -210,3 +210,21 @@ def test_prefill_cadence_lifts_once_a_release_step_leaves_requests_waiting():
     rows = [(0.0, 8, 10), (1.5, 8, 2), (1.5, 8, 2)]
     result, _ = run(rows, num_blocks=64, budget=64, max_num_seqs=2, prefill_schedule_interval=3)
     assert [(r.first_token_s, r.finish_s) for r in result.requests] == [(1.0, 10.0), (4.0, 5.0), (6.0, 7.0)]
+
+
+@pytest.mark.parametrize("active, times, steps", [
+    (0, [(1.0, 3.0), (1.0, 5.0), (1.0, 2.0)], [(30, 0, 0), (0, 3, 0), (0, 2, 0), (0, 1, 0), (0, 1, 0)]),
+    (3, [(1.0, 3.0), (1.0, 5.0), (1.0, 2.0)], [(30, 0, 0), (0, 3, 0), (0, 2, 0), (0, 1, 0), (0, 1, 0)]),
+    (2, [(1.0, 3.0), (1.0, 5.0), (4.0, 5.0)], [(20, 0, 0), (0, 2, 0), (0, 2, 0), (10, 1, 0), (0, 2, 0)]),
+    (1, [(1.0, 3.0), (4.0, 8.0), (9.0, 10.0)], [(10, 0, 0), (0, 1, 0), (0, 1, 0), (10, 0, 0)] + [(0, 1, 0)] * 4
+     + [(10, 0, 0), (0, 1, 0)]),
+])
+def test_max_num_active_seqs_caps_admission_below_max_num_seqs(active, times, steps):
+    # Four seats (max_num_seqs), budget 64. R0 (prompt 10, output 3), R1 (10, 5) and R2 (10, 2) arrive at 0.
+    # Unset (0) or 3, all three are admitted at t=0. With 2, R2 waits for a seat although max_num_seqs has
+    # two more: R0 finishes at t=3 and R2 is admitted beside R1's decode in the step at t=3 (vLLM's WAITING
+    # loop: `if num_running >= self.max_num_active_reqs: break`). With 1, one request runs at a time.
+    result, got = run([(0.0, 10, 3), (0.0, 10, 5), (0.0, 10, 2)], num_blocks=64, budget=64,
+                      max_num_active_seqs=active)
+    assert [(r.first_token_s, r.finish_s) for r in result.requests] == times
+    assert got == steps

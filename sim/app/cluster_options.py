@@ -44,8 +44,8 @@ RDMA_BANDWIDTH_GB_S, RDMA_LATENCY_S = 50.0, 2e-5
 # What a pool may set for itself (--prefill-options / --decode-options KEY=VALUE,...), named as the
 # replay flags are (--num-blocks is --num-gpu-blocks' other name). Where each is held, its type and
 # its range are its field's (`pool_fields`).
-POOL_OPTIONS = ("policy", "max-num-batched-tokens", "max-num-seqs", "num-gpu-blocks", "num-blocks", "block-size",
-                "gpu-memory-utilization", "hardware", "tp", "dtype", "kv-cache-dtype", "profile")
+POOL_OPTIONS = ("policy", "max-num-batched-tokens", "max-num-seqs", "max-num-active-seqs", "num-gpu-blocks", "num-blocks",
+                "block-size", "gpu-memory-utilization", "hardware", "tp", "dtype", "kv-cache-dtype", "profile")
 
 
 def pool_fields() -> dict[str, tuple[str | None, str, Range | None]]:

@@ -146,6 +146,8 @@ class ReplayOptions:
         """Checks of the values alone; what they name (model, hardware, policy, profile) is looked
         up, once, by sim.app.plan.resolve."""
         check_options(self)
+        if "max_num_seqs" not in self.batch_defaults:  # else once vLLM's default for the GPU is known (plan.py)
+            self.scheduler.check_max_num_active_seqs()
         if not self.is_default_deployment and self.backend == "real":  # a fitted profile's: sim.app.plan
             raise ServesimError("--tp, --dtype fp8, --kv-cache-dtype fp8 and --enable-expert-parallel are priced by "
                                 "the cost model; the real "

@@ -348,8 +348,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
 def with_batch_defaults(options: ReplayOptions, hardware: Hardware) -> ReplayOptions:
     """`options` with the scheduler's fields the command line left unset (`batch_defaults`) at vLLM's API
     server's defaults for `hardware` (`vllm_batch_defaults`); the real backend runs on --device and keeps
-    SchedulerConfig's. A budget below --max-num-seqs is refused, as vLLM's SchedulerConfig refuses it,
-    naming the default that made it."""
+    SchedulerConfig's. A budget below --max-num-seqs, or --max-num-active-seqs above it, is refused, as
+    vLLM's SchedulerConfig refuses them, naming the default that made it."""
     values = vllm_batch_defaults(hardware.memory_bytes, hardware.name) if options.backend == "costmodel" else {}
     values = {k: v for k, v in values.items() if k in options.batch_defaults}
     budget = values.get("max_num_batched_tokens", options.scheduler.max_num_batched_tokens)
@@ -361,7 +361,9 @@ def with_batch_defaults(options: ReplayOptions, hardware: Hardware) -> ReplayOpt
             what = f"--max-num-seqs {seqs} is more than vLLM's default --max-num-batched-tokens on {hardware.name} ({budget})"
         raise ServesimError(f"{what}: a step's budget must hold every running decode, and vLLM refuses the pair too; "
                             "give both flags")
-    return replace(options, batch_defaults=(), scheduler=replace(options.scheduler, **values))
+    scheduler = replace(options.scheduler, **values)
+    scheduler.check_max_num_active_seqs(hardware.name if "max_num_seqs" in values else None)
+    return replace(options, batch_defaults=(), scheduler=scheduler)
 
 
 def make_backend(options: ReplayOptions, model: ModelConfig, hardware: Hardware, calibration=None) -> Backend:

@@ -19,6 +19,7 @@ GRID_HELP = {
     "hardware": "hardware presets",
     "max_num_batched_tokens": "token budgets of one step",
     "max_num_seqs": "most requests running at once",
+    "max_num_active_seqs": "most requests admitted into the running batch (0: unset, --max-num-seqs)",
     "long_prefill_token_threshold": "caps of a prefill's chunk per step (0: none)",
     "scheduling_policy": "waiting-queue orders (fcfs, priority)",
     "prefill_schedule_interval": "prefill cadences: steps between steps that carry prefill (1: every step)",

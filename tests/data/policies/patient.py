@@ -21,7 +21,7 @@ class PatientPolicy(Policy):
                 if self._schedule_running(state, batch, request, num_tokens):
                     budget -= num_tokens
         if not preempted:
-            while (state.waiting and budget > 0 and state.num_seats < self.config.max_num_seqs
+            while (state.waiting and budget > 0 and state.num_seats < self.config.max_num_active_reqs
                    and now >= state.waiting[0].arrival_s + 0.05):  # retry_s's own sum: no rounding gap
                 admitted = self._try_admit(state, batch, now, max_chunk=budget)
                 if not admitted:
