@@ -332,7 +332,39 @@ def cadence_cases() -> list[Case]:
     return cases
 
 
+def active_seqs_cases() -> list[Case]:
+    """vLLM's `max_num_active_seqs`: the admission limit into RUNNING, below max_num_seqs. A hand case
+    where it holds the third request back until one of the first two finishes (and the same without
+    it), then bursty traces where it binds: an ample cache, a tight one (preempted requests come back
+    under it), shared prefixes, priorities with the long-prefill cap, and beside the watermark."""
+    # Three prompts of 10 tokens at t = 0, budget 64: with a limit of 2, R2 waits for R0 (output 3) to finish.
+    hand = _trace([(0, 10, 3), (0, 10, 8), (0, 10, 4)])
+    cases = [
+        Case("active-seqs-hand", hand, EngineSetup(max_num_batched_tokens=64, max_num_seqs=4, max_num_active_seqs=2)),
+        Case("active-seqs-hand-off", hand, EngineSetup(max_num_batched_tokens=64, max_num_seqs=4)),
+    ]
+    for seed in range(2):
+        trace, hashed, priority = bursty_traces(80 + seed, priority_seed=90 + seed)
+        cases += [
+            Case(f"active-seqs-ample-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                 num_gpu_blocks=20000, max_num_active_seqs=4)),
+            Case(f"active-seqs-tight-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                 num_gpu_blocks=250, max_num_active_seqs=8)),
+            Case(f"active-seqs-prefix-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                   num_gpu_blocks=400, max_num_active_seqs=6)),
+            Case(f"active-seqs-priority-{seed}", trace,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=200,
+                             scheduling_policy="priority", long_prefill_token_threshold=32, max_num_active_seqs=8),
+                 priority=priority),
+            Case(f"active-seqs-watermark-{seed}", hashed,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300, watermark=0.1,
+                             max_num_active_seqs=10)),
+        ]
+    return cases
+
+
 def option_cases() -> list[Case]:
     """The cases of vLLM's scheduler options, each also asynchronously (`<name>-async`)."""
-    families = (cache_aware_cases(), watermark_cases(), adaptive_threshold_cases(), cadence_cases())
+    families = (cache_aware_cases(), watermark_cases(), adaptive_threshold_cases(), cadence_cases(),
+                active_seqs_cases())
     return [case for cases in families for base in cases for case in (base, async_variant(base))]

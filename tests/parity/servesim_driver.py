@@ -86,6 +86,8 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
                  "cache_aware_admission_window", "cache_aware_admission_threshold"):
         if name in known:
             sched[name] = getattr(setup, name)
+    if "max_num_active_seqs" in known:
+        sched["max_num_active_seqs"] = setup.max_num_active_seqs or 0  # servesim's unset is 0
     if "host_time" in known:
         sched["host_time"] = False  # the step-time function is the whole step, as the vLLM driver's
     return ReplayOptions(

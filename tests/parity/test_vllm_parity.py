@@ -33,13 +33,13 @@ def test_servesim_schedules_as_vllm(case, fast_forward):
 
 
 # vLLM's scheduler options, each family of cases named by its prefix (cache-aware-, watermark-, adaptive-,
-# cadence-: tests/parity/cases.py), synchronous and asynchronous. The cache-aware ones skip on a vLLM without it.
+# cadence-, active-seqs-: tests/parity/cases.py), synchronous and asynchronous. The cache-aware ones skip on a vLLM without it.
 OPTIONS = option_cases()
 
 
 @pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "no-ff"])
 @pytest.mark.parametrize("case", OPTIONS, ids=[c.name for c in OPTIONS])
 def test_scheduler_options_as_vllm(case, fast_forward):
-    """--cache-aware-admission-window (vLLM 0.34), --watermark, --long-prefill-token-threshold-adaptive and
-    --prefill-schedule-interval (0.33 and 0.34)."""
+    """--cache-aware-admission-window (vLLM 0.34), --watermark, --long-prefill-token-threshold-adaptive,
+    --prefill-schedule-interval and --max-num-active-seqs (0.33 and 0.34)."""
     assert_schedules_as_vllm(case, fast_forward)

@@ -98,6 +98,7 @@ class EngineSetup:
     sliding_window: int | None = None  # one group of sliding-window layers (SlidingWindowSpec) in place of full attention
     hybrid: bool = False  # with sliding_window: a sliding group, then a full-attention group (gpt-oss, Gemma 2)
     watermark: float = 0.0  # blocks kept free at admission while any request runs
+    max_num_active_seqs: int | None = None  # the admission limit into RUNNING (None: max_num_seqs)
     cache_aware_admission_window: int = 0  # vLLM 0.34's cache-aware admission (0: off; not in 0.33)
     cache_aware_admission_threshold: float = 0.5
 
@@ -156,7 +157,8 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         long_prefill_token_threshold=setup.long_prefill_token_threshold, policy=setup.scheduling_policy,
         scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=setup.async_scheduling,
         watermark=setup.watermark, long_prefill_token_threshold_adaptive=setup.long_prefill_token_threshold_adaptive,
-        prefill_schedule_interval=setup.prefill_schedule_interval, **extra)
+        prefill_schedule_interval=setup.prefill_schedule_interval, max_num_active_seqs=setup.max_num_active_seqs,
+        **extra)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     # VllmConfig turns asynchronous scheduling off on this CPU platform; on a GPU it stays on, and
