@@ -239,9 +239,9 @@ class SchedulerConfig:
                                             "(default: the model's max_position_embeddings)")
     # vLLM's max_num_active_seqs (SchedulerConfig; Scheduler.max_num_active_reqs in
     # vllm/v1/core/sched/scheduler.py): the admission limit, below max_num_seqs, which still sizes
-    # the model runner (CUDA graphs, the profile run's activations). 0: unset, max_num_seqs. Checked
-    # against max_num_seqs once that is known (ReplayOptions, sim.app.plan.with_batch_defaults). After
-    # max_model_len, so that positional arguments keep their places.
+    # the model runner (the profile run's activations, so the KV cache; CUDA graphs, so --dp padding).
+    # 0: unset, max_num_seqs. Checked against max_num_seqs once that is known (ReplayOptions,
+    # sim.app.plan.with_batch_defaults). After max_model_len, so that positional arguments keep their places.
     max_num_active_seqs: int = option(
         0, flag="--max-num-active-seqs", range=ACTIVE_SEQUENCES, metavar="N",
         help="most requests admitted into the running batch, at most --max-num-seqs, which still sizes the model "
