@@ -14,7 +14,8 @@ prefill chunks and decodes.
 vLLM's scheduler options, each as vLLM applies them (docs/policies.md):
 - `--long-prefill-token-threshold-adaptive`: the cap floored at the budget over the requests
   running and waiting;
-- `--prefill-schedule-interval N`: one engine's prefill cadence (`_holds_prefill`);
+- `--prefill-schedule-interval N`: the prefill cadence (`_holds_prefill`): one engine's own, or,
+  on a mixture of experts' DP rank, the one its DP group drives (`throttle_prefills`);
 - `--cache-aware-admission-window N` (vLLM 0.34): before admitting, the first N waiting requests
   that never ran are reordered among their own places, the longest cached prefix first, queue
   order breaking ties (`_reorder_by_cached_prefix`);
@@ -42,9 +43,16 @@ class ChunkedPolicy(Policy):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        # vLLM's local prefill cadence (Scheduler.__init__: local_prefill_interval, last_prefill_step,
+        # vLLM's prefill cadence (Scheduler.__init__: local_prefill_interval, last_prefill_step,
         # num_executed_steps, prefill_capacity_bound).
         self._interval = config.prefill_schedule_interval
+        # None: the engine's own (local) cadence, as vLLM's scheduler runs it where data_parallel_size is 1
+        # (one engine, or a dense model's DP rank, which vLLM reconfigures to size 1). True or False: this is
+        # a mixture of experts' DP rank, whose local cadence vLLM turns off (`local_prefill_interval` 1 while
+        # data_parallel_size > 1); its DP group then sets this before each schedule, as vLLM's engine core
+        # passes `Scheduler.schedule(throttle_prefills)` (vllm/v1/engine/core.py,
+        # DPEngineCoreProc._should_throttle_prefills; sim/data_parallel.py, DataParallelGroup._lockstep).
+        self.throttle_prefills: bool | None = None
         self._last_prefill_step = -self._interval  # a full interval back: the first step is never held
         self._num_executed_steps = 0
         self._capacity_bound = False
@@ -127,12 +135,19 @@ class ChunkedPolicy(Policy):
             self._last_prefill_step = self._num_executed_steps
 
     def _holds_prefill(self, state: EngineState) -> bool:
-        """vLLM's local prefill cadence (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`, with
-        `prefill_schedule_interval` > 1 on an engine without DP): prefill is held in a step that comes
-        fewer than `interval` executed steps after the last step that carried prefill, while some
-        running request is past its prefill (vLLM's running list holds the finishing ones too), unless
-        the last step that could carry prefill left requests waiting (`prefill_capacity_bound`)."""
-        if self._capacity_bound or (self._num_executed_steps + 1) - self._last_prefill_step >= self._interval:
+        """Whether this step holds prefill back (vLLM's `defer_prefills`, vllm/v1/core/sched/scheduler.py,
+        `Scheduler.schedule`, with `prefill_schedule_interval` > 1). The step is throttled either by the
+        local cadence (an engine whose data_parallel_size is 1: the step comes fewer than `interval`
+        executed steps after the last step that carried prefill) or, on a mixture of experts' DP rank,
+        by its DP group's shared step counter (`throttle_prefills`, vllm/v1/engine/core.py,
+        DPEngineCoreProc._should_throttle_prefills). A throttled step holds prefill while some running
+        request is past its prefill (`any(not r.is_prefill_chunk for r in self.running)`; vLLM's running
+        list holds the finishing ones too), unless the last step that could carry prefill left requests
+        waiting (`prefill_capacity_bound`)."""
+        throttle = self.throttle_prefills
+        if throttle is None:
+            throttle = (self._num_executed_steps + 1) - self._last_prefill_step < self._interval
+        if self._capacity_bound or not throttle:
             return False
         return bool(state.finishing) or any(r.is_decoding for r in state.running)
 

@@ -261,8 +261,9 @@ class SchedulerConfig:
     prefill_schedule_interval: int = option(
         1, flag="--prefill-schedule-interval", range=PREFILL_INTERVAL, metavar="N",
         help="chunked: while requests decode, carry prefill (admissions and running chunks) only once N steps have "
-             "passed since the last step that carried one, so decodes run in longer stretches; a step that "
-             "cannot admit every waiting request lifts it until the queue drains (vLLM's option; default: "
+             "passed since the last step that carried one, so decodes run in longer stretches (with --dp on a "
+             "mixture of experts: only on the ranks' shared steps numbered a multiple of N in each wave); a step "
+             "that cannot admit every waiting request lifts it until the queue drains (vLLM's option; default: "
              "{default}, every step)")
     long_prefill_token_threshold_adaptive: bool = option(
         False, flag="--long-prefill-token-threshold-adaptive", boolean=True,

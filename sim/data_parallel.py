@@ -31,11 +31,24 @@ What vLLM 0.33 does, and where (vllm/v1/engine/):
   `dp_sync_interval` = 16 steps (vllm/config/parallel.py), all-reduces whether any rank has
   unfinished requests (_has_global_unfinished_reqs); when none has, the wave ends and the ranks
   pause until a request arrives, which starts the next wave on every rank (START_DP_WAVE).
+- The prefill cadence (`--prefill-schedule-interval N` > 1; core.py
+  DPEngineCoreProc._should_throttle_prefills): each rank's schedule is throttled when
+  `step_counter % N != 0`, the counter the ranks share (0 at a wave's first step, so a wave's first
+  schedule is never throttled; one more after each lockstep step, real or dummy). The rank's
+  scheduler (vllm/v1/core/sched/scheduler.py, Scheduler.schedule(throttle_prefills)) then holds prefill
+  while some running request is past its prefill, unless its last step that could carry prefill left
+  requests waiting (`prefill_capacity_bound`); its own local cadence is off (Scheduler.__init__:
+  `local_prefill_interval` is 1 while data_parallel_size > 1). Here: `throttle_prefills` on each
+  rank's chunked policy (policies/chunked.py), set before each schedule.
 
 A dense model's ranks do not step together (vllm/v1/engine/core.py run_engine_core makes a
 DPEngineCoreProc only for a mixture of experts; utils.py enables wave coordination only then):
 each rank is its own engine (with fast-forward), behind the same balancer; the coordinator's
-snapshot then holds each rank's counts as of the tick.
+snapshot then holds each rank's counts as of the tick. Such a rank is reconfigured to
+data_parallel_size 1 (vllm/config/parallel.py, ParallelConfig.reconfigure_for_independent_dp_rank,
+called by run_engine_core before it makes an EngineCoreProc), so its scheduler runs the local
+prefill cadence of one engine (Scheduler.__init__, `local_prefill_interval`), as each rank's policy
+here does by itself (stepped one step at a time while the cadence is on: the policy's promises).
 
 Each rank's step is priced by the backend for its own batch (the dummy batch as one 1-token decode
 with no logits), with its MoE layers priced once for the lockstep step from every rank's tokens
@@ -252,10 +265,17 @@ class DataParallelGroup(Cluster):
         self._wake: simpy.Event | None = None
         self._dummy: StepResult | None = None
         self.ranks: list[DPRank] = []
+        self.prefill_schedule_interval = 1  # the ranks' --prefill-schedule-interval (`add_rank`)
 
     def add_rank(self, engine: Engine) -> DPRank:
         """Rank len(ranks): `engine`, fed by the balancer. A lockstep group schedules each rank as
-        its engine says (`Engine.asynchronous`: `_lockstep`'s docstring)."""
+        its engine says (`Engine.asynchronous`: `_lockstep`'s docstring), and, where its policy's
+        `prefill_schedule_interval` is more than 1, throttles the rank's prefills by the group's step
+        counter (`_throttle_prefills`) in place of the policy's local cadence."""
+        interval = getattr(engine.policy.config, "prefill_schedule_interval", 1)
+        if self.lockstep and interval > 1:
+            self.prefill_schedule_interval = interval
+            engine.policy.throttle_prefills = False  # the group's cadence from now on, not the rank's own
         rank = self.add_replica(engine, DPRank)
         assert isinstance(rank, DPRank)
         self.ranks.append(rank)
@@ -380,6 +400,7 @@ class DataParallelGroup(Cluster):
             work: list[Batch | None] = []
             scheduled: list[tuple[int, int, int] | None] = []
             was_pipelined = list(pipelined)
+            self._throttle_prefills(counter)
             for i, rank in enumerate(ranks):
                 engine = rank.engine
                 state = engine.state
@@ -434,6 +455,20 @@ class DataParallelGroup(Cluster):
                     for rank in ranks:
                         rank.num_dummy_steps += trailing
                 return end_s
+
+    def _throttle_prefills(self, counter: int) -> None:
+        """Tell each rank's policy whether this lockstep step's schedule is throttled: vLLM's
+        DPEngineCoreProc._should_throttle_prefills (vllm/v1/engine/core.py),
+        `prefill_schedule_interval > 1 and step_counter % prefill_schedule_interval != 0`, where
+        `step_counter` is the steps the wave has taken before this one (`counter`: 0 at a wave's first
+        step, so the first schedule after a pause is never throttled; run_busy_loop counts a step in
+        _has_global_unfinished_reqs after it and resets the counter when a wave ends). A batch scheduled
+        beside the step before it (asynchronously) is vLLM's schedule of this turn, with this counter."""
+        interval = self.prefill_schedule_interval
+        if interval > 1:
+            throttle = counter % interval != 0
+            for rank in self.ranks:
+                rank.engine.policy.throttle_prefills = throttle
 
     def _check_not_stalled(self, now: float, was_pipelined: list[bool]) -> None:
         """Every rank ran a dummy batch: fail, as a lone engine does (Engine._wait_for_policy), where

@@ -60,16 +60,17 @@ class TokenBackend:
 
 
 def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked", asynchronous=False,
-          window=None):
+          window=None, max_num_seqs=4, interval=1):
     """`window`: the ranks' caches hold a sliding group of that window and a full-attention group
-    (gpt-oss's layout, sim/sliding_block_manager.py)."""
+    (gpt-oss's layout, sim/sliding_block_manager.py); `interval`: --prefill-schedule-interval."""
     requests = sorted(make_requests(make_trace(rows)), key=lambda r: (r.arrival_s, r.index))
     token_times = TokenTimes(requests)
     g = DataParallelGroup(requests, token_times, dp, lockstep)
     backend = TokenBackend()
     for _ in range(dp):
-        policy = load_policy(seed_policy)(SchedulerConfig(seed_policy, max_num_batched_tokens=budget, max_num_seqs=4,
-                                                          async_scheduling=asynchronous))
+        policy = load_policy(seed_policy)(SchedulerConfig(seed_policy, max_num_batched_tokens=budget,
+                                                          max_num_seqs=max_num_seqs, async_scheduling=asynchronous,
+                                                          prefill_schedule_interval=interval))
         bm = BlockManager(num_blocks, 4) if window is None else SlidingWindowBlockManager(
             num_blocks, 4, True, (("sliding_attention", window), ("full_attention", None)),
             window - 1 + (1 + asynchronous) * budget)
@@ -134,6 +135,75 @@ def test_a_new_wave_after_the_ranks_pause():
     assert result.num_lockstep_steps == 16 + 1
 
 
+CADENCE_ROWS = [(0.0, 4, 6), (0.2, 4, 6), (0.3, 2, 1), (0.4, 2, 1), (0.5, 2, 2), (0.6, 2, 2)]
+
+
+def step_rows(result):
+    s = result.steps
+    return list(zip(s.dp_rank.tolist(), s.start_s.tolist(), s.num_prefill_tokens.tolist(), s.num_decode_tokens.tolist()))
+
+
+def test_the_prefill_cadence_shared_by_a_lockstep_group_worked_by_hand():
+    """--prefill-schedule-interval 3 on a DP 2 lockstep group (vLLM's DPEngineCoreProc._should_throttle_prefills:
+    a schedule is throttled when the ranks' shared step counter, 0 at a wave's first step, is not a multiple
+    of 3; a throttled rank holds prefill while one of its running requests is past its prefill, unless its
+    last step that could carry prefill left requests waiting). Two seats per rank, the worked example's costs
+    (0.5 s + 0.25 s a token). Routing alternates: R0, R2, R4 -> rank 0; R1, R3, R5 -> rank 1.
+
+    - step 0 (counter 0, never throttled) at 0.0: rank 0 R0's prompt (4 tokens); rank 1 dummy -> ends 1.5.
+    - step 1 (counter 1, throttled) at 1.5: rank 0 holds R2 and R4 (R0 decodes); rank 1 has nothing past its
+      prefill, so it is not held: R1's and R3's prompts (6 tokens); R5 finds no seat, so rank 1's queue did
+      not drain (capacity bound) -> ends 3.5 (2.0 s); R3 (1 output token) finishes.
+    - step 2 (counter 2, throttled) at 3.5: rank 0 R0's decode only; rank 1, capacity bound, is not held:
+      R1's decode and R5's prompt in R3's seat (its queue drains) -> ends 4.75.
+    - step 3 (counter 3, a release) at 4.75: rank 0 R0's decode and R2's prompt; R4 finds no seat (rank 0
+      now capacity bound); rank 1 two decodes -> ends 6.0; R2 (1 token) finishes.
+    - step 4 (counter 4, throttled) at 6.0: rank 0, capacity bound, admits R4 into R2's seat at once (not at
+      the next release, step 6); rank 1 R1's decode -> ends 7.25.
+    With interval 1, R2's first token comes at 3.5 (step 1); here at 6.0."""
+    result = group(CADENCE_ROWS, max_num_seqs=2, interval=3).run()
+    assert result.rank_of.tolist() == [0, 1, 0, 1, 0, 1]
+    assert step_rows(result)[:9] == [(0, 0.0, 4, 0), (0, 1.5, 0, 1), (1, 1.5, 6, 0), (0, 3.5, 0, 1), (1, 3.5, 2, 1),
+                                     (0, 4.75, 2, 1), (1, 4.75, 0, 2), (0, 6.0, 2, 1), (1, 6.0, 0, 1)]
+    assert [result.tokens_of(i).tolist()[0] for i in range(6)] == [1.5, 3.5, 6.0, 3.5, 7.25, 4.75]
+    assert group(CADENCE_ROWS, max_num_seqs=2).run().tokens_of(2).tolist() == [3.5]
+    # A second wave, the same requests 100 s later: the counter restarts at 0 when the first wave ends (at its
+    # 16th lockstep step), so the second repeats the first exactly. Carried on (16, 17, 18, ...), its first
+    # release would come at its third step, not its fourth.
+    later = [(t + 100.0, p, o) for t, p, o in CADENCE_ROWS]
+    two = group(CADENCE_ROWS + later, max_num_seqs=2, interval=3).run()
+    assert two.num_waves == 2
+    first = step_rows(result)
+    assert step_rows(two) == first + [(rank, start + 100.0, p, d) for rank, start, p, d in first]
+
+
+def test_the_shared_cadence_throttles_a_schedule_beside_a_step_with_its_own_counter():
+    """Asynchronously (vLLM's default), a rank's batch for lockstep step k is scheduled beside step k - 1 with
+    the counter k (vLLM's turn k schedules batch k while batch k - 1 runs). Step 1 at 1.5: rank 1, idle
+    before, admits R1 and R3 (6 tokens; capacity bound: R5 waits). Step 2 at 3.5, scheduled as of 1.5 with
+    counter 2: rank 0 holds R2 and R4; rank 1, capacity bound, is not held, but R3's seat is still taken
+    (its last token in flight): R1's decode only, the queue still not drained. Step 3 (the release) at 4.25:
+    R2's and R5's prompts."""
+    result = group(CADENCE_ROWS, max_num_seqs=2, interval=3, asynchronous=True).run()
+    assert step_rows(result)[:7] == [(0, 0.0, 4, 0), (0, 1.5, 0, 1), (1, 1.5, 6, 0), (0, 3.5, 0, 1), (1, 3.5, 0, 1),
+                                     (0, 4.25, 2, 1), (1, 4.25, 2, 1)]
+
+
+def test_a_dense_models_ranks_each_run_their_own_cadence():
+    """A dense model's DP ranks are independent engines (vLLM reconfigures each to data_parallel_size 1:
+    ParallelConfig.reconfigure_for_independent_dp_rank), so each runs the local cadence of one engine: a
+    rank alone with R0 and R2 holds R2 as one engine does, whatever the other rank does; and stepped one
+    step at a time (no promises while the cadence is on)."""
+    rows = [(0.0, 4, 6), (0.2, 4, 6), (0.3, 2, 2)]
+    g = group(rows, lockstep=False, interval=3)
+    assert all(r.engine.policy.throttle_prefills is None and not r.engine.policy.promises.fast_forward for r in g.ranks)
+    result = g.run()
+    assert result.rank_of.tolist() == [0, 1, 0]
+    # rank 0: R0's prompt at 0.0 (executed step 1, 1.5 s), its decodes at 1.5 and 2.25 (steps 2 and 3, held);
+    # step 4 at 3.0 may carry prefill (4 - 1 >= 3): R0's decode and R2's prompt (1.25 s), then both decode.
+    assert result.tokens_of(2).tolist() == [4.25, 5.25]
+
+
 def test_load_balancer_score_penalises_waiting_on_a_full_cache():
     # core_client.py: score = max(in flight, waiting + running) + waiting x 6 x max(0, usage - 0.5).
     lb = DPLoadBalancer(2)
@@ -151,10 +221,12 @@ def test_load_balancer_score_penalises_waiting_on_a_full_cache():
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 5), st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=25),
-       st.integers(2, 3), st.booleans(), st.integers(6, 40), st.booleans(), st.sampled_from([None, 5, 8]))
-def test_properties(rows, dp, lockstep, num_blocks, asynchronous, window):
+       st.integers(2, 3), st.booleans(), st.integers(6, 40), st.booleans(), st.sampled_from([None, 5, 8]),
+       st.sampled_from([1, 1, 2, 3]))
+def test_properties(rows, dp, lockstep, num_blocks, asynchronous, window, interval):
     rows = sorted(rows)
-    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep, asynchronous=asynchronous, window=window)
+    g = group(rows, dp=dp, num_blocks=num_blocks, lockstep=lockstep, asynchronous=asynchronous, window=window,
+              interval=interval)
     result = g.run()
     for r in result.requests:  # every request ends once, finished or rejected as too big for a rank
         assert r.status in (Status.FINISHED, Status.REJECTED)

@@ -106,9 +106,10 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
      "--no-prefix-caching)"),
     (["replay", *SMALL, "--prefill-schedule-interval", 3, "--policy", "prefill-first"],
      "--prefill-schedule-interval 3 holds the prefills of the chunked policy (vLLM's scheduler), not of prefill-first"),
-    (["replay", *SMALL, "--prefill-schedule-interval", 3, "--model", "Qwen3-30B-A3B", "--dp", 2],
-     "--prefill-schedule-interval 3 with --dp 2: vLLM's DP coordinator then holds prefills on a cadence the ranks "
-     "share, which servesim does not model; it models the cadence of one engine"),
+    # With --dp (the ranks share the cadence of their DP group) it is still chunked's alone.
+    (["replay", *SMALL, "--prefill-schedule-interval", 3, "--model", "Qwen3-30B-A3B", "--dp", 2, "--policy",
+      "decode-first"],
+     "--prefill-schedule-interval 3 holds the prefills of the chunked policy (vLLM's scheduler), not of decode-first"),
     # A router picks among replicas; with one engine (or a --dp group, whose balancer is vLLM's) it was ignored.
     (["replay", *SMALL, "--router", "least-kv"],
      "--router least-kv picks which replica takes each request, and there is one engine: add --replicas N, or "

@@ -197,8 +197,8 @@ def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
     """Refuse a chunked-only option given to another policy, and each where vLLM ignores it or servesim
     does not model it: --cache-aware-admission-window reorders an FCFS queue by what the prefix cache
     holds (vLLM 0.34 ignores it under priority or without prefix caching: `Scheduler.__init__`,
-    `cache_aware_window`); --prefill-schedule-interval is one engine's cadence (under --dp vLLM's DP
-    coordinator drives a cadence the ranks share, `throttle_prefills`)."""
+    `cache_aware_window`). --prefill-schedule-interval applies with --dp too: a mixture of experts'
+    ranks share their DP group's cadence, a dense model's each run their own (sim/data_parallel.py)."""
     from policies.chunked import ChunkedPolicy
 
     sched = options.scheduler
@@ -207,17 +207,13 @@ def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
         if value != off and not issubclass(policy, ChunkedPolicy):
             raise ServesimError(f"--{name.replace('_', '-')} {value} {does} the chunked policy (vLLM's scheduler), "
                                 f"not of {sched.policy}")
-    window, interval = sched.cache_aware_admission_window, sched.prefill_schedule_interval
+    window = sched.cache_aware_admission_window
     if window and sched.scheduling_policy != "fcfs":
         raise ServesimError(f"--cache-aware-admission-window {window} needs --scheduling-policy fcfs: vLLM ignores it "
                             f"under {sched.scheduling_policy}")
     if window and not options.cache.enable_prefix_caching:
         raise ServesimError(f"--cache-aware-admission-window {window} orders requests by their cached prefix: it needs "
                             "prefix caching (drop --no-prefix-caching)")
-    if interval > 1 and options.dp > 1:
-        raise ServesimError(f"--prefill-schedule-interval {interval} with --dp {options.dp}: vLLM's DP coordinator then "
-                            "holds prefills on a cadence the ranks share, which servesim does not model; it models the "
-                            "cadence of one engine")
 
 
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
