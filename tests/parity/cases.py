@@ -363,6 +363,55 @@ def active_seqs_cases() -> list[Case]:
     return cases
 
 
+def wave_rows(seed: int, num_waves: int = 30) -> list[tuple[float, int, int]]:
+    """Waves of a DP rank: every 3,000 s (long enough for the last wave to end) a request, then 1-3 more
+    while it decodes, 0-150 s after it: where they land in the cadence depends on the counter's restart."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(num_waves):
+        start = 3000.0 * k
+        rows.append((start, int(rng.integers(1, 120)), int(rng.integers(5, 40))))
+        for _ in range(int(rng.integers(1, 4))):
+            rows.append((start + float(rng.integers(0, 151)), int(rng.integers(1, 120)), int(rng.integers(1, 30))))
+    return rows
+
+
+def dp_cadence_cases() -> list[Case]:
+    """`--prefill-schedule-interval` on one DP rank of a mixture of experts (`moe_dp_rank`): vLLM's Scheduler
+    made as a DP rank's, driven by DPEngineCoreProc's busy loop with `schedule(throttle_prefills)` from the
+    shared step counter (tests/parity/vllm_driver.py, DPRankLoop), against a lockstep DP group of that rank.
+    The bursty traces' gaps end waves (at the 16th step's all-reduce) and requests arrive among a wave's
+    dummy batches; interval 1 checks the busy loop itself."""
+    hand = _trace([(0, 20, 30), (45, 40, 5), (90, 10, 5), (95, 10, 5), (1500, 30, 8), (1510, 10, 3)])
+    cases = [Case("dp-cadence-hand", hand, EngineSetup(max_num_batched_tokens=16, max_num_seqs=4,
+                                                        prefill_schedule_interval=3, moe_dp_rank=True)),
+             Case("dp-cadence-hand-seats", hand, EngineSetup(max_num_batched_tokens=64, max_num_seqs=2,
+                                                              prefill_schedule_interval=2, moe_dp_rank=True))]
+    for seed in range(2):
+        trace, hashed, priority = bursty_traces(60 + seed, priority_seed=70 + seed)
+        cases += [
+            Case(f"dp-cadence-waves-{seed}", _trace(wave_rows(80 + seed)),
+                 EngineSetup(max_num_batched_tokens=64, max_num_seqs=8, prefill_schedule_interval=3 + 2 * seed,
+                             moe_dp_rank=True)),
+            Case(f"dp-cadence-every-step-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                     num_gpu_blocks=20000, moe_dp_rank=True)),
+            Case(f"dp-cadence-ample-{seed}", trace, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                num_gpu_blocks=20000, prefill_schedule_interval=4,
+                                                                moe_dp_rank=True)),
+            Case(f"dp-cadence-tight-{seed}", hashed, EngineSetup(max_num_batched_tokens=256, max_num_seqs=16,
+                                                                 num_gpu_blocks=300, prefill_schedule_interval=3,
+                                                                 moe_dp_rank=True)),
+            Case(f"dp-cadence-threshold-{seed}", trace,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=400,
+                             long_prefill_token_threshold=64, prefill_schedule_interval=2, moe_dp_rank=True)),
+            Case(f"dp-cadence-priority-{seed}", trace,
+                 EngineSetup(max_num_batched_tokens=256, max_num_seqs=16, num_gpu_blocks=300,
+                             scheduling_policy="priority", prefill_schedule_interval=5, moe_dp_rank=True),
+                 priority=priority),
+        ]
+    return [case for base in cases for case in (base, async_variant(base))]
+
+
 def option_cases() -> list[Case]:
     """The cases of vLLM's scheduler options, each also asynchronously (`<name>-async`)."""
     families = (cache_aware_cases(), watermark_cases(), adaptive_threshold_cases(), cadence_cases(),

@@ -15,9 +15,11 @@ import numpy as np
 from sim import tokens
 from sim.app.options import ReplayOptions
 from sim.app.plan import resolve
-from sim.app.replay import make_requests, replay
+from sim.app.replay import make_requests, replay, with_api_server
 from sim.backend import StepResult
 from sim.config import CacheConfig, SchedulerConfig
+from sim.data_parallel import DataParallelGroup
+from sim.engine import Engine, TokenTimes
 from tests.parity.vllm_driver import EngineSetup, StepTime, Timeline, TraceRequest
 from traces.trace import Trace
 
@@ -115,7 +117,8 @@ def run_servesim(trace: Trace, setup: EngineSetup, step_time: StepTime, fast_for
                  priority=None) -> Timeline:
     if priority is not None and hasattr(trace, "priority"):
         trace = replace(trace, priority=np.asarray(priority, dtype=np.int64))
-    result = replay(trace, resolve(options_for(setup), backend=StepTimeBackend(step_time)), fast_forward=fast_forward)
+    plan = resolve(options_for(setup), backend=StepTimeBackend(step_time))
+    result = replay(trace, plan, fast_forward=fast_forward) if not setup.moe_dp_rank else dp_rank_alone(trace, plan)
     n = len(trace)
     timeline = Timeline([None] * n, [None] * n)
     for r in result.requests:
@@ -127,3 +130,15 @@ def run_servesim(trace: Trace, setup: EngineSetup, step_time: StepTime, fast_for
     timeline.prefix_queries = result.num_prefix_queried_tokens
     timeline.prefix_hits = result.num_prefix_hit_tokens
     return timeline
+
+
+def dp_rank_alone(trace: Trace, plan):
+    """A mixture of experts' DP rank as the vLLM driver runs one (`DPRankLoop`): a lockstep DP group
+    (sim/data_parallel.py) of that one rank, its dummy batches priced by the step-time function as the
+    driver prices them, its prefills throttled by the group's step counter. The group never fast-forwards."""
+    requests = sorted(make_requests(with_api_server(trace, plan.options)), key=lambda r: (r.arrival_s, r.index))
+    token_times = TokenTimes(requests)
+    group = DataParallelGroup(requests, token_times, 1, lockstep=True)
+    group.add_rank(Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), token_times, plan.max_model_len,
+                          fast_forward=False))
+    return group.run()

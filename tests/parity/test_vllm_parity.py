@@ -18,7 +18,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is first imported
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM is not installed (pip install '.[parity]')")
 
-from tests.parity.cases import all_cases, async_cases, option_cases
+from tests.parity.cases import all_cases, async_cases, dp_cadence_cases, option_cases
 from tests.parity.run import assert_schedules_as_vllm
 
 CASES = all_cases()
@@ -43,3 +43,14 @@ def test_scheduler_options_as_vllm(case, fast_forward):
     """--cache-aware-admission-window (vLLM 0.34), --watermark, --long-prefill-token-threshold-adaptive,
     --prefill-schedule-interval and --max-num-active-seqs (0.33 and 0.34)."""
     assert_schedules_as_vllm(case, fast_forward)
+
+
+DP_CADENCE = dp_cadence_cases()
+
+
+@pytest.mark.parametrize("case", DP_CADENCE, ids=[c.name for c in DP_CADENCE])
+def test_dp_prefill_cadence_as_vllm(case):
+    """--prefill-schedule-interval on a mixture of experts' DP rank (0.33 and 0.34): vLLM's scheduler told
+    `throttle_prefills` by DPEngineCoreProc's shared step counter. A lockstep DP group steps one step at a
+    time (no fast-forward), so each case runs once."""
+    assert_schedules_as_vllm(case, fast_forward=False)

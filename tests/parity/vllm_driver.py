@@ -101,6 +101,43 @@ class EngineSetup:
     max_num_active_seqs: int | None = None  # the admission limit into RUNNING (None: max_num_seqs)
     cache_aware_admission_window: int = 0  # vLLM 0.34's cache-aware admission (0: off; not in 0.33)
     cache_aware_admission_threshold: float = 0.5
+    # One DP rank of a mixture of experts (`DPRankLoop`): the scheduler made as a DP rank's, driven as
+    # DPEngineCoreProc.run_busy_loop drives it, `schedule(throttle_prefills)` from the shared step counter.
+    moe_dp_rank: bool = False
+
+
+DUMMY_STEP = ([1], [1])  # a DP rank's dummy batch, for the step-time function: one decode token, context 1
+
+
+class DPRankLoop:
+    """The busy loop of one mixture-of-experts DP rank (vllm/v1/engine/core.py, DPEngineCoreProc), for a
+    rank whose peers never hold a request (each of their turns a dummy batch, which the step-time
+    function prices no longer than any real step, so the lockstep step is this rank's):
+
+        each turn: add the arrivals (one to a paused rank starts a wave: `engines_running`);
+            schedule(throttle_prefills = N > 1 and step_counter % N != 0)   (_should_throttle_prefills)
+            and run it; where the turn ran no model but the wave runs: a dummy batch (execute_dummy_batch)
+        then step_counter += 1; at the wave's first step and every dp_sync_interval (16) steps, a rank
+        with no unfinished request ends the wave: step_counter = 0, paused until the next arrival
+        (_has_global_unfinished_reqs, run_busy_loop)."""
+
+    DP_SYNC_INTERVAL = 16  # vllm/config/parallel.py ParallelConfig.dp_sync_interval
+
+    def __init__(self, interval: int):
+        self.interval = interval
+        self.step_counter = 0
+        self.running = False  # engines_running: a wave runs
+
+    @property
+    def throttle_prefills(self) -> bool:
+        return self.interval > 1 and self.step_counter % self.interval != 0
+
+    def end_turn(self, scheduler: Scheduler) -> None:
+        self.step_counter += 1
+        if self.step_counter == 1 or self.step_counter % self.DP_SYNC_INTERVAL == 0:
+            self.running = scheduler.has_unfinished_requests()
+            if not self.running:
+                self.step_counter = 0
 
 
 @dataclass
@@ -166,6 +203,11 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
     # cap reads (SlidingWindowSpec.max_admission_blocks_per_request). The scheduler reads nothing
     # else of it here (the AsyncScheduler class is chosen below).
     config.scheduler_config.async_scheduling = setup.async_scheduling
+    if setup.moe_dp_rank:
+        # A mixture of experts' DP rank keeps data_parallel_size > 1 (core.py run_engine_core makes a
+        # DPEngineCoreProc), so vLLM's Scheduler.__init__ turns its local cadence off itself
+        # (`local_prefill_interval` 1); nothing else of the scheduler reads the size.
+        config.parallel_config.data_parallel_size = 2
     num_blocks = setup.num_gpu_blocks + 1  # block 0 is vLLM's null block
     layer = dict(block_size=setup.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     spec = (FullAttentionSpec(**layer) if setup.sliding_window is None
@@ -194,9 +236,12 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
     index_of = {rid: i for i, rid in enumerate(ids)}
     live: dict[str, Request] = {}
     now, next_arrival, num_finished = 0.0, 0, 0
+    dp = DPRankLoop(setup.prefill_schedule_interval) if setup.moe_dp_rank else None
     for _ in range(max_steps):
         if num_finished == n:
             break
+        if dp is not None and next_arrival < n and requests[order[next_arrival]].arrival_s <= now:
+            dp.running = True  # a request starts a wave (DPEngineCoreProc.add_request)
         while next_arrival < n and requests[order[next_arrival]].arrival_s <= now:
             i = order[next_arrival]
             r = requests[i]
@@ -213,10 +258,17 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
             live[ids[i]] = request
             scheduler.add_request(request)
             next_arrival += 1
-        if not scheduler.get_num_unfinished_requests():
+        if dp is not None and (dp.running or scheduler.has_requests()):
+            out = scheduler.schedule(dp.throttle_prefills) if scheduler.has_requests() else None
+            if out is None or not out.total_num_scheduled_tokens:  # no model ran: a dummy batch
+                now += step_time(*DUMMY_STEP)
+                dp.end_turn(scheduler)
+                continue
+        elif not scheduler.get_num_unfinished_requests():
             now = requests[order[next_arrival]].arrival_s
             continue
-        out = scheduler.schedule()
+        else:
+            out = scheduler.schedule()
         if not out.total_num_scheduled_tokens:
             raise RuntimeError(f"vLLM scheduled nothing at t={now} with requests waiting")
         # Decode: a running request computing only its last sampled token (servesim's is_decode;
@@ -265,6 +317,8 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
                 timeline.finish_s[i] = now
                 num_finished += 1
                 del live[rid]
+        if dp is not None:
+            dp.end_turn(scheduler)
     else:
         raise RuntimeError(f"vLLM did not finish {n} requests in {max_steps} steps")
     return timeline
@@ -313,20 +367,37 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
     # step that runs, as servesim records them (vLLM's output of the empty step carries them alone).
     carried_preemptions = 0
     queue_size = 2  # VllmConfig.max_concurrent_batches with async scheduling, pipeline parallel 1
+    dp = DPRankLoop(setup.prefill_schedule_interval) if setup.moe_dp_rank else None
+    executed = False  # whether this turn's schedule ran a model (a DP rank runs a dummy batch otherwise)
+
+    def end_turn() -> None:
+        nonlocal now, gpu_free
+        if dp is None:
+            return
+        if not executed:  # run_busy_loop: execute_dummy_batch, waited for, after what the GPU still runs
+            now = gpu_free = max(now, gpu_free) + step_time(*DUMMY_STEP)
+        dp.end_turn(scheduler)
+
     while num_finished < n:
         steps += 1
         if steps > max_steps:
             raise RuntimeError(f"vLLM did not finish {n} requests in {max_steps} steps")
+        if dp is not None and next_arrival < n and requests[order[next_arrival]].arrival_s <= now:
+            dp.running = True  # a request starts a wave (DPEngineCoreProc.add_request)
         while next_arrival < n and requests[order[next_arrival]].arrival_s <= now:
             i = order[next_arrival]
             live[ids[i]] = _add_request(scheduler, requests[i], ids[i], next_arrival, hasher)
             next_arrival += 1
+        executed = False
         if not scheduler.has_requests() and not queue:
+            if dp is not None and dp.running:  # nothing to run while the wave runs: a dummy turn
+                end_turn()
+                continue
             now = requests[order[next_arrival]].arrival_s  # idle until the next arrival
             continue
         # step_with_batch_queue
         if scheduler.has_requests():
-            out = scheduler.schedule()
+            out = scheduler.schedule() if dp is None else scheduler.schedule(dp.throttle_prefills)
             executed = out.total_num_scheduled_tokens > 0
             req_ids = list(out.num_scheduled_tokens)
             scheduled, contexts = [], []
@@ -351,6 +422,7 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
                 carried_preemptions += len(out.preempted_req_ids or ())
             queue.append((out, req_ids, samples, end, scheduled, contexts))
             if len(queue) < queue_size and (executed or scheduler.has_requests()):
+                end_turn()
                 continue
         out, req_ids, samples, end, scheduled, contexts = queue.pop(0)
         now = max(now, end)
@@ -379,6 +451,7 @@ def run_vllm_async(requests: list[TraceRequest], setup: EngineSetup, step_time: 
                 timeline.finish_s[i] = now
                 num_finished += 1
                 del live[rid]
+        end_turn()
     return timeline
 
 
