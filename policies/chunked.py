@@ -51,7 +51,7 @@ class ChunkedPolicy(Policy):
         # a mixture of experts' DP rank, whose local cadence vLLM turns off (`local_prefill_interval` 1 while
         # data_parallel_size > 1); its DP group then sets this before each schedule, as vLLM's engine core
         # passes `Scheduler.schedule(throttle_prefills)` (vllm/v1/engine/core.py,
-        # DPEngineCoreProc._should_throttle_prefills; sim/data_parallel.py, DataParallelGroup._lockstep).
+        # DPEngineCoreProc._should_throttle_prefills; sim/data_parallel.py, DataParallelGroup._throttle_prefills).
         self.throttle_prefills: bool | None = None
         self._last_prefill_step = -self._interval  # a full interval back: the first step is never held
         self._num_executed_steps = 0
