@@ -224,7 +224,7 @@ class ClosedLoop(_WakesEngine):
         self._next += 1
         if self.servers is None:
             r.arrival_s = at
-            self._sent.append(r)
+            queue_by_arrival(self._sent, r)  # (sent at a rejection's instant, before others not yet delivered)
         else:
             self.servers.take(r, at)
             queue_by_arrival(self._sent, r)
@@ -260,8 +260,10 @@ class ClosedLoop(_WakesEngine):
             self.engine.submit(self._sent.pop(0))  # a rejection frees its slot at once (on_done)
 
     def on_done(self, request: Request, now: float | None) -> None:
-        """Free the request's slot; the oldest created request waiting for one is sent now."""
-        now = self._now if now is None else now
+        """Free the request's slot; the oldest created request waiting for one is sent now. A
+        rejected request (`now` None) is answered at its arrival (the API server's check: an HTTP
+        503, or 400 for a request too long), which the engine may take only at its next step."""
+        now = request.arrival_s if now is None else now
         self._send_created(now)
         self.num_in_flight -= 1
         if self._next < len(self.requests) and self.created_s[self._next] <= now:

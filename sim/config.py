@@ -114,6 +114,10 @@ MEMORY_FRACTION = Range(0.0, 1.0, "", "a fraction of the device's memory", open_
 QUEUE_WINDOW = Range(0, 2**20, "requests", "0 means off; the waiting requests looked at in one step, each a prefix-cache "
                      "lookup", whole=True)
 USAGE_FRACTION = Range(0.0, 1.0, "", "a fraction of the KV cache's blocks in use")
+QUEUED_REQUESTS = Range(0, 10_000_000, "requests", "0 rejects every request, as vLLM's 0 does; a trace holds at most "
+                        "10,000,000", whole=True)
+QUEUED_TOKENS = Range(0, 2**48, "tokens", "0 rejects every request, as vLLM's 0 does; 10,000,000 prompts of 16,777,216 "
+                      "tokens hold fewer", whole=True)
 PREFILL_INTERVAL = Range(1, 2**20, "steps", "1 means every step; a step is at least a few milliseconds", whole=True)
 WATERMARK = Range(0.0, 0.99, "", "a fraction of the KV cache's blocks kept free when admitting; vLLM's is below 1")
 SEED = Range(0, 2**63 - 1, "", "a random seed is a 64-bit signed integer", whole=True)
@@ -295,6 +299,18 @@ class SchedulerConfig:
         0.5, flag="--cache-aware-admission-threshold", range=USAGE_FRACTION, metavar="F",
         help="fraction of the KV cache's blocks in use below which --cache-aware-admission-window does not reorder "
              "(vLLM 0.34's; default: {default})")
+
+    # vLLM's API server's admission limits (SchedulerConfig.max_num_queued_reqs, max_num_queued_tokens;
+    # AsyncLLM.check_admission): a request that would break one is rejected with HTTP 503 (sim/admission.py).
+    max_num_queued_reqs: int | None = option(
+        None, flag="--max-num-queued-reqs", range=QUEUED_REQUESTS, metavar="N",
+        help="vLLM's API server answers a request HTTP 503 (rejected) when N requests are already unfinished "
+             "(waiting or running, over every --dp rank): vLLM's --max-num-queued-reqs (default: no limit)")
+    max_num_queued_tokens: int | None = option(
+        None, flag="--max-num-queued-tokens", range=QUEUED_TOKENS, metavar="N",
+        help="vLLM's API server answers a request HTTP 503 (rejected) when the requests without a first token yet "
+             "hold N or more prompt tokens (whole prompts: chunks computed and prefix-cache hits not subtracted): "
+             "vLLM's --max-num-queued-tokens (default: no limit)")
 
     # The engine core's clock (docs/async-scheduling.md): vLLM's AsyncScheduler with its batch queue of 2
     # (default since vLLM 0.14), and the CPU's seconds per step (backends/host_time.py).

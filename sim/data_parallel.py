@@ -70,6 +70,7 @@ from typing import Callable
 
 import simpy
 
+from sim.admission import QueueLimits
 from sim.arrivals import ApiServers, queue_by_arrival
 from sim.backend import StepResult
 from sim.batch import Batch
@@ -77,7 +78,7 @@ from sim.cluster import Cluster, ClusterSteps, Instant, Replica
 from sim.engine import Engine, SimResult, TokenTimes, delay_to
 from sim.errors import ServesimError
 from sim.fast_forward import single_step
-from sim.request import Request
+from sim.request import Request, Status
 
 DP_SYNC_INTERVAL = 16  # vllm/config/parallel.py ParallelConfig.dp_sync_interval
 STATS_UPDATE_S = 0.1  # coordinator.py: min_stats_update_interval_ms = 100
@@ -266,6 +267,7 @@ class DataParallelGroup(Cluster):
         self._dummy: StepResult | None = None
         self.ranks: list[DPRank] = []
         self.prefill_schedule_interval = 1  # the ranks' --prefill-schedule-interval (`add_rank`)
+        self.queue_limits: QueueLimits | None = None  # vLLM's admission limits, over every rank (`add_rank`)
 
     def add_rank(self, engine: Engine) -> DPRank:
         """Rank len(ranks): `engine`, fed by the balancer. A lockstep group schedules each rank as
@@ -279,7 +281,32 @@ class DataParallelGroup(Cluster):
         rank = self.add_replica(engine, DPRank)
         assert isinstance(rank, DPRank)
         self.ranks.append(rank)
+        # vLLM's admission limits (sim/admission.py) count every rank's requests: the API servers add up
+        # their counts (SharedAdmissionStats), and check a request before the balancer picks its rank
+        # (AsyncLLM._add_request, then the engine client's add_request_async). One count for the
+        # group, checked when a request is routed; each rank's finishes feed it.
+        if self.ranks[0] is rank:
+            self.queue_limits = engine.queue_limits
+        engine.queue_limits = self.queue_limits
+        engine.checks_admission = False
         return rank
+
+    def route(self, r: Request) -> None:
+        """`r` reaches the group's API server: answered 503 where vLLM's admission limits say so
+        (checked at this instant, when every rank's steps that ended before it are applied: the
+        arrivals are URGENT events, sim/cluster.py), else sent to the rank the balancer picks. A
+        request that can never run (too long) is routed and rejected by its rank, as before: vLLM
+        validates its length before the admission check."""
+        limits = self.queue_limits
+        if limits is not None and self.ranks[0].engine.cannot_run(r) is None:
+            reason = limits.admit(r)
+            if reason is not None:
+                r.status = Status.REJECTED
+                r.reject_reason = reason
+                self.replica_of[self.position(r)] = -1  # no rank took it
+                self.on_done(r, None)
+                return
+        super().route(r)
 
     def wake(self) -> None:
         if self._wake is not None and not self._wake.triggered:

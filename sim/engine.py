@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from sim.admission import QueueLimits
 from sim.backend import Backend, ChunkStepsBackend, DecodeRunBackend, StepResult
 from sim.batch import Batch
 from sim.block_manager import BlockManager
@@ -140,6 +141,10 @@ class Engine:
         self.state = EngineState(block_manager, priority=policy.config.scheduling_policy == "priority")
         self.steps = steps if steps is not None else StepLog()
         self.num_finished = 0
+        # vLLM's API server's admission limits (--max-num-queued-reqs, --max-num-queued-tokens: sim/admission.py):
+        # checked at `submit` unless a DP group checks them for all its ranks when it routes (`checks_admission`).
+        self.queue_limits = QueueLimits.of(policy.config)
+        self.checks_admission = True
         self.busy_until_s = 0.0  # when the step or run under way ends (a decode replica reads a prefill replica's)
         self.fast_forward: FastForward | None = None
         self._fold = False
@@ -184,15 +189,26 @@ class Engine:
         return event
 
     def submit(self, r: Request) -> None:
-        """A request arrives: it joins the waiting queue, or is rejected if it can never run."""
-        bm = self.block_manager
+        """A request arrives: it joins the waiting queue, or is rejected if it can never run or
+        vLLM's API server would answer it 503 (`queue_limits`, checked after the length checks, as
+        vLLM validates a request's length before AsyncLLM.check_admission)."""
+        reason = self.cannot_run(r)
+        if reason is None and self.checks_admission and self.queue_limits is not None:
+            reason = self.queue_limits.admit(r)
+        if reason is None:
+            self.state.waiting.append(r)
+        else:
+            self._reject(r, reason)
+
+    def cannot_run(self, r: Request) -> str | None:
+        """Why `r` can never run here (longer than --max-model-len, or than the whole KV cache), or None."""
         total = r.num_prompt_tokens + r.max_tokens
         if total > self.max_model_len:
-            self._reject(r, f"prompt + output is {total} tokens, more than --max-model-len {self.max_model_len}")
-        elif total - 1 > self._max_kv_tokens:  # (its KV: every token but the last output one, `max_kv_tokens`)
-            self._reject(r, f"needs {bm.max_blocks_needed(r.max_kv_tokens)} KV blocks, the whole cache has {bm.num_blocks}")
-        else:
-            self.state.waiting.append(r)
+            return f"prompt + output is {total} tokens, more than --max-model-len {self.max_model_len}"
+        if total - 1 > self._max_kv_tokens:  # (its KV: every token but the last output one, `max_kv_tokens`)
+            bm = self.block_manager
+            return f"needs {bm.max_blocks_needed(r.max_kv_tokens)} KV blocks, the whole cache has {bm.num_blocks}"
+        return None
 
     def _reject(self, r: Request, reason: str) -> None:
         r.status = Status.REJECTED
@@ -590,6 +606,8 @@ class Engine:
         else:
             self.block_manager.release_finished(r)
         self.num_finished += 1
+        if self.queue_limits is not None:
+            self.queue_limits.finished(now)
         if self.token_times is not None:
             self.token_times.store(r)
         self.workload.on_done(r, now)

@@ -131,6 +131,9 @@ class RunPlan:
         sched = self.options.scheduler
         d["engine_clock"] = host_time_summary(sched.async_scheduling, sched.host_time, sched.host_reference_loop_s)
         d["scheduler"]["max_model_len"] = self.max_model_len
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            if d["scheduler"][name] is None:
+                del d["scheduler"][name]  # runs without vLLM's admission limits keep the summary they had
         d["cache"]["num_blocks"] = self.num_blocks
         cluster = d.pop("cluster")
         if not self.options.cluster.is_single:

@@ -1,0 +1,121 @@
+"""vLLM's front-end admission limits: `--max-num-queued-reqs` and `--max-num-queued-tokens`.
+
+vLLM's API server checks them before it hands a request to the engine (vllm/v1/engine/async_llm.py,
+`AsyncLLM.check_admission`, called from `AsyncLLM._add_request` right before
+`OutputProcessor.add_request`; the same code in vLLM 0.33.0 and 0.34.0) and answers a request that
+would break one with HTTP 503 (vllm/exceptions.py, `QueueOverflowError` and `MaxQueuedTokensError`,
+both `GracefulHTTPError`s with `HTTPStatus.SERVICE_UNAVAILABLE`):
+
+- `max_num_queued_reqs`: rejected when the unfinished requests (`OutputProcessor.
+  get_num_unfinished_requests`: every request the API server added and has not yet seen finish,
+  waiting or running) plus n (the request's sequences: 1, servesim's requests have one) exceed
+  the limit. With several API servers (one per DP rank from vLLM 0.15) they add up their counts
+  (vllm/v1/engine/admission_control.py, `SharedAdmissionStats`), so the count is over every rank.
+- `max_num_queued_tokens`: rejected when the prompt tokens of the requests still in prefill
+  (`OutputProcessor.get_num_queued_tokens`: the whole `prompt_len` of every request whose
+  `is_prefilling` is still set, which `process_outputs` clears at the request's first output) are
+  at least the limit. Chunks already computed and prefix-cache hits are not subtracted. Each API
+  server counts only its own requests (no shared counter), which is why a DP group's several
+  servers are refused with it (sim/app/options.py).
+
+When servesim counts: at the request's arrival at the engine (`Request.arrival_s`: after the API
+server's own work where one is modelled, which is when vLLM calls check_admission), a request
+admitted before it counts until its finish (`Request.finish_s`) and counts as in prefill until its
+first token (`Request.first_token_s`), the instants servesim reports as the client seeing them
+(the end of the step that emitted the token: docs/async-scheduling.md). An output at the very
+instant of an arrival is seen after it (a cluster's router reads the replicas the same way,
+sim/cluster.py). Requests rejected before the check (longer than --max-model-len: vLLM's input
+processing answers 400 first) are not counted.
+
+The counts are taken from those times, not from what the engine has applied when it takes the
+request: a lone engine may have applied a whole run of steps past the arrival by then
+(sim/fast_forward.py). What is needed is that every finish and first token before the arrival is
+known when the arrival is checked, which holds where `admit` is called: at the engine's `submit`
+(a lone engine, or one replica of a cluster: each replica's steps before the arrival are applied
+when its engine takes it) and at a DP group's routing instant (sim/data_parallel.py: every rank's
+steps that ended before it are applied).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from sim.request import Request
+
+# The reasons a rejected request carries (requests.csv's reject_reason), as vLLM's logs name the limits.
+QUEUED_REQS_REASON = "HTTP 503 (max_num_queued_reqs): {count} requests unfinished, the limit is {limit}"
+QUEUED_TOKENS_REASON = "HTTP 503 (max_num_queued_tokens): {count} prompt tokens in prefill, the limit is {limit}"
+
+
+class QueueLimits:
+    """The admission limits of one API server's requests (a lone engine, a replica of a cluster,
+    or a DP group, whose servers share their count): `admit(r)` at each arrival, in arrival order;
+    `finished(at)` for every admitted request that finishes. First tokens are read from the
+    requests themselves (`Request.first_token_s`)."""
+
+    def __init__(self, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None):
+        self.max_num_queued_reqs = max_num_queued_reqs
+        self.max_num_queued_tokens = max_num_queued_tokens
+        self.num_admitted = 0
+        self.num_rejected = 0
+        self._num_finished = 0  # finishes before the last arrival checked
+        self._finishes: list[float] = []  # the others' times, a heap
+        self._prefilling: list[Request] = []  # admitted; some may have had their first token since
+        self._prefill_tokens = 0  # their prompt tokens
+        self._prune_at = 64  # prune the list when it grows to this (kept about twice its live length)
+
+    @classmethod
+    def of(cls, config: Any) -> "QueueLimits | None":
+        """The limits a scheduler config (sim.config.SchedulerConfig) sets, or None where it sets none."""
+        reqs = getattr(config, "max_num_queued_reqs", None)
+        tokens = getattr(config, "max_num_queued_tokens", None)
+        return None if reqs is None and tokens is None else cls(reqs, tokens)
+
+    def num_unfinished(self, at: float) -> int:
+        """Requests admitted and not finished before `at` (no earlier than the last arrival checked)."""
+        finishes = self._finishes
+        while finishes and finishes[0] < at:
+            heapq.heappop(finishes)
+            self._num_finished += 1
+        return self.num_admitted - self._num_finished
+
+    def num_queued_tokens(self, at: float) -> int:
+        """Prompt tokens of the admitted requests without a first token before `at`."""
+        self._prune(at)
+        return self._prefill_tokens
+
+    def _prune(self, at: float) -> None:
+        kept = [r for r in self._prefilling if r.first_token_s is None or r.first_token_s >= at]
+        self._prefilling = kept
+        self._prefill_tokens = sum(r.num_prompt_tokens for r in kept)
+        self._prune_at = 2 * len(kept) + 64
+
+    def admit(self, r: Request) -> str | None:
+        """Check `r` at its arrival as AsyncLLM.check_admission does (n = 1): None, and `r` is counted
+        from now on; or why it is rejected (HTTP 503), and it is not."""
+        at = r.arrival_s
+        limit = self.max_num_queued_reqs
+        if limit is not None:
+            count = self.num_unfinished(at)
+            if count + 1 > limit:
+                self.num_rejected += 1
+                return QUEUED_REQS_REASON.format(count=count, limit=limit)
+        limit = self.max_num_queued_tokens
+        if limit is not None:
+            # Only the prompts of requests with no first token yet count: the sum is pruned when it
+            # reaches the limit (an arrival may then be rejected) or the list has grown.
+            if self._prefill_tokens >= limit or len(self._prefilling) >= self._prune_at:
+                self._prune(at)
+            if self._prefill_tokens >= limit:
+                self.num_rejected += 1
+                return QUEUED_TOKENS_REASON.format(count=self._prefill_tokens, limit=limit)
+            self._prefilling.append(r)
+            self._prefill_tokens += r.num_prompt_tokens
+        self.num_admitted += 1
+        return None
+
+    def finished(self, at: float) -> None:
+        """An admitted request finished at `at` (the end of the step that emitted its last token)."""
+        if self.max_num_queued_reqs is not None:
+            heapq.heappush(self._finishes, at)
