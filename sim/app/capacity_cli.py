@@ -73,6 +73,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.rate_scale is not None:
         raise ServesimError("--rate-scale does not apply to sim capacity, which searches the rate scale "
                             "itself (between --min-rate-scale and --max-rate-scale)")
+    for flag in ("--max-num-queued-reqs", "--max-num-queued-tokens"):
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            raise ServesimError(f"{flag} {value} does not apply to sim capacity: the requests it rejects (HTTP 503) "
+                                "leave those admitted within the SLO at any rate, so no rate would fail; sim sweep "
+                                "or sim replay show what it sheds at each rate")
     slo = CapacitySLO.parse(args.slo, args.quantile, args.delay_quantile)
     RateSearch(args.min_rate_scale, args.max_rate_scale, args.tolerance)  # checks the bounds
     names = [name for name in AXES if name != "rate_scale"]

@@ -167,6 +167,7 @@ class ReplayOptions:
                 f"--router {self.cluster.router} picks which replica takes each request, and there is one engine: "
                 + ("with --dp vLLM's DP load balancer picks the rank (docs/data-parallel.md); leave --router out"
                    if self.dp > 1 else "add --replicas N, or --prefill-replicas and --decode-replicas"))
+        check_queue_limits(self)
         if self.vllm_version is not None and not VLLM_VERSION.fullmatch(self.vllm_version):
             raise ServesimError(f"--vllm-version takes a vLLM release such as 0.12.0 or 0.10.1.1, got "
                                 f"{self.vllm_version!r}")
@@ -180,6 +181,30 @@ class ReplayOptions:
     def is_default_deployment(self) -> bool:
         """One device in its own dtype: what the real backend runs and a fitted profile measured."""
         return (self.tp, self.dtype, self.kv_cache_dtype) == DEFAULT_DEPLOYMENT and not self.enable_expert_parallel
+
+
+def check_queue_limits(options: ReplayOptions) -> None:
+    """Refuse vLLM's admission limits (sim/admission.py) where servesim cannot count them as vLLM does:
+    a disaggregated cluster's requests pass two servers (a prefill and a decode replica's, each with
+    its own limits, behind a proxy servesim does not model), and under --dp vLLM (0.15 and later)
+    starts one API server per rank, each counting only its own requests' prompt tokens
+    (OutputProcessor.get_num_queued_tokens has no shared counter, unlike the requests' count:
+    vllm/v1/engine/admission_control.py, SharedAdmissionStats), and which server a request reaches
+    is which accepts its connection first, which servesim does not model."""
+    sched = options.scheduler
+    given = [f"--max-num-queued-{name} {value}" for name, value in
+             (("reqs", sched.max_num_queued_reqs), ("tokens", sched.max_num_queued_tokens)) if value is not None]
+    if not given:
+        return
+    if options.cluster.is_disaggregated:
+        raise ServesimError(f"{given[0]} is vLLM's API server's limit; a disaggregated cluster's requests pass a "
+                            "prefill and a decode server behind a proxy, which servesim does not model with limits: "
+                            "use it with one engine, --replicas or --dp")
+    if options.dp > 1 and sched.max_num_queued_tokens is not None:
+        raise ServesimError(f"--max-num-queued-tokens {sched.max_num_queued_tokens} with --dp {options.dp}: vLLM starts "
+                            "one API server per rank, each counting only the prompt tokens of the requests it "
+                            "accepted, and which server accepts a request servesim does not model; "
+                            "--max-num-queued-reqs is counted over all ranks and applies")
 
 
 # Generating flags from the fields.
