@@ -227,6 +227,8 @@ def format_summary(summary: dict) -> str:
         f"duration {summary['duration_s']:.1f} s   throughput {summary['request_throughput'] or 0:.2f} req/s, "
         f"{summary['output_throughput'] or 0:.0f} output tok/s, {summary['total_token_throughput'] or 0:.0f} tok/s",
     ]
+    for reason, count in summary.get("reject_reasons", {}).items():  # (N: the figures vary by request)
+        lines.append(f"  rejected {count}: {reason}")
     if summary.get("prefix_cache_hit_rate"):
         lines.append(f"prefix cache hit rate {summary['prefix_cache_hit_rate']:.1%}")
     if "goodput" in summary:

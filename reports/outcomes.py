@@ -209,7 +209,7 @@ class RequestOutcomes:
         self.num_good += int(good.sum())
         for reason in np.array(columns["reject_reason"], dtype=object)[status == REJECTED].tolist():
             self.num_rejected += 1
-            key = re.sub(r"\d+", "N", reason)
+            key = re.sub(r"(?<!HTTP )(?<!\d)\d+", "N", reason)  # (an HTTP status kept: "HTTP 503 (...)")
             self.reject_reasons[key] = self.reject_reasons.get(key, 0) + 1
 
     def close(self) -> None:
