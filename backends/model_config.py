@@ -888,12 +888,13 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
     if method in (None, "modelopt") and str(config.get("quant_algo", "")).upper() == "FP8":
         return "fp8", "fp8"  # NVIDIA ModelOpt's FP8: per-tensor scaled weights (vLLM's ModelOptFp8Config)
     if method in (None, "modelopt") and str(config.get("quant_algo", "")).upper() == "NVFP4":
-        return _nvfp4_experts(config.get("exclude_modules") or config.get("ignore"), config, where, has_experts)
+        excluded = _module_names(config, "exclude_modules", where) or _module_names(config, "ignore", where)
+        return _nvfp4_experts(excluded, config, where, has_experts)
     if method == "fp8":
         block = config.get("weight_block_size")
         if block is None:
             return "fp8", "fp8"
-        if list(block) != [FP8_BLOCK, FP8_BLOCK]:
+        if not isinstance(block, list) or block != [FP8_BLOCK, FP8_BLOCK]:
             raise ServesimError(f"{where}: quantization_config weight_block_size = {block}: servesim prices fp8 "
                                 f"blocks of [{FP8_BLOCK}, {FP8_BLOCK}]")
         return "fp8-block", "fp8-block"
@@ -903,22 +904,45 @@ def _quantization(config, where: str, has_experts: bool) -> tuple[str, str]:
         return "bf16", "mxfp4"  # gpt-oss: attention, router, embeddings and LM head are not converted
     if method == "compressed-tensors":
         groups = config.get("config_groups") or {}
+        if not isinstance(groups, dict):
+            raise ServesimError(f"{where}: quantization_config config_groups = {_short(groups)}, expected an object "
+                                "of groups")
         weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+        for w in weights:
+            if not isinstance(w, dict):
+                raise ServesimError(f"{where}: quantization_config config_groups has weights = {_short(w)}, "
+                                    "expected an object (num_bits, type, strategy, group_size)")
         if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" and w.get("strategy") in
                            ("tensor", "channel") for w in weights):
             return "fp8", "fp8"  # fp8 weights with per-tensor or per-channel scales
         if weights and all(w.get("num_bits") == 4 and w.get("type") == "float" and w.get("group_size") == NVFP4_GROUP
                            for w in weights):
-            return _nvfp4_experts(config.get("ignore"), config, where, has_experts)
+            return _nvfp4_experts(_module_names(config, "ignore", where), config, where, has_experts)
         int4 = [w for w in weights if w.get("num_bits") == 4 and w.get("type") == "int"]
         if has_experts and len(int4) == len(weights) == 1 and int4[0].get("group_size") == INT4_GROUP:
-            ignore = " ".join(str(x) for x in config.get("ignore") or [])
+            ignore = " ".join(_module_names(config, "ignore", where))
             if "self_attn" in ignore and "shared_experts" in ignore:
                 return "bf16", "int4"  # Kimi K2.5: int4 routed experts, the rest bf16
         raise ServesimError(f"{where}: quantization_config config_groups = {groups}: servesim prices "
                             f"compressed-tensors int4 (group {INT4_GROUP}) routed experts only")
     raise ServesimError(f"{where}: quantization_config quant_method = {method!r} is not supported (fp8, ModelOpt "
                         "FP8 and NVFP4, mxfp4, compressed-tensors fp8, int4 and NVFP4)")
+
+
+def _module_names(config: dict, field: str, where: str) -> list[str]:
+    """A quantization_config's list of module names (`ignore`, `exclude_modules`); [] where it is absent or null."""
+    names = config.get(field)
+    if names is None:
+        return []
+    if not (isinstance(names, list) and all(isinstance(x, str) for x in names)):
+        raise ServesimError(f"{where}: quantization_config {field} = {_short(names)}, expected a list of module "
+                            "names")
+    return names
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def checkpoint_kv_cache(config) -> str:

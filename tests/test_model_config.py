@@ -129,6 +129,18 @@ def test_both_rope_layouts_read_alike_and_must_agree(tmp_path):
       "quantization_config": {"quant_method": "modelopt"}}, "quant_method = 'modelopt'"),
     ({"hidden_size": None}, "no hidden_size"),
     ({"num_hidden_layers": "32"}, "num_hidden_layers = '32'"),
+    # A quantization_config's lists and objects of another type were internal errors (TypeError, AttributeError).
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": 128}}, "weight_block_size = 128"),
+    ({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": [1]}},
+     "config_groups = [1], expected an object"),
+    ({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": [8]}}}},
+     "weights = [8], expected an object"),
+    ({"quantization_config": {"quant_algo": "NVFP4", "exclude_modules": 5}},
+     "exclude_modules = 5, expected a list of module names"),
+    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
+      "quantization_config": {"quant_method": "compressed-tensors", "ignore": "lm_head", "config_groups": {
+          "g": {"weights": {"num_bits": 4, "type": "int", "group_size": 32}}}}},
+     "ignore = 'lm_head', expected a list of module names"),
 ])
 def test_unpriceable_configs_are_refused_naming_file_and_field(tmp_path, change, field):
     folder = write(tmp_path, {**MISTRAL_7B_V03, **change})
