@@ -131,3 +131,30 @@ def test_llama3_rope_scaling_stretches_only_long_wavelengths():
     edge = ref.llama3_scaled_inv_freq(torch.tensor([2 * math.pi / 2048, 2 * math.pi / 8192], dtype=torch.float64),
                                       scaling)
     assert torch.allclose(edge, torch.tensor([2 * math.pi / 2048, 2 * math.pi / 8192 / 8], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"factor": None}, "rope_scaling factor = None, expected a number above 0"),
+    ({"low_freq_factor": "1"}, "rope_scaling low_freq_factor = '1', expected a number above 0"),
+    ({"original_max_position_embeddings": 0}, "original_max_position_embeddings = 0"),
+    ({"high_freq_factor": 1.0}, "high_freq_factor (1.0) must be above low_freq_factor (1.0)"),
+])
+def test_a_llama3_rope_scaling_missing_a_number_is_refused_by_the_real_backend(tmp_path, capsys, change, message):
+    """Before, a config.json's llama3 rope_scaling without its factors (or with text, or low = high) was an
+    internal error (KeyError, TypeError) or a division by zero when the real backend built its RoPE table."""
+    import json
+
+    from backends.presets import MODELS
+    from tests.helpers import one_error_line, sim
+
+    tiny = {k: v for k, v in MODELS["tiny"].items() if k not in ("rope_theta", "rope_scaling", "qk_norm")}
+    scaling = {**MODELS["Llama-3.1-8B"]["rope_scaling"], **change}
+    config = {**tiny, "model_type": "llama", "rope_theta": 10000.0, "rope_scaling": scaling}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,2\n")
+    assert sim("replay", trace, "--backend", "real", "--model", tmp_path / "m", "--out", tmp_path / "run",
+               "--quiet") == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "run").exists()

@@ -9,6 +9,8 @@ matmul each (Hugging Face's separate tensors are concatenated when weights are l
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,8 +30,25 @@ def check_runnable(cfg: ModelConfig) -> None:
     if rope_type not in (None, "llama3"):
         raise ServesimError(f"model {cfg.name}: the real backend supports plain RoPE and rope_type llama3, "
                             f"not {rope_type!r}")
+    if rope_type == "llama3":
+        check_llama3_scaling(cfg.name, cfg.rope_scaling)
     if cfg.qkv_bias:
         raise ServesimError(f"model {cfg.name}: the real backend's decoder has no q/k/v biases ({cfg.architecture})")
+
+
+def check_llama3_scaling(name: str, scaling: dict) -> None:
+    """rope_scaling of rope_type llama3 holds the four numbers its frequencies are computed from
+    (`llama3_scaled_inv_freq`), each above 0, high_freq_factor above low_freq_factor."""
+    for field in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        value = scaling.get(field)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and value > 0):
+            raise ServesimError(f"model {name}: rope_scaling {field} = {value!r}, expected a number above 0 "
+                                "(rope_type llama3 needs factor, low_freq_factor, high_freq_factor and "
+                                "original_max_position_embeddings)")
+    if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ServesimError(f"model {name}: rope_scaling high_freq_factor ({scaling['high_freq_factor']}) must be "
+                            f"above low_freq_factor ({scaling['low_freq_factor']})")
 
 
 class DecoderLayer(nn.Module):
