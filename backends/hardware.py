@@ -115,9 +115,20 @@ class Hardware:
             if isinstance(value, float) and value.is_integer():
                 raw[whole] = int(value)
         try:
-            return cls(name=p.stem, **raw)
+            hardware = cls(name=p.stem, **raw)
         except ServesimError as e:
             raise ServesimError(f"{p}: {e}") from None
+        preset = HARDWARE.get(hardware.name)
+        if preset is not None:
+            # The name picks the preset's measured profiles (profiles/ops/) and its system's tables, which
+            # would price this file's GPU with the preset's kernel times, whatever its figures say.
+            differ = [f.name for f in fields(cls) if f.name != "description"
+                      and getattr(hardware, f.name) != getattr(preset, f.name)]
+            if differ:
+                raise ServesimError(f"{p}: named like the preset {preset.name}, whose measured operator tables "
+                                    f"would price it, but its figures differ from the preset's ({', '.join(differ)}); "
+                                    "rename the file (its name names the hardware)")
+        return hardware
 
 
 def node_link(link: str | None, bandwidth: float | None, num_gpus: int, gpus_per_node: int | None,

@@ -490,3 +490,23 @@ def test_a_scheduler_config_built_by_hand_is_checked_when_its_policy_is_made():
 
     with pytest.raises(ServesimError, match=r"--max-num-active-seqs \(5\) cannot be greater than --max-num-seqs \(4\)"):
         ChunkedPolicy(SchedulerConfig(max_num_seqs=4, max_num_active_seqs=5))
+
+
+def test_a_hardware_file_named_like_a_preset_with_other_figures_is_refused(tmp_path, capsys):
+    """A file's name names its hardware: H100-SXM.json picked the preset's measured operator-table profile,
+    so a file of a quarter of the H100's FLOP/s and bandwidth replayed to the H100's numbers, under its name."""
+    from backends.hardware import HARDWARE
+
+    figures = {k: v for k, v in HARDWARE["H100-SXM"].as_dict().items() if k != "name"}
+    same = tmp_path / "same" / "H100-SXM.json"
+    same.parent.mkdir()
+    same.write_text(json.dumps({**figures, "description": "our H100s"}))
+    assert sim("replay", *SMALL, "--hardware", same, "--out", tmp_path / "run", "--quiet") == 0
+    slow = tmp_path / "H100-SXM.json"
+    slow.write_text(json.dumps({**figures, "memory_bandwidth": figures["memory_bandwidth"] / 4}))
+    capsys.readouterr()
+    assert sim("replay", *SMALL, "--hardware", slow, "--out", tmp_path / "run2", "--quiet") == 2
+    assert one_error_line(capsys) == (f"{slow}: named like the preset H100-SXM, whose measured operator tables would "
+                                      "price it, but its figures differ from the preset's (memory_bandwidth); rename the file "
+                                      "(its name names the hardware)")
+    assert not (tmp_path / "run2").exists()
