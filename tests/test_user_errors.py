@@ -110,6 +110,16 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
     (["replay", *SMALL, "--prefill-schedule-interval", 3, "--model", "Qwen3-30B-A3B", "--dp", 2, "--policy",
       "decode-first"],
      "--prefill-schedule-interval 3 holds the prefills of the chunked policy (vLLM's scheduler), not of decode-first"),
+    # The long-prefill cap is chunked's alone: decode-first and prefill-first ignored it, and summary.json recorded it.
+    (["replay", *SMALL, "--long-prefill-token-threshold", 16, "--policy", "decode-first"],
+     "--long-prefill-token-threshold 16 caps the prefill chunks of the chunked policy (vLLM's scheduler), not of "
+     "decode-first"),
+    (["replay", *SMALL, "--long-prefill-token-threshold-adaptive", "--policy", "prefill-first"],
+     "--long-prefill-token-threshold-adaptive raises the prefill cap of the chunked policy (vLLM's scheduler), not of "
+     "prefill-first"),
+    (["replay", *SMALL, "--long-prefill-token-threshold-adaptive"],
+     "--long-prefill-token-threshold-adaptive raises the cap --long-prefill-token-threshold N sets, and there is "
+     "none (0: no cap), so it would change nothing; give both, or neither"),
     # A router picks among replicas; with one engine (or a --dp group, whose balancer is vLLM's) it was ignored.
     (["replay", *SMALL, "--router", "least-kv"],
      "--router least-kv picks which replica takes each request, and there is one engine: add --replicas N, or "

@@ -193,11 +193,14 @@ FUSION_AT_TP1 = ("--allreduce-fusion-max-mb changes nothing at --tp 1: one GPU h
 
 # Options of vLLM's scheduler that only `chunked` follows: (field, its value when off, what it does to chunked).
 CHUNKED_ONLY = (("cache_aware_admission_window", 0, "reorders the waiting queue of"),
-                ("prefill_schedule_interval", 1, "holds the prefills of"))
+                ("prefill_schedule_interval", 1, "holds the prefills of"),
+                ("long_prefill_token_threshold", 0, "caps the prefill chunks of"),
+                ("long_prefill_token_threshold_adaptive", False, "raises the prefill cap of"))
 
 
 def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
-    """Refuse a chunked-only option given to another policy, and each where vLLM ignores it or servesim
+    """Refuse a chunked-only option given to another policy (a cap no other policy reads was recorded in
+    summary.json and priced nothing), the adaptive cap without a cap to raise, and each where vLLM ignores it or servesim
     does not model it: --cache-aware-admission-window reorders an FCFS queue by what the prefix cache
     holds (vLLM 0.34 ignores it under priority or without prefix caching: `Scheduler.__init__`,
     `cache_aware_window`). --prefill-schedule-interval applies with --dp too: a mixture of experts'
@@ -208,8 +211,11 @@ def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
     for name, off, does in CHUNKED_ONLY:
         value = getattr(sched, name)
         if value != off and not issubclass(policy, ChunkedPolicy):
-            raise ServesimError(f"--{name.replace('_', '-')} {value} {does} the chunked policy (vLLM's scheduler), "
-                                f"not of {sched.policy}")
+            flag = f"--{name.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
+            raise ServesimError(f"{flag} {does} the chunked policy (vLLM's scheduler), not of {sched.policy}")
+    if sched.long_prefill_token_threshold_adaptive and not sched.long_prefill_token_threshold:
+        raise ServesimError("--long-prefill-token-threshold-adaptive raises the cap --long-prefill-token-threshold N "
+                            "sets, and there is none (0: no cap), so it would change nothing; give both, or neither")
     window = sched.cache_aware_admission_window
     if window and sched.scheduling_policy != "fcfs":
         raise ServesimError(f"--cache-aware-admission-window {window} needs --scheduling-policy fcfs: vLLM ignores it "
