@@ -98,6 +98,15 @@ def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
     ("pp_size", "two", "pp_size must be a positive whole number, got 'two'"),
     ("backend_version", "0.12.x", "backend_version must be a release such as 0.12.0 or a build's name, got '0.12.x'"),
     ("backend_version", "nightly dev", "backend_version must be a release such as 0.12.0 or a build's name"),
+    # Past sim bench's bounds: skipped naming flags never given (--max-model-len, --max-num-batched-tokens), or
+    # run for hours (a million clients).
+    ("isl", 10**12, "isl is 1,000,000,000,000, more than 16,777,216 tokens"),
+    ("osl", 10**9, "osl is 1,000,000,000, more than 16,777,216 tokens"),
+    ("isl", 16_777_210, "isl + osl is 16,777,226 tokens, more than 16,777,216"),
+    ("tp_size", 10**6, "tp_size is 1,000,000, more than 1,024 GPUs"),
+    ("batch_size", 10**9, "concurrency is 1,000,000,000, more than 1,048,576 requests"),
+    ("batch_size", 2**20, "concurrency 1,048,576 x --prompts-per-client 10 is 10,485,760 requests, more than "
+                          "10,000,000"),
 ])
 def test_a_malformed_row_is_refused_naming_the_row_column_and_value(tmp_path, capsys, column, value, message):
     """Before, these ended in a traceback (tp_size 0, a negative ISL, a blank TTFT) or were read as

@@ -73,7 +73,7 @@ from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
 from sim.app.outputs import atomic_write_text
 from sim.app.plan import resolve
 from sim.arrivals import ApiServers, ClosedLoop, simulate
-from sim.config import CacheConfig, SchedulerConfig
+from sim.config import COUNT, MODEL_LEN, REQUEST_TOKENS, SEQUENCES, TENSOR_PARALLEL, CacheConfig, Range, SchedulerConfig
 from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Request
@@ -489,9 +489,10 @@ def layout_number(row, column: str) -> int | None:
     return number or None
 
 
-def _row_number(row, column: str, where: str, whole: bool = True, optional: bool = False) -> None:
-    """A row's `column` is a positive number (whole where `whole`; blank allowed where `optional`),
-    else the file is refused naming the row, the column and the value."""
+def _row_number(row, column: str, where: str, whole: bool = True, optional: bool = False,
+                most: Range | None = None) -> None:
+    """A row's `column` is a positive number (whole where `whole`; blank allowed where `optional`; at
+    most `most.high`, with its reason), else the file is refused naming the row, the column and the value."""
     value = row.get(column, "")
     text = str(value).strip()
     if optional and text in ("", "nan"):
@@ -503,6 +504,8 @@ def _row_number(row, column: str, where: str, whole: bool = True, optional: bool
     if not (math.isfinite(number) and number > 0 and (not whole or number.is_integer())):
         kind = "a positive whole number" if whole else "a positive number"
         raise ServesimError(f"{where}: {column} must be {kind}, got {value!r}")
+    if most is not None and number > most.high:
+        raise ServesimError(f"{where}: {column} is {number:,.0f}, more than {most.high:,.0f} {most.unit} ({most.reason})")
 
 
 STATED_CONCURRENCY = r"(?:^|[;\s])silicon_concurrency=([^;\s]*)"  # in silicon_data_source, as the package writes it
@@ -515,8 +518,14 @@ def check_row(row, where: str) -> None:
     if isinstance(stated, str) and not (isinstance(row["concurrency"], (int, float)) and row["concurrency"] > 0):
         raise ServesimError(f"{where}: silicon_data_source's silicon_concurrency must be a positive whole number, "
                             f"got {stated!r}")
-    for column in ("isl", "osl", "tp_size", "concurrency"):
-        _row_number(row, column, where)
+    # Bounded as sim bench's flags are: a row past them was skipped naming a flag the user never gave
+    # (--max-model-len, --max-num-batched-tokens), or, below those, ran for hours.
+    for column, most in (("isl", REQUEST_TOKENS), ("osl", REQUEST_TOKENS), ("tp_size", TENSOR_PARALLEL),
+                         ("concurrency", SEQUENCES)):
+        _row_number(row, column, where, most=most)
+    if float(row["isl"]) + float(row["osl"]) > MODEL_LEN.high:
+        raise ServesimError(f"{where}: isl + osl is {float(row['isl']) + float(row['osl']):,.0f} tokens, more than "
+                            f"{MODEL_LEN.high:,.0f} ({MODEL_LEN.reason})")
     for column in ("silicon_ttft_ms", "silicon_tpot_ms"):
         _row_number(row, column, where, whole=False)
     if float(row["osl"]) < 2:  # a TPOT (the mean time between a request's output tokens) needs two of them
@@ -808,6 +817,11 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
             row = row.copy()
             for column in ("isl", "osl", "tp_size", "concurrency"):  # checked whole: "4.0" is 4
                 row[column] = int(float(row[column]))
+            requests = protocol.prompts_per_client * row["concurrency"]
+            if requests > COUNT.high:
+                raise ServesimError(f"{where}: concurrency {row['concurrency']:,} x --prompts-per-client "
+                                    f"{protocol.prompts_per_client} is {requests:,} requests, more than "
+                                    f"{COUNT.high:,} ({COUNT.reason})")
             row["model_source"] = model_source(str(row["model_path"]), models_dir)
             dtype = str(row["precision"]) if row["precision"] in ("fp8", "fp4") else "bf16"
             kv_cache, kv_why = protocol.kv_cache_for(row)
