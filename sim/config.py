@@ -143,8 +143,8 @@ REQUEST_RATE_OR_INF = Range(1e-6, 1e9, "requests/s", "inf: all at once; a reques
                             "simulated clock beyond 1e9 s (31 years) loses its microseconds", infinite_ok=True)
 REQUEST_TOKENS = Range(1, MAX_TOKENS, "tokens", "the longest context of any released model is 10M tokens", whole=True)
 OPTIONAL_TOKENS = Range(0, MAX_TOKENS, "tokens", "the longest context of any released model is 10M tokens", whole=True)
-GAMMA_CV = Range(0.0, 100.0, "", "coefficient of variation of inter-arrival times; at 100 nearly every arrival is in "
-                 "one burst", open_low=True)
+GAMMA_CV = Range(1e-6, 100.0, "", "coefficient of variation of inter-arrival times; at 1e-06 the arrivals are evenly "
+                 "spaced to a millionth (a gamma of shape 1 / CV**2), at 100 nearly every arrival is in one burst")
 REPEATS = Range(1, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
 WARMUP_RUNS = Range(0, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
 PROMPTS_PER_CLIENT = Range(1, 10**4, "requests", "requests per client of one benchmark; InferenceMAX sends 10",

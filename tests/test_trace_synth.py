@@ -56,6 +56,11 @@ def test_length_distributions():
     ("uniform:9:3", "LO must not be above HI"),
     ("zipf:0:1:10", "exponent S must be positive"),
     ("fixed:abc", "not a number"),
+    # nan and inf were internal errors (int(nan)); a large zipf support took a weight per value (2**31: 16 GB).
+    ("fixed:nan", "'fixed:nan' has a value that is not a finite number"),
+    ("uniform:1:inf", "not a finite number"),
+    ("zipf:inf:2:10", "not a finite number"),
+    ("zipf:1.1:1:2000000000", r"zipf spans at most 16,777,216 values \(HI - LO \+ 1\), got 2,000,000,000"),
 ])
 def test_bad_lengths(text, message):
     with pytest.raises(ServesimError, match=message):
@@ -67,11 +72,17 @@ def test_bad_lengths(text, message):
     ({"rate": 0}, "--rate must be a positive number"),
     ({"arrival": "uniform"}, "--arrival must be one of poisson, gamma"),
     ({"cv": 2.0}, "--cv applies to gamma arrivals"),
+    ({"arrival": "gamma", "cv": 1e-200}, "--cv must be a number from 1e-06 to 100"),  # was a ZeroDivisionError
     ({"system_prompt_tokens": 20}, r"multiple of --hash-block-tokens \(16\)"),
 ])
 def test_bad_config(kwargs, message):
     with pytest.raises(ServesimError, match=message):
         SynthConfig(**kwargs)
+
+
+def test_a_zipf_exponent_too_large_for_its_weights_puts_every_length_at_lo():
+    # Every n**-S underflowed to 0 (S = 1e5 from LO = 2): the probabilities were NaN, an internal error.
+    assert Lengths.parse("zipf:1e5:2:10").sample(np.random.default_rng(0), 100).tolist() == [2] * 100
 
 
 def test_multi_turn_sessions_share_their_conversation_prefix():

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from sim.config import GAMMA_CV
 from sim.errors import ServesimError
 from traces.formats import MAX_SPAN_S, MAX_TOKENS
 from traces.trace import Trace
@@ -45,6 +46,9 @@ ARRIVALS = ("poisson", "gamma")
 MAX_REQUESTS = 100_000_000  # 100 M requests take ~3 GB of columns; more is a typo
 CHUNK_REQUESTS = 1 << 20
 DAY_S = 86_400.0
+
+
+ZIPF_MAX_VALUES = 2**24  # values a zipf:S:LO:HI spans at most: 16,777,216, the longest context --max-model-len takes
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class Lengths:
             params = tuple(float(p) for p in parts)
         except ValueError:
             raise ServesimError(f"{option}: {text!r} has a value that is not a number") from None
+        if not all(math.isfinite(p) for p in params):  # (nan and inf were internal errors)
+            raise ServesimError(f"{option}: {text!r} has a value that is not a finite number")
         counts = params if kind != "zipf" else params[1:]
         if any(c < 1 or c != int(c) for c in counts):
             what = "turns" if "turn" in option else "token counts"
@@ -76,6 +82,10 @@ class Lengths:
             raise ServesimError(f"{option}: {text!r}: LO must not be above HI")
         if kind == "zipf" and not params[0] > 0:
             raise ServesimError(f"{option}: {text!r}: the zipf exponent S must be positive")
+        if kind == "zipf" and counts[1] - counts[0] + 1 > ZIPF_MAX_VALUES:
+            # Sampled over its whole support (a weight per value): 2**31 values took 16 GB and more.
+            raise ServesimError(f"{option}: {text!r}: zipf spans at most {ZIPF_MAX_VALUES:,} values (HI - LO + 1), "
+                                f"got {int(counts[1] - counts[0] + 1):,}")
         return cls(kind, params)
 
     @property
@@ -94,7 +104,11 @@ class Lengths:
         s, lo, hi = self.params[0], int(self.params[1]), int(self.params[2])
         support = np.arange(lo, hi + 1, dtype=np.int64)
         weights = support.astype(np.float64) ** -s
-        return rng.choice(support, size=n, p=weights / weights.sum())
+        total = weights.sum()
+        if not (total > 0 and math.isfinite(total)):  # a large S underflows every n**-S: weigh (n / LO)**-S
+            weights = (support.astype(np.float64) / lo) ** -s
+            total = weights.sum()
+        return rng.choice(support, size=n, p=weights / total)
 
 
 @dataclass(frozen=True)
@@ -122,7 +136,7 @@ class SynthConfig:
                      f"--num-requests must be at most {MAX_REQUESTS:,}, got {self.num_requests}"),
             lambda: (self.rate > 0 and np.isfinite(self.rate), f"--rate must be a positive number, got {self.rate}"),
             lambda: (self.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}"),
-            lambda: (self.cv > 0 and np.isfinite(self.cv), f"--cv must be a positive number, got {self.cv}"),
+            lambda: (GAMMA_CV.contains(self.cv), f"--cv must be {GAMMA_CV.describe()}, got {self.cv}"),
             lambda: (self.arrival == "gamma" or self.cv == 1.0, "--cv applies to gamma arrivals (--arrival gamma)"),
             lambda: (self.think_time_s >= 0, f"--think-time must not be negative, got {self.think_time_s}"),
             lambda: (self.think_time_s <= MAX_SPAN_S,
