@@ -186,6 +186,8 @@ HARDWARE: dict[str, Hardware] = {
 
 def resolve_hardware(name_or_path: str) -> Hardware:
     """A preset's name, a path to a hardware JSON file, or a system of AIConfigurator's package."""
+    if not name_or_path.strip():  # (Path("") is the current folder: ".: cannot read the hardware file")
+        raise ServesimError("--hardware must not be empty (an empty name was read as the current folder)")
     if name_or_path in HARDWARE:
         return HARDWARE[name_or_path]
     if name_or_path.endswith(".json") or Path(name_or_path).exists():

@@ -656,6 +656,8 @@ def resolve_model(name_or_path: str) -> ModelConfig:
     """A preset's name, or a path to a config.json (or a folder holding one)."""
     from backends.presets import MODELS
 
+    if not name_or_path.strip():  # (Path("") is the current folder: "config.json: no such file")
+        raise ServesimError("--model must not be empty (an empty name was read as the current folder)")
     if name_or_path in MODELS:
         return ModelConfig.from_preset(name_or_path)
     if Path(name_or_path).exists():

@@ -520,3 +520,22 @@ def test_a_hardware_file_named_like_a_preset_with_other_figures_is_refused(tmp_p
                                       "price it, but its figures differ from the preset's (memory_bandwidth); rename the file "
                                       "(its name names the hardware)")
     assert not (tmp_path / "run2").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["replay", *SMALL, "--hardware", ""], "--hardware must not be empty (an empty name was read as the current folder)"),
+    (["replay", *SMALL, "--model", ""], "--model must not be empty (an empty name was read as the current folder)"),
+    (["replay", *SMALL, "--profile", ""], "--profile must not be empty (an empty name was read as the current folder)"),
+    (["replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--decode-options", "hardware="],
+     "--decode-options: hardware has no value; give hardware=VALUE, or leave hardware out for the run's own"),
+    (["bench", "--concurrency", 1, "--input-len", 8, "--output-len", 2, "--num-prompts", 2, "--model", ""],
+     "--model must not be empty (an empty name was read as the current folder)"),
+    (["calibrate", "--from-ops", ROOT / "tests" / "data" / "aic_layout", "--system", "h100_sxm", "--model", "tiny",
+      "--hardware", ""], "--hardware must not be empty (an empty name was read as the current folder)"),
+])
+def test_an_empty_name_is_refused_naming_its_flag(tmp_path, capsys, args, message):
+    """An empty --hardware, --model or --profile was read as the current folder: '.: cannot read the hardware
+    file: Is a directory', 'config.json: no such file'; calibrate --from-ops took --hardware '' as not given."""
+    assert sim(*args, *(["--out", tmp_path / "p.json"] if args[0] == "calibrate" else
+                        ["--out", tmp_path / "run"])) == 2
+    assert one_error_line(capsys) == message

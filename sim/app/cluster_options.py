@@ -82,6 +82,8 @@ def parse_pool_options(text: str, flag: str) -> tuple[tuple[str, object], ...]:
         keys_of[field] = key
         bounds = pool_fields()[key][2]
         if bounds is None:
+            _require(raw.strip() != "", f"{flag}: {key} has no value; give {key}=VALUE, or leave {key} out for the "
+                                        "run's own")
             pairs[key] = raw.strip()
             continue
         try:  # the replay flag's own parsing and range, named by the pool's flag and key

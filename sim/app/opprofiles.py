@@ -188,7 +188,7 @@ def cmd_from_ops(args) -> int:
     if args.system is None:
         raise ServesimError("--from-ops needs --system, the tables' system name (e.g. h100_sxm)")
     model = resolve_model(args.model)
-    hardware = resolve_hardware(args.hardware) if args.hardware else None
+    hardware = resolve_hardware(args.hardware) if args.hardware is not None else None
     check_tables_hardware(args.system, args.hardware, hardware)
     if args.tp > 1 and hardware is None:
         raise ServesimError(f"--tp {args.tp} needs --hardware (its link's bandwidth prices the all-reduces no table "

@@ -33,6 +33,13 @@ def check_moe_distribution(flag: str, value) -> None:
 
     check(flag, str(value))
 
+def check_named(flag: str, value) -> None:
+    """A name or path that names something: an empty one was read as the current folder ('.: cannot read
+    the hardware file: Is a directory', 'config.json: no such file')."""
+    if not str(value).strip():
+        raise ServesimError(f"{flag} must not be empty (an empty name was read as the current folder)")
+
+
 BACKENDS = ("costmodel", "real")
 # A vLLM release as its tables and its pip versions name it: 0.12.0, 0.10.1.1, 0.12.0rc1, 0.11.0.post1.
 VLLM_VERSION = re.compile(r"\d+(\.\d+){1,3}(rc\d+|\.post\d+|\.dev\d+)?")
@@ -50,10 +57,10 @@ class ReplayOptions:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     # A preset's name, or a config.json (or a folder holding one)
-    model: str = option("Llama-3.1-8B", flag="--model", metavar="NAME|CONFIG",
+    model: str = option("Llama-3.1-8B", flag="--model", check=check_named, metavar="NAME|CONFIG",
                         help="model preset ({models}) or a Hugging Face config.json, or a folder holding one: dense "
                              "Llama, Mistral, Qwen2, Qwen3 (default: {default})")
-    hardware: str = option("H100-SXM", flag="--hardware", metavar="NAME|FILE.json",
+    hardware: str = option("H100-SXM", flag="--hardware", check=check_named, metavar="NAME|FILE.json",
                            help="hardware preset ({hardware}) or a JSON file with its fields (see the README; "
                                 "default: {default})")
     tp: int = option(1, flag="--tp", range=TENSOR_PARALLEL, metavar="N",
@@ -99,12 +106,12 @@ class ReplayOptions:
     device: str = option("cpu", flag="--device", choices=("cpu", "cuda"),
                          help="the real backend's device (default: {default})")
     # The real backend's safetensors folder; None: random weights
-    weights: str | None = option(None, flag="--weights", metavar="DIR",
+    weights: str | None = option(None, flag="--weights", check=check_named, metavar="DIR",
                                  help="the real backend's weights: a local safetensors folder with Hugging Face "
                                       "tensor names matching --model (default: random weights, seeded by --seed)")
     # A cost-model profile (sim calibrate: fitted, or --from-ops operator tables); "roofline": the
     # datasheet roofline; None: the committed operator-table profile matching the run, else the roofline.
-    profile: str | None = option(None, flag="--profile", metavar="PROFILE.json|roofline",
+    profile: str | None = option(None, flag="--profile", check=check_named, metavar="PROFILE.json|roofline",
                                  help="cost-model profile from `sim calibrate` (fitted, e.g. profiles/tiny-cpu.json, "
                                       "or derived from operator tables with --from-ops); roofline: the datasheet "
                                       "roofline (default: the operator-table profile in profiles/ops/ matching the "
