@@ -266,6 +266,16 @@ def test_report_of_a_folder_holding_only_summary_json_is_exit_2(tmp_path, capsys
     assert not (run / "report.html").exists()
 
 
+def test_report_of_a_file_says_it_is_a_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    assert sim("report", run / "summary.json") == 2  # was "no such folder", of a file that is there
+    assert one_error_line(capsys) == (f"{run / 'summary.json'}: a file, not a folder; sim report takes the folder "
+                                      "of a run, a folder of runs, a sweep or a capacity search")
+    assert sim("report", tmp_path / "nope") == 2
+    assert one_error_line(capsys) == f"{tmp_path / 'nope'}: no such folder"
+
+
 def test_report_of_one_run_folder_says_1_run(tmp_path, capsys):
     assert sim("replay", *SMALL, "--out", tmp_path / "runs" / "a", "--quiet") == 0
     assert sim("report", tmp_path / "runs") == 0

@@ -17,6 +17,9 @@ def write_report(directory: str | Path) -> Path:
     from reports.html import folder_report_html
 
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise ServesimError(f"{d}: a file, not a folder; sim report takes the folder of a run, a folder of runs, a "
+                            "sweep or a capacity search")
     if not d.is_dir():
         raise ServesimError(f"{d}: no such folder")
     check_folder_destination(d)  # a read-only folder is named before the report is drawn
