@@ -138,7 +138,9 @@ def test_unreadable_files(tmp_path, capsys):
     (["--model", "gpt-5"], "unknown model 'gpt-5'"),
     (["--hardware", "TPU"], "unknown hardware 'TPU'"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be a whole number from 1 to 16,777,216 tokens, got 0"),
-    (["--max-num-batched-tokens", "100"], "must be at least --max-num-seqs (256)"),
+    # (256 was a stand-in for the unset --max-num-seqs: vLLM's on an H100 is 1024)
+    (["--max-num-batched-tokens", "100"], "--max-num-batched-tokens 100 is less than vLLM's default --max-num-seqs "
+                                          "on H100-SXM (1024)"),
     (["--block-size", "3"], "--block-size must be a power of two, got 3"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be a number above 0 and at most 1, got 1.5"),
     (["--slo", "ttft=fast"], "--slo: ttft value 'fast' is not a number"),

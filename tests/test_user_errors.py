@@ -549,3 +549,19 @@ def test_an_empty_name_is_refused_naming_its_flag(tmp_path, capsys, args, messag
     assert sim(*args, *(["--out", tmp_path / "p.json"] if args[0] == "calibrate" else
                         ["--out", tmp_path / "run"])) == 2
     assert one_error_line(capsys) == message
+
+
+def test_max_num_seqs_alone_takes_vllms_budget_for_the_gpu(tmp_path, capsys):
+    """--max-num-seqs 4096 without --max-num-batched-tokens was refused as "--max-num-batched-tokens (2048) must
+    be at least --max-num-seqs (4096)": 2048 stood in for the unset budget, which is 8192 on an H100 (vLLM
+    serves the pair). On an A100, whose budget is 2048, it is refused naming vLLM's default."""
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--max-num-seqs", 4096, "--out", run, "--quiet") == 0
+    scheduler = json.loads((run / "summary.json").read_text())["options"]["scheduler"]
+    assert (scheduler["max_num_batched_tokens"], scheduler["max_num_seqs"]) == (8192, 4096)
+    assert sim("replay", *SMALL, "--max-num-seqs", 4096, "--hardware", "A100-80GB", "--out", tmp_path / "a") == 2
+    assert one_error_line(capsys) == ("--max-num-seqs 4096 is more than vLLM's default --max-num-batched-tokens on "
+                                      "A100-80GB (2048): a step's budget must hold every running decode, and vLLM "
+                                      "refuses the pair too; give both flags")
+    assert sim("replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--decode-options",
+               "max-num-seqs=4096", "--out", tmp_path / "pd", "--quiet") == 0

@@ -189,5 +189,11 @@ class ClusterOptions:
             parts["cache"]["enable_prefix_caching"] = False  # decode replicas hold transferred KV only
         # A scheduler value the pool sets is given, not left to vLLM's default for the GPU (batch_defaults).
         top["batch_defaults"] = tuple(name for name in base.batch_defaults if name not in parts["scheduler"])
+        from sim.app.options import batch_placeholders
+
+        given = {**{k: getattr(base.scheduler, k) for k in ("max_num_batched_tokens", "max_num_seqs")},
+                 **parts["scheduler"]}
+        parts["scheduler"].update(batch_placeholders(top["batch_defaults"], given["max_num_batched_tokens"],
+                                                     given["max_num_seqs"]))
         return replace(base, scheduler=replace(base.scheduler, **parts["scheduler"]),
                        cache=replace(base.cache, **parts["cache"]), **top)

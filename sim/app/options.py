@@ -327,9 +327,24 @@ def async_scheduling_default(vllm_version: str | None) -> bool:
     return not before_vllm(vllm_version, ASYNC_SCHEDULING_SINCE)
 
 
+def batch_placeholders(unset: tuple[str, ...], budget: int | None, seqs: int | None) -> dict[str, int]:
+    """Stand-ins for the batch fields left unset (`unset`) until the GPU is known (sim.app.plan,
+    with_batch_defaults): SchedulerConfig's defaults, but never a budget below a --max-num-seqs given nor
+    a --max-num-seqs above a budget given, so that SchedulerConfig does not refuse the pair for a value the
+    user never gave (--max-num-seqs 4096 alone was refused as "more than --max-num-batched-tokens (2048)",
+    when vLLM's budget on an H100 is 8192)."""
+    out = {name: SCHEDULER_DEFAULTS[name] for name in unset}
+    if "max_num_batched_tokens" in out and "max_num_seqs" not in out and seqs is not None:
+        out["max_num_batched_tokens"] = max(out["max_num_batched_tokens"], seqs)
+    if "max_num_seqs" in out and "max_num_batched_tokens" not in out and budget is not None:
+        out["max_num_seqs"] = min(out["max_num_seqs"], budget)
+    return out
+
+
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     unset = tuple(name for name in VLLM_BATCH_FIELDS if getattr(args, name, None) is None)
-    given = {name: SCHEDULER_DEFAULTS[name] for name in unset}
+    given = batch_placeholders(unset, getattr(args, "max_num_batched_tokens", None),
+                               getattr(args, "max_num_seqs", None))
     if getattr(args, "async_scheduling", True) is None:
         given["async_scheduling"] = async_scheduling_default(getattr(args, "vllm_version", None))
     if given:

@@ -33,7 +33,7 @@ from sim.app.opprofiles import (
     system_profile,
     tables_summary,
 )
-from sim.app.options import ReplayOptions, vllm_batch_defaults
+from sim.app.options import SCHEDULER_DEFAULTS, VLLM_BATCH_FIELDS, ReplayOptions, vllm_batch_defaults
 from sim.backend import Backend
 from sim.block_manager import BlockManager
 from sim.config import MAX_CLUSTER_BLOCKS
@@ -355,19 +355,21 @@ def with_batch_defaults(options: ReplayOptions, hardware: Hardware) -> ReplayOpt
     server's defaults for `hardware` (`vllm_batch_defaults`); the real backend runs on --device and keeps
     SchedulerConfig's. A budget below --max-num-seqs, or --max-num-active-seqs above it, is refused, as
     vLLM's SchedulerConfig refuses them, naming the default that made it."""
-    values = vllm_batch_defaults(hardware.memory_bytes, hardware.name) if options.backend == "costmodel" else {}
-    values = {k: v for k, v in values.items() if k in options.batch_defaults}
+    costmodel = options.backend == "costmodel"
+    values = vllm_batch_defaults(hardware.memory_bytes, hardware.name) if costmodel else dict(SCHEDULER_DEFAULTS)
+    values = {k: v for k, v in values.items() if k in options.batch_defaults and k in VLLM_BATCH_FIELDS}
     budget = values.get("max_num_batched_tokens", options.scheduler.max_num_batched_tokens)
     seqs = values.get("max_num_seqs", options.scheduler.max_num_seqs)
     if budget < seqs:
+        whose = f"vLLM's default {{}} on {hardware.name}" if costmodel else "the real backend's default {}"
         if "max_num_seqs" in values:
-            what = f"--max-num-batched-tokens {budget} is less than vLLM's default --max-num-seqs on {hardware.name} ({seqs})"
+            what = f"--max-num-batched-tokens {budget} is less than {whose.format('--max-num-seqs')} ({seqs})"
         else:
-            what = f"--max-num-seqs {seqs} is more than vLLM's default --max-num-batched-tokens on {hardware.name} ({budget})"
+            what = f"--max-num-seqs {seqs} is more than {whose.format('--max-num-batched-tokens')} ({budget})"
         raise ServesimError(f"{what}: a step's budget must hold every running decode, and vLLM refuses the pair too; "
                             "give both flags")
     scheduler = replace(options.scheduler, **values)
-    scheduler.check_max_num_active_seqs(hardware.name if "max_num_seqs" in values else None)
+    scheduler.check_max_num_active_seqs(hardware.name if costmodel and "max_num_seqs" in values else None)
     return replace(options, batch_defaults=(), scheduler=scheduler)
 
 
