@@ -22,8 +22,13 @@ TEMP_SUFFIX = ".tmp"
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside `path` to write; on leaving the block it is fsynced and renamed
     onto `path`. If the block fails (a full disk, an interrupt), the temporary file is removed
-    and `path` keeps what it held."""
+    and `path` keeps what it held. A `path` that is a symbolic link is written through: the file it
+    names is replaced and the link kept (renaming onto the link replaced the link itself with the new
+    file and left the file it named as it was), as an --overwrite of a linked folder replaces the
+    folder it names."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     existed = path.exists()
     try:
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)

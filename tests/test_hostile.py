@@ -630,3 +630,17 @@ def test_an_overwrite_through_a_link_replaces_the_folder_it_names_and_keeps_the_
     assert link.is_symlink() and link.resolve() == real.resolve()
     assert snapshot(real).keys() == before.keys() and snapshot(real) != before
     assert not leftovers(tmp_path)
+
+
+def test_an_overwrite_of_a_file_through_a_link_replaces_the_file_it_names_and_keeps_the_link(tmp_path):
+    """The rename onto the link replaced the link itself with the new file, and left the file it named as
+    it was: the trace the link named stayed the old one."""
+    source = tmp_path / "t.csv"
+    source.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,20,3\n")
+    real, link = tmp_path / "real.csv", tmp_path / "link.csv"
+    real.write_text("old\n")
+    link.symlink_to(real.name)
+    assert sim("trace", "convert", source, link, "--overwrite") == 0
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert real.read_text().startswith("arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
+    assert not leftovers(tmp_path)
