@@ -644,3 +644,12 @@ def test_an_overwrite_of_a_file_through_a_link_replaces_the_file_it_names_and_ke
     assert link.is_symlink() and link.resolve() == real.resolve()
     assert real.read_text().startswith("arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
     assert not leftovers(tmp_path)
+
+
+def test_out_on_a_link_to_nothing_names_the_link(tmp_path, capsys):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    assert sim("replay", *SMALL, "--out", link, "--quiet") == 2  # was "cannot make the folder (File exists)"
+    assert error_text(capsys) == (f"sim: error: {link}: a link to {tmp_path / 'nowhere'}, which does not exist; "
+                                  "make that folder first, or choose another --out\n")
+    assert not (tmp_path / "nowhere").exists()

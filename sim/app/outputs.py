@@ -69,6 +69,9 @@ def check_folder_destination(path: str | Path) -> Path:
             raise ServesimError(f"{path}: is a file, not a folder")
         _probe(path)
         return path
+    if path.is_symlink():  # (mkdir said "File exists" of a name ls shows as missing)
+        raise ServesimError(f"{path}: a link to {os.readlink(path)}, which does not exist; make that folder first, "
+                            "or choose another --out")
     ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
