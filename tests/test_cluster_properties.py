@@ -96,9 +96,10 @@ def test_cluster_invariants(rows, shape, cfg):
 
     n, p, d = shape
     pools = [cluster.replicas] if not p else [cluster.replicas[:p], cluster.replicas[p:]]
+    router = options_of(shape, cfg).cluster.router
     for pool in pools:
         routed = [replica.num_routed for replica in pool]
-        if options_of(shape, cfg).cluster.router == "round-robin" and not p:  # (disaggregated, a request refused on arrival counts on neither)
+        if router == "round-robin" and not p:  # (disaggregated, a request refused on arrival counts on neither)
             assert max(routed) - min(routed) <= 1
     if not p:
         assert sum(replica.num_routed for replica in cluster.replicas) == len(rows)
