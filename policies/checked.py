@@ -57,9 +57,10 @@ def policy_timeout_s() -> float:
     return value
 
 
-def batch_violation(batch: Any, state: Any, config: Any) -> str | None:
+def batch_violation(batch: Any, state: Any, config: Any, preempted: bool = False) -> str | None:
     """The first of the engine's rules that `batch`, just returned by a policy's `schedule(state,
-    now)`, breaks, in words; None when it keeps them all. `config`: the policy's SchedulerConfig."""
+    now)`, breaks, in words; None when it keeps them all. `config`: the policy's SchedulerConfig;
+    `preempted`: that schedule preempted a request."""
     if not isinstance(batch, Batch):
         return f"schedule must return a sim.batch.Batch, it returned {type(batch).__name__}"
     requests = batch.requests
@@ -71,7 +72,9 @@ def batch_violation(batch: Any, state: Any, config: Any) -> str | None:
         # Beside a step in flight whose finishing requests hold the running list (asynchronous scheduling),
         # vLLM may schedule nothing and schedule again once that step's output is processed (a prefill held by
         # --prefill-schedule-interval while only finishing requests are past theirs): the engine waits so.
-        if state.running and not (state.finishing and state.block_manager.pipelined):
+        # Nor when the schedule preempted the only requests past their prefill while the cadence held the
+        # prefills (vLLM runs that empty step, no model, and schedules again at once: sim/engine.py).
+        if state.running and not preempted and not (state.finishing and state.block_manager.pipelined):
             return f"an empty batch while {len(state.running)} requests are running (it may be empty only with none)"
         return None
     if n > config.max_num_seqs:
@@ -207,9 +210,9 @@ def checked_policy_class(cls: type, spec: str) -> type:
         self._guard.call("__init__", lambda: cls.__init__(self, config, *args, **kwargs))
 
     def schedule(self, state, now):
-        step = state.step_index
+        step, num_preemptions = state.step_index, state.num_preemptions
         batch = self._guard.call("schedule", lambda: cls.schedule(self, state, now), step=step)
-        problem = batch_violation(batch, state, self.config)
+        problem = batch_violation(batch, state, self.config, state.num_preemptions > num_preemptions)
         if problem is not None:
             raise ServesimError(f"your policy {self._guard.label} ({spec}) broke a rule of the engine at step "
                                 f"{step} (t={now:.6f} s): {problem}")

@@ -255,8 +255,14 @@ class Engine:
                     yield from self._sleep(env, None)
                     continue
                 batch = self.policy.schedule(state, now)
-                if not batch.requests:  # the policy holds its waiting requests back for now
-                    yield from self._wait_for_policy(env, now)
+                if not batch.requests:
+                    if state.num_preemptions > num_preempted_before:
+                        # It preempted the only requests past their prefill while the prefill cadence held the
+                        # rest (chunked's --prefill-schedule-interval): vLLM's engine core runs the empty step
+                        # (no model: the runner returns EMPTY_MODEL_RUNNER_OUTPUT) and schedules again at once
+                        # (vllm/v1/engine/core.py, EngineCore.step), now with no decode to hold prefill for.
+                        continue
+                    yield from self._wait_for_policy(env, now)  # the policy holds its waiting requests back for now
                     continue
             # A step that frees blocks asynchronously is taken alone: the next may admit a waiting request, or
             # one the workload holds until a finish frees room (a decode replica's transferred requests).

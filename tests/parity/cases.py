@@ -314,7 +314,14 @@ def cadence_cases() -> list[Case]:
     """vLLM's `--prefill-schedule-interval` (the local prefill cadence): a hand case, then bursty traces
     under ample and tight caches, with the long-prefill cap, shared prefixes and priorities."""
     cases = [Case("cadence-hand", _trace([(0, 20, 30), (45, 40, 5), (90, 10, 5), (95, 10, 5)]),
-                  EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, prefill_schedule_interval=3))]
+                  EngineSetup(max_num_batched_tokens=16, max_num_seqs=4, prefill_schedule_interval=3)),
+             # Found by the invariants property: the only decode is preempted (no block) while the cadence holds
+             # the other request's prefill chunk, so the step schedules nothing; vLLM runs it empty and schedules
+             # again at once (servesim stopped with "scheduled nothing").
+             Case("cadence-preempt-empty", _trace([(0, 1, 1), (0, 22, 1), (0.1, 22, 2)],
+                                                  [[100], [0, 101] * 3, [0, 102] * 3], hash_block_tokens=4),
+                  EngineSetup(block_size=2, num_gpu_blocks=21, max_num_batched_tokens=2, max_num_seqs=2,
+                              long_prefill_token_threshold=1, prefill_schedule_interval=2, reserve_full_isl=False))]
     for seed in range(2):
         trace, hashed, priority = bursty_traces(60 + seed, priority_seed=70 + seed)
         cases += [

@@ -270,7 +270,12 @@ def run_vllm(requests: list[TraceRequest], setup: EngineSetup, step_time: StepTi
         else:
             out = scheduler.schedule()
         if not out.total_num_scheduled_tokens:
-            raise RuntimeError(f"vLLM scheduled nothing at t={now} with requests waiting")
+            if not out.preempted_req_ids:
+                raise RuntimeError(f"vLLM scheduled nothing at t={now} with requests waiting")
+            # It preempted the only decodes while the cadence held the prefills: EngineCore.step runs the empty
+            # step (the runner returns EMPTY_MODEL_RUNNER_OUTPUT at once) and schedules again, no time passing.
+            scheduler.update_from_output(out, runner_output([], []))
+            continue
         # Decode: a running request computing only its last sampled token (servesim's is_decode;
         # an admission is counted as a prefill even when a cached prefix leaves one token).
         new_ids = {d.req_id for d in out.scheduled_new_reqs}
