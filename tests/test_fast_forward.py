@@ -77,8 +77,11 @@ def test_fast_forward_gives_the_same_answers(rows, policy, block_size, num_block
                        hash_ids=[np.resize(np.array(h + [50 + i]), -(-p // 16)) for i, (_, p, _, h) in enumerate(rows)],
                        hash_block_tokens=16)
     trace.priority = np.arange(len(rows), dtype=np.int64) % 3
-    if policy != "chunked":  # the prefill cadence is chunked's (vLLM's scheduler); refused for the others
-        v1_options = {**v1_options, "prefill_schedule_interval": 1}
+    if policy != "chunked":  # the prefill cadence and the long-prefill cap are chunked's (vLLM's scheduler)
+        v1_options = {**v1_options, "prefill_schedule_interval": 1, "long_prefill_token_threshold": 0,
+                      "long_prefill_token_threshold_adaptive": False}
+    if not v1_options["long_prefill_token_threshold"]:  # the adaptive floor raises a cap: refused without one
+        v1_options = {**v1_options, "long_prefill_token_threshold_adaptive": False}
     options = ReplayOptions(
         scheduler=SchedulerConfig(policy, max_num_batched_tokens=max(budget, max_num_seqs), max_num_seqs=max_num_seqs,
                                   max_num_active_seqs=max(max_num_seqs - active_seqs_cut, 1) if active_seqs_cut else 0,
