@@ -139,9 +139,25 @@ def test_capacity_refuses_rate_scale(tmp_path, capsys):
     (["replay", *SMALL, "--hardware", "A100-80GB", "--max-num-active-seqs", 512],
      "--max-num-active-seqs (512) cannot be greater than --max-num-seqs (256, vLLM's default on A100-80GB), as vLLM "
      "refuses it"),
+    # A refusal raised while a pool's options are built or resolved names the pool's flag: the value refused may
+    # be the pool's own (it named --max-num-seqs (32), which only --decode-options set).
     (["replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--max-num-active-seqs", 64,
       "--decode-options", "max-num-seqs=32"],
-     "--max-num-active-seqs (64) cannot be greater than --max-num-seqs (32), as vLLM refuses it"),
+     "--decode-options: --max-num-active-seqs (64) cannot be greater than --max-num-seqs (32), as vLLM refuses it"),
+    (["replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--prefill-options",
+      "max-num-seqs=32,max-num-batched-tokens=16"],
+     "--prefill-options: --max-num-batched-tokens (16) must be at least --max-num-seqs (32), so that every running "
+     "decode fits in one step"),
+    (["replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--prefill-options", "hardware=NOPE"],
+     "--prefill-options: unknown hardware 'NOPE': not a preset (A100-80GB, H100-SXM, H200), a package system or a "
+     "JSON file; see `sim hardware`"),
+    (["replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--decode-options", "tp=3"],
+     "--decode-options: --tp 3 does not split model Llama-3.1-8B: its num_attention_heads (32) cannot be divided "
+     "among 3 GPUs"),
+    # A message that already names the pool's flag is not named twice.
+    (["replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--decode-options", "max-num-seqs=0"],
+     "--decode-options: max-num-seqs must be a whole number from 1 to 1,048,576 requests, got 0 (each running "
+     "request holds at least one KV block; 1,048,576 at once is more than any GPU's KV cache holds)"),
 ])
 def test_options_that_do_not_apply_are_refused(tmp_path, capsys, args, message):
     out = {"replay": "--out", "bench": "--out", "calibrate": "--out"}.get(args[0])

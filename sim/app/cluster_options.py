@@ -16,6 +16,8 @@ Both are assumptions; `--kv-transfer-bandwidth` and `--kv-transfer-latency` over
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -65,6 +67,22 @@ def pool_fields() -> dict[str, tuple[str | None, str, Range | None]]:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ServesimError(message)
+
+
+POOL_FLAGS = {"prefill": "--prefill-options", "decode": "--decode-options"}
+
+
+@contextmanager
+def naming_pool(flag: str) -> Iterator[None]:
+    """A refusal raised inside, while a pool's options are built or resolved, names the pool's flag
+    (`--decode-options: --max-num-active-seqs (64) cannot be greater than --max-num-seqs (32)`): the value
+    refused may be the pool's own. A message that already names the flag is left as it is."""
+    try:
+        yield
+    except ServesimError as e:
+        if flag in str(e):
+            raise
+        raise ServesimError(f"{flag}: {e}") from None
 
 
 def parse_pool_options(text: str, flag: str) -> tuple[tuple[str, object], ...]:
@@ -177,8 +195,15 @@ class ClusterOptions:
 
     def pool(self, base: "ReplayOptions", role: str) -> "ReplayOptions":
         """The options of one pool's replicas: `base` with the pool's own settings, as a lone engine's."""
-        text, flag = (self.prefill_options, "--prefill-options") if role == "prefill" else \
-            (self.decode_options, "--decode-options")
+        text, flag = self.pool_options(role)
+        with naming_pool(flag):
+            return self._pool(base, role, text, flag)
+
+    def pool_options(self, role: str) -> tuple[str, str]:
+        """The pool's own settings as given, and their flag."""
+        return (self.prefill_options if role == "prefill" else self.decode_options), POOL_FLAGS[role]
+
+    def _pool(self, base: "ReplayOptions", role: str, text: str, flag: str) -> "ReplayOptions":
         top: dict = {"cluster": ClusterOptions()}
         parts: dict[str, dict] = {"scheduler": {}, "cache": {}}
         fields_by_key = pool_fields()

@@ -13,6 +13,7 @@ bench) receives the `RunPlan`, never the raw options.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 
 from backends.costmodel.optables.profile import is_op_profile, op_profile_from_json
@@ -22,6 +23,7 @@ from backends.kv_capacity import KVCapacity, kv_cache_groups, kv_capacity, max_i
 from backends.model_config import ModelConfig, resolve_model
 from policies import Policy, load_policy
 from policies.routers import load_router
+from sim.app.cluster_options import ClusterOptions, naming_pool
 from sim.app.opprofiles import (
     ROOFLINE,
     cache_dir,
@@ -343,11 +345,20 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     if cluster.is_disaggregated:
         # Each pool resolves from the options as given: its own hardware, TP or dtype picks its own default profile.
         # (The backend built above is the top level's: a pool builds its own unless the caller gave one.)
-        pools = tuple(resolve(cluster.pool(given, role), given_backend, build_backend) for role in ("prefill", "decode"))
+        pools = tuple(_resolve_pool(cluster, given, role, given_backend, build_backend) for role in ("prefill", "decode"))
     plan = RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
                    TokenSpec(options.seed, model.vocab_size), router, pools, tables)
     plan.check_host_memory()
     return plan
+
+
+def _resolve_pool(cluster: ClusterOptions, given: ReplayOptions, role: str, given_backend, build_backend: bool) -> RunPlan:
+    """One pool's plan. A refusal names the pool's flag where the pool was given settings of its own (an
+    unknown hardware=, a tp= that does not split the model): the refused value may be one of them."""
+    options = cluster.pool(given, role)  # names the flag itself
+    text, flag = cluster.pool_options(role)
+    with naming_pool(flag) if text else nullcontext():
+        return resolve(options, given_backend, build_backend)
 
 
 def with_batch_defaults(options: ReplayOptions, hardware: Hardware) -> ReplayOptions:
