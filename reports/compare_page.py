@@ -22,10 +22,12 @@ def _cdf(values: np.ndarray, num_points: int = 1000) -> tuple[np.ndarray, np.nda
     return np.quantile(values, fraction), fraction
 
 
-def write_compare_report(path: Path, steps: pd.DataFrame, runs: dict[str, SimResult], figures: dict, title: str) -> None:
+def write_compare_report(path: Path, steps: pd.DataFrame, runs: dict[str, SimResult], figures: dict, title: str,
+                         differ: dict[str, list] | None = None) -> None:
     """A self-contained HTML page (plotly.js inline): the error table, a predicted-vs-measured scatter
     of the step times (`steps`: kind, measured_s, predicted_s) and overlaid CDFs of the request
-    metrics of `runs` ({"measured": result, "predicted": result})."""
+    metrics of `runs` ({"measured": result, "predicted": result}); under the title, the options in
+    which the two runs differ (`differ`: name -> [measured value, predicted value])."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -60,7 +62,13 @@ def write_compare_report(path: Path, steps: pd.DataFrame, runs: dict[str, SimRes
 
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{'-' if v is None else f'{100 * v:+.2f}%'}</td></tr>"
                    for k, v in figures["errors"].items())
-    body = (f"<h1>{html.escape(title)}</h1>"
+    def value(v) -> str:
+        return "-" if v is None else str(v)
+
+    differences = "; ".join(f"{name}: {value(m)} (measured), {value(p)} (predicted)"
+                            for name, (m, p) in (differ or {}).items())
+    line = f"The two runs differ only in {differences}." if differences else "The two runs' options are the same."
+    body = (f"<h1>{html.escape(title)}</h1><p>{html.escape(line)}</p>"
             + scatter.to_html(full_html=False, include_plotlyjs=True)
             + cdfs.to_html(full_html=False, include_plotlyjs=False)
             + f"<h2>Error figures</h2><table>{rows}</table>")

@@ -212,7 +212,7 @@ def first_seed(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_note(rows: pd.DataFrame, swept: list[str]) -> str:
-    menu = "The menu picks the other options. " if len(swept) > (2 if "seed" in swept else 1) else ""
+    menu = "The menu picks the other options. " if any(a not in ("policy", "seed") for a in swept) else ""
     seed = f"Seed {rows['seed'].min()} of {rows['seed'].nunique()}. " if "seed" in swept else ""
     return menu + seed
 

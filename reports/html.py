@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from reports.axes import AXES
 from reports.axes import axis_name as _axis_name
 from reports.axes import format_axis as _fmt_axis
-from reports.digest import TIMELINE, make_digest, summary_row
+from reports.digest import TIMELINE, flat_options, make_digest, summary_row
 from reports.figures import (
     capacity_figure,
     cdf_figure,
@@ -78,8 +78,12 @@ def run_report_html(summary: dict, digest: dict | None, measured: dict | None = 
 
 def folder_report_html(directory: str | Path) -> str:
     """The report.html of whatever DIR holds: a sweep, a capacity search, a run, or run folders."""
-    import pandas as pd
+    return folder_report(directory)[0]
 
+
+def folder_report(directory: str | Path) -> tuple[str, list[tuple[str, str]]]:
+    """The report.html of whatever DIR holds, and what it must warn of: (label, sentence) pairs, each
+    to be drawn in a box under the page's title and printed on the terminal (sim.app.report)."""
     from reports.tables import RESULTS, read_table
 
     d = Path(directory)
@@ -92,11 +96,11 @@ def folder_report_html(directory: str | Path) -> str:
     if (d / RESULTS).exists():  # a sweep, and the capacity search run into the same folder if any
         rows, _ = read_table(d / RESULTS)
         return report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
-                           subtitle=_grid_description(rows))
+                           subtitle=_grid_description(rows)), []
     if capacity is not None:
         rows, _ = read_table(d / "probes.parquet")
         return report_html(rows, capacity=capacity, at_capacity=True, title=f"Capacity on {_trace_name(rows)}",
-                           subtitle=f"SLO: {capacity['slo'].iloc[0]}" if len(capacity) else "")
+                           subtitle=f"SLO: {capacity['slo'].iloc[0]}" if len(capacity) else ""), []
     if (d / "summary.json").exists():
         summary, digest = _read_run(d)
         if digest is None:
@@ -113,13 +117,73 @@ def folder_report_html(directory: str | Path) -> str:
                     and isinstance(measured.get("requests", 0), int)):
                 raise ServesimError(f"{d / 'measured.json'}: not a comparison sim replay writes (an object with "
                                     "requests and metrics, one object a metric); replay the trace again")
-        return run_report_html(summary, digest, measured)
+        return run_report_html(summary, digest, measured), []
     runs = sorted(p.parent for p in d.glob("*/summary.json"))
     if not runs:
         raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; "
                             "nothing to report")
-    rows = pd.DataFrame([summary_row(*_read_run(run)) | {"run": run.name} for run in runs])
-    return report_html(rows, title=f"{len(runs)} run{'s' * (len(runs) != 1)} in {d}", label_column="run")
+    return runs_report(d, runs)
+
+
+def runs_report(d: Path, runs: list[Path]) -> tuple[str, list[tuple[str, str]]]:
+    """The page comparing the run folders `runs` of DIR, and its warnings. Every option in which the runs
+    differ is a column of the table (and named under the title), so that a difference of model, hardware,
+    TP, dtype, backend or trace is never read as the policy's. Runs of different traces are drawn, each
+    run's trace named; the latency CDFs show one trace at a time, and the page and the terminal warn."""
+    import pandas as pd
+
+    read = [(run, *_read_run(run)) for run in runs]
+    options = [summary.get("options") if isinstance(summary.get("options"), dict) else {} for _, summary, _ in read]
+    differ = differing_options(options)
+    flat = [flat_options(o) for o in options]
+    # The options' own values (a summary key of the same flat name must not stand in for one).
+    rows = pd.DataFrame([summary_row(summary, digest) | {name: f.get(name) for name in differ} | {"run": run.name}
+                         for (run, summary, digest), f in zip(read, flat)])
+    what = (f"The runs differ in {', '.join(differ)}: a column each in the table of numbers." if differ else
+            "The runs' options are the same.")
+    warnings = []
+    if "trace" in differ:
+        warnings.append(("Different traces", different_traces_note([run.name for run in runs],
+                                                                   [f.get("trace") for f in flat])))
+    page = report_html(rows, title=f"{len(runs)} run{'s' * (len(runs) != 1)} in {d}", subtitle=what,
+                       label_column="run", option_columns=differ)
+    return page, warnings
+
+
+def differing_options(options: list[dict]) -> list[str]:
+    """The options (by flat_options' names: policy, model, tp, trace, trace_transforms_limit...) whose
+    values are not the same in every run, an option a run does not record counting as a value: the
+    trace and its transforms first, then the sweep axes, then the rest as the runs list them."""
+    flat = [flat_options(o) for o in options]
+    names = list(dict.fromkeys(name for f in flat for name in f))
+    missing = object()
+
+    def same(value) -> str:
+        return "\0missing" if value is missing else json.dumps(jsonable(value), sort_keys=True)
+
+    differ = [n for n in names if len({same(f.get(n, missing)) for f in flat}) > 1]
+    axes = list(AXES)
+
+    def rank(name: str) -> tuple[int, int]:
+        first = (0 if name == "trace" else 1 if name.startswith("trace_") else
+                 2 + axes.index(name) if name in AXES else 2 + len(axes))
+        return first, names.index(name)
+
+    return sorted(differ, key=rank)
+
+
+def different_traces_note(runs: list[str], traces: list) -> str:
+    """The sentence that says runs replay different traces, naming each trace and its runs."""
+    by_trace: dict[str, list[str]] = {}
+    for run, trace in zip(runs, traces):
+        by_trace.setdefault("(none recorded)" if trace is None else str(trace), []).append(run)
+    parts = []
+    for trace, names in by_trace.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{shown} {'replays' if len(names) == 1 else 'replay'} {trace}")
+    return (f"these runs replay {len(by_trace)} different traces ({'; '.join(parts)}): their latencies differ by "
+            "workload as well as by options. The latency CDFs show one trace at a time (the menu picks it) and the "
+            "table names each run's trace.")
 
 
 CAPACITY_COLUMNS = ("point", "slo", "status", "capacity_request_rate")  # what the capacity sections draw from
@@ -180,12 +244,16 @@ def _read_run_files(d: Path) -> tuple:
 # The report.
 
 def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_capacity: bool = False,
-                title: str = "servesim report", subtitle: str = "", label_column: str | None = None) -> str:
+                title: str = "servesim report", subtitle: str = "", label_column: str | None = None,
+                option_columns: list[str] | tuple[str, ...] = ()) -> str:
     """The whole page. `rows`: one per run (sweep rows or summary_row); `capacity`: one per searched
     configuration, with the probe row at capacity named in its `point` column; `at_capacity`: the
-    rows are that search's probes, and the CDFs and timelines show the probes at capacity."""
+    rows are that search's probes, and the CDFs and timelines show the probes at capacity;
+    `option_columns`: options in which the rows differ, a column each in the table (runs_report's),
+    and the latency CDFs and rate curves one trace at a time where `trace` is one of them."""
     ok = rows[rows["status"] == "ok"] if "status" in rows else rows
     swept = [a for a in AXES if a in rows and rows[a].astype(str).nunique() > 1]
+    by_trace = ["trace"] if "trace" in option_columns else []  # different traces are never drawn as one
     sections = []
     has_capacity = capacity is not None and len(capacity) > 0
     if has_capacity:
@@ -197,12 +265,12 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
         sections.append(_section("Latency CDFs at capacity", cdf_figure(focus, group_by, label_column)))
     else:
         focus = first_seed(ok)
-        group_by = [a for a in swept if a not in ("policy", "seed")]
+        group_by = by_trace + [a for a in swept if a not in ("policy", "seed")]
         sections.append(_section("Latency CDFs", cdf_figure(focus, group_by, label_column),
-                                 seed_note(ok, swept)))
+                                 seed_note(ok, by_trace + swept)))
     if "rate_scale" in swept:
         sections.append(_section("Throughput against latency across rates",
-                                 throughput_figure(ok, [a for a in swept if a not in ("rate_scale", "seed")]),
+                                 throughput_figure(ok, by_trace + [a for a in swept if a not in ("rate_scale", "seed")]),
                                  "One point per rate scale, averaged over seeds; log latency axis."))
     if "timeline_start_s" in focus and len(focus):
         sections.append(_section("Step timeline", timeline_figure(focus, swept, label_column), TIMELINE_NOTE))
@@ -215,7 +283,7 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
                                  ttft_parts_note(rows.iloc[0].to_dict())))
         sections.append(f"<h2>Numbers</h2>{_stats_table(rows.iloc[0])}")
     else:
-        sections.append(f"<h2>Numbers</h2>{_rows_table(rows, swept, label_column)}")
+        sections.append(f"<h2>Numbers</h2>{_rows_table(rows, swept, label_column, option_columns)}")
     return _page(title, subtitle, plotly_js(), sections)
 
 
@@ -409,8 +477,10 @@ def plotly_js() -> str:
 # Figures: plain dicts (plotly.js's JSON), because plotly's figure objects validate every property
 # and cost a few hundred milliseconds per figure.
 
-def _rows_table(rows: pd.DataFrame, swept: list[str], label_column: str | None) -> str:
-    columns = ([label_column] if label_column else []) + (swept or [a for a in ("policy",) if a in rows])
+def _rows_table(rows: pd.DataFrame, swept: list[str], label_column: str | None,
+                option_columns: list[str] | tuple[str, ...] = ()) -> str:
+    varying = [*option_columns, *(a for a in swept if a not in option_columns)]
+    columns = ([label_column] if label_column else []) + (varying or [a for a in ("policy",) if a in rows])
     metrics = [("request_rate", "offered req/s", 1), ("request_throughput", "req/s", 1),
                ("output_throughput", "output tok/s", 1), ("ttft_p50", "p50 TTFT ms", 1e3),
                ("ttft_p99", "p99 TTFT ms", 1e3), ("tpot_p50", "p50 TPOT ms", 1e3),
@@ -425,12 +495,19 @@ def _rows_table(rows: pd.DataFrame, swept: list[str], label_column: str | None) 
         head += '<th class="t">error</th>'
     body = []
     for _, row in rows.head(2000).iterrows():
-        cells = "".join(f'<td class="t">{html.escape(_fmt_axis(c, row.get(c)))}</td>' for c in columns)
+        cells = "".join(f'<td class="t">{html.escape(_fmt_option(c, row.get(c)))}</td>' for c in columns)
         cells += "".join(f"<td>{fmt(row.get(name), scale)}</td>" for name, _, scale in metrics)
         if has_errors:
             cells += f'<td class="t err">{html.escape(str(row.get("error") or ""))}</td>'
         body.append(f"<tr>{cells}</tr>")
     return f"<div class=\"wide\"><table><tr>{head}</tr>{''.join(body)}</table></div>"
+
+
+def _fmt_option(column: str, value) -> str:
+    """A table cell of an axis ('budget 256') or another option (as recorded; '-' where not recorded)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return _fmt_axis(column, value) if column in AXES else str(value)
 
 
 def _stats_table(row) -> str:

@@ -119,6 +119,9 @@ def test_compare_writes_every_error_figure_and_the_report(setup):
     assert errors["step_all_median_ape"] < 0.1
     page = (out / "report.html").read_text()
     assert "Plotly.newPlot" in page and "predicted vs measured" in page
+    # The options in which the two runs differ are named, as `sim report` of a folder of runs names them.
+    assert data["differing_options"] == {"profile": [None, str(path)]}
+    assert f"The two runs differ only in profile: - (measured), {path} (predicted)." in page
     assert "<script src=" not in page and "<script charset=\"utf-8\" src=" not in page
     assert len(page) > 1_000_000  # plotly.js inline: works offline
 
@@ -186,6 +189,7 @@ def test_cpu_round_trip_calibrate_then_compare_on_tiny(tmp_path, capsys):
     assert measured["options"]["backend"] == "real" and measured["completed"] == 8
     predicted = json.loads((out / "predicted" / "summary.json").read_text())
     assert predicted["options"]["profile"] == str(profile)
+    assert data["differing_options"]["backend"] == ["real", "costmodel"]
     assert predicted["options"]["scheduler"] == measured["options"]["scheduler"]
     assert measured["options"]["scheduler"]["max_num_batched_tokens"] == 2048
     assert data["step_error"]["all"]["count"] == measured["num_steps"]

@@ -25,7 +25,7 @@ from reports.figures import throughput_figure as _throughput_figure
 from reports.html import FIGURE_CONFIG, figure_div, plotly_js, plotly_json, report_html, run_report_html
 from reports.run_tables import read_run_table
 from sim.app.cli import main
-from traces import AZURE_CONV_SAMPLE
+from traces import AZURE_CONV_SAMPLE, MOONCAKE_SAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [str(AZURE_CONV_SAMPLE), "--limit", "60"]
@@ -88,6 +88,59 @@ def test_report_of_a_folder_of_runs_compares_them(tmp_path):
     assert_self_contained(text)
     assert figure_ids(text) == list(FIGURE_IDS)
     assert "2 runs in" in text and '"name":"prefill-first"' in text and '"name":"chunked"' in text
+
+
+def numbers_table(text: str) -> list[list[str]]:
+    """The cells of the page's table of numbers, row by row (the header first)."""
+    table = text[text.index("<h2>Numbers</h2>"):]
+    table = table[:table.index("</table>")]
+    return [[re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", table)]
+
+
+def test_report_of_runs_that_differ_names_every_option_in_which_they_differ(tmp_path, capsys):
+    """A folder of runs of other models, TP, hardware or traces was compared with only a model column (or
+    none): a reader took the differences for the policy's. Every differing option is a column now, and
+    runs of different traces are drawn each with its trace, one trace at a time in the CDFs, with a warning."""
+    for name, args in (("base", SMALL), ("qwen", [*SMALL, "--model", "Qwen3-8B"]), ("tp2", [*SMALL, "--tp", "2"]),
+                       ("h200", [*SMALL, "--hardware", "H200"]),
+                       ("mooncake", [str(MOONCAKE_SAMPLE), "--limit", "30"])):
+        assert main(["replay", *args, "--out", str(tmp_path / name), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    text = (tmp_path / "report.html").read_text()
+    rows = numbers_table(text)
+    header = rows[0]
+    for column in ("run", "trace", "trace_transforms_limit", "model", "hardware", "tp", "num_blocks", "profile"):
+        assert column in header, column
+    cells = {row[0]: dict(zip(header, row)) for row in rows[1:]}
+    assert cells["qwen"]["model"] == "Qwen3-8B" and cells["base"]["model"] == "Llama-3.1-8B"
+    assert cells["tp2"]["tp"] == "2" and cells["base"]["tp"] == "1" and cells["h200"]["hardware"] == "H200"
+    assert cells["mooncake"]["trace"] == str(MOONCAKE_SAMPLE) and cells["base"]["trace"] == str(AZURE_CONV_SAMPLE)
+    assert cells["mooncake"]["trace_transforms_limit"] == "30" and cells["base"]["trace_transforms_limit"] == "60"
+    assert "The runs differ in trace, trace_transforms_limit, model, hardware, " in text
+    # Different traces: a warning on the page and on the terminal, naming each trace and its runs.
+    note = (f"these runs replay 2 different traces (base, h200, qwen and 1 more replay {AZURE_CONV_SAMPLE}; "
+            f"mooncake replays {MOONCAKE_SAMPLE}): their latencies differ by workload as well as by options")
+    assert f"sim: warning: {tmp_path}: {note}" in err and err.count("\n") == 1
+    assert "<b>Different traces:</b> T" + note[1:] in text
+    # No view of the latency CDFs draws runs of two traces.
+    figure = json.loads(re.search(r'Plotly\.newPlot\(\s*"figure-latency-cdfs",\s*(\[.*?\]),\s*\{', text).group(1))
+    menu = re.search(r'"figure-latency-cdfs".*?"buttons":(\[.*?\]),"direction"', text).group(1)
+    for button in json.loads(menu):
+        shown = {line["name"] for line, visible in zip(figure, button["args"][0]["visible"]) if visible}
+        assert shown and (shown == {"mooncake"} or "mooncake" not in shown), (button["label"], shown)
+
+
+def test_report_of_runs_with_the_same_options_says_so(tmp_path, capsys):
+    for name in ("one", "two"):
+        assert main(["replay", *SMALL, "--out", str(tmp_path / name), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    text = (tmp_path / "report.html").read_text()
+    assert "The runs&#x27; options are the same." in text and numbers_table(text)[0][:2] == ["run", "policy"]
 
 
 def test_report_errors_are_one_line(tmp_path, capsys):

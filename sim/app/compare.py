@@ -180,13 +180,27 @@ def write_comparison(out: Path, comparison: Comparison, trace: Trace, measured: 
     with atomic_path(out / "steps.csv") as temp:
         comparison.steps.to_csv(temp, index=False)
     figures = error_figures(comparison.steps, measured_summary, predicted_summary)
-    atomic_write_text(out / "compare.json", json.dumps(jsonable({**info, **figures}), indent=2) + "\n")
+    differ = options_that_differ(measured_summary, predicted_summary)
+    atomic_write_text(out / "compare.json", json.dumps(jsonable({**info, **figures, "differing_options": differ}),
+                                                       indent=2) + "\n")
     with atomic_path(out / "report.html") as temp:
         write_compare_report(temp, comparison.steps,
                              {"measured": comparison.measured, "predicted": comparison.predicted}, figures,
                              f"servesim compare: {info.get('model')} on {info.get('device')}, {info.get('policy')}, "
-                             f"{Path(str(info.get('trace'))).name}")
+                             f"{Path(str(info.get('trace'))).name}", differ)
     return figures
+
+
+def options_that_differ(measured_summary: dict, predicted_summary: dict) -> dict[str, list]:
+    """The options in which the two runs differ (as `sim report` of a folder of runs names them), each with
+    the measured and the predicted run's value (the backend and its profile: both runs replay the same
+    trace with the same scheduler and as many KV blocks)."""
+    from reports.digest import flat_options
+    from reports.html import differing_options
+
+    options = [s.get("options", {}) for s in (measured_summary, predicted_summary)]
+    flat = [flat_options(o) for o in options]
+    return {name: [f.get(name) for f in flat] for name in differing_options(options)}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -14,7 +14,13 @@ from sim.errors import ServesimError
 def write_report(directory: str | Path) -> Path:
     """DIR/report.html for what DIR holds (reports.html draws it), recorded in DIR's manifest
     where it has one (sim.app.outputs.record_file)."""
-    from reports.html import folder_report_html
+    return write_report_warning(directory)[0]
+
+
+def write_report_warning(directory: str | Path) -> tuple[Path, list[str]]:
+    """write_report's, and the warnings its page shows in boxes under the title (an incomplete sweep, runs
+    of different traces), each a sentence for the terminal."""
+    from reports.html import folder_report
 
     d = Path(directory)
     if d.exists() and not d.is_dir():
@@ -24,16 +30,17 @@ def write_report(directory: str | Path) -> Path:
         raise ServesimError(f"{d}: no such folder")
     check_folder_destination(d)  # a read-only folder is named before the report is drawn
     out = d / "report.html"
-    page = folder_report_html(d)
+    page, warnings = folder_report(d)
     missing = missing_points(d)
     if missing:
-        page = _with_warning(page, f"This sweep is incomplete: {len(missing)} of its points have no result "
-                                   f"(the sweep was stopped before them): {', '.join(missing)}. Every figure "
-                                   "below shows only the finished points; finish it with the same `sim sweep` "
-                                   "command and --resume.")
+        page = _with_warnings(page, [("Incomplete", f"This sweep is incomplete: {len(missing)} of its points have no "
+                                                    f"result (the sweep was stopped before them): {', '.join(missing)}. "
+                                                    "Every figure below shows only the finished points; finish it "
+                                                    "with the same `sim sweep` command and --resume.")])
+    page = _with_warnings(page, [(label, text[:1].upper() + text[1:]) for label, text in warnings])
     atomic_write_text(out, page)
     record_file(d, out.name)  # a folder servesim wrote stays servesim's (an --overwrite may replace it)
-    return out
+    return out, [text for _, text in warnings]
 
 
 def missing_points(d: Path) -> list[str]:
@@ -68,15 +75,18 @@ def missing_points(d: Path) -> list[str]:
     return []
 
 
-def _with_warning(page: str, text: str) -> str:
-    """The page with a warning box under its title."""
+def _with_warnings(page: str, warnings: list[tuple[str, str]]) -> str:
+    """The page with a warning box under its title (below those it has) for each (label, text)."""
     import html
 
-    box = (f'<div class="warning" role="alert" style="border:2px solid #b00;background:#fff4f4;color:#700;'
-           f'padding:8px 12px;margin:8px 0"><b>Incomplete:</b> {html.escape(text)}</div>')
+    boxes = "".join(f'<div class="warning" role="alert" style="border:2px solid #b00;background:#fff4f4;color:#700;'
+                    f'padding:8px 12px;margin:8px 0"><b>{html.escape(label)}:</b> {html.escape(text)}</div>'
+                    for label, text in warnings)
     at = page.find('<div class="sub">')
     end = page.find("</div>", at) + len("</div>") if at >= 0 else page.find("<body>") + len("<body>")
-    return page[:end] + box + page[end:]
+    while page.startswith('<div class="warning"', end):  # after the boxes already there
+        end = page.find("</div>", end) + len("</div>")
+    return page[:end] + boxes + page[end:]
 
 
 def register(sub) -> None:
@@ -89,7 +99,9 @@ def register(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    out = write_report(args.dir)
+    out, warnings = write_report_warning(args.dir)
+    for text in warnings:
+        print(f"sim: warning: {args.dir}: {text}", file=sys.stderr)
     missing = missing_points(Path(args.dir))
     if missing:
         shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
