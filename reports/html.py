@@ -96,11 +96,12 @@ def folder_report(directory: str | Path) -> tuple[str, list[tuple[str, str]]]:
     if (d / RESULTS).exists():  # a sweep, and the capacity search run into the same folder if any
         rows, _ = read_table(d / RESULTS)
         return report_html(rows, capacity=capacity, title=f"Sweep of {_trace_name(rows)}",
-                           subtitle=_grid_description(rows)), []
+                           subtitle=_grid_description(rows)), _left_out_warning(d, "the sweep's table")
     if capacity is not None:
         rows, _ = read_table(d / "probes.parquet")
         return report_html(rows, capacity=capacity, at_capacity=True, title=f"Capacity on {_trace_name(rows)}",
-                           subtitle=f"SLO: {capacity['slo'].iloc[0]}" if len(capacity) else ""), []
+                           subtitle=f"SLO: {capacity['slo'].iloc[0]}" if len(capacity) else ""), \
+            _left_out_warning(d, "the capacity search's tables")
     if (d / "summary.json").exists():
         summary, digest = _read_run(d)
         if digest is None:
@@ -117,12 +118,82 @@ def folder_report(directory: str | Path) -> tuple[str, list[tuple[str, str]]]:
                     and isinstance(measured.get("requests", 0), int)):
                 raise ServesimError(f"{d / 'measured.json'}: not a comparison sim replay writes (an object with "
                                     "requests and metrics, one object a metric); replay the trace again")
-        return run_report_html(summary, digest, measured), []
+        return run_report_html(summary, digest, measured), _left_out_warning(d, "the run")
     runs = sorted(p.parent for p in d.glob("*/summary.json"))
     if not runs:
-        raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; "
-                            "nothing to report")
-    return runs_report(d, runs)
+        others = left_out_folders(d)
+        raise ServesimError(f"{d}: holds no {RESULTS}, capacity.csv, summary.json or run folders; nothing to report"
+                            + (f"; its sub-folder{'s' * (len(others) != 1)} {_listed(others)} "
+                               f"{'are' if len(others) != 1 else 'is'} not drawn here. {_how_to_report(d, others)}"
+                               if others else ""))
+    page, warnings = runs_report(d, runs)
+    return page, warnings + _left_out_warning(d, f"the {len(runs)} run folder{'s' * (len(runs) != 1)} directly in it",
+                                              runs)
+
+
+def left_out_folders(d: Path, drawn: list[Path] | tuple[Path, ...] = ()) -> list[tuple[str, str]]:
+    """The sub-folders of DIR, but `drawn`, that hold what servesim writes, each (name, what it holds):
+    a report of DIR draws only what DIR itself holds (or its run folders, `drawn`), and says what it
+    left out (sweeps, capacity searches, comparisons, validations, runs further down)."""
+    out, skip = [], set(drawn)
+    try:
+        subs = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".") and p not in skip)
+    except OSError:
+        return []
+    for sub in subs:
+        what = _what_folder_holds(sub)
+        if what is None:
+            try:
+                inner = sum(_what_folder_holds(p) is not None for p in sub.iterdir() if p.is_dir())
+            except OSError:
+                inner = 0
+            what = f"a folder of {inner} servesim output folder{'s' * (inner != 1)}" if inner else None
+        if what is not None:
+            out.append((sub.name, what))
+    return out
+
+
+def _what_folder_holds(d: Path) -> str | None:
+    """What servesim output a folder holds, in words (None: none)."""
+    from reports.tables import RESULTS
+
+    if (d / "compare.json").exists():
+        return "a comparison by sim compare"
+    if (d / RESULTS).exists():
+        return "a sweep"
+    if (d / "capacity.csv").exists() or (d / "probes.parquet").exists():
+        return "a capacity search"
+    if (d / "validate.json").exists() or (d / "validate.csv").exists():
+        return "a validation by sim validate"
+    if (d / "summary.json").exists():
+        return "a run"
+    try:
+        runs = sum(1 for _ in d.glob("*/summary.json"))
+    except OSError:
+        return None
+    return f"a folder of {runs} run{'s' * (runs != 1)}" if runs else None
+
+
+def _listed(folders: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name}/ ({what})" for name, what in folders)
+
+
+def _left_out_warning(d: Path, drawn_what: str, drawn: list[Path] | tuple[Path, ...] = ()) -> list[tuple[str, str]]:
+    """The warning naming the sub-folders a report of DIR leaves out, if any."""
+    others = left_out_folders(d, drawn)
+    if not others:
+        return []
+    return [("Left out", f"left out {len(others)} sub-folder{'s' * (len(others) != 1)}, {_listed(others)}: this "
+                         f"page draws {drawn_what} only. {_how_to_report(d, others)}")]
+
+
+def _how_to_report(d: Path, others: list[tuple[str, str]]) -> str:
+    """How to report the folders left out: `sim report` of each (a comparison's page is its own report.html)."""
+    reportable = [name for name, what in others if what != "a comparison by sim compare"]
+    compared = "; a comparison's page is its own report.html" if len(reportable) < len(others) else ""
+    if not reportable:
+        return f"A comparison's page is its own report.html ({d / others[0][0] / 'report.html'})."
+    return f"Report each on its own (sim report {d / reportable[0]}{', ...' if len(reportable) > 1 else ''}{compared})."
 
 
 def runs_report(d: Path, runs: list[Path]) -> tuple[str, list[tuple[str, str]]]:

@@ -514,6 +514,40 @@ def test_a_report_of_an_incomplete_sweep_names_the_missing_points(tmp_path, caps
     assert "policy=decode-first, policy=prefill-first" in page
 
 
+def test_a_report_of_runs_says_which_sub_folders_it_left_out(tmp_path, capsys):
+    """`sim report` of a folder of runs drew its run folders and silently left out a sweep beside them (and
+    `sim report` of a sweep, a run folder put in it): the page looked like everything the folder held."""
+    import shutil
+
+    from tests.helpers import one_error_line
+
+    folder = tmp_path / "study"
+    for policy in ("chunked", "decode-first"):
+        assert sim("replay", AZURE_CONV_SAMPLE, "--limit", 10, "--policy", policy, "--quiet",
+                   "--out", folder / policy) == 0
+    assert sim("sweep", AZURE_CONV_SAMPLE, "--limit", 10, "--policy", "chunked,prefill-first", "--jobs", 1,
+               "--quiet", "--out", folder / "sweep") == 0
+    capsys.readouterr()
+    assert sim("report", folder) == 0
+    note = (f"left out 1 sub-folder, sweep/ (a sweep): this page draws the 2 run folders directly in it only. "
+            f"Report each on its own (sim report {folder / 'sweep'}).")
+    assert capsys.readouterr().err == f"sim: warning: {folder}: {note}\n"
+    assert f"<b>Left out:</b> L{note[1:]}</div>" in (folder / "report.html").read_text()
+    # A sweep's report says so of a run folder inside it.
+    shutil.copytree(folder / "chunked", folder / "sweep" / "mine")
+    assert sim("report", folder / "sweep") == 0
+    assert capsys.readouterr().err == (f"sim: warning: {folder / 'sweep'}: left out 1 sub-folder, mine/ (a run): this "
+                                       "page draws the sweep's table only. Report each on its own (sim report "
+                                       f"{folder / 'sweep' / 'mine'}).\n")
+    # A folder holding no run folder, only a sweep: the refusal names it.
+    for policy in ("chunked", "decode-first"):
+        shutil.rmtree(folder / policy)
+    assert sim("report", folder) == 2
+    assert one_error_line(capsys) == (f"{folder}: holds no results.parquet, capacity.csv, summary.json or run "
+                                      "folders; nothing to report; its sub-folder sweep/ (a sweep) is not drawn here. "
+                                      f"Report each on its own (sim report {folder / 'sweep'}).")
+
+
 @pytest.mark.slow
 def test_a_profile_of_another_system_is_refused(tmp_path, capsys):
     from tests.helpers import shared_dir
