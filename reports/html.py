@@ -119,6 +119,10 @@ def folder_report(directory: str | Path) -> tuple[str, list[tuple[str, str]]]:
                 raise ServesimError(f"{d / 'measured.json'}: not a comparison sim replay writes (an object with "
                                     "requests and metrics, one object a metric); replay the trace again")
         return run_report_html(summary, digest, measured), _left_out_warning(d, "the run")
+    if (d / "compare.json").exists():
+        raise ServesimError(f"{d}: a comparison by sim compare; its report.html is sim compare's own page (step times "
+                            "predicted against measured, the error figures), which sim report cannot draw again and "
+                            f"would replace; sim report {d / 'measured'} or {d / 'predicted'} reports either run")
     runs = sorted(p.parent for p in d.glob("*/summary.json"))
     if not runs:
         others = left_out_folders(d)

@@ -126,6 +126,29 @@ def test_compare_writes_every_error_figure_and_the_report(setup):
     assert len(page) > 1_000_000  # plotly.js inline: works offline
 
 
+def test_report_of_a_comparison_keeps_its_page(setup, capsys):
+    """`sim report` of sim compare's folder drew its two runs as a folder of runs into report.html, replacing
+    compare's own page (the step times predicted against measured), which nothing can draw again."""
+    from sim.app.cli import main
+
+    folder, _, measured_options, predicted_options = setup
+    trace = make_trace(ROWS)
+    measured = resolve(measured_options, StandInBackend("tiny", num_blocks=256, seed=4))
+    predicted = resolve(predicted_options)
+    out = folder / "kept"
+    write_comparison(out, compare(trace, measured, predicted), trace, measured, predicted,
+                     {"model": "tiny", "device": "cpu", "policy": "chunked", "trace": "test"})
+    page = (out / "report.html").read_bytes()
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2
+    assert capsys.readouterr().err == (f"sim: error: {out}: a comparison by sim compare; its report.html is sim "
+                                       "compare's own page (step times predicted against measured, the error "
+                                       "figures), which sim report cannot draw again and would replace; sim report "
+                                       f"{out / 'measured'} or {out / 'predicted'} reports either run\n")
+    assert (out / "report.html").read_bytes() == page
+    assert main(["report", str(out / "measured")]) == 0
+
+
 def test_compare_refuses_different_kv_caches(setup):
     _, _, measured_options, predicted_options = setup
     from sim.errors import ServesimError
