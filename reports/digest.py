@@ -113,8 +113,10 @@ def run_digest(outcomes: RequestOutcomes, step_timeline: dict) -> dict:
     steps, or reports.timeline.StepTimeline's). Each sketch is quantile_sketch's while the metric's
     values were kept exactly, else read from the streaming sketch (within its relative accuracy)."""
     digest: dict = {"quantiles": QUANTILES.tolist()}
-    for name in METRICS:
-        sketch = outcomes.itl if name == "itl" else outcomes.sketches[name]
+    sketches = {name: outcomes.itl if name == "itl" else outcomes.sketches[name] for name in METRICS}
+    if outcomes.stream_interval > 1:  # the gaps between the chunks a streaming client receives (--stream-interval)
+        sketches["client_itl"] = outcomes.client_itl
+    for name, sketch in sketches.items():
         if not sketch.count:
             digest[name] = None
         elif sketch.is_exact:
@@ -163,6 +165,8 @@ def summary_row(summary: dict, digest: dict | None) -> dict:
     if digest is not None:
         for name in METRICS:
             row[f"{name}_quantiles"] = digest[name]
+        if "client_itl" in digest:  # --stream-interval above 1
+            row["client_itl_quantiles"] = digest["client_itl"]
         for name, values in digest["timeline"].items():
             row[f"timeline_{name}"] = values
     return row

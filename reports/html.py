@@ -597,14 +597,16 @@ def _stats_table(row) -> str:
     lines = [f"<table><tr>{first}</tr><tr>{values}</tr></table><br>",
              '<table><tr><th class="t">ms</th>' + "".join(f"<th>{s}</th>" for s in ("mean", "p50", "p90", "p99"))
              + "</tr>"]
-    # With an API server, TTFT and E2E from the client's send too (the parts add up to the TTFT from the send).
-    for metric in ("ttft", "client_ttft", *(f"  {p}" for p in TTFT_PART_LABELS), "tpot", "itl", "e2e", "client_e2e",
-                   "scheduling_delay"):
+    # With an API server, TTFT and E2E from the client's send too (the parts add up to the TTFT from the send);
+    # with --stream-interval above 1, the ITL between the chunks the client receives.
+    for metric in ("ttft", "client_ttft", *(f"  {p}" for p in TTFT_PART_LABELS), "tpot", "itl", "client_itl", "e2e",
+                   "client_e2e", "scheduling_delay"):
         key = metric.strip()
         if (key != metric or key.startswith("client_")) and row.get(f"{key}_mean") is None:
             continue  # a part the run does not report (a run from before the parts; no API server)
         cells = "".join(f"<td>{fmt(row.get(f'{key}_{stat}'), 1e3)}</td>" for stat in ("mean", "p50", "p90", "p99"))
         label = (f"&nbsp;&nbsp;{html.escape(TTFT_PART_LABELS[key])}" if key != metric else
+                 "itl per chunk" if key == "client_itl" else
                  f"{key.removeprefix('client_')} from send" if key.startswith("client_") else metric)
         lines.append(f'<tr><td class="t">{label}</td>{cells}</tr>')
     return "".join(lines) + "</table>"

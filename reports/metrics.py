@@ -2,7 +2,9 @@
 
 - TTFT: arrival to first token. E2E: arrival to last token.
 - TPOT: (E2E - TTFT) / (output tokens - 1), for requests with more than one output token.
-- ITL: every gap between consecutive tokens of a request, all requests pooled.
+- ITL: every gap between consecutive tokens of a request, all requests pooled (the engine's). With vLLM's
+  --stream-interval N > 1, `client_itl`: every gap between the chunks a streaming client receives
+  (reports.outcomes.stream_chunk_times), as vLLM's bench records ITL; TTFT, TPOT and E2E are the same.
 - Scheduling delay: arrival to the first step that scheduled the request.
 - Throughputs divide by the duration: first arrival (or the benchmark's start) to last finish.
 - Goodput: completed requests meeting every SLO, per second of duration.
@@ -194,6 +196,8 @@ def summarize(result: SimResult, outcomes: RequestOutcomes, options: dict, start
     for name, sketch in outcomes.client_sketches.items():  # from the client's send: TTFT (the parts' sum), E2E
         if sketch.count:
             summary[name] = sketch.stats()
+    if outcomes.stream_interval > 1:  # the gaps between the chunks a streaming client receives (--stream-interval)
+        summary["client_itl"] = outcomes.client_itl.stats()
     slo = outcomes.slo
     if slo.is_set:
         summary["slo"] = slo.limits()
@@ -241,8 +245,9 @@ def format_summary(summary: dict) -> str:
 
     for name in names:
         lines.append(row(name, summary[name]))
-        if f"client_{name}" in summary:  # an API server is modelled: from the client's send too
-            lines.append(row(f"{name} from send", summary[f"client_{name}"]))
+        if f"client_{name}" in summary:  # an API server is modelled: from the client's send too; ITL: per chunk
+            label = "itl per chunk" if name == "itl" else f"{name} from send"
+            lines.append(row(label, summary[f"client_{name}"]))
         if name == "ttft":  # (its parts add up to the TTFT from the send where there is one)
             for part in TTFT_PARTS:
                 if part in summary and summary[part]["mean"] is not None:

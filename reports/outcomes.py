@@ -16,6 +16,11 @@ scheduling_delay_s, then TTFT in parts (`ttft_parts`, docs/async-scheduling.md):
 ttft_queue_s, ttft_async_wait_s, ttft_prefill_s, client_ttft_s. A missing time is NaN. Goodput counts the
 finished requests within every limit of the SLO (sim.config.SLO: ttft, tpot, e2e, scheduling delay and tbt, a
 request's longest gap between tokens).
+
+With vLLM's --stream-interval N > 1 (`stream_interval`) a streaming client receives a request's tokens in
+chunks (`stream_chunk_times`): the gaps between chunks are the client's inter-token latencies (`client_itl`,
+as vLLM's bench records them), and a tbt limit judges a request's longest gap between chunks, as the client
+sees the stream. The engine's gaps between tokens (`itl`) and the table's columns do not change.
 """
 
 from __future__ import annotations
@@ -51,10 +56,12 @@ class RequestOutcomes:
     """Collects outcomes; `writer` (optional) receives the requests table batch by batch."""
 
     def __init__(self, slo: SLO | None = None, writer: TableWriter | None = None, batch_rows: int = BATCH_ROWS,
-                 exact_limit: int = EXACT_LIMIT, extra_columns: tuple[str, ...] = ()):
+                 exact_limit: int = EXACT_LIMIT, extra_columns: tuple[str, ...] = (), stream_interval: int = 1):
         """`extra_columns`: more columns of the requests table, after the standard ones (a cluster's
-        replica of each request), their values given to `add`."""
+        replica of each request), their values given to `add`; `stream_interval`: vLLM's --stream-interval
+        (above 1: the client's gaps between chunks are sketched as `client_itl`, and judge a tbt limit)."""
         self.slo = slo or SLO()
+        self.stream_interval = stream_interval
         self.extra_columns = extra_columns
         self.writer = writer
         self.batch_rows = batch_rows
@@ -63,6 +70,7 @@ class RequestOutcomes:
         # TTFT (the parts' sum) and E2E from the client's send, where an API server is modelled
         self.client_sketches = {name: StreamingQuantiles(exact_limit) for name in CLIENT_LATENCIES}
         self.itl = StreamingQuantiles(exact_limit)
+        self.client_itl = StreamingQuantiles(exact_limit)  # gaps between streamed chunks (stream_interval > 1)
         self.num_requests = 0
         self.num_completed = 0
         self.num_rejected = 0
@@ -80,6 +88,8 @@ class RequestOutcomes:
         self._times: list = []  # token times of the latest rows taken, their gaps not yet computed
         self._times_rows: list[list] = []  # the rows of those token times (their longest gap goes there)
         self._num_times = 0
+        self._chunk_gaps: list[np.ndarray] = []  # gaps between chunks of the rows taken, not yet sketched
+        self._chunks: list = []  # chunk times of the latest rows taken (stream_interval > 1), as _times
 
     def add(self, position: int, request, token_times=None, extra: tuple = ()) -> None:
         """A request left the engine (finished or rejected); `token_times`: a finished request's
@@ -89,7 +99,9 @@ class RequestOutcomes:
                request.status.value, request.first_scheduled_s, request.first_token_s, request.finish_s,
                request.num_preemptions, request.num_prefix_hit_tokens, request.reject_reason or "",
                None,  # [11]: the longest gap (for a tbt SLO), set with the gaps
-               getattr(request, "first_step_start_s", None), getattr(request, "client_sent_s", None), *extra]
+               getattr(request, "first_step_start_s", None), getattr(request, "client_sent_s", None),
+               None,  # [14]: the longest gap between streamed chunks (stream_interval > 1), set with the gaps
+               *extra]
         if token_times is not None and len(token_times) < 2:
             token_times = None  # no gap
         if position != self._next_position:
@@ -106,6 +118,8 @@ class RequestOutcomes:
         if times is not None:
             self._times.append(times)
             self._times_rows.append(row)
+            if self.stream_interval > 1:
+                self._chunks.append(stream_chunk_times(times, self.stream_interval))
             num_times = len(times)
             self._num_times += num_times
             self._num_gaps += num_times - 1
@@ -119,50 +133,52 @@ class RequestOutcomes:
 
     def _gaps_of_times(self) -> None:
         """The gaps of the requests given by their token times (`_times`), in one pass: each
-        request's gaps, one after the other, and its longest gap into its row."""
+        request's gaps, one after the other, and its longest gap into its row; the same of their
+        streamed chunks' times where the stream interval is above 1."""
         lists, rows = self._times, self._times_rows
         if not lists:
             return
         self._times, self._times_rows, self._num_times = [], [], 0
-        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        if all(type(times) is list for times in lists):
-            # Packed as C doubles by struct: the same values, in two thirds of np.fromiter's time.
-            flat = np.frombuffer(b"".join([pack(f"{len(times)}d", *times) for times in lists]))
-        else:
-            flat = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(counts.sum()))
-        ends = np.cumsum(counts)  # each request's times end here in `flat`
-        # The differences across two requests (one's last time to the next one's first) go.
-        within = np.ones(len(flat) - 1, dtype=bool)
-        within[ends[:-1] - 1] = False
-        gaps = (flat[1:] - flat[:-1])[within]  # np.diff's own subtraction, as each request's alone
-        longest = np.maximum.reduceat(gaps, ends - counts - np.arange(len(lists)))  # each one's first gap
-        for row, value in zip(rows, longest.tolist()):
+        gaps, longest = _gaps_and_longest(lists)
+        for row, value in zip(rows, longest):
             row[11] = value
         self._gaps.append(gaps)
+        if self._chunks:
+            chunks, self._chunks = self._chunks, []
+            gaps, longest = _gaps_and_longest(chunks)
+            for row, value in zip(rows, longest):
+                row[14] = value
+            self._chunk_gaps.append(gaps)
 
     def _sketch_gaps(self) -> None:
         self._gaps_of_times()
         if self._gaps:
             self.itl.add(np.concatenate(self._gaps), copy=False)  # a new array, the sketch's to keep
             self._gaps, self._num_gaps = [], 0
+        if self._chunk_gaps:
+            self.client_itl.add(np.concatenate(self._chunk_gaps), copy=False)
+            self._chunk_gaps = []
 
     def _flush(self) -> None:
         if not self._rows:
             return
         self._gaps_of_times()  # the rows' longest gaps
         columns = dict(zip((*REQUEST_COLUMNS[:11], "longest_gap_s", "first_step_start_s", "client_sent_s",
-                            *self.extra_columns), zip(*self._rows)))
+                            "longest_chunk_gap_s", *self.extra_columns), zip(*self._rows)))
         self._rows = []
         arrival = np.array(columns["arrival_s"], dtype=np.float64)
         output = np.array(columns["output_tokens"], dtype=np.int64)
         times = {name: np.array(columns[name], dtype=np.float64)  # None -> NaN
                  for name in ("first_scheduled_s", "first_token_s", "finish_s", "longest_gap_s")}
+        longest_gap = times.pop("longest_gap_s")
+        if self.stream_interval > 1:  # a tbt limit judges the gaps the client sees: between streamed chunks
+            longest_gap = np.array(columns["longest_chunk_gap_s"], dtype=np.float64)
         ttft = times["first_token_s"] - arrival
         e2e = times["finish_s"] - arrival
         with np.errstate(divide="ignore", invalid="ignore"):
             tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
         latencies = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "scheduling_delay": times["first_scheduled_s"] - arrival,
-                     "tbt": times.pop("longest_gap_s")}
+                     "tbt": longest_gap}
         parts = ttft_parts(arrival, times["first_scheduled_s"], np.array(columns["first_step_start_s"], dtype=np.float64),
                            times["first_token_s"], np.array(columns["client_sent_s"], dtype=np.float64), ttft)
         if self.writer is not None:
@@ -238,6 +254,50 @@ class RequestOutcomes:
         return {reasons[i]: int(counts[i]) for i in order.tolist()}
 
 
+def stream_chunk_times(times, interval: int):
+    """When a streaming client receives a request's tokens (`times`, each token's time, a list or an array)
+    where vLLM's API server sends them `interval` at a time (--stream-interval N): the times of the tokens
+    that complete a send, in order (a list for a list, an array for an array).
+
+    vLLM (0.33 and 0.34), vllm/v1/engine/output_processor.py: `RequestState.make_request_output`, called by
+    `OutputProcessor.process_outputs` for each engine-core output (one new token a step here), with a
+    streaming client's RequestOutputKind.DELTA and stream_interval > 1, returns an output only when the
+    request finished, or nothing was sent yet (`sent_tokens_offset == 0`: its first token), or at least N
+    tokens gathered since the last send (`num_output_tokens() - sent_tokens_offset >= stream_interval`); the
+    output carries every token since the last send. The interval is the server's
+    (`SchedulerConfig.stream_interval`), raised by a request's own `stream_interval` (`RequestState.
+    from_new_request`: the larger of the two), which vLLM's bench does not send. So the sends complete tokens
+    1, 1 + N, 1 + 2N, ... and the last: indices 0, N, 2N, ... and len - 1 here. Each becomes one SSE message
+    of the completions stream (vllm/entrypoints/openai/completion/serving.py), one chunk to the client.
+    A non-streaming request (FINAL_ONLY) gets its one output at the finish whatever N is; nothing here
+    changes its figures. Interval 1: `times` itself."""
+    if interval == 1 or len(times) < 2:
+        return times
+    last = len(times) - 1
+    if isinstance(times, list):
+        return times[::interval] + ([times[last]] if last % interval else [])
+    times = np.asarray(times, dtype=np.float64)
+    return np.append(times[::interval], times[last:]) if last % interval else times[::interval]
+
+
+def _gaps_and_longest(lists: list) -> tuple[np.ndarray, list[float]]:
+    """The gaps between consecutive times of each list (each at least two times long), one list's after
+    another's, and each list's longest gap."""
+    counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    if all(type(times) is list for times in lists):
+        # Packed as C doubles by struct: the same values, in two thirds of np.fromiter's time.
+        flat = np.frombuffer(b"".join([pack(f"{len(times)}d", *times) for times in lists]))
+    else:
+        flat = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(counts.sum()))
+    ends = np.cumsum(counts)  # each request's times end here in `flat`
+    # The differences across two requests (one's last time to the next one's first) go.
+    within = np.ones(len(flat) - 1, dtype=bool)
+    within[ends[:-1] - 1] = False
+    gaps = (flat[1:] - flat[:-1])[within]  # np.diff's own subtraction, as each request's alone
+    longest = np.maximum.reduceat(gaps, ends - counts - np.arange(len(lists)))  # each one's first gap
+    return gaps, longest.tolist()
+
+
 def ttft_parts(arrival: np.ndarray, first_scheduled: np.ndarray, first_step_start: np.ndarray,
                first_token: np.ndarray, client_sent: np.ndarray, ttft: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Each request's TTFT in parts, from its timestamps (arrays, NaN where a time is missing):
@@ -303,9 +363,11 @@ def _exact_sum(parts: list[float], total: float) -> list[float]:
     return xs
 
 
-def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None) -> RequestOutcomes:
-    """The outcomes of a finished in-memory replay (`SimResult`, with every token time)."""
-    outcomes = RequestOutcomes(slo, writer)
+def outcomes_from_result(result, slo: SLO | None = None, writer: TableWriter | None = None,
+                         stream_interval: int = 1) -> RequestOutcomes:
+    """The outcomes of a finished in-memory replay (`SimResult`, with every token time);
+    `stream_interval`: vLLM's --stream-interval (RequestOutcomes)."""
+    outcomes = RequestOutcomes(slo, writer, stream_interval=stream_interval)
     for position, r in enumerate(result.requests):
         outcomes.add(position, r, result.tokens_of(position).tolist() if r.finish_s is not None else None)
     outcomes.close()

@@ -119,6 +119,8 @@ QUEUED_REQUESTS = Range(0, 10_000_000, "requests", "0 rejects every request, as 
 QUEUED_TOKENS = Range(0, 2**48, "tokens", "0 rejects every request, as vLLM's 0 does; 10,000,000 prompts of 16,777,216 "
                       "tokens hold fewer", whole=True)
 PREFILL_INTERVAL = Range(1, 2**20, "steps", "1 means every step; a step is at least a few milliseconds", whole=True)
+STREAM_INTERVAL = Range(1, MAX_TOKENS, "tokens", "1 means every token as it comes; a request emits at most 16,777,216 tokens",
+                        whole=True)
 WATERMARK = Range(0.0, 0.99, "", "a fraction of the KV cache's blocks kept free when admitting; vLLM's is below 1")
 SEED = Range(0, 2**63 - 1, "", "a random seed is a 64-bit signed integer", whole=True)
 FUSION_MB = Range(0.0, 1024.0, "MB", "0 means off; vLLM's FlashInfer all-reduce workspace holds at most a few hundred MB")
@@ -329,6 +331,16 @@ class SchedulerConfig:
         None, flag="--host-reference-loop-s", range=HOST_REFERENCE_LOOP, metavar="S",
         help="seconds of the reference loop (python3 bench/host_time.py --reference-only) on the serving host's "
              "CPU, to carry the measured host time to it (default: the profile's own CPU, as measured)")
+    # vLLM's API server streams a request's tokens in chunks of N (SchedulerConfig.stream_interval; applied by
+    # vllm/v1/engine/output_processor.py, RequestState.make_request_output): only what a streaming client sees
+    # changes, never the engine's steps (reports/outcomes.py, stream_chunk_times).
+    stream_interval: int = option(
+        1, flag="--stream-interval", range=STREAM_INTERVAL, metavar="N",
+        help="vLLM's API server sends a streaming request's tokens when N have gathered since its last send (the "
+             "first token and the last are sent at once): vLLM's --stream-interval. Changes only what the client "
+             "sees: its inter-token latency becomes the gaps between these sends (summary.json's client_itl, sim "
+             "bench's ITL rows and peak output rate); TTFT, TPOT and E2E do not change (default: {default}, "
+             "every token)")
 
     @property
     def max_num_active_reqs(self) -> int:

@@ -149,6 +149,7 @@ def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) ->
     """The run folder of `sim replay` (its trace: the requests as sent), with the bench's settings and
     vLLM's per-second peaks (output tokens, concurrent requests) in summary.json."""
     from reports.bench_table import per_second_peaks
+    from reports.outcomes import stream_chunk_times
     from sim.app.replay import write_run
     from traces.trace import Trace
 
@@ -160,7 +161,10 @@ def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) ->
         return r.arrival_s if r.client_sent_s is None else r.client_sent_s
     trace = Trace(np.array([r.arrival_s for r in rows]), np.array([r.num_prompt_tokens for r in rows]),
                   np.array([r.max_tokens for r in rows]), source=f"sim bench {describe(spec)}", format="sim-bench")
-    token_times = np.concatenate([result.tokens_of(i) for i in done]) if done else np.zeros(0)
+    # vLLM counts one token per chunk received (calculate_metrics: TTFT plus each ITL), so with --stream-interval
+    # its "output tokens" per second are chunks per second
+    interval = plan.options.scheduler.stream_interval
+    token_times = np.concatenate([stream_chunk_times(result.tokens_of(i), interval) for i in done]) if done else np.zeros(0)
     peak_tokens, peak_requests = per_second_peaks([send(r) for r in sent], [r.finish_s for r in sent], token_times)
     extra = {"bench": spec.as_dict(), "peak_output_tokens_per_s": peak_tokens, "peak_concurrent_requests": peak_requests}
     return write_run(out, result, plan, trace, extra=extra, start_s=0.0)

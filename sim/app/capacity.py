@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from sim.config import parse_slo
 from sim.errors import ServesimError
 
@@ -70,12 +72,15 @@ class CapacitySLO:
         return ", ".join(f"p{q * 100:g} {key} <= {limit:g} s" for key, (limit, q) in self.limits().items())
 
     def measure(self, row: dict) -> dict[str, float | None]:
-        """Each limited latency of a sweep row at its quantile (None when the run has no such latency)."""
+        """Each limited latency of a sweep row at its quantile (None when the run has no such latency). TBT is
+        the client's where vLLM's API server streams tokens N at a time (--stream-interval above 1): every gap
+        between the chunks it receives (`client_itl`), as replay's goodput judges a tbt limit."""
         from reports.digest import sketch_quantile
 
         measured = {}
         for key, (_, q) in self.limits().items():
-            sketch = row.get(f"{SLO_METRICS[key]}_quantiles")
+            chunks = row.get("client_itl_quantiles") if key == "tbt" else None
+            sketch = chunks if isinstance(chunks, (list, np.ndarray)) else row.get(f"{SLO_METRICS[key]}_quantiles")
             measured[key] = None if sketch is None else sketch_quantile(sketch, q)
         return measured
 

@@ -136,6 +136,8 @@ class RunPlan:
         for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
             if d["scheduler"][name] is None:
                 del d["scheduler"][name]  # runs without vLLM's admission limits keep the summary they had
+        if d["scheduler"]["stream_interval"] == 1:
+            del d["scheduler"]["stream_interval"]  # runs streaming every token keep the summary they had
         d["cache"]["num_blocks"] = self.num_blocks
         cluster = d.pop("cluster")
         if not self.options.cluster.is_single:

@@ -192,7 +192,8 @@ def write_run(out: Path, result: SimResult, plan: RunPlan, trace: Trace, extra: 
     if isinstance(result, DPResult):
         extra = {**(extra or {}), "data_parallel": result.summary()}
     return write_run_folder(out, result, run_options(plan, trace), plan.options.slo, steps, requests,
-                            step_batch_rows, {**(extra or {}), **plan_entries(plan)}, start_s)
+                            step_batch_rows, {**(extra or {}), **plan_entries(plan)}, start_s,
+                            plan.options.scheduler.stream_interval)
 
 
 def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", requests: str = "csv",
@@ -207,7 +208,8 @@ def replay_to(out: Path, trace: Trace, plan: RunPlan, steps: str = "parquet", re
         return write_run(out, replay(trace, plan, progress, fast_forward), plan, trace, steps=steps,
                          requests=requests, step_batch_rows=step_batch_rows)
     trace = with_api_server(trace, plan.options)
-    folder = RunFolder(out, run_options(plan, trace), plan.options.slo, steps, requests)
+    folder = RunFolder(out, run_options(plan, trace), plan.options.slo, steps, requests,
+                       stream_interval=plan.options.scheduler.stream_interval)
     try:
         log = StepLog(sink=folder.on_steps, spill_rows=step_batch_rows)
         engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), None, plan.max_model_len,

@@ -33,10 +33,11 @@ TABLE_FORMATS = ("parquet", "csv")
 
 class RunFolder:
     def __init__(self, out: Path, options: dict, slo, steps: str = "parquet", requests: str = "csv",
-                 request_columns: tuple[str, ...] = ()):
+                 request_columns: tuple[str, ...] = (), stream_interval: int = 1):
         """`options`: the run's options as the summary records them; `steps`: parquet, csv or none;
         `requests`: csv or parquet; `request_columns`: more columns of the requests table (a
-        cluster's), their values given to on_request."""
+        cluster's), their values given to on_request; `stream_interval`: vLLM's --stream-interval
+        (reports.outcomes.RequestOutcomes)."""
         if steps not in (*TABLE_FORMATS, "none"):
             raise ServesimError(f"--steps must be parquet, csv or none, got {steps!r}")
         if requests not in TABLE_FORMATS:
@@ -52,7 +53,7 @@ class RunFolder:
         self._files = ExitStack()  # the temporary files, renamed into place when all are written
         self._temps: dict[str, Path] = {}  # file name -> its temporary path
         self.outcomes = RequestOutcomes(slo, TableWriter(self._temp(f"requests.{requests}"), requests),
-                                        extra_columns=request_columns)
+                                        extra_columns=request_columns, stream_interval=stream_interval)
         self.steps_writer = TableWriter(self._temp(f"steps.{steps}"), steps) if steps != "none" else None
         self.timeline = StepTimeline(TIMELINE)
 
@@ -122,7 +123,7 @@ class RunFolder:
 
 def write_run_folder(out: Path, result: SimResult, options: dict, slo, steps: str = "parquet",
                      requests: str = "csv", spill_rows: int = BATCH_ROWS, extra: dict | None = None,
-                     start_s: float | None = None) -> dict:
+                     start_s: float | None = None, stream_interval: int = 1) -> dict:
     """The run folder of an in-memory result (every request and token time kept)."""
     from reports import cluster
     from reports.metrics import is_cluster
@@ -132,7 +133,7 @@ def write_run_folder(out: Path, result: SimResult, options: dict, slo, steps: st
     rank_of = getattr(result, "rank_of", None)
     if rank_of is not None:  # a DP group's: the rank the balancer sent each request to
         request_columns = {"dp_rank": rank_of}
-    folder = RunFolder(out, options, slo, steps, requests, tuple(request_columns))
+    folder = RunFolder(out, options, slo, steps, requests, tuple(request_columns), stream_interval)
     try:
         for position, r in enumerate(result.requests):
             folder.on_request(position, r, result.tokens_of(position),

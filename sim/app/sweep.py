@@ -127,7 +127,7 @@ def run_point(trace: Trace, point: Point) -> dict:
         plan = resolve(point.options)
         scaled = scale_rate(trace, point.rate_scale)
         result = replay(scaled, plan)
-        outcomes = outcomes_from_result(result, plan.options.slo)
+        outcomes = outcomes_from_result(result, plan.options.slo, stream_interval=plan.options.scheduler.stream_interval)
         opts = dict(plan.as_dict(), trace=trace.source, rate_scale=point.rate_scale)
         summary = summarize(result, outcomes, opts)
         row.update(summary_row(summary, run_digest(outcomes, steps_timeline(steps_columns(result)))))
