@@ -72,8 +72,10 @@ class CheckedPolicy:
             assert all(key(w) > max(map(key, admitted)) for w in state.waiting)
         kinds = set(batch.is_decode)
         if not batch.requests:  # asynchronously scheduled with every seat held by finishing requests, or (a
-            # prefill the cadence holds) beside the step in flight while only finishing requests are past their prefill
-            assert state.finishing and (not state.running or state.block_manager.pipelined)
+            # prefill the cadence holds) beside the step in flight while only finishing requests are past their prefill,
+            # or (the cadence holding the prefills) the only decodes preempted for want of blocks
+            assert (state.finishing and (not state.running or state.block_manager.pipelined)) or (
+                state.num_preemptions > num_preemptions and self.config.prefill_schedule_interval > 1)
             return batch
         if self.name == "prefill-first":
             assert len(kinds) == 1  # never mixes prefill and decode
