@@ -201,26 +201,67 @@ class ClosedLoop(_WakesEngine):
     the send, as vLLM's client measures them (its time waiting for a slot is not part of them).
     With `servers` (ApiServers), vLLM's API servers stand between the client and the engine: a
     request arrives at the engine when one has handled it (`client_sent_s` keeps the send, where the
-    client's TTFT starts: reports.outcomes.ttft_parts)."""
+    client's TTFT starts: reports.outcomes.ttft_parts).
+
+    `warmups`: what the client sends before the benchmark, in stages, each stage's requests all
+    created when the stage starts and sent at most `concurrency` at a time, the next stage started
+    at the instant the last request of the one before ended: vLLM's test request (a stage of one)
+    and its --num-warmups copies of it (serve.py `benchmark`: `wait_for_endpoint`, then the warm-up
+    tasks under a semaphore of --max-concurrency, gathered). The benchmark's requests are the last
+    stage: their `created_s` count from its start, `start_s` (0 without warm-ups), as vLLM's
+    `get_request` counts from the benchmark's start. `start_counts` keeps the engine's counters
+    (preemptions, prefix-cache queries and hits) at that instant, so the benchmark's own can be told
+    apart (sim/app/bench.py)."""
 
     reacts_to_finishes = True  # a finish sends the next request
     # (delivers_by_time and busy_engine_alone as TraceArrivals: sends that finishes cause are delivered by time)
 
     def __init__(self, requests: list[Request], created_s: list[float], concurrency: int, engine: Engine,
-                 servers: ApiServers | None = None):
+                 servers: ApiServers | None = None, warmups: list[list[Request]] | None = None):
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         super().__init__(engine)
-        self.requests, self.created_s, self.concurrency = requests, created_s, concurrency
+        self.requests, self.concurrency = requests, concurrency
         self.servers = servers
         self.num_in_flight = 0
         self.max_in_flight = 0
-        self._next = 0  # the next request to send
+        self._stages = [stage for stage in (warmups or []) if stage]
+        self.warmup_requests = [r for stage in self._stages for r in stage]
+        self._benchmark_created_s = created_s
+        self.start_s = 0.0  # when the benchmark started: the last warm-up's end (0 without warm-ups)
+        self.start_counts = (0, 0, 0)  # the engine's preemptions, prefix-cache queried and hit tokens then
+        # The stage being sent: its requests and their creation times.
+        self._queue: list[Request] = requests
+        self.created_s = created_s
+        if self._stages:
+            self._begin(self._stages.pop(0), 0.0)
+        self._next = 0  # the next request of the stage to send
         self._sent: list[Request] = []  # sent, not yet handed to the engine (in send order)
         self._now = 0.0  # the latest time the engine told us of
 
+    def _begin(self, stage: list[Request], at: float) -> None:
+        """Start a warm-up stage at `at`: all of its requests created then."""
+        self._queue, self.created_s = stage, [at] * len(stage)
+
+    def _begin_next_stage(self, at: float) -> None:
+        """The stage before ended at `at` (its last request ended then): start the next one."""
+        self._next = 0
+        if self._stages:
+            self._begin(self._stages.pop(0), at)
+            return
+        self._queue = self.requests
+        self.created_s = [at + c for c in self._benchmark_created_s]
+        self.start_s = at
+        bm = self.engine.block_manager
+        self.start_counts = (self.engine.state.num_preemptions, bm.num_queried_tokens, bm.num_hit_tokens)
+        self.max_in_flight = 0  # the benchmark's own
+
+    @property
+    def in_warmup(self) -> bool:
+        return self._queue is not self.requests
+
     def _send(self, at: float) -> None:
-        r = self.requests[self._next]
+        r = self._queue[self._next]
         self._next += 1
         if self.servers is None:
             r.arrival_s = at
@@ -233,13 +274,13 @@ class ClosedLoop(_WakesEngine):
 
     def _send_created(self, now: float) -> None:
         """Send, at their creation times, the requests created by `now` that found a free slot."""
-        while (self._next < len(self.requests) and self.num_in_flight < self.concurrency
+        while (self._next < len(self._queue) and self.num_in_flight < self.concurrency
                and self.created_s[self._next] <= now):
             self._send(self.created_s[self._next])
 
     @property
     def is_exhausted(self) -> bool:
-        return self._next == len(self.requests) and not self._sent
+        return not self.in_warmup and self._next == len(self.requests) and not self._sent
 
     @property
     def next_arrival_s(self) -> float:
@@ -247,7 +288,7 @@ class ClosedLoop(_WakesEngine):
         creation while a slot is free."""
         if self._sent:
             return self._sent[0].arrival_s
-        if self._next < len(self.requests) and self.num_in_flight < self.concurrency:
+        if self._next < len(self._queue) and self.num_in_flight < self.concurrency:
             return self.created_s[self._next]
         return math.inf
 
@@ -262,12 +303,16 @@ class ClosedLoop(_WakesEngine):
     def on_done(self, request: Request, now: float | None) -> None:
         """Free the request's slot; the oldest created request waiting for one is sent now. A
         rejected request (`now` None) is answered at its arrival (the API server's check: an HTTP
-        503, or 400 for a request too long), which the engine may take only at its next step."""
+        503, or 400 for a request too long), which the engine may take only at its next step.
+        The last request of a warm-up stage to end starts the next stage (or the benchmark) now."""
         now = request.arrival_s if now is None else now
         self._send_created(now)
         self.num_in_flight -= 1
-        if self._next < len(self.requests) and self.created_s[self._next] <= now:
+        if self._next < len(self._queue) and self.created_s[self._next] <= now:
             self._send(now)
+        elif self.in_warmup and not self.num_in_flight and self._next == len(self._queue):
+            self._begin_next_stage(now)
+            self._send_created(now)
 
 
 def simulate(engine: Engine, workload: TraceArrivals | ClosedLoop):

@@ -151,6 +151,10 @@ REPEATS = Range(1, 10**4, "runs", "runs of one shape; 10,000 of each shape would
 WARMUP_RUNS = Range(0, 10**4, "runs", "runs of one shape; 10,000 of each shape would take days", whole=True)
 PROMPTS_PER_CLIENT = Range(1, 10**4, "requests", "requests per client of one benchmark; InferenceMAX sends 10",
                            whole=True)
+WARMUP_REQUESTS = Range(0, 10**7, "requests", "vllm bench serve's --num-warmups: copies of the test request sent "
+                        "before the benchmark; more than 10,000,000 do not fit in memory", whole=True)
+READY_CHECK_S = Range(0, 10**9, "s", "vllm bench serve's --ready-check-timeout-sec: 0 skips the test request; the "
+                      "simulated server answers at once, so any other value sends it", whole=True)
 UNIQUE_PROMPTS = Range(0, 2**20, "prompts", "prompts the client cycles through; AIPerf's dataset has 100", whole=True)
 POLICY_TIMEOUT_S = Range(0.0, 86400.0, "s", "0 means no bound; a step's schedule call of a day has hung")
 JOBS = Range(1, 4096, "processes", "points run at once, a process each", whole=True)

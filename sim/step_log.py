@@ -149,6 +149,20 @@ class StepLog:
         if self.sink is not None and end >= self.spill_rows:
             self.spill(whole_batches=True)
 
+    def drop_first(self, num_rows: int) -> None:
+        """Forget the first `num_rows` steps (a log without a sink: all its steps are held), as if
+        they had never been logged: sim bench leaves its warm-up's steps out (sim/app/bench.py)."""
+        if self.sink is not None or self.num_spilled:
+            raise RuntimeError("internal error: StepLog.drop_first() of a log that spills")
+        if not num_rows:
+            return
+        n = self._num_steps - num_rows
+        for table, blank in ((self._columns, 0), (self._breakdown, np.nan)):
+            for values in table.values():
+                values[:n] = values[num_rows:num_rows + n]
+                values[n:self._num_steps] = blank  # as new, as `spill` leaves them
+        self._num_steps = n
+
     def columns(self) -> dict[str, np.ndarray]:
         """Every column (the breakdown keys too) of the steps held (all of them without a sink)."""
         n = self._num_steps

@@ -24,8 +24,8 @@ def plan_for(backend=None, num_blocks=None, **kw):
 def test_one_client_with_a_constant_step_by_hand():
     # C = 1, each step 0.25 s, 100-token prompts in one prefill step, 5 output tokens: a request's
     # prefill step emits its first token (TTFT 0.25 s), four decode steps follow (E2E 1.25 s), and
-    # the next request is sent at the finish.
-    result, loop = run_bench(BenchSpec(1, 100, 5, 3), plan_for(ConstantBackend(0.25), api_server="off"))
+    # the next request is sent at the finish. (No test request: the benchmark starts at t = 0.)
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3, test_request=False), plan_for(ConstantBackend(0.25), api_server="off"))
     rows = result.requests
     assert [r.arrival_s for r in rows] == [0.0, 1.25, 2.5]
     assert [r.first_token_s - r.arrival_s for r in rows] == [0.25] * 3
@@ -37,7 +37,7 @@ def test_one_client_with_a_constant_step_by_hand():
 def test_one_client_through_vllms_api_server_by_hand():
     # The same, with vLLM's API server (the default): each request reaches the engine 1 ms + 100 x 2 us
     # after its send, and the client's next send is at the finish.
-    result, loop = run_bench(BenchSpec(1, 100, 5, 3), plan_for(ConstantBackend(0.25)))
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3, test_request=False), plan_for(ConstantBackend(0.25)))
     rows = result.requests
     server = 1e-3 + 100 * 2e-6
     assert [r.client_sent_s for r in rows] == pytest.approx([0.0, 1.25 + server, 2.5 + 2 * server])
@@ -60,7 +60,10 @@ def test_the_cli_writes_a_run_folder_and_vllms_table(tmp_path, capsys):
     # vLLM's peaks count one-second buckets: the four requests, two at a time, all end within the first second.
     assert summary["completed"] == 4 and summary["peak_concurrent_requests"] == 4
     assert summary["peak_output_tokens_per_s"] == 16.0 and "Peak output token throughput (tok/s):    16.00" in text
-    assert summary["kv_cache"]["source"] == "derived" and summary["prefix_cache_hit_rate"] == 0.0
+    # vLLM's test request ran first: request 0 finds 3 of its prompt's 4 blocks cached (the last one's
+    # tokens are computed again for the last token's logits), 48 of the benchmark's 4 x 64 tokens.
+    assert summary["kv_cache"]["source"] == "derived" and summary["prefix_cache_hit_rate"] == 48 / 256
+    assert summary["warmup"]["requests"] == 1 and summary["warmup"]["benchmark_start_s"] > 0
     assert (out / "requests.csv").exists() and (out / "steps.parquet").exists() and (out / "report.html").exists()
     # A trace's options do not apply.
     assert main(["bench", "--concurrency", "2", "--input-len", "8", "--output-len", "2", "--num-prompts", "2",
@@ -76,25 +79,33 @@ def in_flight_at_most(starts, ends) -> int:
 
 @settings(max_examples=25, deadline=None)
 @given(concurrency=st.integers(1, 6), num_prompts=st.integers(1, 20), input_len=st.integers(1, 300),
-       output_len=st.integers(1, 12), rate=st.sampled_from([math.inf, 0.5, 4.0, 50.0]), seed=st.integers(0, 3))
+       output_len=st.integers(1, 12), rate=st.sampled_from([math.inf, 0.5, 4.0, 50.0]), seed=st.integers(0, 3),
+       test_request=st.booleans(), num_warmups=st.integers(0, 3))
 def test_the_closed_loop_keeps_c_in_flight_and_sends_exactly_n(concurrency, num_prompts, input_len, output_len,
-                                                                rate, seed):
-    spec = BenchSpec(concurrency, input_len, output_len, num_prompts, rate)
+                                                                rate, seed, test_request, num_warmups):
+    spec = BenchSpec(concurrency, input_len, output_len, num_prompts, rate, num_warmups=num_warmups,
+                     test_request=test_request)
     result, loop = run_bench(spec, plan_for(ConstantBackend(0.125), num_blocks=64, seed=seed))
+    start = loop.start_s  # the benchmark's start: the last warm-up's finish (0 without any)
+    warmups = loop.warmup_requests
+    assert len(warmups) == num_warmups + test_request and (start > 0) == bool(warmups)
+    assert all(w.finish_s is not None and w.finish_s <= start for w in warmups)
+    assert start in {w.finish_s for w in warmups} | {0.0}
     rows = result.requests
     assert len(rows) == num_prompts and all(r.finish_s is not None for r in rows)  # every prompt sent, once
     assert loop.max_in_flight <= concurrency
     sends = [r.client_sent_s for r in rows]  # (the client's; each reaches the engine through the API server)
     assert all(r.arrival_s > r.client_sent_s for r in rows)
     assert in_flight_at_most(sends, [r.finish_s for r in rows]) <= concurrency
-    created = spec.created_s(seed)
+    created = [start + c for c in spec.created_s(seed)]  # from the benchmark's start, as vLLM's get_request
     assert all(s >= c for s, c in zip(sends, created))  # never sent before it is created
     assert sends == sorted(sends)  # sent in creation order
     assert [r.arrival_s for r in rows] == sorted(r.arrival_s for r in rows)  # and through the server in that order
     if math.isinf(rate):
-        assert sends[:concurrency] == [0.0] * min(concurrency, num_prompts)  # the first wave
+        assert sends[:concurrency] == [start] * min(concurrency, num_prompts)  # the first wave
     else:
-        assert abs(created[-1] - num_prompts / rate) <= 1e-12 * created[-1]  # vLLM rescales the Poisson schedule to end at N / R
+        last = spec.created_s(seed)[-1]
+        assert abs(last - num_prompts / rate) <= 1e-12 * last  # vLLM rescales the Poisson schedule to end at N / R
     for s, c in zip(sends, created):  # a request waits only for a slot, freed by a finish
         assert s == c or s in {q.finish_s for q in rows}
 

@@ -49,6 +49,8 @@ class BenchSpec:
     num_prompts: int
     request_rate: float = math.inf  # requests per second; inf: all created at once
     range_ratio: float = 0.0  # vllm bench's --random-range-ratio: lengths uniform in [x (1 - r), x (1 + r)]
+    num_warmups: int = 0  # vllm bench's --num-warmups: copies of the test request sent before the benchmark
+    test_request: bool = True  # vLLM's initial test request (vllm bench's --ready-check-timeout-sec 0: none)
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "input_len", "output_len", "num_prompts"):
@@ -59,6 +61,8 @@ class BenchSpec:
             raise ServesimError(f"--request-rate must be positive (inf: all at once), got {self.request_rate}")
         if not 0.0 <= self.range_ratio < 1.0:  # as vLLM's RandomDataset refuses it
             raise ServesimError(f"--random-range-ratio must be in [0, 1), got {self.range_ratio:g}")
+        if not (isinstance(self.num_warmups, int) and self.num_warmups >= 0):
+            raise ServesimError(f"--num-warmups must be a whole number >= 0, got {self.num_warmups}")
 
     def bounds(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """((low, high) of the prompt lengths, (low, high) of the output lengths), both inclusive, as
@@ -93,9 +97,42 @@ class BenchSpec:
         times = np.cumsum(gaps)
         return (times * (n / self.request_rate / times[-1])).tolist()
 
+    @property
+    def num_warmup_requests(self) -> int:
+        """Requests sent before the benchmark: the test request (if sent) and --num-warmups copies."""
+        return int(self.test_request) + self.num_warmups
+
     def requests(self, seed: int = 0) -> list[Request]:
+        """The benchmark's requests. Where a test request or warm-ups run, request 0's prompt is
+        theirs, so its blocks carry the same prefix hash ids (`first_prompt_hash_ids`) and the
+        block manager's prefix cache finds what they left, as vLLM's does; every other prompt is
+        its own (vLLM's random dataset: request i's tokens are (offset_i + i + k) mod the vocabulary,
+        a random offset each, so no two prompts share a block but by a chance of about 1 in the
+        vocabulary's size per pair, left out here)."""
         prompts, outputs = self.lengths(seed)
-        return [Request(i, f"bench-{i}", 0.0, prompts[i], outputs[i]) for i in range(self.num_prompts)]
+        out = [Request(i, f"bench-{i}", 0.0, prompts[i], outputs[i]) for i in range(self.num_prompts)]
+        if self.num_warmup_requests:
+            out[0].hash_ids = first_prompt_hash_ids(prompts[0])
+        return out
+
+    def warmup_stages(self, seed: int = 0) -> list[list[Request]]:
+        """What vLLM's client sends before the benchmark, in order (vllm/benchmarks/serve.py,
+        `benchmark`): the test request, request 0's prompt and output length, sent alone
+        (`wait_for_endpoint`, vllm/benchmarks/lib/ready_checker.py: the simulated server answers
+        the first try), then --num-warmups copies of it, at most --concurrency at a time. Their
+        indexes follow the benchmark's (N, N + 1, ...)."""
+        prompts, outputs = self.lengths(seed)
+        n = self.num_prompts
+
+        def copy(k: int, name: str) -> Request:
+            return Request(n + k, name, 0.0, prompts[0], outputs[0], hash_ids=first_prompt_hash_ids(prompts[0]))
+        stages = []
+        if self.test_request:
+            stages.append([copy(0, "test")])
+        first = int(self.test_request)
+        if self.num_warmups:
+            stages.append([copy(first + k, f"warmup-{k}") for k in range(self.num_warmups)])
+        return stages
 
     def as_dict(self) -> dict:
         out = {"concurrency": self.concurrency, "input_len": self.input_len, "output_len": self.output_len,
@@ -106,19 +143,71 @@ class BenchSpec:
         return out
 
 
-def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool = True) -> tuple[SimResult, ClosedLoop]:
+def first_prompt_hash_ids(num_prompt_tokens: int) -> np.ndarray:
+    """Prefix hash ids of the first prompt (the test request's, the warm-ups' and request 0's), one
+    per 512 tokens (Request.hash_block_tokens' default): the block manager keys their full blocks
+    alike, and no other bench request has any."""
+    return np.arange(-(-num_prompt_tokens // 512), dtype=np.int64) + (1 << 40)
+
+
+class BenchResult(SimResult):
+    """The benchmark's part of a run that began with a test request or warm-ups: its requests,
+    their token times, the steps from its start on and the counters' growth since then; `start_s`
+    is when it started (the last warm-up's finish), `warmup` what ran before (summary.json's)."""
+
+    start_s: float = 0.0
+    warmup: dict | None = None
+
+
+def run_bench(spec: BenchSpec, plan: RunPlan, progress=None, fast_forward: bool = True) -> tuple[BenchResult, ClosedLoop]:
+    """Run the test request and the warm-ups (`BenchSpec.warmup_stages`), then the benchmark at the
+    instant the last of them finished (the client sees a request's last token when the engine
+    emits it, and sends its next request then: serve.py `benchmark` takes `benchmark_start_time`
+    right after gathering the warm-ups), on one engine whose KV cache and prefix cache carry over.
+    The result is the benchmark's alone (`BenchResult`), as vLLM's client counts it."""
     if not plan.options.cluster.is_single or plan.options.dp > 1:
         raise ServesimError("sim bench's closed loop drives one engine; --replicas, --router, --dp and the prefill "
                             "and decode pools are for sim replay, sim sweep and sim capacity")
     check_runnable(spec, plan)
-    requests = spec.requests(plan.options.seed)
-    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests),
+    seed = plan.options.seed
+    requests = spec.requests(seed)
+    stages = spec.warmup_stages(seed)
+    warmups = [r for stage in stages for r in stage]
+    # The benchmark's requests first: their token times are the table's head (`benchmark_part`).
+    engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests + warmups),
                     plan.max_model_len, fast_forward=fast_forward, progress=progress)
     from sim.app.replay import api_servers
 
     servers = api_servers() if plan.options.api_server != "off" else None  # (auto: on, the client is vLLM's)
-    workload = ClosedLoop(requests, spec.created_s(plan.options.seed), spec.concurrency, engine, servers)
-    return simulate(engine, workload), workload
+    workload = ClosedLoop(requests, spec.created_s(seed), spec.concurrency, engine, servers, stages)
+    result = simulate(engine, workload)
+    if spec.test_request and stages[0][0].reject_reason is not None:  # vLLM's client stops: "Initial test run failed"
+        raise ServesimError(f"the test request (request 0's prompt and output) was rejected: "
+                            f"{stages[0][0].reject_reason}; vllm bench serve stops there")
+    return benchmark_part(result, workload, spec), workload
+
+
+def benchmark_part(result: SimResult, workload: ClosedLoop, spec: BenchSpec) -> BenchResult:
+    """`result` less what ran before the benchmark: the warm-ups' steps (every step that started
+    before the benchmark did: the engine is idle then, every warm-up having finished and nothing
+    else sent) and token times, and the preemptions and prefix-cache counts up to its start."""
+    requests = workload.requests
+    start = workload.start_s
+    steps = result.steps
+    num_warmup_steps = int(np.searchsorted(steps.start_s, start, side="left")) if workload.warmup_requests else 0
+    steps.drop_first(num_warmup_steps)
+    token_times = TokenTimes(requests)
+    if result.token_times is not None:
+        token_times.times[:] = result.token_times[:len(token_times.times)]
+    preemptions, queried, hit = workload.start_counts
+    out = BenchResult(requests, token_times, steps, result.end_s, result.num_preemptions - preemptions,
+                      result.num_prefix_queried_tokens - queried, result.num_prefix_hit_tokens - hit)
+    out.start_s = start
+    if workload.warmup_requests:
+        out.warmup = {"test_request": spec.test_request, "num_warmups": spec.num_warmups,
+                      "requests": len(workload.warmup_requests), "steps": num_warmup_steps,
+                      "benchmark_start_s": start}
+    return out
 
 
 def check_runnable(spec: BenchSpec, plan: RunPlan) -> None:
@@ -147,7 +236,10 @@ def check_runnable(spec: BenchSpec, plan: RunPlan) -> None:
 
 def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) -> dict:
     """The run folder of `sim replay` (its trace: the requests as sent), with the bench's settings and
-    vLLM's per-second peaks (output tokens, concurrent requests) in summary.json."""
+    vLLM's per-second peaks (output tokens, concurrent requests) in summary.json. The benchmark's
+    alone: requests.csv and steps.parquet leave out the test request, the warm-ups and their steps,
+    the duration runs from the benchmark's start, and summary.json's `warmup` says what ran before
+    it (how many requests and steps, and `benchmark_start_s`, the simulated time it started at)."""
     from reports.bench_table import per_second_peaks
     from reports.outcomes import stream_chunk_times
     from sim.app.replay import write_run
@@ -167,14 +259,21 @@ def write_bench(out: Path, result: SimResult, plan: RunPlan, spec: BenchSpec) ->
     token_times = np.concatenate([stream_chunk_times(result.tokens_of(i), interval) for i in done]) if done else np.zeros(0)
     peak_tokens, peak_requests = per_second_peaks([send(r) for r in sent], [r.finish_s for r in sent], token_times)
     extra = {"bench": spec.as_dict(), "peak_output_tokens_per_s": peak_tokens, "peak_concurrent_requests": peak_requests}
-    return write_run(out, result, plan, trace, extra=extra, start_s=0.0)
+    start_s = 0.0
+    if isinstance(result, BenchResult):
+        start_s = result.start_s
+        if result.warmup is not None:
+            extra["warmup"] = result.warmup
+    return write_run(out, result, plan, trace, extra=extra, start_s=start_s)
 
 
 def describe(spec: BenchSpec) -> str:
     rate = "inf" if math.isinf(spec.request_rate) else f"{spec.request_rate:g}"
     ratio = f" --random-range-ratio {spec.range_ratio:g}" if spec.range_ratio else ""
+    warmups = f" --num-warmups {spec.num_warmups}" if spec.num_warmups else ""
+    test = "" if spec.test_request else " --ready-check-timeout-sec 0"
     return (f"--concurrency {spec.concurrency} --input-len {spec.input_len} --output-len {spec.output_len} "
-            f"--num-prompts {spec.num_prompts} --request-rate {rate}{ratio}")
+            f"--num-prompts {spec.num_prompts} --request-rate {rate}{ratio}{warmups}{test}")
 
 
 TRACE_OPTIONS = ("format", "model_filter", "time_window", "limit", "rate_scale", "target_rate")
@@ -195,7 +294,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ServesimError(f"--on-too-long {args.on_too_long} shapes a trace; sim bench makes its own requests "
                             "(of --input-len and --output-len)")
     spec = BenchSpec(args.concurrency, args.input_len, args.output_len, args.num_prompts, args.request_rate,
-                     args.random_range_ratio)
+                     args.random_range_ratio, args.num_warmups, args.ready_check_timeout_sec > 0)
     options = options_from_args(args)
     # The run folder is claimed (made, locked, refused if it holds a run) before any work.
     with open_run_folder(args.out, f"{run_stamp()}-bench", overwrite=args.overwrite,
@@ -205,7 +304,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for message in plan.warnings():  # a capped KV cache
             warn(message)
         out = folder.folder
-        progress = Progress.for_replay(spec.num_prompts, quiet=args.quiet)
+        # (the engine counts every request it finishes: the test request and the warm-ups too)
+        progress = Progress.for_replay(spec.num_prompts + spec.num_warmup_requests, quiet=args.quiet)
         started = time.perf_counter()
         result, _ = run_bench(spec, plan, progress=progress, fast_forward=not args.no_fast_forward)
         progress.close()
@@ -223,7 +323,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from sim.app.cli import add_replay_options
     from sim.app.options import add_output_options
-    from sim.config import COUNT, RANGE_RATIO, REQUEST_RATE_OR_INF, REQUEST_TOKENS, SEQUENCES
+    from sim.config import COUNT, RANGE_RATIO, READY_CHECK_S, REQUEST_RATE_OR_INF, REQUEST_TOKENS, SEQUENCES, WARMUP_REQUESTS
 
     p = sub.add_parser(
         "bench", help="a closed-loop benchmark, as vllm bench serve --max-concurrency runs it",
@@ -243,6 +343,14 @@ def register(sub) -> None:
                    metavar="R", help="prompt and output lengths uniform integers in [x (1 - R), x (1 + R)], drawn "
                                      "from --seed, as vllm bench serve's --random-range-ratio (default: 0, exactly "
                                      "--input-len and --output-len)")
+    p.add_argument("--num-warmups", type=WARMUP_REQUESTS.flag_type("--num-warmups"), default=0, metavar="N",
+                   help="copies of the test request sent before the benchmark, at most --concurrency at a time, "
+                        "and not counted, as vllm bench serve's --num-warmups (default: 0)")
+    p.add_argument("--ready-check-timeout-sec", type=READY_CHECK_S.flag_type("--ready-check-timeout-sec"), default=600,
+                   metavar="S", help="as vllm bench serve's: 0 skips the test request (request 0's prompt and output, "
+                                     "sent alone before the benchmark and not counted, which leaves that prompt in the "
+                                     "prefix cache); the simulated server is up at once, so any other value sends it "
+                                     "once (default: 600)")
     add_replay_options(p)
     add_output_options(p)
     p.add_argument("--no-fast-forward", action="store_true",
