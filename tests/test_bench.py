@@ -194,3 +194,138 @@ def test_goodput_judges_the_ttft_from_the_send_as_the_table_shows_it(tmp_path):
     good_from_send = int((rows["client_ttft_s"] <= 0.07).sum())
     assert summary["slo_attainment"] == pytest.approx(good_from_send / len(rows))
     assert good_from_send < int((rows["ttft_s"] <= 0.07).sum())  # (this case tells the two apart)
+
+
+class TokenPricedBackend(ConstantBackend):
+    """A step takes 1/8 s plus 1/1024 s per token it computes (exact in binary)."""
+
+    def execute(self, batch):
+        from sim.backend import StepResult
+
+        self.batches.append(batch)
+        return StepResult(0.125 + batch.num_tokens / 1024, {})
+
+
+PREFILL_100, PREFILL_4, DECODE = 0.125 + 100 / 1024, 0.125 + 4 / 1024, 0.125 + 1 / 1024
+
+
+def test_the_test_request_leaves_the_first_prompt_cached_by_hand(tmp_path):
+    """vllm/benchmarks/serve.py `benchmark`: one test request with request 0's prompt and output runs
+    first; the benchmark starts when it finishes. C = 1, three 100-token prompts, blocks of 16, 5
+    output tokens, no API server. The test request prefills 100 tokens and decodes 4: it ends at
+    B = PREFILL_100 + 4 DECODE. Request 0, sent at B, finds its prompt's 6 full blocks cached and
+    computes only the 4 tokens after them (vLLM's lookup stops at the last token's block:
+    96 <= 99); requests 1 and 2 compute all 100. Nothing of the test request is counted."""
+    spec = BenchSpec(1, 100, 5, 3)
+    plan = plan_for(TokenPricedBackend(), api_server="off")
+    result, loop = run_bench(spec, plan)
+    start = PREFILL_100 + 4 * DECODE
+    assert loop.start_s == start == 0.7265625 and result.start_s == start
+    rows = result.requests
+    assert [r.request_id for r in rows] == ["bench-0", "bench-1", "bench-2"]
+    assert [r.num_prefix_hit_tokens for r in rows] == [96, 0, 0]
+    assert [r.arrival_s for r in rows] == [start, start + PREFILL_4 + 4 * DECODE,
+                                           start + PREFILL_4 + PREFILL_100 + 8 * DECODE]
+    assert [r.first_token_s - r.arrival_s for r in rows] == [PREFILL_4, PREFILL_100, PREFILL_100]
+    # The steps are the benchmark's: the first prefills request 0's 4 uncached tokens at B.
+    assert len(result.steps) == 15 and result.steps.start_s[0] == start
+    assert result.steps.num_prefill_tokens[0] == 4 and result.steps.num_prefill_tokens.sum() == 204
+    assert result.num_prefix_hit_tokens == 96 and result.num_prefix_queried_tokens == 300  # the benchmark's admissions
+    assert result.warmup == {"test_request": True, "num_warmups": 0, "requests": 1, "steps": 5, "benchmark_start_s": start}
+    from sim.app.bench import write_bench
+
+    summary = write_bench(tmp_path / "b", result, plan, spec)
+    assert summary["num_requests"] == summary["completed"] == 3 and summary["num_steps"] == 15
+    assert summary["duration_s"] == rows[-1].finish_s - start  # the clock starts at the benchmark's start
+    assert summary["ttft"]["mean"] == pytest.approx((PREFILL_4 + 2 * PREFILL_100) / 3)
+    assert summary["warmup"]["benchmark_start_s"] == start
+    assert summary["prefix_cache_hit_rate"] == 96 / 300
+
+
+def test_warmups_run_after_the_test_request_and_hit_its_blocks_too():
+    """--num-warmups 2 at C = 1: two more copies of the test request, one after the other; each finds
+    the first prompt cached (4 tokens computed), and the benchmark starts when the second ends."""
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3, num_warmups=2), plan_for(TokenPricedBackend(), api_server="off"))
+    start = PREFILL_100 + 4 * DECODE + 2 * (PREFILL_4 + 4 * DECODE)
+    assert loop.start_s == start and [r.request_id for r in loop.warmup_requests] == ["test", "warmup-0", "warmup-1"]
+    assert [r.num_prefix_hit_tokens for r in loop.warmup_requests] == [0, 96, 96]
+    assert [r.num_prefix_hit_tokens for r in result.requests] == [96, 0, 0]
+    assert result.requests[0].arrival_s == start and result.warmup["steps"] == 15
+    # At C = 2 the two warm-ups are sent together when the test request ends, and the benchmark waits for both.
+    result, loop = run_bench(BenchSpec(2, 100, 5, 3, num_warmups=2), plan_for(TokenPricedBackend(), api_server="off"))
+    test, w0, w1 = loop.warmup_requests
+    assert w0.arrival_s == w1.arrival_s == test.finish_s and loop.start_s == max(w0.finish_s, w1.finish_s)
+    # Without the test request the warm-ups still run, the first of them computing the whole prompt.
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3, num_warmups=1, test_request=False),
+                             plan_for(TokenPricedBackend(), api_server="off"))
+    assert [r.num_prefix_hit_tokens for r in loop.warmup_requests] == [0]
+    assert result.requests[0].num_prefix_hit_tokens == 96 and loop.start_s == PREFILL_100 + 4 * DECODE
+
+
+def test_without_the_test_request_request_0_is_computed_whole():
+    """--ready-check-timeout-sec 0 (vLLM skips the test request): the benchmark starts at 0 on an
+    empty cache, request 0 computing its 100 tokens, as before the test request was modelled."""
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3, test_request=False), plan_for(TokenPricedBackend(), api_server="off"))
+    rows = result.requests
+    assert loop.start_s == 0.0 and not loop.warmup_requests and result.warmup is None
+    assert [r.num_prefix_hit_tokens for r in rows] == [0, 0, 0] and rows[0].hash_ids is None
+    assert [r.first_token_s - r.arrival_s for r in rows] == [PREFILL_100] * 3
+    assert rows[0].arrival_s == 0.0 and result.steps.start_s[0] == 0.0
+
+
+@settings(max_examples=15, deadline=None)
+@given(concurrency=st.integers(1, 5), num_prompts=st.integers(1, 12), input_len=st.integers(1, 400),
+       output_len=st.integers(1, 10), rate=st.sampled_from([math.inf, 8.0]), num_warmups=st.integers(0, 3),
+       seed=st.integers(0, 3))
+def test_without_prefix_caching_the_benchmark_is_the_old_one_shifted(concurrency, num_prompts, input_len, output_len,
+                                                                      rate, num_warmups, seed):
+    """With --no-prefix-caching the test request and warm-ups leave nothing the benchmark can use
+    (every block freed, none cached), so its requests run as they did without them, every time
+    shifted by the warm-up span B: the same steps, of the same seconds. Not exactly B later: the
+    engine's clock adds each step's seconds to a later start, and floating-point sums round
+    differently (to about 1e-15 relative)."""
+    options = ReplayOptions(scheduler=SchedulerConfig("chunked", 512, 256), model="tiny", seed=seed,
+                            cache=CacheConfig(16, 400, enable_prefix_caching=False))
+    plan = resolve(options)
+    old, _ = run_bench(BenchSpec(concurrency, input_len, output_len, num_prompts, rate, test_request=False), plan)
+    new, loop = run_bench(BenchSpec(concurrency, input_len, output_len, num_prompts, rate, num_warmups=num_warmups),
+                          resolve(options))
+    start = loop.start_s
+    assert start > 0 and new.warmup["requests"] == num_warmups + 1
+    assert len(new.steps) == len(old.steps)
+    np.testing.assert_array_equal(new.steps.seconds, old.steps.seconds)
+    np.testing.assert_array_equal(new.steps.num_prefill_tokens, old.steps.num_prefill_tokens)
+    np.testing.assert_allclose(new.steps.start_s, old.steps.start_s + start, rtol=1e-12, atol=1e-12)
+    for name in ("client_sent_s", "arrival_s", "first_token_s", "finish_s"):
+        np.testing.assert_allclose([getattr(r, name) for r in new.requests],
+                                   [getattr(r, name) + start for r in old.requests], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(new.token_times, old.token_times + start, rtol=1e-12, atol=1e-12)
+    assert new.num_preemptions == old.num_preemptions
+
+
+@pytest.mark.slow
+def test_the_cli_runs_warmups_and_leaves_them_out(tmp_path, capsys):
+    import pandas as pd
+
+    out = tmp_path / "b"
+    assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "4", "--num-prompts", "4",
+                 "--num-warmups", "3", "--model", "tiny", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    warmup = summary["warmup"]
+    assert warmup["test_request"] is True and warmup["num_warmups"] == 3 and warmup["requests"] == 4
+    rows = pd.read_csv(out / "requests.csv")
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert sorted(rows["request_id"]) == [f"bench-{i}" for i in range(4)] and summary["num_requests"] == 4
+    assert len(steps) == summary["num_steps"] and steps["start_s"].min() >= warmup["benchmark_start_s"]
+    assert rows["client_ttft_s"].notna().all() and rows["arrival_s"].min() > warmup["benchmark_start_s"]
+    assert summary["duration_s"] == pytest.approx(rows["finish_s"].max() - warmup["benchmark_start_s"])
+    assert rows.set_index("request_id").loc["bench-0", "prefix_hit_tokens"] == 48
+    # --ready-check-timeout-sec 0: no test request, no warm-up entry, request 0 computed whole.
+    out = tmp_path / "c"
+    assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "4", "--num-prompts", "4",
+                 "--ready-check-timeout-sec", "0", "--model", "tiny", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert "warmup" not in summary and summary["prefix_cache_hit_rate"] == 0.0
+    assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "4", "--num-prompts", "4",
+                 "--num-warmups", "-1", "--out", str(tmp_path / "d")]) == 2
+    assert "--num-warmups must be a whole number from 0" in capsys.readouterr().err
