@@ -543,3 +543,19 @@ def test_the_versions_a_row_may_state(version, release):
     from sim.app.validate import ROW_VERSION
 
     assert bool(ROW_VERSION.fullmatch(version)) is release
+
+
+def test_vllms_client_sends_its_test_request_first():
+    """InferenceMAX's benchmark_serving.py, as vllm/benchmarks/serve.py `benchmark`: one test request,
+    the first prompt and its output length, before the benchmark; AIPerf's client (unique prompts)
+    sends none, nor does a protocol with the test request off."""
+    from sim.app.validate import Protocol
+
+    protocol = Protocol()
+    isls, osls = protocol.lengths(1000, 100, 8)
+    requests = protocol.requests(isls, osls)
+    (stage,) = protocol.warmup_stages(requests)
+    (test,) = stage
+    assert (test.num_prompt_tokens, test.max_tokens) == (isls[0], osls[0]) and test.index == len(requests)
+    assert Protocol(unique_prompts=4).warmup_stages(requests) == []
+    assert Protocol(test_request=False).warmup_stages(requests) == []

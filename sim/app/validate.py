@@ -25,7 +25,11 @@ all created at once, C in flight; prompt and output lengths uniform integers in
 `batch_size` is C unless its `silicon_data_source` says `silicon_concurrency=` (trusted, as the
 file's SOURCES.md says). TTFT is client-side, as the benchmark measured it: a request passes the
 API server (one at a time, the profile's `client_overhead`) before the engine sees it, and its TTFT
-counts from its send. TPOT is (E2E - TTFT) / (output - 1), the mean over requests.
+counts from its send. TPOT is (E2E - TTFT) / (output - 1), the mean over requests. Before the
+benchmark the client sends one test request (the first prompt and its output length, alone, not
+counted; benchmark_serving.py `benchmark`, as vllm/benchmarks/serve.py's) and starts the benchmark
+when it finishes (`Protocol.warmup_stages`); with prefix caching off it leaves nothing the
+benchmark finds, so it moves the clock and nothing else (a DP group's clients, `dp` > 1, send none).
 
 What a row does not state but its source's launch scripts do (`LAUNCH_RECIPES`): the KV cache
 dtype. InferenceMAX's H200 scripts set `kv-cache-dtype: fp8` (vLLM, benchmarks/70b_fp8_h200_slurm.sh)
@@ -214,6 +218,7 @@ class Protocol:
     moe_cost_model: str = "tables"  # MoE, MLA, sliding-window rows: "tables" (MoETableCostModel) or "roofline"
     moe_distribution: str = "auto"  # the moe_perf rows' token distribution (--moe-distribution, as sim replay's)
     moe_kernel: str = "recipe"  # per row from LAUNCH_RECIPES, else vLLM's own (auto); or one kernel for every row
+    test_request: bool = True  # vLLM's client's test request before the benchmark (`warmup_stages`)
 
     def __post_init__(self) -> None:
         if self.moe_cost_model not in ("tables", "roofline"):
@@ -274,6 +279,18 @@ class Protocol:
             out.append(Request(i, f"validate-{i}", 0.0, a, b, hash_ids=hash_ids, hash_block_tokens=16))
         return out
 
+    def warmup_stages(self, requests: list[Request]) -> list[list[Request]]:
+        """What the client sends before the benchmark: InferenceMAX's benchmark_serving.py (vLLM's
+        client, as vllm/benchmarks/serve.py `benchmark` does) sends one test request, the first
+        prompt with its output length, waits for it to finish, and starts the benchmark (its scripts
+        pass no --num-warmups, whose default is 0). Its servers ran with --no-enable-prefix-caching,
+        so the test request leaves nothing the benchmark finds. With `unique_prompts` the client is
+        AIPerf's or genai-perf's, which send no test request: none."""
+        if not self.test_request or self.unique_prompts or not requests:
+            return []
+        first = requests[0]
+        return [[Request(len(requests), "test", 0.0, first.num_prompt_tokens, first.max_tokens)]]
+
     def allreduce_fusion_bytes(self, row) -> float:
         """The largest all-reduce the row's server ran through FlashInfer's fusion (its launch
         recipe's, at the row's TP); 0: none (vLLM's default: the fusion pass is off)."""
@@ -332,9 +349,9 @@ class ThroughApiServer(ClosedLoop):
     scheduling. An idle engine has nothing in flight and sees an arrival at once."""
 
     def __init__(self, requests, created_s, concurrency, engine, client: ClientOverhead,
-                 async_scheduling: bool = True):
+                 async_scheduling: bool = True, warmups: list[list[Request]] | None = None):
         super().__init__(requests, created_s, concurrency, engine,
-                         ApiServers(lambda r: client.seconds(r.num_prompt_tokens)))
+                         ApiServers(lambda r: client.seconds(r.num_prompt_tokens)), warmups)
         self.client = client
         self.async_scheduling = async_scheduling
         self.sent_s: dict[int, float] = {}
@@ -606,10 +623,13 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
         result = make_dp_group(plan, requests, clients=clients).run()
         sent_s = clients.sent_s
     else:
-        engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), TokenTimes(requests), isl + osl)
+        stages = protocol.warmup_stages(requests)  # the test request, run before the benchmark starts
+        engine = Engine(plan.make_policy(), plan.backend, plan.make_block_manager(),
+                        TokenTimes(requests + [r for stage in stages for r in stage]), isl + osl)
         # The engine schedules as vLLM's AsyncScheduler does (sim/engine.py), so the client delivers at once.
-        workload = ThroughApiServer(requests, [0.0] * n, c, engine, client, False)
+        workload = ThroughApiServer(requests, [0.0] * n, c, engine, client, False, stages)
         result = simulate(engine, workload)
+        result.num_preemptions -= workload.start_counts[0]  # the benchmark's own
         sent_s = workload.sent_s
     rejected = [r for r in result.requests if r.reject_reason is not None]
     if rejected:
