@@ -1,9 +1,9 @@
 """`sim bench`: a closed-loop benchmark, as `vllm bench serve --max-concurrency C` runs one.
 
-N prompts of exactly I tokens (random token ids: no two share a prefix, so the prefix cache never
-hits), each asking for exactly O output tokens (vLLM's bench sends ignore_eos). With an infinite
---request-rate every request is created at once; with a rate R they are created on a Poisson
-schedule: exponential gaps from --seed, rescaled so the last is created at N / R, as
+N prompts of exactly I tokens (random token ids: no two share a prefix), each asking for exactly O
+output tokens (vLLM's bench sends ignore_eos). With an infinite --request-rate every request is
+created at once; with a rate R they are created on a Poisson schedule: exponential gaps from
+--seed, rescaled so the last is created at N / R after the benchmark's start, as
 vllm/benchmarks/serve.py `get_request` does. A created request waits, in creation order, for one of
 C slots and is sent when it has one; a request's slot is freed when it finishes (sim/arrivals.py,
 `ClosedLoop`).
@@ -11,16 +11,29 @@ C slots and is sent when it has one; a request's slot is freed when it finishes 
 What is measured, as vLLM's client measures it (serve.py, `benchmark` and `calculate_metrics`):
 TTFT and E2E from the moment a request is sent (not from its creation: the wait for a slot is
 the client's queue, reported apart by vLLM), TPOT = (E2E - TTFT) / (O - 1), ITL every gap
-between tokens, throughputs over the benchmark's duration from its start (t = 0) to the last
-finish. The first wave (C requests sent together at t = 0, all prefilling at once) is measured
-and counted, as vLLM counts it. Warm-up: vLLM first sends one test request (the first prompt) and
---num-warmups requests (default 0), and counts neither; servesim starts the benchmark on an idle
-engine with an empty KV cache and sends no warm-up. (vLLM's test request leaves the first prompt
-in the prefix cache, so its request 0 finds its prompt cached; here it does not.) Between the
-client and the engine stands vLLM's API server (`--api-server`, on unless `off`: sim/app/replay.py
-`with_api_server`, the time `sim validate` prices), so TTFT and E2E are the client's, from the send,
-as vLLM's table gives them (`client_ttft`, `client_e2e`). Time between a request's last token and
-the client's next send (HTTP, detokenisation) is zero here.
+between tokens, throughputs over the benchmark's duration from its start to the last finish. The
+first wave (C requests sent together at the start, all prefilling at once) is measured and counted,
+as vLLM counts it.
+
+Before the benchmark, as vLLM's client (serve.py `benchmark`): one test request, request 0's prompt
+and output length (with ignore_eos too: exactly that many tokens), sent alone (`wait_for_endpoint`,
+vllm/benchmarks/lib/ready_checker.py; the simulated server answers its first try;
+--ready-check-timeout-sec 0 skips it, as vLLM's does), then --num-warmups copies of it (default 0),
+at most C at a time; the benchmark starts at the instant the last of them finished (`ClosedLoop`'s
+warm-up stages; the client sees a finish when the engine emits the last token, and sends at once).
+They run on the same engine: what they leave in the KV cache stays, so with prefix caching on
+(vLLM's default) request 0, whose prompt carries the same prefix hash ids as theirs, finds its full
+blocks cached but the last token's (the block manager's own lookup, as vLLM's). None of them is
+counted: the metrics, requests.csv and steps.parquet are the benchmark's (`benchmark_part`: the
+steps that started before it are left out), the duration runs from its start, and summary.json's
+`warmup` gives how many requests and steps ran before it and `benchmark_start_s`, when it started
+on the simulated clock, which counts from the test request's send (t = 0): every time in
+requests.csv and steps.parquet is on that clock.
+
+Between the client and the engine stands vLLM's API server (`--api-server`, on unless `off`:
+sim/app/replay.py `with_api_server`, the time `sim validate` prices), so TTFT and E2E are the
+client's, from the send, as vLLM's table gives them (`client_ttft`, `client_e2e`). Time between a
+request's last token and the client's next send (HTTP, detokenisation) is zero here.
 """
 
 from __future__ import annotations
