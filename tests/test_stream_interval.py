@@ -85,9 +85,10 @@ def test_a_bench_of_seven_tokens_three_at_a_time_by_hand(tmp_path):
     options = dict(scheduler=SchedulerConfig("chunked", 2048, 256, stream_interval=3), cache=CacheConfig(16, None),
                    api_server="off")
     plan = resolve(ReplayOptions(**options), ConstantBackend(0.25))
-    result, _ = run_bench(BenchSpec(1, 100, 7, 1), plan)
+    spec = BenchSpec(1, 100, 7, 1, test_request=False)  # (the clock starts at 0: no test request before it)
+    result, _ = run_bench(spec, plan)
     assert result.tokens_of(0).tolist() == [0.25 * k for k in range(1, 8)]
-    summary = write_bench(tmp_path / "b", result, plan, BenchSpec(1, 100, 7, 1))
+    summary = write_bench(tmp_path / "b", result, plan, spec)
     assert summary["client_itl"] == {"mean": 0.75, "p50": 0.75, "p90": 0.75, "p99": 0.75}
     assert summary["itl"]["mean"] == 0.25 and summary["tpot"]["mean"] == 0.25
     assert summary["ttft"]["mean"] == 0.25 and summary["e2e"]["mean"] == 1.75
