@@ -24,7 +24,11 @@ admitted before it counts until its finish (`Request.finish_s`) and counts as in
 first token (`Request.first_token_s`), the instants servesim reports as the client seeing them
 (the end of the step that emitted the token: docs/async-scheduling.md). An output at the very
 instant of an arrival is seen after it (a cluster's router reads the replicas the same way,
-sim/cluster.py). Requests rejected before the check (longer than --max-model-len: vLLM's input
+sim/cluster.py), except by an arrival that the output caused: a closed loop's client sends its
+next request when it has a request's last output, which the API server's OutputProcessor handed
+it after counting that request finished (and the rest of the step's outputs with it), so a send
+at that instant with no API server's time before the engine (`after_outputs`) finds them seen.
+Requests rejected before the check (longer than --max-model-len: vLLM's input
 processing answers 400 first) are not counted.
 
 The counts are taken from those times, not from what the engine has applied when it takes the
@@ -72,32 +76,35 @@ class QueueLimits:
         tokens = getattr(config, "max_num_queued_tokens", None)
         return None if reqs is None and tokens is None else cls(reqs, tokens)
 
-    def num_unfinished(self, at: float) -> int:
-        """Requests admitted and not finished before `at` (no earlier than the last arrival checked)."""
+    def num_unfinished(self, at: float, after_outputs: bool = False) -> int:
+        """Requests admitted and not finished before `at` (no earlier than the last arrival checked;
+        `after_outputs`: nor at `at`)."""
         finishes = self._finishes
-        while finishes and finishes[0] < at:
+        while finishes and (finishes[0] < at or (after_outputs and finishes[0] == at)):
             heapq.heappop(finishes)
             self._num_finished += 1
         return self.num_admitted - self._num_finished
 
-    def num_queued_tokens(self, at: float) -> int:
-        """Prompt tokens of the admitted requests without a first token before `at`."""
-        self._prune(at)
+    def num_queued_tokens(self, at: float, after_outputs: bool = False) -> int:
+        """Prompt tokens of the admitted requests without a first token before `at` (`after_outputs`: nor at `at`)."""
+        self._prune(at, after_outputs)
         return self._prefill_tokens
 
-    def _prune(self, at: float) -> None:
-        kept = [r for r in self._prefilling if r.first_token_s is None or r.first_token_s >= at]
+    def _prune(self, at: float, after_outputs: bool = False) -> None:
+        kept = [r for r in self._prefilling
+                if r.first_token_s is None or r.first_token_s > at or (r.first_token_s == at and not after_outputs)]
         self._prefilling = kept
         self._prefill_tokens = sum(r.num_prompt_tokens for r in kept)
         self._prune_at = 2 * len(kept) + 64
 
-    def admit(self, r: Request) -> str | None:
+    def admit(self, r: Request, after_outputs: bool = False) -> str | None:
         """Check `r` at its arrival as AsyncLLM.check_admission does (n = 1): None, and `r` is counted
-        from now on; or why it is rejected (HTTP 503), and it is not."""
+        from now on; or why it is rejected (HTTP 503), and it is not. `after_outputs`: the outputs
+        at the arrival's instant are seen before it (it is a send they caused)."""
         at = r.arrival_s
         limit = self.max_num_queued_reqs
         if limit is not None:
-            count = self.num_unfinished(at)
+            count = self.num_unfinished(at, after_outputs)
             if count + 1 > limit:
                 self.num_rejected += 1
                 return QUEUED_REQS_REASON.format(count=count, limit=limit)
@@ -106,7 +113,7 @@ class QueueLimits:
             # Only the prompts of requests with no first token yet count: the sum is pruned when it
             # reaches the limit (an arrival may then be rejected) or the list has grown.
             if self._prefill_tokens >= limit or len(self._prefilling) >= self._prune_at:
-                self._prune(at)
+                self._prune(at, after_outputs)
             if self._prefill_tokens >= limit:
                 self.num_rejected += 1
                 return QUEUED_TOKENS_REASON.format(count=self._prefill_tokens, limit=limit)

@@ -237,6 +237,9 @@ class ClosedLoop(_WakesEngine):
             self._begin(self._stages.pop(0), 0.0)
         self._next = 0  # the next request of the stage to send
         self._sent: list[Request] = []  # sent, not yet handed to the engine (in send order)
+        # Sent at the instant of the output that caused it, straight to the engine (no API server's time
+        # between): vLLM's API server counted that output before the client had it (Engine.submit's `after_outputs`).
+        self._after_outputs: set[int] = set()
         self._now = 0.0  # the latest time the engine told us of
 
     def _begin(self, stage: list[Request], at: float) -> None:
@@ -260,11 +263,13 @@ class ClosedLoop(_WakesEngine):
     def in_warmup(self) -> bool:
         return self._queue is not self.requests
 
-    def _send(self, at: float) -> None:
+    def _send(self, at: float, after_outputs: bool = False) -> None:
         r = self._queue[self._next]
         self._next += 1
         if self.servers is None:
             r.arrival_s = at
+            if after_outputs:
+                self._after_outputs.add(id(r))
             queue_by_arrival(self._sent, r)  # (sent at a rejection's instant, before others not yet delivered)
         else:
             self.servers.take(r, at)
@@ -272,11 +277,13 @@ class ClosedLoop(_WakesEngine):
         self.num_in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
 
-    def _send_created(self, now: float) -> None:
-        """Send, at their creation times, the requests created by `now` that found a free slot."""
+    def _send_created(self, now: float, after_outputs: bool = False) -> None:
+        """Send, at their creation times, the requests created by `now` that found a free slot
+        (`after_outputs`: those created at `now` were sent on the outputs then, a stage's start)."""
         while (self._next < len(self._queue) and self.num_in_flight < self.concurrency
                and self.created_s[self._next] <= now):
-            self._send(self.created_s[self._next])
+            at = self.created_s[self._next]
+            self._send(at, after_outputs and at == now)
 
     @property
     def is_exhausted(self) -> bool:
@@ -298,21 +305,27 @@ class ClosedLoop(_WakesEngine):
         self._now = now
         self._send_created(now)
         while self._sent and self._sent[0].arrival_s <= now:
-            self.engine.submit(self._sent.pop(0))  # a rejection frees its slot at once (on_done)
+            r = self._sent.pop(0)
+            self.engine.submit(r, id(r) in self._after_outputs)  # a rejection frees its slot at once (on_done)
+            self._after_outputs.discard(id(r))
 
     def on_done(self, request: Request, now: float | None) -> None:
         """Free the request's slot; the oldest created request waiting for one is sent now. A
         rejected request (`now` None) is answered at its arrival (the API server's check: an HTTP
         503, or 400 for a request too long), which the engine may take only at its next step.
-        The last request of a warm-up stage to end starts the next stage (or the benchmark) now."""
+        The last request of a warm-up stage to end starts the next stage (or the benchmark) now.
+        What is sent now sees the outputs at this instant (the finish: the client had it after the
+        API server counted it), or not where they came after the rejected request's own arrival."""
+        # (a rejection is answered at the arrival: it saw the outputs then only if it was sent on them)
+        after_outputs = now is not None or id(request) in self._after_outputs
         now = request.arrival_s if now is None else now
         self._send_created(now)
         self.num_in_flight -= 1
         if self._next < len(self._queue) and self.created_s[self._next] <= now:
-            self._send(now)
+            self._send(now, after_outputs)
         elif self.in_warmup and not self.num_in_flight and self._next == len(self._queue):
             self._begin_next_stage(now)
-            self._send_created(now)
+            self._send_created(now, after_outputs)
 
 
 def simulate(engine: Engine, workload: TraceArrivals | ClosedLoop):

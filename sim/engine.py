@@ -188,13 +188,14 @@ class Engine:
         event.succeed()
         return event
 
-    def submit(self, r: Request) -> None:
+    def submit(self, r: Request, after_outputs: bool = False) -> None:
         """A request arrives: it joins the waiting queue, or is rejected if it can never run or
         vLLM's API server would answer it 503 (`queue_limits`, checked after the length checks, as
-        vLLM validates a request's length before AsyncLLM.check_admission)."""
+        vLLM validates a request's length before AsyncLLM.check_admission). `after_outputs`: a send
+        that the outputs at its instant caused (a closed loop's), which sees them (sim/admission.py)."""
         reason = self.cannot_run(r)
         if reason is None and self.checks_admission and self.queue_limits is not None:
-            reason = self.queue_limits.admit(r)
+            reason = self.queue_limits.admit(r, after_outputs)
         if reason is None:
             self.state.waiting.append(r)
         else:

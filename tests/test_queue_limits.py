@@ -5,6 +5,7 @@ the command line end to end, and the refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -254,6 +255,25 @@ def test_cli_bench_counts_rejections_as_failed_requests(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rejected"] >= 1 and summary["completed"] + summary["rejected"] == 40
     assert "Failed requests:" in capsys.readouterr().out
+
+
+def test_a_closed_loop_sees_the_finish_that_sent_its_next_request():
+    """vLLM's client sends its next request when it has a request's last output, which the API server's
+    OutputProcessor handed it after counting the request finished: a send at that instant finds it
+    finished (and the first tokens of the same step seen). With --max-num-queued-reqs C at --concurrency
+    C nothing is ever over the limit, the test request's finish included (the benchmark's first wave is
+    sent at it). Without vLLM's API server (no time between the send and the arrival) every later send
+    came at its cause's instant and found it unfinished: 37 of 40 rejected."""
+    from sim.app.bench import BenchSpec, run_bench
+
+    for asynchronous in (False, True):
+        opts = dataclasses.replace(options(reqs=4, asynchronous=asynchronous, num_blocks=400, budget=256),
+                                   api_server="off")
+        for num_warmups in (0, 4):
+            result, loop = run_bench(BenchSpec(4, 64, 8, 40, num_warmups=num_warmups),
+                                     resolve(opts, backend=ConstantBackend(0.01)))
+            assert [r.reject_reason for r in result.requests + loop.warmup_requests] == [None] * (41 + num_warmups)
+            assert loop.max_in_flight == 4
 
 
 @pytest.mark.parametrize("args, message", [

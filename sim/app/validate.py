@@ -366,8 +366,8 @@ class ThroughApiServer(ClosedLoop):
         while self._sent and self._sent[0].arrival_s <= horizon:
             self.engine.submit(self._sent.pop(0))
 
-    def _send(self, at: float) -> None:
-        super()._send(at)
+    def _send(self, at: float, after_outputs: bool = False) -> None:
+        super()._send(at, after_outputs)
         self.sent_s[self._sent[-1].index] = at
 
 
