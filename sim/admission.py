@@ -18,8 +18,16 @@ both `GracefulHTTPError`s with `HTTPStatus.SERVICE_UNAVAILABLE`):
   server counts only its own requests (no shared counter), which is why a DP group's several
   servers are refused with it (sim/app/options.py).
 
+A request too long for the model (longer than --max-model-len, or than the whole KV cache) is
+checked too: vLLM's HTTP server calls check_admission before it renders the prompt, where a prompt
+too long is found (OpenAIServing._preflight in render_completion_request and render_chat_request,
+vllm/entrypoints/openai/, 0.33.0 and 0.34.0), so over a limit it is answered 503, under them 400;
+it is never counted (`check`, then `count` only for a request that runs).
+
 When servesim counts: at the request's arrival at the engine (`Request.arrival_s`: after the API
-server's own work where one is modelled, which is when vLLM calls check_admission), a request
+server's own work where one is modelled, which is when AsyncLLM._add_request calls check_admission;
+the same call in OpenAIServing._preflight, at the HTTP request's arrival before that work, is not
+checked apart: servesim checks once, at the later instant), a request
 admitted before it counts until its finish (`Request.finish_s`) and counts as in prefill until its
 first token (`Request.first_token_s`), the instants servesim reports as the client seeing them
 (the end of the step that emitted the token: docs/async-scheduling.md). An output at the very
@@ -28,8 +36,6 @@ sim/cluster.py), except by an arrival that the output caused: a closed loop's cl
 next request when it has a request's last output, which the API server's OutputProcessor handed
 it after counting that request finished (and the rest of the step's outputs with it), so a send
 at that instant with no API server's time before the engine (`after_outputs`) finds them seen.
-Requests rejected before the check (longer than --max-model-len: vLLM's input
-processing answers 400 first) are not counted.
 
 The counts are taken from those times, not from what the engine has applied when it takes the
 request: a lone engine may have applied a whole run of steps past the arrival by then
@@ -101,6 +107,15 @@ class QueueLimits:
         """Check `r` at its arrival as AsyncLLM.check_admission does (n = 1): None, and `r` is counted
         from now on; or why it is rejected (HTTP 503), and it is not. `after_outputs`: the outputs
         at the arrival's instant are seen before it (it is a send they caused)."""
+        reason = self.check(r, after_outputs)
+        if reason is None:
+            self.count(r)
+        return reason
+
+    def check(self, r: Request, after_outputs: bool = False) -> str | None:
+        """`admit`'s decision without counting `r`: vLLM's API server checks a request before it
+        renders its prompt (OpenAIServing._preflight), so one too long is answered 503 over the limit
+        and 400 under it, never counted; `count(r)` counts one that passed and runs."""
         at = r.arrival_s
         limit = self.max_num_queued_reqs
         if limit is not None:
@@ -117,10 +132,14 @@ class QueueLimits:
             if self._prefill_tokens >= limit:
                 self.num_rejected += 1
                 return QUEUED_TOKENS_REASON.format(count=self._prefill_tokens, limit=limit)
+        return None
+
+    def count(self, r: Request) -> None:
+        """Count `r`, which passed `check` at its arrival, from now on."""
+        if self.max_num_queued_tokens is not None:
             self._prefilling.append(r)
             self._prefill_tokens += r.num_prompt_tokens
         self.num_admitted += 1
-        return None
 
     def finished(self, at: float) -> None:
         """An admitted request finished at `at` (the end of the step that emitted its last token)."""

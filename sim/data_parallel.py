@@ -295,17 +295,19 @@ class DataParallelGroup(Cluster):
         """`r` reaches the group's API server: answered 503 where vLLM's admission limits say so
         (checked at this instant, when every rank's steps that ended before it are applied: the
         arrivals are URGENT events, sim/cluster.py), else sent to the rank the balancer picks. A
-        request that can never run (too long) is routed and rejected by its rank, as before: vLLM
-        validates its length before the admission check."""
+        request that can never run (too long) and passes the check is routed and rejected by its
+        rank, not counted: vLLM's server checks admission before it renders the prompt."""
         limits = self.queue_limits
-        if limits is not None and self.ranks[0].engine.cannot_run(r) is None:
-            reason = limits.admit(r)
+        if limits is not None:
+            reason = limits.check(r)
             if reason is not None:
                 r.status = Status.REJECTED
                 r.reject_reason = reason
                 self.replica_of[self.position(r)] = -1  # no rank took it
                 self.on_done(r, None)
                 return
+            if self.ranks[0].engine.cannot_run(r) is None:
+                limits.count(r)
         super().route(r)
 
     def wake(self) -> None:

@@ -189,13 +189,17 @@ class Engine:
         return event
 
     def submit(self, r: Request, after_outputs: bool = False) -> None:
-        """A request arrives: it joins the waiting queue, or is rejected if it can never run or
-        vLLM's API server would answer it 503 (`queue_limits`, checked after the length checks, as
-        vLLM validates a request's length before AsyncLLM.check_admission). `after_outputs`: a send
-        that the outputs at its instant caused (a closed loop's), which sees them (sim/admission.py)."""
-        reason = self.cannot_run(r)
-        if reason is None and self.checks_admission and self.queue_limits is not None:
-            reason = self.queue_limits.admit(r, after_outputs)
+        """A request arrives: it joins the waiting queue, or is rejected if vLLM's API server would
+        answer it 503 (`queue_limits`, checked first, as vLLM's server checks admission before it
+        renders the prompt) or it can never run (too long: not counted by the limits).
+        `after_outputs`: a send that the outputs at its instant caused (a closed loop's), which sees
+        them (sim/admission.py)."""
+        limits = self.queue_limits if self.checks_admission else None
+        reason = limits.check(r, after_outputs) if limits is not None else None
+        if reason is None:
+            reason = self.cannot_run(r)
+            if reason is None and limits is not None:
+                limits.count(r)
         if reason is None:
             self.state.waiting.append(r)
         else:

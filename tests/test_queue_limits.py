@@ -101,11 +101,24 @@ def test_zero_rejects_every_request_as_vllms_zero_does():
 
 
 def test_a_request_too_long_is_rejected_for_that_and_not_counted():
-    # vLLM validates the length (400) before check_admission: R1 is rejected as too long, and R2 still fits.
+    # Under the limit, R1 passes vLLM's check_admission and is then rejected as too long (400: its prompt is
+    # rendered after the check), never counted, and R2 still fits.
     rows = [(0.0, 4, 2), (0.0, 100, 2), (0.0, 4, 1)]
     result = replay(make_trace(rows), resolve(options(reqs=2, num_blocks=8), backend=ConstantBackend(1.0)))
     reasons = [r.reject_reason for r in result.requests]
     assert reasons[0] is None and reasons[2] is None and "KV blocks" in reasons[1]
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_request_too_long_over_the_limit_is_answered_503(dp):
+    """vLLM's API server checks admission (OpenAIServing._preflight, calling check_admission) before it
+    renders the prompt, where a prompt too long is found (a 400): with the queue full, a request too long
+    is answered 503 like any other, and not counted either way."""
+    rows = [(0.0, 4, 2), (0.0, 100, 2), (0.0, 4, 1)]
+    result = replay(make_trace(rows), resolve(options(reqs=1, num_blocks=8, dp=dp), backend=ConstantBackend(1.0)))
+    reasons = [r.reject_reason for r in result.requests]
+    assert reasons[0] is None
+    assert reasons[1] == reasons[2] == ("HTTP 503 (max_num_queued_reqs): 1 requests unfinished, the limit is 1")
 
 
 # The decisions against the run's own times.
