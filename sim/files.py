@@ -28,7 +28,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     folder it names."""
     path = Path(path)
     if path.is_symlink():
-        path = path.resolve()
+        try:
+            path = path.resolve()
+        except (RuntimeError, OSError):  # a loop of links (Python 3.11 raises RuntimeError, 3.13 OSError)
+            raise ServesimError(f"{path}: a link that leads back to itself (a loop of links); remove it, or "
+                                "choose another name") from None
     existed = path.exists()
     try:
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)

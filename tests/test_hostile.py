@@ -687,3 +687,16 @@ def test_out_on_a_link_to_nothing_names_the_link(tmp_path, capsys):
     assert error_text(capsys) == (f"sim: error: {link}: a link to {tmp_path / 'nowhere'}, which does not exist; "
                                   "make that folder first, or choose another --out\n")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_file_output_that_is_a_link_loop_is_refused_naming_it(tmp_path, capsys):
+    """A link that names itself (or a loop of links) cannot be written through: refused naming the link;
+    resolving it was an internal error (RuntimeError: Symlink loop)."""
+    source = tmp_path / "t.csv"
+    source.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
+    link = tmp_path / "loop.csv"
+    link.symlink_to(link.name)
+    assert sim("trace", "convert", source, link, "--overwrite") == 2
+    message = capsys.readouterr().err
+    assert str(link) in message and "loop of links" in message and "internal error" not in message
+    assert link.is_symlink() and not leftovers(tmp_path)
