@@ -50,3 +50,23 @@ def test_every_reader_gives_the_same_errors(tmp_path, load, what):
     path.write_text("[]")
     with pytest.raises(ServesimError, match=f"not a {what}: a {what} is one JSON object"):
         load(path)
+
+
+def test_a_profile_given_to_replay_names_no_key_twice(tmp_path, capsys):
+    """`--profile FILE.json` is read by sim.app.plan (read_profile_json) before it knows the kind of profile:
+    an operator-table profile naming a key twice was taken, the last value kept, where every other reader
+    of servesim's JSON files refuses it."""
+    import json
+    from pathlib import Path
+
+    from sim.app.cli import main
+
+    committed = Path(__file__).parent.parent / "profiles" / "ops" / "H100-SXM__Llama-3.1-8B__tp1__bf16__kv-bf16.json"
+    text = committed.read_text()
+    assert json.loads(text)["kind"] == "operator-tables"
+    profile = tmp_path / "dup.json"
+    profile.write_text(text.replace('"kind": "operator-tables"', '"kind": "operator-tables", "kind": "operator-tables"', 1))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
+    assert main(["replay", str(trace), "--profile", str(profile), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    assert "the key 'kind' is given twice" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from backends.costmodel.optables.profile import OpProfile, is_op_profile, model_shape, op_profile_from_json
 from sim.errors import ServesimError
+from sim.jsonable import DuplicateKeyError, loads_unique
 
 ROOFLINE = "roofline"
 OPS_DIR = Path(__file__).resolve().parents[2] / "profiles" / "ops"
@@ -38,7 +39,9 @@ def profile_file_name(hardware: str, model: str, tp: int, dtype: str, kv_cache_d
 def read_profile_json(path: str | Path) -> dict:
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return loads_unique(path.read_text())  # a key given twice refused, as every servesim JSON file's reader does
+    except DuplicateKeyError as e:
+        raise ServesimError(f"{path}: {e}") from None
     except FileNotFoundError:
         raise ServesimError(f"{path}: no such profile (make one with `sim calibrate`)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
