@@ -290,3 +290,22 @@ def test_the_max_num_active_seqs_axis_takes_zero_for_unset():
     assert parse_axis("max_num_active_seqs", "0,16,64") == (0, 16, 64)
     with pytest.raises(ServesimError, match="--max-num-active-seqs must be a whole number from 0 to 1,048,576"):
         parse_axis("max_num_active_seqs", "2000000")
+
+
+def test_a_grid_of_policies_gives_chunked_only_options_to_its_chunked_points(tmp_path, capsys):
+    # decode-first reads no long-prefill cap: in a grid of policies it runs without one (its row says 0), where a
+    # replay or a sweep of decode-first alone refuses the cap; the table's grid holds the values given.
+    out = tmp_path / "p"
+    assert main(["sweep", *SMALL, "--policy", "decode-first,chunked", "--long-prefill-token-threshold", "16",
+                 "--prefill-schedule-interval", "2", "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    frame, identity = read_table(out / RESULTS)
+    assert frame["policy"].tolist() == ["decode-first", "chunked"] and (frame["status"] == "ok").all()
+    assert frame["long_prefill_token_threshold"].tolist() == [0, 16]
+    assert frame["prefill_schedule_interval"].tolist() == [1, 2]
+    assert identity["axes"]["long_prefill_token_threshold"] == [16] and identity["axes"]["prefill_schedule_interval"] == [2]
+    assert main(["sweep", *SMALL, "--policy", "decode-first,chunked", "--long-prefill-token-threshold", "16",
+                 "--prefill-schedule-interval", "2", "--out", str(out), "--jobs", "1", "--quiet", "--resume"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", *SMALL, "--policy", "decode-first", "--long-prefill-token-threshold", "16",
+                 "--out", str(tmp_path / "q"), "--quiet"]) == 2
+    assert "--long-prefill-token-threshold 16 caps the prefill chunks of the chunked policy" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from sim.app.sweep_cli import (
     open_folder,
     parse_grid,
     point_options,
+    reads_chunked_options,
 )
 from sim.app.workers import Terminated
 from sim.errors import ServesimError
@@ -86,7 +87,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     configs = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
     replay_args = argparse.Namespace(**vars(args))
     replay_args.slo = None  # --slo here is the capacity criterion, not replay's goodput SLO
-    options = [point_options(replay_args, config) for config in configs]
+    options = [point_options(replay_args, config, axes.get("policy", ())) for config in configs]
     # A model that does not fit the hardware, or any other unusable option, fails here, before anything runs.
     max_model_len = min(resolve(o, build_backend=False).max_model_len for o in options)
     with open_folder(args, "capacity") as folder:
@@ -97,7 +98,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         def order(row: dict) -> tuple:
             return (config_index.get(tuple(row.get(n) for n in names), len(configs)), row.get("rate_scale") or 0.0)
 
-        table_identity = identity(trace_checksum(trace), axes, options[0])
+        given = next((o for o in options if reads_chunked_options(o.scheduler.policy)), options[0])  # (as in sim sweep)
+        table_identity = identity(trace_checksum(trace), axes, given)
         check_table_folder(out, PROBES, table_identity, trace, args.overwrite)
         table = ResultsTable(out / PROBES, table_identity, args.resume, order, overwrite=args.overwrite)
         bar = Progress(0, "probes this round", sys.stderr.isatty() and not args.quiet, ticking=True)

@@ -90,14 +90,31 @@ def load_sweep_trace(args: argparse.Namespace, max_model_len: int | None):
     return load_trace(args.trace, plain, max_model_len)
 
 
-def point_options(args: argparse.Namespace, values: dict):
+def point_options(args: argparse.Namespace, values: dict, policies: tuple = ()):
+    """The options of one point. `policies`: the grid's --policy values; where it holds more than one,
+    a chunked-only scheduler option (sim.app.plan.CHUNKED_ONLY: the long-prefill cap, the prefill
+    cadence, the cache-aware window) applies to the chunked points and the others run without it, as
+    their resolved options (summary.json, the table's columns) say; a replay of one policy that
+    cannot read such an option still refuses it."""
     from sim.app.cli import options_from_args
+    from sim.app.plan import CHUNKED_ONLY
 
     ns = argparse.Namespace(**vars(args))
     for name, value in values.items():
         setattr(ns, name, value)
     ns.rate_scale = None  # applied to the trace per point, not by the options
+    if len(policies) > 1 and not reads_chunked_options(ns.policy):
+        for name, off, _ in CHUNKED_ONLY:
+            setattr(ns, name, off)
     return options_from_args(ns)
+
+
+def reads_chunked_options(policy: str) -> bool:
+    """Whether the policy named `policy` is chunked (or a subclass of it: a user's policy built on it)."""
+    from policies import load_policy
+    from policies.chunked import ChunkedPolicy
+
+    return issubclass(load_policy(policy), ChunkedPolicy)
 
 
 def parse_grid(args: argparse.Namespace, names) -> dict[str, tuple]:
@@ -232,12 +249,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     require_pyarrow()
     check_executor(args)
     axes = parse_grid(args, AXES)
-    points = [make_point(dict(zip(axes, values)), lambda v: point_options(args, v))
+    points = [make_point(dict(zip(axes, values)), lambda v: point_options(args, v, axes["policy"]))
               for values in itertools.product(*axes.values())]
     with open_folder(args, "sweep") as folder:
         out = folder.folder
         trace = load_sweep_trace(args, min(point.max_model_len for point in points))
-        table_identity = identity(trace_checksum(trace), axes, points[0].options)
+        # (The fixed options as given: a chunked point's, where a grid of policies left others without chunked's.)
+        given = next((p.options for p in points if reads_chunked_options(p.options.scheduler.policy)), points[0].options)
+        table_identity = identity(trace_checksum(trace), axes, given)
         check_table_folder(out, RESULTS, table_identity, trace, args.overwrite)
         table = ResultsTable(out / RESULTS, table_identity, args.resume, grid_order(points), overwrite=args.overwrite)
         num_done = sum(table.is_done(point.key) for point in points)
