@@ -309,3 +309,13 @@ def test_a_grid_of_policies_gives_chunked_only_options_to_its_chunked_points(tmp
     assert main(["sweep", *SMALL, "--policy", "decode-first", "--long-prefill-token-threshold", "16",
                  "--out", str(tmp_path / "q"), "--quiet"]) == 2
     assert "--long-prefill-token-threshold 16 caps the prefill chunks of the chunked policy" in capsys.readouterr().err
+
+
+def test_an_active_seqs_refusal_says_the_grids_max_num_seqs_was_its_default(tmp_path, capsys):
+    assert main(["sweep", *SMALL, "--max-num-active-seqs", "512", "--out", str(tmp_path / "a"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "sim: error: --max-num-active-seqs (512) cannot be greater than --max-num-seqs (256), as vLLM refuses it "
+        "(--max-num-seqs 256 is the grid's default, not vLLM's for the GPU: give --max-num-seqs)")
+    assert main(["sweep", *SMALL, "--max-num-seqs", "256", "--max-num-active-seqs", "512", "--out",
+                 str(tmp_path / "b"), "--quiet"]) == 2
+    assert "grid's default" not in capsys.readouterr().err  # given, not a default

@@ -45,6 +45,10 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+class GridDefault(str):
+    """An axis the command line left at the grid's default (a refusal can then say the value was not given)."""
+
+
 def add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
     """Re-declare the sweepable replay options as comma-separated lists (keeping their defaults). A grid
     states every point's values: the budget and --max-num-seqs default to SchedulerConfig's (2048, 256)
@@ -58,7 +62,7 @@ def add_grid_options(p: argparse.ArgumentParser, with_rate_scale: bool) -> None:
         flag = "--" + name.replace("_", "-")
         given = p.get_default(name)  # None: a flag whose default is vLLM's for the GPU
         default = "1" if name == "rate_scale" else str(SCHEDULER_DEFAULTS[name] if given is None else given)
-        p.add_argument(flag, default=default, metavar="A,B,...",
+        p.add_argument(flag, default=GridDefault(default), metavar="A,B,...",
                        help=f"{GRID_HELP[name]}, comma-separated (default: {default})")
     if not with_rate_scale:
         p.set_defaults(rate_scale=None)
@@ -106,7 +110,13 @@ def point_options(args: argparse.Namespace, values: dict, policies: tuple = ()):
     if len(policies) > 1 and not reads_chunked_options(ns.policy):
         for name, off, _ in CHUNKED_ONLY:
             setattr(ns, name, off)
-    return options_from_args(ns)
+    try:
+        return options_from_args(ns)
+    except ServesimError as e:
+        if isinstance(getattr(args, "max_num_seqs", None), GridDefault) and "than --max-num-seqs (" in str(e):
+            raise ServesimError(f"{e} (--max-num-seqs {args.max_num_seqs} is the grid's default, not vLLM's for the "
+                                "GPU: give --max-num-seqs)") from None
+        raise
 
 
 def reads_chunked_options(policy: str) -> bool:
