@@ -1,6 +1,6 @@
 """Host time per step: what vLLM's engine core does on the CPU each step, measured by running vLLM's own code.
 
-    VLLM_TARGET_DEVICE=cpu .venv-parity/bin/python bench/host_time.py [--out FILE] [--reps N]
+    VLLM_TARGET_DEVICE=cpu .venv-parity/bin/python bench/host_time.py [--out FILE] [--reps N]   # any vLLM from 0.33
     python3 bench/host_time.py --reference-only     # on a serving host: its reference loop, to carry a profile there
 
 Needs vLLM (the `parity` extra); writes profiles/host/vllm-<version>-<cpu>.json (docs/async-scheduling.md: Host time per step).
@@ -9,6 +9,12 @@ Each step of a steady batch of R running requests (decoding, prompts of 512 toke
 
 - `schedule`: vLLM's `Scheduler.schedule()` (vllm/v1/core/sched/scheduler.py), as built by the parity suite
   (tests/parity/vllm_driver.py: make_scheduler), prefix caching on, stats logged as `vllm serve` logs them;
+- `update_from_output`: vLLM's `Scheduler.update_from_output` (appending each token, stop checks, finishing,
+  freeing and caching blocks, the `EngineCoreOutputs`);
+
+and the worker's two pieces, which follow the installed vLLM's model runner:
+
+vLLM 0.33 (V1's GPU model runner, vllm/v1/worker/gpu_model_runner.py; `Worker`):
 - `prepare_inputs`: the worker's CPU work before the forward pass, on vLLM's own `InputBatch`
   (vllm/v1/worker/gpu_input_batch.py) in CPU memory: `GPUModelRunner._update_states` (new requests'
   `CachedRequestState` + `InputBatch.add_request`, each running request's computed tokens and new blocks via
@@ -20,8 +26,23 @@ Each step of a steady batch of R running requests (decoding, prompts of 512 toke
 - `sample_bookkeeping`: `GPUModelRunner._bookkeeping_sync`'s CPU part (the sampled ids `.tolist()`, each
   request's new token written into `token_ids_cpu`, its `output_token_ids` extended) and the
   `ModelRunnerOutput` built for the engine core;
-- `update_from_output`: vLLM's `Scheduler.update_from_output` (appending each token, stop checks, finishing,
-  freeing and caching blocks, the `EngineCoreOutputs`).
+
+vLLM 0.34 on (the model runner of vllm/v1/worker/gpu/, which replaced V1's; `Worker34`): vLLM's own
+`GPUModelRunner` methods (vllm/v1/worker/gpu/model_runner.py), bound to a stand-in runner whose state is
+vLLM's own classes in CPU memory (`RequestState`, states.py; `BlockTables`, block_table.py; `InputBuffers`;
+`Sampler`, `PromptLogprobsWorker`, `LoraState`), the Triton kernels launching nothing:
+- `prepare_inputs`: as `execute_model` calls them, `finish_requests` (`_remove_request`), `free_states`,
+  `add_requests` (`RequestState.add_request`, `BlockTables.append_block_ids`, the sampler's and prompt
+  logprobs' `add_request`, the staged writes' CPU side: `StagedWriteTensor.apply_write`'s buffers),
+  `update_requests` (each running request's computed tokens and new blocks), `BlockTables.apply_staged_writes`,
+  `gather_batch_req_state` (the batch's order, `idx_mapping`, prefill state) and `prepare_inputs` (its numpy
+  work: `query_start_loc`, the optimistic `seq_lens`; the `InputBatch`). Its token ids, positions and
+  `seq_lens` are built by Triton kernels on the GPU (`prepare_prefill_inputs`, `prepare_pos_seq_lens`,
+  `combine_sampled_and_draft_tokens`), not on the CPU as 0.33 built them;
+- `sample_bookkeeping`: `sample_tokens`' CPU part (the prompt logprobs' checks, the `ModelRunnerOutput`, the
+  KV connector's `post_forward`) and `AsyncOutput.get_output` (the sampled ids `.tolist()`, trimmed per
+  request). The sampled tokens stay on the GPU (`postprocess_sampled`'s `post_update` kernel): no per-request
+  CPU writes, as 0.33's `_bookkeeping_sync` made.
 
 The step alternates: one step that admits a new request of P prompt tokens (max_tokens 1, so it also finishes
 and frees its blocks) beside the R decodes, then one step of the R decodes alone. Each piece's seconds are fitted
@@ -31,7 +52,9 @@ thread's CPU seconds (`time.thread_time`: other processes on a shared machine do
 --reps steps per point.
 
 Not timed here (no GPU): the attention metadata builders and CUDA-graph dispatch (the worker's per-step work
-that needs CUDA; left out rather than guessed), and the engine core's
+that needs CUDA; left out rather than guessed; for 0.34 also `prepare_attn`'s block-table gather and slot
+mappings, Triton kernels, and the launches of its Triton kernels, about five a step, `Worker34`'s docstring),
+and the engine core's
 output thread (msgspec encoding of `EngineCoreOutputs`, another thread) and the front end's `OutputProcessor`
 (another process): they run beside the step, not in it.
 """
@@ -71,6 +94,14 @@ def reference_seconds(repeats: int = 5) -> float:
     return min(reference_loop() for _ in range(repeats))
 
 
+def new_model_runner() -> bool:
+    """Whether the installed vLLM's GPU worker is the model runner of vllm/v1/worker/gpu/ (0.34 on, which
+    removed V1's gpu_model_runner.py and gpu_input_batch.py): `Worker34` times it, `Worker` the one before."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.v1.worker.gpu_input_batch") is None
+
+
 class Worker:
     """The worker's CPU side of a step (GPUModelRunner._update_states, _prepare_inputs, _bookkeeping_sync),
     on vLLM's own InputBatch in CPU memory."""
@@ -78,13 +109,7 @@ class Worker:
     def __init__(self, max_num_reqs: int, max_model_len: int, max_tokens: int, block_size: int):
         import numpy as np
         import torch
-        try:
-            from vllm.v1.worker.gpu_input_batch import InputBatch
-        except ImportError:  # vLLM 0.34 replaced V1's GPU model runner with vllm/v1/worker/gpu/
-            import vllm
-            raise SystemExit(f"bench/host_time.py: vLLM {vllm.__version__} has no V1 GPU model runner "
-                             "(vllm/v1/worker/gpu_input_batch.py, gpu_model_runner.py), whose CPU work this "
-                             "measures; run it with vLLM 0.33 (docs/async-scheduling.md)") from None
+        from vllm.v1.worker.gpu_input_batch import InputBatch
 
         self.np, self.torch = np, torch
         self.batch = InputBatch(max_num_reqs=max_num_reqs, max_model_len=max_model_len,
@@ -180,6 +205,182 @@ class Worker:
                                  sampled_token_ids=valid)
 
 
+class _NoKernel:
+    """A Triton kernel's stand-in: launching it does nothing (its work runs on the GPU, in the GPU step's time)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+class Worker34:
+    """vLLM 0.34's model runner (vllm/v1/worker/gpu/model_runner.py: GPUModelRunner), its CPU side of a step,
+    run by vLLM's own methods on a stand-in runner whose tensors are in CPU memory.
+
+    Run as vLLM's code (the methods of GPUModelRunner, bound to this stand-in): `finish_requests`
+    (`_remove_request`), `free_states`, `add_requests` (`RequestState.add_request`, `BlockTables.append_block_ids`,
+    `Sampler.add_request`, `PromptLogprobsWorker.add_request`, `LoraState`, the staged writes applied),
+    `update_requests`, `BlockTables.apply_staged_writes`, `gather_batch_req_state` and `prepare_inputs`, as
+    `execute_model` calls them; after the forward, `sample_tokens`' CPU part (`compute_prompt_logprobs` and
+    `compute_prompt_token_id_logprobs`' checks, the `ModelRunnerOutput`, the no-op KV connector's
+    `post_forward`) and `AsyncOutput.get_output` (the sampled ids `.tolist()`, trimmed per request).
+
+    Stood in for (they need CUDA): the Triton kernels (`_apply_write_kernel` of the staged writes,
+    `prepare_prefill_inputs`, `prepare_pos_seq_lens`, `combine_sampled_and_draft_tokens`) launch nothing; a
+    UVA buffer is its CPU tensor (on a GPU, `get_accelerator_view_from_cpu_tensor` gives the GPU's view of
+    the same pinned memory, made once); `AsyncOutput.__init__`'s stream and event work is its CPU copies
+    only. Not run: `dispatch_cg_and_sync_dp` (the CUDA-graph dispatch), `prepare_attn` and the model
+    state's attention metadata builders, the sampler and `postprocess_sampled` (GPU kernels)."""
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_tokens: int, block_size: int, vllm_config):
+        import numpy as np
+        import torch
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.worker.gpu import buffer_utils
+        from vllm.v1.worker.gpu import model_runner as mr
+        from vllm.v1.worker.gpu.block_table import BlockTables
+        from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+        from vllm.v1.worker.gpu.input_batch import InputBuffers
+        from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
+        from vllm.v1.worker.gpu.lora_utils import LoraState
+        from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+        from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+        from vllm.v1.worker.gpu.sample.sampler import Sampler
+        from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
+        from vllm.v1.worker.gpu.states import RequestState
+
+        class CpuUvaBuffer(buffer_utils.UvaBuffer):  # pinned memory and its GPU view need CUDA
+            def __init__(self, size, dtype):
+                self.cpu = torch.zeros(size, dtype=dtype, device="cpu")
+                self.np = self.cpu.numpy()
+                self._uva = self.cpu
+
+        buffer_utils.UvaBuffer = CpuUvaBuffer
+        buffer_utils.is_uva_available = lambda: True
+        buffer_utils._apply_write_kernel = _NoKernel()
+        logits_indices = torch.zeros(max_num_reqs, dtype=torch.int64)
+        mr.prepare_prefill_inputs = lambda *args, **kwargs: None
+        mr.prepare_pos_seq_lens = lambda *args, **kwargs: None
+        mr.combine_sampled_and_draft_tokens = lambda *args, **kwargs: logits_indices[:args[-2]]
+
+        cpu = torch.device("cpu")
+        vocab = 1 << 20
+
+        class Runner:
+            _remove_request = mr.GPUModelRunner._remove_request
+            finish_requests = mr.GPUModelRunner.finish_requests
+            free_states = mr.GPUModelRunner.free_states
+            update_pp_decode_requests = mr.GPUModelRunner.update_pp_decode_requests
+            add_requests = mr.GPUModelRunner.add_requests
+            update_requests = mr.GPUModelRunner.update_requests
+            gather_batch_req_state = mr.GPUModelRunner.gather_batch_req_state
+            prepare_inputs = mr.GPUModelRunner.prepare_inputs
+
+        runner = Runner()
+        runner.device = cpu
+        runner.max_num_reqs = max_num_reqs
+        runner.req_states = RequestState(max_num_reqs=max_num_reqs, max_model_len=max_model_len,
+                                         max_num_batched_tokens=max_tokens, num_speculative_steps=0,
+                                         vocab_size=vocab, device=cpu)
+        runner.block_tables = BlockTables(block_sizes=[block_size], max_num_reqs=max_num_reqs,
+                                          max_num_batched_tokens=max_tokens,
+                                          max_num_blocks_per_group=[max_model_len // block_size], device=cpu)
+        runner.input_buffers = InputBuffers(max_num_reqs=max_num_reqs, max_num_tokens=max_tokens, device=cpu)
+        model_state = object.__new__(DefaultModelState)  # a text model: no M-RoPE, no prompt embeddings
+        model_state.rope_state = None
+        model_state.prompt_embeds_state = None
+        runner.model_state = model_state
+        drafts = object.__new__(DraftTokensHandler)  # its __init__ makes a CUDA stream and event
+        drafts.device, drafts._copy_pending, drafts._draft_tokens_by_req, drafts._deferred_req_ids = cpu, False, {}, None
+        runner.draft_tokens_handler = drafts
+        runner.lora_state = LoraState(max_num_reqs=max_num_reqs)
+        runner.sampler = Sampler(vllm_config=vllm_config, max_num_reqs=max_num_reqs, vocab_size=vocab, device=cpu,
+                                 req_states=runner.req_states)
+        runner.prompt_logprobs_worker = PromptLogprobsWorker(max_num_reqs, cpu)
+        for name in ("adaptive_verification", "speculator", "pooling_runner", "encoder_cache", "pp_handler",
+                     "kv_block_zeroer", "pcp_manager", "fast_prefill"):
+            setattr(runner, name, None)
+        runner.is_last_pp_rank = True
+        runner.use_pp = False
+        runner.decode_query_len = 1
+        runner.model_config = vllm_config.model_config
+        self.np, self.torch, self.mr = np, torch, mr
+        self.runner = runner
+        self.no_kv_connector = NO_OP_KV_CONNECTOR
+        self.cg_none = CUDAGraphMode.NONE
+        self.BatchExecutionDescriptor = BatchExecutionDescriptor
+        self.input_batch = None
+        self.out = None
+        self.gpu_sampled = None
+
+    def update_states(self, out) -> None:
+        """`execute_model`'s request bookkeeping, in its order."""
+        runner = self.runner
+        runner.draft_tokens_handler.begin_step(out)
+        runner.update_pp_decode_requests()
+        runner.finish_requests(out)
+        runner.free_states(out)
+        runner.add_requests(out)
+        runner.update_requests(out)
+        runner.block_tables.apply_staged_writes()
+
+    def prepare_inputs(self, out):
+        """`execute_model`'s batch state and inputs (the CUDA-graph dispatch left out: an eager batch)."""
+        runner = self.runner
+        self.out = out
+        with self.torch.inference_mode():
+            batch_req_state, _uniform = runner.gather_batch_req_state(out, False)
+            batch_desc = self.BatchExecutionDescriptor(cg_mode=self.cg_none, num_tokens=batch_req_state.num_tokens,
+                                                       num_reqs=None)
+            self.input_batch = runner.prepare_inputs(out, batch_req_state, batch_desc, 0)
+        return self.input_batch
+
+    def gpu_output(self, sampled_ids: list[int]) -> None:
+        """The sampler's output on the GPU (not timed): a token per request, in batch order."""
+        torch = self.torch
+        self.gpu_sampled = (torch.tensor(sampled_ids, dtype=torch.int64).view(-1, 1),
+                            torch.ones(len(sampled_ids), dtype=torch.int32))
+
+    def bookkeeping(self, sampled_ids: list[int]):
+        """`sample_tokens`' CPU part and `AsyncOutput.get_output`."""
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.worker.gpu.async_utils import AsyncOutput, async_copy_to_np
+
+        runner, input_batch = self.runner, self.input_batch
+        sampled, num_sampled = self.gpu_sampled
+        with self.torch.inference_mode():
+            prompt_logprobs_dict = runner.prompt_logprobs_worker.compute_prompt_logprobs(
+                None, None, input_batch, runner.req_states.all_token_ids.gpu,
+                runner.req_states.num_computed_tokens.gpu, runner.req_states.prompt_len.np)
+            prompt_token_id_logprobs_dict = runner.prompt_logprobs_worker.compute_prompt_token_id_logprobs(
+                None, None, input_batch, runner.req_states.prompt_len.np)
+            output = ModelRunnerOutput(req_ids=input_batch.req_ids, sampled_token_ids=None,
+                                       prompt_logprobs_dict=prompt_logprobs_dict,
+                                       prompt_token_id_logprobs_dict=prompt_token_id_logprobs_dict,
+                                       cudagraph_stats=None)
+            # AsyncOutput.__init__ without its CUDA stream and event: the device-to-host copies, on the CPU
+            async_output = object.__new__(AsyncOutput)
+            async_output.model_runner_output = output
+            async_output.pending_aux_output = None
+            async_output.copy_event = _NoEvent()
+            async_output._has_fault = None
+            async_output.sampled_token_ids = async_copy_to_np(sampled)
+            async_output.logprobs_tensors = None
+            async_output.num_nans = None
+            async_output.num_sampled_tokens_np = async_copy_to_np(num_sampled)
+            async_output.sampling_mask_tensors = None
+            async_output.prompt_logprobs_dict = {
+                k: v.to_cpu_nonblocking() if v is not None else None for k, v in output.prompt_logprobs_dict.items()}
+            async_output.prompt_token_id_logprobs_dict = {
+                k: v.to("cpu", non_blocking=True) for k, v in output.prompt_token_id_logprobs_dict.items()}
+            output.kv_connector_output = self.no_kv_connector.post_forward(self.out.finished_req_ids)
+            return async_output.get_output()
+
+
+class _NoEvent:
+    def synchronize(self) -> None:
+        pass
+
+
 def measure(num_running: int, prompts: list[int], reps: int) -> list[dict]:
     """Rows (piece, requests, tokens, seconds: the median of `reps` steps) for R running requests."""
     import numpy as np
@@ -199,7 +400,11 @@ def measure(num_running: int, prompts: list[int], reps: int) -> list[dict]:
     setup = EngineSetup(block_size=block_size, num_gpu_blocks=blocks, max_num_batched_tokens=max_tokens,
                         max_num_seqs=num_running + 1, max_model_len=8192)
     scheduler = make_scheduler(setup)
-    worker = Worker(num_running + 1, setup.max_model_len, max_tokens, block_size)
+    if new_model_runner():
+        worker: Worker | Worker34 = Worker34(num_running + 1, setup.max_model_len, max_tokens, block_size,
+                                             scheduler.vllm_config)
+    else:
+        worker = Worker(num_running + 1, setup.max_model_len, max_tokens, block_size)
     hasher = get_request_block_hasher(block_size, sha256)
     rng = np.random.default_rng(num_running)
     serial = itertools.count()
@@ -219,12 +424,18 @@ def measure(num_running: int, prompts: list[int], reps: int) -> list[dict]:
         worker.update_states(out)
         worker.prepare_inputs(out)
         t2 = clock()
-        sampled = rng.integers(1, 1 << 19, worker.batch.num_reqs).tolist()  # the GPU's sampled tokens
+        sampled = rng.integers(1, 1 << 19, len(out.num_scheduled_tokens)).tolist()  # the GPU's sampled tokens
+        if isinstance(worker, Worker34):
+            worker.gpu_output(sampled)
         t3 = clock()
         output = worker.bookkeeping(sampled)
         t4 = clock()
         scheduler.update_from_output(out, output)
         t5 = clock()
+        if isinstance(worker, Worker34):  # the runner's batch is the scheduler's (not timed)
+            batch = worker.input_batch
+            assert batch.num_reqs == len(out.num_scheduled_tokens) == worker.runner.req_states.num_reqs
+            assert int(batch.query_start_loc_np[batch.num_reqs]) == out.total_num_scheduled_tokens
         return (len(out.num_scheduled_tokens), out.total_num_scheduled_tokens,
                 {"schedule": t1 - t0, "prepare_inputs": t2 - t1, "sample_bookkeeping": t4 - t3,
                  "update_from_output": t5 - t4})
@@ -304,6 +515,10 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     import vllm
 
+    if new_model_runner():
+        # Imported before the parity driver tells vLLM that Triton is there (tests/parity/vllm_driver.py:
+        # allow_config_without_triton), so the runner's kernels are Triton's placeholders on this CPU.
+        import vllm.v1.worker.gpu.model_runner  # noqa: F401
     prompts = [int(p) for p in args.prompts.split(",")]
     rows: list[dict] = []
     for r in (int(x) for x in args.requests.split(",")):
