@@ -28,6 +28,7 @@ the two sets the pace.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,34 @@ HOST_DIR = Path(__file__).resolve().parents[1] / "profiles" / "host"
 PIECES = ("schedule", "prepare_inputs", "sample_bookkeeping", "update_from_output")
 ENGINE_CORE_PIECES = ("schedule", "update_from_output")  # the engine core's thread (vllm/v1/engine/core.py)
 WORKER_PIECES = ("prepare_inputs", "sample_bookkeeping")  # the model runner's (vllm/v1/worker/gpu_model_runner.py)
-DEFAULT_PROFILE = HOST_DIR / "vllm-0.33.0-amd-epyc.json"
+PROFILE_NAME = re.compile(r"vllm-(?P<version>\d+(?:\.\d+)+)-(?P<cpu>[a-z0-9-]+)\.json")
+
+
+def measured_profiles(folder: Path = HOST_DIR) -> dict[str, Path]:
+    """The committed profiles by the vLLM version they measured (vllm-<version>-<cpu>.json; one per version)."""
+    found: dict[str, Path] = {}
+    for path in sorted(folder.glob("vllm-*.json")) if folder.is_dir() else []:
+        match = PROFILE_NAME.fullmatch(path.name)
+        if match is not None:
+            found.setdefault(match["version"], path)
+    return found
+
+
+def choose_profile(vllm_version: str | None, folder: Path = HOST_DIR) -> tuple[Path, str]:
+    """(the profile, how it was chosen) for a run of `vllm_version`: that version's, else the nearest measured
+    one (as the operator tables' version is chosen: a tie goes to the newer), None: the newest. vLLM before
+    0.33 (whose model runner bench/host_time.py does not time) gets 0.33's, the nearest."""
+    from backends.costmodel.optables.systems import choose_version
+
+    profiles = measured_profiles(folder)
+    if not profiles:
+        raise ServesimError(f"no host time profile (vllm-<version>-<cpu>.json) in {folder}: measure one with "
+                            "bench/host_time.py, or run with --no-host-time")
+    version, how = choose_version(profiles, vllm_version)
+    return profiles[version], how
+
+
+DEFAULT_PROFILE = choose_profile(None)[0]  # the newest measured vLLM's
 
 
 def overlap(gpu_s: float, host_s: float, asynchronous: bool) -> float:
@@ -68,7 +96,8 @@ class HostTime:
     """The host seconds of a step of `num_reqs` requests and `num_tokens` scheduled tokens."""
 
     def __init__(self, pieces: dict[str, Piece], scale: float = 1.0, cpu: str = "", vllm_version: str = "",
-                 reference_loop_s: float | None = None, source: str = ""):
+                 reference_loop_s: float | None = None, source: str = "", asked_version: str | None = None,
+                 version_choice: str = ""):
         if not math.isfinite(scale) or scale <= 0:
             raise ServesimError(f"host time scale must be a positive number, not {scale}")
         for name, piece in pieces.items():
@@ -82,12 +111,19 @@ class HostTime:
         self.vllm_version = vllm_version
         self.reference_loop_s = reference_loop_s
         self.source = source
+        self.asked_version = asked_version
+        self.version_choice = version_choice
 
     @classmethod
-    def load(cls, path: str | Path | None = None, host_reference_loop_s: float | None = None) -> HostTime:
-        """A profile file (default: the committed one), carried to a host whose reference loop takes
+    def load(cls, path: str | Path | None = None, host_reference_loop_s: float | None = None,
+             vllm_version: str | None = None) -> HostTime:
+        """A profile file (default: the committed one of `vllm_version`, else the nearest measured version;
+        None: the newest: `choose_profile`), carried to a host whose reference loop takes
         `host_reference_loop_s` seconds (None: used as measured)."""
-        path = Path(path) if path is not None else DEFAULT_PROFILE
+        how = "as given"
+        if path is None:
+            path, how = choose_profile(vllm_version)
+        path = Path(path)
         data = read_json_file(path, "host time profile")
         try:
             pieces = {name: Piece(float(c["fixed_s"]), float(c["per_request_s"]), float(c["per_token_s"]))
@@ -105,7 +141,13 @@ class HostTime:
                 raise ServesimError(f"host reference loop seconds must be a positive number, not "
                                     f"{host_reference_loop_s}")
             scale = host_reference_loop_s / reference
-        return cls(pieces, scale, str(data.get("cpu", "")), str(data.get("vllm_version", "")), reference, str(path))
+        return cls(pieces, scale, str(data.get("cpu", "")), str(data.get("vllm_version", "")), reference, str(path),
+                   vllm_version, how)
+
+    def note(self) -> str:
+        """One line: whose host time the run's steps carry."""
+        how = self.version_choice if self.asked_version is None else f"{self.asked_version} asked: {self.version_choice}"
+        return f"host time: vLLM {self.vllm_version}'s profile ({Path(self.source).name}, {how})"
 
     def piece_seconds(self, num_reqs: int, num_tokens: int) -> dict[str, float]:
         """Each piece's seconds for the step (scaled to the host)."""
@@ -253,23 +295,28 @@ for _name in FORWARDED:
 
 
 def with_host_time(backend, async_scheduling: bool, host_time: bool, host_reference_loop_s: float | None,
-                   tp: int):
-    """`backend` with the host's seconds in each step (a HostTimedBackend), or as it is with host time off.
-    Tensor parallelism runs the model runner in worker processes (vLLM's "mp" executor at world size > 1)."""
+                   tp: int, vllm_version: str | None = None):
+    """`backend` with the host's seconds in each step (a HostTimedBackend: the profile of `vllm_version`, else
+    the nearest measured, None: the newest), or as it is with host time off. Tensor parallelism runs the model
+    runner in worker processes (vLLM's "mp" executor at world size > 1)."""
     if not host_time or backend is None or isinstance(backend, HostTimedBackend):
         return backend
     if getattr(backend, "name", "") == "real":  # it times its own steps, the CPU's preparation included
         return backend
-    return HostTimedBackend(backend, HostTime.load(host_reference_loop_s=host_reference_loop_s),
+    return HostTimedBackend(backend, HostTime.load(host_reference_loop_s=host_reference_loop_s,
+                                                   vllm_version=vllm_version),
                             async_scheduling, tp > 1)
 
 
-def host_time_summary(async_scheduling: bool, host_time: bool, host_reference_loop_s: float | None) -> dict:
-    """What summary.json says of the engine's clock."""
+def host_time_summary(async_scheduling: bool, host_time: bool, host_reference_loop_s: float | None,
+                      vllm_version: str | None = None) -> dict:
+    """What summary.json says of the engine's clock: the host profile, the vLLM version asked for (None: the
+    newest) and how the profile's was chosen (`choose_profile`)."""
     out: dict = {"async_scheduling": async_scheduling, "host_time": host_time}
     if host_time:
-        host = HostTime.load(host_reference_loop_s=host_reference_loop_s)
+        host = HostTime.load(host_reference_loop_s=host_reference_loop_s, vllm_version=vllm_version)
         out.update({"profile": Path(host.source).name, "profile_cpu": host.cpu, "vllm_version": host.vllm_version,
+                    "asked_vllm_version": vllm_version, "version_choice": host.version_choice,
                     "profile_reference_loop_s": host.reference_loop_s,
                     "host_reference_loop_s": host_reference_loop_s, "scale": host.scale,
                     "cpu": "the profile's own" if host_reference_loop_s is None else "the serving host's, by "

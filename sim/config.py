@@ -329,7 +329,8 @@ class SchedulerConfig:
     host_time: bool = option(
         True, flag="--host-time", boolean=True,
         help="add each step's host seconds (vLLM's scheduler, input preparation and output processing, measured: "
-             "profiles/host/) to the step's clock: added to the GPU's when scheduling is synchronous, the longer "
+             "profiles/host/: the run's --vllm-version's, else the nearest measured version's; without it the newest) "
+             "to the step's clock: added to the GPU's when scheduling is synchronous, the longer "
              "of the two when asynchronous (default: on)")
     host_reference_loop_s: float | None = option(
         None, flag="--host-reference-loop-s", range=HOST_REFERENCE_LOOP, metavar="S",

@@ -156,7 +156,7 @@ def _answers(result):
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_zero_host_time_gives_the_answers_without_host_time(monkeypatch, asynchronous):
     zero = HostTime({name: Piece(0.0, 0.0, 0.0) for name in HOST.pieces})
-    monkeypatch.setattr(HostTime, "load", classmethod(lambda cls, path=None, host_reference_loop_s=None: zero))
+    monkeypatch.setattr(HostTime, "load", classmethod(lambda cls, path=None, host_reference_loop_s=None, vllm_version=None: zero))
     with_zero = _replay(asynchronous, True)
     without = _replay(asynchronous, False)
     assert _answers(with_zero) == _answers(without)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.host_time import DEFAULT_PROFILE, PIECES, HostTime, Piece, overlap
+from backends.host_time import DEFAULT_PROFILE, HOST_DIR, PIECES, HostTime, Piece, choose_profile, measured_profiles, overlap
 from sim.errors import ServesimError
 
 seconds = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
@@ -33,14 +33,57 @@ def test_overlap_rule(gpu, host):
     assert overlap(gpu, host, True) <= overlap(gpu, host, False)
 
 
-def test_committed_profile_loads():
-    host = HostTime.load()
+PROFILES = sorted(measured_profiles().values())
+
+
+def test_profiles_are_committed():
+    assert {"0.33.0", "0.34.0"} <= set(measured_profiles())
+    assert DEFAULT_PROFILE.name == "vllm-0.34.0-amd-epyc.json"  # the newest measured
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
+def test_committed_profile_loads(path):
+    host = HostTime.load(path)
     assert set(host.pieces) == set(PIECES)
-    assert host.vllm_version == "0.33.0" and host.cpu and host.reference_loop_s > 0
-    data = json.loads(DEFAULT_PROFILE.read_text())
+    assert path.name.startswith(f"vllm-{host.vllm_version}-") and host.cpu and host.reference_loop_s > 0
+    data = json.loads(path.read_text())
     assert data["rows"], "the profile keeps the measured rows it was fitted to"
+    assert data["grid"]["requests"] == "1,2,4,8,16,32,48,64,96,128,192,256,384,512"
     # A 256-request decode step costs somewhere between 100 us and 100 ms on any CPU the profile describes.
     assert 1e-4 < host.step_seconds(256, 256) < 0.1
+
+
+def test_version_choice():
+    """The run's vLLM version picks its profile: its own, else the nearest measured (a tie to the newer),
+    none: the newest; vLLM before 0.33 gets 0.33's."""
+    assert choose_profile("0.34.0") == (HOST_DIR / "vllm-0.34.0-amd-epyc.json", "as asked")
+    assert choose_profile("0.33.0") == (HOST_DIR / "vllm-0.33.0-amd-epyc.json", "as asked")
+    assert choose_profile(None) == (HOST_DIR / "vllm-0.34.0-amd-epyc.json", "the newest")
+    path, how = choose_profile("0.12.0")
+    assert path.name == "vllm-0.33.0-amd-epyc.json" and how.startswith("the nearest to 0.12.0")
+    assert choose_profile("0.33.4")[0].name == "vllm-0.33.0-amd-epyc.json"
+    assert choose_profile("0.35.0")[0].name == "vllm-0.34.0-amd-epyc.json"
+    host = HostTime.load(vllm_version="0.10.1.1")
+    assert host.vllm_version == "0.33.0" and host.asked_version == "0.10.1.1"
+    assert "vLLM 0.33.0's profile" in host.note() and "the nearest to 0.10.1.1" in host.note()
+    assert HostTime.load().vllm_version == "0.34.0"
+
+
+def test_version_choice_by_hand(tmp_path):
+    for name in ("vllm-0.33.0-cpu-a.json", "vllm-0.36.0-cpu-a.json", "notes.json", "vllm-x-cpu.json"):
+        (tmp_path / name).write_text("{}")
+    assert set(measured_profiles(tmp_path)) == {"0.33.0", "0.36.0"}
+    assert choose_profile("0.34.0", tmp_path)[0].name == "vllm-0.33.0-cpu-a.json"  # 1 minor release off, not 2
+    assert choose_profile("0.35.0", tmp_path)[0].name == "vllm-0.36.0-cpu-a.json"
+    assert choose_profile("0.34.500", tmp_path)[0].name == "vllm-0.36.0-cpu-a.json"  # 0.36.0 is 1,500 - 500 off
+    assert choose_profile(None, tmp_path)[0].name == "vllm-0.36.0-cpu-a.json"
+
+
+def test_missing_profile_is_refused(tmp_path):
+    with pytest.raises(ServesimError, match="no host time profile .* bench/host_time.py, or run with --no-host-time"):
+        choose_profile("0.34.0", tmp_path)
+    with pytest.raises(ServesimError, match="no host time profile"):
+        choose_profile(None, tmp_path / "absent")
 
 
 def _profile():
@@ -76,9 +119,11 @@ def test_carried_by_reference_loop_ratio(tmp_path):
     assert faster.step_seconds(5, 5) == pytest.approx(10e-6)
 
 
-@given(st.integers(1, 2048), st.integers(0, 2048), st.integers(0, 64), st.integers(0, 65536))
-def test_monotone_in_requests_and_tokens(reqs, more_reqs, tokens, more_tokens):
-    host = HostTime.load()
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
+@given(reqs=st.integers(1, 2048), more_reqs=st.integers(0, 2048), tokens=st.integers(0, 64),
+       more_tokens=st.integers(0, 65536))
+def test_monotone_in_requests_and_tokens(path, reqs, more_reqs, tokens, more_tokens):
+    host = HostTime.load(path)
     tokens = max(tokens, reqs)
     base = host.step_seconds(reqs, tokens)
     assert host.step_seconds(reqs + more_reqs, tokens) >= base

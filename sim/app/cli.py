@@ -135,7 +135,9 @@ def describe(plan) -> str:
     if plan.kv is not None and plan.kv.capped_from is not None:
         text += f" (capped from {plan.kv.capped_from})"
     text += f", profile {options.profile}" if options.profile else ""
-    return text + (f"\n{plan.tables['note']}" if getattr(plan, "tables", None) else "")
+    text += f"\n{plan.tables['note']}" if getattr(plan, "tables", None) else ""
+    host = getattr(plan.backend, "host", None)  # a HostTimedBackend's profile (backends/host_time.py)
+    return text + (f"\n{host.note()}" if host is not None else "")
 
 
 def cmd_models(args: argparse.Namespace) -> int:

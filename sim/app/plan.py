@@ -131,7 +131,8 @@ class RunPlan:
         if hasattr(self.backend, "cost_model_summary"):
             d["cost_model"] = self.backend.cost_model_summary()  # per operator: the table or the roofline
         sched = self.options.scheduler
-        d["engine_clock"] = host_time_summary(sched.async_scheduling, sched.host_time, sched.host_reference_loop_s)
+        d["engine_clock"] = host_time_summary(sched.async_scheduling, sched.host_time, sched.host_reference_loop_s,
+                                              self.options.vllm_version)
         d["scheduler"]["max_model_len"] = self.max_model_len
         for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
             if d["scheduler"][name] is None:
@@ -229,9 +230,12 @@ def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
                             "prefix caching (drop --no-prefix-caching)")
 
 
-def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True) -> RunPlan:
+def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True,
+            host_vllm_version: str | None = None) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
-    check everything but build no backend (sweeps check every point before running any)."""
+    check everything but build no backend (sweeps check every point before running any);
+    `host_vllm_version`: the vLLM version whose host time profile the steps carry where it is not
+    --vllm-version's (sim validate's rows: each its own; None: --vllm-version's, else the newest)."""
     given, given_backend = options, backend
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
@@ -328,7 +332,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
             backend = make_backend(options, model, hardware, calibration)
     cache, scheduler = options.cache, options.scheduler
     backend = with_host_time(backend, scheduler.async_scheduling, scheduler.host_time,
-                             scheduler.host_reference_loop_s, options.tp)  # the engine core's CPU (docs/async-scheduling.md)
+                             scheduler.host_reference_loop_s, options.tp,
+                             host_vllm_version or options.vllm_version)  # the engine core's CPU (docs/async-scheduling.md)
     kv = None
     if backend is not None and backend.num_blocks is not None:
         num_blocks = backend.num_blocks  # the real backend's cache: hand out exactly its block ids

@@ -10,7 +10,9 @@ cannot express is skipped with its reason, never guessed.
 
 Tables per row: a vLLM row is priced with its own vLLM version's tables, each table kind at that
 version or the nearest the system has (validate.csv's `tables` says which, per row); other
-frameworks' rows, and rows with no version, with the newest. DIR is a folder of flat table files or
+frameworks' rows, and rows with no version, with the newest. The engine core's host time per step
+follows the same rule over the measured host profiles (profiles/host/: 0.33 and 0.34; a row of vLLM
+before 0.33 gets 0.33's, the nearest), said at the end of the row's `tables`. DIR is a folder of flat table files or
 of the package's layout; without --ops, the tables extra's package (every system it covers: a row's
 hardware is the named preset for H100 SXM and H200, else the package's system description).
 Models: --models DIR, else a preset by name, else the package's model_configs/ (ORG--NAME_config.json).
@@ -608,7 +610,11 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
         model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
         kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed,
         dp=dp, enable_expert_parallel=enable_expert_parallel)
-    plan = resolve(options, backend=backend)
+    plan = resolve(options, backend=backend, host_vllm_version=tables_version_for(row))  # the row's vLLM's host time
+    host = getattr(plan.backend, "host", None)
+    if host is not None:  # which vLLM's host time profile, said beside the tables' versions
+        tables = f"{tables}; host time vLLM {host.vllm_version}" + (
+            "" if host.version_choice in ("as asked", "the newest") else " (the nearest)")
     isls, osls = protocol.lengths(isl, osl, n)
     requests = protocol.requests(isls, osls)
     warmup, warmup_why = protocol.warmup_for(
