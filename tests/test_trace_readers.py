@@ -565,3 +565,17 @@ def test_a_truncated_request_is_left_out_of_the_comparison_and_its_count(tmp_pat
                  str(tmp_path / "run"), "--quiet"]) == 0
     comparison = json.loads((tmp_path / "run" / "measured.json").read_text())
     assert comparison["requests"] == 2 == comparison["metrics"]["ttft"]["requests"]  # request 1 (220 tokens) cut
+
+
+def test_burstgpt_rows_whose_total_is_not_the_sum_are_warned_about(tmp_path):
+    path = tmp_path / "b.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,472,18,490,Conversation log\n"
+                    "6,ChatGPT,18,472,900,Conversation log\n"
+                    "7,ChatGPT,10,0,10,API log\n"  # failed (dropped): not counted
+                    "8,ChatGPT,10,5,,API log\n")
+    t = read_trace(path)
+    assert t.prompt_tokens.tolist() == [472, 18, 10] and t.output_tokens.tolist() == [18, 472, 5]
+    assert (f"{path}:3: Total tokens 900 is not Request tokens + Response tokens (18 + 472); 2 replayed rows so: "
+            "the replay uses Request and Response tokens (check the columns)") in t.warnings
+    assert not [w for w in read_trace(BURSTGPT).warnings if "Total tokens" in w]

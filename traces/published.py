@@ -235,10 +235,16 @@ def _normal_offset(text: str) -> str:
 
 
 class BurstGptRows:
+    """BurstGPT's rows. Its Total tokens is Request tokens + Response tokens in the published files;
+    rows where it is not (a column shifted or edited) are replayed from Request and Response tokens
+    and warned about, with the first such line and how many."""
+
     def __init__(self, builder: TraceBuilder, model_filter: str | None):
         self.builder = builder
         self.model_filter = model_filter
         self.models: set[str] = set()
+        self.num_off_total = 0
+        self.first_off_total: str | None = None  # the first such row, in words
 
     def add(self, chunk: Chunk) -> None:
         builder = self.builder
@@ -256,10 +262,28 @@ class BurstGptRows:
         builder.drop("0 Response tokens (failed)", failed, chunk.lines)
         keep &= ~failed
         keep = builder.keep_nonzero(keep, {"Request tokens": prompt}, chunk.lines)
+        self._check_totals(chunk, prompt, output, keep)
         builder.add(arrival, prompt, output, chunk.lines, keep=keep)
+
+    def _check_totals(self, chunk: Chunk, prompt: np.ndarray, output: np.ndarray, keep: np.ndarray) -> None:
+        import pandas as pd
+
+        total = pd.to_numeric(chunk.column("Total tokens").astype(str).str.strip(), errors="coerce").to_numpy(float)
+        off = keep & (total != prompt + output)  # (a blank or non-numeric total, NaN, counts as off too)
+        n = int(off.sum())
+        if n:
+            self.num_off_total += n
+            if self.first_off_total is None:
+                row = int(np.argmax(off))
+                self.first_off_total = (f"{chunk.where(row)}: Total tokens {chunk.column('Total tokens').iloc[row]} "
+                                        f"is not Request tokens + Response tokens ({prompt[row]} + {output[row]})")
 
     def finish(self) -> None:
         builder, wanted = self.builder, self.model_filter
+        if self.num_off_total:
+            n = self.num_off_total
+            builder.warnings.append(f"{self.first_off_total}; {n} replayed row{'s' * (n != 1)} so: the replay uses "
+                                    "Request and Response tokens (check the columns)")
         if wanted is not None and not builder.arrival and builder.dropped.get(f"model other than {wanted}"):
             raise ServesimError(f"{builder.path}: no request of model {wanted!r}; the trace has "
                                 f"{', '.join(sorted(self.models))}")
