@@ -18,11 +18,27 @@ AXES: dict[str, type] = {
     "rate_scale": float,
     "seed": int,
 }
+# The axes added after sweeps were first written, each with the value every point of a table written
+# before it ran at (its option unset): a table that lacks such an axis is that table with the axis at
+# that one value, so `--resume` continues it (sim/app/results_table.py, `upgraded`).
+LATER_AXES: dict[str, object] = {
+    "long_prefill_token_threshold": 0,
+    "scheduling_policy": "fcfs",
+    "prefill_schedule_interval": 1,
+    "watermark": 0.0,
+    "cache_aware_admission_window": 0,
+    "max_num_active_seqs": 0,
+}
 SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs",
                "max_num_active_seqs": "max active seqs", "rate_scale": "rate",
                "long_prefill_token_threshold": "prefill cap", "scheduling_policy": "queue",
                "prefill_schedule_interval": "prefill interval", "watermark": "watermark",
                "cache_aware_admission_window": "cache-aware window"}
+
+
+def axis_text(axis: str, value) -> str:
+    """`axis=value` as a point's key spells it (a float by its repr, so 0.1 and 0.10000000000000002 differ)."""
+    return f"{axis}={value!r}" if AXES[axis] is float else f"{axis}={value}"
 
 
 def axis_name(axis: str) -> str:

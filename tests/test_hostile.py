@@ -700,3 +700,53 @@ def test_a_file_output_that_is_a_link_loop_is_refused_naming_it(tmp_path, capsys
     message = capsys.readouterr().err
     assert str(link) in message and "loop of links" in message and "internal error" not in message
     assert link.is_symlink() and not leftovers(tmp_path)
+
+
+def _as_written_before_max_num_active_seqs(path: Path, keep_seed: int) -> None:
+    """Rewrite a sweep's table as a sweep written before the max_num_active_seqs and
+    prefill_schedule_interval axes and the admission limits existed wrote it: no such axes in its grid,
+    columns or point keys, no such fixed options; only the points of seed `keep_seed`."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    identity = json.loads(table.schema.metadata[b"servesim.sweep"])
+    for axis in ("max_num_active_seqs", "prefill_schedule_interval"):
+        del identity["axes"][axis]
+    for option in ("max_num_queued_reqs", "max_num_queued_tokens"):
+        del identity["fixed"][option]
+    table = table.take([i for i, key in enumerate(table.column("point").to_pylist()) if key.endswith(f"seed={keep_seed}")])
+    keys = [key.replace("max_num_active_seqs=0,", "").replace("prefill_schedule_interval=1,", "")
+            for key in table.column("point").to_pylist()]
+    table = table.set_column(0, "point", pa.array(keys))
+    table = table.drop([c for c in ("max_num_active_seqs", "prefill_schedule_interval", "max_num_queued_reqs",
+                                    "max_num_queued_tokens") if c in table.column_names])
+    pq.write_table(table.replace_schema_metadata({b"servesim.sweep": json.dumps(identity).encode()}), path)
+
+
+def test_a_sweep_written_before_the_newer_axes_resumes(tmp_path, capsys):
+    # A sweep of the previous release (before --max-num-active-seqs was an axis) resumed with the same command: it
+    # was refused as 'grid max_num_active_seqs = not set there, [0] here', an option no one gave. Its points run at
+    # the axes' unset values: the finished one is kept (not run again beside its old row), the other one runs.
+    pytest.importorskip("pyarrow")
+    from reports.tables import read_table
+
+    out = tmp_path / "s"
+    grid = ["sweep", *SMALL, "--seed", "0,1", "--jobs", "1", "--quiet", "--out", out]
+    assert sim(*grid) == 0
+    full = read_table(out / "results.parquet")[0]
+    _as_written_before_max_num_active_seqs(out / "results.parquet", keep_seed=0)
+    old = read_table(out / "results.parquet")[0]
+    assert len(old) == 1 and "max_num_active_seqs" not in old
+    assert sim(*grid, "--resume") == 0, capsys.readouterr().err
+    resumed, identity = read_table(out / "results.parquet")
+    assert resumed["point"].tolist() == full["point"].tolist()  # two rows, in today's keys
+    assert resumed["wall_s"].iloc[0] == old["wall_s"].iloc[0]  # the old row kept, not run again
+    assert resumed["max_num_active_seqs"].tolist() == [0, 0] and resumed["prefill_schedule_interval"].tolist() == [1, 1]
+    assert identity["axes"]["max_num_active_seqs"] == [0]
+    assert resumed["ttft_p99"].tolist() == full["ttft_p99"].tolist()
+    # Another grid is still refused, naming what differs.
+    assert sim("sweep", *SMALL, "--seed", "0,1", "--max-num-active-seqs", "8", "--quiet", "--out", out, "--resume") == 2
+    assert "grid max_num_active_seqs = [0] there, [8] here" in error_text(capsys)

@@ -41,6 +41,47 @@ def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions, 
     return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
 
 
+def upgraded(stored: dict, rows: list[dict] | None = None) -> tuple[dict, list[dict]]:
+    """A table's identity and rows as a table written today would hold them, where it was written before
+    some of the axes existed (reports.axes.LATER_AXES): each such axis at the one value its points ran at,
+    in the identity's grid, in each row's column and in its point's key, so that `--resume` of the same
+    command continues it (it was refused as 'grid max_num_active_seqs = not set there, [0] here', naming
+    an option no one gave, or would have run every point again beside the old rows). An axis that the
+    table states as a fixed option is left to `difference` (its value there may be another)."""
+    from reports.axes import LATER_AXES
+
+    axes = stored.get("axes") if isinstance(stored, dict) else None
+    fixed = stored.get("fixed") if isinstance(stored, dict) else None
+    rows = list(rows or [])
+    if not isinstance(axes, dict) or not axes or not isinstance(fixed, dict):
+        return stored, rows
+    added = {name: value for name, value in LATER_AXES.items() if name not in axes and name not in fixed}
+    if not added:
+        return stored, rows
+    stored = dict(stored, axes={**axes, **{name: [value] for name, value in added.items()}})
+    return stored, [_with_axes(row, added) for row in rows]
+
+
+def _with_axes(row: dict, added: dict) -> dict:
+    """A row of a table written before the axes `added` existed, with them (at their values) in its
+    columns and in its point's key, each in its place among the axes (point_key's order)."""
+    from reports.axes import AXES, axis_text
+
+    row = dict(row)
+    key = row.get("point")
+    order = list(AXES)
+    for name, value in added.items():
+        row.setdefault(name, value)
+        if not isinstance(key, str) or f",{name}=" in key or key.startswith(f"{name}="):
+            continue
+        following = order[order.index(name) + 1:]
+        at = next((key.find(f",{after}=") for after in following if f",{after}=" in key), -1)
+        if at >= 0:
+            key = f"{key[:at]},{axis_text(name, value)}{key[at:]}"
+    row["point"] = key
+    return row
+
+
 def difference(stored: dict, current: dict, skip_axes: tuple[str, ...] = ()) -> str | None:
     """How two identities differ, in words; None when they agree (on all but `skip_axes`)."""
     if stored.get("trace_sha256") != current["trace_sha256"]:
@@ -73,7 +114,7 @@ def check_folder(folder: Path, name: str, current: dict, trace_source: str, over
         if other == name or not path.exists():
             continue
         frame, stored = read_table(path)
-        differs = difference(stored, current, skip_axes=("rate_scale",))
+        differs = difference(upgraded(stored)[0], current, skip_axes=("rate_scale",))
         if differs is None:
             continue
         theirs = sorted(set(frame["trace"].dropna().astype(str))) if "trace" in frame else []
@@ -107,6 +148,7 @@ class ResultsTable:
                 raise ServesimError(f"{path} already exists: pass --resume to continue that run, "
                                     "--overwrite to start again, or choose another --out")
             rows, stored = read_rows(path)
+            stored, rows = upgraded(stored, rows)
             differs = difference(stored, identity)
             if differs is not None:
                 raise ServesimError(f"{path} holds results of other options ({differs}); resume with the same "

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from reports.axes import AXES
+from reports.axes import AXES, axis_text
 from reports.tables import RESULTS, read_table  # noqa: F401 (RESULTS, read_table: for callers)
 from sim.app import workers
 from sim.app.options import ReplayOptions, range_of
@@ -84,7 +84,7 @@ class Point:
 
 
 def point_key(values: dict) -> str:
-    return ",".join(f"{name}={values[name]!r}" if AXES[name] is float else f"{name}={values[name]}" for name in AXES)
+    return ",".join(axis_text(name, values[name]) for name in AXES)
 
 
 def make_point(values: dict, make_options: Callable[[dict], ReplayOptions]) -> Point:
