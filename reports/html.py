@@ -24,6 +24,7 @@ import html
 import json
 import math
 from functools import cache
+from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -563,6 +564,12 @@ def _rows_table(rows: pd.DataFrame, swept: list[str], label_column: str | None,
                ("scheduling_delay_p50", "p50 delay ms", 1e3), ("preemptions", "preemptions", 1),
                ("goodput", "goodput req/s", 1)]
     metrics = [m for m in metrics if m[0] in rows and rows[m[0]].notna().any()]
+    if "rejected" in rows and any(isinstance(n, Real) and n > 0 for n in rows["rejected"]):
+        # The requests a run rejected (HTTP 503 under the admission limits, too long) are in none of its
+        # figures: a run that shed most of its load shows low latencies beside one that served it all.
+        names = [m[0] for m in metrics]
+        at = names.index("request_throughput") + 1 if "request_throughput" in names else 0
+        metrics.insert(at, ("rejected", "rejected", 1))
     head = "".join(f'<th class="t">{html.escape(_axis_name(c))}</th>' for c in columns)
     head += "".join(f"<th>{html.escape(name)}</th>" for _, name, _ in metrics)
     has_errors = "status" in rows and (rows["status"] != "ok").any()

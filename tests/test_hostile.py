@@ -750,3 +750,35 @@ def test_a_sweep_written_before_the_newer_axes_resumes(tmp_path, capsys):
     # Another grid is still refused, naming what differs.
     assert sim("sweep", *SMALL, "--seed", "0,1", "--max-num-active-seqs", "8", "--quiet", "--out", out, "--resume") == 2
     assert "grid max_num_active_seqs = [0] there, [8] here" in error_text(capsys)
+
+
+def test_tables_of_several_runs_show_what_each_rejected(tmp_path, capsys):
+    # Under the admission limits a run at 10x the rate rejects most of its requests (HTTP 503), which are in none
+    # of its latencies: its p99 TTFT was lower than at 1x and neither the sweep's table on the terminal nor a
+    # report's table of numbers said that it had shed its load. Both show the rejected count where any point has one.
+    pytest.importorskip("pyarrow")
+    from reports.tables import read_table
+
+    out = tmp_path / "s"
+    assert sim("sweep", *SMALL, "--rate-scale", "1,10", "--max-num-queued-reqs", "3", "--jobs", "1", "--out", out) == 0
+    frame = read_table(out / "results.parquet")[0]
+    assert frame["rejected"].iloc[1] > frame["rejected"].iloc[0] > 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["rate", "req/s", "rejected"]
+    assert [float(line.split()[2]) for line in lines[1:3]] == frame["rejected"].tolist()
+    page = (out / "report.html").read_text()
+    numbers = page[page.index("<h2>Numbers</h2>"):]
+    assert "<th>req/s</th><th>rejected</th>" in numbers
+    for rejected in frame["rejected"]:
+        assert f"<td>{rejected:.1f}</td>" in numbers or f"<td>{rejected:.3g}</td>" in numbers
+    # A folder of runs, one of them rejecting every request.
+    runs = tmp_path / "runs"
+    assert sim("replay", *SMALL, "--out", runs / "a", "--quiet") == 0
+    assert sim("replay", *SMALL, "--max-num-queued-reqs", "0", "--out", runs / "b", "--quiet") == 0
+    assert sim("report", runs) == 0
+    numbers = (runs / "report.html").read_text().split("<h2>Numbers</h2>")[1]
+    assert "<th>rejected</th>" in numbers and "<td>40.0</td>" in numbers
+    # Where no run rejected a request, the table is as it was.
+    assert sim("sweep", *SMALL, "--rate-scale", "1,2", "--jobs", "1", "--out", tmp_path / "t") == 0
+    assert "rejected" not in capsys.readouterr().out
+    assert "<th>rejected</th>" not in (tmp_path / "t" / "report.html").read_text()

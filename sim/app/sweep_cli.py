@@ -307,9 +307,13 @@ def format_sweep(frame) -> str:
         return "no point finished"
     keys = [a for a in AXES if a != "seed" and ok[a].astype(str).nunique() > 1] or ["policy"]
     latencies = ("ttft_p50", "ttft_p99", "itl_p99", "scheduling_delay_p50", "e2e_p99")
-    means = ok.groupby(keys, sort=False)[["request_throughput", *latencies]].mean().reset_index()
+    # The requests a point rejected (HTTP 503 under the admission limits, too long) are in none of its figures:
+    # a column where any point rejected some, so one that shed its load is not read as one that served it.
+    rejected = ["rejected"] if "rejected" in ok and (ok["rejected"].fillna(0) > 0).any() else []
+    means = ok.groupby(keys, sort=False)[["request_throughput", *rejected, *latencies]].mean().reset_index()
     unit, scale = latency_unit(means[list(latencies)].to_numpy().ravel().tolist())
-    columns = [("request_throughput", "req/s", 1), ("ttft_p50", "p50 TTFT", scale), ("ttft_p99", "p99 TTFT", scale),
+    columns = [("request_throughput", "req/s", 1), *(("rejected", "rejected", 1) for _ in rejected),
+               ("ttft_p50", "p50 TTFT", scale), ("ttft_p99", "p99 TTFT", scale),
                ("itl_p99", "p99 TBT", scale), ("scheduling_delay_p50", "p50 delay", scale),
                ("e2e_p99", "p99 E2E", scale)]
     head = "".join(f"{axis_name(k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
