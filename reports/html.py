@@ -28,7 +28,7 @@ from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reports.axes import AXES
+from reports.axes import AXES, LATER_AXES
 from reports.axes import axis_name as _axis_name
 from reports.axes import format_axis as _fmt_axis
 from reports.digest import TIMELINE, flat_options, make_digest, summary_row
@@ -228,8 +228,9 @@ def runs_report(d: Path, runs: list[Path]) -> tuple[str, list[tuple[str, str]]]:
 
 def differing_options(options: list[dict]) -> list[str]:
     """The options (by flat_options' names: policy, model, tp, trace, trace_transforms_limit...) whose
-    values are not the same in every run, an option a run does not record counting as a value: the
-    trace and its transforms first, then the sweep axes, then the rest as the runs list them."""
+    values are not the same in every run, an option a run does not record counting as a value (but an
+    axis added since, LATER_AXES, which a run written before it ran at its unset value): the trace and
+    its transforms first, then the sweep axes, then the rest as the runs list them."""
     flat = [flat_options(o) for o in options]
     names = list(dict.fromkeys(name for f in flat for name in f))
     missing = object()
@@ -237,7 +238,7 @@ def differing_options(options: list[dict]) -> list[str]:
     def same(value) -> str:
         return "\0missing" if value is missing else json.dumps(jsonable(value), sort_keys=True)
 
-    differ = [n for n in names if len({same(f.get(n, missing)) for f in flat}) > 1]
+    differ = [n for n in names if len({same(f.get(n, LATER_AXES.get(n, missing))) for f in flat}) > 1]
     axes = list(AXES)
 
     def rank(name: str) -> tuple[int, int]:

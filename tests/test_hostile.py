@@ -782,3 +782,24 @@ def test_tables_of_several_runs_show_what_each_rejected(tmp_path, capsys):
     assert sim("sweep", *SMALL, "--rate-scale", "1,2", "--jobs", "1", "--out", tmp_path / "t") == 0
     assert "rejected" not in capsys.readouterr().out
     assert "<th>rejected</th>" not in (tmp_path / "t" / "report.html").read_text()
+
+
+def test_a_report_of_runs_of_an_older_release_names_no_option_they_share(tmp_path, capsys):
+    # A run written before --max-num-active-seqs records no max_num_active_seqs (it ran with none: every --max-num-seqs
+    # admitted); today's records 0, unset. The two were said to differ in max_num_active_seqs, a column of "-" and 0.
+    import json
+
+    from reports.html import differing_options
+
+    runs = tmp_path / "runs"
+    assert sim("replay", *SMALL, "--out", runs / "old", "--quiet") == 0
+    assert sim("replay", *SMALL, "--policy", "decode-first", "--out", runs / "new", "--quiet") == 0
+    summary = json.loads((runs / "old" / "summary.json").read_text())
+    del summary["options"]["scheduler"]["max_num_active_seqs"]
+    (runs / "old" / "summary.json").write_text(json.dumps(summary))
+    assert sim("report", runs) == 0
+    assert "The runs differ in policy: a column each" in (runs / "report.html").read_text()
+    # An axis given a value in a run is still named beside one that does not record it.
+    new = json.loads((runs / "new" / "summary.json").read_text())
+    new["options"]["scheduler"]["max_num_active_seqs"] = 8
+    assert differing_options([summary["options"], new["options"]]) == ["policy", "max_num_active_seqs"]
