@@ -803,3 +803,15 @@ def test_a_report_of_runs_of_an_older_release_names_no_option_they_share(tmp_pat
     new = json.loads((runs / "new" / "summary.json").read_text())
     new["options"]["scheduler"]["max_num_active_seqs"] = 8
     assert differing_options([summary["options"], new["options"]]) == ["policy", "max_num_active_seqs"]
+
+
+def test_the_burstgpt_total_tokens_warning_does_not_say_rows_cut_by_limit_were_replayed(tmp_path, capsys):
+    # The rows are counted as the file is read; --limit 1 then replays only line 2, whose total is right. The warning
+    # said "1 replayed row so: the replay uses Request and Response tokens" of line 3, which was not replayed.
+    path = tmp_path / "b.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "0,ChatGPT,10,5,15,Conversation log\n1,ChatGPT,10,5,99,Conversation log\n")
+    assert sim("replay", path, "--limit", "1", "--out", tmp_path / "r", "--quiet") == 0
+    err = capsys.readouterr().err
+    assert f"{path}:3: Total tokens 99 is not Request tokens + Response tokens (10 + 5); 1 row of the file so: " in err
+    assert "replayed" not in err

@@ -576,6 +576,6 @@ def test_burstgpt_rows_whose_total_is_not_the_sum_are_warned_about(tmp_path):
                     "8,ChatGPT,10,5,,API log\n")
     t = read_trace(path)
     assert t.prompt_tokens.tolist() == [472, 18, 10] and t.output_tokens.tolist() == [18, 472, 5]
-    assert (f"{path}:3: Total tokens 900 is not Request tokens + Response tokens (18 + 472); 2 replayed rows so: "
-            "the replay uses Request and Response tokens (check the columns)") in t.warnings
+    assert (f"{path}:3: Total tokens 900 is not Request tokens + Response tokens (18 + 472); 2 rows of the file so: "
+            "their requests take Request and Response tokens (check the columns)") in t.warnings
     assert not [w for w in read_trace(BURSTGPT).warnings if "Total tokens" in w]

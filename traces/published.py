@@ -282,8 +282,10 @@ class BurstGptRows:
         builder, wanted = self.builder, self.model_filter
         if self.num_off_total:
             n = self.num_off_total
-            builder.warnings.append(f"{self.first_off_total}; {n} replayed row{'s' * (n != 1)} so: the replay uses "
-                                    "Request and Response tokens (check the columns)")
+            # Counted over the file's rows as read (--limit and --time-window cut the trace after): "replayed"
+            # named 4 rows where --limit 1 replayed none of them.
+            builder.warnings.append(f"{self.first_off_total}; {n} row{'s' * (n != 1)} of the file so: their requests "
+                                    "take Request and Response tokens (check the columns)")
         if wanted is not None and not builder.arrival and builder.dropped.get(f"model other than {wanted}"):
             raise ServesimError(f"{builder.path}: no request of model {wanted!r}; the trace has "
                                 f"{', '.join(sorted(self.models))}")
