@@ -30,8 +30,9 @@ PROMPT = {"canonical": "prompt_tokens", "azure": "ContextTokens", "burstgpt": "R
 def row(fmt: str, arrival_s: float, prompt, output) -> str:
     if fmt == "azure":
         return f"2023-11-16 18:15:{arrival_s:09.6f},{prompt},{output}"
-    if fmt == "burstgpt":
-        return f"{arrival_s},ChatGPT,{prompt},{output},0,API log"
+    if fmt == "burstgpt":  # Total tokens the sum, as BurstGPT's files have it (else a warning says so)
+        total = prompt + output if isinstance(prompt, int) and isinstance(output, int) else 0
+        return f"{arrival_s},ChatGPT,{prompt},{output},{total},API log"
     if fmt == "mooncake":
         return json.dumps({"timestamp": arrival_s * 1000, "input_length": prompt, "output_length": output})
     return f"{arrival_s},{prompt},{output}"
