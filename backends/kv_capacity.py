@@ -120,7 +120,8 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
                 max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1, dtype: str = "bf16",
                 kv_cache_dtype: str = "auto", max_model_len: int | None = None,
                 num_gpu_blocks_override: int | None = None, dp: int = 1,
-                enable_expert_parallel: bool = False, async_scheduling: bool = True) -> KVCapacity:
+                enable_expert_parallel: bool = False, async_scheduling: bool = True,
+                disable_hybrid_kv_cache_manager: bool = False) -> KVCapacity:
     """The blocks vLLM would allocate; with `num_gpu_blocks_override` that figure, taken as given
     (the memory checks then do not apply). `dp`, `enable_expert_parallel`: where a mixture of
     experts' experts lie (the figures are one GPU's, of one DP rank: each rank has its own cache).
@@ -134,7 +135,9 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     sliding one (`KVCacheGroup.blocks_held`). A model whose only group slides (Mistral-7B-v0.1) starts
     when a window's blocks fit, as vLLM checks it (sim/sliding_block_manager.py holds them).
     `async_scheduling`: the server's, which sets the tokens in flight that a sliding window's
-    admission cap counts (`max_in_flight_tokens`)."""
+    admission cap counts (`max_in_flight_tokens`). `disable_hybrid_kv_cache_manager`: vLLM's
+    --disable-hybrid-kv-cache-manager; a model of sliding and full-attention layers is then sized and
+    checked as one of full-attention layers only (`kv_cache_groups`)."""
     hardware.check_tp(tp)
     if enable_expert_parallel and not model.num_experts:
         raise ServesimError(f"--enable-expert-parallel splits a mixture of experts' experts; model {model.name} has "
@@ -151,7 +154,7 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
     terms["available"] = available
     if num_gpu_blocks_override is not None:  # checked by sim.config.CacheConfig
         vllm = _vllm(model, available, block_size, max_model_len, max_in_flight_tokens(max_num_batched_tokens, async_scheduling),
-                     tp, kv_cache_dtype, num_gpu_blocks_override)
+                     tp, kv_cache_dtype, disable_hybrid_kv_cache_manager, num_gpu_blocks_override)
         if vllm is not None and len(vllm["groups"]) > 1:
             block_bytes = vllm["bytes_per_block"]
         return KVCapacity(num_gpu_blocks_override, block_bytes, terms, "--num-gpu-blocks", vllm)
@@ -165,7 +168,7 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
             "cache; choose bigger hardware, a larger --tp or a smaller model")
     num_blocks = available // block_bytes
     vllm = _vllm(model, available, block_size, max_model_len, max_in_flight_tokens(max_num_batched_tokens, async_scheduling),
-                 tp, kv_cache_dtype)
+                 tp, kv_cache_dtype, disable_hybrid_kv_cache_manager)
     if vllm is not None and (len(vllm["groups"]) > 1 or vllm["groups"][0]["kind"] == "sliding_attention"):
         num_blocks, block_bytes = vllm["num_blocks"], vllm["bytes_per_block"]
         needed = sum(g["max_blocks_per_request"] for g in vllm["groups"])
@@ -187,13 +190,15 @@ def kv_capacity(model: ModelConfig, hardware: Hardware, *, block_size: int, gpu_
 
 
 def _vllm(model: ModelConfig, available: int, block_size: int, max_model_len: int | None,
-          max_in_flight_tokens: int, tp: int, kv_cache_dtype: str, override: int | None = None) -> dict | None:
+          max_in_flight_tokens: int, tp: int, kv_cache_dtype: str, disable_hybrid_kv_cache_manager: bool,
+          override: int | None = None) -> dict | None:
     if not model.is_extended or (available <= 0 and override is None):
         return None
     return vllm_kv_cache(model, available, block_size=block_size,
                          max_model_len=max_model_len or model.max_position_embeddings,
                          max_in_flight_tokens=max_in_flight_tokens, tp=tp,
-                         kv_cache_dtype=kv_cache_dtype, num_gpu_blocks_override=override)
+                         kv_cache_dtype=kv_cache_dtype, num_gpu_blocks_override=override,
+                         disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
 
 
 # Mixture of experts, MLA and sliding windows as vLLM allocates them.
@@ -248,19 +253,30 @@ class KVCacheGroup:
         return blocks - min(skipped, blocks)
 
 
-def kv_cache_groups(model: ModelConfig) -> list[KVCacheGroup]:
+def kv_cache_groups(model: ModelConfig, disable_hybrid_kv_cache_manager: bool = False) -> list[KVCacheGroup]:
     """The KV cache groups vLLM makes of the model's layers. One group of every layer when they are
     all alike (_get_kv_cache_groups_uniform_spec); else the hybrid manager's
     _get_kv_cache_groups_uniform_page_size: the layers of each kind in one bucket; the group size
     is the smallest bucket's layer count (the largest's when that is under 1.5 times it); each bucket
     is split into cdiv(count, group size) groups, layers[i::num_groups] in the i-th. Every layer's page
     is the same size here (all layers share num_kv_heads and head_dim), so no page is padded
-    (unify_kv_cache_spec_page_size)."""
+    (unify_kv_cache_spec_page_size).
+
+    With `disable_hybrid_kv_cache_manager` (vLLM's --disable-hybrid-kv-cache-manager,
+    SchedulerConfig.disable_hybrid_kv_cache_manager) a model of sliding and full-attention layers is
+    one full-attention group of every layer: get_kv_cache_groups calls unify_hybrid_kv_cache_specs,
+    whose _promote_local_kv_cache_specs turns each SlidingWindowSpec into a FullAttentionSpec (its
+    window kept for the attention kernel only), and the specs, now alike, make one group
+    (vllm/v1/core/kv_cache_planning.py, vLLM 0.33 and 0.34). Each layer then holds every token's KV and
+    no block is freed as the window slides. A model whose every layer slides (Mistral-7B-v0.1) keeps
+    its sliding group: the promotion needs full-attention layers beside the sliding ones."""
     kinds = model.layer_types or ("full_attention",) * model.num_hidden_layers
     buckets: dict[str, int] = {}
     for kind in kinds:
         buckets[kind] = buckets.get(kind, 0) + 1
     window = model.sliding_window
+    if disable_hybrid_kv_cache_manager and set(buckets) == {"full_attention", "sliding_attention"}:
+        return [KVCacheGroup("full_attention", model.num_hidden_layers)]
     if len(buckets) == 1:
         kind, count = next(iter(buckets.items()))
         return [KVCacheGroup(kind, count, window if kind == "sliding_attention" else None)]
@@ -277,7 +293,7 @@ def kv_cache_groups(model: ModelConfig) -> list[KVCacheGroup]:
 
 def vllm_kv_cache(model: ModelConfig, available: int, *, block_size: int, max_model_len: int,
                   max_in_flight_tokens: int, tp: int = 1, kv_cache_dtype: str = "auto",
-                  num_gpu_blocks_override: int | None = None) -> dict:
+                  num_gpu_blocks_override: int | None = None, disable_hybrid_kv_cache_manager: bool = False) -> dict:
     """vLLM's KV cache for `available` bytes on one GPU, and how many tokens it fits
     (vllm/v1/core/kv_cache_planning.py and kv_cache_utils.py):
     - blocks: get_kv_cache_config_from_groups, available // bytes_per_block, a block's bytes the
@@ -288,8 +304,9 @@ def vllm_kv_cache(model: ModelConfig, available: int, *, block_size: int, max_mo
     - tokens: get_kv_cache_capacity, int(max_concurrency x max_model_len), with max_concurrency =
       num_blocks / the blocks one request of max_model_len tokens takes from every group together
       (get_max_concurrency_for_kv_cache_config; `KVCacheGroup.max_blocks_per_request`);
-      `max_in_flight_tokens` as the function of that name gives it (two batches asynchronously)."""
-    groups = kv_cache_groups(model)
+      `max_in_flight_tokens` as the function of that name gives it (two batches asynchronously).
+    `disable_hybrid_kv_cache_manager`: the groups of that flag (`kv_cache_groups`)."""
+    groups = kv_cache_groups(model, disable_hybrid_kv_cache_manager)
     layers = model.num_hidden_layers
     page = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype) // layers
     bytes_per_block = max(g.num_layers for g in groups) * page

@@ -392,6 +392,17 @@ class CacheConfig:
                                                 "(default: {default})")
     enable_prefix_caching: bool = option(True, flag="--no-prefix-caching", negate=True,
                                          help="turn prefix caching off")
+    # vLLM's --disable-hybrid-kv-cache-manager (SchedulerConfig.disable_hybrid_kv_cache_manager; vLLM
+    # leaves it off on GPUs unless a KV connector without hybrid support is configured or the model
+    # uses chunked local attention, VllmConfig.__post_init__). A model of sliding and full-attention
+    # layers is then sized and managed as one of full-attention layers only (backends/kv_capacity.py
+    # kv_cache_groups); its sliding layers still compute over their window. Other models: no change.
+    disable_hybrid_kv_cache_manager: bool = option(
+        False, flag="--disable-hybrid-kv-cache-manager", boolean=True,
+        help="a model of sliding-window and full-attention layers (gpt-oss, Gemma 2 and 3) keeps every token's KV "
+             "in every layer, as vLLM's --disable-hybrid-kv-cache-manager: one full-attention KV cache group, no "
+             "block freed as the window slides (the sliding layers' compute is still the window's); no effect on "
+             "other models (default: off, vLLM's on a GPU)")
 
     def __post_init__(self) -> None:
         check_options(self)

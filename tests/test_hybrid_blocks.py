@@ -163,3 +163,60 @@ def test_the_most_tokens_a_request_may_hold_is_the_last_count_whose_blocks_fit(m
     bm = make()
     fits = [t for t in range(0, bm.num_blocks * bm.block_size + 2) if bm.max_blocks_needed(t) <= bm.num_blocks]
     assert bm.max_request_tokens() == max(fits) and fits == list(range(max(fits) + 1))
+
+
+def test_the_plan_without_the_hybrid_manager_builds_the_plain_one():
+    # --disable-hybrid-kv-cache-manager: gpt-oss's 36 layers are one full-attention group (vLLM's
+    # FullAttentionManager): the plain block manager, half the blocks (each holds every layer), summary
+    # naming the flag; a run of a model without sliding layers is unchanged.
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.config import CacheConfig
+
+    on = CacheConfig(disable_hybrid_kv_cache_manager=True)
+    hybrid = resolve(ReplayOptions(model="gpt-oss-120b", hardware="H200"), build_backend=False)
+    flat = resolve(ReplayOptions(model="gpt-oss-120b", hardware="H200", cache=on), build_backend=False)
+    assert type(flat.make_block_manager()) is BlockManager
+    assert flat.num_blocks == hybrid.num_blocks // 2 and flat.kv.block_bytes == 2 * hybrid.kv.block_bytes
+    assert flat.as_dict()["cache"]["disable_hybrid_kv_cache_manager"] is True
+    assert "disable_hybrid_kv_cache_manager" not in hybrid.as_dict()["cache"]
+    dense = [resolve(ReplayOptions(model="Qwen3-30B-A3B", hardware="H200", cache=c), build_backend=False)
+             for c in (CacheConfig(), on)]
+    assert dense[0].num_blocks == dense[1].num_blocks and type(dense[1].make_block_manager()) is BlockManager
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 30), st.sampled_from([8, 64, 128, 512, 4096]), st.sampled_from([16, 32, 64]),
+       st.integers(1, 2**36), st.integers(1, 1 << 17), st.sampled_from([2048, 4096, 16384]), st.booleans())
+def test_without_the_hybrid_manager_a_hybrid_model_is_sized_as_full_attention(num_sliding, num_full, window, block_size,
+                                                                              available, max_model_len, in_flight,
+                                                                              sliding_first):
+    """Any mix of sliding and full-attention layers under --disable-hybrid-kv-cache-manager: one
+    full-attention group of every layer, the blocks and tokens of the same model with no sliding layer
+    (vLLM's unify_hybrid_kv_cache_specs). (Not always fewer tokens than the hybrid manager's: with a
+    window near the context and unequal groups, its padded blocks can hold less.)"""
+    import os
+    import tempfile
+
+    from backends.kv_capacity import vllm_kv_cache
+    from tests.moe_configs import GEMMA2_9B
+
+    kinds = ["sliding_attention"] * num_sliding + ["full_attention"] * num_full
+    if not sliding_first:
+        kinds.reverse()
+    base = {**GEMMA2_9B, "num_hidden_layers": len(kinds), "sliding_window": window,
+            "max_position_embeddings": 1 << 17}
+    folder = tempfile.mkdtemp(prefix="servesim-no-hybrid-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**base, "layer_types": kinds}, f)
+    model = ModelConfig.from_hf(folder)
+    assert model.layer_types == tuple(kinds)
+    args = dict(block_size=block_size, max_model_len=max_model_len, max_in_flight_tokens=in_flight)
+    flat = vllm_kv_cache(model, available, **args, disable_hybrid_kv_cache_manager=True)
+    assert [(g["kind"], g["num_layers"]) for g in flat["groups"]] == [("full_attention", len(kinds))]
+    assert flat["bytes_per_block"] == block_size * model.kv_bytes_per_token()
+    assert flat["num_blocks"] == available // flat["bytes_per_block"]
+    assert flat["groups"][0]["max_blocks_per_request"] == -(-max_model_len // block_size)
+    blocks_per_request = -(-max_model_len // block_size)
+    assert flat["tokens"] == int(flat["num_blocks"] / blocks_per_request * max_model_len)
+    assert len(vllm_kv_cache(model, available, **args)["groups"]) >= 2  # the hybrid manager's groups

@@ -99,3 +99,47 @@ def test_bad_hardware_files_name_the_file_and_field(tmp_path, change, message):
         resolve_hardware(str(path))
     with pytest.raises(ServesimError, match="not a preset"):
         resolve_hardware("TPU-v5")
+
+
+def test_gpt_oss_without_the_hybrid_manager_by_hand():
+    # gpt-oss-120b: 36 layers (18 sliding, window 128; 18 full), 8 KV heads of 64, bf16: one layer's
+    # page of 16 tokens is 16 x 2 x 8 x 64 x 2 = 32,768 bytes. 10 GiB for the cache, max_model_len 131,072,
+    # two batches of 2,048 tokens in flight.
+    from backends.kv_capacity import kv_cache_groups, vllm_kv_cache
+    from backends.model_config import resolve_model
+
+    model = resolve_model("gpt-oss-120b")
+    page, available = 16 * 2 * 8 * 64 * 2, 10 * GIB
+    args = dict(block_size=16, max_model_len=131072, max_in_flight_tokens=4096)
+    # The hybrid manager: two groups of 18 layers, a block 18 pages; a request of 131,072 tokens takes
+    # 8,192 full blocks and cdiv(127 + 4096, 16) + 1 = 265 sliding ones.
+    hybrid = vllm_kv_cache(model, available, **args)
+    assert hybrid["bytes_per_block"] == 18 * page and hybrid["num_blocks"] == available // (18 * page) == 18204
+    assert hybrid["tokens"] == int(18204 / (8192 + 265) * 131072) == 282137
+    # --disable-hybrid-kv-cache-manager: one full-attention group of all 36 layers, a block 36 pages,
+    # every token's KV kept: as a model of full-attention layers only, 9,102 blocks, 145,632 tokens.
+    assert [(g.kind, g.num_layers) for g in kv_cache_groups(model, True)] == [("full_attention", 36)]
+    flat = vllm_kv_cache(model, available, **args, disable_hybrid_kv_cache_manager=True)
+    assert flat["bytes_per_block"] == 36 * page == 16 * model.kv_bytes_per_token()
+    assert flat["num_blocks"] == available // (36 * page) == 9102 and flat["tokens"] == 9102 * 16
+    # A model whose every layer slides, or none does, is unchanged by the flag (vLLM promotes a sliding
+    # layer only beside full-attention ones: _promote_local_kv_cache_specs).
+    for other in (ModelConfig.from_preset("Llama-3.1-8B"),):
+        assert kv_cache_groups(other, True) == kv_cache_groups(other)
+
+
+def test_gpt_oss_on_an_h100_without_the_hybrid_manager_needs_a_shorter_context():
+    # On an H100 the flag halves gpt-oss-120b's blocks (each holds all 36 layers): 7,193 blocks, 115,088
+    # tokens, fewer than one request of its 131,072: vLLM would not start.
+    from backends.model_config import resolve_model
+
+    model = resolve_model("gpt-oss-120b")
+    hybrid = blocks(model, max_model_len=131072)
+    assert hybrid.num_gpu_blocks == 14386
+    with pytest.raises(ServesimError, match=r"\(7193 blocks of 16 tokens\) cannot hold one request of --max-model-len "
+                                            r"131072 tokens.*at most 115088"):
+        blocks(model, max_model_len=131072, disable_hybrid_kv_cache_manager=True)
+    flat = blocks(model, max_model_len=65536, disable_hybrid_kv_cache_manager=True)
+    assert flat.num_gpu_blocks == 7193 and flat.block_bytes == 2 * hybrid.block_bytes
+    assert flat.vllm["groups"] == [{"kind": "full_attention", "num_layers": 36, "sliding_window": None,
+                                    "max_blocks_per_request": 4096}]

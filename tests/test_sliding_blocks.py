@@ -224,3 +224,20 @@ def test_whole_prompt_policies_count_a_whole_prompt_in_flight(tmp_path, policy):
     chunked = resolve(ReplayOptions(model=options.model, hardware="H100-SXM", scheduler=SchedulerConfig(
         "chunked", 512, 16, max_model_len=4096, async_scheduling=False), cache=options.cache))
     assert chunked.make_block_manager().max_admission_blocks == -(-(127 + 512) // 16) + 1  # vLLM's, unchanged
+
+
+def test_the_flag_leaves_a_model_whose_every_layer_slides(tmp_path):
+    # vLLM's --disable-hybrid-kv-cache-manager promotes a sliding layer only beside full-attention ones
+    # (vllm/v1/core/kv_cache_planning.py _promote_local_kv_cache_specs): Mistral-7B-v0.1 keeps its window.
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.config import CacheConfig
+
+    folder = _mistral(tmp_path)
+    plans = [resolve(ReplayOptions(model=folder, hardware="H100-SXM",
+                                   cache=CacheConfig(disable_hybrid_kv_cache_manager=flag)), build_backend=False)
+             for flag in (False, True)]
+    assert plans[0].num_blocks == plans[1].num_blocks and plans[0].kv.vllm == plans[1].kv.vllm
+    managers = [p.make_block_manager() for p in plans]
+    assert all(type(bm) is SlidingWindowBlockManager and bm.groups == (("sliding_attention", 4096),)
+               for bm in managers)

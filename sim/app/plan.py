@@ -75,9 +75,11 @@ class RunPlan:
         full-attention ones in several KV cache groups) gets vLLM's sliding-window manager
         (sim/sliding_block_manager.py), its layout handed over as plain data (the core imports no
         backend): each group's kind and window, and SlidingWindowSpec's admission tokens (window - 1 +
-        vLLM's tokens in flight, at most max_model_len)."""
+        vLLM's tokens in flight, at most max_model_len). With --disable-hybrid-kv-cache-manager a model
+        of sliding and full-attention layers has one full-attention group (kv_cache_groups): the plain
+        block manager, vLLM's FullAttentionManager under its UnitaryKVCacheCoordinator."""
         cache, scheduler = self.options.cache, self.options.scheduler
-        groups = kv_cache_groups(self.model)
+        groups = kv_cache_groups(self.model, cache.disable_hybrid_kv_cache_manager)
         if any(g.kind == "sliding_attention" for g in groups):
             window = max(g.sliding_window or 0 for g in groups)
             # A step's tokens: at most the budget, or (a policy admitting whole prompts beyond it) a whole prompt.
@@ -140,6 +142,8 @@ class RunPlan:
         if d["scheduler"]["stream_interval"] == 1:
             del d["scheduler"]["stream_interval"]  # runs streaming every token keep the summary they had
         d["cache"]["num_blocks"] = self.num_blocks
+        if not d["cache"]["disable_hybrid_kv_cache_manager"]:
+            del d["cache"]["disable_hybrid_kv_cache_manager"]  # runs without it keep the summary they had
         cluster = d.pop("cluster")
         if not self.options.cluster.is_single:
             d["cluster"] = cluster
@@ -344,7 +348,8 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                          tp=options.tp, dtype=options.dtype, kv_cache_dtype=options.kv_cache_dtype,
                          max_model_len=max_model_len or limit, num_gpu_blocks_override=cache.num_blocks,
                          dp=options.dp, enable_expert_parallel=options.enable_expert_parallel,
-                         async_scheduling=scheduler.async_scheduling)
+                         async_scheduling=scheduler.async_scheduling,
+                         disable_hybrid_kv_cache_manager=cache.disable_hybrid_kv_cache_manager)
         num_blocks = kv.num_gpu_blocks  # capped to MAX_NUM_BLOCKS, and said so (kv.capped_from)
     cluster = options.cluster
     router = load_router(cluster.router)
