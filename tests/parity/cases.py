@@ -228,6 +228,15 @@ def hybrid_cases() -> list[Case]:
     return cases
 
 
+def no_hybrid_cases() -> list[Case]:
+    """The sliding and hybrid cases under vLLM's --disable-hybrid-kv-cache-manager, named `no-hybrid-...`:
+    vLLM's scheduler over the groups its get_kv_cache_groups makes with the flag (the hybrid cases: one
+    full-attention group of both layers, FullAttentionManager; the sliding cases: unchanged, a model
+    whose every layer slides keeps its SlidingWindowManager)."""
+    return [replace(with_setup(case, disable_hybrid_kv_cache_manager=True), name=f"no-hybrid-{case.name}")
+            for case in sliding_cases() + hybrid_cases()]
+
+
 def cache_aware_cases() -> list[Case]:
     """vLLM 0.34's cache-aware admission (`--cache-aware-admission-window`; skipped on a vLLM without
     it): a hand case where the window moves a request with a cached prefix ahead of an earlier one,

@@ -92,10 +92,13 @@ def options_for(setup: EngineSetup) -> ReplayOptions:
         sched["max_num_active_seqs"] = setup.max_num_active_seqs or 0  # servesim's unset is 0
     if "host_time" in known:
         sched["host_time"] = False  # the step-time function is the whole step, as the vLLM driver's
+    cache = {}
+    if setup.disable_hybrid_kv_cache_manager:  # (a servesim without the flag fails such a case)
+        cache["disable_hybrid_kv_cache_manager"] = True
     return ReplayOptions(
         scheduler=SchedulerConfig(**sched),
         cache=CacheConfig(block_size=setup.block_size, num_blocks=setup.num_gpu_blocks,
-                          enable_prefix_caching=setup.enable_prefix_caching),
+                          enable_prefix_caching=setup.enable_prefix_caching, **cache),
         model=MODEL if setup.sliding_window is None else
         (hybrid_model if setup.hybrid else sliding_model)(setup.sliding_window))
 

@@ -1,7 +1,8 @@
 """servesim's KV cache groups, blocks and token capacity for MLA and sliding-window models against
 vLLM's own functions (vllm/v1/core/kv_cache_planning.py get_kv_cache_groups and
 get_kv_cache_config_from_groups, vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity) on the same
-layers' specs (FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec).
+layers' specs (FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec), with and without vLLM's
+--disable-hybrid-kv-cache-manager.
 
 Skipped where vLLM is not installed (the `parity` extra: see the README).
 """
@@ -33,7 +34,8 @@ from tests.parity.vllm_driver import allow_config_without_triton  # noqa: E402
 allow_config_without_triton()
 
 
-def vllm_config(max_model_len: int, block_size: int, max_num_batched_tokens: int) -> VllmConfig:
+def vllm_config(max_model_len: int, block_size: int, max_num_batched_tokens: int,
+                disable_hybrid_kv_cache_manager: bool = False) -> VllmConfig:
     folder = tempfile.mkdtemp(prefix="servesim-kv-parity-")
     LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=1, max_position_embeddings=1 << 20,
@@ -41,7 +43,8 @@ def vllm_config(max_model_len: int, block_size: int, max_num_batched_tokens: int
     model = VllmModelConfig(model=folder, skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                             max_model_len=max_model_len)
     scheduler = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=max_num_batched_tokens,
-                                max_model_len=max_model_len, is_encoder_decoder=False, enable_chunked_prefill=True)
+                                max_model_len=max_model_len, is_encoder_decoder=False, enable_chunked_prefill=True,
+                                disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager or None)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=CacheConfig(block_size=block_size))
     config.cache_config.kv_cache_layout = "NHD"  # what the engine core resolves for FlashAttention
     return config
@@ -80,16 +83,21 @@ def from_config(config: dict) -> ModelConfig:
     ("gemma2", 2, 32, 8192, 5 * 2**30),
     ("mistral-v0.1", 1, 16, 32768, 7 * 2**30),
 ])
-def test_blocks_and_tokens_as_vllm(name, tp, block_size, max_model_len, available):
+@pytest.mark.parametrize("disable_hybrid", [False, True], ids=["hybrid", "no-hybrid"])
+def test_blocks_and_tokens_as_vllm(name, tp, block_size, max_model_len, available, disable_hybrid):
+    """With disable_hybrid, vLLM's --disable-hybrid-kv-cache-manager: get_kv_cache_groups promotes a
+    sliding layer beside full-attention ones to full attention (unify_hybrid_kv_cache_specs)."""
     configs = {"gemma3": GEMMA3_1B, "gemma2": GEMMA2_9B, "mistral-v0.1": MISTRAL_7B_V01}
     model = from_config(configs[name]) if name in configs else resolve_model(name)
-    config = vllm_config(max_model_len, block_size, 2048)
+    config = vllm_config(max_model_len, block_size, 2048, disable_hybrid)
+    assert config.scheduler_config.disable_hybrid_kv_cache_manager is disable_hybrid  # (vLLM's default on: off)
     groups = get_kv_cache_groups(config, specs(model, block_size, tp))
     theirs = get_kv_cache_config_from_groups(config, groups, available)
     tokens, _ = get_kv_cache_capacity(config, theirs)
     ours = vllm_kv_cache(model, available, block_size=block_size, max_model_len=max_model_len,
-                         max_in_flight_tokens=config.max_in_flight_tokens, tp=tp)
-    assert [(g.kind == "sliding_attention", g.num_layers) for g in kv_cache_groups(model)] == [
+                         max_in_flight_tokens=config.max_in_flight_tokens, tp=tp,
+                         disable_hybrid_kv_cache_manager=disable_hybrid)
+    assert [(g.kind == "sliding_attention", g.num_layers) for g in kv_cache_groups(model, disable_hybrid)] == [
         (isinstance(g.kv_cache_spec, SlidingWindowSpec), len(g.layer_names)) for g in groups]
     assert ours["num_blocks"] == theirs.num_blocks
     assert ours["tokens"] == tokens

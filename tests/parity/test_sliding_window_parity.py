@@ -9,7 +9,10 @@
 - the blocks a hybrid model's sliding group frees (sim/sliding_block_manager.py) against
   SlidingWindowManager.get_num_skipped_tokens (vllm/v1/core/single_type_kv_cache_manager.py), called on
   a stand-in holding the fields it reads, and remove_skipped_blocks' rule (skipped // block_size blocks,
-  at most the table's): scheduled again after a step, a request holds its table less those blocks.
+  at most the table's): scheduled again after a step, a request holds its table less those blocks;
+- the same sliding and hybrid cases under vLLM's --disable-hybrid-kv-cache-manager (`no_hybrid_cases`:
+  vLLM's scheduler over the groups its get_kv_cache_groups makes with the flag), synchronous and
+  asynchronous, the hybrid ones with fast-forward on and off.
 
 Skipped where vLLM is not installed (the `parity` extra: see the README).
 """
@@ -28,7 +31,7 @@ stkcm = pytest.importorskip("vllm.v1.core.single_type_kv_cache_manager",
 
 from sim.request import Request  # noqa: E402
 from sim.sliding_block_manager import SlidingWindowBlockManager  # noqa: E402
-from tests.parity.cases import async_variant, hybrid_cases, sliding_cases  # noqa: E402
+from tests.parity.cases import async_variant, hybrid_cases, no_hybrid_cases, sliding_cases  # noqa: E402
 from tests.parity.run import assert_schedules_as_vllm  # noqa: E402
 
 SLIDING = sliding_cases() + hybrid_cases()
@@ -38,6 +41,19 @@ SLIDING += [async_variant(c) for c in SLIDING]
 @pytest.mark.parametrize("case", SLIDING, ids=[c.name for c in SLIDING])
 def test_a_sliding_model_schedules_as_vllm(case):
     assert_schedules_as_vllm(case, fast_forward=True)  # (a sliding cache takes no runs: stepped)
+
+
+NO_HYBRID = no_hybrid_cases()
+NO_HYBRID += [async_variant(c) for c in NO_HYBRID]
+# A hybrid case under the flag is one full-attention group (the plain block manager, which takes
+# fast-forward runs): both settings; a model whose every layer slides keeps its sliding manager (stepped).
+NO_HYBRID_RUNS = [(c, ff) for c in NO_HYBRID for ff in ((True, False) if c.setup.hybrid else (True,))]
+
+
+@pytest.mark.parametrize("case,fast_forward", NO_HYBRID_RUNS,
+                         ids=[f"{c.name}-ff-{'on' if ff else 'off'}" for c, ff in NO_HYBRID_RUNS])
+def test_without_the_hybrid_manager_schedules_as_vllm(case, fast_forward):
+    assert_schedules_as_vllm(case, fast_forward)
 
 
 @pytest.mark.parametrize("window,block_size", [(128, 16), (512, 16), (4096, 16), (128, 32), (5, 4)])

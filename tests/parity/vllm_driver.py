@@ -39,6 +39,7 @@ from transformers import LlamaConfig
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -97,6 +98,9 @@ class EngineSetup:
     async_scheduling: bool = False  # vLLM's AsyncScheduler driven as the engine core's batch queue drives it
     sliding_window: int | None = None  # one group of sliding-window layers (SlidingWindowSpec) in place of full attention
     hybrid: bool = False  # with sliding_window: a sliding group, then a full-attention group (gpt-oss, Gemma 2)
+    # vLLM's --disable-hybrid-kv-cache-manager: the groups are what vLLM's get_kv_cache_groups makes of the layers'
+    # specs with it (a sliding layer beside a full one promoted to full attention: one group)
+    disable_hybrid_kv_cache_manager: bool = False
     watermark: float = 0.0  # blocks kept free at admission while any request runs
     max_num_active_seqs: int | None = None  # the admission limit into RUNNING (None: max_num_seqs)
     cache_aware_admission_window: int = 0  # vLLM 0.34's cache-aware admission (0: off; not in 0.33)
@@ -195,7 +199,7 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         scheduler_reserve_full_isl=setup.reserve_full_isl, async_scheduling=setup.async_scheduling,
         watermark=setup.watermark, long_prefill_token_threshold_adaptive=setup.long_prefill_token_threshold_adaptive,
         prefill_schedule_interval=setup.prefill_schedule_interval, max_num_active_seqs=setup.max_num_active_seqs,
-        **extra)
+        disable_hybrid_kv_cache_manager=setup.disable_hybrid_kv_cache_manager or None, **extra)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     # VllmConfig turns asynchronous scheduling off on this CPU platform; on a GPU it stays on, and
@@ -215,6 +219,11 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
     groups = [KVCacheGroupSpec(["layer"], spec)]
     if setup.hybrid:
         groups.append(KVCacheGroupSpec(["full"], FullAttentionSpec(**layer)))
+    if setup.disable_hybrid_kv_cache_manager:
+        # vLLM's own grouping under the flag (vllm/v1/core/kv_cache_planning.py get_kv_cache_groups:
+        # unify_hybrid_kv_cache_specs, then one group of the specs now alike), from each layer's spec.
+        assert config.scheduler_config.disable_hybrid_kv_cache_manager is True
+        groups = get_kv_cache_groups(config, {name: g.kv_cache_spec for g in groups for name in g.layer_names})
     kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cache.num_gpu_blocks = num_blocks
     kind = AsyncScheduler if setup.async_scheduling else Scheduler
