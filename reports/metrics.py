@@ -222,14 +222,17 @@ def format_summary(summary: dict) -> str:
     names = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
     unit, scale = latency_unit([summary[n][q] for n in names for q in ("mean", "p50", "p90", "p99")])
 
+    def rate(x: float | None, spec: str) -> str:  # None (nothing completed: summary.json's null) as "-", not 0
+        return "-" if x is None else format(x, spec)
+
     def ms(x: float | None) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:10.1f}"
 
     lines = [
         f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
         f"{summary['preemptions']} preemptions, {summary['num_steps']} steps",
-        f"duration {summary['duration_s']:.1f} s   throughput {summary['request_throughput'] or 0:.2f} req/s, "
-        f"{summary['output_throughput'] or 0:.0f} output tok/s, {summary['total_token_throughput'] or 0:.0f} tok/s",
+        f"duration {summary['duration_s']:.1f} s   throughput {rate(summary['request_throughput'], '.2f')} req/s, "
+        f"{rate(summary['output_throughput'], '.0f')} output tok/s, {rate(summary['total_token_throughput'], '.0f')} tok/s",
     ]
     for reason, count in summary.get("reject_reasons", {}).items():  # (N: the figures vary by request)
         lines.append(f"  rejected {count}: {reason}")

@@ -29,6 +29,7 @@ from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Request, Status
 from tests.helpers import ConstantBackend, make_trace, one_error_line, sim
+from traces import AZURE_CONV_SAMPLE
 
 MODEL = "Qwen3-0.6B"
 HTTP_503 = "HTTP 503"
@@ -315,3 +316,11 @@ def test_options_refuse_the_combinations_in_python_too():
     with pytest.raises(ServesimError, match="--dp 2"):
         options(tokens=10, dp=2)
     assert options(reqs=10, dp=2).scheduler.max_num_queued_reqs == 10
+
+
+def test_a_run_that_rejected_every_request_prints_no_throughput(tmp_path, capsys):
+    # Nothing completed: summary.json's throughputs are null, and the terminal says "-", not 0.
+    assert sim("replay", AZURE_CONV_SAMPLE, "--limit", 5, "--max-num-queued-reqs", 0, "--out", tmp_path / "r") == 0
+    out = capsys.readouterr().out
+    assert "requests 0 completed, 5 rejected" in out and "throughput - req/s, - output tok/s, - tok/s" in out
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["request_throughput"] is None
