@@ -115,6 +115,8 @@ def test_compare_writes_every_error_figure_and_the_report(setup):
         assert errors[f"{name}_rel_error"] == pytest.approx((predicted[name] - measured[name]) / measured[name], rel=1e-9)
     assert data["step_error"]["all"]["count"] == len(comparison.steps) == len(comparison.measured.steps)
     assert errors == figures["errors"]
+    assert data["requests"] == {run: {"completed": summary["completed"], "rejected": summary["rejected"]}
+                                for run, summary in (("measured", measured), ("predicted", predicted))}
     # The stand-in is the datasheet roofline with 2% noise: the calibrated model predicts it closely.
     assert errors["step_all_median_ape"] < 0.1
     page = (out / "report.html").read_text()
@@ -180,6 +182,7 @@ def test_compare_where_every_request_is_rejected_says_there_is_nothing_to_compar
                  "--out", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert "no figure for ttft_p50_rel_error (nothing to compare" in out and "missed" not in out
+    assert "requests measured 0 completed, 2 rejected; predicted 0 completed, 2 rejected" in out
     assert (tmp_path / "c" / "report.html").is_file()
 
 

@@ -140,9 +140,13 @@ def error_figures(steps: pd.DataFrame, measured_summary: dict, predicted_summary
     for name, value in metrics.items():
         errors[f"{name}_rel_error"] = value["relative_error"]
     targets = {name: (errors[name] is not None and abs(errors[name]) <= limit) for name, limit in TARGETS.items()}
+    # How many requests each run completed and rejected (too long, HTTP 503): the figures above are of the
+    # completed, so two runs that shed different requests are compared on different requests.
+    requests = {run: {"completed": summary["completed"], "rejected": summary["rejected"]}
+                for run, summary in (("measured", measured_summary), ("predicted", predicted_summary))}
     return {"errors": errors, "step_error": step_error,
             "step_total_seconds": {"measured": total_measured, "predicted": total_predicted},
-            "metrics": metrics, "targets": {"limits": TARGETS, "met": targets}}
+            "metrics": metrics, "requests": requests, "targets": {"limits": TARGETS, "met": targets}}
 
 
 def format_comparison(figures: dict) -> str:
@@ -160,6 +164,8 @@ def format_comparison(figures: dict) -> str:
         lines.append(f"  {kind:<10}{s['count']:>8}{pct(s['median_ape']):>12}{pct(s['p90_ape']):>10}"
                      f"{pct(s['max_ape']):>10}{pct(s['median_error'], signed=True):>10}")
     lines += ["end to end, measured run against an independent cost-model run (ms; throughput per s)",
+              "  requests " + "; ".join(f"{run} {n['completed']} completed, {n['rejected']} rejected"
+                                        for run, n in figures["requests"].items()),
               f"  {'metric':<24}{'measured':>12}{'predicted':>12}{'rel. error':>12}"]
     for name, m in figures["metrics"].items():
         lines.append(f"  {name:<24}{value(name, m['measured']):>12}{value(name, m['predicted']):>12}"
