@@ -56,6 +56,21 @@ class ConstantBackend:
         return StepResult(self.seconds, {})
 
 
+class TokenBackend:
+    """0.5 s plus 0.25 s per scheduled token (its `work` in the breakdown): steps that carry more tokens take
+    longer, as a GPU's do (the data-parallel and admission-limit tests)."""
+
+    name = "tokens"
+    device = device_name = "cpu"
+    dtype = "float32"
+    num_blocks = None
+    supports_fast_forward = False
+
+    def execute(self, batch) -> StepResult:
+        work = 0.25 * sum(batch.num_scheduled_tokens)
+        return StepResult(0.5 + work, {"work": work})
+
+
 def replay_with_blocks(bm, rows, config, check) -> None:
     """Random workloads against a block manager (tests/test_sliding_blocks.py, test_hybrid_blocks.py):
     rows (arrival, prompt, output, hash seed) through one `chunked` engine on `bm` with `config`,

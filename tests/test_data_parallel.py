@@ -43,20 +43,7 @@ from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Status
 from sim.sliding_block_manager import SlidingWindowBlockManager
-from tests.helpers import make_trace
-
-
-class TokenBackend:
-    """0.5 s plus 0.25 s per scheduled token."""
-
-    name = "tokens"
-    device = device_name = "cpu"
-    dtype = "float32"
-    num_blocks = None
-    supports_fast_forward = False
-
-    def execute(self, batch) -> StepResult:
-        return StepResult(0.5 + 0.25 * sum(batch.num_scheduled_tokens), {"work": 0.25 * sum(batch.num_scheduled_tokens)})
+from tests.helpers import TokenBackend, make_trace
 
 
 def group(rows, dp=2, num_blocks=64, lockstep=True, budget=8, seed_policy="chunked", asynchronous=False,

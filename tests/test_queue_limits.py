@@ -28,7 +28,7 @@ from sim.data_parallel import DataParallelGroup
 from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Request, Status
-from tests.helpers import ConstantBackend, make_trace, one_error_line, sim
+from tests.helpers import ConstantBackend, TokenBackend, make_trace, one_error_line, sim
 from traces import AZURE_CONV_SAMPLE
 
 MODEL = "Qwen3-0.6B"
@@ -197,20 +197,6 @@ def test_a_dp_group_counts_every_rank(costmodel, rows, reqs, asynchronous):
     check_run(result, reqs, None, lambda r: 0)
     for i, r in enumerate(result.requests):  # a request answered 503 reached no rank
         assert (result.rank_of[i] == -1) == (r.reject_reason is not None and r.reject_reason.startswith(HTTP_503))
-
-
-class TokenBackend:
-    """0.5 s plus 0.25 s per scheduled token (tests/test_data_parallel.py's)."""
-
-    name = "tokens"
-    device = device_name = "cpu"
-    dtype = "float32"
-    num_blocks = None
-    supports_fast_forward = False
-
-    def execute(self, batch):
-        from sim.backend import StepResult
-        return StepResult(0.5 + 0.25 * sum(batch.num_scheduled_tokens), {})
 
 
 @settings(max_examples=40, deadline=None)
