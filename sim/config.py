@@ -228,6 +228,11 @@ SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
 DEFAULT_BUDGET = 2048  # vLLM's max_num_batched_tokens for online serving on most GPUs (vllm/engine/arg_utils.py)
 
 
+
+class ActiveSeqsAboveSeqs(ServesimError):
+    """--max-num-active-seqs above --max-num-seqs (`SchedulerConfig.check_max_num_active_seqs`): a sweep
+    adds that its --max-num-seqs was the grid's default (sim/app/sweep_cli.py, point_options)."""
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     # A name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy); the flag's help
@@ -362,8 +367,8 @@ class SchedulerConfig:
         active, seqs = self.max_num_active_seqs, self.max_num_seqs
         if active > seqs:
             where = f", vLLM's default on {default_of}" if default_of else ""
-            raise ServesimError(f"--max-num-active-seqs ({active}) cannot be greater than --max-num-seqs ({seqs}"
-                                f"{where}), as vLLM refuses it")
+            raise ActiveSeqsAboveSeqs(f"--max-num-active-seqs ({active}) cannot be greater than --max-num-seqs "
+                                      f"({seqs}{where}), as vLLM refuses it")
 
     def __post_init__(self) -> None:
         _require(bool(self.policy), "--policy must not be empty")

@@ -102,6 +102,7 @@ def point_options(args: argparse.Namespace, values: dict, policies: tuple = ()):
     cannot read such an option still refuses it."""
     from sim.app.cli import options_from_args
     from sim.app.plan import CHUNKED_ONLY
+    from sim.config import ActiveSeqsAboveSeqs
 
     ns = argparse.Namespace(**vars(args))
     for name, value in values.items():
@@ -112,11 +113,11 @@ def point_options(args: argparse.Namespace, values: dict, policies: tuple = ()):
             setattr(ns, name, off)
     try:
         return options_from_args(ns)
-    except ServesimError as e:
-        if isinstance(getattr(args, "max_num_seqs", None), GridDefault) and "than --max-num-seqs (" in str(e):
-            raise ServesimError(f"{e} (--max-num-seqs {args.max_num_seqs} is the grid's default, not vLLM's for the "
-                                "GPU: give --max-num-seqs)") from None
-        raise
+    except ActiveSeqsAboveSeqs as e:
+        if not isinstance(getattr(args, "max_num_seqs", None), GridDefault):
+            raise
+        raise ServesimError(f"{e} (--max-num-seqs {args.max_num_seqs} is the grid's default, not vLLM's for the "
+                            "GPU: give --max-num-seqs)") from None
 
 
 def reads_chunked_options(policy: str) -> bool:
