@@ -40,7 +40,7 @@ at that instant with no API server's time before the engine (`after_outputs`) fi
 The counts are taken from those times, not from what the engine has applied when it takes the
 request: a lone engine may have applied a whole run of steps past the arrival by then
 (sim/fast_forward.py). What is needed is that every finish and first token before the arrival is
-known when the arrival is checked, which holds where `admit` is called: at the engine's `submit`
+known when the arrival is checked, which holds where the limits are checked: at the engine's `submit`
 (a lone engine, or one replica of a cluster: each replica's steps before the arrival are applied
 when its engine takes it) and at a DP group's routing instant (sim/data_parallel.py: every rank's
 steps that ended before it are applied).
@@ -60,7 +60,8 @@ QUEUED_TOKENS_REASON = "HTTP 503 (max_num_queued_tokens): {count} prompt tokens 
 
 class QueueLimits:
     """The admission limits of one API server's requests (a lone engine, a replica of a cluster,
-    or a DP group, whose servers share their count): `admit(r)` at each arrival, in arrival order;
+    or a DP group, whose servers share their count): `check(r)` at each arrival, in arrival order, and
+    `count(r)` for one that passed and runs;
     `finished(at)` for every admitted request that finishes. First tokens are read from the
     requests themselves (`Request.first_token_s`)."""
 
@@ -68,7 +69,6 @@ class QueueLimits:
         self.max_num_queued_reqs = max_num_queued_reqs
         self.max_num_queued_tokens = max_num_queued_tokens
         self.num_admitted = 0
-        self.num_rejected = 0
         self._num_finished = 0  # finishes before the last arrival checked
         self._finishes: list[float] = []  # the others' times, a heap
         self._prefilling: list[Request] = []  # admitted; some may have had their first token since
@@ -103,25 +103,17 @@ class QueueLimits:
         self._prefill_tokens = sum(r.num_prompt_tokens for r in kept)
         self._prune_at = 2 * len(kept) + 64
 
-    def admit(self, r: Request, after_outputs: bool = False) -> str | None:
-        """Check `r` at its arrival as AsyncLLM.check_admission does (n = 1): None, and `r` is counted
-        from now on; or why it is rejected (HTTP 503), and it is not. `after_outputs`: the outputs
-        at the arrival's instant are seen before it (it is a send they caused)."""
-        reason = self.check(r, after_outputs)
-        if reason is None:
-            self.count(r)
-        return reason
-
     def check(self, r: Request, after_outputs: bool = False) -> str | None:
-        """`admit`'s decision without counting `r`: vLLM's API server checks a request before it
-        renders its prompt (OpenAIServing._preflight), so one too long is answered 503 over the limit
-        and 400 under it, never counted; `count(r)` counts one that passed and runs."""
+        """Check `r` at its arrival as AsyncLLM.check_admission does (n = 1): None, or why it is rejected
+        (HTTP 503). It is not counted here: vLLM's API server checks a request before it renders its
+        prompt (OpenAIServing._preflight), so one too long is answered 503 over the limit and 400
+        under it, never counted; `count(r)` counts one that passed and runs. `after_outputs`: the
+        outputs at the arrival's instant are seen before it (it is a send they caused)."""
         at = r.arrival_s
         limit = self.max_num_queued_reqs
         if limit is not None:
             count = self.num_unfinished(at, after_outputs)
             if count + 1 > limit:
-                self.num_rejected += 1
                 return QUEUED_REQS_REASON.format(count=count, limit=limit)
         limit = self.max_num_queued_tokens
         if limit is not None:
@@ -130,7 +122,6 @@ class QueueLimits:
             if self._prefill_tokens >= limit or len(self._prefilling) >= self._prune_at:
                 self._prune(at, after_outputs)
             if self._prefill_tokens >= limit:
-                self.num_rejected += 1
                 return QUEUED_TOKENS_REASON.format(count=self._prefill_tokens, limit=limit)
         return None
 

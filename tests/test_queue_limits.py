@@ -220,7 +220,8 @@ def test_queue_limits_prune_what_has_had_its_first_token():
     limits = QueueLimits(None, 10)
     made = [Request(i, str(i), float(i), 4, 2) for i in range(200)]
     for r in made:
-        assert limits.admit(r) is None
+        assert limits.check(r) is None
+        limits.count(r)
         r.first_token_s = r.arrival_s + 0.5  # each has its first token before the next arrives
     assert len(limits._prefilling) < 140  # pruned as it grows, not kept for the whole trace
     assert limits.num_queued_tokens(1000.0) == 0
