@@ -25,7 +25,7 @@ from backends.costmodel.roofline import MoERooflineCostModel
 from backends.hardware import resolve_hardware
 from backends.model_config import resolve_model
 from sim.app.cli import main
-from tests.optables_fixture import TINY_MLA, mla_ctx_ms, mla_frames, mla_gen_ms
+from tests.optables_fixture import TINY_MLA, gemm_ms, mla_ctx_ms, mla_frames, mla_gen_ms
 
 LAYOUT = Path(__file__).parent / "data" / "aic_layout"
 DATA = LAYOUT / "systems" / "data"
@@ -120,9 +120,22 @@ def test_what_the_module_holds_is_not_counted_again():
     assert linear == pytest.approx(r_linear - LAYERS * roof._attention_linear(t), rel=1e-12) and linear > 0
     assert kv_write == 0.0 and r_kv_write > 0
     rope = LAYERS * t * 2 * 2 * (4 + 1) * TINY_MLA["qk_rope_head_dim"] / roof._bytes_s
-    assert elementwise == pytest.approx(r_elementwise - rope, rel=1e-12)
-    assert (router, lm_head) == (r_router, r_lm_head)
+    # The small kernels as the dense operator model prices them: the roofline's bytes at the GEMM
+    # table's bandwidth and each kernel's floor (the table's shortest GEMM), the sampler's three passes
+    # over the fp32 logits; the router and the LM head from the bf16 GEMM rows.
+    floor, bandwidth, routing_in_table = cm._small
+    assert floor == gemm_ms(1, 64, 64, "fp8") * 1e-3 and not routing_in_table  # the shortest GEMM of the table
+    # two add+RMSNorms a layer (RoPE is the module's), the dense layer's SiLU-and-mul, the MoE layer's
+    # top-k and its shared expert's SiLU-and-mul, the embedding and the final norm
+    kernels = LAYERS * 2 + 1 + 2 + 2
+    sampler = 3 * (floor + 1 * TINY_MLA["vocab_size"] * 4 / bandwidth)
+    assert elementwise == pytest.approx((r_elementwise - rope) * roof._bytes_s / bandwidth + kernels * floor + sampler,
+                                        rel=1e-12)
+    assert r_elementwise > 0 and r_router > 0 and r_lm_head > 0
+    assert router == gemm_ms(t, 64, 128) * 1e-3  # one MoE layer; 4 experts clamped up to the grid's n = 64
+    assert lm_head == gemm_ms(1, TINY_MLA["vocab_size"], 128) * 1e-3
     ops = cm.cost_model_summary()["operators"]
+    assert ops["overhead"].startswith("none") and cm.parts(*batch_aggregates([1], [15], 1), cm._dense(1, 1))["overhead"] == 0
     assert ops["attention"].startswith("MLA module tables mla_context_module_perf.csv, mla_generation_module_perf.csv "
                                        "vLLM 0.20.0 (the newest)")
     assert ops["kv_write"].startswith("in attention") and ops["linear"].startswith("roofline: the dense MLPs")
@@ -139,11 +152,15 @@ def test_what_the_tables_lack_stays_the_roofline_and_says_why(how, says):
     cm = tiny(**how)
     ops = cm.cost_model_summary()["operators"]
     assert ops["attention"].startswith("roofline: MLA (") and says in ops["attention"]
-    assert ops["linear"].startswith("roofline: MLA's projections") and "kv_write" not in cm.sources
+    assert ops["linear"].startswith("roofline: MLA's projections") and ops["kv_write"].startswith("each kernel")
     roof = MoERooflineCostModel(cm.model, resolve_hardware("H200"), tp=cm.tp)
     for scheduled, computed in (([1, 1], [15, 15]), ([64], [192])):
         assert step_parts(cm, scheduled, computed)["attention"] == step_parts(roof, scheduled, computed)["attention"]
-    assert cm.dense(64, 1)[0] == roof.dense(64, 1)[0] and cm.dense(64, 1)[3] == roof.dense(64, 1)[3]
+    # the KV-cache write is the roofline's bytes at the table's bandwidth, and a kernel a layer
+    floor, bandwidth, _ = cm._small
+    assert cm.dense(64, 1)[0] == roof.dense(64, 1)[0]
+    assert cm.dense(64, 1)[3] == pytest.approx(roof.dense(64, 1)[3] * roof._bytes_s / bandwidth + LAYERS * floor,
+                                               rel=1e-12)
 
 
 def test_projections_in_a_dtype_the_tables_lack():

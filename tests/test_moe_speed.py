@@ -150,13 +150,40 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
                + m.num_moe_layers * float(many(priced._scatter, np.maximum(c, 1.0))))
     else:
         moe = 0.0
+    def one_allreduce(size):
+        return many(priced._ar_custom, max(size, 1)) if size <= 8 * 2**20 else many(priced._ar_nccl, np.maximum(size, 1.0))
+
+    small = priced._small
     if priced.tp > 1:
-        size = t * h * b
-        one = many(priced._ar_custom, max(size, 1)) if size <= 8 * 2**20 else many(priced._ar_nccl, np.maximum(size, 1.0))
-        allreduce = float(2 * layers * one) if t else 0.0
+        # two a layer, and with the small kernels priced the vocab-parallel embedding's
+        allreduce = float((2 * layers + (small is not None)) * one_allreduce(t * h * b)) if t else 0.0
     if priced._mla is not None:
         kv_write = 0.0
         elementwise = elementwise - t * priced._rope_s_per_token
+    if small is None:
+        return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+    # The small kernels (`_derive_small_kernels`): the roofline's bytes at the GEMM table's bandwidth and
+    # each kernel's floor, counted here kernel by kernel; the router and the LM head from the bf16 rows.
+    floor, bandwidth, routing_in_table = small
+    scale = priced._bytes_s / bandwidth
+    per_layer = (4 if m.sandwich_norms else 2) + (0 if priced._mla is not None else 1 + m.qk_norm)
+    per_layer += priced.weights_dtype in ("fp8", "fp8-block", "nvfp4")
+    kernels = layers * per_layer + m.num_dense_mlp_layers + m.num_moe_layers * (
+        (not routing_in_table) + bool(m.shared_expert_intermediate_size))
+    elementwise = elementwise * scale
+    if t:
+        elementwise = elementwise + (kernels + 2) * floor
+        if priced._mla is None:
+            kv_write = kv_write * scale + layers * floor
+        router = m.num_moe_layers * float(many(priced._router_curve, t))
+    else:
+        router = 0.0
+    if num_logits:
+        v = priced._vocab
+        elementwise = elementwise + 3 * (floor + num_logits * v * priced.tp * 4 / bandwidth)
+        lm_head = many(priced._lm_head_curve, num_logits)
+        if priced.tp > 1:
+            allreduce = allreduce + one_allreduce(num_logits * v * priced.tp * b / 2)
     return linear, router, moe, kv_write, elementwise, lm_head, allreduce
 
 
@@ -288,7 +315,10 @@ def test_auto_distributions_balanced_fallback_comes_back_from_the_cache(from_tab
     only_balanced = replace(full, frame=full.frame[full.frame.distribution == "balanced"])
     model, hw = resolve_model("Qwen3-30B-A3B"), resolve_hardware("H100-SXM")
     priced = MoETableCostModel(model, hw, load_layout(data, "h100_sxm"), moe_table=only_balanced)
-    assert priced.distribution == "balanced" and priced.notes == ["moe: no power_law_1.2 rows at this shape; priced balanced"]
+    assert priced.distribution == "balanced"
+    assert priced.notes == ["moe: no power_law_1.2 rows at this shape; priced balanced",
+                            "GEMM lm_head n = 151936 is past the table's largest (65536): priced as 3 GEMMs of "
+                            "lm_head n = 50645.3"]
     restored = MoETableCostModel(model, hw, None, derived=priced.derived())
     same_state(restored, priced)
     assert restored.derived()["distribution"] == "balanced"

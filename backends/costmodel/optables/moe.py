@@ -80,6 +80,7 @@ import numpy as np
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
+from backends.costmodel.optables.model import SAMPLER_PASSES
 from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
@@ -458,6 +459,10 @@ class MoETableCostModel(MoERooflineCostModel):
         self.extrapolated: dict[str, int] = {}
         self._mla: MLAModule | None = None
         self._mla_reason = ""
+        self._small: tuple[float, float, bool] | None = None  # (kernel floor s, bandwidth B/s, routing in moe_perf)
+        self._small_kernels = 0.0  # elementwise kernels a step, where `_small` prices them
+        self._router_curve: Curve | None = None
+        self._lm_head_curve: Curve | None = None
         if derived is None:
             self._derive(tables, kv_cache_dtype, distribution, auto, moe_table, mla_tables)
         else:
@@ -484,6 +489,7 @@ class MoETableCostModel(MoERooflineCostModel):
         self.notes: list[str] = []
         m = self.model
         self._moe = self._attention = None
+        kernel_in_table = None  # the moe_perf rows' kernel_source, where a table prices the MoE layer
         # moe
         moe_tables = [] if moe_table is None else [moe_table] if not isinstance(moe_table, list) else moe_table
         if not m.num_experts:
@@ -519,6 +525,7 @@ class MoETableCostModel(MoERooflineCostModel):
                     self.notes.append(f"moe: {served[1]}, the kernel vLLM serves {shape.moe_dtype} experts with by "
                                       f"default on this GPU, is not measured at this shape; priced with {kernel}")
                 self._moe = Curve(xs, ys)
+                kernel_in_table = kernel
                 self.sources["moe"] = (f"moe_perf vLLM {table.version} ({table.how}{why}): {kernel}, "
                                        f"{priced.moe_dtype}, MoE TP {priced.moe_tp_size} EP {priced.moe_ep_size}, "
                                        f"{priced.distribution}; tokens {int(xs[0])}..{int(xs[-1])}")
@@ -530,6 +537,7 @@ class MoETableCostModel(MoERooflineCostModel):
         self._linear_curves = self._derive_linear(tables)
         self._derive_attention(tables, kv_cache_dtype)
         self._derive_collectives(tables)
+        self._derive_small_kernels(tables, kernel_in_table)
 
     def derived(self) -> dict | None:
         """What the tables gave this model (curves, grids, sources, notes, the MoE distribution as
@@ -540,7 +548,8 @@ class MoETableCostModel(MoERooflineCostModel):
         grids = [] if mla is None else [mla.context, mla.generation]
         if self._attention is not None and mla is None:
             grids += list(self._attention.values())
-        arrays = [c.ys for c in (self._moe, *(getattr(self, name) for name in COLLECTIVES)) if c is not None]
+        arrays = [c.ys for c in (self._moe, self._router_curve, self._lm_head_curve,
+                                 *(getattr(self, name) for name in COLLECTIVES)) if c is not None]
         arrays += [c.ys for c, _ in self._linear_curves or []]
         arrays += [g.grid for g in grids]
         if any(np.asarray(a).dtype != np.float64 for a in arrays):
@@ -562,7 +571,9 @@ class MoETableCostModel(MoERooflineCostModel):
                 "mla": None if mla is None else {"context": grid(mla.context), "generation": grid(mla.generation),
                                                  "source": mla.source},
                 "mla_reason": self._mla_reason,
-                "collectives": {name: curve(getattr(self, name)) for name in COLLECTIVES}}
+                "collectives": {name: curve(getattr(self, name)) for name in COLLECTIVES},
+                "small": None if self._small is None else list(self._small),
+                "router": curve(self._router_curve), "lm_head": curve(self._lm_head_curve)}
 
     def _restore(self, derived: dict) -> None:
         def curve(c):
@@ -587,6 +598,11 @@ class MoETableCostModel(MoERooflineCostModel):
             self._attention = {(0, "generation"): module.generation}  # as _derive_attention sets it
         for name in COLLECTIVES:
             setattr(self, name, curve(derived["collectives"][name]))
+        self._router_curve, self._lm_head_curve = curve(derived["router"]), curve(derived["lm_head"])
+        self._small = None if derived["small"] is None else (float(derived["small"][0]), float(derived["small"][1]),
+                                                             bool(derived["small"][2]))
+        if self._small is not None:
+            self._set_small()
 
     def _derive_mla(self, system: str, mla_tables: MLATables | str | None, kv_cache_dtype: str) -> None:
         """The MLA module tables' grids for this model (mla.py), or the reason they cannot price it."""
@@ -656,6 +672,73 @@ class MoETableCostModel(MoERooflineCostModel):
             " (per-tensor fp8 rows for block-fp8 weights: the block-fp8 rows are measured without a CUDA graph)"
             if table_dtype != self.weights_dtype else "")
         return curves
+
+    def _derive_small_kernels(self, tables, moe_kernel_source: str | None) -> None:
+        """The kernels no table times one by one, priced as the dense operator model prices them
+        (backends/costmodel/optables/model.py): each elementwise kernel (the fused add+RMSNorms, RoPE,
+        Qwen3's q/k norms, the KV-cache write, fp8's activation quantization, SiLU-and-mul of the dense
+        MLPs and shared experts, the router's top-k where the moe_perf rows took the routing
+        precomputed, the embedding, the final norm and the sampler's passes over the fp32 logits) the
+        GEMM table's kernel floor plus its bytes over the table's achieved HBM bandwidth
+        (`derive_memory`); the router's [hidden, experts] GEMM and the LM head from the bf16 GEMM rows;
+        the logits' all-gather under TP as an all-reduce of half its bytes, and the vocab-parallel
+        embedding's all-reduce. The step then has no fixed overhead: the engine core's CPU time is the
+        host-time model's (backends/host_time.py), as for a dense model priced from the tables.
+        Without a bf16 GEMM at m = 1 to read the floor and bandwidth from, these stay the roofline's
+        and so does its per-step overhead."""
+        from backends.costmodel.optables.derive import derive_memory, gemm_curve
+
+        m = self.model
+        self._small = None
+        self._router_curve = self._lm_head_curve = None
+        try:
+            memory = derive_memory(tables)
+        except ServesimError as e:
+            self.sources["elementwise"] = f"roofline, and a step overhead of {self.eff.step_overhead_s * 1e3:g} ms ({e})"
+            return
+        # The moe_perf rows of the MXFP4 layer ran vLLM's FusedMoE module, routing included; the others
+        # ran `fused_experts` on top-k ids computed beforehand (collector/vllm/collect_moe.py, `run_moe_torch`).
+        routing_in_table = moe_kernel_source is not None and "mxfp4" in moe_kernel_source
+        self._small = (float(memory["kernel_floor_s"]), float(memory["bandwidth_bytes_per_s"]), routing_in_table)
+        kernel, rows = self._gemm_rows(tables, "bf16")
+        if rows is not None:
+            if m.num_experts:
+                ms, seconds = gemm_curve(rows, m.num_experts, m.hidden_size, "router", self.notes)
+                self._router_curve = Curve(ms.astype(np.float64), seconds)
+                self.sources["router"] = f"gemm_perf {tables.versions.get('gemm', ('?',))[0]}: {kernel} (bf16)"
+            ms, seconds = gemm_curve(rows, self._vocab, m.hidden_size, "lm_head", self.notes)
+            self._lm_head_curve = Curve(ms.astype(np.float64), seconds)
+            self.sources["lm_head"] = f"gemm_perf {tables.versions.get('gemm', ('?',))[0]}: {kernel} (bf16)"
+        self._set_small()
+
+    def _set_small(self) -> None:
+        """What `_small` gives: no fixed per-step overhead, and the sources that say so."""
+        assert self._small is not None
+        floor, bandwidth, routing_in_table = self._small
+        self._small_kernels = self._small_kernels_per_step(routing_in_table)
+        self.eff = replace(self.eff, step_overhead_s=0.0)
+        how = (f"each kernel the GEMM table's floor ({floor * 1e6:.1f} us) plus its bytes at the table's "
+               f"bandwidth ({bandwidth / 1e12:.2f} TB/s)")
+        if self._mla is None:
+            self.sources["kv_write"] = how
+        self.sources["elementwise"] = how + ("" if self._mla is None else ", less MLA's RoPE (in attention's MLA "
+                                                                         "module tables)")
+        self.sources["overhead"] = "none: the engine core's CPU time per step is the host-time model's"
+
+    def _small_kernels_per_step(self, routing_in_table: bool) -> float:
+        """The elementwise kernels of one step (`_derive_small_kernels`): its layers' (the KV-cache
+        write counted apart, in kv_write), the embedding and the final norm."""
+        m = self.model
+        per_layer = 4 if m.sandwich_norms else 2  # the fused add+RMSNorms
+        if self._mla is None:
+            per_layer += 1 + (1 if m.qk_norm else 0)  # RoPE; Qwen3's q/k norms
+        if self.weights_dtype in ("fp8", "fp8-block", "nvfp4"):
+            per_layer += 1  # the attention output's quantization
+        kernels = float(m.num_hidden_layers * per_layer + m.num_dense_mlp_layers)  # SiLU-and-mul of dense MLPs
+        if m.num_experts:
+            kernels += m.num_moe_layers * ((0 if routing_in_table else 1)  # the router's top-k
+                                           + (1 if m.shared_expert_intermediate_size else 0))
+        return kernels + 2  # the embedding and the final norm
 
     def _derive_attention(self, tables, kv_cache_dtype: str) -> None:
         from backends.costmodel.optables.derive import _attention_grid, attention_kernel
@@ -783,12 +866,31 @@ class MoETableCostModel(MoERooflineCostModel):
             linear, moe, allreduce = self._token_parts(t, linear, moe, allreduce)
             if self._mla is not None:  # the module tables hold MLA's KV-cache write (mla.py)
                 kv_write = 0.0
+            elif self._small is not None and t:
+                kv_write = kv_write * (self._bytes_s / self._small[1]) + self.model.num_hidden_layers * self._small[0]
+            if self._router_curve is not None:
+                router = self.model.num_moe_layers * float(self._curve_at("router", self._router_curve, t)) if t else 0.0
             by_tokens = self._by_tokens[t] = (linear, router, moe, kv_write, layers_elementwise, allreduce)
         linear, router, moe, kv_write, layers_elementwise, allreduce = by_tokens
         elementwise = self.elementwise_seconds(layers_elementwise, t, num_logits)
         if self._mla is not None:  # and MLA's RoPE
             elementwise = elementwise - t * self._rope_s_per_token
-        return linear, router, moe, kv_write, elementwise, self.lm_head_seconds(num_logits), allreduce
+        if self._small is None:
+            return linear, router, moe, kv_write, elementwise, self.lm_head_seconds(num_logits), allreduce
+        # The small kernels as the dense operator model prices them (`_derive_small_kernels`): the
+        # roofline's bytes at the table's bandwidth, and each kernel's floor.
+        floor, bandwidth, _ = self._small
+        elementwise = elementwise * (self._bytes_s / bandwidth)
+        if t:
+            elementwise = elementwise + self._small_kernels * floor
+        lm_head = 0.0
+        if num_logits:
+            elementwise = elementwise + SAMPLER_PASSES * (floor + num_logits * self._vocab * self.tp * 4 / bandwidth)
+            lm_head = (self._curve_at("lm_head", self._lm_head_curve, num_logits) if self._lm_head_curve is not None
+                       else self.lm_head_seconds(num_logits))
+            if self.tp > 1:  # the logits' all-gather, as an all-reduce of half its bytes
+                allreduce = allreduce + self._hidden_allreduce(num_logits * self._vocab * self.tp * ACTIVATION_BYTES / 2)
+        return linear, router, moe, kv_write, elementwise, lm_head, allreduce
 
     def _token_parts(self, t: int, linear, moe, allreduce) -> tuple:
         """(linear, moe, allreduce) of t tokens from the tables (the roofline's where none)."""
@@ -804,15 +906,19 @@ class MoETableCostModel(MoERooflineCostModel):
         elif m.num_experts:  # every DP rank as loaded as this one: the kernel, dispatch and combine
             moe = self.lockstep_moe_seconds(t)
         if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
-            size = t * h * ACTIVATION_BYTES
-            if self._ar_custom is not None and size <= CUSTOM_ALLREDUCE_MAX_BYTES:
-                one = self._curve_at("allreduce", self._ar_custom, max(size, 1))
-            elif self._ar_nccl is not None:
-                one = self._pair("allreduce", self._ar_nccl, size)
-            else:
-                one = self._ring(size, self.tp)
-            allreduce = float(2 * m.num_hidden_layers * one) if t else 0.0
+            # two a layer; with the small kernels priced, the vocab-parallel embedding's too (as the dense model's)
+            count = 2 * m.num_hidden_layers + (0 if self._small is None else 1)
+            allreduce = float(count * self._hidden_allreduce(t * h * ACTIVATION_BYTES)) if t else 0.0
         return linear, moe, allreduce
+
+    def _hidden_allreduce(self, size: float) -> float:
+        """One all-reduce of `size` bytes among the TP GPUs: vLLM's custom all-reduce table up to
+        8 MiB, NCCL's past it, else a ring over the link."""
+        if self._ar_custom is not None and size <= CUSTOM_ALLREDUCE_MAX_BYTES:
+            return self._curve_at("allreduce", self._ar_custom, max(size, 1))
+        if self._ar_nccl is not None:
+            return self._pair("allreduce", self._ar_nccl, size)
+        return self._ring(size, self.tp)
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
         """One layer's attention of one request from the tables at `window` (0: full attention)."""
@@ -1133,7 +1239,7 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
 
 # ---- the derived curves' cache
 
-DERIVED_FORMAT = 2  # 2: the distribution as priced and the MLA module's grids (or why none) are kept
+DERIVED_FORMAT = 3  # 2: the distribution as priced and the MLA module's grids (or why none) are kept; 3: the small kernels
 DERIVING_MODULES = ("moe", "mla", "derive", "interp", "tables", "systems")  # backends/costmodel/optables/: what derives
 PRESETS = Path(__file__).parents[2] / "presets.py"  # mla.measured_shape's fallback for a checkpoint's MLA shape
 
