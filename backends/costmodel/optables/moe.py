@@ -47,7 +47,18 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   (backends/costmodel/optables/mla.py: the whole layer, its projections, norms, RoPE and KV-cache
   write included, so that linear, kv_write and elementwise leave them out: nothing counted twice),
   else the roofline's.
-- allreduce: two per layer under TP, vLLM's custom all-reduce table up to 8 MiB, NCCL's table past it.
+- allreduce: two per layer under TP, vLLM's custom all-reduce table up to 8 MiB, NCCL's table past it;
+  with the small kernels priced (below), the vocab-parallel embedding's and the logits' all-gather (as an
+  all-reduce of half its bytes) too, as the dense operator model counts them.
+- router, lm_head, kv_write, elementwise, overhead (`_derive_small_kernels`): as the dense operator model
+  prices them (backends/costmodel/optables/model.py). The router's [hidden, experts] GEMM and the LM head
+  from the bf16 GEMM rows; every elementwise kernel (the add+RMSNorms, RoPE, Qwen3's q/k norms, the
+  KV-cache write, fp8's activation quantization, SiLU-and-mul of the dense MLPs and shared experts, the
+  router's top-k where the moe_perf rows took the routing precomputed, the embedding, the final norm and
+  the sampler's three passes over the fp32 logits) the GEMM table's kernel floor plus the roofline's bytes
+  at the table's achieved HBM bandwidth (`derive_memory`); and no fixed per-step overhead: the engine
+  core's CPU time is the host-time model's (backends/host_time.py). A system whose GEMM table has no bf16
+  rows at m = 1 keeps the roofline's for these and its 1 ms a step.
 - dispatch and combine (DP > 1): vLLM's default all2all backend, `allgather_reducescatter`
   (vllm/config/parallel.py, `all2all_backend`; vllm/distributed/device_communicators/all2all.py,
   `AgRsAll2AllManager`): `dispatch` all-gathers each member's hidden states (bf16), top-k
