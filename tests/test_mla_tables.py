@@ -353,3 +353,16 @@ def test_a_gpu_with_only_legacy_rows_takes_the_same_gpus_fixed_ones(package):
     small = g[(g.num_heads == 16) & (g.batch_size == 1) & (g.step == 2) & (g.kv_cache_dtype.astype(str) == "fp8")
               & (g.gemm_type == "bfloat16")]
     assert len(small) and small.latency.median() < 0.05
+
+
+def test_a_gemm_grid_with_holes_leaves_the_router_and_lm_head_to_the_roofline_and_says_why():
+    model = resolve_model(str(CONFIG))
+    tables = load_layout(DATA, "tiny_gpu")
+    g = tables.gemm
+    holed = dataclasses.replace(tables, gemm=g[~((g["gemm_dtype"] == "bfloat16") & (g["n"] == 64) & (g["k"] == 128))])
+    cm = MoETableCostModel(model, resolve_hardware("H200"), holed, mla_tables=read_mla_tables(DATA, "tiny_gpu", None))
+    roof = MoERooflineCostModel(model, resolve_hardware("H200"))
+    ops = cm.cost_model_summary()["operators"]
+    assert ops["router"] == "roofline: the GEMM table has no rows for n = 64, k = 128 (needed for router)"
+    assert ops["lm_head"].startswith("gemm_perf")  # its n = 512 is on the grid
+    assert cm.dense(64, 1)[1] == roof.dense(64, 1)[1]  # the router: the roofline's

@@ -712,14 +712,18 @@ class MoETableCostModel(MoERooflineCostModel):
         routing_in_table = moe_kernel_source is not None and "mxfp4" in moe_kernel_source
         self._small = (float(memory["kernel_floor_s"]), float(memory["bandwidth_bytes_per_s"]), routing_in_table)
         kernel, rows = self._gemm_rows(tables, "bf16")
-        if rows is not None:
-            if m.num_experts:
-                ms, seconds = gemm_curve(rows, m.num_experts, m.hidden_size, "router", self.notes)
-                self._router_curve = Curve(ms.astype(np.float64), seconds)
-                self.sources["router"] = f"gemm_perf {tables.versions.get('gemm', ('?',))[0]}: {kernel} (bf16)"
-            ms, seconds = gemm_curve(rows, self._vocab, m.hidden_size, "lm_head", self.notes)
-            self._lm_head_curve = Curve(ms.astype(np.float64), seconds)
-            self.sources["lm_head"] = f"gemm_perf {tables.versions.get('gemm', ('?',))[0]}: {kernel} (bf16)"
+        gemms = [("lm_head", self._vocab)] + ([("router", m.num_experts)] if m.num_experts else [])
+        for op, n in gemms:
+            if rows is None:
+                self.sources[op] = f"roofline: no bf16 GEMM rows on {tables.system}"
+                continue
+            try:
+                ms, seconds = gemm_curve(rows, n, m.hidden_size, op, self.notes)
+            except ServesimError as e:  # a grid with holes (a folder of tables of another source)
+                self.sources[op] = f"roofline: {e}"
+                continue
+            setattr(self, f"_{op}_curve", Curve(ms.astype(np.float64), seconds))
+            self.sources[op] = f"gemm_perf {tables.versions.get('gemm', ('?',))[0]}: {kernel} (bf16)"
         self._set_small()
 
     def _set_small(self) -> None:
