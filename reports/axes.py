@@ -15,6 +15,7 @@ AXES: dict[str, type] = {
     "prefill_schedule_interval": int,
     "watermark": float,
     "cache_aware_admission_window": int,
+    "stream_interval": int,
     "rate_scale": float,
     "seed": int,
 }
@@ -28,12 +29,13 @@ LATER_AXES: dict[str, object] = {
     "watermark": 0.0,
     "cache_aware_admission_window": 0,
     "max_num_active_seqs": 0,
+    "stream_interval": 1,
 }
 SHORT_NAMES = {"max_num_batched_tokens": "budget", "max_num_seqs": "max seqs",
                "max_num_active_seqs": "max active seqs", "rate_scale": "rate",
                "long_prefill_token_threshold": "prefill cap", "scheduling_policy": "queue",
                "prefill_schedule_interval": "prefill interval", "watermark": "watermark",
-               "cache_aware_admission_window": "cache-aware window"}
+               "cache_aware_admission_window": "cache-aware window", "stream_interval": "stream interval"}
 
 
 def axis_text(axis: str, value) -> str:

@@ -223,7 +223,7 @@ def test_a_sweep_row_carries_the_load_per_replica(tmp_path):
     point = make_point({"policy": "chunked", "model": "Llama-3.1-8B", "hardware": "H100-SXM",
                         "max_num_batched_tokens": 2048, "max_num_seqs": 256, "max_num_active_seqs": 0,
                         "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs", "prefill_schedule_interval": 1,
-                        "watermark": 0.0, "cache_aware_admission_window": 0, "rate_scale": 1.0,
+                        "watermark": 0.0, "cache_aware_admission_window": 0, "stream_interval": 1, "rate_scale": 1.0,
                         "seed": 0},
                        lambda v: ReplayOptions(cluster=ClusterOptions(num_replicas=3)))
     row = run_point(trace, point)

@@ -183,7 +183,7 @@ def _points(policies=("prefill-first", "chunked"), scales=(1.0, 3.0)):
             values = {"policy": policy, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
                       "max_num_batched_tokens": 512, "max_num_seqs": 256, "max_num_active_seqs": 0,
                       "long_prefill_token_threshold": 0, "scheduling_policy": "fcfs", "prefill_schedule_interval": 1,
-                      "watermark": 0.0, "cache_aware_admission_window": 0, "rate_scale": scale,
+                      "watermark": 0.0, "cache_aware_admission_window": 0, "stream_interval": 1, "rate_scale": scale,
                       "seed": 0}
             points.append(make_point(values, lambda v: ReplayOptions(scheduler=SchedulerConfig(v["policy"], 512))))
     return points
@@ -319,3 +319,18 @@ def test_an_active_seqs_refusal_says_the_grids_max_num_seqs_was_its_default(tmp_
     assert main(["sweep", *SMALL, "--max-num-seqs", "256", "--max-num-active-seqs", "512", "--out",
                  str(tmp_path / "b"), "--quiet"]) == 2
     assert "grid's default" not in capsys.readouterr().err  # given, not a default
+
+
+def test_a_sweep_over_stream_interval(tmp_path):
+    # vLLM's --stream-interval changes only what the streaming client sees: the engine's steps, TTFT and
+    # TPOT are the same at every point, the client's inter-token gaps grow with it.
+    out = tmp_path / "s"
+    assert main(["sweep", *SMALL, "--stream-interval", "1,4", "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    frame = read_table(out / RESULTS)[0]
+    assert frame["stream_interval"].tolist() == [1, 4] and (frame["status"] == "ok").all()
+    assert frame["ttft_p50"].iloc[0] == frame["ttft_p50"].iloc[1] and frame["tpot_p50"].iloc[0] == frame["tpot_p50"].iloc[1]
+    assert frame["point"].str.contains("stream_interval=4").iloc[1]
+    # the client's gaps: the engine's at 1 (no client_itl columns then), about four of them at 4
+    assert frame["client_itl_mean"].isna().iloc[0] and frame["client_itl_mean"].iloc[1] > 3 * frame["itl_mean"].iloc[1]
+    with pytest.raises(ServesimError, match="--stream-interval"):
+        parse_axis("stream_interval", "0")

@@ -35,8 +35,6 @@ def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions, 
     del described["batch_defaults"]  # the command line's unset flags: a value, not an option (sim.app.plan)
     if options.cluster.is_single:  # as tables were before clusters, so they still resume
         del described["cluster"]
-    if options.scheduler.stream_interval == 1:  # as tables were before --stream-interval, so they still resume
-        del described["scheduler"]["stream_interval"]
     fixed = {k: v for k, v in flat_options(described).items() if k not in sweep_axes}
     return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
 

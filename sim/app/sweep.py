@@ -137,14 +137,24 @@ def run_point(trace: Trace, point: Point) -> dict:
         row["status"] = "error"
         row["error"] = str(e) if isinstance(e, ServesimError) else f"{type(e).__name__}: {e}"
     row["wall_s"] = time.perf_counter() - started
+    return with_every_axis(row, point)
+
+
+def with_every_axis(row: dict, point: Point) -> dict:
+    """The row with a column for every axis: the options as the run used them name most axes, but a
+    run's summary leaves out an option at its default (`RunPlan.as_dict`: --stream-interval 1), which
+    the table still states, as the point's value (a missing one would make the column's numbers
+    floats, shown as 1.0)."""
+    for name, value in zip(AXES, point.values):
+        row.setdefault(name, value)
     return row
 
 
 def error_row(point: Point, trace: Trace, message: str) -> dict:
     from reports.digest import flat_options
 
-    return {"point": point.key, "status": "error", "error": message,
-            **flat_options(point.resolved), "trace": trace.source, "rate_scale": point.rate_scale}
+    return with_every_axis({"point": point.key, "status": "error", "error": message,
+                            **flat_options(point.resolved), "trace": trace.source, "rate_scale": point.rate_scale}, point)
 
 
 def default_jobs() -> int:

@@ -25,6 +25,8 @@ GRID_HELP = {
     "prefill_schedule_interval": "prefill cadences: steps between steps that carry prefill (1: every step)",
     "watermark": "watermarks: shares of the KV cache kept free at admission while any request runs",
     "cache_aware_admission_window": "cache-aware admission windows (0: off; chunked, fcfs, prefix caching)",
+    "stream_interval": "vLLM's API server's stream intervals: tokens gathered per send to a streaming client (1: every "
+                       "token); only what the client sees changes",
     "rate_scale": "rate scales: arrival times divided by each (2 doubles the request rate)",
     "seed": "seeds of the synthetic token ids",
 }
