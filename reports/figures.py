@@ -79,6 +79,15 @@ def cdf_figure(rows: pd.DataFrame | list[dict], group_by: list[str], label_colum
                                "hovertemplate": "%{x:.4g} s: %{y:.1%}<extra>" + html.escape(label) + "</extra>",
                                **_axes(k)})
                 trace_groups.append(g)
+                chunks = row.get("client_itl_quantiles") if metric == "itl" else None
+                if is_list(chunks):  # --stream-interval above 1: the gaps a streaming client sees, beside the engine's
+                    name = f"{label}: client, per chunk" if label else "client, per chunk"
+                    traces.append({"type": "scatter", "mode": "lines", "x": finite(chunks), "y": y, "name": name,
+                                   "legendgroup": label, "showlegend": True, "visible": g == 0,
+                                   "line": {"color": _color(row, r), "width": 2, "dash": "dot"},
+                                   "hovertemplate": "%{x:.4g} s: %{y:.1%}<extra>" + html.escape(name) + "</extra>",
+                                   **_axes(k)})
+                    trace_groups.append(g)
     for k in range(4):
         suffix = "" if k == 0 else str(k + 1)
         layout[f"xaxis{suffix}"].update(type="log", title={"text": "seconds"})

@@ -23,6 +23,7 @@ from sim.app.replay import replay, write_run
 from sim.config import SLO, CacheConfig, SchedulerConfig
 from sim.errors import ServesimError
 from tests.helpers import ConstantBackend, make_trace
+from traces import AZURE_CONV_SAMPLE
 
 
 def vllm_sends(num_tokens: int, interval: int) -> list[int]:
@@ -186,3 +187,26 @@ def test_sim_bench_streams_in_chunks(tmp_path, capsys):
     assert (tmp_path / "four" / "requests.csv").read_bytes() == (tmp_path / "one" / "requests.csv").read_bytes()
     assert main([*args, "--stream-interval", "0", "--out", str(tmp_path / "zero")]) == 2
     assert "--stream-interval must be a whole number from 1" in capsys.readouterr().err
+
+
+def test_the_reports_itl_cdf_shows_the_clients_chunks_beside_the_engines(tmp_path):
+    """report.html's ITL panel: the engine's gaps (solid) and, with --stream-interval above 1, the
+    streaming client's gaps between chunks (dotted, the digest's client_itl sketch); at 1 only the engine's."""
+    from reports.digest import summary_row
+    from reports.figures import cdf_figure
+
+    figures = {}
+    for n in (1, 4):
+        out = tmp_path / str(n)
+        assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "30", "--stream-interval", str(n), "--out", str(out),
+                     "--quiet"]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        digest = json.loads((out / "digest.json").read_text())
+        figures[n] = (cdf_figure([summary_row(summary, digest)], [], None), digest)
+    itl_panel = {"xaxis": "x3", "yaxis": "y3"}  # the third of the four CDFs
+    for n, (figure, digest) in figures.items():
+        panel = [t for t in figure["data"] if all(t[k] == v for k, v in itl_panel.items())]
+        dotted = [t for t in panel if t["line"].get("dash") == "dot"]
+        assert len(panel) == (2 if n == 4 else 1) and len(dotted) == (1 if n == 4 else 0)
+        if dotted:
+            assert dotted[0]["x"] == digest["client_itl"] and "client, per chunk" in dotted[0]["name"]
