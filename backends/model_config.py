@@ -557,6 +557,11 @@ def read_config_json(path: str | Path) -> tuple[str, dict]:
         raise ServesimError(f"{p}: no such file (--model takes a preset name, a config.json or a folder holding one)")
     raw = read_json_file(p, "model config")
     text = raw.get("text_config")
+    # model_type is looked up in the families' tables: a list or an object there is no family's name.
+    for label, config in (("model_type", raw), ("text_config's model_type", text)):
+        if isinstance(config, dict) and not isinstance(config.get("model_type", ""), (str, type(None))):
+            raise ServesimError(f"{p}: {label} = {config['model_type']!r}, expected text (a family's name, "
+                                "such as llama)")
     if raw.get("quantization_config") is None and not (isinstance(text, dict) and text.get("quantization_config")):
         # NVIDIA's ModelOpt checkpoints may state their quantization in hf_quant_config.json beside
         # config.json, which vLLM reads (ModelOptFp8Config / ModelOptNvFp4Config); the tables package

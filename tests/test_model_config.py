@@ -128,6 +128,11 @@ def test_both_rope_layouts_read_alike_and_must_agree(tmp_path):
     ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
       "quantization_config": {"quant_method": "modelopt"}}, "quant_method = 'modelopt'"),
     ({"hidden_size": None}, "no hidden_size"),
+    # A model_type that is not text (a list, an object) was an internal error (TypeError: unhashable type).
+    ({"model_type": ["llama"]}, "model_type = ['llama'], expected text"),
+    ({"model_type": {"a": 1}}, "model_type = {'a': 1}, expected text"),
+    ({"model_type": "gemma3", "text_config": {"model_type": ["gemma3_text"]}},
+     "text_config's model_type = ['gemma3_text'], expected text"),
     ({"num_hidden_layers": "32"}, "num_hidden_layers = '32'"),
     # A quantization_config's lists and objects of another type were internal errors (TypeError, AttributeError).
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": 128}}, "weight_block_size = 128"),
