@@ -254,6 +254,28 @@ def test_vllm_version_picks_the_nearest_tables_and_says_so(package, tmp_path, ca
     assert tables["table_versions"]["gemm"] == "0.24.0" and "nearest" in tables["table_version_choice"]["gemm"]
 
 
+def test_a_model_of_a_long_folder_name_is_cached_under_a_name_the_file_system_takes(package, tmp_path, capsys):
+    """A config.json in a folder named by 250 characters: the derived profile's cache file was named
+    by the whole name, past the file system's 255 bytes, and the run an internal error (OSError)."""
+    from tests.test_model_config import LLAMA_31_8B
+
+    folder = tmp_path / ("m" * 250)
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    first = replay(tmp_path, "--model", str(folder), "--vllm-version", "0.12.0")["options"]["profile"]
+    assert Path(first).is_file() and len(Path(first).name) < 255
+    assert replay(tmp_path, "--model", str(folder), "--vllm-version", "0.12.0")["options"]["profile"] == first
+
+
+def test_a_cache_that_cannot_be_written_is_left_out_with_a_warning(package, tmp_path, monkeypatch, capsys):
+    """SERVESIM_CACHE naming a file: the derived profile is not cached, the run goes on and says so
+    (it was an internal error, NotADirectoryError), as the MoE cache that cannot be written is left out."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SERVESIM_CACHE", str(tmp_path / "a-file"))
+    replay(tmp_path, "--vllm-version", "0.12.0")
+    assert "sim: warning: cannot cache the derived profile" in capsys.readouterr().err
+
+
 def test_allreduce_fusion_prices_small_all_reduces_from_the_trtllm_table(package, tmp_path, capsys):
     """--allreduce-fusion-max-mb: B200 at TP 8, where vLLM's custom all-reduce measures a step at
     16-32 tokens' messages that FlashInfer's fused one (TensorRT-LLM's kernel) does not have: the

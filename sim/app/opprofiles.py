@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from backends.costmodel.optables.profile import OpProfile, is_op_profile, model_shape, op_profile_from_json
@@ -127,14 +128,14 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
     shape = model_shape(model)
     import hashlib  # (here: only a derived profile's cache needs it)
 
-    from backends.costmodel.optables.moe import deriving_code_digest
+    from backends.costmodel.optables.moe import cache_name, deriving_code_digest
 
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
     # The deriving code's digest too: a profile cached by other code (before a change to how the
     # tables are read) is never read.
     path = (cache_dir() / package_version() / f"code-{deriving_code_digest()[:12]}" / system
             / f"vllm-{vllm_version or 'newest'}"
-            / f"{model.name}-{digest}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}"
+            / f"{cache_name(model.name)}-{digest}__tp{tp}__{dtype}__kv-{kv_name(kv_cache_dtype)}"
             f"{f'__fused-allreduce-{allreduce_fusion_max_mb:g}mb' if allreduce_fusion_max_mb else ''}.json")
     if path.is_file():
         try:
@@ -146,7 +147,11 @@ def system_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
                             nvlink_bytes_per_s=hardware.nvlink_bandwidth, pcie_bytes_per_s=hardware.pcie_bandwidth,
                             allreduce_fusion_max_bytes=allreduce_fusion_max_mb * 2**20,
                             gpus_per_node=hardware.gpus_per_node, inter_node_bytes_per_s=hardware.inter_node_bandwidth)
-    save_op_profile(profile, path)  # under a temporary name, then renamed: another run may read it at once
+    try:
+        save_op_profile(profile, path)  # under a temporary name, then renamed: another run may read it at once
+    except OSError as e:  # a cache that cannot be written is left out, as the MoE cache is: the run goes on
+        print(f"sim: warning: cannot cache the derived profile in {path.parent} ({e.strerror or e}); it is derived "
+              "afresh on every run: set SERVESIM_CACHE to a folder servesim may write", file=sys.stderr)
     return profile, path
 
 

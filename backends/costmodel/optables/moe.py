@@ -1302,7 +1302,22 @@ def derived_cache_path(cache: Path, model, system: str, data_dir: Path, vllm_ver
            "model": dataclasses.asdict(model), "args": args,
            "distribution": family_distribution(model) if distribution == "auto" else distribution}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:20]
-    return Path(cache) / "moe" / f"{model.name.replace('/', '_')}-{digest}.json"
+    return Path(cache) / "moe" / f"{cache_name(model.name)}-{digest}.json"
+
+
+CACHE_NAME_CHARS = 100  # a model's name in a cache file's name, at most (a file name holds 255 bytes)
+
+
+def cache_name(name: str) -> str:
+    """A model's name as it goes into a cache file's name: slashes made underscores, and a name longer
+    than CACHE_NAME_CHARS (a config.json in a folder of a long name) cut, with a digest of the whole
+    name so that two long names still name two files. A name of 250 characters made a file name the
+    file system refuses: the MoE cache was never written, and the dense one's write was an internal error."""
+    name = name.replace("/", "_")
+    if len(name.encode()) <= CACHE_NAME_CHARS:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return name.encode()[:CACHE_NAME_CHARS - 13].decode(errors="ignore") + "-" + digest
 
 
 def read_derived(path: Path) -> dict | None:
