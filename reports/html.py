@@ -291,11 +291,32 @@ def _read_run(d: Path) -> tuple[dict, dict | None]:
             raise ServesimError(f"{d / name}: not the JSON object servesim writes (a {type(value).__name__}); "
                                 "replay the trace again into a new folder")
     try:
-        summary_row(summary, digest)
+        row = summary_row(summary, digest)
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         raise ServesimError(f"{d}: summary.json or digest.json is not as servesim writes it ({type(e).__name__}: "
                             f"{e}); replay the trace again into a new folder") from None
+    # The figures the page prints as numbers: text or a list there was an internal error (ValueError in fmt).
+    for key, value in row.items():
+        if (key in _COUNT_KEYS or key.endswith(_STAT_SUFFIXES)) and value is not None \
+                and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ServesimError(f"{d / 'summary.json'}: {key} = {_short(value)}, not a number as servesim writes "
+                                "it; replay the trace again into a new folder")
+    # The digest's curves (quantiles, each metric's (null: no such latency), the timeline's series), drawn as
+    # numbers: a list of text, or a timeline's series null, was an internal error (ValueError, TypeError).
+    series = [] if digest is None else [
+        *((name, values) for name, values in digest.items() if name != "timeline" and values is not None),
+        *((f"timeline's {name}", values) for name, values in digest["timeline"].items())]
+    for name, values in series:
+        if not isinstance(values, list) or not all(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+            raise ServesimError(f"{d / 'digest.json'}: {name} = {_short(values)}, not the list of numbers servesim "
+                                "writes; replay the trace again into a new folder")
     return summary, digest
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _read_run_files(d: Path) -> tuple:
@@ -593,13 +614,18 @@ def _fmt_option(column: str, value) -> str:
     return _fmt_axis(column, value) if column in AXES else str(value)
 
 
+_COUNTS = (("requests", "num_requests"), ("completed", "completed"), ("rejected", "rejected"),
+           ("preemptions", "preemptions"), ("steps", "num_steps"), ("duration s", "duration_s"),
+           ("req/s", "request_throughput"), ("output tok/s", "output_throughput"),
+           ("total tok/s", "total_token_throughput"), ("goodput req/s", "goodput"))
+_COUNT_KEYS = {key for _, key in _COUNTS} | {"simulated_s", "total_prompt_tokens", "total_output_tokens",
+                                              "prefix_cache_hit_rate"}
+_STAT_SUFFIXES = tuple(f"_{stat}" for stat in ("mean", "p50", "p90", "p99"))
+
+
 def _stats_table(row) -> str:
     """One run: counts, throughputs, and every latency's mean and percentiles in milliseconds."""
-    counts = [("requests", "num_requests"), ("completed", "completed"), ("rejected", "rejected"),
-              ("preemptions", "preemptions"), ("steps", "num_steps"), ("duration s", "duration_s"),
-              ("req/s", "request_throughput"), ("output tok/s", "output_throughput"),
-              ("total tok/s", "total_token_throughput"), ("goodput req/s", "goodput")]
-    counts = [(name, key) for name, key in counts if row.get(key) is not None and not _is_nan(row.get(key))]
+    counts = [(name, key) for name, key in _COUNTS if row.get(key) is not None and not _is_nan(row.get(key))]
     first = "".join(f"<th>{html.escape(name)}</th>" for name, _ in counts)
     values = "".join(f"<td>{fmt(row.get(key), 1)}</td>" for _, key in counts)
     lines = [f"<table><tr>{first}</tr><tr>{values}</tr></table><br>",
