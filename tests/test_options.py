@@ -63,6 +63,10 @@ CHANGED_DEFAULTS = {
        for command in ("replay", "bench", "compare")
        for flag, said in (("--max-num-batched-tokens", "8192 on a GPU of 70 GiB or more that is not an A100"),
                           ("--max-num-seqs", "1024 on a GPU of 70 GiB or more that is not an A100"))},
+    **{("trace synth", (flag,)): (None, said, "2026-12-07: unset (the same default, taken where the flag applies), "
+                                              "so that the flag given where it changes nothing is refused")
+       for flag, said in (("--prompt-len", "default: fixed:512"), ("--output-len", "default: fixed:128"),
+                          ("--think-time", "default: 10"), ("--diurnal-period", "default: 86400"))},
 }
 
 

@@ -106,6 +106,13 @@ def test_replay_help_lists_trace_options(capsys):
     (["trace", "stats", "nope.csv"], "nope.csv: no such file"),
     (["trace", "synth", "x.csv", "--prompt-len", "gauss:3"], "--prompt-len: cannot read 'gauss:3'"),
     (["trace", "synth", "x.csv", "--cv", "2"], "--cv applies to gamma arrivals"),
+    # Flags that changed nothing were ignored, the trace written as if they had not been given.
+    (["trace", "synth", "x.csv", "--lengths-from", AZURE_CONV_SAMPLE, "--prompt-len", "fixed:5"],
+     "--prompt-len does not combine with --lengths-from"),
+    (["trace", "synth", "x.csv", "--lengths-from", AZURE_CONV_SAMPLE, "--output-len", "fixed:5"],
+     "--output-len does not combine with --lengths-from"),
+    (["trace", "synth", "x.csv", "--diurnal-period", "3600"], "--diurnal-period applies to a daily pattern"),
+    (["trace", "synth", "x.csv", "--think-time", "5"], "--think-time applies to sessions of more than one turn"),
     (["replay", AZURE_CONV_SAMPLE, "--limit", "0"], "--limit must be a whole number from 1 to 10,000,000, got 0"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, fragment):

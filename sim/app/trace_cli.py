@@ -56,6 +56,20 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     check_csv_name(args.out)
     out = check_file_destination(args.out, inputs=command_inputs(args), overwrite=args.overwrite)
+    # A flag that would change nothing is refused, as --cv without gamma arrivals is: each was ignored,
+    # the trace written as if it had not been given.
+    turns = Lengths.parse(args.turns, "--turns")
+    unused = [(args.lengths_from is not None and args.prompt_len is not None,
+               "--prompt-len does not combine with --lengths-from, whose (prompt, output) pairs are resampled"),
+              (args.lengths_from is not None and args.output_len is not None,
+               "--output-len does not combine with --lengths-from, whose (prompt, output) pairs are resampled"),
+              (args.diurnal_period is not None and args.diurnal == 0,
+               "--diurnal-period applies to a daily pattern (--diurnal A above 0)"),
+              (args.think_time is not None and turns.max <= 1,
+               f"--think-time applies to sessions of more than one turn (--turns), not --turns {args.turns}")]
+    for given, message in unused:
+        if given:
+            raise ServesimError(message)
     lengths_from = None
     if args.lengths_from is not None:
         lengths_from = load_trace(args.lengths_from, args, None)
@@ -63,14 +77,21 @@ def cmd_synth(args: argparse.Namespace) -> int:
         raise ServesimError("--format and --model-filter apply to the --lengths-from trace")
     config = SynthConfig(
         num_requests=args.num_requests, rate=args.rate, arrival=args.arrival, cv=args.cv,
-        prompt=Lengths.parse(args.prompt_len, "--prompt-len"), output=Lengths.parse(args.output_len, "--output-len"),
-        turns=Lengths.parse(args.turns, "--turns"), think_time_s=args.think_time,
+        prompt=Lengths.parse(args.prompt_len or SYNTH_DEFAULTS["prompt_len"], "--prompt-len"),
+        output=Lengths.parse(args.output_len or SYNTH_DEFAULTS["output_len"], "--output-len"),
+        turns=turns, think_time_s=SYNTH_DEFAULTS["think_time"] if args.think_time is None else args.think_time,
         system_prompt_tokens=args.system_prompt_tokens, hash_block_tokens=args.hash_block_tokens, seed=args.seed,
-        lengths_from=lengths_from, diurnal=args.diurnal, diurnal_period_s=args.diurnal_period)
+        lengths_from=lengths_from, diurnal=args.diurnal,
+        diurnal_period_s=SYNTH_DEFAULTS["diurnal_period"] if args.diurnal_period is None else args.diurnal_period)
     with atomic_path(out) as temp:  # written in chunks as they are made: ten million requests fit
         num_requests, span_s = write_synthetic(config, temp, compress=out.suffix == ".gz")
     print(f"wrote {num_requests:,} synthetic requests over {span_s:,.1f} s to {args.out}")
     return 0
+
+
+# `sim trace synth`'s defaults of the flags that apply only with others (None: not given, so that giving
+# one where it changes nothing is refused).
+SYNTH_DEFAULTS = {"prompt_len": "fixed:512", "output_len": "fixed:128", "think_time": 10.0, "diurnal_period": 86400.0}
 
 
 def check_csv_name(out: str) -> None:
@@ -134,15 +155,15 @@ def register(subparsers) -> None:
                    help="arrival process (default: poisson)")
     p.add_argument("--cv", type=GAMMA_CV.flag_type("--cv"), default=1.0, metavar="CV",
                    help="gamma arrivals: coefficient of variation of inter-arrival times, >1 is burstier")
-    p.add_argument("--prompt-len", default="fixed:512", metavar="DIST",
+    p.add_argument("--prompt-len", default=None, metavar="DIST",
                    help="new prompt tokens per request (per turn) (default: fixed:512)")
-    p.add_argument("--output-len", default="fixed:128", metavar="DIST", help="output tokens (default: fixed:128)")
+    p.add_argument("--output-len", default=None, metavar="DIST", help="output tokens (default: fixed:128)")
     p.add_argument("--lengths-from", default=None, metavar="TRACE",
                    help="resample (prompt, output) pairs from this trace instead of --prompt-len/--output-len")
     p.add_argument("--format", default=None, metavar="NAME", help="format of the --lengths-from trace")
     p.add_argument("--model-filter", default=None, metavar="MODEL", help="BurstGPT --lengths-from: one model")
     p.add_argument("--turns", default="fixed:1", metavar="DIST", help="requests per session (default: fixed:1)")
-    p.add_argument("--think-time", type=DURATION_S.flag_type("--think-time"), default=10.0, metavar="S",
+    p.add_argument("--think-time", type=DURATION_S.flag_type("--think-time"), default=None, metavar="S",
                    help="mean seconds between a session's turns, exponential (default: 10)")
     p.add_argument("--system-prompt-tokens", type=OPTIONAL_TOKENS.flag_type("--system-prompt-tokens"), default=0, metavar="N",
                    help="a prefix every request shares, a multiple of --hash-block-tokens (default: 0)")
@@ -151,7 +172,7 @@ def register(subparsers) -> None:
     p.add_argument("--diurnal", type=FRACTION.flag_type("--diurnal"), default=0.0, metavar="A",
                    help="daily rate pattern: sessions start at rate * (1 - A cos(2 pi t / period)), lowest at "
                         "t = 0, highest half a period later; 0 <= A < 1 (default: 0, a constant rate)")
-    p.add_argument("--diurnal-period", type=POSITIVE_DURATION_S.flag_type("--diurnal-period"), default=86400.0, metavar="S",
+    p.add_argument("--diurnal-period", type=POSITIVE_DURATION_S.flag_type("--diurnal-period"), default=None, metavar="S",
                    help="period of the --diurnal pattern in seconds (default: 86400, a day)")
     p.add_argument("--seed", type=SEED.flag_type("--seed"), default=0, help="random seed (default: 0)")
     p.set_defaults(func=cmd_synth, time_window=None, limit=None, rate_scale=None, target_rate=None,
