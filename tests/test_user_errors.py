@@ -557,6 +557,26 @@ def test_a_hardware_file_named_like_a_preset_with_other_figures_is_refused(tmp_p
     assert not (tmp_path / "run2").exists()
 
 
+@pytest.mark.parametrize("name", ["H*.json", "[H]100-SXM.json", "H?00-SXM.json"])
+def test_a_hardware_file_named_with_glob_characters_is_priced_by_its_own_figures(tmp_path, name):
+    """The committed operator-table profiles are found by the hardware's name: a file named H*.json (or
+    [H]100-SXM.json) matched H100-SXM's, and a GPU of a tenth of the H100's FLOP/s and bandwidth replayed to
+    the H100's numbers; it is priced by its own figures, as a file of any other name is."""
+    from backends.hardware import HARDWARE
+
+    figures = {k: v for k, v in HARDWARE["H100-SXM"].as_dict().items() if k != "name"}
+    slow = {**figures, "memory_bandwidth": figures["memory_bandwidth"] / 10,
+            "peak_bf16_flops": figures["peak_bf16_flops"] / 10, "peak_fp8_flops": figures["peak_fp8_flops"] / 10}
+    (tmp_path / name).write_text(json.dumps(slow))
+    (tmp_path / "slowgpu.json").write_text(json.dumps(slow))
+    summaries = []
+    for hardware in (tmp_path / name, tmp_path / "slowgpu.json"):
+        assert sim("replay", *SMALL, "--hardware", hardware, "--out", tmp_path / "run", "--overwrite", "--quiet") == 0
+        summaries.append(json.loads((tmp_path / "run" / "summary.json").read_text()))
+    assert "profiles/ops" not in str(summaries[0]["options"].get("profile"))
+    assert summaries[0]["tpot"] == summaries[1]["tpot"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["replay", *SMALL, "--hardware", ""], "--hardware must not be empty (an empty name was read as the current folder)"),
     (["replay", *SMALL, "--model", ""], "--model must not be empty (an empty name was read as the current folder)"),

@@ -15,6 +15,7 @@ the model's shapes, TP and dtypes.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -79,7 +80,9 @@ def check_matches(profile: OpProfile, path, model, hardware, tp: int, dtype: str
 def matching_profile(model, hardware, tp: int, dtype: str, kv_cache_dtype: str,
                      folder: Path = OPS_DIR) -> tuple[OpProfile, Path] | None:
     """The committed operator-table profile for this deployment, if there is one."""
-    pattern = profile_file_name(hardware.name, "*", tp, dtype, kv_cache_dtype)
+    # The names but the model's are taken as they are: a hardware file named H*.json (or [H]100-SXM.json)
+    # matched the H100-SXM's profiles and replayed at the H100's step times whatever its own figures.
+    pattern = profile_file_name(glob.escape(hardware.name), "*", tp, dtype, kv_cache_dtype)
     for path in sorted(folder.glob(pattern)):
         data = read_profile_json(path)
         if is_op_profile(data) and {k: data["model_config"].get(k) for k in model_shape(model)} == model_shape(model):
