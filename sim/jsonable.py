@@ -82,7 +82,7 @@ def fields_of(path: str | Path, what: str = "profile"):
         yield
     except KeyError as e:
         raise ServesimError(f"{path}: the {what} has no field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinity (1e999 in JSON)
         raise ServesimError(f"{path}: a {what} field has the wrong type ({e})") from None
     except ServesimError as e:
         raise ServesimError(f"{path}: {e}") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,6 +283,9 @@ def test_profile_of_another_model_is_refused(standin_profile, tmp_path, capsys):
     ('{"format": "other"}', "not a servesim profile"),
     ('{"format": "servesim-profile", "version": 99}', "version 99"),
     ('{"format": "servesim-profile", "version": 1, "model": "tiny"}', "no field 'calibration'"),
+    # An infinity where a whole number belongs was an internal error (OverflowError).
+    (Path(__file__).parents[1].joinpath("profiles", "tiny-cpu.json").read_text().replace(
+        '"block_size": 16', '"block_size": 1e999'), "wrong type .cannot convert float infinity to integer"),
 ])
 def test_bad_profile_files_are_refused(tmp_path, text, message):
     path = tmp_path / "p.json"

@@ -53,6 +53,62 @@ def test_a_profile_of_another_deployment_is_refused():
         resolve(ReplayOptions(model="tiny", profile="profiles/tiny-cpu.json", dtype="fp8"))
 
 
+COMMITTED_8B = Path(__file__).parents[1] / "profiles" / "ops" / "H100-SXM__Llama-3.1-8B__tp1__bf16__kv-bf16.json"
+COMMITTED_70B_TP4 = COMMITTED_8B.with_name("H100-SXM__Llama-3.1-70B__tp4__bf16__kv-bf16.json")
+
+
+def _edit(data: dict, path: tuple, value) -> dict:
+    inner = data
+    for key in path[:-1]:
+        inner = inner[key]
+    if value is DELETE:
+        del inner[path[-1]]
+    else:
+        inner[path[-1]] = value
+    return data
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("source,path,value,message", [
+    (COMMITTED_8B, ("model_config", "hidden_size"), 1e999, "model_config.hidden_size = inf, expected a whole number"),
+    (COMMITTED_8B, ("model_config", "num_key_value_heads"), 0, "model_config.num_key_value_heads = 0"),
+    (COMMITTED_8B, ("tp",), 0, "tp = 0, expected a whole number at least 1"),
+    (COMMITTED_8B, ("operators", "gemm"), None, "operators.gemm = None, expected an object"),
+    (COMMITTED_8B, ("operators", "gemm", "o"), DELETE, "operators.gemm.o = None, expected the GEMM's curve"),
+    (COMMITTED_8B, ("operators", "gemm", "qkv", "m"), [], "operators.gemm.qkv.m = [], expected a list of sizes"),
+    (COMMITTED_8B, ("operators", "gemm", "qkv", "m"), [2, 1], "operators.gemm.qkv.m = [2, 1], expected sizes in "
+                                                              "increasing order"),
+    (COMMITTED_8B, ("operators", "gemm", "qkv", "seconds"), [1e-5, 2e-5], "operators.gemm.qkv.seconds = [1e-05, "
+                                                                          "2e-05], expected a list of"),
+    (COMMITTED_8B, ("operators", "gemm", "down", "seconds", 3), -1.0, "operators.gemm.down.seconds[3] = -1.0"),
+    (COMMITTED_8B, ("operators", "gemm", "lm_head", "n"), float("nan"), "operators.gemm.lm_head.n = nan"),
+    (COMMITTED_8B, ("operators", "attention", "context", "batch"), [], "operators.attention.context.batch = []"),
+    (COMMITTED_8B, ("operators", "attention", "generation", "seconds"), [],
+     "operators.attention.generation.seconds = [], expected 12 rows"),
+    (COMMITTED_8B, ("operators", "memory", "bandwidth_bytes_per_s"), -1, "operators.memory.bandwidth_bytes_per_s = -1"),
+    (COMMITTED_8B, ("operators", "memory", "kernel_floor_s"), "x", "operators.memory.kernel_floor_s = 'x'"),
+    (COMMITTED_8B, ("client_overhead", "fixed_s"), 1e999, "client_overhead.fixed_s = inf"),
+    (COMMITTED_70B_TP4, ("operators", "allreduce"), [], "operators.allreduce = [], expected an object"),
+    (COMMITTED_70B_TP4, ("operators", "allreduce", "graph", "seconds"), [1.0],
+     "operators.allreduce.graph.seconds = [1.0], expected a list of 23 times"),
+    (COMMITTED_70B_TP4, ("operators", "allreduce", "link_bytes_per_s"), 0, "operators.allreduce.link_bytes_per_s = 0"),
+])
+def test_an_operator_profile_of_bad_numbers_is_refused_naming_the_field(tmp_path, source, path, value, message):
+    """A profile's derived curves were taken as they were: an edited or damaged file was an internal error
+    (OverflowError, ZeroDivisionError, IndexError, KeyError, AttributeError), or priced its steps from
+    negative seconds. Every committed profile is still read."""
+    data = _edit(json.loads(source.read_text()), path, value)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ServesimError) as e:
+        load_op_profile(bad)
+    assert str(e.value).startswith(f"{bad}: ") and message in str(e.value), str(e.value)
+    for committed in sorted(COMMITTED_8B.parent.glob("*.json")):
+        load_op_profile(committed)
+
+
 def test_calibrate_from_ops_writes_what_the_tables_give(tmp_path):
     write_tables(tmp_path, system="tiny_gpu")
     config = tmp_path / "tiny.json"

@@ -16,11 +16,12 @@ profile builds the same `OperatorModel` as the tables did, so it gives the same 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backends.costmodel.optables.derive import derive
+from backends.costmodel.optables.derive import GEMM_OPS, derive
 from backends.costmodel.optables.model import OperatorModel, StepOverhead
 from backends.costmodel.optables.tables import TableSet
 from sim.errors import ServesimError
@@ -140,6 +141,7 @@ def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
                             f"version {PROFILE_VERSION}, kind {KIND})")
     with fields_of(path):
         so, co = data["step_overhead"], data["client_overhead"]
+        check_profile_numbers(data)
         profile = OpProfile(str(data["model"]), model_shape(data["model_config"]),
                             data.get("hardware"), int(data["tp"]), str(data["dtype"]), str(data["kv_cache_dtype"]),
                             dict(data["source"]), dict(data["operators"]),
@@ -148,6 +150,92 @@ def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
                             str(data.get("created", "")))
         profile.op_model()  # refuses curves that do not fit the model, TP or dtype
     return profile
+
+
+def check_profile_numbers(data: dict) -> None:
+    """The numbers of an operator-table profile's file, checked before they price anything: its model's
+    shape and TP whole numbers of at least 1, each derived curve's sizes increasing and its seconds positive
+    and finite, one per size (a grid's, one per pair of sizes), the memory bandwidth and all-reduce figures
+    positive. A profile edited by hand or cut short was an internal error (OverflowError, ZeroDivisionError,
+    IndexError, AttributeError) or priced steps from NaN and negative seconds. Raises naming the field."""
+    def fail(where: str, value, expected: str):
+        text = repr(value)
+        raise ServesimError(f"{where} = {text if len(text) <= 60 else text[:57] + '...'}, expected {expected}")
+
+    def obj(value, where: str) -> dict:
+        if not isinstance(value, dict):
+            fail(where, value, "an object")
+        return value
+
+    def number(value, where: str, least: float = 0.0, whole: bool = False, zero: bool = False) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and (value > least or (zero and value == least)) and (not whole or float(value).is_integer())
+        if not ok:
+            fail(where, value, f"a {'whole' if whole else 'finite'} number "
+                               f"{'at least' if zero else 'above'} {least:g}")
+        return value
+
+    def axis(value, where: str) -> int:
+        if not isinstance(value, list) or not value:
+            fail(where, value, "a list of sizes")
+        for i, v in enumerate(value):
+            number(v, f"{where}[{i}]")
+        if any(b <= a for a, b in zip(value, value[1:])):
+            fail(where, value, "sizes in increasing order")
+        return len(value)
+
+    def seconds(value, where: str, n: int) -> None:
+        if not isinstance(value, list) or len(value) != n:
+            fail(where, value, f"a list of {n} times (one per size)")
+        for i, v in enumerate(value):
+            number(v, f"{where}[{i}]")
+
+    def curve(value, where: str, x: str) -> dict:
+        c = obj(value, where)
+        seconds(c.get("seconds"), f"{where}.seconds", axis(c.get(x), f"{where}.{x}"))
+        return c
+
+    shape = obj(data["model_config"], "model_config")
+    for field in MODEL_FIELDS:
+        number(shape.get(field), f"model_config.{field}", least=1, whole=True, zero=True)
+    number(data["tp"], "tp", least=1, whole=True, zero=True)
+    ops = obj(data["operators"], "operators")
+    gemm = obj(ops.get("gemm"), "operators.gemm")
+    for op in (*GEMM_OPS, "lm_head"):
+        if op not in gemm:
+            fail(f"operators.gemm.{op}", None, "the GEMM's curve")
+    for op, c in gemm.items():
+        curve(c, f"operators.gemm.{op}", "m")
+    number(gemm["lm_head"].get("n"), "operators.gemm.lm_head.n", least=1, whole=True, zero=True)
+    attention = obj(ops.get("attention"), "operators.attention")
+    for phase, b in (("context", "isl"), ("generation", "kv_len")):
+        g = obj(attention.get(phase), f"operators.attention.{phase}")
+        where = f"operators.attention.{phase}"
+        rows, cols = axis(g.get("batch"), f"{where}.batch"), axis(g.get(b), f"{where}.{b}")
+        grid = g.get("seconds")
+        if not isinstance(grid, list) or len(grid) != rows:
+            fail(f"{where}.seconds", grid, f"{rows} rows (one per batch size)")
+        for i, row in enumerate(grid):
+            seconds(row, f"{where}.seconds[{i}]", cols)
+    ar = ops.get("allreduce")
+    if ar is not None:
+        obj(ar, "operators.allreduce")
+        number(ar.get("num_gpus"), "operators.allreduce.num_gpus", least=2, whole=True, zero=True)
+        for mode in ("graph", "eager", "nccl", "fused"):
+            if mode in ar:
+                curve(ar[mode], f"operators.allreduce.{mode}", "message_bytes")
+        if "fused" in ar:
+            number(ar["fused"].get("max_bytes"), "operators.allreduce.fused.max_bytes")
+        if "graph" in ar or "eager" in ar:
+            number(ar.get("table_max_bytes"), "operators.allreduce.table_max_bytes")
+        number(ar.get("ring_latency_s", 0.0), "operators.allreduce.ring_latency_s", zero=True)
+        key = "link_bytes_per_s" if "link_bytes_per_s" in ar else "nvlink_bytes_per_s"
+        number(ar.get(key), f"operators.allreduce.{key}")
+    memory = obj(ops.get("memory"), "operators.memory")
+    number(memory.get("bandwidth_bytes_per_s"), "operators.memory.bandwidth_bytes_per_s")
+    number(memory.get("kernel_floor_s"), "operators.memory.kernel_floor_s", zero=True)
+    for name in ("fixed_s", "per_prompt_token_s"):
+        number(obj(data["client_overhead"], "client_overhead").get(name), f"client_overhead.{name}", zero=True)
 
 
 def load_op_profile(path: str | Path) -> OpProfile:
