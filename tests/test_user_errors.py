@@ -577,6 +577,24 @@ def test_a_hardware_file_named_with_glob_characters_is_priced_by_its_own_figures
     assert summaries[0]["tpot"] == summaries[1]["tpot"]
 
 
+@pytest.mark.parametrize("ep", [[], ["--enable-expert-parallel"]])
+def test_dp_on_a_mixture_of_experts_needs_a_link_between_the_gpus(tmp_path, capsys, ep):
+    """A hardware file without NVLink or PCIe figures: --tp 2 was refused, but --dp 2 on a mixture of experts
+    (whose ranks gather and scatter tokens every MoE layer) was an internal error (TypeError: a ring over a
+    link of None bytes/s). A dense model's ranks share nothing and still run."""
+    from backends.hardware import HARDWARE
+
+    figures = {k: v for k, v in HARDWARE["H100-SXM"].as_dict().items() if k != "name"}
+    nolink = tmp_path / "nolink.json"
+    nolink.write_text(json.dumps({**figures, "nvlink_bandwidth": None}))
+    assert sim("replay", *SMALL, "--hardware", nolink, "--model", "Qwen3-30B-A3B", "--dp", 2, *ep,
+               "--out", tmp_path / "run", "--quiet") == 2
+    assert one_error_line(capsys) == ("--dp 2 on a mixture of experts (Qwen3-30B-A3B) gathers and scatters every MoE "
+                                      "layer's tokens among the ranks' GPUs, which needs a link between them; hardware "
+                                      "nolink has neither nvlink_bandwidth nor pcie_bandwidth")
+    assert sim("replay", *SMALL, "--hardware", nolink, "--dp", 2, "--out", tmp_path / "dense", "--quiet") == 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["replay", *SMALL, "--hardware", ""], "--hardware must not be empty (an empty name was read as the current folder)"),
     (["replay", *SMALL, "--model", ""], "--model must not be empty (an empty name was read as the current folder)"),

@@ -255,6 +255,10 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     hardware.check_tp(options.tp)
     if options.dp > 1:  # vLLM's divisibility rules for the experts over tp x dp GPUs
         model.check_parallel(options.tp, options.dp, options.enable_expert_parallel, options.dtype)
+        if model.num_experts and hardware.link is None:  # (it was an internal error: a ring over no link)
+            raise ServesimError(f"--dp {options.dp} on a mixture of experts ({model.name}) gathers and scatters "
+                                "every MoE layer's tokens among the ranks' GPUs, which needs a link between them; "
+                                f"hardware {hardware.name} has neither nvlink_bandwidth nor pcie_bandwidth")
     limit = model.max_position_embeddings
     max_model_len = options.scheduler.max_model_len
     if max_model_len is not None and max_model_len > limit:
