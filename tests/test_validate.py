@@ -559,3 +559,44 @@ def test_vllms_client_sends_its_test_request_first():
     assert (test.num_prompt_tokens, test.max_tokens) == (isls[0], osls[0]) and test.index == len(requests)
     assert Protocol(unique_prompts=4).warmup_stages(requests) == []
     assert Protocol(test_request=False).warmup_stages(requests) == []
+
+
+def many_rows(n: int = 20) -> list[dict]:
+    """`measured_rows`' kinds again and again, with other sizes: several deployments and skipped rows."""
+    rows = []
+    for k in range(n):
+        row = dict(measured_rows()[k % 5], id=f"r{k}")
+        row["batch_size"] = row["batch_size"] + k % 3
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.slow
+def test_jobs_give_the_same_files_as_one_process(tmp_path):
+    """--jobs N runs the rows in N worker processes (sim/app/workers.py), a deployment's rows together
+    where they can be: the same validate.csv and validate.json, in the same order, as one process."""
+    csv, ops, models = setup(tmp_path)
+    pd.DataFrame(many_rows(), columns=COLUMNS).to_csv(csv, index=False)
+    written = {}
+    for jobs in ("1", "3"):
+        out = tmp_path / f"jobs{jobs}"
+        assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet",
+                     "--jobs", jobs]) == 0
+        written[jobs] = {name: (out / name).read_bytes() for name in ("validate.csv", "validate.json")}
+    assert written["1"] == written["3"]
+    assert pd.read_csv(tmp_path / "jobs3" / "validate.csv")["id"].tolist() == \
+        [f"r{k}" for k in range(20) if k % 5 in (0, 1, 2)]
+
+
+@pytest.mark.slow
+def test_jobs_refuse_the_first_malformed_row_as_one_process_does(tmp_path, capsys):
+    csv, ops, models = setup(tmp_path)
+    rows = many_rows()
+    rows[17]["tp_size"] = 0
+    rows[2]["silicon_ttft_ms"] = -1.0  # the first refused, whichever worker meets the other first
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    for jobs in ("1", "2"):
+        assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out",
+                     str(tmp_path / f"o{jobs}"), "--quiet", "--jobs", jobs]) == 2
+        err = capsys.readouterr().err
+        assert "measured.csv: row 3 (r2): silicon_ttft_ms" in err and "Traceback" not in err

@@ -823,50 +823,52 @@ def default_ops_dir() -> Path:
     return folder / "data"
 
 
-def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol = Protocol(),
-             progress=None) -> dict:
-    """Run every expressible row; write validate.csv, validate.json and report.html to out_dir."""
-    frame = read_measured(measured_csv)
-    if not len(frame):
-        raise ServesimError(f"{measured_csv}: holds no rows, only a header")
-    ops_dir = default_ops_dir() if ops_dir is None else ops_dir
-    systems = systems_in(ops_dir)
-    if not systems:
-        raise ServesimError(f"{ops_dir}: holds no operator tables (a system's *_perf files, or the tables package's "
-                            "layout with systems/data or data: docs/tables.md)")
-    tables, profiles, out, skipped, models, moe_models = {}, {}, [], [], {}, {}
-    for i, row in frame.iterrows():
-        where = f"{measured_csv}: row {i + 1} ({row['id']})"
-        reason = skip_reason(row, systems, models_dir, where)
+class RowRunner:
+    """What `validate` does to one row (`run`), with what it keeps between rows: each system's tables
+    and each deployment's profile or MoE model, built once for the rows that share them."""
+
+    def __init__(self, measured_csv, ops_dir, models_dir, protocol: Protocol, systems: list[str]):
+        self.measured_csv, self.ops_dir, self.models_dir = measured_csv, ops_dir, models_dir
+        self.protocol, self.systems = protocol, systems
+        self.tables: dict = {}
+        self.profiles: dict = {}
+        self.models: dict = {}
+        self.moe_models: dict = {}
+
+    def run(self, i: int, row) -> tuple[str, dict]:
+        """("ok", the row of validate.csv) or ("skip", {"id", "reason"}); a row that is not numbers
+        of a deployment raises ServesimError (exit 2)."""
+        where = f"{self.measured_csv}: row {i + 1} ({row['id']})"
+        reason = skip_reason(row, self.systems, self.models_dir, where)
         if reason is None:
             check_row(row, where)
             row = row.copy()
             for column in ("isl", "osl", "tp_size", "concurrency"):  # checked whole: "4.0" is 4
                 row[column] = int(float(row[column]))
-            requests = protocol.prompts_per_client * row["concurrency"]
+            requests = self.protocol.prompts_per_client * row["concurrency"]
             if requests > COUNT.high:
                 raise ServesimError(f"{where}: concurrency {row['concurrency']:,} x --prompts-per-client "
-                                    f"{protocol.prompts_per_client} is {requests:,} requests, more than "
+                                    f"{self.protocol.prompts_per_client} is {requests:,} requests, more than "
                                     f"{COUNT.high:,} ({COUNT.reason})")
-            row["model_source"] = model_source(str(row["model_path"]), models_dir)
+            row["model_source"] = model_source(str(row["model_path"]), self.models_dir)
             dtype = str(row["precision"]) if row["precision"] in ("fp8", "fp4") else "bf16"
-            kv_cache, kv_why = protocol.kv_cache_for(row)
+            kv_cache, kv_why = self.protocol.kv_cache_for(row)
             kv = kv_name(kv_cache)
             version = tables_version_for(row)
-            fusion = protocol.allreduce_fusion_bytes(row)
+            fusion = self.protocol.allreduce_fusion_bytes(row)
             key = (row["system"], row["model_source"], int(row["tp_size"]), dtype, kv, version, fusion)
             try:
                 from backends.model_config import resolve_model
 
-                model = models.get(row["model_source"])
+                model = self.models.get(row["model_source"])
                 if model is None:
-                    model = models[row["model_source"]] = resolve_model(row["model_source"])
+                    model = self.models[row["model_source"]] = resolve_model(row["model_source"])
                 served = model.served_dtype(dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
                 if served != dtype:
                     dtype, key = served, (*key[:3], served, *key[4:])
                 checkpoint = None
                 if model.is_extended:
-                    model, checkpoint = served_checkpoint(row, model, models)
+                    model, checkpoint = served_checkpoint(row, model, self.models)
                     if checkpoint is not None:
                         row["model_source"] = checkpoint
                 if kv_cache == "auto" and model.kv_cache_dtype:  # the checkpoint's, as vLLM resolves auto
@@ -874,8 +876,8 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     kv_why = f"the checkpoint's ({model.name}'s quantization config), as vLLM resolves auto"
                     key = (*key[:4], kv, *key[5:])
                 if model.is_extended:
-                    prediction = predict_moe_row(row, model, protocol, layout_dir(ops_dir), version,
-                                                 "fp8" if kv == "fp8" else "auto", moe_models)
+                    prediction = predict_moe_row(row, model, self.protocol, layout_dir(self.ops_dir), version,
+                                                 "fp8" if kv == "fp8" else "auto", self.moe_models)
                     if checkpoint is not None:
                         prediction["notes"] = "; ".join([f"precision {row['precision']}: NVIDIA's NVFP4 checkpoint "
                                                          f"{model.name} (the tables package's config)",
@@ -886,37 +888,97 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
                     raise ServesimError(f"attention_dp_size {layout_number(row, 'attention_dp_size')} on a dense model: data-parallel "
                                         "ranks of a dense model (independent replicas behind one load balancer) are "
                                         "not expressed here; its single-rank rows are")
-                elif key not in profiles:
+                elif key not in self.profiles:
                     from backends.hardware import resolve_hardware
 
-                    if (row["system"], version) not in tables:
-                        tables[row["system"], version] = load_tables(ops_dir, row["system"], version=version)
+                    if (row["system"], version) not in self.tables:
+                        self.tables[row["system"], version] = load_tables(self.ops_dir, row["system"], version=version)
                     hardware = resolve_hardware(hardware_for(row["system"]))
-                    profiles[key] = build_profile(tables[row["system"], version], model.name, model, hardware.name,
-                                                  key[2], dtype, kv, nvlink_bytes_per_s=hardware.nvlink_bandwidth,
-                                                  pcie_bytes_per_s=hardware.pcie_bandwidth,
-                                                  allreduce_fusion_max_bytes=fusion,
-                                                  gpus_per_node=hardware.gpus_per_node,
-                                                  inter_node_bytes_per_s=hardware.inter_node_bandwidth)
+                    self.profiles[key] = build_profile(
+                        self.tables[row["system"], version], model.name, model, hardware.name, key[2], dtype, kv,
+                        nvlink_bytes_per_s=hardware.nvlink_bandwidth, pcie_bytes_per_s=hardware.pcie_bandwidth,
+                        allreduce_fusion_max_bytes=fusion, gpus_per_node=hardware.gpus_per_node,
+                        inter_node_bytes_per_s=hardware.inter_node_bandwidth)
                 if not model.is_extended:
-                    prediction = predict_row(row, profiles[key], protocol)
+                    prediction = predict_row(row, self.profiles[key], self.protocol)
             except ServesimError as e:
                 reason = str(e)
         if reason is not None:
-            skipped.append({"id": str(row["id"]), "reason": reason})
-            continue
+            return "skip", {"id": str(row["id"]), "reason": reason}
         measured_ttft, measured_tpot = float(row["silicon_ttft_ms"]), float(row["silicon_tpot_ms"])
-        out.append({"id": row["id"], **{g: row[g] if g != "model" else row["model_path"] for g in GROUP},
-                    "tp": int(row["tp_size"]), "isl": int(row["isl"]), "osl": int(row["osl"]),
-                    "concurrency": int(row["concurrency"]), "measured_ttft_ms": measured_ttft,
-                    "predicted_ttft_ms": prediction["predicted_ttft_ms"],
-                    "ttft_error_pct": 100 * (prediction["predicted_ttft_ms"] / measured_ttft - 1),
-                    "measured_tpot_ms": measured_tpot, "predicted_tpot_ms": prediction["predicted_tpot_ms"],
-                    "tpot_error_pct": 100 * (prediction["predicted_tpot_ms"] / measured_tpot - 1),
-                    "kv_cache_dtype": kv_cache, "kv_cache_dtype_from": kv_why,
-                    **{k: prediction.get(k, "") for k in PREDICTED_COLUMNS}})
-        if progress is not None:
-            progress(len(out), len(skipped), len(frame))
+        return "ok", {"id": row["id"], **{g: row[g] if g != "model" else row["model_path"] for g in GROUP},
+                      "tp": int(row["tp_size"]), "isl": int(row["isl"]), "osl": int(row["osl"]),
+                      "concurrency": int(row["concurrency"]), "measured_ttft_ms": measured_ttft,
+                      "predicted_ttft_ms": prediction["predicted_ttft_ms"],
+                      "ttft_error_pct": 100 * (prediction["predicted_ttft_ms"] / measured_ttft - 1),
+                      "measured_tpot_ms": measured_tpot, "predicted_tpot_ms": prediction["predicted_tpot_ms"],
+                      "tpot_error_pct": 100 * (prediction["predicted_tpot_ms"] / measured_tpot - 1),
+                      "kv_cache_dtype": kv_cache, "kv_cache_dtype_from": kv_why,
+                      **{k: prediction.get(k, "") for k in PREDICTED_COLUMNS}}
+
+
+SERIAL_BELOW = 16  # rows: fewer run in this process, where starting workers would take longer than they save
+
+
+def _run_rows(measured_csv, ops_dir, models_dir, protocol: Protocol, systems: list[str],
+              rows: list[tuple[int, dict]]) -> list[tuple[int, str, object]]:
+    """A worker's share of the rows: (row index, "ok" or "skip", its result), or (row index,
+    "error", the message) for a row refused, which the parent raises in row order."""
+    runner = RowRunner(measured_csv, ops_dir, models_dir, protocol, systems)
+    out: list[tuple[int, str, object]] = []
+    for i, values in rows:
+        try:
+            kind, result = runner.run(i, pd.Series(values))
+        except ServesimError as e:
+            out.append((i, "error", str(e)))
+            break  # the parent stops at the first refused row, as a run of one process does
+        out.append((i, kind, result))
+    return out
+
+
+def _shares(frame: pd.DataFrame, jobs: int) -> list[list[tuple[int, dict]]]:
+    """The rows in shares for `jobs` workers: the rows of one deployment (system, model, TP, precision,
+    version) together where they can be, so that each worker builds its profiles once, and no share
+    larger than the rows over four shares a worker, so that the workers end together."""
+    keys = ["system", "model_path", "tp_size", "precision", "backend_version"]
+    most = max(1, -(-len(frame) // (4 * jobs)))
+    shares: list[list[tuple[int, dict]]] = []
+    for _, group in frame.groupby([frame[k].astype(str) for k in keys], sort=False):
+        rows = [(int(i), row.to_dict()) for i, row in group.iterrows()]
+        shares += [rows[k:k + most] for k in range(0, len(rows), most)]
+    return sorted(shares, key=len, reverse=True)  # the longest first
+
+
+def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol = Protocol(),
+             progress=None, jobs: int = 1) -> dict:
+    """Run every expressible row; write validate.csv, validate.json and report.html to out_dir.
+    With `jobs` above 1 (and SERIAL_BELOW rows or more) the rows run in that many worker processes,
+    with the same results, in the same order."""
+    frame = read_measured(measured_csv)
+    if not len(frame):
+        raise ServesimError(f"{measured_csv}: holds no rows, only a header")
+    ops_dir = default_ops_dir() if ops_dir is None else ops_dir
+    systems = systems_in(ops_dir)
+    if not systems:
+        raise ServesimError(f"{ops_dir}: holds no operator tables (a system's *_perf files, or the tables package's "
+                            "layout with systems/data or data: docs/tables.md)")
+    out: list[dict] = []
+    skipped: list[dict] = []
+    if jobs <= 1 or len(frame) < SERIAL_BELOW:
+        runner = RowRunner(measured_csv, ops_dir, models_dir, protocol, systems)
+        for i, row in frame.iterrows():
+            kind, result = runner.run(int(i), row)
+            (out if kind == "ok" else skipped).append(result)
+            if progress is not None:
+                progress(len(out), len(skipped), len(frame))
+    else:
+        results = _run_in_workers(frame, jobs, (measured_csv, ops_dir, models_dir, protocol, systems),
+                                  progress)
+        for i in sorted(results):
+            kind, result = results[i]
+            if kind == "error":
+                raise ServesimError(str(result))
+            (out if kind == "ok" else skipped).append(result)
     rows = pd.DataFrame(out, columns=["id", *GROUP, "tp", "isl", "osl", "concurrency", "measured_ttft_ms",
                                       "predicted_ttft_ms", "ttft_error_pct", "measured_tpot_ms", "predicted_tpot_ms",
                                       "tpot_error_pct", *PREDICTED_COLUMNS, "kv_cache_dtype", "kv_cache_dtype_from"])
@@ -929,3 +991,30 @@ def validate(measured_csv, ops_dir, out_dir, models_dir=None, protocol: Protocol
 
     atomic_write_text(out_dir / "report.html", validate_report_html(rows, summary, protocol, Path(measured_csv).name))
     return summary
+
+
+def _run_in_workers(frame: pd.DataFrame, jobs: int, inputs: tuple, progress) -> dict[int, tuple[str, object]]:
+    """Every row's (kind, result) by row index, from `jobs` worker processes (sim/app/workers.py: they die
+    with this process); rows after a refused one in its worker's share are not run (the parent raises)."""
+    from concurrent.futures import as_completed
+
+    from sim.app.workers import pool, stop
+
+    shares = _shares(frame, jobs)
+    results: dict[int, tuple[str, object]] = {}
+    done = skipped = 0
+    executor = pool(min(jobs, len(shares)))
+    try:
+        futures = [executor.submit(_run_rows, *inputs, share) for share in shares]
+        for future in as_completed(futures):
+            for i, kind, result in future.result():
+                results[i] = (kind, result)
+                done += kind == "ok"
+                skipped += kind == "skip"
+            if progress is not None:
+                progress(done, skipped, len(frame))
+    except BaseException:
+        stop(executor)
+        raise
+    executor.shutdown()
+    return results

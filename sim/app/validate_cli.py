@@ -35,7 +35,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     # Checked and locked before any work; with --overwrite the new run is written beside and swapped in whole.
     with claim_folder(args.out, overwrite=args.overwrite, inputs=command_inputs(args)) as folder:
-        summary = validate(args.measured, args.ops, folder.folder, args.models, protocol, progress)
+        from sim.app.sweep import default_jobs
+
+        jobs = default_jobs() if args.jobs is None else args.jobs
+        summary = validate(args.measured, args.ops, folder.folder, args.models, protocol, progress, jobs)
     if show:
         print(file=sys.stderr)
     if not args.quiet:
@@ -63,7 +66,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from sim.app.options import add_output_options
-    from sim.config import OPEN_FRACTION, PROMPTS_PER_CLIENT, SEED, TOKENS_PER_STEP, UNIQUE_PROMPTS
+    from sim.config import JOBS, OPEN_FRACTION, PROMPTS_PER_CLIENT, SEED, TOKENS_PER_STEP, UNIQUE_PROMPTS
 
     default = Protocol()  # the defaults, written once there
     p = sub.add_parser(
@@ -74,6 +77,9 @@ def register(sub) -> None:
                     "validate.csv, validate.json and report.html to --out.")
     p.add_argument("measured", metavar="MEASURED.csv", help="measured deployments, e.g. "
                                                             "../shared/gpu-data/aiconfigurator/silicon_llama3.1.csv")
+    p.add_argument("--jobs", type=JOBS.flag_type("--jobs"), default=None, metavar="N",
+                   help="rows simulated at once, a worker process each (default: the number of CPUs; 1, or a "
+                        "file of fewer than 16 rows, runs them in this process); the results are the same")
     p.add_argument("--ops", default=None, metavar="DIR",
                    help="operator tables: flat files (see sim calibrate --from-ops) or a folder in the package's "
                         "layout; default: the tables extra's package (pip install -e '.[tables]'), every system "
