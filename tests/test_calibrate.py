@@ -198,6 +198,21 @@ def test_calibration_rejects_bad_coefficients():
         Calibration((1e-12, -1.0, 0, 0, 0, 0, 0, 0, 0, 0))
     with pytest.raises(ServesimError, match="cache_bytes"):
         Calibration((0.0,) * 10, cache_bytes=0.0)
+    # 1e300 s a FLOP: finite, but a step's seconds overflowed to infinity (an internal error at the digest)
+    with pytest.raises(ServesimError, match=r"at most 1000 on any device: linear_flops=1e\+300"):
+        Calibration((1e300,) + (0.0,) * 9)
+
+
+def test_a_profile_with_a_huge_coefficient_is_a_one_line_error(tmp_path, capsys):
+    profile = json.loads((Path(__file__).parents[1] / "profiles" / "tiny-cpu.json").read_text())
+    profile["calibration"]["coefficients"]["linear_flops"] = 1e300
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(profile))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,30,4\n")
+    assert main(["replay", str(trace), "--model", "tiny", "--profile", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "linear_flops=1e+300" in err and "internal error" not in err
     with pytest.raises(ServesimError, match="hardware preset or a calibrated profile"):
         make_cost_model(ModelConfig.from_preset("tiny"), None)
 

@@ -628,3 +628,17 @@ def test_max_num_seqs_alone_takes_vllms_budget_for_the_gpu(tmp_path, capsys):
                                       "refuses the pair too; give both flags")
     assert sim("replay", *SMALL, "--prefill-replicas", 1, "--decode-replicas", 1, "--decode-options",
                "max-num-seqs=4096", "--out", tmp_path / "pd", "--quiet") == 0
+
+
+def test_ctrl_c_while_the_command_loads_is_interrupted_not_a_traceback(monkeypatch, capsys):
+    """Ctrl-C before the command runs (its modules loading, its arguments read) ends as it does while it
+    runs: "sim: interrupted", exit 130."""
+    from sim.app import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["replay", "--help"]) == 130
+    err = capsys.readouterr().err
+    assert err == "sim: interrupted\n"

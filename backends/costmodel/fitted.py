@@ -51,6 +51,9 @@ def calibrated_terms(model: ModelConfig, agg: StepAggregates, dtype_bytes: int, 
             agg.num_requests - agg.num_decodes, 1)
 
 
+MAX_COEFFICIENT_S = 1e3  # seconds per unit: a step of one token, one request, one FLOP or one byte takes far less
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Seconds per unit of each of `FEATURES`, fitted to measured steps (see backends/profile.py).
@@ -74,6 +77,10 @@ class Calibration:
         bad = [f"{k}={v}" for k, v in zip(FEATURES, self.coefficients) if not (np.isfinite(v) and v >= 0)]
         if bad:
             raise ServesimError(f"calibration coefficients must be finite and >= 0: {', '.join(bad)}")
+        huge = [f"{k}={v:g}" for k, v in zip(FEATURES, self.coefficients) if v > MAX_COEFFICIENT_S]
+        if huge:  # (1e300 s a FLOP overflowed a step's seconds to infinity)
+            raise ServesimError(f"calibration coefficients are seconds per unit (a FLOP, a byte, a token, a request, a "
+                                f"step), at most {MAX_COEFFICIENT_S:g} on any device: {', '.join(huge)}")
         if not (np.isfinite(self.ridge_flops_per_byte) and self.ridge_flops_per_byte >= 0):
             raise ServesimError(f"calibration ridge must be finite and >= 0, got {self.ridge_flops_per_byte}")
         if self.dtype_bytes not in (1, 2, 4):

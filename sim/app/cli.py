@@ -244,6 +244,16 @@ GC_FIRST_THRESHOLD = 10_000  # new container objects between two runs of the cyc
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`sim`'s entry point: the command's exit code. Ctrl-C while the command's modules load or its
+    arguments are read is "interrupted" (130), as it is while the command runs, not a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("sim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     from sim.app.workers import Terminated, terminate_on_sigterm
 
     command = (sys.argv[1:] if argv is None else argv)[:1]
