@@ -334,3 +334,28 @@ def test_a_sweep_over_stream_interval(tmp_path):
     assert frame["client_itl_mean"].isna().iloc[0] and frame["client_itl_mean"].iloc[1] > 3 * frame["itl_mean"].iloc[1]
     with pytest.raises(ServesimError, match="--stream-interval"):
         parse_axis("stream_interval", "0")
+
+
+def test_points_of_the_same_options_run_once(tmp_path, monkeypatch):
+    """decode-first reads no prefill cadence: in a grid of policies its points at intervals 1 and 2 are
+    the same replay, run once; the second gets the first's row under its own key (wall_s 0)."""
+    from sim.app import sweep as sweep_module
+
+    calls = []
+    real = sweep_module.run_point
+    monkeypatch.setattr(sweep_module, "run_point", lambda trace, point: calls.append(point.key) or real(trace, point))
+    out = tmp_path / "d"
+    assert main(["sweep", *SMALL, "--policy", "decode-first,chunked", "--prefill-schedule-interval", "1,2",
+                 "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    frame = read_table(out / RESULTS)[0]
+    assert len(frame) == 4 and len(calls) == 3 and (frame["status"] == "ok").all()
+    decode_first = frame[frame["policy"] == "decode-first"]
+    assert decode_first["point"].str.contains("prefill_schedule_interval=2").tolist() == [False, True]
+    a, b = (decode_first.drop(columns=["point", "wall_s"]).iloc[k] for k in (0, 1))
+    def missing(v) -> bool:
+        return v is None or (isinstance(v, float) and v != v)
+
+    assert all((missing(x) and missing(y)) or str(x) == str(y) for x, y in zip(a, b))
+    assert decode_first["wall_s"].iloc[1] == 0.0
+    chunked = frame[frame["policy"] == "chunked"]
+    assert chunked["prefill_schedule_interval"].tolist() == [1, 2] and chunked["wall_s"].gt(0).all()

@@ -166,7 +166,8 @@ def default_jobs() -> int:
 
 def run_rows(trace: Trace, points: list[Point], executor: str = "process", jobs: int | None = None,
              address: str | None = None) -> Iterator[dict]:
-    """Run the points, yielding each one's row as it finishes (in no particular order)."""
+    """Run the points, yielding each one's row as it finishes (in no particular order). Points whose
+    options are the same run once (`same_runs`), and each of the others gets that run's row."""
     if executor not in EXECUTORS:
         raise ServesimError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
     jobs = jobs or default_jobs()
@@ -174,13 +175,38 @@ def run_rows(trace: Trace, points: list[Point], executor: str = "process", jobs:
         raise ServesimError(f"--jobs must be at least 1, got {jobs}")
     if not points:
         return
+    unique, twins = same_runs(points)
     if executor == "ray":
-        yield from _ray_rows(trace, points, jobs, address)
-    elif jobs == 1 or len(points) == 1:
-        for point in points:
-            yield run_point(trace, point)
+        rows = _ray_rows(trace, unique, jobs, address)
+    elif jobs == 1 or len(unique) == 1:
+        rows = (run_point(trace, point) for point in unique)
     else:
-        yield from _process_rows(trace, points, min(jobs, len(points)))
+        rows = _process_rows(trace, unique, min(jobs, len(unique)))
+    for row in rows:
+        yield row
+        for twin in twins.get(row["point"], ()):
+            yield dict(row, point=twin.key, wall_s=0.0)
+
+
+def same_runs(points: list[Point]) -> tuple[list[Point], dict[str, list[Point]]]:
+    """(the points to run, each one's twins by its key): points whose options (and rate scale) are the
+    same replay the same, so each runs once. A grid of several policies gives chunked-only options
+    (--long-prefill-token-threshold, --prefill-schedule-interval, --cache-aware-admission-window) to
+    its chunked points only, so its other policies' points at each of those values are one run."""
+    import json
+    from dataclasses import asdict
+
+    unique: list[Point] = []
+    first: dict[str, Point] = {}
+    twins: dict[str, list[Point]] = {}
+    for point in points:
+        identity = json.dumps([asdict(point.options), point.rate_scale], sort_keys=True, default=repr)
+        if identity in first:
+            twins.setdefault(first[identity].key, []).append(point)
+        else:
+            first[identity] = point
+            unique.append(point)
+    return unique, twins
 
 
 def _process_rows(trace: Trace, points: list[Point], jobs: int) -> Iterator[dict]:
