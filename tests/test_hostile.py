@@ -752,6 +752,43 @@ def test_a_sweep_written_before_the_newer_axes_resumes(tmp_path, capsys):
     assert "grid max_num_active_seqs = [0] there, [8] here" in error_text(capsys)
 
 
+def test_a_sweep_written_before_stream_interval_was_an_axis_resumes_at_its_fixed_value(tmp_path, capsys):
+    # Before --stream-interval was a grid axis a sweep with --stream-interval 2 stated it as a fixed option (its
+    # points' keys without it). The same command resumed today was refused as 'grid stream_interval = not set
+    # there, [2] here': the fixed option is the one-valued axis, and the finished point is kept.
+    pytest.importorskip("pyarrow")
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reports.tables import read_table
+
+    out = tmp_path / "s"
+    grid = ["sweep", *SMALL, "--stream-interval", "2", "--seed", "0,1", "--jobs", "1", "--quiet", "--out", out]
+    assert sim(*grid) == 0
+    full = read_table(out / "results.parquet")[0]
+    table = pq.read_table(out / "results.parquet")
+    identity = json.loads(table.schema.metadata[b"servesim.sweep"])
+    del identity["axes"]["stream_interval"]
+    identity["fixed"]["stream_interval"] = 2
+    table = table.take([0])
+    table = table.set_column(0, "point", pa.array([k.replace("stream_interval=2,", "")
+                                                   for k in table.column("point").to_pylist()]))
+    pq.write_table(table.replace_schema_metadata({b"servesim.sweep": json.dumps(identity).encode()}),
+                   out / "results.parquet")
+    old = read_table(out / "results.parquet")[0]
+    assert sim(*grid, "--resume") == 0, capsys.readouterr().err
+    resumed, identity = read_table(out / "results.parquet")
+    assert resumed["point"].tolist() == full["point"].tolist()
+    assert resumed["wall_s"].iloc[0] == old["wall_s"].iloc[0]  # the old row kept, not run again
+    assert resumed["stream_interval"].tolist() == [2, 2] and identity["axes"]["stream_interval"] == [2]
+    assert "stream_interval" not in identity["fixed"]
+    # Another value is still refused, naming what differs.
+    assert sim("sweep", *SMALL, "--stream-interval", "3", "--seed", "0,1", "--quiet", "--out", out, "--resume") == 2
+    assert "grid stream_interval = [2] there, [3] here" in error_text(capsys)
+
+
 def test_tables_of_several_runs_show_what_each_rejected(tmp_path, capsys):
     # Under the admission limits a run at 10x the rate rejects most of its requests (HTTP 503), which are in none
     # of its latencies: its p99 TTFT was lower than at 1x and neither the sweep's table on the terminal nor a

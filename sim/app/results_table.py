@@ -45,7 +45,8 @@ def upgraded(stored: dict, rows: list[dict] | None = None) -> tuple[dict, list[d
     in the identity's grid, in each row's column and in its point's key, so that `--resume` of the same
     command continues it (it was refused as 'grid max_num_active_seqs = not set there, [0] here', naming
     an option no one gave, or would have run every point again beside the old rows). An axis that the
-    table states as a fixed option is left to `difference` (its value there may be another)."""
+    table states as a fixed option (--stream-interval 2 before it was an axis) is that axis at the fixed
+    value, so that the same command resumes it and another value is named by `difference` as the grid's."""
     from reports.axes import LATER_AXES
 
     axes = stored.get("axes") if isinstance(stored, dict) else None
@@ -54,9 +55,14 @@ def upgraded(stored: dict, rows: list[dict] | None = None) -> tuple[dict, list[d
     if not isinstance(axes, dict) or not axes or not isinstance(fixed, dict):
         return stored, rows
     added = {name: value for name, value in LATER_AXES.items() if name not in axes and name not in fixed}
+    moved = {name: fixed[name] for name in LATER_AXES
+             if name not in axes and isinstance(fixed.get(name), (int, float, str)) and fixed[name] is not True
+             and fixed[name] is not False}
+    added.update(moved)
     if not added:
         return stored, rows
-    stored = dict(stored, axes={**axes, **{name: [value] for name, value in added.items()}})
+    stored = dict(stored, axes={**axes, **{name: [value] for name, value in added.items()}},
+                  fixed={k: v for k, v in fixed.items() if k not in moved})
     return stored, [_with_axes(row, added) for row in rows]
 
 
