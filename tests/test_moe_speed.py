@@ -249,6 +249,16 @@ def test_the_derived_curves_cache_is_the_tables_model(derived, tmp_path, monkeyp
     assert moe_module.moe_table_model(model, hardware, "h100_sxm", data, cache=tmp_path).derived() == first.derived()
     assert json.loads(path.read_text())["derived"] == first.derived()
     assert [p.name for p in (tmp_path / "moe").iterdir()] == [path.name]  # no temporary file left
+    # A file of this format that is JSON but not the curves (a key gone, a curve of the wrong kind: damaged,
+    # edited) is derived afresh too; it was an internal error (KeyError: 'small', TypeError).
+    whole = json.loads(path.read_text())
+    for damage in (lambda d: d.pop("small"), lambda d: d.update(router=5), lambda d: d.update(small=["a", 1, 0]),
+                   lambda d: d["collectives"].clear(), lambda d: d.update(moe={"xs": [1.0], "ys": None, "power": 1})):
+        broken = json.loads(json.dumps(whole))
+        damage(broken["derived"])
+        path.write_text(json.dumps(broken))
+        assert moe_module.moe_table_model(model, hardware, "h100_sxm", data, cache=tmp_path).derived() == first.derived()
+        assert json.loads(path.read_text()) == whole
 
 
 def test_the_cache_files_name_changes_with_the_tables_files(tmp_path):

@@ -1240,7 +1240,14 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
         path = derived_cache_path(cache, model, system, data_dir, vllm_version, **args)
         derived = read_derived(path)
         if derived is not None:
-            return MoETableCostModel(model, hardware, None, **args, derived=derived)
+            # A file that is not curves this code wrote (damaged, edited: a key gone, a value of another
+            # kind) is derived afresh below and rewritten, as one that is not JSON is.
+            try:
+                restored = MoETableCostModel(model, hardware, None, **args, derived=derived)
+            except (ServesimError, KeyError, TypeError, ValueError, IndexError, AttributeError):
+                restored = None
+            if restored is not None and restored.derived() == derived:
+                return restored
     tables = load_layout(data_dir, system, "vllm", vllm_version)
     moe_table = read_layout_tables(data_dir, system, "moe", "vllm", "moe_perf", vllm_version) \
         if model.num_experts else None
