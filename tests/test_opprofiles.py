@@ -94,6 +94,17 @@ DELETE = object()
     (COMMITTED_70B_TP4, ("operators", "allreduce", "graph", "seconds"), [1.0],
      "operators.allreduce.graph.seconds = [1.0], expected a list of 23 times"),
     (COMMITTED_70B_TP4, ("operators", "allreduce", "link_bytes_per_s"), 0, "operators.allreduce.link_bytes_per_s = 0"),
+    # Numbers that passed as finite but priced a step to infinity (an internal error, ValueError: 'list' argument
+    # must have no negative elements), or a whole number too large for numpy's arrays (TypeError in a lookup).
+    (COMMITTED_8B, ("operators", "gemm", "o", "seconds", 0), 1e308, "operators.gemm.o.seconds[0] = 1e+308, expected "
+                                                                    "a finite number above 0 and at most 1000"),
+    (COMMITTED_8B, ("operators", "gemm", "o", "seconds", 0), 2**70, "operators.gemm.o.seconds[0] = "
+                                                                    "1180591620717411303424, expected a finite number"),
+    (COMMITTED_8B, ("operators", "memory", "kernel_floor_s"), 1e306, "operators.memory.kernel_floor_s = 1e+306"),
+    (COMMITTED_8B, ("operators", "memory", "bandwidth_bytes_per_s"), 1e-300,
+     "operators.memory.bandwidth_bytes_per_s = 1e-300, expected a finite number at least 1"),
+    (COMMITTED_70B_TP4, ("operators", "allreduce", "link_bytes_per_s"), 1e-300,
+     "operators.allreduce.link_bytes_per_s = 1e-300"),
 ])
 def test_an_operator_profile_of_bad_numbers_is_refused_naming_the_field(tmp_path, source, path, value, message):
     """A profile's derived curves were taken as they were: an edited or damaged file was an internal error

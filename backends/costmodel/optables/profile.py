@@ -152,12 +152,18 @@ def op_profile_from_json(data: dict, path: str | Path) -> OpProfile:
     return profile
 
 
+MAX_OPERATOR_S = 1e3  # one operator's seconds (a layer's GEMM, attention, an all-reduce, a kernel's floor): far less
+
+
 def check_profile_numbers(data: dict) -> None:
     """The numbers of an operator-table profile's file, checked before they price anything: its model's
     shape and TP whole numbers of at least 1, each derived curve's sizes increasing and its seconds positive
     and finite, one per size (a grid's, one per pair of sizes), the memory bandwidth and all-reduce figures
     positive. A profile edited by hand or cut short was an internal error (OverflowError, ZeroDivisionError,
-    IndexError, AttributeError) or priced steps from NaN and negative seconds. Raises naming the field."""
+    IndexError, AttributeError) or priced steps from NaN and negative seconds. Each second figure is at most
+    MAX_OPERATOR_S and each bandwidth at least a byte a second (1e308 s, or a bandwidth of 1e-300, priced a
+    step to infinity: an internal error), and no number is past int64 (numpy made a curve of Python
+    objects). Raises naming the field."""
     def fail(where: str, value, expected: str):
         text = repr(value)
         raise ServesimError(f"{where} = {text if len(text) <= 60 else text[:57] + '...'}, expected {expected}")
@@ -167,12 +173,16 @@ def check_profile_numbers(data: dict) -> None:
             fail(where, value, "an object")
         return value
 
-    def number(value, where: str, least: float = 0.0, whole: bool = False, zero: bool = False) -> float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            and (value > least or (zero and value == least)) and (not whole or float(value).is_integer())
+    def number(value, where: str, least: float = 0.0, whole: bool = False, zero: bool = False,
+               most: float | None = None) -> float:
+        # (a whole number past int64 makes numpy's array of a curve one of Python objects: a TypeError in a lookup)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 2.0**63 \
+            and math.isfinite(value) and (value > least or (zero and value == least)) \
+            and (not whole or float(value).is_integer()) and (most is None or value <= most)
         if not ok:
             fail(where, value, f"a {'whole' if whole else 'finite'} number "
-                               f"{'at least' if zero else 'above'} {least:g}")
+                               f"{'at least' if zero else 'above'} {least:g}"
+                               + ("" if most is None else f" and at most {most:g}"))
         return value
 
     def axis(value, where: str) -> int:
@@ -188,7 +198,7 @@ def check_profile_numbers(data: dict) -> None:
         if not isinstance(value, list) or len(value) != n:
             fail(where, value, f"a list of {n} times (one per size)")
         for i, v in enumerate(value):
-            number(v, f"{where}[{i}]")
+            number(v, f"{where}[{i}]", most=MAX_OPERATOR_S)
 
     def curve(value, where: str, x: str) -> dict:
         c = obj(value, where)
@@ -228,14 +238,15 @@ def check_profile_numbers(data: dict) -> None:
             number(ar["fused"].get("max_bytes"), "operators.allreduce.fused.max_bytes")
         if "graph" in ar or "eager" in ar:
             number(ar.get("table_max_bytes"), "operators.allreduce.table_max_bytes")
-        number(ar.get("ring_latency_s", 0.0), "operators.allreduce.ring_latency_s", zero=True)
+        number(ar.get("ring_latency_s", 0.0), "operators.allreduce.ring_latency_s", zero=True, most=MAX_OPERATOR_S)
         key = "link_bytes_per_s" if "link_bytes_per_s" in ar else "nvlink_bytes_per_s"
-        number(ar.get(key), f"operators.allreduce.{key}")
+        number(ar.get(key), f"operators.allreduce.{key}", least=1, zero=True)
     memory = obj(ops.get("memory"), "operators.memory")
-    number(memory.get("bandwidth_bytes_per_s"), "operators.memory.bandwidth_bytes_per_s")
-    number(memory.get("kernel_floor_s"), "operators.memory.kernel_floor_s", zero=True)
+    number(memory.get("bandwidth_bytes_per_s"), "operators.memory.bandwidth_bytes_per_s", least=1, zero=True)
+    number(memory.get("kernel_floor_s"), "operators.memory.kernel_floor_s", zero=True, most=MAX_OPERATOR_S)
     for name in ("fixed_s", "per_prompt_token_s"):
-        number(obj(data["client_overhead"], "client_overhead").get(name), f"client_overhead.{name}", zero=True)
+        number(obj(data["client_overhead"], "client_overhead").get(name), f"client_overhead.{name}", zero=True,
+               most=MAX_OPERATOR_S)
 
 
 def load_op_profile(path: str | Path) -> OpProfile:
