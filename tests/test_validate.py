@@ -600,3 +600,26 @@ def test_jobs_refuse_the_first_malformed_row_as_one_process_does(tmp_path, capsy
                      str(tmp_path / f"o{jobs}"), "--quiet", "--jobs", jobs]) == 2
         err = capsys.readouterr().err
         assert "measured.csv: row 3 (r2): silicon_ttft_ms" in err and "Traceback" not in err
+
+
+def _a_worker_that_dies(*args):
+    """In place of `_run_rows` in a worker process: the process ends as one killed (the OOM killer) ends."""
+    import os
+
+    os._exit(9)
+
+
+@pytest.mark.slow
+def test_jobs_name_a_worker_that_died(tmp_path, capsys, monkeypatch):
+    # A worker process killed while it ran rows (the OOM killer, kill -9) was an internal error
+    # (BrokenProcessPool); it is named, with what to do, and the command ends as for any refusal.
+    from sim.app import validate as validate_module
+
+    csv, ops, models = setup(tmp_path)
+    pd.DataFrame(many_rows(), columns=COLUMNS).to_csv(csv, index=False)
+    monkeypatch.setattr(validate_module, "_run_rows", _a_worker_that_dies)
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(tmp_path / "o"),
+                 "--quiet", "--jobs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sim: error: ") and "worker process" in err and "--jobs 1" in err, err
+    assert not (tmp_path / "o").exists()

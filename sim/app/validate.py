@@ -997,6 +997,7 @@ def _run_in_workers(frame: pd.DataFrame, jobs: int, inputs: tuple, progress) -> 
     """Every row's (kind, result) by row index, from `jobs` worker processes (sim/app/workers.py: they die
     with this process); rows after a refused one in its worker's share are not run (the parent raises)."""
     from concurrent.futures import as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     from sim.app.workers import pool, stop
 
@@ -1013,6 +1014,10 @@ def _run_in_workers(frame: pd.DataFrame, jobs: int, inputs: tuple, progress) -> 
                 skipped += kind == "skip"
             if progress is not None:
                 progress(done, skipped, len(frame))
+    except BrokenProcessPool:
+        stop(executor)
+        raise ServesimError(f"sim validate --jobs {jobs}: a worker process died while it ran rows (killed, or out of "
+                            "memory); run again, or with --jobs 1 to run the rows in this process") from None
     except BaseException:
         stop(executor)
         raise
