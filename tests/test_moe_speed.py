@@ -157,6 +157,11 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
     if priced.tp > 1:
         # two a layer, and with the small kernels priced the vocab-parallel embedding's
         allreduce = float((2 * layers + (small is not None)) * one_allreduce(t * h * b)) if t else 0.0
+    if priced._moe is not None and t:  # the routed experts' SiLU-and-mul: in the moe_perf kernel's time
+        i = m.moe_intermediate_size // priced.moe_tp
+        elementwise = (((layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / priced._bytes_s
+                        - t * (m.num_moe_layers * b * 3 * i * m.num_experts_per_tok / priced.ep / priced._bytes_s))
+                       + (t * h * b + num_logits * h * 2 * b) / priced._bytes_s)
     if priced._mla is not None:
         kv_write = 0.0
         elementwise = elementwise - t * priced._rope_s_per_token

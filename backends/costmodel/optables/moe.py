@@ -885,6 +885,8 @@ class MoETableCostModel(MoERooflineCostModel):
                 kv_write = kv_write * (self._bytes_s / self._small[1]) + self.model.num_hidden_layers * self._small[0]
             if self._router_curve is not None:
                 router = self.model.num_moe_layers * float(self._curve_at("router", self._router_curve, t)) if t else 0.0
+            if self._moe is not None and t:  # the routed experts' SiLU-and-mul is in the moe_perf kernel's time
+                layers_elementwise = layers_elementwise - t * self._experts_activation_s()
             by_tokens = self._by_tokens[t] = (linear, router, moe, kv_write, layers_elementwise, allreduce)
         linear, router, moe, kv_write, layers_elementwise, allreduce = by_tokens
         elementwise = self.elementwise_seconds(layers_elementwise, t, num_logits)
@@ -906,6 +908,14 @@ class MoETableCostModel(MoERooflineCostModel):
             if self.tp > 1:  # the logits' all-gather, as an all-reduce of half its bytes
                 allreduce = allreduce + self._hidden_allreduce(num_logits * self._vocab * self.tp * ACTIVATION_BYTES / 2)
         return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+
+    def _experts_activation_s(self) -> float:
+        """The roofline's elementwise seconds a token of the routed experts' SiLU-and-mul takes (read
+        gate and up, write): `fused_experts`, which the moe_perf rows time, runs it itself
+        (collector/vllm/collect_moe.py), so a table-priced MoE layer leaves it out of elementwise."""
+        m = self.model
+        i = m.moe_intermediate_size // self.moe_tp
+        return m.num_moe_layers * ACTIVATION_BYTES * 3 * i * m.num_experts_per_tok / self.ep / self._bytes_s
 
     def _token_parts(self, t: int, linear, moe, allreduce) -> tuple:
         """(linear, moe, allreduce) of t tokens from the tables (the roofline's where none)."""
