@@ -56,7 +56,8 @@ stays the roofline's, and `sources` says which, per operator (summary.json's `co
   KV-cache write, fp8's activation quantization, SiLU-and-mul of the dense MLPs and shared experts, the
   router's top-k where the moe_perf rows took the routing precomputed, the embedding, the final norm and
   the sampler's three passes over the fp32 logits) the GEMM table's kernel floor plus the roofline's bytes
-  at the table's achieved HBM bandwidth (`derive_memory`); and no fixed per-step overhead: the engine
+  at the table's achieved HBM bandwidth (`derive_memory`), less the routed experts' SiLU-and-mul where
+  moe_perf prices the layer (its kernel runs it); and no fixed per-step overhead: the engine
   core's CPU time is the host-time model's (backends/host_time.py). A system whose GEMM table has no bf16
   rows at m = 1 keeps the roofline's for these and its 1 ms a step.
 - dispatch and combine (DP > 1): vLLM's default all2all backend, `allgather_reducescatter`
