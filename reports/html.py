@@ -311,6 +311,19 @@ def _read_run(d: Path) -> tuple[dict, dict | None]:
                 v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
             raise ServesimError(f"{d / 'digest.json'}: {name} = {_short(values)}, not the list of numbers servesim "
                                 "writes; replay the trace again into a new folder")
+    # Lengths: a sketch is drawn against the quantile levels, a timeline's series against its bins' starts;
+    # one cut short (or of other levels) was drawn against the first of them, silently.
+    if digest is not None:
+        from reports.digest import QUANTILES
+
+        for name, values in series:
+            if name.startswith("timeline's "):
+                want, what = len(digest["timeline"].get("start_s") or []), "one a bin of the timeline's start_s"
+            else:
+                want, what = len(QUANTILES), "one a quantile level"
+            if len(values) != want:
+                raise ServesimError(f"{d / 'digest.json'}: {name} holds {len(values)} values, not {want} ({what}); "
+                                    "replay the trace again into a new folder")
     return summary, digest
 
 

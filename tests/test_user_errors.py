@@ -312,6 +312,12 @@ def test_report_of_one_run_folder_says_1_run(tmp_path, capsys):
     ("digest.json", {"ttft": ["x"]}, "digest.json: ttft = ['x'], not the list of numbers servesim writes"),
     ("digest.json", {"timeline": {"start_s": [0.0], "num_waiting": None}},
      "digest.json: timeline's num_waiting = None, not the list of numbers"),
+    # A curve cut short was drawn against the first quantile levels (or bins), silently.
+    ("digest.json", {"ttft": [0.1, 0.2, 0.3, 0.4, 0.5]},
+     "digest.json: ttft holds 5 values, not 112 (one a quantile level)"),
+    ("digest.json", {"timeline": {"start_s": [0.0, 1.0], "num_prefill_tokens": [1, 2], "num_decode_tokens": [1, 2],
+                                  "num_kv_blocks_used": [1, 2], "num_waiting": [1]}},
+     "digest.json: timeline's num_waiting holds 1 values, not 2 (one a bin of the timeline's start_s)"),
 ])
 def test_report_of_runs_with_a_summary_or_digest_of_another_shape_names_it(tmp_path, capsys, name, content, message):
     """A run's summary.json or digest.json that is JSON but not servesim's shape was `sim: internal
