@@ -55,9 +55,8 @@ def upgraded(stored: dict, rows: list[dict] | None = None) -> tuple[dict, list[d
     if not isinstance(axes, dict) or not axes or not isinstance(fixed, dict):
         return stored, rows
     added = {name: value for name, value in LATER_AXES.items() if name not in axes and name not in fixed}
-    moved = {name: fixed[name] for name in LATER_AXES
-             if name not in axes and isinstance(fixed.get(name), (int, float, str)) and fixed[name] is not True
-             and fixed[name] is not False}
+    moved = {name: fixed[name] for name in LATER_AXES if name not in axes
+             and isinstance(fixed.get(name), (int, float, str)) and not isinstance(fixed[name], bool)}
     added.update(moved)
     if not added:
         return stored, rows
