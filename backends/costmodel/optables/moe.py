@@ -883,7 +883,8 @@ class MoETableCostModel(MoERooflineCostModel):
             if self._mla is not None:  # the module tables hold MLA's KV-cache write (mla.py)
                 kv_write = 0.0
             elif self._small is not None and t:
-                kv_write = kv_write * (self._bytes_s / self._small[1]) + self.model.num_hidden_layers * self._small[0]
+                floor, bandwidth, _ = self._small
+                kv_write = kv_write * (self._bytes_s / bandwidth) + self.model.num_hidden_layers * floor
             if self._router_curve is not None:
                 router = self.model.num_moe_layers * float(self._curve_at("router", self._router_curve, t)) if t else 0.0
             if self._moe is not None and t:  # the routed experts' SiLU-and-mul is in the moe_perf kernel's time
