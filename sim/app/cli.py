@@ -137,7 +137,11 @@ def describe(plan) -> str:
     text += f", profile {options.profile}" if options.profile else ""
     text += f"\n{plan.tables['note']}" if getattr(plan, "tables", None) else ""
     host = getattr(plan.backend, "host", None)  # a HostTimedBackend's profile (backends/host_time.py)
-    return text + (f"\n{host.note()}" if host is not None else "")
+    text += f"\n{host.note()}" if host is not None else ""
+    sampling = getattr(plan, "sampling", None)
+    if sampling is not None and not sampling.greedy:  # which of vLLM's sampler paths each step runs
+        text += f"\nsampling: {sampling.describe()}, vLLM's {sampling.path(plan.model.vocab_size)} sampler path"
+    return text
 
 
 def cmd_models(args: argparse.Namespace) -> int:

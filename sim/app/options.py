@@ -33,6 +33,12 @@ def check_moe_distribution(flag: str, value) -> None:
 
     check(flag, str(value))
 
+def check_sampling_flag(flag: str, value) -> None:
+    from backends.sampler import parse_sampling
+
+    parse_sampling(str(value), flag)  # `model` is resolved with the model (sim.app.plan.resolve)
+
+
 def check_named(flag: str, value) -> None:
     """A name or path that names something: an empty one was read as the current folder ('.: cannot read
     the hardware file: Is a directory', 'config.json: no such file')."""
@@ -124,6 +130,15 @@ class ReplayOptions:
                                            "(AIConfigurator's package, pip install -e '.[tables]'): the version itself, "
                                            "else the nearest the system has (said on the terminal and in summary.json); "
                                            "default: a committed profile, else the newest")
+
+    # The requests' sampling parameters: which of vLLM's sampler paths runs each step (backends/sampler.py)
+    sampling: str = option("greedy", flag="--sampling", check=check_sampling_flag,
+                           metavar="greedy|model|temperature=T[,top_p=P][,top_k=K]",
+                           help="the requests' sampling parameters, which decide the kernels vLLM's sampler runs each "
+                                "step (priced from the operator tables): greedy (default: temperature 0, what vllm bench "
+                                "serve sends), model (the server's defaults from the model's generation_config.json, "
+                                "what a client sending none gets: genai-perf, AIPerf; Qwen3's top_p 0.95 and top_k 20 "
+                                "make vLLM before 0.17 sort every step's logits), or the parameters themselves")
 
     # vLLM's API server between a client's sends and the engine (sim/arrivals.py, through_api_servers;
     # sim/app/replay.py, with_api_server): "auto" models it for a trace of a client's sends (a vLLM bench result)

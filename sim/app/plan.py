@@ -21,6 +21,7 @@ from backends.hardware import Hardware, resolve_hardware
 from backends.host_time import host_time_summary, with_host_time
 from backends.kv_capacity import KVCapacity, kv_cache_groups, kv_capacity, max_in_flight_tokens
 from backends.model_config import ModelConfig, resolve_model
+from backends.sampler import GREEDY, Sampling, resolve_sampling
 from policies import Policy, load_policy
 from policies.routers import load_router
 from sim.app.cluster_options import ClusterOptions, naming_pool
@@ -58,6 +59,7 @@ class RunPlan:
     router: type | None = None  # the cluster's router class (policies/routers.py)
     pools: tuple["RunPlan", ...] = ()  # disaggregated: the prefill pool's plan and the decode pool's
     tables: dict | None = None  # a profile derived from the package's tables: their system and versions
+    sampling: Sampling = GREEDY  # the requests' sampling parameters (--sampling, resolved for the model)
 
     @property
     def scheduler(self):
@@ -122,6 +124,11 @@ class RunPlan:
             del d["api_server"]  # runs that left it keep the summary they had (run_options says where it applied)
         if d["vllm_version"] is None:
             del d["vllm_version"]  # runs without it keep the summary they had
+        if d["sampling"] == "greedy" and self.sampling.greedy:
+            del d["sampling"]  # greedy runs keep the summary they had
+        else:  # the parameters as resolved (`model`: the generation config's), and the sampler's path
+            d["sampling"] = {"given": d["sampling"], **self.sampling.to_json(),
+                             "path": self.sampling.path(self.model.vocab_size)}
         if not d["allreduce_fusion_max_mb"]:
             del d["allreduce_fusion_max_mb"]  # runs without it keep the summary they had
         if self.tables is not None:
@@ -235,11 +242,12 @@ def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
 
 
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True,
-            host_vllm_version: str | None = None) -> RunPlan:
+            host_vllm_version: str | None = None, sampling: Sampling | None = None) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
     check everything but build no backend (sweeps check every point before running any);
-    `host_vllm_version`: the vLLM version whose host time profile the steps carry where it is not
-    --vllm-version's (sim validate's rows: each its own; None: --vllm-version's, else the newest)."""
+    `host_vllm_version`: the vLLM version whose host time profile (and sampler) the steps carry where it is
+    not --vllm-version's (sim validate's rows: each its own; None: --vllm-version's, else the newest);
+    `sampling`: the requests' sampling parameters instead of --sampling's (sim validate's rows)."""
     given, given_backend = options, backend
     model = resolve_model(options.model)
     hardware = resolve_hardware(options.hardware)
@@ -338,6 +346,9 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
             backend = OpTableBackend(op_profile.op_model(), device=hardware.name, profile_name=options.profile)
         else:
             backend = make_backend(options, model, hardware, calibration)
+    if sampling is None:
+        sampling = resolve_sampling(options.sampling, model.name, options.model)
+    set_sampler(backend, sampling, host_vllm_version or options.vllm_version, model, hardware)
     cache, scheduler = options.cache, options.scheduler
     backend = with_host_time(backend, scheduler.async_scheduling, scheduler.host_time,
                              scheduler.host_reference_loop_s, options.tp,
@@ -363,9 +374,27 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         # (The backend built above is the top level's: a pool builds its own unless the caller gave one.)
         pools = tuple(_resolve_pool(cluster, given, role, given_backend, build_backend) for role in ("prefill", "decode"))
     plan = RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
-                   TokenSpec(options.seed, model.vocab_size), router, pools, tables)
+                   TokenSpec(options.seed, model.vocab_size), router, pools, tables, sampling)
     plan.check_host_memory()
     return plan
+
+
+def set_sampler(backend, sampling: Sampling, vllm_version: str | None, model: ModelConfig, hardware: Hardware) -> None:
+    """Price `backend`'s sampler for `sampling` as vLLM `vllm_version` (None: the newest) runs it: the
+    operator-table cost models (dense and MoE) price its kernels (backends/sampler.py). Another backend
+    prices no sampler of its own (the roofline) or runs its own (the real backend, a fitted profile), so a
+    sampling other than greedy is refused there rather than recorded and not priced."""
+    if backend is None:
+        return
+    target = getattr(backend, "ops", backend)  # the operator-table backend's OperatorModel
+    if hasattr(target, "sampler_version"):
+        target.sampling, target.sampler_version = sampling, vllm_version
+    elif not sampling.greedy:
+        raise ServesimError(f"--sampling {sampling.describe()} prices vLLM's sampler kernels from the operator tables; "
+                            f"this run of {model.name} on {hardware.name} is priced another way "
+                            f"({type(backend).__name__}), which prices no sampler: leave "
+                            "--sampling at greedy, or price from the tables (a system of the tables extra, or a profile "
+                            "of profiles/ops/)")
 
 
 def _resolve_pool(cluster: ClusterOptions, given: ReplayOptions, role: str, given_backend, build_backend: bool) -> RunPlan:

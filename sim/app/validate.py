@@ -74,6 +74,7 @@ import pandas as pd
 from backends.costmodel.optables.backend import OpTableBackend
 from backends.costmodel.optables.profile import ClientOverhead, build_profile
 from backends.costmodel.optables.tables import load_tables, systems_in
+from backends.sampler import GREEDY, Sampling, config_dir_of, generation_config_sampling
 from sim.app.opprofiles import kv_name
 from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
 from sim.app.outputs import atomic_write_text
@@ -91,7 +92,7 @@ GROUP = ("system", "model", "backend", "backend_version", "precision")
 # validate.csv's columns taken as they are from predict_row, after the measured and predicted means.
 PREDICTED_COLUMNS = ("predicted_engine_ttft_ms", "max_num_batched_tokens", "num_gpu_blocks", "num_preemptions",
                      "async_scheduling", "warmup_waves", "warmup_from", "implied_tokens_per_s", "tables_max_tokens_per_s",
-                     "faster_than_tables", "tables", "notes")
+                     "faster_than_tables", "tables", "notes", "sampling", "sampling_from")
 
 
 # InferenceMAX's published results (the dashboard's export: `source_file=<date>.csv; model=...`),
@@ -101,6 +102,8 @@ INFERENCEMAX_SCRIPTS = "github.com/InferenceMAX/InferenceMAX, benchmarks/"
 # InferenceX (InferenceMAX renamed): the dashboard's exports as above, and its database's dumps
 # (`db-dump/<date>; config_id=...; workflow_run_id=...`) of the same runs.
 INFERENCEX = r"^(source_file=\d{4}-\d{2}-\d{2}\.csv;|db-dump/)"
+# AIConfigurator's gap analysis (its team's deployments: `source_file=.../aic-auto-gap-analysis/data/...`)
+AIC_GAP_ANALYSIS = r"aic-auto-gap-analysis/"
 INFERENCEX_SCRIPTS = "github.com/SemiAnalysisAI/InferenceX, benchmarks/single_node/"
 DEFAULT_BUDGET = 8192  # vLLM's --max-num-batched-tokens for its API server on GPUs of 70 GiB and more
 
@@ -221,6 +224,7 @@ class Protocol:
     moe_distribution: str = "auto"  # the moe_perf rows' token distribution (--moe-distribution, as sim replay's)
     moe_kernel: str = "recipe"  # per row from LAUNCH_RECIPES, else vLLM's own (auto); or one kernel for every row
     test_request: bool = True  # vLLM's client's test request before the benchmark (`warmup_stages`)
+    sampling: str = "auto"  # per row (`sampling_for`); or greedy / model for every row
 
     def __post_init__(self) -> None:
         if self.moe_cost_model not in ("tables", "roofline"):
@@ -230,6 +234,8 @@ class Protocol:
         check_moe_distribution("--moe-distribution", self.moe_distribution)
         if self.moe_kernel not in ("recipe", *MOE_KERNELS):
             raise ServesimError(f"unknown --moe-kernel {self.moe_kernel!r}; choose recipe, {', '.join(MOE_KERNELS)}")
+        if self.sampling not in ("auto", "greedy", "model"):
+            raise ServesimError(f"unknown --sampling {self.sampling!r}; choose auto, greedy or model")
         if self.kv_cache_dtype not in ("recipe", "auto", "fp8"):
             raise ServesimError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}; choose recipe, auto or fp8")
         if not 0.0 < self.range_ratio <= 1.0:
@@ -249,6 +255,28 @@ class Protocol:
         if self.async_scheduling is not None:
             return self.async_scheduling
         return not (row["backend"] == "vllm" and before_vllm(str(row.get("backend_version", "")), ASYNC_SCHEDULING_SINCE))
+
+    def sampling_for(self, row) -> tuple[Sampling, str]:
+        """(the requests' sampling parameters, why). `auto`: the rows of AIConfigurator's gap analysis
+        (`AIC_GAP_ANALYSIS`) were measured with genai-perf (the AIConfigurator team's published tool:
+        src/aiconfigurator/eval/benchmarks/genai_perf_runner.py), which sends the lengths and no sampling
+        parameters, so a vLLM server sampled with its defaults from the model's generation_config.json
+        (vLLM's `--generation-config auto`; backends/sampler.py); InferenceMAX's benchmark_serving.py sends
+        `"temperature": 0.0` (utils/bench_serving/backend_request_func.py), as vLLM's own client does by
+        default: greedy. SGLang and TensorRT-LLM rows, priced as vLLM deployments, keep greedy's sampler."""
+        source, name = str(row.get("silicon_data_source", "")), str(row.get("model_path", ""))
+        if self.sampling == "greedy":
+            return GREEDY, "--sampling greedy"
+        if self.sampling == "auto" and not (row["backend"] == "vllm" and re.search(AIC_GAP_ANALYSIS, source)):
+            client = ("InferenceMAX's client sends temperature 0" if re.search(INFERENCEX, source)
+                      else "not a vLLM row" if row["backend"] != "vllm" else "a client of vLLM's defaults (temperature 0)")
+            return GREEDY, client
+        found = generation_config_sampling(name, config_dir_of(str(row.get("model_source", ""))))
+        why = ("--sampling model" if self.sampling == "model" else
+               "genai-perf (AIConfigurator's gap analysis) sends no sampling parameters: the server's defaults")
+        if found is None:
+            return GREEDY, f"{why}, but no generation config is known for {name}: greedy"
+        return found, why
 
     def warmup_for(self, row, first_wave_bound_ms: float) -> tuple[int, str]:
         """(waves not counted, why). `auto`: none, as vLLM's benchmark counts every request, unless
@@ -610,7 +638,12 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
         model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
         kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed,
         dp=dp, enable_expert_parallel=enable_expert_parallel)
-    plan = resolve(options, backend=backend, host_vllm_version=tables_version_for(row))  # the row's vLLM's host time
+    sampling, sampling_from = protocol.sampling_for(row)
+    target = getattr(backend, "ops", backend)
+    if not sampling.greedy and not hasattr(target, "sampler_version"):  # (--moe-cost-model roofline: no sampler)
+        sampling, sampling_from = GREEDY, f"{sampling_from}; the roofline prices no sampler: greedy"
+    plan = resolve(options, backend=backend, host_vllm_version=tables_version_for(row),  # the row's vLLM's host time
+                   sampling=sampling)
     host = getattr(plan.backend, "host", None)
     if host is not None:  # which vLLM's host time profile, said beside the tables' versions
         tables = f"{tables}; host time vLLM {host.vllm_version}" + (
@@ -652,7 +685,7 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
             "num_preemptions": result.num_preemptions, "async_scheduling": asynchronous,
             "warmup_waves": warmup, "warmup_from": warmup_why, "implied_tokens_per_s": implied,
             "tables_max_tokens_per_s": tokens_per_s, "faster_than_tables": bool(implied > tokens_per_s),
-            "tables": tables}
+            "tables": tables, "sampling": sampling.describe(), "sampling_from": sampling_from}
 
 
 # An InferenceX row's id ends with its launch config's layout: `..._c64_tp4_ep4_1357` (TP 4, EP 4).

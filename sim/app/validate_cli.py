@@ -23,7 +23,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
                         kv_cache_dtype=args.kv_cache_dtype, async_scheduling=asynchronous, warmup_waves=warmup,
                         unique_prompts=args.unique_prompts, moe_cost_model=args.moe_cost_model,
-                        moe_distribution=args.moe_distribution, moe_kernel=args.moe_kernel)
+                        moe_distribution=args.moe_distribution, moe_kernel=args.moe_kernel, sampling=args.sampling)
     started = time.perf_counter()
     show = sys.stderr.isatty() and not args.quiet
 
@@ -126,6 +126,11 @@ def register(sub) -> None:
                    help="the client cycles through N prompts (AIPerf's and genai-perf's dataset of 100 by default) "
                         "and the server caches prefixes, vLLM's default (default: 0, every prompt its own and no "
                         "prefix caching, as InferenceMAX's vLLM servers)")
+    p.add_argument("--sampling", default=default.sampling, choices=("auto", "greedy", "model"),
+                   help="the benchmark client's sampling parameters, which decide the kernels of vLLM's sampler: auto "
+                        "(default) per row from its source's client (genai-perf, which AIConfigurator's gap analysis "
+                        "ran, sends none: the server's defaults from the model's generation_config.json; "
+                        "InferenceMAX's sends temperature 0: greedy), or greedy or model for every row")
     sched = p.add_mutually_exclusive_group()
     sched.add_argument("--sync-scheduling", action="store_true",
                        help="every row: schedule each step after the last ends")

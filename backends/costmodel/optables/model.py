@@ -29,7 +29,9 @@ A step of t tokens (q tokens per request, contexts c after the step) costs, summ
   q/k norms, and under
   fp8 the attention output's quantization; the other activation quantizations are fused into
   the norms and SiLU by vLLM's compilation passes); per step the embedding gather, the final
-  norm and the sampler (three passes over fp32 logits);
+  norm and the sampler (by the requests' sampling parameters and the vLLM version: greedy's
+  fp32 cast and argmax as three passes over the fp32 logits, vLLM 0.12's top-p sort far more;
+  backends/sampler.py);
 - a fixed per-step overhead (`StepOverhead`; where its value comes from is stated there).
 
 Every function takes numpy arrays and works element by element, so a run of decode-only steps
@@ -46,6 +48,7 @@ import numpy as np
 
 from backends.costmodel.optables.derive import GEMM_OPS, per_gpu_heads
 from backends.costmodel.optables.interp import Curve, Grid
+from backends.sampler import GREEDY, Sampling, sampler_seconds
 from sim.errors import ServesimError
 
 CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)), dtype=np.int64)
@@ -54,7 +57,6 @@ RUN_CHUNK = 512  # decode steps per cached stretch of a batch size's step times 
 MAX_RUN_CHUNKS = 2048  # cached stretches at most (16 MiB); the cache starts afresh past it
 MAX_FIRST_CHUNKS = 1 << 16  # first chunks' attention kept by length (see _first_chunk_attention)
 QUANTIZED_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}  # bytes per quantized activation (nvfp4: 16-element blocks)
-SAMPLER_PASSES = 3  # reads of the fp32 logits by the sampler: softmax/log-softmax, top-p/top-k, the draw
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,9 @@ class OperatorModel:
         self.kernel_floor_s = mem["kernel_floor_s"]
         self._layer_bytes_per_token, self._layer_kernels = self._elementwise_per_layer()
         self.extrapolated = 0  # operator lookups past a table's grid (scaled by work), counted
+        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py)
+        self.sampling: Sampling = GREEDY
+        self.sampler_version: str | None = None
         # Tables of dense_parts' pieces, grown on use: arrays (an entry None where a part is absent) and lists.
         self._by_tokens: tuple[Any, ...] = ((),)
         self._by_logits: tuple[Any, ...] = ((),)
@@ -243,7 +248,7 @@ class OperatorModel:
         if self._allreduce is not None:
             logits_bytes = n * self.vocab_per_gpu * self.tp * 2
             gather = np.where(logits_bytes > 0, self.allreduce(np.maximum(logits_bytes / 2, 1.0), False), 0.0)
-        sampler = np.where(n > 0, SAMPLER_PASSES * (floor + n * self.vocab_per_gpu * self.tp * 4 / bw), 0.0)
+        sampler = sampler_seconds(self.sampling, self.sampler_version, n, self.vocab_per_gpu * self.tp, floor, bw)
         return self.lm_head(n), gather, sampler
 
     # Steps.

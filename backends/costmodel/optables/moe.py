@@ -92,8 +92,8 @@ import numpy as np
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
-from backends.costmodel.optables.model import SAMPLER_PASSES
 from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
+from backends.sampler import GREEDY, Sampling, sampler_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
 from sim.errors import ServesimError
@@ -462,6 +462,9 @@ class MoETableCostModel(MoERooflineCostModel):
             raise ServesimError(f"--moe-kernel {moe_kernel!r}: give one of {', '.join(MOE_KERNELS)}")
         self.moe_kernel = moe_kernel
         self._tables_ready = False
+        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py)
+        self.sampling: Sampling = GREEDY
+        self.sampler_version: str | None = None
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                          enable_expert_parallel=enable_expert_parallel, dp=dp)
         auto = distribution == "auto"
@@ -904,7 +907,8 @@ class MoETableCostModel(MoERooflineCostModel):
             elementwise = elementwise + self._small_kernels * floor
         lm_head = 0.0
         if num_logits:
-            elementwise = elementwise + SAMPLER_PASSES * (floor + num_logits * self._vocab * self.tp * 4 / bandwidth)
+            elementwise = elementwise + float(sampler_seconds(self.sampling, self.sampler_version, num_logits,
+                                                              self._vocab * self.tp, floor, bandwidth))
             lm_head = (self._curve_at("lm_head", self._lm_head_curve, num_logits) if self._lm_head_curve is not None
                        else self.lm_head_seconds(num_logits))
             if self.tp > 1:  # the logits' all-gather, as an all-reduce of half its bytes
