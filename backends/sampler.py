@@ -3,8 +3,9 @@ parameters and the vLLM version.
 
 A benchmark's requests share their sampling parameters, so one path of vLLM's sampler runs every step:
 
-- **greedy** (temperature 0: `vllm bench serve` sends it by default, and InferenceMAX's
-  benchmark_serving.py sends `"temperature": 0.0`): `Sampler.forward` casts the logits to fp32 and
+- **greedy** (temperature 0: `vllm bench serve` sent it by default up to vLLM 0.14, and InferenceMAX's
+  benchmark_serving.py sends `"temperature": 0.0`; from 0.15 `vllm bench serve` sends no sampling
+  parameters unless given them): `Sampler.forward` casts the logits to fp32 and
   `Sampler.sample` takes their argmax (`all_greedy`; vllm/v1/sample/sampler.py).
 - **random** (a temperature, no top-k or top-p): the temperature's division, a softmax, and
   `random_sample`: an exponential draw, a division and an argmax (vllm/v1/sample/ops/topk_topp_sampler.py,

@@ -136,9 +136,10 @@ class ReplayOptions:
                            metavar="greedy|model|temperature=T[,top_p=P][,top_k=K]",
                            help="the requests' sampling parameters, which decide the kernels vLLM's sampler runs each "
                                 "step (priced from the operator tables): greedy (default: temperature 0, what vllm bench "
-                                "serve sends), model (the server's defaults from the model's generation_config.json, "
-                                "what a client sending none gets: genai-perf, AIPerf; Qwen3's top_p 0.95 and top_k 20 "
-                                "make vLLM before 0.17 sort every step's logits), or the parameters themselves")
+                                "serve sent up to vLLM 0.14), model (the server's defaults from the model's "
+                                "generation_config.json, what a client sending none gets: genai-perf, AIPerf, vllm bench "
+                                "serve from 0.15; Qwen3's top_p 0.95 and top_k 20 make vLLM before 0.17 sort every step's "
+                                "logits), or the parameters themselves")
 
     # vLLM's API server between a client's sends and the engine (sim/arrivals.py, through_api_servers;
     # sim/app/replay.py, with_api_server): "auto" models it for a trace of a client's sends (a vLLM bench result)
