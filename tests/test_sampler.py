@@ -206,3 +206,22 @@ def test_validate_takes_each_rows_clients_sampling():
     with pytest.raises(ServesimError, match="unknown --sampling"):
         Protocol(sampling="top")
     assert math.isfinite(QWEN3.temperature)
+
+
+def test_a_sampler_set_after_use_reprices_every_cached_step():
+    # The operator model keeps tables by logits rows and decode runs: a sampling set later must not read them.
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.config import SchedulerConfig
+
+    def ops(sampling: str):
+        return resolve(ReplayOptions(scheduler=SchedulerConfig("chunked"), model="Qwen3-8B", hardware="H100-SXM",
+                                     sampling=sampling, vllm_version="0.12.0")).backend.ops
+
+    used = ops("greedy")
+    before = (used.dense_parts_at(64, 64)["elementwise"], used.decode_run_of(64, 64 * 700, 50)[0].tolist())
+    used.sampling = Sampling(0.6, 0.95, 20, "generation_config.json of Qwen3-8B")
+    fresh = ops("model")
+    after = (used.dense_parts_at(64, 64)["elementwise"], used.decode_run_of(64, 64 * 700, 50)[0].tolist())
+    assert after == (fresh.dense_parts_at(64, 64)["elementwise"], fresh.decode_run_of(64, 64 * 700, 50)[0].tolist())
+    assert after[0] > before[0] and all(a > b for a, b in zip(after[1], before[1]))

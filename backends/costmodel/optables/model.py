@@ -116,9 +116,10 @@ class OperatorModel:
         self.kernel_floor_s = mem["kernel_floor_s"]
         self._layer_bytes_per_token, self._layer_kernels = self._elementwise_per_layer()
         self.extrapolated = 0  # operator lookups past a table's grid (scaled by work), counted
-        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py)
-        self.sampling: Sampling = GREEDY
-        self.sampler_version: str | None = None
+        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py);
+        # set through the properties below, which forget what was priced with the ones before
+        self._sampling: Sampling = GREEDY
+        self._sampler_version: str | None = None
         # Tables of dense_parts' pieces, grown on use: arrays (an entry None where a part is absent) and lists.
         self._by_tokens: tuple[Any, ...] = ((),)
         self._by_logits: tuple[Any, ...] = ((),)
@@ -127,6 +128,31 @@ class OperatorModel:
         self._run_chunks: dict[tuple[int, int, int], tuple] = {}  # see decode_run_values
         self._run_seen: set[tuple[int, int, int]] = set()  # stretches asked for once
         self._first_chunks: dict[int, float] = {}  # see _first_chunk_attention
+
+    @property
+    def sampling(self) -> Sampling:
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, value: Sampling) -> None:
+        self._sampling = value
+        self._forget_logits()
+
+    @property
+    def sampler_version(self) -> str | None:
+        return self._sampler_version
+
+    @sampler_version.setter
+    def sampler_version(self, value: str | None) -> None:
+        self._sampler_version = value
+        self._forget_logits()
+
+    def _forget_logits(self) -> None:
+        """Drop the tables and runs priced with another sampler."""
+        self._by_logits = ((),)
+        self._by_logits_list = ((),)
+        self._run_chunks.clear()
+        self._run_seen.clear()
 
     # Operators. Every argument may be an array; results have its shape.
 

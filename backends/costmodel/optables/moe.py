@@ -465,6 +465,8 @@ class MoETableCostModel(MoERooflineCostModel):
         # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py)
         self.sampling: Sampling = GREEDY
         self.sampler_version: str | None = None
+        self._sampler_key: tuple | None = None  # what _sampler_by_rows was priced for
+        self._sampler_by_rows: dict[int, float] = {}
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                          enable_expert_parallel=enable_expert_parallel, dp=dp)
         auto = distribution == "auto"
@@ -907,13 +909,23 @@ class MoETableCostModel(MoERooflineCostModel):
             elementwise = elementwise + self._small_kernels * floor
         lm_head = 0.0
         if num_logits:
-            elementwise = elementwise + float(sampler_seconds(self.sampling, self.sampler_version, num_logits,
-                                                              self._vocab * self.tp, floor, bandwidth))
+            elementwise = elementwise + self._sampler_seconds(num_logits, floor, bandwidth)
             lm_head = (self._curve_at("lm_head", self._lm_head_curve, num_logits) if self._lm_head_curve is not None
                        else self.lm_head_seconds(num_logits))
             if self.tp > 1:  # the logits' all-gather, as an all-reduce of half its bytes
                 allreduce = allreduce + self._hidden_allreduce(num_logits * self._vocab * self.tp * ACTIVATION_BYTES / 2)
         return linear, router, moe, kv_write, elementwise, lm_head, allreduce
+
+    def _sampler_seconds(self, num_logits: int, floor: float, bandwidth: float) -> float:
+        """The sampler's seconds for `num_logits` rows (backends/sampler.py), kept by rows for the sampling set."""
+        key = (self.sampling, self.sampler_version)
+        if self._sampler_key != key:
+            self._sampler_key, self._sampler_by_rows = key, {}
+        found = self._sampler_by_rows.get(num_logits)
+        if found is None:
+            found = self._sampler_by_rows[num_logits] = float(sampler_seconds(
+                self.sampling, self.sampler_version, num_logits, self._vocab * self.tp, floor, bandwidth))
+        return found
 
     def _experts_activation_s(self) -> float:
         """The roofline's elementwise seconds a token of the routed experts' SiLU-and-mul takes (read
