@@ -1,9 +1,13 @@
 """Host time per step: what vLLM's engine core does on the CPU each step, measured by running vLLM's own code.
 
-    VLLM_TARGET_DEVICE=cpu .venv-parity/bin/python bench/host_time.py [--out FILE] [--reps N]   # any vLLM from 0.33
+    VLLM_TARGET_DEVICE=cpu .venv-parity/bin/python bench/host_time.py [--out FILE] [--reps N]   # vLLM 0.12, or from 0.33
     python3 bench/host_time.py --reference-only     # on a serving host: its reference loop, to carry a profile there
 
 Needs vLLM (the `parity` extra); writes profiles/host/vllm-<version>-<cpu>.json (docs/async-scheduling.md: Host time per step).
+vLLM 0.12 (the version of the synchronous deployments `sim validate` reads) in a virtualenv of its own:
+`pip install torch==2.13.0 && pip install --no-deps vllm==0.12.0 && pip install -e '.[parity,test]' gguf blake3 diskcache`;
+its scheduler's pieces are its own code, its worker's the 0.33 statements below on 0.12's InputBatch, with 0.12's
+slot mapping, which it computes on the CPU (BlockTable.compute_slot_mapping, numpy) where 0.33 launches a kernel.
 
 Each step of a steady batch of R running requests (decoding, prompts of 512 tokens) is driven through:
 
@@ -62,6 +66,7 @@ output thread (msgspec encoding of `EngineCoreOutputs`, another thread) and the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -112,9 +117,20 @@ class Worker:
         from vllm.v1.worker.gpu_input_batch import InputBatch
 
         self.np, self.torch = np, torch
-        self.batch = InputBatch(max_num_reqs=max_num_reqs, max_model_len=max_model_len,
-                                max_num_batched_tokens=max_tokens, device=torch.device("cpu"), vocab_size=1 << 20,
-                                block_sizes=[block_size], max_num_blocks_per_req=[max_model_len // block_size])
+        import inspect
+
+        args = dict(max_num_reqs=max_num_reqs, max_model_len=max_model_len, max_num_batched_tokens=max_tokens,
+                    device=torch.device("cpu"), vocab_size=1 << 20, block_sizes=[block_size],
+                    max_num_blocks_per_req=[max_model_len // block_size])
+        accepted = inspect.signature(InputBatch.__init__).parameters
+        if "max_num_blocks_per_req" not in accepted:  # vLLM 0.12's InputBatch: pinned memory and kernel block sizes
+            args = {**{k: v for k, v in args.items() if k != "max_num_blocks_per_req"}, "pin_memory": False,
+                    "kernel_block_sizes": [block_size]}
+        self.batch = InputBatch(**args)
+        # vLLM 0.12 computes the slot mapping on the CPU (BlockTable.compute_slot_mapping(req_indices, positions),
+        # numpy); 0.33 launches a Triton kernel for it (num_reqs, query_start_loc, positions), on the GPU side.
+        slots = inspect.signature(type(self.batch.block_table).compute_slot_mapping).parameters
+        self.slot_mapping_on_cpu = "req_indices" in slots
         self.requests: dict = {}
         self.arange_np = np.arange(max(max_num_reqs, max_tokens) + 1, dtype=np.int64)
         self.query_pos = np.zeros(max_tokens, dtype=np.int64)
@@ -173,6 +189,8 @@ class Worker:
         offsets = np.repeat(cu - num_scheduled, num_scheduled)
         np.subtract(self.arange_np[:total], offsets, out=self.query_pos[:total])
         positions = batch.num_computed_tokens_cpu[req_indices] + self.query_pos[:total]
+        if self.slot_mapping_on_cpu:
+            batch.block_table.compute_slot_mapping(req_indices, positions)
         token_indices = positions + req_indices * batch.token_ids_cpu.shape[1]
         torch.index_select(batch.token_ids_cpu_tensor.flatten(), 0, torch.from_numpy(token_indices),
                            out=self.input_ids[:total])
@@ -201,8 +219,12 @@ class Worker:
             batch.token_ids_cpu[i, start:start + 1] = ids
             batch.num_tokens_no_spec[i] = start + 1
             self.requests[req_ids[i]].output_token_ids.extend(ids)
+        required = {f.name for f in dataclasses.fields(ModelRunnerOutput)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        older = {k: v for k, v in (("logprobs", None), ("prompt_logprobs_dict", {}), ("pooler_output", []))
+                 if k in required}  # vLLM 0.12's ModelRunnerOutput has no defaults for them
         return ModelRunnerOutput(req_ids=list(req_ids), req_id_to_index=dict(batch.req_id_to_index),
-                                 sampled_token_ids=valid)
+                                 sampled_token_ids=valid, **older)
 
 
 class _NoKernel:
@@ -383,6 +405,8 @@ class _NoEvent:
 
 def measure(num_running: int, prompts: list[int], reps: int) -> list[dict]:
     """Rows (piece, requests, tokens, seconds: the median of `reps` steps) for R running requests."""
+    import inspect
+
     import numpy as np
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -407,13 +431,15 @@ def measure(num_running: int, prompts: list[int], reps: int) -> list[dict]:
         worker = Worker(num_running + 1, setup.max_model_len, max_tokens, block_size)
     hasher = get_request_block_hasher(block_size, sha256)
     rng = np.random.default_rng(num_running)
+    REQUEST_ARGS = inspect.signature(Request.__init__).parameters
     serial = itertools.count()
 
     def add(prompt: int, max_out: int) -> None:
         ids = rng.integers(1, 1 << 19, prompt).tolist()  # distinct prompts: no prefix hits
         params = SamplingParams(max_tokens=max_out, ignore_eos=True)
+        older = {"eos_token_id": None} if "eos_token_id" in REQUEST_ARGS else {}  # vLLM 0.12's Request takes it
         scheduler.add_request(Request(f"{next(serial):08d}", ids, params, None, arrival_time=time.time(),
-                                      block_hasher=hasher))
+                                      block_hasher=hasher, **older))
 
     clock = time.thread_time  # this thread's CPU seconds: other processes on a shared machine do not count
 
@@ -515,6 +541,13 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     import vllm
 
+    if tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 33):
+        # vLLM before 0.33 finds no CPU platform in its GPU wheel (vllm/platforms/__init__.py, cpu_platform_plugin,
+        # asks for a CPU build or macOS), and its configs need one: this CPU's, as the parity suite's vLLM finds.
+        import vllm.platforms
+        from vllm.platforms.cpu import CpuPlatform
+
+        vllm.platforms._current_platform = CpuPlatform()
     if new_model_runner():
         # Imported before the parity driver tells vLLM that Triton is there (tests/parity/vllm_driver.py:
         # allow_config_without_triton), so the runner's kernels are Triton's placeholders on this CPU.

@@ -39,7 +39,6 @@ from transformers import LlamaConfig
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -52,6 +51,11 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+try:
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
+except ImportError:  # vLLM before 0.33 (bench/host_time.py measures older schedulers), which plans no other way here
+    get_kv_cache_groups = None
 
 VOCAB_SIZE = 1 << 20  # above any synthetic token id
 
@@ -183,6 +187,16 @@ def runner_output(req_ids: list[str], sampled: list[list[int]]) -> ModelRunnerOu
     return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, **extra)
 
 
+# The scheduler options later vLLMs added, at their defaults: an older vLLM is driven only with them there.
+ABSENT_OPTIONS = {"scheduler_reserve_full_isl": (True,), "watermark": (0.0, 0), "long_prefill_token_threshold_adaptive": (False,),
+                  "prefill_schedule_interval": (1,), "max_num_active_seqs": (0, None), "disable_hybrid_kv_cache_manager": (None,)}
+
+
+def vllm_release() -> tuple[int, int]:
+    major, minor = vllm.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def make_scheduler(setup: EngineSetup) -> Scheduler:
     model = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float16", seed=0,
                         max_model_len=setup.max_model_len)
@@ -192,7 +206,7 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
             pytest.skip(f"vLLM {vllm.__version__} has no cache-aware admission (it came in 0.34)")
         extra = {"cache_aware_admission_window": setup.cache_aware_admission_window,
                  "cache_aware_admission_threshold": setup.cache_aware_admission_threshold}
-    scheduler = SchedulerConfig(
+    options = dict(
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len, is_encoder_decoder=False, enable_chunked_prefill=True,
         long_prefill_token_threshold=setup.long_prefill_token_threshold, policy=setup.scheduling_policy,
@@ -200,6 +214,15 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         watermark=setup.watermark, long_prefill_token_threshold_adaptive=setup.long_prefill_token_threshold_adaptive,
         prefill_schedule_interval=setup.prefill_schedule_interval, max_num_active_seqs=setup.max_num_active_seqs,
         disable_hybrid_kv_cache_manager=setup.disable_hybrid_kv_cache_manager or None, **extra)
+    # An older vLLM (bench/host_time.py measures vLLM 0.12's scheduler) lacks the later options: they may
+    # only be left at their defaults, and are not passed.
+    for name in [n for n in options if n not in SchedulerConfig.__dataclass_fields__]:
+        value = options.pop(name)
+        if value not in ABSENT_OPTIONS.get(name, ()):
+            raise NotImplementedError(f"vLLM {vllm.__version__} has no SchedulerConfig.{name} (asked for {value!r})")
+    if options["disable_hybrid_kv_cache_manager"] is None and vllm_release() < (0, 33):  # a bool there, default False
+        options["disable_hybrid_kv_cache_manager"] = False
+    scheduler = SchedulerConfig(**options)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     # VllmConfig turns asynchronous scheduling off on this CPU platform; on a GPU it stays on, and
