@@ -225,3 +225,28 @@ def test_a_sampler_set_after_use_reprices_every_cached_step():
     after = (used.dense_parts_at(64, 64)["elementwise"], used.decode_run_of(64, 64 * 700, 50)[0].tolist())
     assert after == (fresh.dense_parts_at(64, 64)["elementwise"], fresh.decode_run_of(64, 64 * 700, 50)[0].tolist())
     assert after[0] > before[0] and all(a > b for a, b in zip(after[1], before[1]))
+
+
+def test_a_sampler_set_after_use_reprices_the_moe_models_kept_steps():
+    # sim validate keeps one MoE model for the rows of a deployment and sets each row's sampling on it: the steps,
+    # dense parts and decode runs it kept for the row before must not carry that row's sampler.
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+    from sim.batch import Batch
+    from sim.config import SchedulerConfig
+
+    def model(sampling: str):
+        return resolve(ReplayOptions(scheduler=SchedulerConfig("chunked"), model="Qwen3-30B-A3B", hardware="H100-SXM",
+                                     tp=2, sampling=sampling, vllm_version="0.12.0")).backend.inner
+
+    def priced(m):
+        batch = Batch()
+        batch.add_decodes([object()] * 64, [700] * 64)
+        return m.execute(batch).seconds, m.decode_run([700] * 64, 20)[0].tolist()
+
+    used = model("greedy")
+    before = priced(used)
+    used.sampling = Sampling(0.6, 0.95, 20, "generation_config.json of Qwen3-30B-A3B")
+    after = priced(used)
+    assert after == priced(model("model"))
+    assert after[0] > before[0] and all(a > b for a, b in zip(after[1], before[1]))

@@ -462,10 +462,10 @@ class MoETableCostModel(MoERooflineCostModel):
             raise ServesimError(f"--moe-kernel {moe_kernel!r}: give one of {', '.join(MOE_KERNELS)}")
         self.moe_kernel = moe_kernel
         self._tables_ready = False
-        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py)
-        self.sampling: Sampling = GREEDY
-        self.sampler_version: str | None = None
-        self._sampler_key: tuple | None = None  # what _sampler_by_rows was priced for
+        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py);
+        # set through the properties below, which forget the steps and runs priced with the ones before
+        self._sampling: Sampling = GREEDY
+        self._sampler_version: str | None = None
         self._sampler_by_rows: dict[int, float] = {}
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                          enable_expert_parallel=enable_expert_parallel, dp=dp)
@@ -916,11 +916,37 @@ class MoETableCostModel(MoERooflineCostModel):
                 allreduce = allreduce + self._hidden_allreduce(num_logits * self._vocab * self.tp * ACTIVATION_BYTES / 2)
         return linear, router, moe, kv_write, elementwise, lm_head, allreduce
 
+    @property
+    def sampling(self) -> Sampling:
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, value: Sampling) -> None:
+        if value != self._sampling:
+            self._sampling = value
+            self._forget_sampler()
+
+    @property
+    def sampler_version(self) -> str | None:
+        return self._sampler_version
+
+    @sampler_version.setter
+    def sampler_version(self, value: str | None) -> None:
+        if value != self._sampler_version:
+            self._sampler_version = value
+            self._forget_sampler()
+
+    def _forget_sampler(self) -> None:
+        """Drop the sampler's seconds and the steps and decode runs priced with another sampler (sim validate
+        keeps one model for the rows of a deployment, whose clients' sampling may differ)."""
+        self._sampler_by_rows = {}
+        self._dense_cache.clear()
+        self._step_parts.clear()
+        self._run_parts.clear()
+        self._run_chunks.clear()
+
     def _sampler_seconds(self, num_logits: int, floor: float, bandwidth: float) -> float:
         """The sampler's seconds for `num_logits` rows (backends/sampler.py), kept by rows for the sampling set."""
-        key = (self.sampling, self.sampler_version)
-        if self._sampler_key != key:
-            self._sampler_key, self._sampler_by_rows = key, {}
         found = self._sampler_by_rows.get(num_logits)
         if found is None:
             found = self._sampler_by_rows[num_logits] = float(sampler_seconds(
