@@ -194,18 +194,28 @@ KNOWN_GENERATION_CONFIGS = (
 def generation_config_sampling(model_name: str, config_dir: Path | None) -> Sampling | None:
     """The server's default sampling for `model_name` under vLLM's `--generation-config auto`: the
     `generation_config.json` beside its config.json where there is one, else the known repo's; None when
-    neither is known. A file that sets no temperature, top_p or top_k gives vLLM's defaults (temperature 1)."""
+    neither is known. A file that sets no temperature, top_p or top_k (or sets one null, which vLLM's
+    `get_diff_sampling_param` skips) gives vLLM's defaults (temperature 1); one set to a string or true is refused."""
     if config_dir is not None:
         path = Path(config_dir) / "generation_config.json"
+        if path.exists() and not path.is_file():  # (a folder, a pipe: not read, nor passed over for the known repo's)
+            raise ServesimError(f"{path}: cannot read it: not a file")
         if path.is_file():
             try:
                 data = json.loads(path.read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as e:
+            except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # (RecursionError: nested too deep)
                 raise ServesimError(f"{path}: cannot read it: {' '.join(str(e).split())}") from None
             if not isinstance(data, dict):
                 raise ServesimError(f"{path}: a generation config is a JSON object, got {type(data).__name__}")
-            t, p, k = check_sampling("--sampling model", data.get("temperature", 1.0), data.get("top_p", 1.0),
-                                     data.get("top_k", 0), str(path))
+            values = []
+            for key, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0)):
+                value = data.get(key)
+                if value is None:
+                    value = default
+                elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ServesimError(f"{path}: {key} = {value!r}, expected a number")
+                values.append(value)
+            t, p, k = check_sampling("--sampling model", *values, str(path))
             return Sampling(t, p, k, f"{path.name} of {model_name}")
     for pattern, (t, p, k) in KNOWN_GENERATION_CONFIGS:
         if pattern.search(model_name):

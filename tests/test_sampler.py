@@ -125,7 +125,7 @@ def test_generation_config_defaults(tmp_path):
     (folder / "generation_config.json").write_text(json.dumps({"do_sample": True}))
     assert generation_config_sampling("anything", folder).path(1000) == "random"  # vLLM's temperature 1
     for bad, words in (("[1]", "JSON object"), ('{"top_p": 2}', "top_p must be in"), ("{", "cannot read it"),
-                       ('{"top_k": true}', "top_k must be a whole number")):
+                       ('{"top_k": true}', "top_k = True, expected a number")):
         (folder / "generation_config.json").write_text(bad)
         with pytest.raises(ServesimError, match="generation_config.json") as e:
             generation_config_sampling("anything", folder)
@@ -250,3 +250,23 @@ def test_a_sampler_set_after_use_reprices_the_moe_models_kept_steps():
     after = priced(used)
     assert after == priced(model("model"))
     assert after[0] > before[0] and all(a > b for a, b in zip(after[1], before[1]))
+
+
+def test_generation_config_values_are_read_as_vllm_reads_them(tmp_path):
+    # null is unset (vLLM's get_diff_sampling_param skips None): vLLM's default, not a refusal; a string or true
+    # for a number is refused naming the field (true was read as 1.0); a folder of that name, or JSON nested past
+    # Python's recursion limit, is one line naming the file, not the known repo's defaults or an internal error.
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": None, "top_k": None}))
+    assert generation_config_sampling("Qwen3-8B", tmp_path) == Sampling(0.7, 1.0, 0, "generation_config.json of Qwen3-8B")
+    for bad in ({"temperature": True}, {"top_p": True}, {"temperature": "0.6"}, {"top_k": "20"}):
+        (tmp_path / "generation_config.json").write_text(json.dumps(bad))
+        key, value = next(iter(bad.items()))
+        with pytest.raises(ServesimError, match=f"generation_config.json: {key} = {value!r}, expected a number"):
+            generation_config_sampling("Qwen3-8B", tmp_path)
+    (tmp_path / "generation_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ServesimError, match="generation_config.json: cannot read it"):
+        generation_config_sampling("Qwen3-8B", tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    (tmp_path / "generation_config.json").mkdir()
+    with pytest.raises(ServesimError, match="generation_config.json: cannot read it: not a file"):
+        generation_config_sampling("Qwen3-8B", tmp_path)
