@@ -270,3 +270,21 @@ def test_generation_config_values_are_read_as_vllm_reads_them(tmp_path):
     (tmp_path / "generation_config.json").mkdir()
     with pytest.raises(ServesimError, match="generation_config.json: cannot read it: not a file"):
         generation_config_sampling("Qwen3-8B", tmp_path)
+
+
+def test_a_moe_model_whose_tables_give_no_small_kernels_refuses_a_sampler_it_would_not_price():
+    # Without a bf16 GEMM at m = 1 (derive_memory) the MoE model's small kernels stay the roofline's, which price
+    # greedy's sampler whatever was set: refused as the roofline's is, not recorded in summary.json and not priced.
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve, set_sampler
+    from sim.config import SchedulerConfig
+
+    moe = resolve(ReplayOptions(scheduler=SchedulerConfig("chunked"), model="Qwen3-30B-A3B", hardware="H100-SXM",
+                                tp=2)).backend.inner
+    moe._small = None
+    model, hardware = resolve_model("Qwen3-30B-A3B"), resolve_hardware("H100-SXM")
+    with pytest.raises(ServesimError, match="prices no sampler"):
+        set_sampler(moe, QWEN3, "0.12.0", model, hardware)
+    set_sampler(moe, GREEDY, "0.12.0", model, hardware)  # greedy: what it prices

@@ -379,6 +379,12 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
     return plan
 
 
+def prices_sampler(target) -> bool:
+    """Whether the cost model `target` prices vLLM's sampler kernels by the sampling parameters (backends/sampler.py):
+    the operator-table models, the MoE one where its tables give the small kernels' floor and bandwidth."""
+    return hasattr(target, "sampler_version") and getattr(target, "prices_sampler", True)
+
+
 def set_sampler(backend, sampling: Sampling, vllm_version: str | None, model: ModelConfig, hardware: Hardware) -> None:
     """Price `backend`'s sampler for `sampling` as vLLM `vllm_version` (None: the newest) runs it: the
     operator-table cost models (dense and MoE) price its kernels (backends/sampler.py). Another backend
@@ -387,7 +393,7 @@ def set_sampler(backend, sampling: Sampling, vllm_version: str | None, model: Mo
     if backend is None:
         return
     target = getattr(backend, "ops", backend)  # the operator-table backend's OperatorModel
-    if hasattr(target, "sampler_version"):
+    if prices_sampler(target):
         target.sampling, target.sampler_version = sampling, vllm_version
     elif not sampling.greedy:
         raise ServesimError(f"--sampling {sampling.describe()} prices vLLM's sampler kernels from the operator tables; "

@@ -78,7 +78,7 @@ from backends.sampler import GREEDY, Sampling, config_dir_of, generation_config_
 from sim.app.opprofiles import kv_name
 from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
 from sim.app.outputs import atomic_write_text
-from sim.app.plan import resolve
+from sim.app.plan import prices_sampler, resolve
 from sim.arrivals import ApiServers, ClosedLoop, simulate
 from sim.config import COUNT, MODEL_LEN, REQUEST_TOKENS, SEQUENCES, TENSOR_PARALLEL, CacheConfig, Range, SchedulerConfig
 from sim.engine import Engine, TokenTimes
@@ -640,7 +640,7 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
         dp=dp, enable_expert_parallel=enable_expert_parallel)
     sampling, sampling_from = protocol.sampling_for(row)
     target = getattr(backend, "ops", backend)
-    if not sampling.greedy and not hasattr(target, "sampler_version"):  # (--moe-cost-model roofline: no sampler)
+    if not sampling.greedy and not prices_sampler(target):  # (--moe-cost-model roofline: no sampler)
         sampling, sampling_from = GREEDY, f"{sampling_from}; the roofline prices no sampler: greedy"
     plan = resolve(options, backend=backend, host_vllm_version=tables_version_for(row),  # the row's vLLM's host time
                    sampling=sampling)

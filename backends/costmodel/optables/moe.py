@@ -936,6 +936,12 @@ class MoETableCostModel(MoERooflineCostModel):
             self._sampler_version = value
             self._forget_sampler()
 
+    @property
+    def prices_sampler(self) -> bool:
+        """Whether the sampler is priced from the tables (their kernel floor and bandwidth); without a bf16 GEMM
+        at m = 1 to read them from, the step's small kernels stay the roofline's, which price greedy's."""
+        return self._small is not None
+
     def _forget_sampler(self) -> None:
         """Drop the sampler's seconds and the steps and decode runs priced with another sampler (sim validate
         keeps one model for the rows of a deployment, whose clients' sampling may differ)."""
