@@ -191,11 +191,18 @@ KNOWN_GENERATION_CONFIGS = (
 )
 
 
+# transformers' GenerationConfig defaults: vLLM reads a generation config through `to_diff_dict()`
+# (vllm/config/model.py, ModelConfig.try_get_generation_config), which leaves out a value equal to them, so a
+# file's `top_k: 50` gives vLLM no top-k at all (its own default), where transformers would sample the top 50.
+TRANSFORMERS_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
+
+
 def generation_config_sampling(model_name: str, config_dir: Path | None) -> Sampling | None:
     """The server's default sampling for `model_name` under vLLM's `--generation-config auto`: the
     `generation_config.json` beside its config.json where there is one, else the known repo's; None when
     neither is known. A file that sets no temperature, top_p or top_k (or sets one null, which vLLM's
-    `get_diff_sampling_param` skips) gives vLLM's defaults (temperature 1); one set to a string or true is refused."""
+    `get_diff_sampling_param` skips, or to transformers' default, `TRANSFORMERS_DEFAULTS`) gives vLLM's defaults
+    (temperature 1, no top-p or top-k); one set to a string or true is refused. The source names the file read."""
     if config_dir is not None:
         path = Path(config_dir) / "generation_config.json"
         if path.exists() and not path.is_file():  # (a folder, a pipe: not read, nor passed over for the known repo's)
@@ -214,9 +221,11 @@ def generation_config_sampling(model_name: str, config_dir: Path | None) -> Samp
                     value = default
                 elif isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ServesimError(f"{path}: {key} = {value!r}, expected a number")
+                elif value == TRANSFORMERS_DEFAULTS[key]:  # dropped by to_diff_dict: vLLM's own default applies
+                    value = default
                 values.append(value)
             t, p, k = check_sampling("--sampling model", *values, str(path))
-            return Sampling(t, p, k, f"{path.name} of {model_name}")
+            return Sampling(t, p, k, str(path))
     for pattern, (t, p, k) in KNOWN_GENERATION_CONFIGS:
         if pattern.search(model_name):
             return Sampling(t, p, k, f"generation_config.json of {model_name}")

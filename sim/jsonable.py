@@ -69,6 +69,8 @@ def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> dict:
         raise ServesimError(f"{p}: cannot read it as JSON: not a {what} (invalid JSON at line {e.lineno}: {e.msg})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ServesimError(f"{p}: cannot read the {what}: {getattr(e, 'strerror', None) or e}") from None
+    except RecursionError:  # (json's parser recurses per nesting level: tens of thousands of `[` overflow it)
+        raise ServesimError(f"{p}: cannot read it as JSON: not a {what} (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ServesimError(f"{p}: not a {what}: a {what} is one JSON object")
     return data

@@ -70,3 +70,13 @@ def test_a_profile_given_to_replay_names_no_key_twice(tmp_path, capsys):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
     assert main(["replay", str(trace), "--profile", str(profile), "--out", str(tmp_path / "run"), "--quiet"]) == 2
     assert "the key 'kind' is given twice" in capsys.readouterr().err
+
+
+def test_a_file_nested_too_deeply_is_one_line(tmp_path):
+    # json's parser recurses per level: a config.json of 200,000 `[` was an internal error (RecursionError).
+    path = tmp_path / "config.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ServesimError, match="nested too deeply"):
+        read_json_file(path, "model config")
+    with pytest.raises(ServesimError, match="config.json: cannot read it as JSON"):
+        ModelConfig.from_hf(path)

@@ -121,7 +121,13 @@ def test_generation_config_defaults(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.8, "top_k": 20}))
-    assert generation_config_sampling("anything", folder) == Sampling(0.7, 0.8, 20, "generation_config.json of anything")
+    path = str(folder / "generation_config.json")
+    assert generation_config_sampling("anything", folder) == Sampling(0.7, 0.8, 20, path)  # the file read, named
+    # vLLM reads it through transformers' to_diff_dict, which drops a value equal to GenerationConfig's default:
+    # a top_k of 50 is then no top-k (vLLM's default), a temperature of 1 or top_p of 1 vLLM's own anyway.
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 1.0, "top_k": 50}))
+    assert generation_config_sampling("anything", folder) == Sampling(0.7, 1.0, 0, path)
+    assert generation_config_sampling("anything", folder).path(32000) == "random"
     (folder / "generation_config.json").write_text(json.dumps({"do_sample": True}))
     assert generation_config_sampling("anything", folder).path(1000) == "random"  # vLLM's temperature 1
     for bad, words in (("[1]", "JSON object"), ('{"top_p": 2}', "top_p must be in"), ("{", "cannot read it"),
@@ -257,7 +263,7 @@ def test_generation_config_values_are_read_as_vllm_reads_them(tmp_path):
     # for a number is refused naming the field (true was read as 1.0); a folder of that name, or JSON nested past
     # Python's recursion limit, is one line naming the file, not the known repo's defaults or an internal error.
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": None, "top_k": None}))
-    assert generation_config_sampling("Qwen3-8B", tmp_path) == Sampling(0.7, 1.0, 0, "generation_config.json of Qwen3-8B")
+    assert generation_config_sampling("Qwen3-8B", tmp_path) == Sampling(0.7, 1.0, 0, str(tmp_path / "generation_config.json"))
     for bad in ({"temperature": True}, {"top_p": True}, {"temperature": "0.6"}, {"top_k": "20"}):
         (tmp_path / "generation_config.json").write_text(json.dumps(bad))
         key, value = next(iter(bad.items()))
