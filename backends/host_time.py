@@ -57,8 +57,8 @@ def measured_profiles(folder: Path = HOST_DIR) -> dict[str, Path]:
 
 def choose_profile(vllm_version: str | None, folder: Path = HOST_DIR) -> tuple[Path, str]:
     """(the profile, how it was chosen) for a run of `vllm_version`: that version's, else the nearest measured
-    one (as the operator tables' version is chosen: a tie goes to the newer), None: the newest. vLLM before
-    0.33 (whose model runner bench/host_time.py does not time) gets 0.33's, the nearest."""
+    one (as the operator tables' version is chosen: a tie goes to the newer), None: the newest. Measured: vLLM
+    0.12 (the synchronous deployments' version: its own scheduler, bench/host_time.py), 0.33 and 0.34."""
     from backends.costmodel.optables.systems import choose_version
 
     profiles = measured_profiles(folder)

@@ -55,17 +55,19 @@ def test_committed_profile_loads(path):
 
 def test_version_choice():
     """The run's vLLM version picks its profile: its own, else the nearest measured (a tie to the newer),
-    none: the newest; vLLM before 0.33 gets 0.33's."""
+    none: the newest; vLLM 0.12 has its own (the synchronous deployments' version), before it 0.12's."""
     assert choose_profile("0.34.0") == (HOST_DIR / "vllm-0.34.0-amd-epyc.json", "as asked")
     assert choose_profile("0.33.0") == (HOST_DIR / "vllm-0.33.0-amd-epyc.json", "as asked")
+    assert choose_profile("0.12.0") == (HOST_DIR / "vllm-0.12.0-amd-epyc.json", "as asked")
     assert choose_profile(None) == (HOST_DIR / "vllm-0.34.0-amd-epyc.json", "the newest")
-    path, how = choose_profile("0.12.0")
-    assert path.name == "vllm-0.33.0-amd-epyc.json" and how.startswith("the nearest to 0.12.0")
+    path, how = choose_profile("0.14.0")
+    assert path.name == "vllm-0.12.0-amd-epyc.json" and how.startswith("the nearest to 0.14.0")
+    assert choose_profile("0.30.0")[0].name == "vllm-0.33.0-amd-epyc.json"
     assert choose_profile("0.33.4")[0].name == "vllm-0.33.0-amd-epyc.json"
     assert choose_profile("0.35.0")[0].name == "vllm-0.34.0-amd-epyc.json"
     host = HostTime.load(vllm_version="0.10.1.1")
-    assert host.vllm_version == "0.33.0" and host.asked_version == "0.10.1.1"
-    assert "vLLM 0.33.0's profile" in host.note() and "the nearest to 0.10.1.1" in host.note()
+    assert host.vllm_version == "0.12.0" and host.asked_version == "0.10.1.1"
+    assert "vLLM 0.12.0's profile" in host.note() and "the nearest to 0.10.1.1" in host.note()
     assert HostTime.load().vllm_version == "0.34.0"
 
 
