@@ -10,9 +10,12 @@ rank's reply (None), then `sample_tokens` returns the `ModelRunnerOutput`. This 
 SchedulerOutput and ModelRunnerOutput of R decoding requests (built by vLLM's scheduler as
 bench/host_time.py builds them) through vLLM's MessageQueue to a worker process that answers as the output
 rank does, and prints the wall time of the step's two round trips (median of 400) beside this CPU's
-reference loop. On this project's 2-core machine (2026-12-07, reference loop 0.11 s): 73, 52, 61, 93 and
+reference loop. Run it with two cores free: the two processes poll their queues, and with the cores taken by
+other work a round trip waits for a time slice (12 ms a step here with both cores busy). On this project's 2-core machine (2026-12-07, reference loop 0.11 s): 73, 52, 61, 93 and
 243 us for 1, 8, 32, 128 and 512 requests. It is not added to the host-time profile: a tenth of the
-millisecond a step that the vLLM 0.12 deployments' TPOT leaves unexplained (docs/async-scheduling.md).
+millisecond a step that the vLLM 0.12 deployments' TPOT leaves unexplained (docs/async-scheduling.md). It also
+times the engine core's output thread's encoding of the step's EngineCoreOutputs (vLLM's `MsgpackEncoder`,
+this thread's CPU seconds): 3-10 us a step for 8-128 requests (vLLM 0.12 and 0.33 alike).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def worker_main(handle, conn, reply_bytes: bytes) -> None:
 
 
 def step_messages(num_running: int):
-    """vLLM's SchedulerOutput and ModelRunnerOutput of a decode step of `num_running` requests."""
+    """vLLM's SchedulerOutput, ModelRunnerOutput and EngineCoreOutputs of a decode step of `num_running` requests."""
     import numpy as np
     from host_time import Worker  # bench/ is this script's folder
     from vllm.sampling_params import SamplingParams
@@ -74,8 +77,8 @@ def step_messages(num_running: int):
         worker.update_states(out)
         worker.prepare_inputs(out)
         output = worker.bookkeeping(rng.integers(1, 1 << 19, len(out.num_scheduled_tokens)).tolist())
-        scheduler.update_from_output(out, output)
-    return out, output
+        engine_outputs = scheduler.update_from_output(out, output)
+    return out, output, next(iter(engine_outputs.values()))
 
 
 def main(argv: list[str]) -> int:
@@ -88,10 +91,11 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from replay_speed import reference_loop
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+    from vllm.v1.serial_utils import MsgpackEncoder
 
     print(f"reference loop {min(reference_loop() for _ in range(3)):.3f} s")
     for num_running in (int(x) for x in args.requests.split(",")):
-        scheduler_output, runner_output = step_messages(num_running)
+        scheduler_output, runner_output, engine_outputs = step_messages(num_running)
         requests = MessageQueue(1, 1)
         parent, child = mp.Pipe()
         worker = mp.get_context("fork").Process(target=worker_main, args=(requests.export_handle(), child,
@@ -111,8 +115,16 @@ def main(argv: list[str]) -> int:
         requests.enqueue(("stop", (), {}, 0))
         worker.join()
         size = len(pickle.dumps(scheduler_output, protocol=pickle.HIGHEST_PROTOCOL))
+        # The engine core's output thread encodes the step's EngineCoreOutputs for the front end (EngineCoreProc.
+        # process_output_sockets: MsgpackEncoder.encode_into), in the engine core's process, beside the step.
+        encoder, buffer, encode = MsgpackEncoder(), bytearray(), []
+        for _ in range(args.reps):
+            t0 = time.thread_time()
+            encoder.encode_into(engine_outputs, buffer)
+            encode.append(time.thread_time() - t0)
         print(f"R={num_running}: a step's two RPCs {statistics.median(times) * 1e6:.0f} us (median of {args.reps}); "
-              f"SchedulerOutput {size} bytes pickled", flush=True)
+              f"SchedulerOutput {size} bytes pickled; EngineCoreOutputs encoded in "
+              f"{statistics.median(encode) * 1e6:.0f} us", flush=True)
     return 0
 
 
