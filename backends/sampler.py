@@ -70,7 +70,10 @@ class SamplerKernels:
     def seconds(self, rows, vocab: int, floor_s: float, bandwidth: float):
         """Seconds for `rows` logits rows (an array or a number); 0 for no rows."""
         n = np.asarray(rows, dtype=np.float64)
-        return np.where(n > 0, self.kernels * floor_s + n * vocab * self.bytes_per_element / bandwidth, 0.0)
+        # Each kernel its floor and its share of the bytes (greedy's three 4-byte passes give, bit for bit,
+        # what every step was priced before sampling was modelled)
+        per_kernel = self.bytes_per_element / self.kernels
+        return np.where(n > 0, self.kernels * (floor_s + n * vocab * per_kernel / bandwidth), 0.0)
 
 
 # Bytes per logits element and kernels of each piece (read + write, 4-byte fp32 values, 8-byte int64 indices).

@@ -185,7 +185,7 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
         router = 0.0
     if num_logits:
         v = priced._vocab
-        elementwise = elementwise + (3 * floor + num_logits * (v * priced.tp) * 12.0 / bandwidth)  # greedy (backends/sampler.py)
+        elementwise = elementwise + 3 * (floor + num_logits * v * priced.tp * 4 / bandwidth)  # greedy (backends/sampler.py)
         lm_head = many(priced._lm_head_curve, num_logits)
         if priced.tp > 1:
             allreduce = allreduce + one_allreduce(num_logits * v * priced.tp * b / 2)
