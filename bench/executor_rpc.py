@@ -11,8 +11,9 @@ SchedulerOutput and ModelRunnerOutput of R decoding requests (built by vLLM's sc
 bench/host_time.py builds them) through vLLM's MessageQueue to a worker process that answers as the output
 rank does, and prints the wall time of the step's two round trips (median of 400) beside this CPU's
 reference loop. Run it with two cores free: the two processes poll their queues, and with the cores taken by
-other work a round trip waits for a time slice (12 ms a step here with both cores busy). On this project's 2-core machine (2026-12-07, reference loop 0.11 s): 73, 52, 61, 93 and
-243 us for 1, 8, 32, 128 and 512 requests. It is not added to the host-time profile: a tenth of the
+other work a round trip waits for a time slice (12 ms a step here with both cores busy). On this project's
+2-core machine (2026-12-07, reference loop 0.11 s): 73, 52, 61, 93 and 243 us for 1, 8, 32, 128 and 512
+requests. It is not added to the host-time profile: a tenth of the
 millisecond a step that the vLLM 0.12 deployments' TPOT leaves unexplained (docs/async-scheduling.md). It also
 times the engine core's output thread's encoding of the step's EngineCoreOutputs (vLLM's `MsgpackEncoder`,
 this thread's CPU seconds): 3-10 us a step for 8-128 requests (vLLM 0.12 and 0.33 alike).
