@@ -141,7 +141,7 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 def check_sampling(flag: str, temperature, top_p, top_k, where: str) -> tuple[float, float, int]:
     """The three values checked as vLLM's SamplingParams._verify_args checks them; refused naming `where`."""
     try:
-        t = float(temperature)
+        t = float(temperature) + 0.0  # (-0 is 0)
         p = float(top_p)
     except (TypeError, ValueError):
         raise ServesimError(f"{where}: temperature and top_p must be numbers, got {temperature!r} and {top_p!r}") from None

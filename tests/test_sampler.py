@@ -294,3 +294,13 @@ def test_a_moe_model_whose_tables_give_no_small_kernels_refuses_a_sampler_it_wou
     with pytest.raises(ServesimError, match="prices no sampler"):
         set_sampler(moe, QWEN3, "0.12.0", model, hardware)
     set_sampler(moe, GREEDY, "0.12.0", model, hardware)  # greedy: what it prices
+
+
+def test_the_real_backend_is_refused_a_sampling_in_its_own_words(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,4\n")
+    out = _sim("replay", str(trace), "--model", "tiny", "--backend", "real", "--sampling", "temperature=1",
+               "--out", str(tmp_path / "r"))
+    assert out.returncode == 2 and "the real backend measures its own steps" in out.stderr
+    assert "H100" not in out.stderr  # (it said "on H100-SXM": the real backend runs on --device)
+    assert parse_sampling("temperature=-0") is not None and str(parse_sampling("temperature=-0").temperature) == "0.0"

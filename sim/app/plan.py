@@ -396,6 +396,9 @@ def set_sampler(backend, sampling: Sampling, vllm_version: str | None, model: Mo
     if prices_sampler(target):
         target.sampling, target.sampler_version = sampling, vllm_version
     elif not sampling.greedy:
+        if getattr(backend, "name", "") == "real":
+            raise ServesimError(f"--sampling {sampling.describe()} prices vLLM's sampler kernels in the cost model; the "
+                                "real backend measures its own steps: leave --sampling at greedy")
         raise ServesimError(f"--sampling {sampling.describe()} prices vLLM's sampler kernels from the operator tables; "
                             f"this run of {model.name} on {hardware.name} is priced another way "
                             f"({type(backend).__name__}), which prices no sampler: leave "
