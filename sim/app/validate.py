@@ -262,14 +262,15 @@ class Protocol:
         src/aiconfigurator/eval/benchmarks/genai_perf_runner.py), which sends the lengths and no sampling
         parameters, so a vLLM server sampled with its defaults from the model's generation_config.json
         (vLLM's `--generation-config auto`; backends/sampler.py); InferenceMAX's benchmark_serving.py sends
-        `"temperature": 0.0` (utils/bench_serving/backend_request_func.py), as vLLM's own client does by
-        default: greedy. SGLang and TensorRT-LLM rows, priced as vLLM deployments, keep greedy's sampler."""
+        `"temperature": 0.0` (utils/bench_serving/backend_request_func.py), as vLLM's own client did by
+        default up to 0.14: greedy. Another source's client is not known: greedy, said so. SGLang and
+        TensorRT-LLM rows, priced as vLLM deployments, keep greedy's sampler."""
         source, name = str(row.get("silicon_data_source", "")), str(row.get("model_path", ""))
         if self.sampling == "greedy":
             return GREEDY, "--sampling greedy"
         if self.sampling == "auto" and not (row["backend"] == "vllm" and re.search(AIC_GAP_ANALYSIS, source)):
             client = ("InferenceMAX's client sends temperature 0" if re.search(INFERENCEX, source)
-                      else "not a vLLM row" if row["backend"] != "vllm" else "a client of vLLM's defaults (temperature 0)")
+                      else "not a vLLM row" if row["backend"] != "vllm" else "the source's client is not known: greedy assumed")
             return GREEDY, client
         found = generation_config_sampling(name, config_dir_of(str(row.get("model_source", ""))))
         why = ("--sampling model" if self.sampling == "model" else
