@@ -99,6 +99,20 @@ def reference_seconds(repeats: int = 5) -> float:
     return min(reference_loop() for _ in range(repeats))
 
 
+def use_this_cpu() -> None:
+    """vLLM before 0.33 finds no CPU platform in its GPU wheel (vllm/platforms/__init__.py, cpu_platform_plugin,
+    asks for a CPU build or macOS), and its configs need one: this CPU's, as the parity suite's vLLM finds it."""
+    import vllm
+
+    from sim.config import vllm_release
+
+    if (vllm_release(vllm.__version__) or (0, 0)) < (0, 33):
+        import vllm.platforms
+        from vllm.platforms.cpu import CpuPlatform
+
+        vllm.platforms._current_platform = CpuPlatform()
+
+
 def new_model_runner() -> bool:
     """Whether the installed vLLM's GPU worker is the model runner of vllm/v1/worker/gpu/ (0.34 on, which
     removed V1's gpu_model_runner.py and gpu_input_batch.py): `Worker34` times it, `Worker` the one before."""
@@ -541,13 +555,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     import vllm
 
-    if tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 33):
-        # vLLM before 0.33 finds no CPU platform in its GPU wheel (vllm/platforms/__init__.py, cpu_platform_plugin,
-        # asks for a CPU build or macOS), and its configs need one: this CPU's, as the parity suite's vLLM finds.
-        import vllm.platforms
-        from vllm.platforms.cpu import CpuPlatform
-
-        vllm.platforms._current_platform = CpuPlatform()
+    use_this_cpu()
     if new_model_runner():
         # Imported before the parity driver tells vLLM that Triton is there (tests/parity/vllm_driver.py:
         # allow_config_without_triton), so the runner's kernels are Triton's placeholders on this CPU.

@@ -30,13 +30,11 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT))
     import vllm
+    from host_time import use_this_cpu
 
-    if tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 33):  # as bench/host_time.py: this CPU's platform
-        import vllm.platforms
-        from vllm.platforms.cpu import CpuPlatform
-
-        vllm.platforms._current_platform = CpuPlatform()
+    use_this_cpu()
     import torch
     from replay_speed import reference_loop
     from vllm.v1.sample.logits_processor import LogitsProcessors

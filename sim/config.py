@@ -15,10 +15,17 @@ message naming the flag or field, the value and the range.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable
 
 from sim.errors import ServesimError
+
+
+def vllm_release(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version ("0.12.0" -> (0, 12)); None for none or a build's name."""
+    found = re.match(r"(\d+)\.(\d+)", version or "")
+    return None if found is None else (int(found[1]), int(found[2]))
 
 
 def _require(condition: bool, message: str) -> None:

@@ -22,7 +22,20 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from sim.app.cluster_options import ClusterOptions
-from sim.config import FUSION_MB, SEED, SLO, TENSOR_PARALLEL, CacheConfig, Option, Range, SchedulerConfig, check_options, option, option_of
+from sim.config import (
+    FUSION_MB,
+    SEED,
+    SLO,
+    TENSOR_PARALLEL,
+    CacheConfig,
+    Option,
+    Range,
+    SchedulerConfig,
+    check_options,
+    option,
+    option_of,
+    vllm_release,
+)
 from sim.errors import ServesimError
 
 
@@ -323,12 +336,6 @@ def vllm_batch_defaults(memory_bytes: int, name: str) -> dict[str, int]:
     if memory_bytes >= 70 * 2**30 and "a100" not in name.lower():
         return {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
     return {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
-
-
-def vllm_release(version: str | None) -> tuple[int, int] | None:
-    """(major, minor) of a vLLM version ("0.12.0" -> (0, 12)); None for none or a build's name."""
-    found = re.match(r"(\d+)\.(\d+)", version or "")
-    return None if found is None else (int(found[1]), int(found[2]))
 
 
 def before_vllm(version: str | None, release: tuple[int, int]) -> bool:

@@ -52,6 +52,8 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from sim.config import vllm_release
+
 try:
     from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
 except ImportError:  # vLLM before 0.33 (bench/host_time.py measures older schedulers), which plans no other way here
@@ -192,11 +194,6 @@ ABSENT_OPTIONS = {"scheduler_reserve_full_isl": (True,), "watermark": (0.0, 0), 
                   "prefill_schedule_interval": (1,), "max_num_active_seqs": (0, None), "disable_hybrid_kv_cache_manager": (None,)}
 
 
-def vllm_release() -> tuple[int, int]:
-    major, minor = vllm.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 def make_scheduler(setup: EngineSetup) -> Scheduler:
     model = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float16", seed=0,
                         max_model_len=setup.max_model_len)
@@ -220,7 +217,8 @@ def make_scheduler(setup: EngineSetup) -> Scheduler:
         value = options.pop(name)
         if value not in ABSENT_OPTIONS.get(name, ()):
             raise NotImplementedError(f"vLLM {vllm.__version__} has no SchedulerConfig.{name} (asked for {value!r})")
-    if options["disable_hybrid_kv_cache_manager"] is None and vllm_release() < (0, 33):  # a bool there, default False
+    if options["disable_hybrid_kv_cache_manager"] is None and (vllm_release(vllm.__version__) or (0, 0)) < (0, 33):
+        # (a bool there, default False)
         options["disable_hybrid_kv_cache_manager"] = False
     scheduler = SchedulerConfig(**options)
     cache = CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.enable_prefix_caching)
