@@ -44,7 +44,6 @@ to the 62 counted here.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -52,7 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.config import vllm_release
 from sim.errors import ServesimError
+from sim.jsonable import read_json_file
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy (vllm/sampling_params.py)
 TRITON_FROM_ROWS = 8  # vLLM 0.17-0.21 apply_top_k_top_p: `HAS_TRITON and logits.shape[0] >= 8`
@@ -138,6 +139,39 @@ GREEDY = Sampling()
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 
 
+class PricesSampler:
+    """What a cost model prices its sampler for (`sampler_seconds`): the requests' sampling parameters and the
+    vLLM version whose sampler runs them (None: the newest). Setting either to a new value calls the model's
+    `_forget_sampler`, which drops what it priced with the ones before (its tables by logits rows, its steps and
+    decode runs): `sim validate` keeps one model for a deployment's rows, whose clients may sample otherwise."""
+
+    _sampling: Sampling = GREEDY
+    _sampler_version: str | None = None
+
+    @property
+    def sampling(self) -> Sampling:
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, value: Sampling) -> None:
+        if value != self._sampling:
+            self._sampling = value
+            self._forget_sampler()
+
+    @property
+    def sampler_version(self) -> str | None:
+        return self._sampler_version
+
+    @sampler_version.setter
+    def sampler_version(self, value: str | None) -> None:
+        if value != self._sampler_version:
+            self._sampler_version = value
+            self._forget_sampler()
+
+    def _forget_sampler(self) -> None:
+        raise NotImplementedError
+
+
 def check_sampling(flag: str, temperature, top_p, top_k, where: str) -> tuple[float, float, int]:
     """The three values checked as vLLM's SamplingParams._verify_args checks them; refused naming `where`."""
     try:
@@ -211,12 +245,7 @@ def generation_config_sampling(model_name: str, config_dir: Path | None) -> Samp
         if path.exists() and not path.is_file():  # (a folder, a pipe: not read, nor passed over for the known repo's)
             raise ServesimError(f"{path}: cannot read it: not a file")
         if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # (RecursionError: nested too deep)
-                raise ServesimError(f"{path}: cannot read it: {' '.join(str(e).split())}") from None
-            if not isinstance(data, dict):
-                raise ServesimError(f"{path}: a generation config is a JSON object, got {type(data).__name__}")
+            data = read_json_file(path, "generation config")  # (servesim's one reader of JSON files and its errors)
             values = []
             for key, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0)):
                 value = data.get(key)
@@ -235,18 +264,13 @@ def generation_config_sampling(model_name: str, config_dir: Path | None) -> Samp
     return None
 
 
-def _release(version: str | None) -> tuple[int, int] | None:
-    found = re.match(r"(\d+)\.(\d+)", version or "")
-    return None if found is None else (int(found[1]), int(found[2]))
-
-
 def sampler_kernels(path: str, rows: int, vllm_version: str | None) -> SamplerKernels:
     """The kernels vLLM `vllm_version` (None: the newest) runs to sample `rows` logits rows on `path`."""
     if path == "greedy":
         return CAST_AND_ARGMAX
     if path == "random":
         return RANDOM
-    release = _release(vllm_version)
+    release = vllm_release(vllm_version)
     if release is None or release >= FLASHINFER_DEFAULT_SINCE:
         return FLASHINFER_BOTH if path == "top-p" else FLASHINFER_ONE  # (top-p here may carry a top-k: the fused call)
     if release >= TRITON_SINCE and rows >= TRITON_FROM_ROWS:
@@ -261,9 +285,9 @@ def sampler_seconds(sampling: Sampling, vllm_version: str | None, rows, vocab: i
     """Seconds of the sampler for each of `rows` (an array of logits rows per step)."""
     n = np.asarray(rows, dtype=np.int64)
     path = sampling.path(vocab)
-    out = np.zeros(n.shape, dtype=np.float64)
     if path == "greedy" or path == "random":
         return sampler_kernels(path, 0, vllm_version).seconds(n, vocab, floor_s, bandwidth)
+    out = np.zeros(n.shape, dtype=np.float64)
     # The kernels depend on the rows (vLLM 0.17-0.21: Triton from 8 rows): by stretch.
     for low, mask in ((0, n < TRITON_FROM_ROWS), (TRITON_FROM_ROWS, n >= TRITON_FROM_ROWS)):
         if np.any(mask):

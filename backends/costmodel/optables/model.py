@@ -48,7 +48,7 @@ import numpy as np
 
 from backends.costmodel.optables.derive import GEMM_OPS, per_gpu_heads
 from backends.costmodel.optables.interp import Curve, Grid
-from backends.sampler import GREEDY, Sampling, sampler_seconds
+from backends.sampler import PricesSampler, sampler_seconds
 from sim.errors import ServesimError
 
 CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)), dtype=np.int64)
@@ -79,7 +79,7 @@ def padded_tokens(t):
     return np.where(t <= CUDA_GRAPH_SIZES[-1], CUDA_GRAPH_SIZES[i], t)
 
 
-class OperatorModel:
+class OperatorModel(PricesSampler):
     """Seconds per part of a step, from one model's derived operator curves."""
 
     def __init__(self, derived: dict, model: dict, tp: int, dtype: str, kv_cache_dtype: str,
@@ -116,10 +116,6 @@ class OperatorModel:
         self.kernel_floor_s = mem["kernel_floor_s"]
         self._layer_bytes_per_token, self._layer_kernels = self._elementwise_per_layer()
         self.extrapolated = 0  # operator lookups past a table's grid (scaled by work), counted
-        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py);
-        # set through the properties below, which forget what was priced with the ones before
-        self._sampling: Sampling = GREEDY
-        self._sampler_version: str | None = None
         # Tables of dense_parts' pieces, grown on use: arrays (an entry None where a part is absent) and lists.
         self._by_tokens: tuple[Any, ...] = ((),)
         self._by_logits: tuple[Any, ...] = ((),)
@@ -129,26 +125,8 @@ class OperatorModel:
         self._run_seen: set[tuple[int, int, int]] = set()  # stretches asked for once
         self._first_chunks: dict[int, float] = {}  # see _first_chunk_attention
 
-    @property
-    def sampling(self) -> Sampling:
-        return self._sampling
-
-    @sampling.setter
-    def sampling(self, value: Sampling) -> None:
-        self._sampling = value
-        self._forget_logits()
-
-    @property
-    def sampler_version(self) -> str | None:
-        return self._sampler_version
-
-    @sampler_version.setter
-    def sampler_version(self, value: str | None) -> None:
-        self._sampler_version = value
-        self._forget_logits()
-
-    def _forget_logits(self) -> None:
-        """Drop the tables and runs priced with another sampler."""
+    def _forget_sampler(self) -> None:
+        """Drop the tables and runs priced with another sampler (`PricesSampler`)."""
         self._by_logits = ((),)
         self._by_logits_list = ((),)
         self._run_chunks.clear()

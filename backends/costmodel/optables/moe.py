@@ -93,7 +93,7 @@ from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
-from backends.sampler import GREEDY, Sampling, sampler_seconds
+from backends.sampler import PricesSampler, sampler_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
 from sim.errors import ServesimError
@@ -442,7 +442,7 @@ def nccl_lookup(frame, op: str, num_gpus: int) -> Curve | None:
     return None if pair is None else Curve(*pair)
 
 
-class MoETableCostModel(MoERooflineCostModel):
+class MoETableCostModel(PricesSampler, MoERooflineCostModel):
     """The MoE roofline with each operator a table measures priced from the table (module doc)."""
 
     name = "costmodel"
@@ -462,11 +462,7 @@ class MoETableCostModel(MoERooflineCostModel):
             raise ServesimError(f"--moe-kernel {moe_kernel!r}: give one of {', '.join(MOE_KERNELS)}")
         self.moe_kernel = moe_kernel
         self._tables_ready = False
-        # The requests' sampling parameters and the vLLM version whose sampler runs them (backends/sampler.py);
-        # set through the properties below, which forget the steps and runs priced with the ones before
-        self._sampling: Sampling = GREEDY
-        self._sampler_version: str | None = None
-        self._sampler_by_rows: dict[int, float] = {}
+        self._sampler_by_rows: dict[int, float] = {}  # the sampler's seconds by logits rows (`PricesSampler`)
         super().__init__(model, hardware, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                          enable_expert_parallel=enable_expert_parallel, dp=dp)
         auto = distribution == "auto"
@@ -915,26 +911,6 @@ class MoETableCostModel(MoERooflineCostModel):
             if self.tp > 1:  # the logits' all-gather, as an all-reduce of half its bytes
                 allreduce = allreduce + self._hidden_allreduce(num_logits * self._vocab * self.tp * ACTIVATION_BYTES / 2)
         return linear, router, moe, kv_write, elementwise, lm_head, allreduce
-
-    @property
-    def sampling(self) -> Sampling:
-        return self._sampling
-
-    @sampling.setter
-    def sampling(self, value: Sampling) -> None:
-        if value != self._sampling:
-            self._sampling = value
-            self._forget_sampler()
-
-    @property
-    def sampler_version(self) -> str | None:
-        return self._sampler_version
-
-    @sampler_version.setter
-    def sampler_version(self, value: str | None) -> None:
-        if value != self._sampler_version:
-            self._sampler_version = value
-            self._forget_sampler()
 
     @property
     def prices_sampler(self) -> bool:
