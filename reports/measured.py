@@ -1,12 +1,12 @@
 """A replay of a measured run beside the run's own measurements, request for request.
 
-Where the trace is a measured run (a vLLM bench result, traces/vllm_bench.py: each request's TTFT
-and TPOT as vLLM's client measured them), `sim replay` writes `measured.json` into its run folder:
+Where the trace is a measured run (a vLLM bench result, traces/vllm_bench.py, or an AIPerf export,
+traces/aiperf.py: each request's TTFT and TPOT as the client measured them), `sim replay` writes `measured.json` into its run folder:
 the requests both finished in the replay and measured (joined on request_id), and per metric the
 measured and predicted mean, median and p99, the mean signed error of the means, and the mean and
 median of the per-request absolute percentage errors. The measured TTFT and E2E are the client's
 (from its send); the replay's are taken from the send too where it modelled vLLM's API server
-(`--api-server`, on by default for a vLLM bench result: requests.csv's `client_ttft_s`, and E2E
+(`--api-server`, on by default for a vLLM bench result or an AIPerf export: requests.csv's `client_ttft_s`, and E2E
 plus the API server's share), else from the engine's arrival. The network's time is in the
 measurement alone (docs/traces.md). Where the server reported its own TTFT per request (vLLM's
 `server_ttfts`), that is compared with the replay's engine TTFT (`server_ttft`).

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-FORMAT_HELP = ("trace format: canonical, azure (2023 and 2024), mooncake, burstgpt, vidur "
-               "(default: detected from the header or extension)")
+FORMAT_HELP = ("trace format: canonical, azure (2023 and 2024), mooncake, burstgpt, vidur, vllm-bench (vllm bench "
+               "serve --save-detailed), aiperf (AIPerf's profile_export.jsonl) (default: detected from the header or "
+               "extension)")
 
 
 def whole_number(text: str) -> int:

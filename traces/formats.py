@@ -9,6 +9,7 @@ which one it is, and the limits every reader holds a row to.
 | vidur     | arrived_at,num_prefill_tokens,num_decode_tokens (Vidur/Splitwise) | seconds          |
 | mooncake  | JSON Lines: timestamp, input_length, output_length, hash_ids      | milliseconds     |
 | vllm-bench | a JSON object: `vllm bench serve --save-detailed`'s result: start_times, input_lens, output_lens | seconds |
+| aiperf    | JSON Lines: AIPerf's profile_export.jsonl, a record per request: metadata, metrics, error | nanoseconds |
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ BURSTGPT = ("Timestamp", "Model", "Request tokens", "Response tokens")
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 MOONCAKE = ("timestamp", "input_length", "output_length")
 VLLM_BENCH = ("start_times", "input_lens", "output_lens")
+AIPERF = ("metadata", "metrics")  # an AIPerf record's fields (traces/aiperf.py)
 # Keys of vllm/benchmarks/serve.py's result, with or without --save-detailed (no Mooncake line has them)
 VLLM_BENCH_KEYS = (*VLLM_BENCH, "num_prompts", "request_throughput", "mean_ttft_ms", "max_concurrency")
 CSV_COLUMNS = {"canonical": CANONICAL, "azure": AZURE, "burstgpt": BURSTGPT, "vidur": VIDUR}
-FORMATS = ("canonical", "azure", "mooncake", "burstgpt", "vidur", "vllm-bench")
+FORMATS = ("canonical", "azure", "mooncake", "burstgpt", "vidur", "vllm-bench", "aiperf")
 ALIASES = {"azure2023": "azure", "azure2024": "azure", "splitwise": "vidur", "jsonl": "mooncake",
            "vllm": "vllm-bench"}
 # Columns kept as text (the others are left to pandas' fast numeric parsing).
@@ -59,8 +61,11 @@ def format_name(fmt: str) -> str:
 def detect_format(path: Path, first: str) -> str:
     """The format of a file from its first non-blank line (a CSV header or a JSON object): one JSON
     document with vLLM's bench serve result fields (or an object opened on a line of its own, as a
-    pretty-printed document is; a Mooncake line is never only "{") is vllm-bench."""
+    pretty-printed document is; a Mooncake line is never only "{") is vllm-bench; a JSON line with
+    AIPerf's record fields is aiperf."""
     text = first.strip()
+    if text.startswith("{") and all(f'"{key}"' in text for key in AIPERF) and '"timestamp"' not in text:
+        return "aiperf"
     if text == "{" or (text.startswith("{") and '"timestamp"' not in text
                        and any(f'"{key}"' in text for key in VLLM_BENCH_KEYS)):
         return "vllm-bench"  # (a result saved without --save-detailed too: its reader says what it lacks)

@@ -18,6 +18,7 @@ dropped, counted in `Trace.dropped` and warned about, in every format.
 | published.py   | Azure 2023/2024, BurstGPT, Vidur/Splitwise CSV         |
 | mooncake.py    | Mooncake JSON Lines                                    |
 | vllm_bench.py  | vLLM's `bench serve` result JSON (per-request starts)  |
+| aiperf.py      | AIPerf's profile_export.jsonl (a record per request)   |
 | builder.py     | the chunks into one `Trace`: drops, order, span        |
 
 pandas parses the CSV formats (csv_rows.py), imported on first use; a clean Azure file
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sim.errors import ServesimError
+from traces.aiperf import read_aiperf
 from traces.builder import TraceBuilder
 from traces.canonical import CanonicalRows
 from traces.csv_rows import csv_chunks
@@ -51,7 +53,8 @@ __all__ = ["CHUNK_ROWS", "FORMATS", "detect_format", "read_trace"]
 
 # The column (or field) of each format's arrival time, as messages name it.
 ARRIVAL = {"canonical": "arrival_s", "azure": "TIMESTAMP", "burstgpt": "Timestamp", "vidur": "arrived_at",
-           "mooncake": "timestamp", "vllm-bench": "start_times"}
+           "mooncake": "timestamp", "vllm-bench": "start_times",
+           "aiperf": "request_start_ns"}
 
 
 def read_trace(path: str | Path, fmt: str | None = None, *, model_filter: str | None = None,
@@ -77,6 +80,8 @@ def read_trace(path: str | Path, fmt: str | None = None, *, model_filter: str | 
                 read_mooncake(builder, handle, first, first_line_no, chunk_rows)
             elif fmt == "vllm-bench":
                 read_vllm_bench(builder, handle, first, first_line_no)
+            elif fmt == "aiperf":
+                read_aiperf(builder, handle, first, first_line_no)
             else:
                 _read_csv(builder, handle, first, first_line_no, chunk_rows, model_filter)
         except READ_ERRORS as e:

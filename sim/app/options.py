@@ -155,13 +155,15 @@ class ReplayOptions:
                                 "logits), or the parameters themselves")
 
     # vLLM's API server between a client's sends and the engine (sim/arrivals.py, through_api_servers;
-    # sim/app/replay.py, with_api_server): "auto" models it for a trace of a client's sends (a vLLM bench result)
+    # sim/app/replay.py, with_api_server): "auto" models it for a trace of a client's sends (a vLLM bench result,
+    # an AIPerf export)
     api_server: str = option("auto", flag="--api-server", choices=API_SERVER_CHOICES,
                              help="model vLLM's API server between the trace's sends and the engine: each request "
                                   "waits its turn at one of the servers (one per --dp rank, vLLM >= 0.15's default; "
                                   "else one) for 1 ms plus its prompt's tokenisation (2 us a token), as sim validate "
                                   "prices it, so TTFT is also reported from the send (requests.csv client_ttft_s). "
-                                  "auto (default): on for a vLLM bench result, whose times are its client's sends, and in "
+                                  "auto (default): on for a vLLM bench result or an AIPerf export, whose times are its client's "
+                                  "sends, and in "
                                   "sim bench (vLLM's client); off for other traces, whose times are the engine's "
                                   "arrivals")
 

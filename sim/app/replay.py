@@ -54,7 +54,7 @@ def request_maker(trace: Trace, as_lists: bool = False) -> Callable[[int], Reque
 
 
 # Trace formats whose times are a client's sends, before vLLM's API server (`--api-server auto`)
-CLIENT_SEND_FORMATS = ("vllm-bench", "sim-bench")  # (sim bench's requests are sent by vLLM's client too)
+CLIENT_SEND_FORMATS = ("vllm-bench", "aiperf", "sim-bench")  # (sim bench's requests are sent by vLLM's client too)
 API_SERVER_MIN_VERSION = (0, 15)  # the first vLLM to start one API server per data-parallel rank by default
 
 
@@ -111,7 +111,7 @@ def api_server_entry(options: ReplayOptions, trace: Trace) -> dict | None:
     client = api_server_time()
     return {"servers": api_server_count(options), "fixed_s": client.fixed_s,
             "per_prompt_token_s": client.per_prompt_token_s, "source": client.source,
-            "why": "on" if options.api_server == "on" else f"auto: a {trace.format} trace's times are its client's sends"}
+            "why": "on" if options.api_server == "on" else f"auto: the times of the {trace.format} trace are its client's sends"}
 
 
 def make_requests(trace: Trace) -> list[Request]:
