@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,8 +51,18 @@ def _unique_pairs(pairs: list[tuple[str, object]]) -> dict:
 
 
 def loads_unique(text: str):
-    """json.loads, refusing an object that names a key twice (DuplicateKeyError)."""
-    return json.loads(text, object_pairs_hook=_unique_pairs)
+    """json.loads, refusing an object that names a key twice (DuplicateKeyError). A whole number
+    longer than Python reads (sys.get_int_max_str_digits(), 4,300 digits) is malformed JSON like any
+    other (json.JSONDecodeError, at the number), not a ValueError that no reader's message names."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except ValueError as e:
+        if isinstance(e, (json.JSONDecodeError, DuplicateKeyError)) or "integer string conversion" not in str(e):
+            raise
+        digits = sys.get_int_max_str_digits()
+        number = re.search(rf"(?<![\d.])\d{{{digits + 1},}}(?![\d.eE])", text)
+        raise json.JSONDecodeError(f"a whole number of more than {digits:,} digits", text,
+                                   number.start() if number else 0) from None
 
 
 def read_json_file(path: str | Path, what: str, missing_hint: str = "") -> dict:

@@ -132,8 +132,8 @@ def test_a_line_that_is_not_a_record_is_named(tmp_path):
 
 LEAF = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**64), st.floats(allow_nan=True, allow_infinity=True),
                  st.text(max_size=3))
-METRIC = st.one_of(LEAF, st.fixed_dictionaries({"value": LEAF}, optional={"unit": st.sampled_from(
-    ["ms", "s", "ns", "tokens", "x"])}))
+METRIC = st.one_of(LEAF, st.fixed_dictionaries({"value": LEAF}, optional={"unit": st.one_of(st.sampled_from(
+    ["ms", "s", "ns", "tokens", "x"]), LEAF, st.lists(LEAF, max_size=2), st.dictionaries(st.text(max_size=2), LEAF))}))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -173,3 +173,98 @@ def test_sim_replay_of_an_aiperf_export_puts_each_requests_prediction_beside_its
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["options"]["api_server"]["why"] == "auto: the times of the aiperf trace are its client's sends"
     assert "against the trace's own measurements (3 requests)" in capsys.readouterr().out
+
+
+# Hostile inputs found in review: each read right or refused in one line naming the file and line.
+
+def test_a_whole_number_longer_than_python_reads_is_named_not_a_traceback(tmp_path, capsys):
+    from sim.app.cli import main
+
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text(json.dumps(record(T0, 100, 3)) + "\n"
+                    + '{"metadata": {"request_start_ns": ' + "9" * 5000 + '}, "metrics": {}, "error": null}\n')
+    assert main(["trace", "stats", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"sim: error: {path}:2: not valid JSON (a whole number of more than 4,300 digits at column 35)\n"
+    # (shared with the other JSON formats: a Mooncake line, a vLLM bench result)
+    mooncake = tmp_path / "t.jsonl"
+    mooncake.write_text('{"timestamp": ' + "1" * 4400 + ', "input_length": 1, "output_length": 1}\n')
+    with pytest.raises(ServesimError, match=re.escape(f"{mooncake}:1: not valid JSON (a whole number of more than")):
+        read_trace(mooncake)
+
+
+@pytest.mark.parametrize("unit", [["ms"], {"ms": 1}, None, 3])
+def test_a_time_unit_that_is_not_text_is_named(tmp_path, unit):
+    path = tmp_path / "profile_export.jsonl"
+    export(path, [record(T0, 100, 3, time_to_first_token={"value": 4, "unit": unit})])
+    with pytest.raises(ServesimError, match=re.escape(f"{path}:1: time_to_first_token is in {json.dumps(unit)}; "
+                                                      "expected one of ns, us, ms, s, sec")):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("metric, message", [
+    ({"time_to_first_token": {"value": 1.7e308, "unit": "sec"}, "request_latency": {"value": 1.7e308, "unit": "sec"}},
+     ":1: time_to_first_token 1.7e+308 sec is more than 1e+09 s, longer than any trace spans"),
+    ({"request_latency": {"value": 2e9, "unit": "s"}}, ":1: request_latency 2e+09 s is more than 1e+09 s"),
+    ({"time_to_first_token": {"value": 5e-324, "unit": "s"}}, ":1: time_to_first_token 4.94066e-324 s is under half a "
+                                                              "nanosecond"),
+    ({"time_to_first_token": {"value": 1e-320, "unit": "ns"}}, ":1: time_to_first_token 9.99989e-321 ns is under half"),
+])
+def test_a_latency_no_client_measures_is_refused_not_compared_as_infinity(tmp_path, metric, message):
+    path = tmp_path / "profile_export.jsonl"
+    export(path, [record(T0, 100, 3, **metric), record(T0 + 1, 100, 3)])
+    with pytest.raises(ServesimError, match=re.escape(str(path) + message)):
+        read_trace(path)
+    # a nanosecond is measured, and a vLLM bench result is held to the same range
+    export(path, [record(T0, 100, 3, time_to_first_token={"value": 1, "unit": "ns"})])
+    assert read_trace(path).measured["ttft_s"].tolist() == [1e-9]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"start_times": [0.0], "input_lens": [10], "output_lens": [3], "ttfts": [1e300],
+                                 "latencies": [1e300]}))
+    with pytest.raises(ServesimError, match=re.escape(f"{bench}: request 0: latencies 1e+300 s is more than 1e+09 s")):
+        read_trace(bench)
+
+
+def test_a_ttft_and_e2e_of_one_time_in_two_units_are_one_time(tmp_path):
+    path = tmp_path / "profile_export.jsonl"  # 1.3 ms * 1e-3 is 0.0013000000000000002 s, past 0.0013 s
+    export(path, [record(T0, 100, 1, time_to_first_token={"value": 1.3, "unit": "ms"},
+                         request_latency={"value": 0.0013, "unit": "s"}),
+                  record(T0 + 1, 100, 3, time_to_first_token={"value": 0.9, "unit": "ms"},
+                         request_latency={"value": 900, "unit": "us"})])
+    m = read_trace(path).measured
+    assert m["ttft_s"].tolist() == pytest.approx([0.0013, 0.0009]) and np.isnan(m["tpot_s"][0])
+    assert m["tpot_s"][1] == 0.0  # (not a negative TPOT from the last bits)
+    export(path, [record(T0, 100, 3, time_to_first_token={"value": 1.31, "unit": "ms"},
+                         request_latency={"value": 0.0013, "unit": "s"})])
+    with pytest.raises(ServesimError, match=re.escape(f"{path}:1: time_to_first_token 1.31 ms is past its")):
+        read_trace(path)
+
+
+def test_a_dropped_warm_up_or_later_turn_record_is_not_counted_as_replayed(tmp_path):
+    path = tmp_path / "profile_export.jsonl"
+    export(path, [record(T0, 100, 0, phase="warmup"), record(T0 + 1, 0, 3, turn=2), record(T0 + 2, 100, 3, phase="warmup"),
+                  record(T0 + 3, 100, 3)])
+    trace = read_trace(path)
+    assert len(trace) == 2 and trace.dropped == {"0 output_sequence_length": 1, "0 input_sequence_length": 1}
+    text = "\n".join(trace.warnings)
+    assert "profile_export.jsonl:3: 1 record(s) of another benchmark phase than profiling" in text
+    assert "later turns" not in text
+
+
+def test_a_vllm_bench_result_that_mentions_metadata_and_metrics_is_not_taken_for_aiperf(tmp_path):
+    bench = {"num_prompts": 2, "start_times": [0.0, 0.5], "input_lens": [10, 20], "output_lens": [2, 3],
+             "ttfts": [0.01, 0.02], "latencies": [0.1, 0.2]}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({**bench, "generated_texts": ["metadata", "metrics"]}) + "\n")
+    assert read_trace(path).format == "vllm-bench"
+    path.write_text(json.dumps({**bench, "metadata": "run 7", "metrics": "ttft,tpot"}) + "\n")  # --metadata k=v
+    assert read_trace(path).format == "vllm-bench"
+    # and an AIPerf record that says "timestamp" inside (an HTTP header of its trace_data) is one
+    rec = {**record(T0, 100, 3), "trace_data": {"trace_type": "aiohttp", "response_headers": {"timestamp": "1"}}}
+    path = tmp_path / "profile_export.jsonl"
+    export(path, [rec])
+    assert read_trace(path).format == "aiperf"
+    # a line naming the fields that is not JSON is still the AIPerf reader's to name
+    path.write_text('{"metadata": {}, "metrics": {\n')
+    with pytest.raises(ServesimError, match=re.escape(f"{path}:1: not valid JSON")):
+        read_trace(path)

@@ -35,11 +35,14 @@ import numpy as np
 from sim.errors import ServesimError
 from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder
-from traces.formats import AIPERF, json_count, json_number
+from traces.formats import AIPERF, json_count, json_number, latency_s
 from traces.textfile import decode
 
 SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}  # AIPerf's time units
 MAX_NS = 2**63 - 1  # an int64 nanosecond stamp (the year 2262)
+# How far a TTFT may pass its E2E and be the same time: one written in another unit than the other
+# (1.3 ms and 0.0013 s) differs from it in the last bits once both are in seconds.
+SAME_TIME = 1e-9
 
 
 def read_aiperf(builder: TraceBuilder, handle: BinaryIO, first: str, first_line: int) -> None:
@@ -79,12 +82,13 @@ def read_aiperf(builder: TraceBuilder, handle: BinaryIO, first: str, first_line:
         output = json_count(where, "output_sequence_length", _value(where, metrics, "output_sequence_length", "tokens"))
         ttft = _seconds(where, metrics, "time_to_first_token")
         e2e = _seconds(where, metrics, "request_latency")
-        if ttft == 0 or e2e == 0:
-            name = "time_to_first_token" if ttft == 0 else "request_latency"
-            raise ServesimError(f"{where}: {name} is 0 for a request that did not fail: AIPerf measures more")
-        if np.isfinite(ttft) and np.isfinite(e2e) and ttft > e2e:
+        if np.isfinite(ttft) and np.isfinite(e2e) and ttft > e2e * (1 + SAME_TIME):
             raise ServesimError(f"{where}: time_to_first_token {ttft * 1e3:g} ms is past its request_latency "
                                 f"{e2e * 1e3:g} ms: the first token cannot come after the last")
+        if prompt == 0 or output == 0:  # (dropped before it is counted below as replayed)
+            name = "input_sequence_length" if prompt == 0 else "output_sequence_length"
+            builder.drop(f"0 {name}", np.array([True]), np.array([line_no]))
+            continue
         phase = metadata.get("benchmark_phase", "profiling")
         compared = phase == "profiling"
         if not compared:
@@ -92,10 +96,6 @@ def read_aiperf(builder: TraceBuilder, handle: BinaryIO, first: str, first_line:
         turn = metadata.get("turn_index", 0)
         if turn not in (0, None):
             later_turns = (1, line_no) if later_turns is None else (later_turns[0] + 1, later_turns[1])
-        if prompt == 0 or output == 0:
-            name = "input_sequence_length" if prompt == 0 else "output_sequence_length"
-            builder.drop(f"0 {name}", np.array([True]), np.array([line_no]))
-            continue
         rows.append((start, prompt, output, line_no, ttft, e2e, compared))
     if warmup is not None:
         builder.warnings.append(f"{path}:{warmup[1]}: {warmup[0]} record(s) of another benchmark phase than profiling "
@@ -114,7 +114,7 @@ def read_aiperf(builder: TraceBuilder, handle: BinaryIO, first: str, first_line:
     ttfts = np.where(compared, np.array(columns[4], dtype=np.float64), np.nan)
     e2es = np.where(compared, np.array(columns[5], dtype=np.float64), np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpots = np.where(outputs >= 2, (e2es - ttfts) / (outputs - 1), np.nan)
+        tpots = np.where(outputs >= 2, np.maximum(e2es - ttfts, 0.0) / (outputs - 1), np.nan)  # (SAME_TIME)
     measured = {name: values for name, values in (("ttft_s", ttfts), ("tpot_s", tpots), ("e2e_s", e2es))
                 if np.isfinite(values).any()}
     builder.measured = measured or None
@@ -154,13 +154,17 @@ def _value(where: str, metrics: dict, name: str, unit: str):
 
 
 def _seconds(where: str, metrics: dict, name: str) -> float:
-    """A latency metric in seconds (NaN where the record has none: a non-streaming request has no TTFT)."""
+    """A latency metric in seconds (NaN where the record has none: a non-streaming request has no TTFT);
+    0, or out of the range a client measures (traces.formats.latency_s), refused."""
     metric = metrics.get(name)
     if metric is None:
         return float("nan")
     if not isinstance(metric, dict) or "value" not in metric:
         raise ServesimError(f"{where}: {name} must be an object with a value, got {json.dumps(metric)[:40]}")
     unit = metric.get("unit", "ms")
-    if unit not in SECONDS:
+    if not isinstance(unit, str) or unit not in SECONDS:
         raise ServesimError(f"{where}: {name} is in {json.dumps(unit)[:20]}; expected one of {', '.join(SECONDS)}")
-    return float(json_number(where, name, metric["value"])) * SECONDS[unit]
+    value = json_number(where, name, metric["value"])
+    if value == 0:
+        raise ServesimError(f"{where}: {name} is 0 for a request that did not fail: AIPerf measures more")
+    return latency_s(where, name, float(value) * SECONDS[unit], f"{value:g} {unit}")

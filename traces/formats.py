@@ -64,7 +64,7 @@ def detect_format(path: Path, first: str) -> str:
     pretty-printed document is; a Mooncake line is never only "{") is vllm-bench; a JSON line with
     AIPerf's record fields is aiperf."""
     text = first.strip()
-    if text.startswith("{") and all(f'"{key}"' in text for key in AIPERF) and '"timestamp"' not in text:
+    if text.startswith("{") and all(f'"{key}"' in text for key in AIPERF) and _aiperf_record(text):
         return "aiperf"
     if text == "{" or (text.startswith("{") and '"timestamp"' not in text
                        and any(f'"{key}"' in text for key in VLLM_BENCH_KEYS)):
@@ -79,6 +79,19 @@ def detect_format(path: Path, first: str) -> str:
     expected = "; ".join(f"{fmt}: {','.join(cols)}" for fmt, cols in CSV_COLUMNS.items())
     raise ServesimError(f"{path}:1: unknown trace format with columns {text[:200]!r}; expected {expected}, "
                         f"or JSON Lines with {','.join(MOONCAKE)} (or name one with --format)")
+
+
+def _aiperf_record(text: str) -> bool:
+    """Whether a line that names AIPerf's record fields is a record: a JSON object with them as its
+    own keys and none of a vLLM bench result's or a Mooncake line's. A vLLM bench result may hold the
+    words in its texts (generated_texts) or as keys of its own (`--metadata metrics=...`); a line
+    that is not JSON is left to the AIPerf reader, which names what is wrong with it."""
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return '"timestamp"' not in text
+    return (isinstance(record, dict) and all(key in record for key in AIPERF)
+            and not any(key in record for key in (*VLLM_BENCH_KEYS, *MOONCAKE)))
 
 
 def suffix(path: Path) -> str:
@@ -118,6 +131,22 @@ def json_number(where: str, name: str, value) -> float:
     if value < 0:
         raise ServesimError(f"{where}: {name} must not be negative, got {value}")
     return value
+
+
+# A measured latency (a TTFT, an E2E) under half a nanosecond is a clock's 0 (clients count whole
+# nanoseconds), and one over MAX_SPAN_S no request's: either would turn the comparison with the
+# replay (reports/measured.py) into infinities.
+MIN_LATENCY_S = 0.5e-9
+
+
+def latency_s(where: str, name: str, seconds: float, shown: str) -> float:
+    """A measured latency in seconds (`shown`: as the file wrote it, for messages), refused out of range."""
+    if seconds < MIN_LATENCY_S:
+        raise ServesimError(f"{where}: {name} {shown} is under half a nanosecond: no client's clock measures that")
+    if seconds > MAX_SPAN_S:
+        raise ServesimError(f"{where}: {name} {shown} is more than {MAX_SPAN_S:g} s, longer than any trace spans: "
+                            "check the value and its unit")
+    return seconds
 
 
 def json_count(where: str, name: str, value) -> int:

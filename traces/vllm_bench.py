@@ -20,7 +20,7 @@ import numpy as np
 from sim.errors import ServesimError
 from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder
-from traces.formats import VLLM_BENCH, json_count, json_number
+from traces.formats import VLLM_BENCH, json_count, json_number, latency_s
 from traces.textfile import decode
 
 MAX_BYTES = 2**31  # a result document larger than this is not one benchmark's
@@ -135,4 +135,4 @@ def positive(where: str, name: str, value) -> float:
     value = json_number(where, name, value)
     if value == 0:
         raise ServesimError(f"{where}: {name} is 0 for a request that did not fail: vLLM's client measures more")
-    return value
+    return latency_s(where, name, float(value), f"{value:g} s")
