@@ -379,6 +379,9 @@ def test_dp_padding_and_cuda_graph_sizes():
     # vllm/config/vllm.py _set_cudagraph_sizes: min(2 x max_num_seqs, 512; 1024 on data-centre Blackwell).
     assert cuda_graph_max_tokens(8, "H200") == 16
     assert cuda_graph_max_tokens(1024, "H200") == 512 and cuda_graph_max_tokens(1024, "B200") == 1024
+    # Blackwell's 1024 came with vLLM 0.28 (vllm-project/vllm#49390): an older server captured up to 512.
+    assert cuda_graph_max_tokens(1024, "B200", "0.27.0") == 512 and cuda_graph_max_tokens(1024, "B200", "0.28.0") == 1024
+    assert cuda_graph_max_tokens(1024, "B300", "0.19.0") == 512 and cuda_graph_max_tokens(1024, "B200", "nightly") == 1024
 
 
 def test_closed_loop_clients_are_a_lockstep_groups():
