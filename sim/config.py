@@ -28,6 +28,37 @@ def vllm_release(version: str | None) -> tuple[int, int] | None:
     return None if found is None else (int(found[1]), int(found[2]))
 
 
+# vLLM's CUDA-graph capture grid: 1, 2, 4, multiples of 8 below 256, then multiples of 16
+# (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes).
+CUDA_GRAPH_GRID = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 1025, 16))
+BLACKWELL_GRAPH_RELEASE = (0, 28)  # the first vLLM to capture up to 1024 tokens on Blackwell (vllm-project/vllm#49390)
+DECODE_SIZE_RELEASE = (0, 31)  # the first vLLM to capture max_num_seqs itself (its uniform decode size)
+
+
+def cuda_graph_sizes(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None,
+                     max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
+    """The step sizes (tokens) vLLM captures CUDA graphs for, ascending, as `_set_cudagraph_sizes`
+    (vllm/config/vllm.py) sets them when the server is given none: the grid up to the ceiling
+    min(2 x max_num_seqs, 512, the step's token budget), where data-centre Blackwell (B200, GB200, B300,
+    GB300) has 1024 for 512 from vLLM 0.28 (vllm-project/vllm#49390); the budget itself where it is
+    under the ceiling; and from vLLM 0.31 max_num_seqs itself, a decode step of every running request
+    (each checked in the 0.12.0, 0.27.0 to 0.31.0 and 0.33.0 wheels). A version not named, or a build's
+    name, is the newest. A step of more tokens than the largest runs without a graph; a step of fewer is
+    padded to the next size up."""
+    name = hardware_name.upper()
+    release = vllm_release(vllm_version)
+    blackwell = any(name.startswith(p) for p in ("B200", "GB200", "B300", "GB300")) and (
+        release is None or release >= BLACKWELL_GRAPH_RELEASE)
+    ceiling = min(2 * max_num_seqs, 1024 if blackwell else 512)
+    extra = []
+    if max_num_batched_tokens is not None:
+        ceiling = min(ceiling, max_num_batched_tokens)
+        extra.append(max_num_batched_tokens)
+    if release is None or release >= DECODE_SIZE_RELEASE:
+        extra.append(max_num_seqs)
+    return tuple(sorted({x for x in (*CUDA_GRAPH_GRID, *extra) if x <= ceiling}))
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ServesimError(message)

@@ -75,7 +75,7 @@ from sim.arrivals import ApiServers, queue_by_arrival
 from sim.backend import StepResult
 from sim.batch import Batch
 from sim.cluster import Cluster, ClusterSteps, Instant, Replica
-from sim.config import vllm_release
+from sim.config import cuda_graph_sizes
 from sim.engine import Engine, SimResult, TokenTimes, delay_to
 from sim.errors import ServesimError
 from sim.fast_forward import single_step
@@ -98,20 +98,10 @@ def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]
     return list(tokens)
 
 
-BLACKWELL_GRAPH_RELEASE = (0, 28)  # the first vLLM to capture up to 1024 tokens on Blackwell (vllm-project/vllm#49390)
-
-
 def cuda_graph_max_tokens(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None) -> int:
-    """vLLM's largest CUDA-graph capture size (vllm/config/vllm.py, _set_cudagraph_sizes):
-    min(2 x max_num_seqs, 512); 1024 in place of 512 on data-centre Blackwell (B200, GB200, B300) from
-    vLLM 0.28 (vllm-project/vllm#49390; checked in the 0.27.0 and 0.28.0 wheels), which a version not
-    named (the newest) is."""
-    name = hardware_name.upper()
-    blackwell = any(name.startswith(p) for p in ("B200", "GB200", "B300", "GB300"))
-    release = vllm_release(vllm_version)
-    if release is not None and release < BLACKWELL_GRAPH_RELEASE:
-        blackwell = False
-    return min(2 * max_num_seqs, 1024 if blackwell else 512)
+    """vLLM's largest CUDA-graph capture size (`sim.config.cuda_graph_sizes`): min(2 x max_num_seqs, 512),
+    1024 in place of 512 on data-centre Blackwell from vLLM 0.28, and max_num_seqs itself from 0.31."""
+    return cuda_graph_sizes(max_num_seqs, hardware_name, vllm_version)[-1]
 
 
 class ClosedLoopClients:

@@ -250,6 +250,48 @@ def test_cuda_graph_padding():
     assert padded_tokens(np.array([1, 3, 9, 255, 257, 512, 513])).tolist() == [1, 4, 16, 256, 272, 512, 513]
 
 
+def test_the_deployments_cuda_graph_sizes_decide_the_padding_and_the_all_reduce_kernels():
+    """A server of --max-num-seqs 8 captures graphs up to 16 tokens (min(2 x 8, 512)): a step of 20
+    tokens runs unpadded and its all-reduces are the eager kernels, where vLLM's defaults (up to 512)
+    pad it to 24 inside a graph; a step of 13 pads to 16 either way. Worked on the fixture."""
+    from sim.config import cuda_graph_sizes
+
+    assert padded_tokens(np.array([3, 9, 13, 20]), np.array(cuda_graph_sizes(8))).tolist() == [4, 16, 16, 20]
+    ops = op_model(tp=2)
+    layers = TINY["num_hidden_layers"]
+
+    def gemms(m):
+        return layers * float(ops.gemms(np.array([float(m)]))[0])
+
+    def allreduces(m, graph):  # two a layer and the embedding's, of m x hidden bf16 elements
+        return (2 * layers + 1) * float(ops.allreduce(np.array([m * 128 * 2.0]), np.array([graph]))[0])
+
+    gather = float(ops.allreduce(np.array([512 * 2 / 2]), np.array([False]))[0])  # the logits' (eager)
+    before = ops.step_parts([20], [20], 1)
+    assert before["gemm"] == pytest.approx(gemms(24), rel=1e-12)
+    assert before["allreduce"] == pytest.approx(allreduces(24, True) + gather, rel=1e-12)
+    ops.set_cuda_graph_sizes(cuda_graph_sizes(8))
+    after = ops.step_parts([20], [20], 1)
+    assert after["gemm"] == pytest.approx(gemms(20), rel=1e-12) and after["gemm"] < before["gemm"]
+    assert after["allreduce"] == pytest.approx(allreduces(20, False) + gather, rel=1e-12)
+    assert allreduces(20, False) > allreduces(24, True)  # the eager kernel's floor (the fixture's tables)
+    assert ops.step_parts([1] * 13, [16] * 13, 13)["gemm"] == pytest.approx(gemms(16), rel=1e-12)
+    with pytest.raises(ServesimError, match="CUDA-graph sizes must be whole numbers of tokens from 1"):
+        ops.set_cuda_graph_sizes([0, 8])
+
+
+def test_vllms_cuda_graph_sizes_by_max_num_seqs_gpu_and_version():
+    """vllm/config/vllm.py, _set_cudagraph_sizes, as each wheel has it (0.12.0, 0.27.0 to 0.31.0, 0.33.0)."""
+    from sim.config import CUDA_GRAPH_GRID, cuda_graph_sizes
+
+    assert cuda_graph_sizes(1024, "H100-SXM") == tuple(x for x in CUDA_GRAPH_GRID if x <= 512)
+    assert cuda_graph_sizes(8, "H200") == (1, 2, 4, 8, 16)
+    assert cuda_graph_sizes(10, "H200", "0.12.0") == (1, 2, 4, 8, 16)  # 20 is off the grid: its largest below
+    assert cuda_graph_sizes(10, "H200", "0.31.0") == (1, 2, 4, 8, 10, 16)  # from 0.31, max_num_seqs itself
+    assert cuda_graph_sizes(1024, "B200", "0.27.0")[-1] == 512 and cuda_graph_sizes(1024, "B200", "0.28.0")[-1] == 1024
+    assert cuda_graph_sizes(64, "H100", None, 100)[-2:] == (96, 100)  # not past the step's budget, and it captured
+
+
 def decode_batch(contexts, step):
     b = Batch()
     for i, c in enumerate(contexts):
@@ -327,3 +369,17 @@ def test_unpriceable_configurations_are_refused():
         derive(table_set(), TINY, tp=2)
     with pytest.raises(ServesimError, match="no context attention rows of kernel vllm_flash_attn_fa3 for 8 heads"):
         derive(table_set(), dict(TINY, num_attention_heads=8, num_key_value_heads=2))
+
+
+def test_a_runs_max_num_seqs_gpu_and_vllm_version_give_its_cost_model_vllms_cuda_graph_sizes():
+    """sim.app.plan.resolve gives the committed profile's model the deployment's capture sizes
+    (`sim.config.cuda_graph_sizes`), with --max-num-seqs, the GPU and --vllm-version."""
+    from dataclasses import replace
+
+    from sim.app.options import ReplayOptions
+    from sim.app.plan import resolve
+
+    options = ReplayOptions()  # Llama-3.1-8B on an H100: vLLM's defaults, graphs up to 512 tokens
+    assert resolve(options).backend.ops.graph_sizes[-1] == 512
+    small = replace(options, scheduler=replace(options.scheduler, max_num_seqs=8))
+    assert resolve(small).backend.ops.graph_sizes.tolist() == [1, 2, 4, 8, 16]

@@ -39,7 +39,7 @@ from sim.app.opprofiles import (
 from sim.app.options import SCHEDULER_DEFAULTS, VLLM_BATCH_FIELDS, ReplayOptions, vllm_batch_defaults
 from sim.backend import Backend
 from sim.block_manager import BlockManager
-from sim.config import MAX_CLUSTER_BLOCKS
+from sim.config import MAX_CLUSTER_BLOCKS, cuda_graph_sizes
 from sim.errors import ServesimError
 from sim.sliding_block_manager import SlidingWindowBlockManager
 from sim.tokens import TokenSpec
@@ -350,6 +350,9 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         sampling = resolve_sampling(options.sampling, model.name, options.model)
     set_sampler(backend, sampling, host_vllm_version or options.vllm_version, model, hardware)
     cache, scheduler = options.cache, options.scheduler
+    set_cuda_graphs(backend, cuda_graph_sizes(scheduler.max_num_seqs, hardware.name,
+                                              host_vllm_version or options.vllm_version,
+                                              scheduler.max_num_batched_tokens))
     backend = with_host_time(backend, scheduler.async_scheduling, scheduler.host_time,
                              scheduler.host_reference_loop_s, options.tp,
                              host_vllm_version or options.vllm_version)  # the engine core's CPU (docs/async-scheduling.md)
@@ -404,6 +407,16 @@ def set_sampler(backend, sampling: Sampling, vllm_version: str | None, model: Mo
                             f"({type(backend).__name__}), which prices no sampler: leave "
                             "--sampling at greedy, or price from the tables (a system of the tables extra, or a profile "
                             "of profiles/ops/)")
+
+
+def set_cuda_graphs(backend, sizes: tuple[int, ...]) -> None:
+    """Give the dense operator-table model the deployment's CUDA-graph sizes (`cuda_graph_sizes`: what its
+    --max-num-seqs, GPU and vLLM version make vLLM capture): the steps it pads, and those whose all-reduces
+    run in a graph. (The MoE tables' model runs every step's all-reduces as graph kernels and pads none,
+    docs/moe.md.)"""
+    target = getattr(backend, "ops", backend)
+    if backend is not None and hasattr(target, "set_cuda_graph_sizes"):
+        target.set_cuda_graph_sizes(sizes)
 
 
 def _resolve_pool(cluster: ClusterOptions, given: ReplayOptions, role: str, given_backend, build_backend: bool) -> RunPlan:

@@ -2,10 +2,11 @@
 
 A step of t tokens (q tokens per request, contexts c after the step) costs, summed over layers:
 
-- GEMMs: QKV, O, gate-up, down at m = t padded to vLLM's CUDA-graph size (a step of at most
-  512 tokens runs a captured graph of the next capture size up: [1, 2, 4] + range(8, 256, 8) +
-  range(256, 513, 16), vllm/config/compilation.py, CompilationConfig; 512 is min(2 x max_num_seqs,
-  512) with vLLM's default max_num_seqs of 1024 on H100/H200, vllm/config/vllm.py, _set_cudagraph_sizes);
+- GEMMs: QKV, O, gate-up, down at m = t padded to vLLM's CUDA-graph size (a step of at most the
+  largest capture size runs a captured graph of the next size up: the deployment's sizes,
+  `sim.config.cuda_graph_sizes` from vllm/config/vllm.py, _set_cudagraph_sizes: [1, 2, 4] +
+  range(8, 256, 8) + range(256, 513, 16) for vLLM's default max_num_seqs of 1024 on H100/H200, up to
+  min(2 x max_num_seqs, 512) for fewer; `set_cuda_graph_sizes`);
 - attention, one FlashAttention varlen call per layer for the whole batch
   (vllm/v1/attention/backends/flash_attn.py, FlashAttentionImpl.forward):
   * the decodes (q = 1): the generation table at (number of decodes, their mean KV length). Decode
@@ -72,11 +73,12 @@ class StepOverhead:
             raise ServesimError(f"the per-step overhead must be >= 0 s, got {self.seconds}")
 
 
-def padded_tokens(t):
-    """Tokens a step's dense layers run on: the CUDA-graph size for t <= 512, else t."""
+def padded_tokens(t, sizes: np.ndarray = CUDA_GRAPH_SIZES):
+    """Tokens a step's dense layers run on: the next CUDA-graph size up (`sizes`, ascending) for t up
+    to the largest, else t."""
     t = np.asarray(t, dtype=np.int64)
-    i = np.minimum(np.searchsorted(CUDA_GRAPH_SIZES, t, side="left"), len(CUDA_GRAPH_SIZES) - 1)
-    return np.where(t <= CUDA_GRAPH_SIZES[-1], CUDA_GRAPH_SIZES[i], t)
+    i = np.minimum(np.searchsorted(sizes, t, side="left"), len(sizes) - 1)
+    return np.where(t <= sizes[-1], sizes[i], t)
 
 
 class OperatorModel(PricesSampler):
@@ -124,6 +126,22 @@ class OperatorModel(PricesSampler):
         self._run_chunks: dict[tuple[int, int, int], tuple] = {}  # see decode_run_values
         self._run_seen: set[tuple[int, int, int]] = set()  # stretches asked for once
         self._first_chunks: dict[int, float] = {}  # see _first_chunk_attention
+        self.graph_sizes = CUDA_GRAPH_SIZES  # vLLM's defaults on an H100 or H200 (set_cuda_graph_sizes)
+
+    def set_cuda_graph_sizes(self, sizes) -> None:
+        """The deployment's CUDA-graph capture sizes (`sim.config.cuda_graph_sizes`): a step of at most the
+        largest is padded to the next size up and runs its all-reduces as graph kernels; the token-count
+        tables and decode runs priced with other sizes are dropped."""
+        sizes = np.asarray(sorted(sizes), dtype=np.int64)
+        if not len(sizes) or sizes[0] < 1:
+            raise ServesimError(f"CUDA-graph sizes must be whole numbers of tokens from 1, got {sizes.tolist()}")
+        if np.array_equal(sizes, self.graph_sizes):
+            return
+        self.graph_sizes = sizes
+        self._by_tokens = ((),)
+        self._by_tokens_list = ((),)
+        self._run_chunks.clear()
+        self._run_seen.clear()
 
     def _forget_sampler(self) -> None:
         """Drop the tables and runs priced with another sampler (`PricesSampler`)."""
@@ -231,8 +249,8 @@ class OperatorModel(PricesSampler):
         """The parts of a step that depend on its token count alone (arrays): all layers' GEMMs,
         the all-reduces of the hidden states, and the elementwise kernels but the sampler."""
         t = np.asarray(num_tokens, dtype=np.int64)
-        m = padded_tokens(t).astype(np.float64)
-        graph = t <= CUDA_GRAPH_SIZES[-1]
+        m = padded_tokens(t, self.graph_sizes).astype(np.float64)
+        graph = t <= self.graph_sizes[-1]
         h = self.model["hidden_size"]
         allreduce = (2 * self.layers + 1) * self.hidden_allreduce(m * h * 2, graph)
         floor, bw = self.kernel_floor_s, self.bandwidth
