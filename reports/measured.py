@@ -73,5 +73,6 @@ def format_measured(comparison: dict) -> str:
     for name, m in comparison["metrics"].items():
         lines.append(f"  {name:<11} mean {m['measured_mean_ms']:8.1f} / {m['predicted_mean_ms']:8.1f} ms "
                      f"({m['mean_error_pct']:+.1f}%)   p50 {m['measured_p50_ms']:8.1f} / {m['predicted_p50_ms']:8.1f}"
+                     f"   p99 {m['measured_p99_ms']:8.1f} / {m['predicted_p99_ms']:8.1f}"
                      f"   per-request MAPE {m['mape_pct']:.1f}%")
     return "\n".join(lines)

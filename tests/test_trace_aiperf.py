@@ -122,6 +122,10 @@ def test_a_line_that_is_not_a_record_is_named(tmp_path):
     path.write_text(json.dumps(record(T0, 100, 3)) + "\n{not json\n")
     with pytest.raises(ServesimError, match=re.escape(f"{path}:2: not valid JSON")):
         read_trace(path)
+    path.write_text(json.dumps(record(T0, 100, 3)) + "\n" + json.dumps(record(T0, 100, 3))[:50] + "\n")
+    with pytest.raises(ServesimError, match=re.escape(f"{path}:2: not valid JSON (Unterminated string starting at "
+                                                      "column 49)")):
+        read_trace(path)  # (Python's message ends in "at": not "at at column")
     path.write_text(json.dumps(record(T0, 100, 3)).replace('"error": null', '"error": null, "error": null') + "\n")
     with pytest.raises(ServesimError, match=re.escape(f"{path}:1: ")):
         read_trace(path, "aiperf")

@@ -35,7 +35,7 @@ import numpy as np
 from sim.errors import ServesimError
 from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder
-from traces.formats import AIPERF, json_count, json_number, latency_s
+from traces.formats import AIPERF, json_count, json_error, json_number, latency_s
 from traces.textfile import decode
 
 SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}  # AIPerf's time units
@@ -127,7 +127,7 @@ def _record(where: str, text: str) -> dict:
     except DuplicateKeyError as e:
         raise ServesimError(f"{where}: {e}") from None
     except json.JSONDecodeError as e:
-        raise ServesimError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        raise ServesimError(f"{where}: not valid JSON ({json_error(e)})") from None
     except RecursionError:
         raise ServesimError(f"{where}: JSON nested too deeply to read") from None
     if not isinstance(record, dict):

@@ -94,6 +94,13 @@ def _aiperf_record(text: str) -> bool:
             and not any(key in record for key in (*VLLM_BENCH_KEYS, *MOONCAKE)))
 
 
+def json_error(e: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON text and where on its line: "Expecting value at column 1",
+    "Unterminated string starting at column 666" (Python's message may end in "at" itself)."""
+    where = "column" if e.msg.endswith(" at") else "at column"
+    return f"{e.msg} {where} {e.colno}"
+
+
 def suffix(path: Path) -> str:
     """The extension that tells the format: 't.jsonl.gz' -> '.jsonl'."""
     suffixes = path.suffixes

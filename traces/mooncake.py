@@ -12,7 +12,7 @@ import numpy as np
 from sim.errors import ServesimError
 from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder, check_hash_ids
-from traces.formats import MOONCAKE, MOONCAKE_BLOCK_TOKENS, json_count, json_number
+from traces.formats import MOONCAKE, MOONCAKE_BLOCK_TOKENS, json_count, json_error, json_number
 from traces.textfile import decode
 
 
@@ -48,7 +48,7 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
         except DuplicateKeyError as e:
             raise ServesimError(f"{where}: {e}") from None
         except json.JSONDecodeError as e:
-            raise ServesimError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            raise ServesimError(f"{where}: not valid JSON ({json_error(e)})") from None
         except RecursionError:
             raise ServesimError(f"{where}: JSON nested too deeply to read") from None
         if not isinstance(record, dict):

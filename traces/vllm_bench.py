@@ -20,7 +20,7 @@ import numpy as np
 from sim.errors import ServesimError
 from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder
-from traces.formats import VLLM_BENCH, json_count, json_number, latency_s
+from traces.formats import VLLM_BENCH, json_count, json_error, json_number, latency_s
 from traces.textfile import decode
 
 MAX_BYTES = 2**31  # a result document larger than this is not one benchmark's
@@ -39,7 +39,7 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
     except DuplicateKeyError as e:
         raise ServesimError(f"{path}: {e}") from None
     except json.JSONDecodeError as e:
-        raise ServesimError(f"{path}:{e.lineno + first_line - 1}: not valid JSON ({e.msg} at column {e.colno})") \
+        raise ServesimError(f"{path}:{e.lineno + first_line - 1}: not valid JSON ({json_error(e)})") \
             from None
     except RecursionError:
         raise ServesimError(f"{path}: JSON nested too deeply to read") from None

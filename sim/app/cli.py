@@ -129,8 +129,18 @@ def describe(plan) -> str:
         where = f"{options.device} (real, measured)"
     else:
         gpus = f"{options.tp} x " if options.tp > 1 else ""
-        where = f"{gpus}{plan.hardware.name} (costmodel, {options.dtype}"
+        weights, experts = plan.model.linear_dtypes(options.dtype) if plan.model.num_experts else (options.dtype,) * 2
+        dtype = weights if experts == weights else f"{weights}, experts {experts}"  # a checkpoint's own quantization
+        where = f"{gpus}{plan.hardware.name} (costmodel, {dtype}"
         where += (", fp8 KV cache)" if options.kv_cache_dtype == "fp8" else ")")
+        if options.dp > 1:
+            where += f", DP {options.dp}"
+        if plan.model.num_experts:
+            moe_tp, ep = plan.model.moe_parallel(options.tp, options.dp, options.enable_expert_parallel)
+            where += f", experts over {moe_tp * ep} GPU{'s' * (moe_tp * ep > 1)}" + (f" (EP {ep})" if ep > 1 else "")
+        if (options.profile is None and not getattr(plan, "tables", None)
+                and not hasattr(plan.backend, "cost_model_summary") and not hasattr(plan.backend, "ops")):
+            where += ", roofline (no operator-table profile matches this model and GPU)"
     text = f"{plan.model.name} on {where}, {plan.num_blocks} KV blocks"
     if plan.kv is not None and plan.kv.capped_from is not None:
         text += f" (capped from {plan.kv.capped_from})"

@@ -337,8 +337,10 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                             f"{model.name} on {hardware.name} is priced another way, which spreads no tokens over "
                             "experts")
     if options.dtype == "fp4" and op_profile is None and backend is None:
-        raise ServesimError("fp4 weights are priced from operator tables that measure them (nvfp4 GEMMs), not the "
-                            "roofline")
+        raise ServesimError(f"--dtype fp4 on {hardware.name}: fp4 (nvfp4) weights are priced from operator tables "
+                            "that measure nvfp4 GEMMs, and no profile or system of the tables extra prices this run "
+                            "so; run it on a system whose vLLM tables have them (--hardware b200_sxm or b300_sxm, "
+                            "sim hardware lists the systems)")
     if backend is None and build_backend:
         if op_profile is not None:
             from backends.costmodel.optables.backend import OpTableBackend
