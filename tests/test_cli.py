@@ -276,3 +276,16 @@ def test_the_cyclic_collector_runs_less_often_during_a_command_only(monkeypatch)
     assert cli.main(["models"]) == 0
     assert seen == [(cli.GC_FIRST_THRESHOLD, *before[1:])]
     assert gc.get_threshold() == before  # restored for whoever called main in-process
+
+
+def test_a_run_the_roofline_prices_says_so_on_the_terminal_and_in_its_summary(tmp_path, capsys):
+    """No committed profile matches Llama-3.1-8B on the A100 preset: the roofline prices it, and the run
+    says so (its profile alone, null, left a reader to guess); a table-priced run says nothing of it."""
+    assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "5", "--hardware", "A100-80GB", "--out", str(tmp_path / "a")]) == 0
+    assert "A100-80GB (costmodel, bf16), roofline (no operator-table profile matches" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["options"]["profile"] is None and summary["options"]["cost_model"].startswith("roofline")
+    assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "5", "--out", str(tmp_path / "h")]) == 0
+    out = capsys.readouterr().out
+    assert "), roofline (" not in out, out
+    assert "cost_model" not in json.loads((tmp_path / "h" / "summary.json").read_text())["options"]

@@ -138,8 +138,7 @@ def describe(plan) -> str:
         if plan.model.num_experts:
             moe_tp, ep = plan.model.moe_parallel(options.tp, options.dp, options.enable_expert_parallel)
             where += f", experts over {moe_tp * ep} GPU{'s' * (moe_tp * ep > 1)}" + (f" (EP {ep})" if ep > 1 else "")
-        if (options.profile is None and not getattr(plan, "tables", None)
-                and not hasattr(plan.backend, "cost_model_summary") and not hasattr(plan.backend, "ops")):
+        if plan.priced_by_roofline:
             where += ", roofline (no operator-table profile matches this model and GPU)"
     text = f"{plan.model.name} on {where}, {plan.num_blocks} KV blocks"
     if plan.kv is not None and plan.kv.capped_from is not None:

@@ -66,6 +66,14 @@ class RunPlan:
         return self.options.scheduler
 
     @property
+    def priced_by_roofline(self) -> bool:
+        """Whether the cost model fell back on the datasheet roofline: no profile given or matching, no
+        system's tables, not a mixture of experts' table model (which names its own per operator)."""
+        backend = self.backend
+        return (self.options.backend == "costmodel" and backend is not None and self.options.profile is None
+                and not self.tables and not hasattr(backend, "cost_model_summary") and not hasattr(backend, "ops"))
+
+    @property
     def cache(self):
         return self.options.cache
 
@@ -139,6 +147,8 @@ class RunPlan:
             del d["moe_kernel"]  # runs of vLLM's default kernel keep the summary they had
         if hasattr(self.backend, "cost_model_summary"):
             d["cost_model"] = self.backend.cost_model_summary()  # per operator: the table or the roofline
+        elif self.priced_by_roofline:  # said, where it was only implied by a profile of null
+            d["cost_model"] = "roofline: the datasheet's peaks and bandwidth (no operator-table profile matches)"
         sched = self.options.scheduler
         d["engine_clock"] = host_time_summary(sched.async_scheduling, sched.host_time, sched.host_reference_loop_s,
                                               self.options.vllm_version)
