@@ -200,6 +200,9 @@ def test_sim_replay_of_a_disaggregated_cluster_writes_which_replica_did_what(tmp
     printed = capsys.readouterr().out
     assert "1 prefill + 2 decode replicas (round-robin), KV link 450 GB/s + 5e-06 s" in printed
     assert "KV transfers 100" in printed
+    # each pool's own policy and engine, on a line of its own (a pool may differ from the top level)
+    assert "\n  prefill pool: chunked, Llama-3.1-8B on H100-SXM" in printed
+    assert "\n  decode pool: chunked, Llama-3.1-8B on H100-SXM" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert [r["role"] for r in summary["replicas"]] == ["prefill", "decode", "decode"]
     assert [r["requests"] for r in summary["replicas"]] == [100, 50, 50]  # 100 requests, all with 2+ tokens

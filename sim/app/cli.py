@@ -77,8 +77,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - started
         comparison = write_measured(out, trace, args.requests)
     if not args.quiet:
-        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests, {describe(plan)}"
-              + _cluster_words(plan))
+        print(f"{options.scheduler.policy} on {trace.source}: {len(trace)} requests{_cluster_words(plan)}, "
+              f"{describe(plan)}")
+        for role, pool in zip(("prefill", "decode"), plan.pools):  # a disaggregated cluster's own pools
+            print(f"  {role} pool: {pool.options.scheduler.policy}, {describe(pool).splitlines()[0]}")
         print(format_summary(summary))
         if comparison is not None:
             from reports.measured import format_measured
