@@ -29,14 +29,15 @@ def vllm_release(version: str | None) -> tuple[int, int] | None:
 
 
 # vLLM's CUDA-graph capture grid: 1, 2, 4, multiples of 8 below 256, then multiples of 16
-# (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes).
-CUDA_GRAPH_GRID = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 1025, 16))
+# (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes), to the largest a server may be given.
+MAX_CUDA_GRAPH_TOKENS = 65536
+CUDA_GRAPH_GRID = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, MAX_CUDA_GRAPH_TOKENS + 1, 16))
 BLACKWELL_GRAPH_RELEASE = (0, 28)  # the first vLLM to capture up to 1024 tokens on Blackwell (vllm-project/vllm#49390)
 DECODE_SIZE_RELEASE = (0, 31)  # the first vLLM to capture max_num_seqs itself (its uniform decode size)
 
 
 def cuda_graph_sizes(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None,
-                     max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
+                     max_num_batched_tokens: int | None = None, max_capture: int | None = None) -> tuple[int, ...]:
     """The step sizes (tokens) vLLM captures CUDA graphs for, ascending, as `_set_cudagraph_sizes`
     (vllm/config/vllm.py) sets them when the server is given none: the grid up to the ceiling
     min(2 x max_num_seqs, 512, the step's token budget), where data-centre Blackwell (B200, GB200, B300,
@@ -44,12 +45,13 @@ def cuda_graph_sizes(max_num_seqs: int, hardware_name: str = "", vllm_version: s
     under the ceiling; and from vLLM 0.31 max_num_seqs itself, a decode step of every running request
     (each checked in the 0.12.0, 0.27.0 to 0.31.0 and 0.33.0 wheels). A version not named, or a build's
     name, is the newest. A step of more tokens than the largest runs without a graph; a step of fewer is
-    padded to the next size up."""
+    padded to the next size up. `max_capture`: the server's --max-cudagraph-capture-size, the ceiling in
+    place of 2 x max_num_seqs and 512 (vLLM takes the grid's largest size at or below it)."""
     name = hardware_name.upper()
     release = vllm_release(vllm_version)
     blackwell = any(name.startswith(p) for p in ("B200", "GB200", "B300", "GB300")) and (
         release is None or release >= BLACKWELL_GRAPH_RELEASE)
-    ceiling = min(2 * max_num_seqs, 1024 if blackwell else 512)
+    ceiling = min(2 * max_num_seqs, 1024 if blackwell else 512) if max_capture is None else max_capture
     extra = []
     if max_num_batched_tokens is not None:
         ceiling = min(ceiling, max_num_batched_tokens)
@@ -156,6 +158,8 @@ QUEUED_REQUESTS = Range(0, 10_000_000, "requests", "0 rejects every request, as 
                         "10,000,000", whole=True)
 QUEUED_TOKENS = Range(0, 2**48, "tokens", "0 rejects every request, as vLLM's 0 does; 10,000,000 prompts of 16,777,216 "
                       "tokens hold fewer", whole=True)
+CUDA_GRAPH_TOKENS = Range(1, MAX_CUDA_GRAPH_TOKENS, "tokens", "vLLM captures a CUDA graph for every size up to it: "
+                          "65,536 is far past any server's", whole=True)
 PREFILL_INTERVAL = Range(1, 2**20, "steps", "1 means every step; a step is at least a few milliseconds", whole=True)
 STREAM_INTERVAL = Range(1, MAX_TOKENS, "tokens", "1 means every token as it comes; a request emits at most 16,777,216 tokens",
                         whole=True)

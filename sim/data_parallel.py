@@ -98,10 +98,12 @@ def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]
     return list(tokens)
 
 
-def cuda_graph_max_tokens(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None) -> int:
+def cuda_graph_max_tokens(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None,
+                          max_capture: int | None = None) -> int:
     """vLLM's largest CUDA-graph capture size (`sim.config.cuda_graph_sizes`): min(2 x max_num_seqs, 512),
-    1024 in place of 512 on data-centre Blackwell from vLLM 0.28, and max_num_seqs itself from 0.31."""
-    return cuda_graph_sizes(max_num_seqs, hardware_name, vllm_version)[-1]
+    1024 in place of 512 on data-centre Blackwell from vLLM 0.28, and max_num_seqs itself from 0.31; or the
+    server's --max-cudagraph-capture-size (`max_capture`)."""
+    return cuda_graph_sizes(max_num_seqs, hardware_name, vllm_version, max_capture=max_capture)[-1]
 
 
 class ClosedLoopClients:

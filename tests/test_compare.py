@@ -122,8 +122,10 @@ def test_compare_writes_every_error_figure_and_the_report(setup):
     page = (out / "report.html").read_text()
     assert "Plotly.newPlot" in page and "predicted vs measured" in page
     # The options in which the two runs differ are named, as `sim report` of a folder of runs names them.
-    assert data["differing_options"] == {"profile": [None, str(path)]}
-    assert f"The two runs differ only in profile: - (measured), {path} (predicted)." in page
+    # (the stand-in was priced by the roofline, which its summary says, the prediction by its profile)
+    assert data["differing_options"] == {"profile": [None, str(path)], "cost_model": [
+        "roofline: the datasheet's peaks and bandwidth (no operator-table profile matches)", None]}
+    assert f"The two runs differ only in profile: - (measured), {path} (predicted); cost_model: roofline" in page
     assert "<script src=" not in page and "<script charset=\"utf-8\" src=" not in page
     assert len(page) > 1_000_000  # plotly.js inline: works offline
 

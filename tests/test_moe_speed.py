@@ -113,9 +113,13 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
     """`dense` as it was written before the fast paths: the roofline's parts in one formula, then
     the tables' linear (an MLA model's: the roofline's less MLA's projections), MoE (DP > 1: every
     rank's tokens, dispatch and combine, `dp_moe_parts`) and all-reduce parts with the array
-    lookups, then what MLA's module tables hold taken out (kv_write, RoPE)."""
+    lookups, then what MLA's module tables hold taken out (kv_write, RoPE). A step of at most the largest
+    CUDA-graph size runs its layers at the next size up (`tr`) and its all-reduces as the graph kernel."""
+    from backends.costmodel.optables.model import padded_tokens
     from backends.costmodel.roofline import combine_bytes, dispatch_bytes, dp_gathered_tokens
 
+    given_t, graph = t, t <= priced.graph_sizes[-1]
+    t = int(padded_tokens(t, priced.graph_sizes)) if t else 0  # the tokens the layers run on
     linear, router, moe, kv_write, _, _, allreduce = MoERooflineCostModel.dense(priced, t, num_logits)
     m, b, h = priced.model, ACTIVATION_BYTES, priced.model.hidden_size
     layers, mlp_width = m.num_hidden_layers, 0.0
@@ -127,7 +131,7 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
     q_k_width = (priced._heads + priced._kv_heads) * (m.qk_rope_head_dim if m.kv_lora_rank else m.head_dim)
     norms = 8 if m.sandwich_norms else 6
     elementwise = ((layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / priced._bytes_s
-                   + (t * h * b + num_logits * h * 2 * b) / priced._bytes_s)
+                   + (given_t * h * b + num_logits * h * 2 * b) / priced._bytes_s)
     lm_head = 0.0
     if num_logits:
         v = priced._vocab
@@ -150,8 +154,9 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
                + m.num_moe_layers * float(many(priced._scatter, np.maximum(c, 1.0))))
     else:
         moe = 0.0
-    def one_allreduce(size):
-        return many(priced._ar_custom, max(size, 1)) if size <= 8 * 2**20 else many(priced._ar_nccl, np.maximum(size, 1.0))
+    def one_allreduce(size, graph=graph):
+        custom = priced._ar_custom if graph else priced._ar_custom_eager
+        return many(custom, max(size, 1)) if size <= 8 * 2**20 else many(priced._ar_nccl, np.maximum(size, 1.0))
 
     small = priced._small
     if priced.tp > 1:
@@ -161,7 +166,7 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
         i = m.moe_intermediate_size // priced.moe_tp
         elementwise = (((layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / priced._bytes_s
                         - t * (m.num_moe_layers * b * 3 * i * m.num_experts_per_tok / priced.ep / priced._bytes_s))
-                       + (t * h * b + num_logits * h * 2 * b) / priced._bytes_s)
+                       + (given_t * h * b + num_logits * h * 2 * b) / priced._bytes_s)
     if priced._mla is not None:
         kv_write = 0.0
         elementwise = elementwise - t * priced._rope_s_per_token
@@ -188,7 +193,7 @@ def old_dense(priced, t: int, num_logits: int) -> tuple:
         elementwise = elementwise + 3 * (floor + num_logits * v * priced.tp * 4 / bandwidth)  # greedy (backends/sampler.py)
         lm_head = many(priced._lm_head_curve, num_logits)
         if priced.tp > 1:
-            allreduce = allreduce + one_allreduce(num_logits * v * priced.tp * b / 2)
+            allreduce = allreduce + one_allreduce(num_logits * v * priced.tp * b / 2, graph=False)
     return linear, router, moe, kv_write, elementwise, lm_head, allreduce
 
 
@@ -206,6 +211,23 @@ def test_dense_is_the_formula_it_was(derived, key):
         for num_logits in (0, 1, t, 7):
             assert priced.dense(t, num_logits) == old_dense(priced, t, num_logits), (t, num_logits)
     assert priced.extrapolated.get("moe", 0) >= 1  # past the moe curve's last point: still counted
+
+
+def test_a_small_servers_cuda_graphs_pad_the_moe_step_and_run_the_rest_eagerly(derived):
+    """At --max-num-seqs 8 vLLM captures graphs up to 16 tokens (sim.config.cuda_graph_sizes): a step of
+    13 tokens runs at 16, one of 20 unpadded with the custom all-reduce's eager kernel, as the dense
+    operator model prices them; the parts priced with the defaults are dropped."""
+    from sim.config import cuda_graph_sizes
+
+    priced = fresh(derived, "deepseek-v3-tp8")
+    before = priced.dense(20, 1)
+    assert before == old_dense(priced, 20, 1)  # inside vLLM's default graphs (up to 512): at 24, graph kernels
+    priced.set_cuda_graph_sizes(cuda_graph_sizes(8))
+    after = priced.dense(20, 1)
+    assert after == old_dense(priced, 20, 1) and after != before
+    assert after[-1] > before[-1]  # the all-reduces: the eager kernel's floor at 20 tokens
+    assert priced.dense(13, 1) == old_dense(priced, 13, 1)
+    assert priced.dense(13, 1)[:4] == priced.dense(16, 1)[:4]  # linear, router, MoE, KV write: run at 16
 
 
 @pytest.mark.parametrize("key", list(DEPLOYMENTS))

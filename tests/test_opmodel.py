@@ -290,6 +290,11 @@ def test_vllms_cuda_graph_sizes_by_max_num_seqs_gpu_and_version():
     assert cuda_graph_sizes(10, "H200", "0.31.0") == (1, 2, 4, 8, 10, 16)  # from 0.31, max_num_seqs itself
     assert cuda_graph_sizes(1024, "B200", "0.27.0")[-1] == 512 and cuda_graph_sizes(1024, "B200", "0.28.0")[-1] == 1024
     assert cuda_graph_sizes(64, "H100", None, 100)[-2:] == (96, 100)  # not past the step's budget, and it captured
+    # A server given --max-cudagraph-capture-size: the grid up to it (its largest size at or below), whatever
+    # max_num_seqs; still not past the budget.
+    assert cuda_graph_sizes(4, "H100", None, 8192, 2048)[-3:] == (2016, 2032, 2048)
+    assert cuda_graph_sizes(4, "H100", "0.18.0", 8192, 2050)[-1] == 2048
+    assert cuda_graph_sizes(4, "H100", "0.18.0", 1024, 2048)[-1] == 1024
 
 
 def decode_batch(contexts, step):
@@ -383,3 +388,5 @@ def test_a_runs_max_num_seqs_gpu_and_vllm_version_give_its_cost_model_vllms_cuda
     assert resolve(options).backend.ops.graph_sizes[-1] == 512
     small = replace(options, scheduler=replace(options.scheduler, max_num_seqs=8))
     assert resolve(small).backend.ops.graph_sizes.tolist() == [1, 2, 4, 8, 16]
+    given = resolve(replace(small, max_cudagraph_capture_size=2048))  # vLLM's --max-cudagraph-capture-size
+    assert given.backend.ops.graph_sizes[-1] == 2048 and given.cuda_graph_sizes[-1] == 2048

@@ -345,6 +345,9 @@ def test_a_launch_recipe_is_its_scripts_model_and_gives_its_token_budget():
     assert Protocol().moe_kernel_for({**gptoss, "silicon_data_source": "source_file=gap.csv"}) == "auto"
     assert Protocol(moe_kernel="auto").moe_kernel_for({**gptoss, "system": "h100_sxm"}) == "auto"  # the flag wins
     assert Protocol(moe_kernel="marlin").moe_kernel_for(minimax) == "marlin"
+    # Every gpt-oss script's config.yaml sets max-cudagraph-capture-size: 2048; the others leave vLLM's default.
+    assert {Protocol().cuda_graphs_for({**gptoss, "system": system}) for system in ("h100_sxm", "h200_sxm")} == {2048}
+    assert Protocol().cuda_graphs_for(b200) == 2048 and Protocol().cuda_graphs_for(minimax) is None
     with pytest.raises(ServesimError, match="unknown --moe-kernel 'cutlass'; choose recipe, auto, marlin"):
         Protocol(moe_kernel="cutlass")
     # Kimi-K2.5's int4 scripts set no KV dtype; its fp4 scripts disagree, so no recipe.

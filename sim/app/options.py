@@ -23,6 +23,7 @@ from typing import Any
 
 from sim.app.cluster_options import ClusterOptions
 from sim.config import (
+    CUDA_GRAPH_TOKENS,
     FUSION_MB,
     SEED,
     SLO,
@@ -172,6 +173,12 @@ class ReplayOptions:
     batch_defaults: tuple[str, ...] = ()
     # vLLM's FlashInfer all-reduce fusion (pass_config.enable_fi_allreduce_fusion) up to this size:
     # priced from the system's TensorRT-LLM all-reduce table (backends/costmodel/optables/derive.py)
+    max_cudagraph_capture_size: int | None = option(
+        None, flag="--max-cudagraph-capture-size", range=CUDA_GRAPH_TOKENS, metavar="N",
+        help="vLLM's --max-cudagraph-capture-size: the server captures CUDA graphs for steps up to N tokens "
+             "(the grid's largest size at or below N), in place of its default min(2 x --max-num-seqs, 512; 1024 "
+             "on B200 and B300 from vLLM 0.28): a step of at most that many tokens is priced padded to the next "
+             "captured size with graph all-reduces, a longer one unpadded with eager ones (default: vLLM's)")
     allreduce_fusion_max_mb: float = option(0.0, flag="--allreduce-fusion-max-mb", range=FUSION_MB, metavar="MB",
                                             help="the server runs vLLM's FlashInfer all-reduce fusion "
                                                  "(compilation_config pass_config enable_fi_allreduce_fusion) for "

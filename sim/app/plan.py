@@ -60,6 +60,7 @@ class RunPlan:
     pools: tuple["RunPlan", ...] = ()  # disaggregated: the prefill pool's plan and the decode pool's
     tables: dict | None = None  # a profile derived from the package's tables: their system and versions
     sampling: Sampling = GREEDY  # the requests' sampling parameters (--sampling, resolved for the model)
+    cuda_graph_sizes: tuple[int, ...] = ()  # the steps the server captures CUDA graphs for (sim.config.cuda_graph_sizes)
 
     @property
     def scheduler(self):
@@ -139,6 +140,8 @@ class RunPlan:
                              "path": self.sampling.path(self.model.vocab_size)}
         if not d["allreduce_fusion_max_mb"]:
             del d["allreduce_fusion_max_mb"]  # runs without it keep the summary they had
+        if d["max_cudagraph_capture_size"] is None:
+            del d["max_cudagraph_capture_size"]  # runs of vLLM's default capture sizes keep the summary they had
         if self.tables is not None:
             d["operator_tables"] = self.tables
         if not self.model.num_experts:
@@ -362,9 +365,9 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         sampling = resolve_sampling(options.sampling, model.name, options.model)
     set_sampler(backend, sampling, host_vllm_version or options.vllm_version, model, hardware)
     cache, scheduler = options.cache, options.scheduler
-    set_cuda_graphs(backend, cuda_graph_sizes(scheduler.max_num_seqs, hardware.name,
-                                              host_vllm_version or options.vllm_version,
-                                              scheduler.max_num_batched_tokens))
+    graphs = cuda_graph_sizes(scheduler.max_num_seqs, hardware.name, host_vllm_version or options.vllm_version,
+                              scheduler.max_num_batched_tokens, options.max_cudagraph_capture_size)
+    set_cuda_graphs(backend, graphs)
     backend = with_host_time(backend, scheduler.async_scheduling, scheduler.host_time,
                              scheduler.host_reference_loop_s, options.tp,
                              host_vllm_version or options.vllm_version)  # the engine core's CPU (docs/async-scheduling.md)
@@ -389,7 +392,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         # (The backend built above is the top level's: a pool builds its own unless the caller gave one.)
         pools = tuple(_resolve_pool(cluster, given, role, given_backend, build_backend) for role in ("prefill", "decode"))
     plan = RunPlan(options, model, hardware, policy, max_model_len or limit, num_blocks, kv, backend,
-                   TokenSpec(options.seed, model.vocab_size), router, pools, tables, sampling)
+                   TokenSpec(options.seed, model.vocab_size), router, pools, tables, sampling, graphs)
     plan.check_host_memory()
     return plan
 
@@ -422,10 +425,9 @@ def set_sampler(backend, sampling: Sampling, vllm_version: str | None, model: Mo
 
 
 def set_cuda_graphs(backend, sizes: tuple[int, ...]) -> None:
-    """Give the dense operator-table model the deployment's CUDA-graph sizes (`cuda_graph_sizes`: what its
-    --max-num-seqs, GPU and vLLM version make vLLM capture): the steps it pads, and those whose all-reduces
-    run in a graph. (The MoE tables' model runs every step's all-reduces as graph kernels and pads none,
-    docs/moe.md.)"""
+    """Give the operator-table models (dense and MoE) the deployment's CUDA-graph sizes (`cuda_graph_sizes`:
+    what its --max-num-seqs, GPU and vLLM version make vLLM capture): the steps they pad, and those whose
+    all-reduces run in a graph."""
     target = getattr(backend, "ops", backend)
     if backend is not None and hasattr(target, "set_cuda_graph_sizes"):
         target.set_cuda_graph_sizes(sizes)

@@ -172,7 +172,9 @@ def make_dp_group(plan: RunPlan, requests: list[Request], fast_forward: bool = T
     `clients`: a closed loop of clients (`sim validate`) instead of `requests`' arrival times."""
     token_times = TokenTimes(requests)
     lockstep = bool(plan.model.num_experts)
-    graphs = cuda_graph_max_tokens(plan.options.scheduler.max_num_seqs, plan.hardware.name, plan.options.vllm_version)
+    graphs = plan.cuda_graph_sizes[-1] if plan.cuda_graph_sizes else cuda_graph_max_tokens(
+        plan.options.scheduler.max_num_seqs, plan.hardware.name, plan.options.vllm_version,
+        plan.options.max_cudagraph_capture_size)
     group = DataParallelGroup(requests, token_times, plan.options.dp, lockstep, progress, graphs, clients)
     for _ in range(plan.options.dp):
         group.add_rank(Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), token_times,

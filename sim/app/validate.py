@@ -125,6 +125,7 @@ class LaunchRecipe:
     version: str = ""  # a regular expression on the row's backend_version (a script's version of that time)
     budget_per_isl: int = 0  # --max-num-batched-tokens "$((ISL * k))": k; 0: the script sets none or 8192
     moe_kernel: str = "auto"  # the fused-MoE kernel the script tells vLLM to run (sim replay's --moe-kernel)
+    max_cudagraph_capture_size: int | None = None  # the script's max-cudagraph-capture-size (None: vLLM's default)
 
 
 LLAMA_70B = r"Llama-3\.1-70B"
@@ -162,12 +163,14 @@ LAUNCH_RECIPES = (
                  "--max-num-batched-tokens"),
     LaunchRecipe(INFERENCEX, "vllm", "b200_sxm", r"gpt-oss", "fp8",
                  INFERENCEX_SCRIPTS + "gptoss_fp4_b200.sh: config.yaml sets kv-cache-dtype: fp8, "
-                 "max-num-batched-tokens: 8192; VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 (the experts run "
-                 "FlashInfer's MXFP4 x MXFP8 kernel)", moe_kernel="flashinfer-mxfp8"),
+                 "max-num-batched-tokens: 8192, max-cudagraph-capture-size: 2048; VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 "
+                 "(the experts run FlashInfer's MXFP4 x MXFP8 kernel)", moe_kernel="flashinfer-mxfp8",
+                 max_cudagraph_capture_size=2048),
     *(LaunchRecipe(INFERENCEX, "vllm", f"{gpu}_sxm", r"gpt-oss", "auto",
                    INFERENCEX_SCRIPTS + f"gptoss_fp4_{gpu}.sh: config.yaml sets no kv-cache-dtype (vLLM's auto), "
-                   "max-num-batched-tokens: 8192; VLLM_MXFP4_USE_MARLIN=1 (the experts run Marlin)",
-                   moe_kernel="marlin") for gpu in ("h100", "h200")),
+                   "max-num-batched-tokens: 8192, max-cudagraph-capture-size: 2048; VLLM_MXFP4_USE_MARLIN=1 (the "
+                   "experts run Marlin)", moe_kernel="marlin", max_cudagraph_capture_size=2048)
+      for gpu in ("h100", "h200")),
     *(LaunchRecipe(INFERENCEX, "vllm", f"{gpu}_sxm", r"Kimi-K2", "auto",
                    INFERENCEX_SCRIPTS + f"kimik2.5_int4_{gpu}.sh: no --kv-cache-dtype (vLLM's auto), no "
                    "--max-num-batched-tokens", precision=r"^int4$") for gpu in ("b200", "h200")),
@@ -345,6 +348,11 @@ class Protocol:
             recipe = self._recipe(row)
             budget = recipe.budget_per_isl * int(row["isl"]) if recipe and recipe.budget_per_isl else DEFAULT_BUDGET
         return max(int(budget), int(row["concurrency"]))
+
+    def cuda_graphs_for(self, row) -> int | None:
+        """The row's server's --max-cudagraph-capture-size: its launch recipe's, else vLLM's default (None)."""
+        recipe = self._recipe(row)
+        return None if recipe is None else recipe.max_cudagraph_capture_size
 
     def moe_kernel_for(self, row) -> str:
         """The fused-MoE kernel the row's server ran: --moe-kernel's for every row, else its launch
@@ -638,7 +646,8 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
         cache=CacheConfig(num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
         model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
         kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed,
-        dp=dp, enable_expert_parallel=enable_expert_parallel)
+        dp=dp, enable_expert_parallel=enable_expert_parallel,
+        max_cudagraph_capture_size=protocol.cuda_graphs_for(row))
     sampling, sampling_from = protocol.sampling_for(row)
     target = getattr(backend, "ops", backend)
     if not sampling.greedy and not prices_sampler(target):  # (--moe-cost-model roofline: no sampler)

@@ -92,6 +92,7 @@ import numpy as np
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
+from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, padded_tokens
 from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
 from backends.sampler import PricesSampler, sampler_seconds
 from sim.backend import StepResult
@@ -109,7 +110,7 @@ CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes message
 RUN_CHUNK = 256  # decode steps per cached stretch of a batch size's step times (see MoETableCostModel.decode_run)
 MAX_RUN_CHUNKS = 4096  # cached stretches at most (16 MiB); the cache starts afresh past it
 MAX_FIRST_CHUNKS = 1 << 16  # first prefill chunks' attention kept by length (see _first_chunk_seconds)
-COLLECTIVES = ("_ar_custom", "_ar_nccl", "_gather", "_scatter")  # the collectives' curves (None: not from a table)
+COLLECTIVES = ("_ar_custom", "_ar_custom_eager", "_ar_nccl", "_gather", "_scatter")  # the collectives' curves (None: not from a table)
 NO_STEP = StepAggregates(0, 0, 0, 0, 0, 0, 0, 0, 0)  # for the parts that do not depend on the step's requests
 
 
@@ -481,6 +482,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         else:
             self._restore(derived)
         self._by_tokens: dict[int, tuple] = {}  # dense()'s table parts by token count
+        self.graph_sizes = CUDA_GRAPH_SIZES  # vLLM's defaults on an H100 or H200 (set_cuda_graph_sizes)
         self._tables_ready = True
         self._dense_cache.clear()
         # The fast paths of `execute` and `decode_run` (full attention priced from the tables: GQA, or MLA
@@ -798,18 +800,20 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                                      f"{windows}")
 
     def _derive_collectives(self, tables) -> None:
-        self._ar_custom = self._ar_nccl = self._gather = self._scatter = None
+        self._ar_custom = self._ar_custom_eager = self._ar_nccl = self._gather = self._scatter = None
         if self.tp > 1:
             a = tables.custom_allreduce
-            rows = None if a is None else a[(a["num_gpus"] == self.tp) & a["kernel_source"].str.contains("graph")]
-            if rows is not None and not rows.empty:
-                c = rows.groupby("message_size")["seconds"].mean().sort_index()
-                self._ar_custom = Curve(c.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, c.to_numpy())
+            for mode, name in (("graph", "_ar_custom"), ("eager", "_ar_custom_eager")):
+                rows = None if a is None else a[(a["num_gpus"] == self.tp) & a["kernel_source"].str.contains(mode)]
+                if rows is not None and not rows.empty:
+                    c = rows.groupby("message_size")["seconds"].mean().sort_index()
+                    setattr(self, name, Curve(c.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, c.to_numpy()))
             self._ar_nccl = nccl_lookup(tables.nccl, "all_reduce", self.tp)
             if self._ar_custom is None and self._ar_nccl is None:
                 self.sources["allreduce"] = f"roofline: no all-reduce table for {self.tp} GPUs on {tables.system}"
             else:
-                self.sources["allreduce"] = ("custom all-reduce table (CUDA graph) up to 8 MiB" if self._ar_custom
+                self.sources["allreduce"] = ("custom all-reduce table (CUDA graph; eager past the graphs where it has "
+                                             "eager rows) up to 8 MiB" if self._ar_custom
                                              else "no custom all-reduce table") + (
                     ", NCCL table past it" if self._ar_nccl is not None else ", the roofline's ring past it")
         if self.dp > 1 and self.model.num_experts:
@@ -879,22 +883,24 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             return super().dense(t, num_logits)
         by_tokens = self._by_tokens.get(t)
         if by_tokens is None:  # the roofline's parts of t tokens, the tables' where they price them
-            linear, router, moe, kv_write, layers_elementwise, allreduce = self.dense_tokens(t)
-            linear, moe, allreduce = self._token_parts(t, linear, moe, allreduce)
+            graph = t <= self.graph_sizes[-1]
+            t_run = int(padded_tokens(t, self.graph_sizes)) if t else 0  # vLLM pads a graph's step to its size
+            linear, router, moe, kv_write, layers_elementwise, allreduce = self.dense_tokens(t_run)
+            linear, moe, allreduce = self._token_parts(t_run, linear, moe, allreduce, graph)
             if self._mla is not None:  # the module tables hold MLA's KV-cache write (mla.py)
                 kv_write = 0.0
             elif self._small is not None and t:
                 floor, bandwidth, _ = self._small
                 kv_write = kv_write * (self._bytes_s / bandwidth) + self.model.num_hidden_layers * floor
             if self._router_curve is not None:
-                router = self.model.num_moe_layers * float(self._curve_at("router", self._router_curve, t)) if t else 0.0
+                router = self.model.num_moe_layers * float(self._curve_at("router", self._router_curve, t_run)) if t else 0.0
             if self._moe is not None and t:  # the routed experts' SiLU-and-mul is in the moe_perf kernel's time
-                layers_elementwise = layers_elementwise - t * self._experts_activation_s()
-            by_tokens = self._by_tokens[t] = (linear, router, moe, kv_write, layers_elementwise, allreduce)
-        linear, router, moe, kv_write, layers_elementwise, allreduce = by_tokens
+                layers_elementwise = layers_elementwise - t_run * self._experts_activation_s()
+            by_tokens = self._by_tokens[t] = (linear, router, moe, kv_write, layers_elementwise, allreduce, t_run)
+        linear, router, moe, kv_write, layers_elementwise, allreduce, t_run = by_tokens
         elementwise = self.elementwise_seconds(layers_elementwise, t, num_logits)
         if self._mla is not None:  # and MLA's RoPE
-            elementwise = elementwise - t * self._rope_s_per_token
+            elementwise = elementwise - t_run * self._rope_s_per_token
         if self._small is None:
             return linear, router, moe, kv_write, elementwise, self.lm_head_seconds(num_logits), allreduce
         # The small kernels as the dense operator model prices them (`_derive_small_kernels`): the
@@ -908,8 +914,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             elementwise = elementwise + self._sampler_seconds(num_logits, floor, bandwidth)
             lm_head = (self._curve_at("lm_head", self._lm_head_curve, num_logits) if self._lm_head_curve is not None
                        else self.lm_head_seconds(num_logits))
-            if self.tp > 1:  # the logits' all-gather, as an all-reduce of half its bytes
-                allreduce = allreduce + self._hidden_allreduce(num_logits * self._vocab * self.tp * ACTIVATION_BYTES / 2)
+            if self.tp > 1:  # the logits' all-gather, as an all-reduce of half its bytes (outside the graph)
+                allreduce = allreduce + self._hidden_allreduce(num_logits * self._vocab * self.tp * ACTIVATION_BYTES / 2,
+                                                               graph=False)
         return linear, router, moe, kv_write, elementwise, lm_head, allreduce
 
     @property
@@ -917,6 +924,22 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         """Whether the sampler is priced from the tables (their kernel floor and bandwidth); without a bf16 GEMM
         at m = 1 to read them from, the step's small kernels stay the roofline's, which price greedy's."""
         return self._small is not None
+
+    def set_cuda_graph_sizes(self, sizes) -> None:
+        """The deployment's CUDA-graph capture sizes (`sim.config.cuda_graph_sizes`): a step of at most the
+        largest is padded to the next size up (every token-count part priced at it) and runs its
+        all-reduces as graph kernels; the parts and decode runs priced with other sizes are dropped."""
+        sizes = np.asarray(sorted(sizes), dtype=np.int64)
+        if not len(sizes) or sizes[0] < 1:
+            raise ServesimError(f"CUDA-graph sizes must be whole numbers of tokens from 1, got {sizes.tolist()}")
+        if np.array_equal(sizes, self.graph_sizes):
+            return
+        self.graph_sizes = sizes
+        self._by_tokens = {}
+        self._dense_cache.clear()
+        self._step_parts.clear()
+        self._run_parts.clear()
+        self._run_chunks.clear()
 
     def _forget_sampler(self) -> None:
         """Drop the sampler's seconds and the steps and decode runs priced with another sampler (sim validate
@@ -943,8 +966,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         i = m.moe_intermediate_size // self.moe_tp
         return m.num_moe_layers * ACTIVATION_BYTES * 3 * i * m.num_experts_per_tok / self.ep / self._bytes_s
 
-    def _token_parts(self, t: int, linear, moe, allreduce) -> tuple:
-        """(linear, moe, allreduce) of t tokens from the tables (the roofline's where none)."""
+    def _token_parts(self, t: int, linear, moe, allreduce, graph: bool = True) -> tuple:
+        """(linear, moe, allreduce) of t tokens from the tables (the roofline's where none); `graph`: the
+        step runs in a CUDA graph (its all-reduces the graph kernel's)."""
         m, h = self.model, self.model.hidden_size
         tokens = max(t, 1)
         if self._linear_curves is not None:
@@ -959,14 +983,16 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
             # two a layer; with the small kernels priced, the vocab-parallel embedding's too (as the dense model's)
             count = 2 * m.num_hidden_layers + (0 if self._small is None else 1)
-            allreduce = float(count * self._hidden_allreduce(t * h * ACTIVATION_BYTES)) if t else 0.0
+            allreduce = float(count * self._hidden_allreduce(t * h * ACTIVATION_BYTES, graph)) if t else 0.0
         return linear, moe, allreduce
 
-    def _hidden_allreduce(self, size: float) -> float:
+    def _hidden_allreduce(self, size: float, graph: bool = True) -> float:
         """One all-reduce of `size` bytes among the TP GPUs: vLLM's custom all-reduce table up to
-        8 MiB, NCCL's past it, else a ring over the link."""
+        8 MiB (its CUDA-graph kernel's rows inside a graph, its eager rows outside one, as the dense
+        operator model prices them), NCCL's past it, else a ring over the link."""
         if self._ar_custom is not None and size <= CUSTOM_ALLREDUCE_MAX_BYTES:
-            return self._curve_at("allreduce", self._ar_custom, max(size, 1))
+            custom = self._ar_custom if graph or self._ar_custom_eager is None else self._ar_custom_eager
+            return self._curve_at("allreduce", custom, max(size, 1))
         if self._ar_nccl is not None:
             return self._pair("allreduce", self._ar_nccl, size)
         return self._ring(size, self.tp)
