@@ -884,7 +884,10 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         by_tokens = self._by_tokens.get(t)
         if by_tokens is None:  # the roofline's parts of t tokens, the tables' where they price them
             graph = t <= self.graph_sizes[-1]
-            t_run = int(padded_tokens(t, self.graph_sizes)) if t else 0  # vLLM pads a graph's step to its size
+            # vLLM pads a graph's step to its size, and the padding routes to experts as tokens do: its input ids
+            # are the buffer's earlier tokens, not zeros (vllm/v1/worker/gpu_model_runner.py zeroes only their
+            # positions), so the MoE layer is priced at the padded count with the step's distribution.
+            t_run = int(padded_tokens(t, self.graph_sizes)) if t else 0
             linear, router, moe, kv_write, layers_elementwise, allreduce = self.dense_tokens(t_run)
             linear, moe, allreduce = self._token_parts(t_run, linear, moe, allreduce, graph)
             if self._mla is not None:  # the module tables hold MLA's KV-cache write (mla.py)
