@@ -34,6 +34,7 @@ MAX_CUDA_GRAPH_TOKENS = 65536
 CUDA_GRAPH_GRID = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, MAX_CUDA_GRAPH_TOKENS + 1, 16))
 BLACKWELL_GRAPH_RELEASE = (0, 28)  # the first vLLM to capture up to 1024 tokens on Blackwell (vllm-project/vllm#49390)
 DECODE_SIZE_RELEASE = (0, 31)  # the first vLLM to capture max_num_seqs itself (its uniform decode size)
+BUDGET_SIZE_RELEASE = (0, 21)  # the first vLLM to capture the step's token budget itself where it is under the ceiling
 
 
 def cuda_graph_sizes(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None,
@@ -41,9 +42,9 @@ def cuda_graph_sizes(max_num_seqs: int, hardware_name: str = "", vllm_version: s
     """The step sizes (tokens) vLLM captures CUDA graphs for, ascending, as `_set_cudagraph_sizes`
     (vllm/config/vllm.py) sets them when the server is given none: the grid up to the ceiling
     min(2 x max_num_seqs, 512, the step's token budget), where data-centre Blackwell (B200, GB200, B300,
-    GB300) has 1024 for 512 from vLLM 0.28 (vllm-project/vllm#49390); the budget itself where it is
-    under the ceiling; and from vLLM 0.31 max_num_seqs itself, a decode step of every running request
-    (each checked in the 0.12.0, 0.27.0 to 0.31.0 and 0.33.0 wheels). A version not named, or a build's
+    GB300) has 1024 for 512 from vLLM 0.28 (vllm-project/vllm#49390); from vLLM 0.21 the budget itself
+    where it is under the ceiling; and from vLLM 0.31 max_num_seqs itself, a decode step of every running
+    request (each bisected in the wheels: 0.12.0, 0.20.0 to 0.24.0, 0.26.0 to 0.31.0, 0.33.0). A version not named, or a build's
     name, is the newest. A step of more tokens than the largest runs without a graph; a step of fewer is
     padded to the next size up. `max_capture`: the server's --max-cudagraph-capture-size, the ceiling in
     place of 2 x max_num_seqs and 512 (vLLM takes the grid's largest size at or below it)."""
@@ -55,7 +56,8 @@ def cuda_graph_sizes(max_num_seqs: int, hardware_name: str = "", vllm_version: s
     extra = []
     if max_num_batched_tokens is not None:
         ceiling = min(ceiling, max_num_batched_tokens)
-        extra.append(max_num_batched_tokens)
+        if release is None or release >= BUDGET_SIZE_RELEASE:
+            extra.append(max_num_batched_tokens)
     if release is None or release >= DECODE_SIZE_RELEASE:
         extra.append(max_num_seqs)
     return tuple(sorted({x for x in (*CUDA_GRAPH_GRID, *extra) if x <= ceiling}))

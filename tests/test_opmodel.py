@@ -281,7 +281,7 @@ def test_the_deployments_cuda_graph_sizes_decide_the_padding_and_the_all_reduce_
 
 
 def test_vllms_cuda_graph_sizes_by_max_num_seqs_gpu_and_version():
-    """vllm/config/vllm.py, _set_cudagraph_sizes, as each wheel has it (0.12.0, 0.27.0 to 0.31.0, 0.33.0)."""
+    """vllm/config/vllm.py, _set_cudagraph_sizes, as each wheel has it (0.12.0, 0.20.0 to 0.31.0, 0.33.0)."""
     from sim.config import CUDA_GRAPH_GRID, cuda_graph_sizes
 
     assert cuda_graph_sizes(1024, "H100-SXM") == tuple(x for x in CUDA_GRAPH_GRID if x <= 512)
@@ -290,6 +290,7 @@ def test_vllms_cuda_graph_sizes_by_max_num_seqs_gpu_and_version():
     assert cuda_graph_sizes(10, "H200", "0.31.0") == (1, 2, 4, 8, 10, 16)  # from 0.31, max_num_seqs itself
     assert cuda_graph_sizes(1024, "B200", "0.27.0")[-1] == 512 and cuda_graph_sizes(1024, "B200", "0.28.0")[-1] == 1024
     assert cuda_graph_sizes(64, "H100", None, 100)[-2:] == (96, 100)  # not past the step's budget, and it captured
+    assert cuda_graph_sizes(64, "H100", "0.20.0", 100)[-1] == 96  # the budget itself: captured from vLLM 0.21
     # A server given --max-cudagraph-capture-size: the grid up to it (its largest size at or below), whatever
     # max_num_seqs; still not past the budget.
     assert cuda_graph_sizes(4, "H100", None, 8192, 2048)[-3:] == (2016, 2032, 2048)
