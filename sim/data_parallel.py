@@ -75,7 +75,6 @@ from sim.arrivals import ApiServers, queue_by_arrival
 from sim.backend import StepResult
 from sim.batch import Batch
 from sim.cluster import Cluster, ClusterSteps, Instant, Replica
-from sim.config import cuda_graph_sizes
 from sim.engine import Engine, SimResult, TokenTimes, delay_to
 from sim.errors import ServesimError
 from sim.fast_forward import single_step
@@ -96,14 +95,6 @@ def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]
     if cuda_graph_max_tokens and max(tokens) <= cuda_graph_max_tokens:
         return [max(tokens)] * len(tokens)
     return list(tokens)
-
-
-def cuda_graph_max_tokens(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None,
-                          max_capture: int | None = None) -> int:
-    """vLLM's largest CUDA-graph capture size (`sim.config.cuda_graph_sizes`): min(2 x max_num_seqs, 512),
-    1024 in place of 512 on data-centre Blackwell from vLLM 0.28, and max_num_seqs itself from 0.31; or the
-    server's --max-cudagraph-capture-size (`max_capture`)."""
-    return cuda_graph_sizes(max_num_seqs, hardware_name, vllm_version, max_capture=max_capture)[-1]
 
 
 class ClosedLoopClients:
@@ -252,7 +243,7 @@ class DataParallelGroup(Cluster):
                  clients: ClosedLoopClients | None = None):
         """`requests`: in arrival order (a trace), or in send order with `clients` (a closed loop,
         lockstep groups only). `cuda_graph_max_tokens`: vLLM's largest CUDA-graph capture size
-        (`cuda_graph_max_tokens()`), for the DP padding of the MoE layers' tokens (0: none)."""
+        (the largest of `sim.config.cuda_graph_sizes`), for the DP padding of the MoE layers' tokens (0: none)."""
         if clients is not None and not lockstep:
             raise ValueError("closed-loop clients drive a lockstep DP group (a mixture of experts) only")
         super().__init__(requests, token_times, DPLoadBalancer(num_ranks), progress)

@@ -38,7 +38,7 @@ from sim.app.replay import make_requests
 from sim.backend import StepResult
 from sim.block_manager import BlockManager
 from sim.config import CacheConfig, SchedulerConfig
-from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPLoadBalancer, cuda_graph_max_tokens, dp_padded_tokens
+from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPLoadBalancer, dp_padded_tokens
 from sim.engine import Engine, TokenTimes
 from sim.errors import ServesimError
 from sim.request import Status
@@ -377,6 +377,11 @@ def test_dp_padding_and_cuda_graph_sizes():
     assert dp_padded_tokens([600, 1], 512) == [600, 1]  # rank 0 runs eagerly: no padding
     assert dp_padded_tokens([3, 1], 0) == [3, 1]
     # vllm/config/vllm.py _set_cudagraph_sizes: min(2 x max_num_seqs, 512; 1024 on data-centre Blackwell).
+    from sim.config import cuda_graph_sizes
+
+    def cuda_graph_max_tokens(*args):  # the largest size the DP lockstep pads to
+        return cuda_graph_sizes(*args)[-1]
+
     assert cuda_graph_max_tokens(8, "H200") == 16
     assert cuda_graph_max_tokens(1024, "H200") == 512 and cuda_graph_max_tokens(1024, "B200") == 1024
     # Blackwell's 1024 came with vLLM 0.28 (vllm-project/vllm#49390): an older server captured up to 512.

@@ -27,16 +27,14 @@ with its conversation's earlier turns are not known to this replay.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import BinaryIO
 
 import numpy as np
 
 from sim.errors import ServesimError
-from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder
-from traces.formats import AIPERF, json_count, json_error, json_number, latency_s
-from traces.textfile import decode
+from traces.formats import AIPERF, json_count, json_line, json_number, latency_s
+from traces.textfile import text_lines
 
 SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}  # AIPerf's time units
 MAX_NS = 2**63 - 1  # an int64 nanosecond stamp (the year 2262)
@@ -53,16 +51,7 @@ def read_aiperf(builder: TraceBuilder, handle: BinaryIO, first: str, first_line:
     warmup: tuple[int, int] | None = None  # (records, first line) of another phase than profiling
     later_turns: tuple[int, int] | None = None
 
-    def numbered_lines() -> Iterator[tuple[int, str]]:
-        yield first_line, first
-        for line_no, raw in enumerate(handle, start=first_line + 1):
-            yield line_no, decode(path, line_no, raw)
-
-    for line_no, text in numbered_lines():
-        text = text.strip()
-        if not text:
-            continue
-        where = f"{path}:{line_no}"
+    for where, line_no, text in text_lines(path, handle, first, first_line):
         record = _record(where, text)
         metadata, metrics, error = record["metadata"], record["metrics"], record.get("error")
         if error is not None or metadata.get("was_cancelled") is True:
@@ -122,14 +111,7 @@ def read_aiperf(builder: TraceBuilder, handle: BinaryIO, first: str, first_line:
 
 def _record(where: str, text: str) -> dict:
     """One line's record: a JSON object with `metadata` (an object) and `metrics`."""
-    try:
-        record = loads_unique(text)
-    except DuplicateKeyError as e:
-        raise ServesimError(f"{where}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ServesimError(f"{where}: not valid JSON ({json_error(e)})") from None
-    except RecursionError:
-        raise ServesimError(f"{where}: JSON nested too deeply to read") from None
+    record = json_line(where, text)
     if not isinstance(record, dict):
         raise ServesimError(f"{where}: expected an AIPerf record (a JSON object with {', '.join(AIPERF)}), "
                             f"got {text[:40]!r}")

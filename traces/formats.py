@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 from sim.errors import ServesimError
+from sim.jsonable import DuplicateKeyError, loads_unique
 
 CHUNK_ROWS = 250_000
 MOONCAKE_BLOCK_TOKENS = 512
@@ -99,6 +100,19 @@ def json_error(e: json.JSONDecodeError) -> str:
     "Unterminated string starting at column 666" (Python's message may end in "at" itself)."""
     where = "column" if e.msg.endswith(" at") else "at column"
     return f"{e.msg} {where} {e.colno}"
+
+
+def json_line(where: str, text: str):
+    """One line of a JSON Lines trace (Mooncake, AIPerf) as its value; a key named twice, malformed JSON or
+    JSON nested too deeply is refused naming `where` (file:line) and what is wrong."""
+    try:
+        return loads_unique(text)
+    except DuplicateKeyError as e:
+        raise ServesimError(f"{where}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ServesimError(f"{where}: not valid JSON ({json_error(e)})") from None
+    except RecursionError:
+        raise ServesimError(f"{where}: JSON nested too deeply to read") from None
 
 
 def suffix(path: Path) -> str:

@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import BinaryIO
 
 import numpy as np
 
 from sim.errors import ServesimError
-from sim.jsonable import DuplicateKeyError, loads_unique
 from traces.builder import TraceBuilder, check_hash_ids
-from traces.formats import MOONCAKE, MOONCAKE_BLOCK_TOKENS, json_count, json_error, json_number
-from traces.textfile import decode
+from traces.formats import MOONCAKE, MOONCAKE_BLOCK_TOKENS, json_count, json_line, json_number
+from traces.textfile import text_lines
 
 
 def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_line: int, chunk_rows: int) -> None:
@@ -32,25 +30,8 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
             rows.clear()
             hashes.clear()
 
-    def numbered_lines() -> Iterator[tuple[int, str]]:
-        yield first_line, first
-        for line_no, raw in enumerate(handle, start=first_line + 1):
-            yield line_no, decode(path, line_no, raw)
-
-    where_path = str(path)  # (formatting a Path on every line costs more than the line's checks)
-    for line_no, text in numbered_lines():
-        text = text.strip()
-        if not text:
-            continue
-        where = f"{where_path}:{line_no}"
-        try:
-            record = loads_unique(text)
-        except DuplicateKeyError as e:
-            raise ServesimError(f"{where}: {e}") from None
-        except json.JSONDecodeError as e:
-            raise ServesimError(f"{where}: not valid JSON ({json_error(e)})") from None
-        except RecursionError:
-            raise ServesimError(f"{where}: JSON nested too deeply to read") from None
+    for where, line_no, text in text_lines(path, handle, first, first_line):
+        record = json_line(where, text)
         if not isinstance(record, dict):
             raise ServesimError(f"{where}: expected a JSON object with {', '.join(MOONCAKE)}, got {text[:40]!r}")
         for name in MOONCAKE:

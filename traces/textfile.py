@@ -9,6 +9,7 @@ import io
 import os
 import stat
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -88,6 +89,19 @@ def decode(path: Path, line_no: int, raw: bytes) -> str:
         return raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
     except UnicodeDecodeError:
         raise ServesimError(f"{path}:{line_no}: not a text file (not UTF-8)") from None
+
+
+def text_lines(path: Path, handle: BinaryIO, first: str, first_line: int) -> Iterator[tuple[str, int, str]]:
+    """The non-blank lines of a line-per-record file from its first (`first`, read at `first_line`) on: each as
+    (file:line, line number, the line stripped), the bytes decoded as `decode` does."""
+    where_path = str(path)  # (formatting a Path on every line costs more than the line's checks)
+    text = first.strip()
+    if text:
+        yield f"{where_path}:{first_line}", first_line, text
+    for line_no, raw in enumerate(handle, start=first_line + 1):
+        text = decode(path, line_no, raw).strip()
+        if text:
+            yield f"{where_path}:{line_no}", line_no, text
 
 
 def first_line(path: Path, handle: BinaryIO) -> tuple[str, int]:

@@ -15,7 +15,7 @@ from sim.app.options import ReplayOptions, before_vllm
 from sim.app.plan import RunPlan
 from sim.arrivals import ApiServers, RequestStream, TraceArrivals, simulate, through_api_servers
 from sim.cluster import Cluster
-from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPResult, cuda_graph_max_tokens
+from sim.data_parallel import ClosedLoopClients, DataParallelGroup, DPResult
 from sim.disagg import DisaggregatedCluster, PrefillEngine
 from sim.engine import Engine, SimResult, TokenTimes
 from sim.request import Request
@@ -172,9 +172,7 @@ def make_dp_group(plan: RunPlan, requests: list[Request], fast_forward: bool = T
     `clients`: a closed loop of clients (`sim validate`) instead of `requests`' arrival times."""
     token_times = TokenTimes(requests)
     lockstep = bool(plan.model.num_experts)
-    graphs = plan.cuda_graph_sizes[-1] if plan.cuda_graph_sizes else cuda_graph_max_tokens(
-        plan.options.scheduler.max_num_seqs, plan.hardware.name, plan.options.vllm_version,
-        plan.options.max_cudagraph_capture_size)
+    graphs = plan.cuda_graph_sizes[-1]  # the largest size the server captures (sim.config.cuda_graph_sizes)
     group = DataParallelGroup(requests, token_times, plan.options.dp, lockstep, progress, graphs, clients)
     for _ in range(plan.options.dp):
         group.add_rank(Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), token_times,

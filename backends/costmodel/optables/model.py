@@ -50,9 +50,11 @@ import numpy as np
 from backends.costmodel.optables.derive import GEMM_OPS, per_gpu_heads
 from backends.costmodel.optables.interp import Curve, Grid
 from backends.sampler import PricesSampler, sampler_seconds
+from sim.config import cuda_graph_sizes
 from sim.errors import ServesimError
 
-CUDA_GRAPH_SIZES = np.array([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)), dtype=np.int64)
+# vLLM's default capture sizes on an H100 or H200 (max_num_seqs 1024): up to 512 tokens
+CUDA_GRAPH_SIZES = np.array(cuda_graph_sizes(1024), dtype=np.int64)
 MAX_TABLE = 1 << 18  # token and logits counts past this are costed without the tables
 RUN_CHUNK = 512  # decode steps per cached stretch of a batch size's step times (see decode_run_values)
 MAX_RUN_CHUNKS = 2048  # cached stretches at most (16 MiB); the cache starts afresh past it
@@ -71,6 +73,15 @@ class StepOverhead:
     def __post_init__(self) -> None:
         if not (np.isfinite(self.seconds) and self.seconds >= 0):
             raise ServesimError(f"the per-step overhead must be >= 0 s, got {self.seconds}")
+
+
+def graph_sizes_array(sizes) -> np.ndarray:
+    """CUDA-graph capture sizes (`sim.config.cuda_graph_sizes`) as the sorted int64 array the operator-table
+    models pad with; refused unless whole numbers of tokens from 1."""
+    array = np.asarray(sorted(sizes), dtype=np.int64)
+    if not len(array) or array[0] < 1:
+        raise ServesimError(f"CUDA-graph sizes must be whole numbers of tokens from 1, got {array.tolist()}")
+    return array
 
 
 def padded_tokens(t, sizes: np.ndarray = CUDA_GRAPH_SIZES):
@@ -132,9 +143,7 @@ class OperatorModel(PricesSampler):
         """The deployment's CUDA-graph capture sizes (`sim.config.cuda_graph_sizes`): a step of at most the
         largest is padded to the next size up and runs its all-reduces as graph kernels; the token-count
         tables and decode runs priced with other sizes are dropped."""
-        sizes = np.asarray(sorted(sizes), dtype=np.int64)
-        if not len(sizes) or sizes[0] < 1:
-            raise ServesimError(f"CUDA-graph sizes must be whole numbers of tokens from 1, got {sizes.tolist()}")
+        sizes = graph_sizes_array(sizes)
         if np.array_equal(sizes, self.graph_sizes):
             return
         self.graph_sizes = sizes

@@ -92,7 +92,7 @@ import numpy as np
 from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
-from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, padded_tokens
+from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, graph_sizes_array, padded_tokens
 from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
 from backends.sampler import PricesSampler, sampler_seconds
 from sim.backend import StepResult
@@ -932,9 +932,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         """The deployment's CUDA-graph capture sizes (`sim.config.cuda_graph_sizes`): a step of at most the
         largest is padded to the next size up (every token-count part priced at it) and runs its
         all-reduces as graph kernels; the parts and decode runs priced with other sizes are dropped."""
-        sizes = np.asarray(sorted(sizes), dtype=np.int64)
-        if not len(sizes) or sizes[0] < 1:
-            raise ServesimError(f"CUDA-graph sizes must be whole numbers of tokens from 1, got {sizes.tolist()}")
+        sizes = graph_sizes_array(sizes)
         if np.array_equal(sizes, self.graph_sizes):
             return
         self.graph_sizes = sizes
