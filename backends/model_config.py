@@ -194,6 +194,7 @@ class ModelConfig:
     def from_hf(cls, path: str | Path) -> ModelConfig:
         """From a Hugging Face `config.json`, or a folder holding one."""
         where, raw = read_config_json(path)
+        raw, where = language_model_of(raw, where)
         if _is_extended(raw):
             return extended_from_hf(raw, where)
         refuse_unpriceable(raw, where)
@@ -576,6 +577,41 @@ def read_config_json(path: str | Path) -> tuple[str, dict]:
     return str(p), raw
 
 
+# Vision-language wrappers whose language model is a family servesim prices, read for text prompts:
+# text_config's model_type -> the decoder family it is. Qwen3-VL's language model is a Qwen3 (dense)
+# or Qwen3-MoE decoder (vllm/model_executor/models/qwen3_vl.py Qwen3LLMForCausalLM over Qwen3Model;
+# qwen3_vl_moe.py Qwen3MoeLLMForCausalLM over Qwen3MoeModel) whose RoPE is interleaved multimodal
+# RoPE: for a text token its three position ids (time, height, width) are all the token's position
+# (vLLM's MRotaryEmbedding, get_input_positions for text), so it rotates as plain RoPE does, at
+# RoPE's cost. Served text-only, as `vllm serve --language-model-only` does: every modality's limit
+# is 0 (vllm/config/multimodal.py, MultiModalConfig.get_limit_per_prompt), so the vision tower is
+# not built or loaded (Qwen3VLForConditionalGeneration.__init__, `_mark_tower_model`) and no
+# encoder pass is profiled: the GPU holds the language model alone, as priced here.
+LANGUAGE_MODELS = {"qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
+
+
+def language_model_of(raw: dict, where: str) -> tuple[dict, str]:
+    """A vision-language wrapper of LANGUAGE_MODELS as its language model's config.json (its
+    text_config, with the decoder family's model_type, the wrapper's architectures, quantization
+    and tied embeddings where the text_config states none; multimodal RoPE read as plain RoPE, as
+    text prompts run it) and where it came from; any other config as it is."""
+    text = raw.get("text_config")
+    if not (isinstance(text, dict) and text.get("model_type") in LANGUAGE_MODELS):
+        return raw, where
+    out = {**text, "model_type": LANGUAGE_MODELS[text["model_type"]]}
+    for field in ("architectures", "quantization_config", "tie_word_embeddings"):
+        if out.get(field) is None and raw.get(field) is not None:
+            out[field] = raw[field]
+    scaling = out.get("rope_scaling")
+    if isinstance(scaling, dict) and "mrope_section" in scaling:
+        rest = {k: v for k, v in scaling.items() if k not in ("mrope_section", "mrope_interleaved")}
+        if rest.get("rope_type", "default") != "default" or set(rest) - {"rope_type"}:
+            raise ServesimError(f"{where} (text_config): rope_scaling = {scaling!r}: multimodal RoPE with "
+                                "scaling is not supported")
+        out["rope_scaling"] = None
+    return out, f"{where} (text_config)"
+
+
 def refuse_unpriceable(raw: dict, where: str) -> None:
     """One line naming the field of a config that servesim's dense-decoder arithmetic cannot price."""
     for field in _MOE_FIELDS:
@@ -753,7 +789,7 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
             raise ServesimError(
                 f"{where}: model_type {raw.get('model_type')!r} (a multimodal wrapper around a text_config of "
                 f"model_type {text.get('model_type')!r}) is not supported; servesim reads a wrapper's text_config "
-                f"only for {', '.join(EXTENDED_FAMILIES)} decoders")
+                f"only for {', '.join([*EXTENDED_FAMILIES, *LANGUAGE_MODELS])} decoders")
         quantization = raw.get("quantization_config", text.get("quantization_config"))
         raw = {**text, "quantization_config": quantization}
         where = f"{where} (text_config)"
