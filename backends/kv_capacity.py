@@ -269,7 +269,17 @@ def kv_cache_groups(model: ModelConfig, disable_hybrid_kv_cache_manager: bool = 
     window kept for the attention kernel only), and the specs, now alike, make one group
     (vllm/v1/core/kv_cache_planning.py, vLLM 0.33 and 0.34). Each layer then holds every token's KV and
     no block is freed as the window slides. A model whose every layer slides (Mistral-7B-v0.1) keeps
-    its sliding group: the promotion needs full-attention layers beside the sliding ones."""
+    its sliding group: the promotion needs full-attention layers beside the sliding ones.
+
+    A model with chunked local attention (Llama 4) is one full-attention group of every layer
+    whatever the flag: vLLM turns the hybrid manager off for it by default (VllmConfig's
+    need_disable_hybrid_kv_cache_manager, vllm/config/vllm.py: "There is a latency regression when
+    using chunked local attention with the hybrid KV cache manager", unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, which servesim does not model), and
+    _promote_local_kv_cache_specs turns each ChunkedLocalAttentionSpec into a FullAttentionSpec, the
+    chunk kept for the attention kernel only."""
+    if model.num_chunked_layers:
+        return [KVCacheGroup("full_attention", model.num_hidden_layers)]
     kinds = model.layer_types or ("full_attention",) * model.num_hidden_layers
     buckets: dict[str, int] = {}
     for kind in kinds:

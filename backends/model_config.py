@@ -51,7 +51,7 @@ _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
              "max_position_embeddings")
-LAYER_TYPES = ("full_attention", "sliding_attention")  # the layer_types entries servesim prices
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # the layer_types entries servesim prices
 
 
 class Gemm(NamedTuple):
@@ -107,9 +107,15 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
-    # Sliding windows: one entry per layer, "full_attention" or "sliding_attention" (empty: all full).
+    # Sliding windows: one entry per layer, "full_attention", "sliding_attention" or (Llama 4)
+    # "chunked_attention" (empty: all full).
     sliding_window: int | None = None
     layer_types: tuple = ()
+    # Llama 4: a chunked layer's token attends to the tokens of its own chunk of this many positions
+    # before it (transformers' and vLLM's attention_chunk_size); MoE on every n-th layer
+    # (interleave_moe_layer_step: layer i is MoE when (i + 1) % n == 0, the others dense MLPs).
+    attention_chunk_size: int | None = None
+    interleave_moe_layer_step: int = 1
     attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
     attention_bias: bool = False  # gpt-oss: q, k, v and o projections carry biases
     sandwich_norms: bool = False  # Gemma 2/3: four RMSNorms per layer
@@ -157,14 +163,22 @@ class ModelConfig:
             if self.first_k_dense_replace >= self.num_hidden_layers:
                 fail(f"first_k_dense_replace ({self.first_k_dense_replace}) leaves no MoE layer of "
                      f"{self.num_hidden_layers}")
+            if not (isinstance(self.interleave_moe_layer_step, int) and self.interleave_moe_layer_step >= 1):
+                fail(f"interleave_moe_layer_step must be a whole number >= 1, got {self.interleave_moe_layer_step!r}")
+            if not self.num_moe_layers:
+                fail(f"interleave_moe_layer_step ({self.interleave_moe_layer_step}) leaves no MoE layer of "
+                     f"{self.num_hidden_layers}")
         if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
             fail("an MLA model needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
         if self.layer_types:
             if len(self.layer_types) != self.num_hidden_layers:
                 fail(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
-            unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
+            unknown = set(self.layer_types) - set(LAYER_TYPES)
             if unknown:
-                fail(f"layer_types holds {sorted(unknown)}; servesim prices full_attention and sliding_attention")
+                fail(f"layer_types holds {sorted(unknown)}; servesim prices {', '.join(LAYER_TYPES)}")
+            if "chunked_attention" in self.layer_types and not (isinstance(self.attention_chunk_size, int)
+                                                                  and self.attention_chunk_size >= 1):
+                fail(f"attention_chunk_size must be a positive whole number, got {self.attention_chunk_size!r}")
             if "sliding_attention" in self.layer_types and not (isinstance(self.sliding_window, int)
                                                                   and self.sliding_window >= 1):
                 fail(f"sliding_window must be a positive whole number, got {self.sliding_window!r}")
@@ -329,7 +343,14 @@ class ModelConfig:
 
     @property
     def num_moe_layers(self) -> int:
-        return self.num_hidden_layers - self.first_k_dense_replace if self.num_experts else 0
+        """The MoE layers: after the first_k_dense_replace dense ones, every interleave_moe_layer_step-th
+        (layer i when (i + 1) % step == 0: vLLM's Llama4DecoderLayer, vllm/model_executor/models/llama4.py)."""
+        if not self.num_experts:
+            return 0
+        step = self.interleave_moe_layer_step
+        if step == 1:
+            return self.num_hidden_layers - self.first_k_dense_replace
+        return sum(1 for i in range(self.first_k_dense_replace, self.num_hidden_layers) if (i + 1) % step == 0)
 
     @property
     def num_dense_mlp_layers(self) -> int:
@@ -338,6 +359,10 @@ class ModelConfig:
     @property
     def num_sliding_layers(self) -> int:
         return sum(1 for t in self.layer_types if t == "sliding_attention")
+
+    @property
+    def num_chunked_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == "chunked_attention")
 
     @property
     def rotary_dim(self) -> int:
@@ -624,6 +649,9 @@ def refuse_unpriceable(raw: dict, where: str) -> None:
     if _flag(raw, "use_sliding_window", where, True) and window is not None:
         raise ServesimError(f"{where}: sliding_window = {window}: sliding-window attention is not supported")
     layer_types = _layer_types(raw, where)
+    if layer_types and "chunked_attention" in layer_types:
+        raise ServesimError(f"{where}: layer_types has chunked_attention layers: chunked local attention is "
+                            "priced for Llama 4 only")
     if layer_types and "sliding_attention" in layer_types:
         raise ServesimError(f"{where}: layer_types has sliding_attention layers: sliding-window attention is not "
                             "supported")
@@ -693,8 +721,23 @@ def _scaling(scaling: dict | None) -> dict | None:
     return out
 
 
+def package_model_config(model_path: str) -> Path | None:
+    """The tables package's model_configs/ file of a Hugging Face name ORG/NAME
+    (ORG--NAME_config.json), if the tables extra is installed and ships it."""
+    from backends.costmodel.optables.systems import package_systems_dir
+
+    if model_path.count("/") != 1 or not all(model_path.split("/")):
+        return None
+    systems = package_systems_dir()
+    if systems is None:
+        return None
+    config = systems.parent / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
+    return config if config.is_file() else None
+
+
 def resolve_model(name_or_path: str) -> ModelConfig:
-    """A preset's name, or a path to a config.json (or a folder holding one)."""
+    """A preset's name, a path to a config.json (or a folder holding one), or a Hugging Face name
+    ORG/NAME whose config.json the tables package ships (`package_model_config`)."""
     from backends.presets import MODELS
 
     if not name_or_path.strip():  # (Path("") is the current folder: "config.json: no such file")
@@ -703,8 +746,12 @@ def resolve_model(name_or_path: str) -> ModelConfig:
         return ModelConfig.from_preset(name_or_path)
     if Path(name_or_path).exists():
         return ModelConfig.from_hf(name_or_path)
-    raise ServesimError(f"unknown model {name_or_path!r}: not a preset ({', '.join(MODELS)}; see `sim models`) "
-                        "and no such config.json or folder")
+    packaged = package_model_config(name_or_path)
+    if packaged is not None:
+        return ModelConfig.from_hf(packaged)
+    raise ServesimError(f"unknown model {name_or_path!r}: not a preset ({', '.join(MODELS)}; see `sim models`), "
+                        "no such config.json or folder, and no Hugging Face name ORG/NAME whose config.json the "
+                        "tables package ships (pip install -e '.[tables]')")
 
 
 # The mixture-of-experts, MLA and sliding-window families.
@@ -714,12 +761,12 @@ EXTENDED_FAMILIES = {"qwen3_moe": ("Qwen3MoeForCausalLM", True), "mixtral": ("Mi
                      "deepseek_v3": ("DeepseekV3ForCausalLM", False), "kimi_k2": ("DeepseekV3ForCausalLM", False),
                      "gpt_oss": ("GptOssForCausalLM", False), "minimax_m2": ("MiniMaxM2ForCausalLM", True),
                      "mistral": ("MistralForCausalLM", False), "gemma2": ("Gemma2ForCausalLM", False),
-                     "gemma3_text": ("Gemma3ForCausalLM", True)}
+                     "gemma3_text": ("Gemma3ForCausalLM", True), "llama4_text": ("Llama4ForCausalLM", False)}
 _EXTENDED_FIELDS = ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                     "shared_expert_intermediate_size", "norm_topk_prob", "first_k_dense_replace", "kv_lora_rank",
                     "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
                     "layer_types", "attention_sinks", "attention_bias", "sandwich_norms", "weight_dtype",
-                    "expert_dtype", "kv_cache_dtype")
+                    "expert_dtype", "kv_cache_dtype", "attention_chunk_size", "interleave_moe_layer_step")
 _DEEPSEEK = ("deepseek_v3", "kimi_k2")
 
 
@@ -774,8 +821,8 @@ def _layer_types(raw: dict, where: str) -> list | None:
         raise ServesimError(f"{where}: layer_types = {types!r}, expected a list of names")
     for i, t in enumerate(types):
         if t not in LAYER_TYPES:
-            raise ServesimError(f"{where}: layer_types[{i}] = {t!r}: servesim prices {' and '.join(LAYER_TYPES)} "
-                                "layers only")
+            raise ServesimError(f"{where}: layer_types[{i}] = {t!r}: servesim prices full_attention, "
+                                "sliding_attention and chunked_attention (Llama 4) layers only")
     return types
 
 
@@ -799,7 +846,7 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
                             f"{', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} decoders")
     for field, what in (("index_topk", "DeepSeek sparse attention"), ("linear_attn_config", "linear attention"),
                         ("attention_chunk_size", "chunked local attention")):
-        if raw.get(field) is not None:
+        if raw.get(field) is not None and not (field == "attention_chunk_size" and model_type == "llama4_text"):
             raise ServesimError(f"{where}: {field} = {raw[field]}: {what} is not supported")
     fields = hf_fields(raw, where)
     if model_type in ("mixtral", "gpt_oss", "minimax_m2") and "intermediate_size" in fields:
@@ -820,6 +867,8 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
     if fields.get("kv_lora_rank"):
         fields["head_dim"] = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
     fields.update(_window_fields(raw, where, model_type, layers))
+    if model_type == "llama4_text":
+        fields.update(_llama4_fields(raw, where, layers))
     fields["kv_cache_dtype"] = checkpoint_kv_cache(raw.get("quantization_config"))
     fields["weight_dtype"], fields["expert_dtype"] = _quantization(raw.get("quantization_config"), where,
                                                                    bool(fields.get("num_experts")))
@@ -843,13 +892,14 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
 def _moe_fields(raw: dict, where: str, model_type: str) -> dict:
     counts = [f for f in _MOE_FIELDS if raw.get(f)]
     if not counts:
-        if model_type in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2") or raw.get("n_routed_experts") == 0:
+        if model_type in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", "llama4_text") or \
+                raw.get("n_routed_experts") == 0:
             for field in _MOE_FIELDS:
                 if raw.get(field) is not None:
                     _whole(raw, field, where, minimum=1)  # refuses its 0 (or false), naming it
             raise ServesimError(f"{where}: no num_experts (or num_local_experts, n_routed_experts) in it")
         return {}
-    if model_type not in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", *_DEEPSEEK):
+    if model_type not in ("qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", "llama4_text", *_DEEPSEEK):
         raise ServesimError(f"{where}: {counts[0]} = {raw[counts[0]]}: model_type {model_type!r} has no experts "
                             "servesim can price")
     out = {"num_experts": _whole(raw, counts[0], where, minimum=1)}
@@ -875,6 +925,49 @@ def _moe_fields(raw: dict, where: str, model_type: str) -> dict:
                                                   * out["moe_intermediate_size"])
     if model_type == "minimax_m2":
         out["shared_expert_intermediate_size"] = _whole(raw, "shared_intermediate_size", where, 0)
+    if model_type == "llama4_text":
+        # Llama4MoE (vllm/model_executor/models/llama4.py): routed experts and one shared expert, each
+        # intermediate_size wide; top-k by router logit, then a sigmoid of the chosen (renormalize=False).
+        out["moe_intermediate_size"] = _whole(raw, "intermediate_size", where, minimum=1)
+        out["shared_expert_intermediate_size"] = out["moe_intermediate_size"]
+    return out
+
+
+def _llama4_fields(raw: dict, where: str, layers: int) -> dict:
+    """Llama 4's layers as vLLM builds them (vllm/model_executor/models/llama4.py): layer i is NoPE
+    with global attention where no_rope_layers[i] is 0 (by default every fourth layer:
+    transformers' Llama4TextConfig, no_rope_layer_interval 4), else RoPE with chunked local
+    attention (ChunkedLocalAttention) when attention_chunk_size is set (Llama4Attention); it is MoE
+    where (i + 1) % interleave_moe_layer_step == 0, else a dense MLP of intermediate_size_mlp
+    (Llama4DecoderLayer). vLLM places the MoE layers by interleave_moe_layer_step alone, so a
+    moe_layers list that differs is refused, as is a layer_types list that differs from what
+    no_rope_layers and attention_chunk_size make."""
+    nope = raw.get("no_rope_layers")
+    if not nope:  # transformers: the default where the file has none (or an empty list)
+        interval = _whole(raw, "no_rope_layer_interval", where, 4, 1)
+        nope = [int((i + 1) % interval != 0) for i in range(layers)]
+    elif not (isinstance(nope, list) and len(nope) == layers
+              and all(type(v) is int and v in (0, 1) for v in nope)):  # noqa: E721 (not true or false)
+        raise ServesimError(f"{where}: no_rope_layers = {nope!r}, expected {layers} entries of 0 or 1")
+    out: dict = {}
+    chunked = raw.get("attention_chunk_size") is not None
+    if chunked:
+        out["attention_chunk_size"] = _whole(raw, "attention_chunk_size", where, minimum=1)
+    types = tuple("chunked_attention" if rope and chunked else "full_attention" for rope in nope)
+    if "chunked_attention" in types:
+        out["layer_types"] = types
+    given = _layer_types(raw, where)
+    if given is not None and tuple(given) != types:
+        raise ServesimError(f"{where}: layer_types = {given!r} differs from what no_rope_layers and "
+                            "attention_chunk_size make, which vLLM reads")
+    step = _whole(raw, "interleave_moe_layer_step", where, 1, 1)
+    moe_layers = raw.get("moe_layers")
+    if moe_layers is not None and moe_layers != list(range(step - 1, layers, step)):
+        raise ServesimError(f"{where}: moe_layers = {moe_layers!r}: vLLM places the MoE layers by "
+                            f"interleave_moe_layer_step ({step}) alone")
+    out["interleave_moe_layer_step"] = step
+    if raw.get("intermediate_size_mlp") is not None or step > 1:
+        out["intermediate_size"] = _whole(raw, "intermediate_size_mlp", where, minimum=1)
     return out
 
 
@@ -896,6 +989,9 @@ def _window_fields(raw: dict, where: str, model_type: str, layers: int) -> dict:
     types = _layer_types(raw, where)
     if types is not None and len(types) != layers:
         raise ServesimError(f"{where}: layer_types has {len(types)} entries for num_hidden_layers = {layers}")
+    if types and "chunked_attention" in types and model_type != "llama4_text":
+        raise ServesimError(f"{where}: layer_types has chunked_attention layers: chunked local attention is "
+                            "priced for Llama 4 only")
     if model_type == "qwen3_moe":
         if _flag(raw, "use_sliding_window", where, False):
             raise ServesimError(f"{where}: use_sliding_window = true: Qwen's max_window_layers windows are not "

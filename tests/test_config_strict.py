@@ -126,8 +126,8 @@ def test_an_unknown_layer_type_is_refused_naming_its_position(tmp_path, name, at
     types = list(raw.get("layer_types") or ["full_attention"] * layers)
     types[at:] = ["banana"] * (layers - at)
     path = write(tmp_path, {**raw, "layer_types": types})
-    assert refusal(path) == (f"{path}: layer_types[{at}] = 'banana': servesim prices full_attention and "
-                             "sliding_attention layers only")
+    assert refusal(path) == (f"{path}: layer_types[{at}] = 'banana': servesim prices full_attention, "
+                             "sliding_attention and chunked_attention (Llama 4) layers only")
 
 
 def test_layer_types_must_name_every_layer(tmp_path):

@@ -335,7 +335,7 @@ def test_dense_models_carry_no_vllm_section():
 
 
 @pytest.mark.parametrize("name,field", [("deepseek-ai--DeepSeek-V3.2", "model_type 'deepseek_v32'"),
-                                        ("meta-llama--Llama-4-Scout-17B-16E-Instruct", "model_type 'llama4_text'"),
+                                        ("google--gemma-4-26B-A4B", "model_type 'gemma4_text'"),
                                         ("Qwen--Qwen3.5-35B-A3B", "model_type 'qwen3_5_moe_text'")])
 def test_unpriceable_package_configs_are_refused(name, field):
     with pytest.raises(ServesimError) as e:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.model_config import ModelConfig
+from backends.model_config import ModelConfig, resolve_model
 from sim.errors import ServesimError
 from tests.helpers import sim
 
@@ -103,3 +103,13 @@ def test_sim_replay_runs_qwen3_vl(tmp_path):
                "--limit", "60", "--out", out, "--quiet") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 60 and summary["model"]["architecture"] == "Qwen3VLMoeForConditionalGeneration"
+
+
+def test_a_hugging_face_name_reads_the_config_the_tables_package_ships(capsys):
+    m = resolve_model("Qwen/Qwen3-VL-30B-A3B-Instruct")
+    assert m.name == "Qwen/Qwen3-VL-30B-A3B-Instruct" and m == package("Qwen--Qwen3-VL-30B-A3B-Instruct")
+    assert resolve_model("meta-llama/Llama-4-Scout-17B-16E-Instruct").num_experts == 16
+    for name in ("foo/bar", "Qwen3-VL-8B-Instruct", "a/b/c"):
+        with pytest.raises(ServesimError) as e:
+            resolve_model(name)
+        assert f"unknown model {name!r}" in str(e.value) and "pip install -e '.[tables]'" in str(e.value)

@@ -159,6 +159,23 @@ def window_pairs(q: int, c: int, window: int | None) -> int:
     return (a + window) * (window - a + 1) // 2 + (b - window) * window
 
 
+def chunk_pieces(q: int, c: int, chunk: int) -> list[tuple[int, int]]:
+    """q new tokens at the end of a context of c under chunked local attention of `chunk` positions,
+    as vLLM runs them: each token attends to the tokens of its own chunk up to itself, and the
+    backend splits a request's queries at the chunk boundaries into virtual requests, each a full
+    attention over its chunk's tokens so far (make_local_attention_virtual_batches,
+    vllm/v1/attention/backends/utils.py). The pieces as (new tokens, context within the chunk):
+    a decode at context c is (1, (c - 1) % chunk + 1)."""
+    pieces = []
+    start = c - q
+    while start < c:
+        base = start // chunk * chunk
+        end = min(c, base + chunk)
+        pieces.append((end - start, end - base))
+        start = end
+    return pieces
+
+
 class MoERooflineCostModel(CostModel):
     """The datasheet roofline of a mixture-of-experts, MLA or sliding-window model's step, on one
     GPU of a tensor-parallel engine (expert-parallel over its TP GPUs with
@@ -178,12 +195,14 @@ class MoERooflineCostModel(CostModel):
     - attention: per request; MLA's decode attends over the latent cache (kv_lora_rank +
       qk_rope_head_dim per token, one head: FLOPs 2 x heads x (2 x kv_lora_rank + qk_rope_head_dim)
       per key), MLA's prefill chunks attend in the heads' own dimensions after up-projecting their
-      context's latents; a sliding-window layer attends over at most its window's keys;
+      context's latents; a sliding-window layer attends over at most its window's keys; a
+      chunked-local layer (Llama 4) over its chunk's, each piece of a request within one chunk
+      priced as a full attention over the chunk's tokens so far (`chunk_pieces`, as vLLM runs it);
     - kv_write, elementwise, lm_head, allreduce (two per layer, as the dense model's) and the
       step's overhead.
     Decodes are costed from their summed contexts when no layer slides (each decode's attention
     taken as its context length times the larger of its per-key FLOP and byte times); with sliding
-    layers every request is costed on its own, and the engine does not fast-forward."""
+    or chunked layers every request is costed on its own, and the engine does not fast-forward."""
 
     def __init__(self, model: ModelConfig, hardware: Hardware, efficiencies: Efficiencies | None = None,
                  tp: int = 1, dtype: str = "bf16", kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False,
@@ -208,9 +227,10 @@ class MoERooflineCostModel(CostModel):
         self._heads = model.num_attention_heads // tp
         self._kv_heads = 1 if model.kv_lora_rank else model.num_kv_heads_per_gpu(tp)
         self._vocab = model.padded_vocab(tp)
-        self._full_layers = model.num_hidden_layers - model.num_sliding_layers
+        self._full_layers = model.num_hidden_layers - model.num_sliding_layers - model.num_chunked_layers
         self._sliding_layers = model.num_sliding_layers
-        self.decodes_from_sums = self.supports_fast_forward = self._sliding_layers == 0
+        self._chunked_layers = model.num_chunked_layers
+        self.decodes_from_sums = self.supports_fast_forward = not (self._sliding_layers or self._chunked_layers)
         m, hd, nh = model, model.head_dim, self._heads
         att_flops_s = self._flops_s * self.eff.attention
         if m.kv_lora_rank:
@@ -380,6 +400,9 @@ class MoERooflineCostModel(CostModel):
         for num_layers, window in ((self._full_layers, None), (self._sliding_layers, m.sliding_window)):
             if num_layers:
                 total += num_layers * self._attention_one_layer(q, c, window)
+        if self._chunked_layers:
+            total += self._chunked_layers * sum(self._attention_one_layer(qi, ci, None)
+                                                for qi, ci in chunk_pieces(q, c, m.attention_chunk_size))
         return total
 
     def _attention_one_layer(self, q: int, c: int, window: int | None) -> float:

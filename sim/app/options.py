@@ -78,8 +78,10 @@ class ReplayOptions:
     cache: CacheConfig = field(default_factory=CacheConfig)
     # A preset's name, or a config.json (or a folder holding one)
     model: str = option("Llama-3.1-8B", flag="--model", check=check_named, metavar="NAME|CONFIG",
-                        help="model preset ({models}) or a Hugging Face config.json, or a folder holding one: dense "
-                             "Llama, Mistral, Qwen2, Qwen3 (default: {default})")
+                        help="model preset ({models}), a Hugging Face config.json or a folder holding one (dense "
+                             "Llama, Mistral, Qwen2, Qwen3; the mixtures of experts, MLA, sliding-window, Qwen3-VL and "
+                             "Llama 4 families of docs/moe.md), or with the tables extra a Hugging Face name "
+                             "ORG/NAME whose config.json the package ships (default: {default})")
     hardware: str = option("H100-SXM", flag="--hardware", check=check_named, metavar="NAME|FILE.json",
                            help="hardware preset ({hardware}) or a JSON file with its fields (see the README; "
                                 "default: {default})")

@@ -74,6 +74,7 @@ import pandas as pd
 from backends.costmodel.optables.backend import OpTableBackend
 from backends.costmodel.optables.profile import ClientOverhead, build_profile
 from backends.costmodel.optables.tables import load_tables, systems_in
+from backends.model_config import package_model_config
 from backends.sampler import GREEDY, Sampling, config_dir_of, generation_config_sampling
 from sim.app.opprofiles import kv_name
 from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
@@ -442,25 +443,7 @@ def model_source(model_path: str, models_dir: str | Path | None) -> str | None:
     preset = next((p for p in MODELS if p.lower() == name.lower()), None)
     if preset is not None:
         return preset
-    from backends.costmodel.optables.systems import package_systems_dir
-
-    systems = package_systems_dir()
-    if systems is not None:
-        config = systems.parent / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
-        if config.is_file():
-            return str(config)
-    return None
-
-
-def package_model_config(model_path: str) -> Path | None:
-    """The tables package's model_configs/ file of `model_path` (ORG--NAME_config.json), if any."""
-    from backends.costmodel.optables.systems import package_systems_dir
-
-    systems = package_systems_dir()
-    if systems is None:
-        return None
-    config = systems.parent / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
-    return config if config.is_file() else None
+    return None if packaged is None else str(packaged)
 
 
 def served_checkpoint(row, model, models: dict) -> tuple:

@@ -93,7 +93,7 @@ from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, graph_sizes_array, padded_tokens
-from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
+from backends.costmodel.roofline import MoERooflineCostModel, chunk_pieces, ring_seconds
 from backends.sampler import PricesSampler, sampler_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
@@ -129,9 +129,10 @@ def family_distribution(model) -> str:
     tables measure that skew as a power law of exponent ALPHA; AIConfigurator, whose tables these
     are, prices every MoE model with one (its `workload_distribution` default, "power_law"): alpha
     1.01 for the DeepSeek family (aiconfigurator_core/sdk/models/deepseek.py, `_power_law_alpha`;
-    servesim's MLA models: DeepSeek-V3/R1, Kimi K2) and 1.2 for the others (sdk/models/moe.py:
-    Qwen3-MoE, Mixtral, gpt-oss, MiniMax)."""
-    return "power-law:1.01" if model.kv_lora_rank else "power-law:1.2"
+    servesim's MLA models: DeepSeek-V3/R1, Kimi K2) and Llama 4 (sdk/models/hybrid_moe.py, the
+    model its common.py names Llama4ForConditionalGeneration's) and 1.2 for the others
+    (sdk/models/moe.py: Qwen3-MoE, Mixtral, gpt-oss, MiniMax)."""
+    return "power-law:1.01" if model.kv_lora_rank or model.model_type == "llama4_text" else "power-law:1.2"
 
 
 def table_distribution(value: str) -> str:
@@ -796,6 +797,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                 grids[window, kind] = Grid(batch, lengths, full, power_b=power)
         self._attention = grids
         windows = f"; sliding layers at window {m.sliding_window}" if self._sliding_layers else ""
+        if self._chunked_layers:
+            windows += (f"; chunked-local layers as full attention over their {m.attention_chunk_size}-token "
+                        "chunk's tokens so far")
         self.sources["attention"] = (f"attention tables {tables.versions.get('generation_attention', ('?',))[0]}"
                                      f"{windows}")
 
@@ -1022,6 +1026,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             total += self._full_layers * self._window_attention(0, q, c)
         if self._sliding_layers:
             total += self._sliding_layers * self._window_attention(self.model.sliding_window, q, c)
+        if self._chunked_layers:  # each piece within one chunk a full attention over the chunk so far
+            total += self._chunked_layers * sum(self._window_attention(0, qi, ci) for qi, ci in
+                                                chunk_pieces(q, c, self.model.attention_chunk_size))
         return total
 
     def _chunks_attention(self, chunks: list[tuple[int, int]]) -> float:
@@ -1057,6 +1064,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                 attention += self._full_layers * self._decodes_attention(0, decodes)
             if self._sliding_layers:
                 attention += self._sliding_layers * self._decodes_attention(w, [min(c, w) for c in decodes])
+            if self._chunked_layers:
+                chunk = self.model.attention_chunk_size
+                attention += self._chunked_layers * self._decodes_attention(0, [(c - 1) % chunk + 1 for c in decodes])
             parts["attention"] = attention
             return parts
         # Full-attention GQA: the decodes as one batch at their mean KV length (the generation
