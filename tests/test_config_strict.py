@@ -25,7 +25,12 @@ LOADS = {"MiniMaxAI--MiniMax-M2.5", "MiniMaxAI--MiniMax-M2.7", "Qwen--Qwen3-0.6B
          "mistralai--Mixtral-8x22B-v0.1", "mistralai--Mixtral-8x7B-v0.1", "moonshotai--Kimi-K2-Instruct",
          "moonshotai--Kimi-K2.5", "nvidia--DeepSeek-V3.1-NVFP4", "nvidia--Kimi-K2.5-NVFP4", "nvidia--Kimi-K2.6-NVFP4",
          "nvidia--Llama-3.1-70B-Instruct-FP8", "nvidia--MiniMax-M2.5-NVFP4", "nvidia--MiniMax-M2.7-NVFP4",
-         "nvidia--Qwen3-235B-A22B-NVFP4", "openai--gpt-oss-120b", "openai--gpt-oss-20b"}
+         "nvidia--Qwen3-235B-A22B-NVFP4", "openai--gpt-oss-120b", "openai--gpt-oss-20b",
+         # Qwen3-VL's language models and Llama 4, read for text prompts (docs/moe.md)
+         "Qwen--Qwen3-VL-2B-Instruct", "Qwen--Qwen3-VL-4B-Instruct", "Qwen--Qwen3-VL-8B-Instruct",
+         "Qwen--Qwen3-VL-32B-Instruct", "Qwen--Qwen3-VL-32B-Thinking", "Qwen--Qwen3-VL-30B-A3B-Instruct",
+         "Qwen--Qwen3-VL-235B-A22B-Instruct", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
+         "meta-llama--Llama-4-Maverick-17B-128E-Instruct"}
 
 
 def package(name: str) -> dict:

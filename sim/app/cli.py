@@ -167,7 +167,34 @@ def cmd_models(args: argparse.Namespace) -> int:
               f"{m.num_attention_heads:>7}{m.num_key_value_heads:>4}{m.vocab_size:>8}"
               f"{m.kv_bytes_per_token() / 1024:>8.0f} KiB{m.max_position_embeddings:>9}")
     print("max len: the longest prompt + output (max_position_embeddings), the default --max-model-len")
+    list_package_models()
     return 0
+
+
+def list_package_models() -> None:
+    """The config.json files the tables package ships (--model ORG/NAME), each with its parameters
+    and family where servesim prices it, else why not (the refusal, without its file's path)."""
+    from backends.costmodel.optables.systems import INSTALL_HINT, package_systems_dir
+    from backends.model_config import ModelConfig, config_name
+
+    systems = package_systems_dir()
+    if systems is None:
+        print(f"with the tables extra ({INSTALL_HINT}), --model also takes the Hugging Face names of the "
+              "config.json files the package ships")
+        return
+    paths = sorted(p for p in (systems.parent / "model_configs").glob("*_config.json")
+                   if not p.name.endswith("hf_quant_config.json"))
+    print(f"\nthe tables package's model configs (--model ORG/NAME), {len(paths)}:")
+    for path in paths:
+        name = config_name(str(path))
+        try:
+            m = ModelConfig.from_hf(path)
+        except ServesimError as e:
+            why = str(e).replace(f"{path} (text_config): ", "").replace(f"{path}: ", "").split("; servesim")[0]
+            print(f"  {name:<52} not priced: {why[:110]}{'...' if len(why) > 110 else ''}")
+            continue
+        family = m.model_type or "dense"
+        print(f"  {name:<52} {m.num_parameters / 1e9:>8.2f}B  {family}")
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
