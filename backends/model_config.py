@@ -633,6 +633,15 @@ def language_model_of(raw: dict, where: str) -> tuple[dict, str]:
         if rest.get("rope_type", "default") != "default" or set(rest) - {"rope_type"}:
             raise ServesimError(f"{where} (text_config): rope_scaling = {scaling!r}: multimodal RoPE with "
                                 "scaling is not supported")
+        # Three sections (time, height, width) of the rotary dimension's frequency pairs: vLLM's
+        # MRotaryEmbedding asserts they sum to head_dim // 2 (its rotary_dim) and, interleaved, are three.
+        section, head_dim = scaling["mrope_section"], out.get("head_dim")
+        if not (isinstance(section, list) and len(section) == 3
+                and all(type(v) is int and v >= 0 for v in section)  # noqa: E721 (not true or false)
+                and (type(head_dim) is not int or sum(section) == head_dim // 2)):  # noqa: E721
+            half = f" ({head_dim // 2})" if type(head_dim) is int else ""  # noqa: E721
+            raise ServesimError(f"{where} (text_config): rope_scaling mrope_section = {section!r}, expected three "
+                                f"whole numbers summing to head_dim // 2{half}")
         out["rope_scaling"] = None
     return out, f"{where} (text_config)"
 
@@ -726,13 +735,23 @@ def package_model_config(model_path: str) -> Path | None:
     (ORG--NAME_config.json), if the tables extra is installed and ships it."""
     from backends.costmodel.optables.systems import package_systems_dir
 
-    if model_path.count("/") != 1 or not all(model_path.split("/")):
+    # (ORG/NAME_hf_quant would name the quantization file beside a config, not a model)
+    if model_path.count("/") != 1 or not all(model_path.split("/")) or model_path.endswith("_hf_quant"):
         return None
     systems = package_systems_dir()
     if systems is None:
         return None
     config = systems.parent / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
-    return config if config.is_file() else None
+    return config if _is_there(config, file=True) else None
+
+
+def _is_there(path: Path, file: bool = False) -> bool:
+    """Whether `path` exists (is a file), False where the system cannot look it up (a name too
+    long for it, as a mistyped --model can be), where pathlib would raise."""
+    try:
+        return path.is_file() if file else path.exists()
+    except OSError:
+        return False
 
 
 def resolve_model(name_or_path: str) -> ModelConfig:
@@ -744,7 +763,7 @@ def resolve_model(name_or_path: str) -> ModelConfig:
         raise ServesimError("--model must not be empty (an empty name was read as the current folder)")
     if name_or_path in MODELS:
         return ModelConfig.from_preset(name_or_path)
-    if Path(name_or_path).exists():
+    if _is_there(Path(name_or_path)):
         return ModelConfig.from_hf(name_or_path)
     packaged = package_model_config(name_or_path)
     if packaged is not None:
@@ -992,6 +1011,11 @@ def _window_fields(raw: dict, where: str, model_type: str, layers: int) -> dict:
     if types and "chunked_attention" in types and model_type != "llama4_text":
         raise ServesimError(f"{where}: layer_types has chunked_attention layers: chunked local attention is "
                             "priced for Llama 4 only")
+    if model_type == "llama4_text":  # its layers are chunked-local or global (_llama4_fields), none slides
+        if window is not None:
+            raise ServesimError(f"{where}: sliding_window = {window!r}: Llama 4's layers are chunked-local or global "
+                                "(vLLM's Llama4Attention), none slides")
+        return {}
     if model_type == "qwen3_moe":
         if _flag(raw, "use_sliding_window", where, False):
             raise ServesimError(f"{where}: use_sliding_window = true: Qwen's max_window_layers windows are not "

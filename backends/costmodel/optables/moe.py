@@ -1027,8 +1027,12 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         if self._sliding_layers:
             total += self._sliding_layers * self._window_attention(self.model.sliding_window, q, c)
         if self._chunked_layers:  # each piece within one chunk a full attention over the chunk so far
-            total += self._chunked_layers * sum(self._window_attention(0, qi, ci) for qi, ci in
-                                                chunk_pieces(q, c, self.model.attention_chunk_size))
+            pieces = chunk_pieces(q, c, self.model.attention_chunk_size)
+            one = sum(self._window_attention(0, qi, ci) for qi, ci in pieces)
+            if len(pieces) > 1:  # virtual requests of one kernel launch: no more than the full attention over
+                # the same queries, which does all their work and more (not a kernel's floor per piece)
+                one = min(one, self._window_attention(0, q, c))
+            total += self._chunked_layers * one
         return total
 
     def _chunks_attention(self, chunks: list[tuple[int, int]]) -> float:
