@@ -347,10 +347,8 @@ class ModelConfig:
         (layer i when (i + 1) % step == 0: vLLM's Llama4DecoderLayer, vllm/model_executor/models/llama4.py)."""
         if not self.num_experts:
             return 0
-        step = self.interleave_moe_layer_step
-        if step == 1:
-            return self.num_hidden_layers - self.first_k_dense_replace
-        return sum(1 for i in range(self.first_k_dense_replace, self.num_hidden_layers) if (i + 1) % step == 0)
+        step = self.interleave_moe_layer_step  # layers i in [first_k, L) with step | i + 1
+        return self.num_hidden_layers // step - self.first_k_dense_replace // step
 
     @property
     def num_dense_mlp_layers(self) -> int:
@@ -608,7 +606,9 @@ def read_config_json(path: str | Path) -> tuple[str, dict]:
 # qwen3_vl_moe.py Qwen3MoeLLMForCausalLM over Qwen3MoeModel) whose RoPE is interleaved multimodal
 # RoPE: for a text token its three position ids (time, height, width) are all the token's position
 # (vLLM's MRotaryEmbedding, get_input_positions for text), so it rotates as plain RoPE does, at
-# RoPE's cost. Served text-only, as `vllm serve --language-model-only` does: every modality's limit
+# RoPE's cost; its cos/sin cache is as long as the context, as plain RoPE's (vLLM 0.33's Qwen3-VL
+# decoder layers ask MRotaryEmbedding for 1 x max_position_embeddings, 4 x only with video pruning:
+# qwen3_vl.py `mrope_positions_factor`). Served text-only, as `vllm serve --language-model-only` does: every modality's limit
 # is 0 (vllm/config/multimodal.py, MultiModalConfig.get_limit_per_prompt), so the vision tower is
 # not built or loaded (Qwen3VLForConditionalGeneration.__init__, `_mark_tower_model`) and no
 # encoder pass is profiled: the GPU holds the language model alone, as priced here.
@@ -624,9 +624,11 @@ def language_model_of(raw: dict, where: str) -> tuple[dict, str]:
     if not (isinstance(text, dict) and text.get("model_type") in LANGUAGE_MODELS):
         return raw, where
     out = {**text, "model_type": LANGUAGE_MODELS[text["model_type"]]}
-    for field in ("architectures", "quantization_config", "tie_word_embeddings"):
+    for field in ("architectures", "tie_word_embeddings"):
         if out.get(field) is None and raw.get(field) is not None:
             out[field] = raw[field]
+    if raw.get("quantization_config") is not None:  # the top level first, as vLLM reads it
+        out["quantization_config"] = raw["quantization_config"]  # (weight_utils.py, get_quant_config)
     scaling = out.get("rope_scaling")
     if isinstance(scaling, dict) and "mrope_section" in scaling:
         rest = {k: v for k, v in scaling.items() if k not in ("mrope_section", "mrope_interleaved")}

@@ -198,3 +198,16 @@ def test_its_ten_million_token_context_is_vllms_start_check(tmp_path, capsys):
                "--out", tmp_path / "run") == 2
     line = one_error_line(capsys)
     assert "cannot hold one request of --max-model-len 10485760 tokens; vLLM would not start" in line
+
+
+@given(st.integers(1, 64), st.integers(0, 8), st.integers(1, 6))
+def test_moe_layers_are_every_steps_layer_after_the_dense_ones(layers, first_dense, step):
+    """vLLM's rule, layer i is MoE when (i + 1) % step == 0 (Llama4DecoderLayer), after DeepSeek's
+    first_k_dense_replace dense layers: the count `num_moe_layers` gives, layer by layer."""
+    m = package(MAVERICK)
+    expected = sum(1 for i in range(first_dense, layers) if (i + 1) % step == 0)
+    if first_dense >= layers or not expected:
+        return
+    shaped = replace(m, num_hidden_layers=layers, first_k_dense_replace=first_dense, interleave_moe_layer_step=step,
+                     layer_types=())
+    assert shaped.num_moe_layers == expected and shaped.num_dense_mlp_layers == layers - expected

@@ -113,3 +113,14 @@ def test_a_hugging_face_name_reads_the_config_the_tables_package_ships(capsys):
         with pytest.raises(ServesimError) as e:
             resolve_model(name)
         assert f"unknown model {name!r}" in str(e.value) and "pip install -e '.[tables]'" in str(e.value)
+
+
+def test_the_wrappers_quantization_comes_before_the_text_configs(tmp_path):
+    """vLLM reads the top level's quantization_config first, then the text config's
+    (vllm/model_executor/model_loader/weight_utils.py, get_quant_config)."""
+    raw = json.loads((CONFIGS / "Qwen--Qwen3-VL-8B-Instruct_config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    raw["text_config"]["quantization_config"] = {"quant_method": "fp8"}
+    assert ModelConfig.from_hf(write(tmp_path, raw)).weight_dtype == "fp8-block"
+    del raw["quantization_config"]
+    assert ModelConfig.from_hf(write(tmp_path, raw)).weight_dtype == "fp8"
