@@ -107,6 +107,11 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): each query attends to the index_topk keys its
+    # lightning indexer picks (index_n_heads heads of index_head_dim over every key); 0: dense MLA.
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
     # Sliding windows: one entry per layer, "full_attention", "sliding_attention" or (Llama 4)
     # "chunked_attention" (empty: all full).
     sliding_window: int | None = None
@@ -170,6 +175,8 @@ class ModelConfig:
                      f"{self.num_hidden_layers}")
         if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
             fail("an MLA model needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        if self.index_topk and not (self.kv_lora_rank and self.index_n_heads >= 1 and self.index_head_dim >= 1):
+            fail("DeepSeek sparse attention needs MLA (kv_lora_rank), index_n_heads and index_head_dim")
         if self.layer_types:
             if len(self.layer_types) != self.num_hidden_layers:
                 fail(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
@@ -327,11 +334,31 @@ class ModelConfig:
         V; vllm/v1/kv_cache_interface.py). A sliding-window layer's token is the same size as a
         full one's (SlidingWindowSpec's page): how many tokens a layer keeps is
         backends/kv_capacity.py's."""
+        if self.index_topk:  # DeepSeek sparse attention: the latent and the indexer's key, one group
+            return self.num_hidden_layers * (self.sparse_latent_bytes(kv_cache_dtype) + self.indexer_key_bytes)
         if self.kv_lora_rank:
             return (self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
                     * kv_cache_dtype_bytes(kv_cache_dtype))
         return (2 * self.num_hidden_layers * self.num_kv_heads_per_gpu(tp) * self.head_dim
                 * kv_cache_dtype_bytes(kv_cache_dtype))
+
+    def sparse_latent_bytes(self, kv_cache_dtype: str = "auto") -> int:
+        """One token's MLA latent in a DeepSeek-sparse-attention layer's cache: kv_lora_rank +
+        qk_rope_head_dim values in bf16 (576 x 2 = 1152 bytes), or with an fp8 cache FlashMLA's
+        fp8_ds_mla row, its 656-byte literal (512 fp8 values, 4 fp32 scales and the 64 RoPE values in
+        bf16: vllm/model_executor/layers/attention/mla_attention.py, MLAAttention.get_kv_cache_spec,
+        state_content_bytes; flashmla_sparse.py). FlashInfer's sparse backend on Blackwell keeps a
+        plain fp8 row (576 bytes) instead, which servesim does not model."""
+        if kv_cache_dtype == "fp8":
+            return 656
+        return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_cache_dtype_bytes(kv_cache_dtype)
+
+    @property
+    def indexer_key_bytes(self) -> int:
+        """One token's key in a DeepSeek-sparse-attention layer's indexer cache, whatever the KV cache
+        dtype: index_head_dim fp8 values and one fp32 scale per 128 (DeepseekV32IndexerCache, uint8,
+        head_dim index_head_dim + index_head_dim // 128 x 4: 132 bytes)."""
+        return self.index_head_dim + self.index_head_dim // 128 * 4
 
     # Mixture of experts, MLA and sliding windows.
 
@@ -488,6 +515,11 @@ class ModelConfig:
             attention += lin(heads * v, h, weights)
             if not count:  # W_UK and W_UV in bf16
                 attention += 2 * self.kv_lora_rank * heads * (nope + v)
+            if self.index_topk:  # the indexer, replicated on every GPU (vllm/models/deepseek_v32/attention.py):
+                idx = self.index_n_heads * self.index_head_dim  # wq_b in the checkpoint's dtype; wk and
+                attention += lin(self.q_lora_rank or h, idx, weights)  # weights_proj fused in bf16; k_norm fp32
+                attention += h * (self.index_head_dim + self.index_n_heads) * (1 if count else 2)
+                attention += 2 * self.index_head_dim * (1 if count else 4)
         else:
             kv_heads = self.num_kv_heads_per_gpu(tp)
             qkv_out = (heads + 2 * kv_heads) * hd
@@ -511,7 +543,7 @@ class ModelConfig:
             local = self.local_experts(tp, dp, ep)
             i = self.moe_intermediate_size // moe_tp
             router = h * e * small
-            if self.model_type in ("deepseek_v3", "kimi_k2", "minimax_m2"):
+            if self.model_type in (*_DEEPSEEK, "minimax_m2"):
                 router += e * (1 if count else 4)  # e_score_correction_bias, fp32
             elif self.attention_bias:
                 router += small * e  # gpt-oss's router bias
@@ -782,13 +814,16 @@ EXTENDED_FAMILIES = {"qwen3_moe": ("Qwen3MoeForCausalLM", True), "mixtral": ("Mi
                      "deepseek_v3": ("DeepseekV3ForCausalLM", False), "kimi_k2": ("DeepseekV3ForCausalLM", False),
                      "gpt_oss": ("GptOssForCausalLM", False), "minimax_m2": ("MiniMaxM2ForCausalLM", True),
                      "mistral": ("MistralForCausalLM", False), "gemma2": ("Gemma2ForCausalLM", False),
-                     "gemma3_text": ("Gemma3ForCausalLM", True), "llama4_text": ("Llama4ForCausalLM", False)}
+                     "gemma3_text": ("Gemma3ForCausalLM", True), "llama4_text": ("Llama4ForCausalLM", False),
+                     "deepseek_v32": ("DeepseekV32ForCausalLM", False), "glm_moe_dsa": ("GlmMoeDsaForCausalLM", False)}
 _EXTENDED_FIELDS = ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                     "shared_expert_intermediate_size", "norm_topk_prob", "first_k_dense_replace", "kv_lora_rank",
                     "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
                     "layer_types", "attention_sinks", "attention_bias", "sandwich_norms", "weight_dtype",
-                    "expert_dtype", "kv_cache_dtype", "attention_chunk_size", "interleave_moe_layer_step")
-_DEEPSEEK = ("deepseek_v3", "kimi_k2")
+                    "expert_dtype", "kv_cache_dtype", "attention_chunk_size", "interleave_moe_layer_step",
+                    "index_topk", "index_n_heads", "index_head_dim")
+_DEEPSEEK = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
+_SPARSE = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek sparse attention: MLA with a lightning indexer
 
 
 def _is_extended(raw: dict) -> bool:
@@ -867,7 +902,8 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
                             f"{', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} decoders")
     for field, what in (("index_topk", "DeepSeek sparse attention"), ("linear_attn_config", "linear attention"),
                         ("attention_chunk_size", "chunked local attention")):
-        if raw.get(field) is not None and not (field == "attention_chunk_size" and model_type == "llama4_text"):
+        if raw.get(field) is not None and not (field == "attention_chunk_size" and model_type == "llama4_text") \
+                and not (field == "index_topk" and model_type in _SPARSE):
             raise ServesimError(f"{where}: {field} = {raw[field]}: {what} is not supported")
     fields = hf_fields(raw, where)
     if model_type in ("mixtral", "gpt_oss", "minimax_m2") and "intermediate_size" in fields:
@@ -885,6 +921,8 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
         architecture = str(architectures[0])
     fields.update(_moe_fields(raw, where, model_type))
     fields.update(_mla_fields(raw, where))
+    if model_type in _SPARSE:
+        fields.update(_sparse_fields(raw, where))
     if fields.get("kv_lora_rank"):
         fields["head_dim"] = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
     fields.update(_window_fields(raw, where, model_type, layers))
@@ -990,6 +1028,21 @@ def _llama4_fields(raw: dict, where: str, layers: int) -> dict:
     if raw.get("intermediate_size_mlp") is not None or step > 1:
         out["intermediate_size"] = _whole(raw, "intermediate_size_mlp", where, minimum=1)
     return out
+
+
+def _sparse_fields(raw: dict, where: str) -> dict:
+    """DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5: vLLM's Indexer,
+    vllm/model_executor/models/deepseek_v2.py): index_topk keys a query attends, the indexer's
+    heads and head size. Without kv_lora_rank there is no MLA to make sparse."""
+    if raw.get("kv_lora_rank") is None:
+        raise ServesimError(f"{where}: no kv_lora_rank in it: DeepSeek sparse attention is sparse MLA")
+    # Layers that reuse an earlier layer's top-k instead of running their own indexer (GLM-5.2's
+    # index_topk_freq, index_topk_pattern: vllm/models/deepseek_v32/attention.py, skip_topk) are not priced.
+    if _whole(raw, "index_topk_freq", where, 1, 1) != 1 or raw.get("index_topk_pattern") is not None:
+        field = "index_topk_freq" if raw.get("index_topk_pattern") is None else "index_topk_pattern"
+        raise ServesimError(f"{where}: {field} = {raw[field]!r}: layers that reuse another layer's top-k "
+                            "are not priced (every layer its own indexer only)")
+    return {f: _whole(raw, f, where, minimum=1) for f in ("index_topk", "index_n_heads", "index_head_dim")}
 
 
 def _mla_fields(raw: dict, where: str) -> dict:

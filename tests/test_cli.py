@@ -83,8 +83,8 @@ def test_models_and_hardware_list(capsys):
     if "the tables package's model configs" in out:  # the tables extra: its configs, priced or why not
         scout = next(line for line in out.splitlines() if "meta-llama/Llama-4-Scout-17B-16E-Instruct" in line)
         assert "107.77B" in scout and "llama4_text" in scout
-        glm = next(line for line in out.splitlines() if line.strip().startswith("zai-org/GLM-5 "))
-        assert "not priced: model_type 'glm_moe_dsa' is not supported" in glm and "servesim prices" not in glm
+        step = next(line for line in out.splitlines() if line.strip().startswith("stepfun-ai/Step-3.7-Flash "))
+        assert "not priced: model_type 'step3p7' is not supported" in step and "servesim prices" not in step
     assert run_cli("hardware") == 0
     out = capsys.readouterr().out
     assert "H200" in out and "node GB/s" in out

@@ -30,7 +30,10 @@ LOADS = {"MiniMaxAI--MiniMax-M2.5", "MiniMaxAI--MiniMax-M2.7", "Qwen--Qwen3-0.6B
          "Qwen--Qwen3-VL-2B-Instruct", "Qwen--Qwen3-VL-4B-Instruct", "Qwen--Qwen3-VL-8B-Instruct",
          "Qwen--Qwen3-VL-32B-Instruct", "Qwen--Qwen3-VL-32B-Thinking", "Qwen--Qwen3-VL-30B-A3B-Instruct",
          "Qwen--Qwen3-VL-235B-A22B-Instruct", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
-         "meta-llama--Llama-4-Maverick-17B-128E-Instruct"}
+         "meta-llama--Llama-4-Maverick-17B-128E-Instruct",
+         # DeepSeek sparse attention (docs/moe.md)
+         "deepseek-ai--DeepSeek-V3.2", "nvidia--DeepSeek-V3.2-NVFP4", "zai-org--GLM-5", "zai-org--GLM-5-FP8",
+         "zai-org--GLM-5.1", "zai-org--GLM-5.1-FP8"}
 
 
 def package(name: str) -> dict:

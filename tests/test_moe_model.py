@@ -334,7 +334,7 @@ def test_dense_models_carry_no_vllm_section():
 # Refusals naming the field.
 
 
-@pytest.mark.parametrize("name,field", [("deepseek-ai--DeepSeek-V3.2", "model_type 'deepseek_v32'"),
+@pytest.mark.parametrize("name,field", [("deepseek-ai--DeepSeek-V4-Flash", "model_type 'deepseek_v4'"),
                                         ("google--gemma-4-26B-A4B", "model_type 'gemma4_text'"),
                                         ("Qwen--Qwen3.5-35B-A3B", "model_type 'qwen3_5_moe_text'")])
 def test_unpriceable_package_configs_are_refused(name, field):

@@ -264,7 +264,8 @@ def test_models_shows_each_models_max_length(capsys):
     assert sim("models") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[-2:] == ["max", "len"]
-    rows = {line.split()[0]: line.split()[-1] for line in lines[1:-1]}
+    end = next(i for i, line in enumerate(lines) if line.startswith("max len:"))  # the presets' table ends there
+    rows = {line.split()[0]: line.split()[-1] for line in lines[1:end]}
     assert rows["Llama-3.1-8B"] == "131072" and rows["Mistral-7B"] == "32768" and rows["tiny"] == "8192"
 
 

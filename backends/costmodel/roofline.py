@@ -230,7 +230,8 @@ class MoERooflineCostModel(CostModel):
         self._full_layers = model.num_hidden_layers - model.num_sliding_layers - model.num_chunked_layers
         self._sliding_layers = model.num_sliding_layers
         self._chunked_layers = model.num_chunked_layers
-        self.decodes_from_sums = self.supports_fast_forward = not (self._sliding_layers or self._chunked_layers)
+        self.decodes_from_sums = self.supports_fast_forward = not (self._sliding_layers or self._chunked_layers
+                                                                   or model.index_topk)
         m, hd, nh = model, model.head_dim, self._heads
         att_flops_s = self._flops_s * self.eff.attention
         if m.kv_lora_rank:
@@ -267,6 +268,9 @@ class MoERooflineCostModel(CostModel):
             s = self._gemm(t, h, nh * (nope + rope), w) + self._gemm(t, h, kvr + rope, w)
         # W_UK (q_nope into the latent) and W_UV (latent out to v), bf16, per head.
         s = s + self._gemm(t, nope * nh, kvr, "bf16") + self._gemm(t, kvr, v * nh, "bf16")
+        if m.index_topk:  # the indexer's wq_b (checkpoint dtype) and its fused wk + weights_proj (bf16), replicated
+            s = s + self._gemm(t, m.q_lora_rank or h, m.index_n_heads * m.index_head_dim, w)
+            s = s + self._gemm(t, h, m.index_head_dim + m.index_n_heads, "bf16")
         return s + self._gemm(t, nh * v, h, w)
 
     def dense(self, t: int, num_logits: int) -> tuple:
@@ -407,6 +411,8 @@ class MoERooflineCostModel(CostModel):
 
     def _attention_one_layer(self, q: int, c: int, window: int | None) -> float:
         m, nh, kvb = self.model, self._heads, self.dtype_bytes
+        if m.index_topk and (q == 1 or c > m.index_topk):
+            return self._sparse_attention_one_layer(q, c)
         pairs = window_pairs(q, c, window)
         keys = c if window is None else min(c, window + q - 1)
         att_flops_s = self._flops_s * self.eff.attention
@@ -424,6 +430,31 @@ class MoERooflineCostModel(CostModel):
             flops = 4.0 * nh * hd * pairs
             num_bytes = keys * 2 * self._kv_heads * hd * kvb + q * 2 * nh * hd * ACTIVATION_BYTES
         return max(flops / att_flops_s, num_bytes / self._bytes_s)
+
+    def _sparse_attention_one_layer(self, q: int, c: int) -> float:
+        """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5), one layer, q new tokens at the end of a
+        context of c, as vLLM runs it (vllm/models/deepseek_v32/attention.py): the lightning indexer
+        scores every earlier key for each new token (index_n_heads heads of index_head_dim over the
+        fp8 keys of its cache, at the fp8 peak, then a top-k over the scores; the indexer is
+        replicated, so every TP GPU scores all its heads), and MLA attends in the latent space over
+        the index_topk keys picked (queries absorbed into 576-wide keys and 512-wide values, sparse
+        decode and prefill alike: pairs sum(min(position, index_topk))). A prefill whose context is
+        within index_topk is vLLM's dense MHA prefill without the indexer (sparse_mla_attention.py,
+        `_use_dense_mha_prefill`), priced as MLA's (`_attention_one_layer`)."""
+        m, nh, kvb = self.model, self._heads, self.dtype_bytes
+        kvr, rope = m.kv_lora_rank, m.qk_rope_head_dim
+        att_flops_s = self._flops_s * self.eff.attention
+        scored = window_pairs(q, c, None)  # every key up to each new token
+        fp8_flops_s = self.hardware.peak_flops("fp8") * self.eff.attention
+        indexer = max(2.0 * m.index_n_heads * m.index_head_dim * scored / fp8_flops_s,
+                      (c * m.indexer_key_bytes + q * m.index_n_heads * m.index_head_dim + 2 * 4 * scored)
+                      / self._bytes_s)  # keys, fp8 queries, the fp32 scores written and read by the top-k
+        pairs = window_pairs(q, c, m.index_topk)
+        keys = min(c, q * m.index_topk)  # the latents the picks gather
+        latent = m.sparse_latent_bytes("fp8" if kvb == 1 else "auto")
+        attend = max(2.0 * nh * (2 * kvr + rope) * pairs / att_flops_s,
+                     (keys * latent + q * nh * (2 * kvr + rope) * ACTIVATION_BYTES) / self._bytes_s)
+        return indexer + attend
 
     def parts(self, agg: StepAggregates, chunks: list[tuple[int, int]], dense: tuple) -> dict:
         linear, router, moe, kv_write, elementwise, lm_head, allreduce = dense

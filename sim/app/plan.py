@@ -39,7 +39,7 @@ from sim.app.opprofiles import (
 from sim.app.options import SCHEDULER_DEFAULTS, VLLM_BATCH_FIELDS, ReplayOptions, vllm_batch_defaults
 from sim.backend import Backend
 from sim.block_manager import BlockManager
-from sim.config import MAX_CLUSTER_BLOCKS, cuda_graph_sizes
+from sim.config import MAX_CLUSTER_BLOCKS, cuda_graph_sizes, is_blackwell
 from sim.errors import ServesimError
 from sim.sliding_block_manager import SlidingWindowBlockManager
 from sim.tokens import TokenSpec
@@ -200,6 +200,8 @@ class RunPlan:
         found = [w for p in plans if p.kv is not None for w in [p.kv.warning()] if w]
         if self.options.allreduce_fusion_max_mb and self.options.tp == 1:
             found.append(FUSION_AT_TP1)
+        if self.model.index_topk and self.options.kv_cache_dtype == "fp8" and is_blackwell(self.hardware.name):
+            found.append(SPARSE_FP8_ON_BLACKWELL)
         for p in plans:  # an operator the measured tables were meant to price, left to the roofline
             if hasattr(p.backend, "cost_model_summary"):
                 for op, source in p.backend.cost_model_summary().get("operators", {}).items():
@@ -215,6 +217,9 @@ class RunPlan:
         return self.kv.as_dict()  # a capped cache says so (KVCapacity.capped_from)
 
 
+SPARSE_FP8_ON_BLACKWELL = ("an fp8 KV cache of DeepSeek sparse attention is priced as FlashMLA's fp8_ds_mla rows, 656 "
+                           "bytes a token and layer; on Blackwell vLLM runs FlashInfer's sparse backend first, whose "
+                           "plain fp8 rows take 576 bytes: about 10% more KV blocks than counted here")
 ROOFLINE_FALLBACK = "roofline: "  # a cost model's source for an operator its tables lack (then the reason)
 FUSION_AT_TP1 = ("--allreduce-fusion-max-mb changes nothing at --tp 1: one GPU has no all-reduce to fuse "
                  "(its RMSNorms are priced as without the flag)")
@@ -254,6 +259,9 @@ def check_chunked_options(options: ReplayOptions, policy: type[Policy]) -> None:
                             "prefix caching (drop --no-prefix-caching)")
 
 
+SPARSE_BLOCK_SIZE = 64  # the only block size vLLM's DeepSeek-sparse-attention indexer cache takes
+
+
 def resolve(options: ReplayOptions, backend: Backend | None = None, build_backend: bool = True,
             host_vllm_version: str | None = None, sampling: Sampling | None = None) -> RunPlan:
     """The plan of a run. `backend`: use this one instead of building it; `build_backend=False`:
@@ -272,7 +280,16 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
             options = replace(options, dtype=served)
         if options.kv_cache_dtype == "auto" and model.kv_cache_dtype:  # the checkpoint's, as vLLM resolves auto
             options = replace(options, kv_cache_dtype=model.kv_cache_dtype)
+        if options.kv_cache_dtype == "auto" and model.model_type == "glm_moe_dsa" and is_blackwell(hardware.name):
+            # vLLM serves GLM-5 on SM 10x with an fp8 cache for auto (vllm/model_executor/models/config.py,
+            # GlmMoeDsaForCausalLM's verify_and_update_config: "fp8_e4m3")
+            options = replace(options, kv_cache_dtype="fp8")
     model.check_tp(options.tp)
+    if model.index_topk and options.cache.block_size != SPARSE_BLOCK_SIZE:
+        raise ServesimError(f"--block-size {options.cache.block_size}: vLLM serves {model.name}'s DeepSeek sparse "
+                            f"attention with {SPARSE_BLOCK_SIZE}-token blocks only (its indexer's cache: "
+                            "DeepseekV32IndexerBackend.get_supported_kernel_block_sizes, "
+                            f"vllm/v1/attention/backends/mla/indexer.py); pass --block-size {SPARSE_BLOCK_SIZE}")
     hardware.check_tp(options.tp)
     if options.dp > 1:  # vLLM's divisibility rules for the experts over tp x dp GPUs
         model.check_parallel(options.tp, options.dp, options.enable_expert_parallel, options.dtype)

@@ -75,6 +75,14 @@ if TYPE_CHECKING:
 
 FAMILY = "mla"
 TABLES = ("mla_context_module_perf", "mla_generation_module_perf")
+# DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): the same layout of rows for the whole sparse layer
+# (AIConfigurator's ContextDSAModule / GenerationDSAModule, sdk/operations/dsa.py: the down and up
+# projections, the indexer's wq_b, wk and weights_proj, its fp8 logits and top-k, the sparse MLA
+# attention and o_proj), under systems/data/<system>/sparse_attention/vllm/<version>/. A generation
+# row's `step` is the context before the decoded token (the SDK reads a decode at sequence s from the
+# row at step s - 1), so its KV length is step + 1.
+DSA_FAMILY = "sparse_attention"
+DSA_TABLES = ("dsa_context_module_perf", "dsa_generation_module_perf")
 MLA_SHAPE = ("hidden_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 GEMM_TYPES = {"bf16": "bfloat16", "fp8-block": "fp8_block"}  # servesim's weight dtypes -> the tables' gemm_type
 PREFILL_COMPUTE = "bfloat16"  # mla_dtype: vLLM's prefill query runs in the model's dtype unless asked otherwise
@@ -90,6 +98,7 @@ class MLATables:
     shapes: dict
     data_dir: Path | None = None
     note: str = ""  # why these rows and not the system's own nearest (`read_mla_tables`)
+    sparse: bool = False  # DeepSeek sparse attention's DSA module tables (DSA_TABLES), not MLA's
 
     @property
     def describe(self) -> str:
@@ -155,7 +164,7 @@ def measured_shape(name: str, data_dir: Path | None) -> tuple[int, ...] | None:
     return model_shape(preset) if preset is not None and preset.get("kv_lora_rank") else None
 
 
-def read_mla_tables(data_dir: Path, system: str, version: str | None) -> MLATables | str | None:
+def read_mla_tables(data_dir: Path, system: str, version: str | None, sparse: bool = False) -> MLATables | str | None:
     """The system's MLA module tables at `version` (or the nearest); None where it has neither, a
     reason where it has one but not the other. Where they predate the collector's fix (COLLECTOR_FIX),
     tables collected with it are taken instead, said in `note`: the system's own at the nearest
@@ -163,6 +172,8 @@ def read_mla_tables(data_dir: Path, system: str, version: str | None) -> MLATabl
     B300 and GB300, B200 and GB200), nearest version first; else the system's own, said too."""
     from backends.costmodel.optables.systems import table_versions, versions_by_nearness
 
+    if sparse:  # DeepSeek sparse attention's DSA module tables, the system's own, as they are
+        return _read_mla_tables(data_dir, system, version, sparse=True)
     own = _read_mla_tables(data_dir, system, version)
     if not isinstance(own, MLATables) or own.after_collector_fix:
         return own
@@ -194,17 +205,18 @@ def same_gpu_systems(data_dir: Path, system: str) -> list[str]:
             if other.name != system and (other / FAMILY / "vllm").is_dir() and system_sm_version(other.name) == sm]
 
 
-def _read_mla_tables(data_dir: Path, system: str, version: str | None) -> MLATables | str | None:
+def _read_mla_tables(data_dir: Path, system: str, version: str | None, sparse: bool = False) -> MLATables | str | None:
     from backends.costmodel.optables.systems import read_layout_table
 
-    context, generation = (read_layout_table(data_dir, system, FAMILY, "vllm", t, version) for t in TABLES)
+    family, tables = (DSA_FAMILY, DSA_TABLES) if sparse else (FAMILY, TABLES)
+    context, generation = (read_layout_table(data_dir, system, family, "vllm", t, version) for t in tables)
     if context is None and generation is None:
         return None
     if context is None or generation is None:
         have = (context or generation).table  # type: ignore[union-attr]
-        return f"{system} has {have} but not the other MLA module table"
+        return f"{system} has {have} but not the other {'DSA' if sparse else 'MLA'} module table"
     names = sorted(set(context.frame["model"].astype(str)) | set(generation.frame["model"].astype(str)))
-    return MLATables(context, generation, {n: measured_shape(n, data_dir) for n in names}, data_dir)
+    return MLATables(context, generation, {n: measured_shape(n, data_dir) for n in names}, data_dir, sparse=sparse)
 
 
 def _grid(rows, length: str, power_b: float) -> Grid | str:
@@ -250,12 +262,16 @@ def mla_module(tables: MLATables, model, heads: int, weights_dtype: str, kv_cach
     and its KV cache in `kv_cache_dtype` ('fp8' or not), or the reason the tables cannot price it."""
     from backends.costmodel.optables.systems import kernel_allowed
 
+    what = "DSA" if tables.sparse else "MLA"
+    if bool(getattr(model, "index_topk", 0)) != tables.sparse:  # sparse and dense MLA layers are other modules
+        return (f"the {what} module tables price {'sparse' if tables.sparse else 'dense'} MLA layers, not this "
+                f"model's {'dense' if tables.sparse else 'sparse'} ones")
     want = model_shape(model)
     same = [n for n, s in tables.shapes.items() if s == want]
     if not same:
         measured = ", ".join(f"{n} {dict(zip(MLA_SHAPE, s)) if s else '(shape unknown)'}"
                              for n, s in tables.shapes.items())
-        return f"the MLA module tables measured {measured}, not this model's {dict(zip(MLA_SHAPE, want))}"
+        return f"the {what} module tables measured {measured}, not this model's {dict(zip(MLA_SHAPE, want))}"
     gemm = GEMM_TYPES.get(weights_dtype)
     kv = "fp8" if kv_cache_dtype == "fp8" else "bfloat16"
     grids = {}
@@ -265,17 +281,19 @@ def mla_module(tables: MLATables, model, heads: int, weights_dtype: str, kv_cach
         rows = f[f["model"].astype(str).isin(same) & (f["mla_dtype"] == PREFILL_COMPUTE)]
         if length == "isl":
             rows = rows[rows["step"] == 0]
+        elif tables.sparse:  # the DSA generation rows' step is the context before the decoded token
+            rows = rows.assign(step=rows["step"] + 1)
         if gemm is None or rows[rows["gemm_type"] == gemm].empty:
             have = ", ".join(sorted(str(x) for x in rows["gemm_type"].unique())) or "none"
-            return f"no MLA module rows with {weights_dtype} projections (gemm_type there: {have})"
+            return f"no {what} module rows with {weights_dtype} projections (gemm_type there: {have})"
         rows = rows[rows["gemm_type"] == gemm]
         if rows[rows["kv_cache_dtype"] == kv].empty:
             have = ", ".join(sorted(str(x) for x in rows["kv_cache_dtype"].unique()))
-            return f"no MLA module rows over a {kv} KV cache (kv_cache_dtype there: {have})"
+            return f"no {what} module rows over a {kv} KV cache (kv_cache_dtype there: {have})"
         rows = rows[rows["kv_cache_dtype"] == kv]
         if rows[rows["num_heads"] == heads].empty:
             have = ", ".join(str(int(x)) for x in sorted(rows["num_heads"].unique()))
-            return f"no MLA module rows at {heads} heads a GPU (num_heads there: {have})"
+            return f"no {what} module rows at {heads} heads a GPU (num_heads there: {have})"
         rows = rows[rows["num_heads"] == heads]
         if tables.data_dir is not None:
             rows = rows[[kernel_allowed(tables.data_dir, layout.table, str(k)) for k in rows["kernel_source"]]]
@@ -285,8 +303,11 @@ def mla_module(tables: MLATables, model, heads: int, weights_dtype: str, kv_cach
         grids[length] = grid
         kernels[length] = "/".join(sorted(str(k) for k in rows["kernel_source"].unique()))
     ctx, gen = grids["isl"], grids["step"]
-    source = (f"MLA module tables {tables.describe}: the layer from its hidden states to o_proj (q/kv down and up "
-              f"projections, norms, RoPE, KV-cache write, attention); {', '.join(same)} rows, {heads} heads a GPU, "
+    layer = ("the layer from its hidden states to o_proj (q/kv down and up projections, norms, RoPE, KV-cache write, "
+             "the indexer's projections, fp8 logits and top-k, sparse attention)" if tables.sparse else
+             "the layer from its hidden states to o_proj (q/kv down and up projections, norms, RoPE, KV-cache write, "
+             "attention)")
+    source = (f"{what} module tables {tables.describe}: {layer}; {', '.join(same)} rows, {heads} heads a GPU, "
               f"{gemm} GEMMs, {kv} KV; context {kernels['isl']} (batch {int(ctx.xa[0])}..{int(ctx.xa[-1])}, "
               f"isl {int(ctx.xb[0])}..{int(ctx.xb[-1])}), generation {kernels['step']} (batch "
               f"{int(gen.xa[0])}..{int(gen.xa[-1])}, KV {int(gen.xb[0])}..{int(gen.xb[-1])})")

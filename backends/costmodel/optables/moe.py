@@ -624,7 +624,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         """The MLA module tables' grids for this model (mla.py), or the reason they cannot price it."""
         m = self.model
         if mla_tables is None:
-            self._mla_reason = f"{system} has no MLA module tables for vLLM"
+            self._mla_reason = f"{system} has no {'DSA' if m.index_topk else 'MLA'} module tables for vLLM"
         elif isinstance(mla_tables, str):
             self._mla_reason = mla_tables
         else:
@@ -1328,7 +1328,8 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
     tables = load_layout(data_dir, system, "vllm", vllm_version)
     moe_table = read_layout_tables(data_dir, system, "moe", "vllm", "moe_perf", vllm_version) \
         if model.num_experts else None
-    mla_tables = read_mla_tables(data_dir, system, vllm_version) if model.kv_lora_rank else None
+    mla_tables = read_mla_tables(data_dir, system, vllm_version, sparse=bool(model.index_topk)) if model.kv_lora_rank \
+        else None
     priced = MoETableCostModel(model, hardware, tables, **args, moe_table=moe_table, mla_tables=mla_tables)
     derived = None if path is None else priced.derived()
     if derived is not None:

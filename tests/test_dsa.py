@@ -1,0 +1,166 @@
+"""DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): the configs, the KV cache and weights as vLLM
+0.33 allocates them, the block size it takes, and the layer priced by the roofline and by the
+tables' DSA module rows (backends/model_config.py, backends/costmodel/roofline.py
+`_sparse_attention_one_layer`, backends/costmodel/optables/mla.py DSA_TABLES)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from backends.costmodel.roofline import MoERooflineCostModel, window_pairs
+from backends.hardware import HARDWARE
+from backends.kv_capacity import vllm_kv_cache
+from backends.model_config import ModelConfig, linear_bytes
+from sim.errors import ServesimError
+from tests.helpers import one_error_line, sim
+
+aic = pytest.importorskip("aiconfigurator_core")
+CONFIGS = Path(aic.__file__).parent / "model_configs"
+ROOT = Path(__file__).resolve().parents[1]
+V32, GLM5 = "deepseek-ai--DeepSeek-V3.2", "zai-org--GLM-5-FP8"
+
+
+def package(name: str) -> ModelConfig:
+    return ModelConfig.from_hf(CONFIGS / f"{name}_config.json")
+
+
+def write(tmp_path: Path, config: dict) -> Path:
+    folder = tmp_path / "m"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_the_configs_as_vllm_reads_them():
+    v32, glm = package(V32), package(GLM5)
+    assert (v32.model_type, v32.index_topk, v32.index_n_heads, v32.index_head_dim) == ("deepseek_v32", 2048, 64, 128)
+    assert (glm.model_type, glm.index_topk, glm.index_n_heads, glm.index_head_dim) == ("glm_moe_dsa", 2048, 32, 128)
+    # DeepSeek-V3's MoE and MLA around the indexer; GLM-5's wider heads (192 + 64 for q and k, 256 for v).
+    assert (v32.num_experts, v32.first_k_dense_replace, v32.kv_lora_rank, v32.head_dim) == (256, 3, 512, 192)
+    assert (glm.num_hidden_layers, glm.head_dim, glm.v_head_dim, glm.q_lora_rank) == (78, 256, 256, 2048)
+    assert v32.weight_dtype == glm.weight_dtype == "fp8-block"
+
+
+def test_kv_cache_per_token_and_block_as_vllm_allocates_it():
+    """One token of a layer: the MLA latent (576 values: bf16 1152 bytes, or FlashMLA's 656-byte
+    fp8_ds_mla row) and the indexer's key (132 bytes), in one KV cache group of every layer
+    (UniformTypeKVCacheSpecs), the same on every TP GPU."""
+    v32, glm = package(V32), package(GLM5)
+    assert v32.kv_bytes_per_token() == v32.kv_bytes_per_token(tp=8) == 61 * (1152 + 132) == 78324
+    assert v32.kv_bytes_per_token(kv_cache_dtype="fp8") == 61 * (656 + 132) == 48068
+    assert glm.kv_bytes_per_token() == 78 * 1284 == 100152
+    available = 40 * 2**30
+    v = vllm_kv_cache(v32, available, block_size=64, max_model_len=163840, max_in_flight_tokens=8192, tp=8)
+    assert v["bytes_per_block"] == 64 * 78324 == 5012736 and v["num_blocks"] == available // 5012736
+    assert [g["num_layers"] for g in v["groups"]] == [61]
+
+
+def test_the_indexer_weights_are_on_every_gpu():
+    v32 = package(V32)
+    dense = replace(v32, index_topk=0, index_n_heads=0, index_head_dim=0)
+    for tp in (1, 8):
+        extra = v32.weight_bytes_by_part(tp=tp)["attention"] - dense.weight_bytes_by_part(tp=tp)["attention"]
+        # wq_b [1536 -> 64 x 128] in block fp8; wk and weights_proj fused [7168 -> 128 + 64] in bf16; k_norm fp32
+        per_layer = linear_bytes(1536, 64 * 128, "fp8-block") + 7168 * (128 + 64) * 2 + 2 * 128 * 4
+        assert extra == 61 * per_layer
+
+
+def test_vllm_takes_64_token_blocks_only(tmp_path, capsys):
+    trace = ROOT / "traces/samples/azure_conv_2023_first5min.csv"
+    assert sim("replay", trace, "--model", "deepseek-ai/DeepSeek-V3.2", "--hardware", "h200_sxm", "--tp", "8",
+               "--limit", "5", "--out", tmp_path / "a") == 2
+    line = one_error_line(capsys)
+    assert line.startswith("--block-size 16: vLLM serves deepseek-ai/DeepSeek-V3.2's DeepSeek sparse attention "
+                           "with 64-token blocks only") and line.endswith("pass --block-size 64")
+    out = tmp_path / "b"
+    assert sim("replay", trace, "--model", "deepseek-ai/DeepSeek-V3.2", "--hardware", "h200_sxm", "--tp", "8",
+               "--block-size", "64", "--limit", "40", "--out", out, "--quiet") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 40 and summary["kv_cache"]["block_bytes"] == 5012736
+    assert summary["options"]["cost_model"]["operators"]["attention"].startswith("DSA module tables")
+
+
+# The roofline's sparse layer.
+
+
+def roofline(model: ModelConfig) -> MoERooflineCostModel:
+    return MoERooflineCostModel(model, HARDWARE["H200"], tp=8, dtype="fp8")
+
+
+def test_sparse_layers_attend_index_topk_keys_and_score_every_one():
+    v32 = package(V32)
+    dense = replace(v32, index_topk=0, index_n_heads=0, index_head_dim=0)
+    sparse, mla = roofline(v32), roofline(dense)
+    assert not sparse.decodes_from_sums
+    # A prefill within index_topk is vLLM's dense MHA prefill, without the indexer.
+    for q, c in ((1000, 1000), (512, 2048)):
+        assert sparse._attention_one_layer(q, c, None) == mla._attention_one_layer(q, c, None)
+    # Past it, MLA attends index_topk keys a token and the indexer scores them all: a long decode
+    # is cheaper than dense MLA's, and its attention part stops growing with the context.
+    long = sparse._attention_one_layer(1, 131072, None)
+    assert long < mla._attention_one_layer(1, 131072, None)
+    assert window_pairs(1, 131072, v32.index_topk) == window_pairs(1, 4096, v32.index_topk) == 2048
+    grows = sparse._attention_one_layer(1, 131072, None) - sparse._attention_one_layer(1, 65536, None)
+    assert grows > 0  # the indexer's keys, 132 bytes each
+    assert grows == pytest.approx(65536 * (132 + 8) / sparse._bytes_s, rel=0.01)
+
+
+# The tables' DSA module rows.
+
+
+@pytest.fixture(scope="module")
+def data():
+    from backends.costmodel.optables.systems import require_package
+
+    return require_package() / "data"
+
+
+def test_a_decode_is_the_dsa_row_on_grid_points(data):
+    from backends.costmodel.optables.mla import mla_module, read_mla_tables
+    from backends.costmodel.optables.systems import read_layout_table
+
+    tables = read_mla_tables(data, "h200_sxm", None, sparse=True)
+    module = mla_module(tables, package(V32), 16, "fp8-block", "auto")
+    assert not isinstance(module, str) and module.source.startswith("DSA module tables")
+    g = read_layout_table(data, "h200_sxm", "sparse_attention", "vllm", "dsa_generation_module_perf", None).frame
+    row = g[(g.model == "deepseek-ai/DeepSeek-V3.2") & (g.num_heads == 16) & (g.gemm_type == "fp8_block")
+            & (g.kv_cache_dtype.astype(str) == "bfloat16") & (g.batch_size == 8) & (g.step == 4096)]
+    t, scaled = module.decodes(8, 4097)  # the row's step is the context before the decoded token
+    assert not scaled and t == pytest.approx(row.latency.iloc[0] / 1e3, rel=1e-9)
+
+
+def test_dense_and_sparse_mla_never_borrow_each_others_rows(data):
+    from backends.costmodel.optables.mla import mla_module, read_mla_tables
+
+    v32 = package(V32)
+    dense = replace(v32, index_topk=0, index_n_heads=0, index_head_dim=0)
+    said = mla_module(read_mla_tables(data, "h200_sxm", None), v32, 16, "fp8-block", "auto")
+    assert said == "the MLA module tables price dense MLA layers, not this model's sparse ones"
+    said = mla_module(read_mla_tables(data, "h200_sxm", None, sparse=True), dense, 16, "fp8-block", "auto")
+    assert said == "the DSA module tables price sparse MLA layers, not this model's dense ones"
+
+
+def test_sparse_attention_needs_mla(tmp_path):
+    raw = json.loads((CONFIGS / f"{V32}_config.json").read_text())
+    for drop in ("index_n_heads", "index_head_dim", "kv_lora_rank"):
+        folder = write(tmp_path, {k: v for k, v in raw.items() if k != drop})
+        with pytest.raises(ServesimError) as e:
+            ModelConfig.from_hf(folder)
+        assert drop in str(e.value) and str(folder / "config.json") in str(e.value)
+    with pytest.raises(ServesimError, match="index_topk = 0"):
+        ModelConfig.from_hf(write(tmp_path, {**raw, "index_topk": 0}))
+
+
+def test_layers_that_share_a_top_k_are_refused(tmp_path):
+    """GLM-5.2 runs its indexer on every fourth layer and the others reuse its picks
+    (index_topk_freq 4): not priced, said."""
+    with pytest.raises(ServesimError) as e:
+        package("zai-org--GLM-5.2-FP8")
+    assert "index_topk_freq = 4: layers that reuse another layer's top-k are not priced" in str(e.value)
+    raw = json.loads((CONFIGS / f"{V32}_config.json").read_text())
+    with pytest.raises(ServesimError, match="index_topk_pattern = 'FSSS'"):
+        ModelConfig.from_hf(write(tmp_path, {**raw, "index_topk_pattern": "FSSS"}))
