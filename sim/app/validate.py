@@ -74,12 +74,12 @@ import pandas as pd
 from backends.costmodel.optables.backend import OpTableBackend
 from backends.costmodel.optables.profile import ClientOverhead, build_profile
 from backends.costmodel.optables.tables import load_tables, systems_in
-from backends.model_config import package_model_config
+from backends.model_config import package_model_config, resolve_model
 from backends.sampler import GREEDY, Sampling, config_dir_of, generation_config_sampling
 from sim.app.opprofiles import kv_name
 from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
 from sim.app.outputs import atomic_write_text
-from sim.app.plan import prices_sampler, resolve
+from sim.app.plan import SPARSE_BLOCK_SIZE, prices_sampler, resolve
 from sim.arrivals import ApiServers, ClosedLoop, simulate
 from sim.config import COUNT, MODEL_LEN, REQUEST_TOKENS, SEQUENCES, TENSOR_PARALLEL, CacheConfig, Range, SchedulerConfig
 from sim.engine import Engine, TokenTimes
@@ -624,9 +624,11 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
     n = protocol.prompts_per_client * c
     budget = protocol.budget_for(row)
     asynchronous = protocol.async_for(row)
+    # DeepSeek sparse attention's servers run 64-token blocks, the only size vLLM takes for them (plan.py)
+    block_size = SPARSE_BLOCK_SIZE if resolve_model(row["model_source"]).index_topk else CacheConfig().block_size
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl, async_scheduling=asynchronous),
-        cache=CacheConfig(num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
         model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
         kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed,
         dp=dp, enable_expert_parallel=enable_expert_parallel,
