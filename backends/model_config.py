@@ -1030,6 +1030,9 @@ def _llama4_fields(raw: dict, where: str, layers: int) -> dict:
     return out
 
 
+INDEXER_QUANT_BLOCK = 128  # DeepseekV32Indexer.quant_block_size (vllm/models/deepseek_v32/attention.py)
+
+
 def _sparse_fields(raw: dict, where: str) -> dict:
     """DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5: vLLM's Indexer,
     vllm/model_executor/models/deepseek_v2.py): index_topk keys a query attends, the indexer's
@@ -1042,7 +1045,12 @@ def _sparse_fields(raw: dict, where: str) -> dict:
         field = "index_topk_freq" if raw.get("index_topk_pattern") is None else "index_topk_pattern"
         raise ServesimError(f"{where}: {field} = {raw[field]!r}: layers that reuse another layer's top-k "
                             "are not priced (every layer its own indexer only)")
-    return {f: _whole(raw, f, where, minimum=1) for f in ("index_topk", "index_n_heads", "index_head_dim")}
+    fields = {f: _whole(raw, f, where, minimum=1) for f in ("index_topk", "index_n_heads", "index_head_dim")}
+    if fields["index_head_dim"] % INDEXER_QUANT_BLOCK:  # its keys are fp8 with one fp32 scale a block of 128
+        raise ServesimError(f"{where}: index_head_dim = {fields['index_head_dim']}: vLLM's indexer quantizes its "
+                            f"keys in blocks of {INDEXER_QUANT_BLOCK} values (quant_block_size), so it must be a "
+                            f"multiple of {INDEXER_QUANT_BLOCK}")
+    return fields
 
 
 def _mla_fields(raw: dict, where: str) -> dict:
@@ -1090,6 +1098,9 @@ def _window_fields(raw: dict, where: str, model_type: str, layers: int) -> dict:
         types = ["sliding_attention"] * layers  # Mistral-7B-v0.1, Mixtral with a window: every layer
     if not types or "sliding_attention" not in types:
         return {}
+    if model_type in _DEEPSEEK:  # vLLM's DeepSeek-V2/V3 and sparse MLA layers take no window (deepseek_v2.py)
+        said = f"sliding_window = {window!r}" if window is not None else "layer_types has sliding_attention layers"
+        raise ServesimError(f"{where}: {said}: vLLM's {model_type} layers attend the whole context, none slides")
     if window is None:
         raise ServesimError(f"{where}: layer_types has sliding_attention layers but sliding_window is null")
     window = _whole(raw, "sliding_window", where, minimum=1)

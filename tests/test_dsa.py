@@ -164,3 +164,74 @@ def test_layers_that_share_a_top_k_are_refused(tmp_path):
     raw = json.loads((CONFIGS / f"{V32}_config.json").read_text())
     with pytest.raises(ServesimError, match="index_topk_pattern = 'FSSS'"):
         ModelConfig.from_hf(write(tmp_path, {**raw, "index_topk_pattern": "FSSS"}))
+
+
+def test_a_steps_prefills_are_dense_or_sparse_together_as_vllm_decides():
+    """vLLM decides dense MHA prefill per step, on the longest prefill's sequence
+    (`_use_dense_mha_prefill`), and its indexer scores a dense prefill's keys where the step has
+    decodes: a short prefill beside a long one is sparse, beside a decode it is scored."""
+    from backends.costmodel.frame import batch_aggregates
+
+    v32 = package(V32)
+    r = roofline(v32)
+    layers = v32.num_hidden_layers
+
+    def attention(scheduled, computed):
+        agg, chunks = batch_aggregates(scheduled, computed, len(scheduled), every_request=True)
+        return r.parts(agg, chunks, r._dense(agg.num_tokens, agg.num_logits))["attention"]
+
+    sparse, dense = r._sparse_attention_one_layer, r._attention_one_layer
+    assert attention([512], [512]) == pytest.approx(layers * dense(512, 1024, None))
+    assert attention([512, 2000], [512, 2096]) == pytest.approx(layers * (sparse(512, 1024) + sparse(2000, 4096)))
+    assert attention([512, 1], [512, 2999]) == pytest.approx(
+        layers * (dense(512, 1024, None) + r._indexer_one_layer(512, 1024) + sparse(1, 3000)))
+
+
+def test_index_head_dim_must_be_whole_blocks_of_128(tmp_path):
+    """vLLM's indexer keeps fp8 keys with one fp32 scale a block of 128 values: any other width has
+    no cache row vLLM's kernels write (132 bytes for 128)."""
+    raw = json.loads((CONFIGS / f"{V32}_config.json").read_text())
+    for width in (64, 192):
+        folder = write(tmp_path, {**raw, "index_head_dim": width})
+        with pytest.raises(ServesimError) as e:
+            ModelConfig.from_hf(folder)
+        assert f"index_head_dim = {width}: vLLM's indexer quantizes its keys in blocks of 128" in str(e.value)
+    assert ModelConfig.from_hf(write(tmp_path, {**raw, "index_head_dim": 256})).indexer_key_bytes == 264
+
+
+def test_sparse_models_take_no_sliding_window(tmp_path):
+    """vLLM's DeepSeek layers (deepseek_v2.py, deepseek_v32/) have no window: a config's
+    sliding_window or sliding layer_types would have priced windows vLLM never applies."""
+    raw = json.loads((CONFIGS / f"{V32}_config.json").read_text())
+    with pytest.raises(ServesimError, match="sliding_window = 4096: vLLM's deepseek_v32 layers attend the whole"):
+        ModelConfig.from_hf(write(tmp_path, {**raw, "sliding_window": 4096}))
+    glm = json.loads((CONFIGS / f"{GLM5}_config.json").read_text())
+    with pytest.raises(ServesimError, match="sliding_window = 128: vLLM's glm_moe_dsa layers"):
+        ModelConfig.from_hf(write(tmp_path, {**glm, "sliding_window": 128,
+                                              "layer_types": ["sliding_attention"] * glm["num_hidden_layers"]}))
+    assert ModelConfig.from_hf(write(tmp_path, {**glm, "layer_types": ["full_attention"] * 78})).index_topk == 2048
+
+
+def test_sim_validate_simulates_a_glm5_row_with_64_token_blocks(tmp_path):
+    """`sim validate` has no --block-size: a sparse model's rows were all skipped with the plan's
+    "pass --block-size 64"; it now takes vLLM's 64-token blocks for them."""
+    import csv
+
+    sample = CONFIGS.parent / "systems" / "silicon_sample.csv"
+    with sample.open() as f:
+        reader = csv.DictReader(f)
+        row = next(r for r in reader if r["model_path"] == "zhipuai/GLM-5" and r["system"] == "h200_sxm"
+                   and r["mode"] == "agg")
+    measured = tmp_path / "glm5.csv"
+    with measured.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    models = tmp_path / "models" / "zhipuai" / "GLM-5"
+    models.mkdir(parents=True)
+    (models / "config.json").write_text((CONFIGS / f"{GLM5}_config.json").read_text())
+    out = tmp_path / "v"
+    assert sim("validate", measured, "--jobs", "1", "--models", tmp_path / "models", "--prompts-per-client", "1",
+               "--out", out, "--quiet") == 0
+    result = json.loads((out / "validate.json").read_text())
+    assert result["skipped"] == [] and result["all"]["rows"] == 1

@@ -444,21 +444,46 @@ class MoERooflineCostModel(CostModel):
         m, nh, kvb = self.model, self._heads, self.dtype_bytes
         kvr, rope = m.kv_lora_rank, m.qk_rope_head_dim
         att_flops_s = self._flops_s * self.eff.attention
-        scored = window_pairs(q, c, None)  # every key up to each new token
-        fp8_flops_s = self.hardware.peak_flops("fp8") * self.eff.attention
-        indexer = max(2.0 * m.index_n_heads * m.index_head_dim * scored / fp8_flops_s,
-                      (c * m.indexer_key_bytes + q * m.index_n_heads * m.index_head_dim + 2 * 4 * scored)
-                      / self._bytes_s)  # keys, fp8 queries, the fp32 scores written and read by the top-k
         pairs = window_pairs(q, c, m.index_topk)
         keys = min(c, q * m.index_topk)  # the latents the picks gather
         latent = m.sparse_latent_bytes("fp8" if kvb == 1 else "auto")
         attend = max(2.0 * nh * (2 * kvr + rope) * pairs / att_flops_s,
                      (keys * latent + q * nh * (2 * kvr + rope) * ACTIVATION_BYTES) / self._bytes_s)
-        return indexer + attend
+        return self._indexer_one_layer(q, c) + attend
+
+    def _indexer_one_layer(self, q: int, c: int) -> float:
+        """The lightning indexer of one layer scoring every earlier key for q new tokens at the end of
+        a context of c (`_sparse_attention_one_layer`)."""
+        m = self.model
+        scored = window_pairs(q, c, None)  # every key up to each new token
+        fp8_flops_s = self.hardware.peak_flops("fp8") * self.eff.attention
+        return max(2.0 * m.index_n_heads * m.index_head_dim * scored / fp8_flops_s,
+                   (c * m.indexer_key_bytes + q * m.index_n_heads * m.index_head_dim + 2 * 4 * scored)
+                   / self._bytes_s)  # keys, fp8 queries, the fp32 scores written and read by the top-k
+
+    def _sparse_step_seconds(self, chunks: list[tuple[int, int]]) -> float:
+        """Every layer's attention of a DeepSeek-sparse-attention step's requests (`chunks`: every
+        request's (q, c)). vLLM decides the step's prefills together (sparse_mla_attention.py,
+        `_use_dense_mha_prefill`): dense MHA where the longest prefill's sequence is within
+        index_topk, else all sparse; and its indexer skips them only in a step without decodes
+        (sparse_attn_indexer.py), so beside decodes a dense prefill's keys are scored too."""
+        m = self.model
+        dense = max((c for q, c in chunks if q > 1), default=0) <= m.index_topk
+        decodes = any(q == 1 for q, _ in chunks)
+        total = 0.0
+        for q, c in chunks:
+            if q == 1 or not dense:
+                total += self._sparse_attention_one_layer(q, c)
+            else:
+                total += self._attention_one_layer(q, c, None) + (self._indexer_one_layer(q, c) if decodes else 0.0)
+        return m.num_hidden_layers * total
 
     def parts(self, agg: StepAggregates, chunks: list[tuple[int, int]], dense: tuple) -> dict:
         linear, router, moe, kv_write, elementwise, lm_head, allreduce = dense
-        others = sum(self.request_seconds(q, c) for q, c in chunks)
+        if self.model.index_topk:
+            others = self._sparse_step_seconds(chunks)
+        else:
+            others = sum(self.request_seconds(q, c) for q, c in chunks)
         if self.decodes_from_sums:
             attention = (agg.decode_sum_context * self._decode_s_per_context
                          + (agg.num_decodes * self._decode_s_per_request + others))

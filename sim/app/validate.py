@@ -74,7 +74,7 @@ import pandas as pd
 from backends.costmodel.optables.backend import OpTableBackend
 from backends.costmodel.optables.profile import ClientOverhead, build_profile
 from backends.costmodel.optables.tables import load_tables, systems_in
-from backends.model_config import package_model_config, resolve_model
+from backends.model_config import package_model_config
 from backends.sampler import GREEDY, Sampling, config_dir_of, generation_config_sampling
 from sim.app.opprofiles import kv_name
 from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
@@ -615,7 +615,7 @@ def predict_row(row, profile, protocol: Protocol) -> dict:
 
 def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client: ClientOverhead,
                  tokens_per_s: float, tables: str, protocol: Protocol, num_blocks: int | None = None,
-                 dp: int = 1, enable_expert_parallel: bool = False) -> dict:
+                 dp: int = 1, enable_expert_parallel: bool = False, block_size: int = 16) -> dict:
     """Simulate one measured benchmark: one engine, or with `dp` > 1 a DP group of `dp` engine
     ranks of `tp` GPUs in lockstep behind vLLM's DP load balancer (sim/data_parallel.py, as
     `sim replay --dp` runs them), each rank launched with the row's --max-num-seqs C and
@@ -624,11 +624,9 @@ def simulate_row(row, backend, tp: int, dtype: str, kv_cache_dtype: str, client:
     n = protocol.prompts_per_client * c
     budget = protocol.budget_for(row)
     asynchronous = protocol.async_for(row)
-    # DeepSeek sparse attention's servers run 64-token blocks, the only size vLLM takes for them (plan.py)
-    block_size = SPARSE_BLOCK_SIZE if resolve_model(row["model_source"]).index_topk else CacheConfig().block_size
     options = ReplayOptions(
         scheduler=SchedulerConfig("chunked", budget, c, isl + osl, async_scheduling=asynchronous),
-        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
+        cache=CacheConfig(block_size, num_blocks=num_blocks, enable_prefix_caching=protocol.unique_prompts > 0),
         model=row["model_source"], hardware=hardware_for(row["system"]), tp=tp, dtype=dtype,
         kv_cache_dtype="fp8" if kv_cache_dtype == "fp8" else "auto", seed=protocol.seed,
         dp=dp, enable_expert_parallel=enable_expert_parallel,
@@ -763,7 +761,8 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     backend = cache[key]
     c = int(row["concurrency"])
     budget = protocol.budget_for(row)
-    kv = kv_capacity(model, hardware, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=budget,
+    block_size = SPARSE_BLOCK_SIZE if model.index_topk else 16  # the only size vLLM serves sparse attention with
+    kv = kv_capacity(model, hardware, block_size=block_size, gpu_memory_utilization=0.9, max_num_batched_tokens=budget,
                      max_num_seqs=c, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache,
                      max_model_len=int(row["isl"]) + int(row["osl"]), dp=dp, enable_expert_parallel=ep,
                      async_scheduling=protocol.async_for(row))
@@ -772,7 +771,7 @@ def predict_moe_row(row, model, protocol: Protocol, data_dir: Path, version: str
     note = "; ".join(f"{k}: {v}" for k, v in ops.items() if k in ("moe", "linear", "attention", "allreduce",
                                                                       "dispatch", "combine"))
     out = simulate_row(row, backend, tp, dtype, kv_cache, ClientOverhead(), max_tokens_per_s(backend, budget), note,
-                       protocol, num_blocks=kv.num_gpu_blocks, dp=dp, enable_expert_parallel=ep)
+                       protocol, num_blocks=kv.num_gpu_blocks, dp=dp, enable_expert_parallel=ep, block_size=block_size)
     out["notes"] = (f"TP {tp} x DP {dp}{' EP' if ep else ''} (MoE TP {backend.moe_tp}, EP {backend.ep}): "
                     + ("one engine" if dp == 1 else
                        f"{dp} DP ranks in lockstep behind vLLM's DP load balancer (sim/data_parallel.py, as sim replay "
