@@ -764,6 +764,22 @@ def _scaling(scaling: dict | None) -> dict | None:
     return out
 
 
+def served_kv_cache_dtype(model: ModelConfig, kv_cache_dtype: str, hardware_name: str) -> str:
+    """--kv-cache-dtype as vLLM resolves it for `model` on `hardware_name`: the checkpoint's for
+    auto where its quantization states one; GLM-5's fp8 for auto on data-centre Blackwell (SM 10x:
+    vllm/model_executor/models/config.py, the GlmMoeDsaForCausalLM config's verify_and_update_config
+    sets "fp8_e4m3"); else as asked."""
+    from sim.config import is_blackwell
+
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    if model.kv_cache_dtype:
+        return model.kv_cache_dtype
+    if model.model_type == "glm_moe_dsa" and is_blackwell(hardware_name):
+        return "fp8"
+    return kv_cache_dtype
+
+
 def package_model_config(model_path: str) -> Path | None:
     """The tables package's model_configs/ file of a Hugging Face name ORG/NAME
     (ORG--NAME_config.json), if the tables extra is installed and ships it."""

@@ -235,3 +235,15 @@ def test_sim_validate_simulates_a_glm5_row_with_64_token_blocks(tmp_path):
                "--out", out, "--quiet") == 0
     result = json.loads((out / "validate.json").read_text())
     assert result["skipped"] == [] and result["all"]["rows"] == 1
+
+
+def test_glm5_on_blackwell_serves_an_fp8_cache_for_auto():
+    """vLLM's GlmMoeDsaForCausalLM config (vllm/model_executor/models/config.py) sets fp8_e4m3 for
+    auto on SM 10x; DeepSeek-V3.2 keeps bf16; an asked dtype stays."""
+    from backends.model_config import served_kv_cache_dtype
+
+    glm, v32 = package("zai-org--GLM-5"), package(V32)
+    assert served_kv_cache_dtype(glm, "auto", "b200_sxm") == served_kv_cache_dtype(glm, "auto", "GB300") == "fp8"
+    assert served_kv_cache_dtype(glm, "auto", "h200_sxm") == "auto"
+    assert served_kv_cache_dtype(v32, "auto", "b200_sxm") == "auto"
+    assert served_kv_cache_dtype(glm, "fp8", "h100_sxm") == "fp8"

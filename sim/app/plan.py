@@ -20,7 +20,7 @@ from backends.costmodel.optables.profile import is_op_profile, op_profile_from_j
 from backends.hardware import Hardware, resolve_hardware
 from backends.host_time import host_time_summary, with_host_time
 from backends.kv_capacity import KVCapacity, kv_cache_groups, kv_capacity, max_in_flight_tokens
-from backends.model_config import ModelConfig, resolve_model
+from backends.model_config import ModelConfig, resolve_model, served_kv_cache_dtype
 from backends.sampler import GREEDY, Sampling, resolve_sampling
 from policies import Policy, load_policy
 from policies.routers import load_router
@@ -278,12 +278,9 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
         served = model.served_dtype(options.dtype)  # a dense fp8 checkpoint's fp8, as vLLM serves it
         if served != options.dtype:
             options = replace(options, dtype=served)
-        if options.kv_cache_dtype == "auto" and model.kv_cache_dtype:  # the checkpoint's, as vLLM resolves auto
-            options = replace(options, kv_cache_dtype=model.kv_cache_dtype)
-        if options.kv_cache_dtype == "auto" and model.model_type == "glm_moe_dsa" and is_blackwell(hardware.name):
-            # vLLM serves GLM-5 on SM 10x with an fp8 cache for auto (vllm/model_executor/models/config.py,
-            # GlmMoeDsaForCausalLM's verify_and_update_config: "fp8_e4m3")
-            options = replace(options, kv_cache_dtype="fp8")
+        kv_cache_dtype = served_kv_cache_dtype(model, options.kv_cache_dtype, hardware.name)  # as vLLM resolves auto
+        if kv_cache_dtype != options.kv_cache_dtype:
+            options = replace(options, kv_cache_dtype=kv_cache_dtype)
     model.check_tp(options.tp)
     if model.index_topk and options.cache.block_size != SPARSE_BLOCK_SIZE:
         raise ServesimError(f"--block-size {options.cache.block_size}: vLLM serves {model.name}'s DeepSeek sparse "

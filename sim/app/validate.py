@@ -74,7 +74,7 @@ import pandas as pd
 from backends.costmodel.optables.backend import OpTableBackend
 from backends.costmodel.optables.profile import ClientOverhead, build_profile
 from backends.costmodel.optables.tables import load_tables, systems_in
-from backends.model_config import package_model_config
+from backends.model_config import package_model_config, served_kv_cache_dtype
 from backends.sampler import GREEDY, Sampling, config_dir_of, generation_config_sampling
 from sim.app.opprofiles import kv_name
 from sim.app.options import ASYNC_SCHEDULING_SINCE, ReplayOptions, before_vllm
@@ -901,6 +901,10 @@ class RowRunner:
                 if kv_cache == "auto" and model.kv_cache_dtype:  # the checkpoint's, as vLLM resolves auto
                     kv_cache, kv = model.kv_cache_dtype, kv_name(model.kv_cache_dtype)
                     kv_why = f"the checkpoint's ({model.name}'s quantization config), as vLLM resolves auto"
+                    key = (*key[:4], kv, *key[5:])
+                elif kv_cache == "auto" and served_kv_cache_dtype(model, "auto", row["system"]) == "fp8":
+                    kv_cache, kv = "fp8", kv_name("fp8")
+                    kv_why = f"vLLM's auto for {model.name} on {row['system']}: fp8 (GLM-5 on Blackwell)"
                     key = (*key[:4], kv, *key[5:])
                 if model.is_extended:
                     prediction = predict_moe_row(row, model, self.protocol, layout_dir(self.ops_dir), version,
