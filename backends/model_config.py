@@ -640,10 +640,10 @@ def read_config_json(path: str | Path) -> tuple[str, dict]:
 # (vLLM's MRotaryEmbedding, get_input_positions for text), so it rotates as plain RoPE does, at
 # RoPE's cost; its cos/sin cache is as long as the context, as plain RoPE's (vLLM 0.33's Qwen3-VL
 # decoder layers ask MRotaryEmbedding for 1 x max_position_embeddings, 4 x only with video pruning:
-# qwen3_vl.py `mrope_positions_factor`). Served text-only, as `vllm serve --language-model-only` does: every modality's limit
-# is 0 (vllm/config/multimodal.py, MultiModalConfig.get_limit_per_prompt), so the vision tower is
-# not built or loaded (Qwen3VLForConditionalGeneration.__init__, `_mark_tower_model`) and no
-# encoder pass is profiled: the GPU holds the language model alone, as priced here.
+# qwen3_vl.py `mrope_positions_factor`). Served text-only, as `vllm serve --language-model-only`
+# does: every modality's limit is 0 (vllm/config/multimodal.py, MultiModalConfig.get_limit_per_prompt),
+# so the vision tower is not built or loaded (Qwen3VLForConditionalGeneration.__init__,
+# `_mark_tower_model`) and no encoder pass is profiled: the GPU holds the language model alone.
 LANGUAGE_MODELS = {"qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
 
 
