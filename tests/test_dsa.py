@@ -247,3 +247,19 @@ def test_glm5_on_blackwell_serves_an_fp8_cache_for_auto():
     assert served_kv_cache_dtype(glm, "auto", "h200_sxm") == "auto"
     assert served_kv_cache_dtype(v32, "auto", "b200_sxm") == "auto"
     assert served_kv_cache_dtype(glm, "fp8", "h100_sxm") == "fp8"
+
+
+def test_a_steps_prefills_are_one_batch_of_the_dsa_module(data):
+    """As the MLA module prices a step's chunks (one batch of n, mla.MLAModule.chunks), so does the
+    DSA module, though a sparse model's decodes are priced request by request."""
+    from backends.costmodel.frame import batch_aggregates
+    from backends.costmodel.optables.moe import moe_table_model
+
+    cm = moe_table_model(package(V32), HARDWARE["H200"], "h200_sxm", data, tp=8, dtype="fp8")
+    assert not cm.decodes_from_sums and cm._mla is not None
+    chunks_in = [(1, 3000), (1, 5000), (512, 512), (1024, 4096)]
+    agg, chunks = batch_aggregates([q for q, _ in chunks_in], [c - q for q, c in chunks_in], 4, every_request=True)
+    parts = cm.parts(agg, chunks, cm._dense(agg.num_tokens, agg.num_logits))
+    module, _ = cm._mla.chunks([(512, 512), (1024, 4096)])
+    decodes, _ = cm._mla.decodes(2, 4000.0)
+    assert parts["attention"] == pytest.approx(61 * (module + decodes), rel=1e-12)

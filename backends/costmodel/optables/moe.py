@@ -1063,7 +1063,10 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             parts = super().parts(agg, [], dense)
             decodes = [c for q, c in chunks if q == 1]
             w = self.model.sliding_window
-            attention = sum(self.request_seconds(q, c) for q, c in chunks if q != 1)
+            prefills = [(q, c) for q, c in chunks if q != 1]
+            # (an MLA or DSA module prices a step's chunks as one batch, as on the fast path)
+            attention = self._chunks_attention(prefills) if self._mla is not None else \
+                sum(self.request_seconds(q, c) for q, c in prefills)
             if self._full_layers:
                 attention += self._full_layers * self._decodes_attention(0, decodes)
             if self._sliding_layers:
