@@ -263,3 +263,23 @@ def test_a_steps_prefills_are_one_batch_of_the_dsa_module(data):
     module, _ = cm._mla.chunks([(512, 512), (1024, 4096)])
     decodes, _ = cm._mla.decodes(2, 4000.0)
     assert parts["attention"] == pytest.approx(61 * (module + decodes), rel=1e-12)
+
+
+def test_a_cell_missing_between_measured_batches_is_interpolated():
+    """B200's DSA generation rows lack one cell (batch 4 at step 8): filled log-log between batches
+    2 and 8 of its column, so the tables price the layer; cells past a column's last batch are
+    left to fill_rows_by_scaling."""
+    import numpy as np
+
+    from backends.costmodel.optables.mla import fill_interior_cells
+
+    grid = np.array([[1.0, 2.0], [np.nan, 3.0], [4.0, np.nan]])
+    filled, count = fill_interior_cells(np.array([1.0, 2.0, 4.0]), grid)
+    assert count == 1 and filled[1, 0] == pytest.approx(2.0) and np.isnan(filled[2, 1])
+
+
+def test_b200s_dsa_rows_price_glm5(data):
+    from backends.costmodel.optables.mla import mla_module, read_mla_tables
+
+    module = mla_module(read_mla_tables(data, "b200_sxm", None, sparse=True), package(GLM5), 8, "fp8-block", "fp8")
+    assert not isinstance(module, str) and module.source.startswith("DSA module tables")

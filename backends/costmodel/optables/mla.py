@@ -219,12 +219,35 @@ def _read_mla_tables(data_dir: Path, system: str, version: str | None, sparse: b
     return MLATables(context, generation, {n: measured_shape(n, data_dir) for n in names}, data_dir, sparse=sparse)
 
 
-def _grid(rows, length: str, power_b: float) -> Grid | str:
+def fill_interior_cells(batch: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, int]:
+    """A module table's cells missing between two measured batches of their column (B200's DSA
+    generation rows lack batch 4 at step 8), interpolated log-log between the nearest measured
+    batch below and above, as `Grid` reads between grid points; and how many. Cells past a
+    column's last measured batch are left to `fill_rows_by_scaling`."""
+    grid = np.array(grid, dtype=np.float64)
+    count = 0
+    for col in range(grid.shape[1]):
+        measured = np.flatnonzero(~np.isnan(grid[:, col]))
+        for i in range(measured[0] + 1 if len(measured) else 0, measured[-1] if len(measured) else 0):
+            if not np.isnan(grid[i, col]):
+                continue
+            lo, hi = measured[measured < i][-1], measured[measured > i][0]
+            w = np.log(batch[i] / batch[lo]) / np.log(batch[hi] / batch[lo])
+            grid[i, col] = np.exp(np.log(grid[lo, col]) + w * (np.log(grid[hi, col]) - np.log(grid[lo, col])))
+            count += 1
+    return grid, count
+
+
+def _grid(rows, length: str, power_b: float, interior: bool = False) -> Grid | str:
+    """The rows' batch x length grid; with `interior`, cells missing between measured batches are
+    interpolated (`fill_interior_cells`: the DSA tables; the MLA tables' holes still send the
+    operator to the roofline, as before)."""
     piv = rows.groupby(["batch_size", length])["seconds"].mean().unstack(length).sort_index()
     piv = piv.reindex(sorted(piv.columns), axis=1)
     batch = np.asarray(piv.index.tolist(), dtype=np.float64)
+    cells = fill_interior_cells(batch, piv.to_numpy())[0] if interior else piv.to_numpy()
     try:
-        full, _ = fill_rows_by_scaling(batch, piv.to_numpy())
+        full, _ = fill_rows_by_scaling(batch, cells)
     except ValueError as e:
         return f"the rows do not make a grid of batch x {length} ({e})"
     return Grid(batch, [float(c) for c in piv.columns], full, power_b=power_b)
@@ -297,7 +320,7 @@ def mla_module(tables: MLATables, model, heads: int, weights_dtype: str, kv_cach
         rows = rows[rows["num_heads"] == heads]
         if tables.data_dir is not None:
             rows = rows[[kernel_allowed(tables.data_dir, layout.table, str(k)) for k in rows["kernel_source"]]]
-        grid = _grid(rows, length, power)
+        grid = _grid(rows, length, power, interior=tables.sparse)
         if isinstance(grid, str):
             return f"{layout.table}: {grid}"
         grids[length] = grid
