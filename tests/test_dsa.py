@@ -17,22 +17,14 @@ from backends.kv_capacity import vllm_kv_cache
 from backends.model_config import ModelConfig, linear_bytes
 from sim.errors import ServesimError
 from tests.helpers import one_error_line, sim
+from tests.package_configs import CONFIGS, package, write
 
-aic = pytest.importorskip("aiconfigurator_core")
-CONFIGS = Path(aic.__file__).parent / "model_configs"
 ROOT = Path(__file__).resolve().parents[1]
 V32, GLM5 = "deepseek-ai--DeepSeek-V3.2", "zai-org--GLM-5-FP8"
 
 
-def package(name: str) -> ModelConfig:
-    return ModelConfig.from_hf(CONFIGS / f"{name}_config.json")
 
 
-def write(tmp_path: Path, config: dict) -> Path:
-    folder = tmp_path / "m"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 def test_the_configs_as_vllm_reads_them():

@@ -4,7 +4,6 @@ the full attention it narrows (backends/costmodel/roofline.py, optables/moe.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,22 +14,14 @@ from backends.hardware import HARDWARE
 from backends.model_config import ModelConfig, package_model_config, resolve_model
 from sim.errors import ServesimError
 from tests.helpers import one_error_line, sim
+from tests.package_configs import CONFIGS, raw, write
 
-aic = pytest.importorskip("aiconfigurator_core")
-CONFIGS = Path(aic.__file__).parent / "model_configs"
 ROOT = Path(__file__).resolve().parents[1]
 SCOUT = "meta-llama--Llama-4-Scout-17B-16E-Instruct"
 
 
-def raw(name: str) -> dict:
-    return json.loads((CONFIGS / f"{name}_config.json").read_text())
 
 
-def write(tmp_path: Path, config: dict) -> Path:
-    folder = tmp_path / "m"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 # --model

@@ -18,26 +18,16 @@ from backends.kv_capacity import KVCacheGroup, kv_cache_groups, vllm_kv_cache
 from backends.model_config import ModelConfig
 from sim.errors import ServesimError
 from tests.helpers import one_error_line, sim
+from tests.package_configs import CONFIGS, package, raw, write
 
-aic = pytest.importorskip("aiconfigurator_core")
-CONFIGS = Path(aic.__file__).parent / "model_configs"
 ROOT = Path(__file__).resolve().parents[1]
 SCOUT, MAVERICK = "meta-llama--Llama-4-Scout-17B-16E-Instruct", "meta-llama--Llama-4-Maverick-17B-128E-Instruct"
 
 
-def package(name: str) -> ModelConfig:
-    return ModelConfig.from_hf(CONFIGS / f"{name}_config.json")
 
 
-def raw(name: str) -> dict:
-    return json.loads((CONFIGS / f"{name}_config.json").read_text())
 
 
-def write(tmp_path: Path, config: dict) -> Path:
-    folder = tmp_path / "m"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 # The layers, weights and KV cache, worked by hand.

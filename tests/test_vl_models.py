@@ -12,14 +12,11 @@ import pytest
 from backends.model_config import ModelConfig, resolve_model
 from sim.errors import ServesimError
 from tests.helpers import sim
+from tests.package_configs import CONFIGS, package, write
 
-aic = pytest.importorskip("aiconfigurator_core")
-CONFIGS = Path(aic.__file__).parent / "model_configs"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def package(name: str) -> ModelConfig:
-    return ModelConfig.from_hf(CONFIGS / f"{name}_config.json")
 
 
 # What a language model's own config and the wrapper's text_config may differ in: the name, the
@@ -57,13 +54,6 @@ def test_tied_embeddings_from_the_text_config():
     m = package("Qwen--Qwen3-VL-2B-Instruct")
     assert m.tie_word_embeddings and m.model_type == "" and m.num_hidden_layers == 28
     assert m.weight_bytes_by_part()["embeddings"] == 151936 * 2048 * 2  # one matrix
-
-
-def write(tmp_path: Path, raw: dict) -> Path:
-    folder = tmp_path / "vl"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(raw))
-    return folder
 
 
 def test_the_wrappers_quantization_and_tying_carry_over(tmp_path):
