@@ -780,18 +780,24 @@ def served_kv_cache_dtype(model: ModelConfig, kv_cache_dtype: str, hardware_name
     return kv_cache_dtype
 
 
+def package_model_configs() -> Path | None:
+    """The tables package's model_configs/ folder (ORG--NAME_config.json files), None without the extra."""
+    from backends.costmodel.optables.systems import package_systems_dir
+
+    systems = package_systems_dir()
+    return None if systems is None else systems.parent / "model_configs"
+
+
 def package_model_config(model_path: str) -> Path | None:
     """The tables package's model_configs/ file of a Hugging Face name ORG/NAME
     (ORG--NAME_config.json), if the tables extra is installed and ships it."""
-    from backends.costmodel.optables.systems import package_systems_dir
-
     # (ORG/NAME_hf_quant would name the quantization file beside a config, not a model)
     if model_path.count("/") != 1 or not all(model_path.split("/")) or model_path.endswith("_hf_quant"):
         return None
-    systems = package_systems_dir()
-    if systems is None:
+    folder = package_model_configs()
+    if folder is None:
         return None
-    config = systems.parent / "model_configs" / f"{model_path.replace('/', '--')}_config.json"
+    config = folder / f"{model_path.replace('/', '--')}_config.json"
     return config if _is_there(config, file=True) else None
 
 

@@ -32,14 +32,14 @@ def vllm_release(version: str | None) -> tuple[int, int] | None:
 # (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes), to the largest a server may be given.
 MAX_CUDA_GRAPH_TOKENS = 65536
 CUDA_GRAPH_GRID = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, MAX_CUDA_GRAPH_TOKENS + 1, 16))
-def is_blackwell(hardware_name: str) -> bool:
-    """Whether the GPU is a data-centre Blackwell (B200, GB200, B300, GB300: SM 10x), by its name."""
-    return any(hardware_name.upper().startswith(p) for p in ("B200", "GB200", "B300", "GB300"))
-
-
 BLACKWELL_GRAPH_RELEASE = (0, 28)  # the first vLLM to capture up to 1024 tokens on Blackwell (vllm-project/vllm#49390)
 DECODE_SIZE_RELEASE = (0, 31)  # the first vLLM to capture max_num_seqs itself (its uniform decode size)
 BUDGET_SIZE_RELEASE = (0, 21)  # the first vLLM to capture the step's token budget itself where it is under the ceiling
+
+
+def is_blackwell(hardware_name: str) -> bool:
+    """Whether the GPU is a data-centre Blackwell (B200, GB200, B300, GB300: SM 10x), by its name."""
+    return any(hardware_name.upper().startswith(p) for p in ("B200", "GB200", "B300", "GB300"))
 
 
 def cuda_graph_sizes(max_num_seqs: int, hardware_name: str = "", vllm_version: str | None = None,

@@ -174,16 +174,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 def list_package_models() -> None:
     """The config.json files the tables package ships (--model ORG/NAME), each with its parameters
     and family where servesim prices it, else why not (the refusal, without its file's path)."""
-    from backends.costmodel.optables.systems import INSTALL_HINT, package_systems_dir
-    from backends.model_config import ModelConfig, config_name
+    from backends.costmodel.optables.systems import INSTALL_HINT
+    from backends.model_config import ModelConfig, config_name, package_model_configs
 
-    systems = package_systems_dir()
-    if systems is None:
+    folder = package_model_configs()
+    if folder is None:
         print(f"with the tables extra ({INSTALL_HINT}), --model also takes the Hugging Face names of the "
               "config.json files the package ships")
         return
-    paths = sorted(p for p in (systems.parent / "model_configs").glob("*_config.json")
-                   if not p.name.endswith("hf_quant_config.json"))
+    paths = sorted(p for p in folder.glob("*_config.json") if not p.name.endswith("hf_quant_config.json"))
     print(f"\nthe tables package's model configs (--model ORG/NAME), {len(paths)}:")
     for path in paths:
         name = config_name(str(path))

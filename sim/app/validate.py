@@ -898,13 +898,12 @@ class RowRunner:
                     model, checkpoint = served_checkpoint(row, model, self.models)
                     if checkpoint is not None:
                         row["model_source"] = checkpoint
-                if kv_cache == "auto" and model.kv_cache_dtype:  # the checkpoint's, as vLLM resolves auto
-                    kv_cache, kv = model.kv_cache_dtype, kv_name(model.kv_cache_dtype)
-                    kv_why = f"the checkpoint's ({model.name}'s quantization config), as vLLM resolves auto"
-                    key = (*key[:4], kv, *key[5:])
-                elif kv_cache == "auto" and served_kv_cache_dtype(model, "auto", row["system"]) == "fp8":
-                    kv_cache, kv = "fp8", kv_name("fp8")
-                    kv_why = f"vLLM's auto for {model.name} on {row['system']}: fp8 (GLM-5 on Blackwell)"
+                served = served_kv_cache_dtype(model, kv_cache, row["system"])  # as vLLM resolves auto
+                if served != kv_cache:
+                    kv_why = (f"the checkpoint's ({model.name}'s quantization config), as vLLM resolves auto"
+                              if model.kv_cache_dtype else
+                              f"vLLM's auto for {model.name} on {row['system']}: fp8 (GLM-5 on Blackwell)")
+                    kv_cache, kv = served, kv_name(served)
                     key = (*key[:4], kv, *key[5:])
                 if model.is_extended:
                     prediction = predict_moe_row(row, model, self.protocol, layout_dir(self.ops_dir), version,

@@ -228,9 +228,8 @@ def fill_interior_cells(batch: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray
     count = 0
     for col in range(grid.shape[1]):
         measured = np.flatnonzero(~np.isnan(grid[:, col]))
-        for i in range(measured[0] + 1 if len(measured) else 0, measured[-1] if len(measured) else 0):
-            if not np.isnan(grid[i, col]):
-                continue
+        holes = np.setdiff1d(np.arange(measured[0], measured[-1]), measured) if len(measured) > 1 else []
+        for i in holes:
             lo, hi = measured[measured < i][-1], measured[measured > i][0]
             w = np.log(batch[i] / batch[lo]) / np.log(batch[hi] / batch[lo])
             grid[i, col] = np.exp(np.log(grid[lo, col]) + w * (np.log(grid[hi, col]) - np.log(grid[lo, col])))
@@ -327,9 +326,7 @@ def mla_module(tables: MLATables, model, heads: int, weights_dtype: str, kv_cach
         kernels[length] = "/".join(sorted(str(k) for k in rows["kernel_source"].unique()))
     ctx, gen = grids["isl"], grids["step"]
     layer = ("the layer from its hidden states to o_proj (q/kv down and up projections, norms, RoPE, KV-cache write, "
-             "the indexer's projections, fp8 logits and top-k, sparse attention)" if tables.sparse else
-             "the layer from its hidden states to o_proj (q/kv down and up projections, norms, RoPE, KV-cache write, "
-             "attention)")
+             + ("the indexer's projections, fp8 logits and top-k, sparse attention)" if tables.sparse else "attention)"))
     source = (f"{what} module tables {tables.describe}: {layer}; {', '.join(same)} rows, {heads} heads a GPU, "
               f"{gemm} GEMMs, {kv} KV; context {kernels['isl']} (batch {int(ctx.xa[0])}..{int(ctx.xa[-1])}, "
               f"isl {int(ctx.xb[0])}..{int(ctx.xb[-1])}), generation {kernels['step']} (batch "
