@@ -320,6 +320,9 @@ def vllm_kv_cache(model: ModelConfig, available: int, *, block_size: int, max_mo
     layers = model.num_hidden_layers
     page = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype) // layers
     bytes_per_block = max(g.num_layers for g in groups) * page
+    if len(groups) == 1:  # one group: its page the sum of its layers' pages (UniformTypeKVCacheSpecs), which
+        # differ where a sparse-attention layer keeps no indexer key (GLM-5.2's layers that share a top-k)
+        bytes_per_block = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype)
     num_blocks = available // bytes_per_block if num_gpu_blocks_override is None else num_gpu_blocks_override
     per_request = sum(g.max_blocks_per_request(block_size, max_model_len, max_in_flight_tokens) for g in groups)
     concurrency = num_blocks / per_request

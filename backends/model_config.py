@@ -52,6 +52,7 @@ _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
              "max_position_embeddings")
 LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # the layer_types entries servesim prices
+INDEXER_TYPES = ("full", "shared")  # a sparse-attention layer's own indexer, or the top-k of the last one
 
 
 class Gemm(NamedTuple):
@@ -112,6 +113,10 @@ class ModelConfig:
     index_topk: int = 0
     index_n_heads: int = 0
     index_head_dim: int = 0
+    # Which layers run their own indexer ("full") and which reuse the top-k of the last layer that did
+    # ("shared": GLM-5.2's index_topk_freq, IndexCache's index_topk_pattern); one entry per layer,
+    # empty: every layer its own (`_indexer_types`).
+    indexer_types: tuple = ()
     # Sliding windows: one entry per layer, "full_attention", "sliding_attention" or (Llama 4)
     # "chunked_attention" (empty: all full).
     sliding_window: int | None = None
@@ -177,6 +182,16 @@ class ModelConfig:
             fail("an MLA model needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
         if self.index_topk and not (self.kv_lora_rank and self.index_n_heads >= 1 and self.index_head_dim >= 1):
             fail("DeepSeek sparse attention needs MLA (kv_lora_rank), index_n_heads and index_head_dim")
+        if self.indexer_types:
+            if not self.index_topk:
+                fail("indexer_types without DeepSeek sparse attention (index_topk)")
+            if len(self.indexer_types) != self.num_hidden_layers:
+                fail(f"indexer_types has {len(self.indexer_types)} entries for {self.num_hidden_layers} layers")
+            if set(self.indexer_types) - set(INDEXER_TYPES):
+                fail(f"indexer_types holds {sorted(set(self.indexer_types) - set(INDEXER_TYPES))}; expected "
+                     f"{' or '.join(INDEXER_TYPES)}")
+            if self.indexer_types[0] != "full":
+                fail("indexer_types[0] is 'shared', but no earlier layer's indexer picks its top-k")
         if self.layer_types:
             if len(self.layer_types) != self.num_hidden_layers:
                 fail(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
@@ -201,8 +216,9 @@ class ModelConfig:
     def from_fields(cls, name: str, fields: dict) -> ModelConfig:
         """From a preset's dict (backends/presets.py)."""
         known = {f: fields[f] for f in cls.__dataclass_fields__ if f != "name" and f in fields}
-        if "layer_types" in known:
-            known["layer_types"] = tuple(known["layer_types"])
+        for field in ("layer_types", "indexer_types"):
+            if field in known:
+                known[field] = tuple(known[field])
         return cls(name=name, **known)
 
     @classmethod
@@ -334,8 +350,9 @@ class ModelConfig:
         V; vllm/v1/kv_cache_interface.py). A sliding-window layer's token is the same size as a
         full one's (SlidingWindowSpec's page): how many tokens a layer keeps is
         backends/kv_capacity.py's."""
-        if self.index_topk:  # DeepSeek sparse attention: the latent and the indexer's key, one group
-            return self.num_hidden_layers * (self.sparse_latent_bytes(kv_cache_dtype) + self.indexer_key_bytes)
+        if self.index_topk:  # DeepSeek sparse attention: the latent, and the indexer's key where the layer has one
+            return (self.num_hidden_layers * self.sparse_latent_bytes(kv_cache_dtype)
+                    + self.num_indexer_layers * self.indexer_key_bytes)
         if self.kv_lora_rank:
             return (self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
                     * kv_cache_dtype_bytes(kv_cache_dtype))
@@ -352,6 +369,14 @@ class ModelConfig:
         if kv_cache_dtype == "fp8":
             return 656
         return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_cache_dtype_bytes(kv_cache_dtype)
+
+    @property
+    def num_indexer_layers(self) -> int:
+        """The layers that run their own lightning indexer and keep its key cache (all of a
+        sparse-attention model's unless `indexer_types` shares some; 0 for any other model)."""
+        if not self.index_topk:
+            return 0
+        return sum(1 for t in self.indexer_types if t == "full") if self.indexer_types else self.num_hidden_layers
 
     @property
     def indexer_key_bytes(self) -> int:
@@ -502,7 +527,7 @@ class ModelConfig:
         small = 1 if count else 2  # bf16 vectors
         h, hd, layers = self.hidden_size, self.head_dim, self.num_hidden_layers
         heads = self.num_attention_heads // tp
-        attention = 0
+        attention = indexer = 0
         if self.kv_lora_rank:
             rope, nope, v = self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim
             q_out = heads * (nope + rope)
@@ -517,9 +542,9 @@ class ModelConfig:
                 attention += 2 * self.kv_lora_rank * heads * (nope + v)
             if self.index_topk:  # the indexer, replicated on every GPU (vllm/models/deepseek_v32/attention.py):
                 idx = self.index_n_heads * self.index_head_dim  # wq_b in the checkpoint's dtype; wk and
-                attention += lin(self.q_lora_rank or h, idx, weights)  # weights_proj fused in bf16; k_norm fp32
-                attention += h * (self.index_head_dim + self.index_n_heads) * (1 if count else 2)
-                attention += 2 * self.index_head_dim * (1 if count else 4)
+                indexer = lin(self.q_lora_rank or h, idx, weights)  # weights_proj fused in bf16; k_norm fp32
+                indexer += h * (self.index_head_dim + self.index_n_heads) * (1 if count else 2)
+                indexer += 2 * self.index_head_dim * (1 if count else 4)
         else:
             kv_heads = self.num_kv_heads_per_gpu(tp)
             qkv_out = (heads + 2 * kv_heads) * hd
@@ -532,7 +557,9 @@ class ModelConfig:
                 attention += small * heads
             if self.qk_norm:
                 attention += small * 2 * hd
-        parts = {"attention": layers * attention,
+        # (a layer that shares an earlier layer's top-k builds no indexer, and vLLM drops the checkpoint's
+        # indexer weights for it: DeepseekV2ForCausalLM.load_weights, indexer_present_prefixes)
+        parts = {"attention": layers * attention + self.num_indexer_layers * indexer,
                  "norms": small * (layers * (4 if self.sandwich_norms else 2) * h + h)}
         if self.num_dense_mlp_layers:
             i = self.intermediate_size // tp
@@ -843,7 +870,7 @@ _EXTENDED_FIELDS = ("model_type", "num_experts", "num_experts_per_tok", "moe_int
                     "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
                     "layer_types", "attention_sinks", "attention_bias", "sandwich_norms", "weight_dtype",
                     "expert_dtype", "kv_cache_dtype", "attention_chunk_size", "interleave_moe_layer_step",
-                    "index_topk", "index_n_heads", "index_head_dim")
+                    "index_topk", "index_n_heads", "index_head_dim", "indexer_types")
 _DEEPSEEK = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
 _SPARSE = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek sparse attention: MLA with a lightning indexer
 
@@ -890,17 +917,27 @@ def _number(raw: dict, field: str, where: str, default: float) -> float:
     return float(_field(raw, field, where, "number", default))
 
 
-def _layer_types(raw: dict, where: str) -> list | None:
-    """The config's layer_types (None where it has none), each entry one servesim prices."""
+# layer_types spellings of a sparse-attention layer, which keeps a full attention KV cache (vLLM's
+# _ATTENTION_LAYER_TYPES, vllm/config/model.py): read as full_attention for DeepSeek sparse attention
+SPARSE_LAYER_TYPES = ("indexed_attention", "deepseek_sparse_attention")
+
+
+def _layer_types(raw: dict, where: str, model_type: str = "") -> list | None:
+    """The config's layer_types (None where it has none), each entry one servesim prices (a sparse
+    model's sparse-attention spellings read as full_attention)."""
     types = raw.get("layer_types")
     if types is None:
         return None
     if not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise ServesimError(f"{where}: layer_types = {types!r}, expected a list of names")
+    if model_type in _SPARSE:
+        types = ["full_attention" if t in SPARSE_LAYER_TYPES else t for t in types]
     for i, t in enumerate(types):
         if t not in LAYER_TYPES:
             raise ServesimError(f"{where}: layer_types[{i}] = {t!r}: servesim prices full_attention, "
-                                "sliding_attention and chunked_attention (Llama 4) layers only")
+                                "sliding_attention and chunked_attention (Llama 4) layers only"
+                                + (f" ({', '.join(SPARSE_LAYER_TYPES)} for DeepSeek sparse attention)"
+                                   if model_type in _SPARSE else ""))
     return types
 
 
@@ -944,7 +981,7 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
     fields.update(_moe_fields(raw, where, model_type))
     fields.update(_mla_fields(raw, where))
     if model_type in _SPARSE:
-        fields.update(_sparse_fields(raw, where))
+        fields.update(_sparse_fields(raw, where, layers))
     if fields.get("kv_lora_rank"):
         fields["head_dim"] = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
     fields.update(_window_fields(raw, where, model_type, layers))
@@ -1055,24 +1092,58 @@ def _llama4_fields(raw: dict, where: str, layers: int) -> dict:
 INDEXER_QUANT_BLOCK = 128  # DeepseekV32Indexer.quant_block_size (vllm/models/deepseek_v32/attention.py)
 
 
-def _sparse_fields(raw: dict, where: str) -> dict:
+def _sparse_fields(raw: dict, where: str, layers: int) -> dict:
     """DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5: vLLM's Indexer,
     vllm/model_executor/models/deepseek_v2.py): index_topk keys a query attends, the indexer's
-    heads and head size. Without kv_lora_rank there is no MLA to make sparse."""
+    heads and head size, and which layers share another's top-k (`_indexer_types`). Without
+    kv_lora_rank there is no MLA to make sparse."""
     if raw.get("kv_lora_rank") is None:
         raise ServesimError(f"{where}: no kv_lora_rank in it: DeepSeek sparse attention is sparse MLA")
-    # Layers that reuse an earlier layer's top-k instead of running their own indexer (GLM-5.2's
-    # index_topk_freq, index_topk_pattern: vllm/models/deepseek_v32/attention.py, skip_topk) are not priced.
-    if _whole(raw, "index_topk_freq", where, 1, 1) != 1 or raw.get("index_topk_pattern") is not None:
-        field = "index_topk_freq" if raw.get("index_topk_pattern") is None else "index_topk_pattern"
-        raise ServesimError(f"{where}: {field} = {raw[field]!r}: layers that reuse another layer's top-k "
-                            "are not priced (every layer its own indexer only)")
     fields = {f: _whole(raw, f, where, minimum=1) for f in ("index_topk", "index_n_heads", "index_head_dim")}
     if fields["index_head_dim"] % INDEXER_QUANT_BLOCK:  # its keys are fp8 with one fp32 scale a block of 128
         raise ServesimError(f"{where}: index_head_dim = {fields['index_head_dim']}: vLLM's indexer quantizes its "
                             f"keys in blocks of {INDEXER_QUANT_BLOCK} values (quant_block_size), so it must be a "
                             f"multiple of {INDEXER_QUANT_BLOCK}")
+    types = _indexer_types(raw, where, layers)
+    if "shared" in types:
+        fields["indexer_types"] = types
     return fields
+
+
+def _indexer_types(raw: dict, where: str, layers: int) -> tuple:
+    """Which layers run their own lightning indexer ("full") and which reuse the top-k indices the
+    last one left in the shared buffer ("shared"), as vLLM decides it (IndexCache;
+    vllm/models/deepseek_v32/attention.py, DeepseekV32Attention.__init__, `skip_topk`, and
+    vllm/model_executor/models/deepseek_v2.py): layer i shares where index_topk_pattern[i] is "S"
+    (a layer past the pattern's end has its own), or without a pattern where
+    max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0 (offset 2 and frequency 1 by
+    default: every layer its own). GLM-5.2 (frequency 4, offset 3): layers 0, 1, 2, 6, 10, ... run
+    their own, 21 of 78. transformers' indexer_types, where the file has it, must say the same (vLLM
+    does not read it; a file whose two descriptions differ is refused)."""
+    freq = _whole(raw, "index_topk_freq", where, 1, 1)
+    offset = _whole(raw, "index_skip_topk_offset", where, 2)
+    pattern = raw.get("index_topk_pattern")
+    if pattern is not None:
+        if not (isinstance(pattern, str) or (isinstance(pattern, list) and all(isinstance(p, str) for p in pattern))):
+            raise ServesimError(f"{where}: index_topk_pattern = {pattern!r}, expected a string (or a list of "
+                                "strings), \"S\" for a layer that shares the top-k")
+        types = tuple("shared" if i < len(pattern) and pattern[i] == "S" else "full" for i in range(layers))
+        how = f"index_topk_pattern {pattern!r}"
+    else:
+        types = tuple("shared" if max(i - offset + 1, 0) % freq else "full" for i in range(layers))
+        how = f"index_topk_freq {freq} and index_skip_topk_offset {offset}"
+    if types and types[0] == "shared":
+        raise ServesimError(f"{where}: {how} make layer 0 share the top-k, but no earlier layer's indexer picks it")
+    given = raw.get("indexer_types")
+    if given is not None:
+        if not (isinstance(given, list) and all(t in INDEXER_TYPES for t in given)):
+            raise ServesimError(f"{where}: indexer_types = {given!r}, expected a list of "
+                                f"{' and '.join(repr(t) for t in INDEXER_TYPES)}")
+        if tuple(given) != types:
+            first = next((i for i, (a, b) in enumerate(zip(given, types)) if a != b), min(len(given), len(types)))
+            raise ServesimError(f"{where}: indexer_types differs from what {how} give vLLM (layer {first} and "
+                                f"{len(given)} entries, against {len(types)} layers), which vLLM reads instead")
+    return types
 
 
 def _mla_fields(raw: dict, where: str) -> dict:
@@ -1090,7 +1161,7 @@ def _mla_fields(raw: dict, where: str) -> dict:
 def _window_fields(raw: dict, where: str, model_type: str, layers: int) -> dict:
     """Which layers slide, as vLLM reads each family (layer_types when the file has them)."""
     window = raw.get("sliding_window")
-    types = _layer_types(raw, where)
+    types = _layer_types(raw, where, model_type)
     if types is not None and len(types) != layers:
         raise ServesimError(f"{where}: layer_types has {len(types)} entries for num_hidden_layers = {layers}")
     if types and "chunked_attention" in types and model_type != "llama4_text":

@@ -1,7 +1,8 @@
 """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): the configs, the KV cache and weights as vLLM
 0.33 allocates them, the block size it takes, and the layer priced by the roofline and by the
 tables' DSA module rows (backends/model_config.py, backends/costmodel/roofline.py
-`_sparse_attention_one_layer`, backends/costmodel/optables/mla.py DSA_TABLES)."""
+`_sparse_attention_one_layer`, backends/costmodel/optables/mla.py DSA_TABLES). Layers that share an
+earlier layer's top-k (GLM-5.2): tests/test_index_cache.py."""
 
 from __future__ import annotations
 
@@ -145,17 +146,6 @@ def test_sparse_attention_needs_mla(tmp_path):
         assert drop in str(e.value) and str(folder / "config.json") in str(e.value)
     with pytest.raises(ServesimError, match="index_topk = 0"):
         ModelConfig.from_hf(write(tmp_path, {**raw, "index_topk": 0}))
-
-
-def test_layers_that_share_a_top_k_are_refused(tmp_path):
-    """GLM-5.2 runs its indexer on every fourth layer and the others reuse its picks
-    (index_topk_freq 4): not priced, said."""
-    with pytest.raises(ServesimError) as e:
-        package("zai-org--GLM-5.2-FP8")
-    assert "index_topk_freq = 4: layers that reuse another layer's top-k are not priced" in str(e.value)
-    raw = json.loads((CONFIGS / f"{V32}_config.json").read_text())
-    with pytest.raises(ServesimError, match="index_topk_pattern = 'FSSS'"):
-        ModelConfig.from_hf(write(tmp_path, {**raw, "index_topk_pattern": "FSSS"}))
 
 
 def test_a_steps_prefills_are_dense_or_sparse_together_as_vllm_decides():

@@ -246,7 +246,7 @@ class MoERooflineCostModel(CostModel):
         self._decode_s_per_context = m.num_hidden_layers * max(per_key_flops / att_flops_s,
                                                                per_key_bytes / self._bytes_s)
         self._decode_s_per_request = m.num_hidden_layers * per_request_bytes / self._bytes_s
-        self._kv_token_bytes = m.kv_bytes_per_token(tp, kv_cache_dtype) // m.num_hidden_layers
+        self._kv_token_bytes = m.kv_bytes_per_token(tp, kv_cache_dtype) / m.num_hidden_layers  # (the mean layer)
 
     def _gemm(self, t, k: int, n: int, dtype: str, weight_fraction=1.0):
         """One GEMM of t rows; `weight_fraction` of its weights read (routed experts)."""
@@ -256,7 +256,9 @@ class MoERooflineCostModel(CostModel):
         num_bytes = weight_fraction * linear_bytes(k, n, dtype) + t * (k + n) * ACTIVATION_BYTES
         return np.maximum(flops / peak, num_bytes / self._bytes_s)
 
-    def _attention_linear(self, t):
+    def _attention_linear(self, t, indexer: bool = False):
+        """One layer's attention projections for t tokens; with `indexer`, a sparse-attention layer's
+        indexer's too (`_indexer_linear`)."""
         m, w, nh, h = self.model, self.weights_dtype, self._heads, self.model.hidden_size
         if not m.kv_lora_rank:
             qkv = (nh + 2 * self._kv_heads) * m.head_dim
@@ -268,10 +270,24 @@ class MoERooflineCostModel(CostModel):
             s = self._gemm(t, h, nh * (nope + rope), w) + self._gemm(t, h, kvr + rope, w)
         # W_UK (q_nope into the latent) and W_UV (latent out to v), bf16, per head.
         s = s + self._gemm(t, nope * nh, kvr, "bf16") + self._gemm(t, kvr, v * nh, "bf16")
-        if m.index_topk:  # the indexer's wq_b (checkpoint dtype) and its fused wk + weights_proj (bf16), replicated
-            s = s + self._gemm(t, m.q_lora_rank or h, m.index_n_heads * m.index_head_dim, w)
-            s = s + self._gemm(t, h, m.index_head_dim + m.index_n_heads, "bf16")
+        if indexer:
+            s = s + self._indexer_linear(t)
         return s + self._gemm(t, nh * v, h, w)
+
+    def _indexer_linear(self, t):
+        """The lightning indexer's projections in a layer that runs one: its wq_b (checkpoint dtype)
+        and its fused wk + weights_proj (bf16), replicated on every GPU."""
+        m, h = self.model, self.model.hidden_size
+        return (self._gemm(t, m.q_lora_rank or h, m.index_n_heads * m.index_head_dim, self.weights_dtype)
+                + self._gemm(t, h, m.index_head_dim + m.index_n_heads, "bf16"))
+
+    def _attention_linear_all(self, t):
+        """Every layer's attention projections for t tokens, the indexers' where layers run them."""
+        m = self.model
+        own = m.num_indexer_layers
+        if not m.index_topk or own == m.num_hidden_layers:  # every layer alike
+            return m.num_hidden_layers * self._attention_linear(t, indexer=bool(m.index_topk))
+        return m.num_hidden_layers * self._attention_linear(t) + own * self._indexer_linear(t)
 
     def dense(self, t: int, num_logits: int) -> tuple:
         """(linear, router, moe, kv_write, elementwise, lm_head, allreduce) seconds of t tokens."""
@@ -284,7 +300,7 @@ class MoERooflineCostModel(CostModel):
         the layers' elementwise seconds, allreduce)."""
         m, b, h = self.model, ACTIVATION_BYTES, self.model.hidden_size
         layers = m.num_hidden_layers
-        linear = layers * self._attention_linear(t)
+        linear = self._attention_linear_all(t)
         mlp_width = 0.0
         if m.num_dense_mlp_layers:
             i = m.intermediate_size // self.tp
@@ -440,16 +456,52 @@ class MoERooflineCostModel(CostModel):
         the index_topk keys picked (queries absorbed into 576-wide keys and 512-wide values, sparse
         decode and prefill alike: pairs sum(min(position, index_topk))). A prefill whose context is
         within index_topk is vLLM's dense MHA prefill without the indexer (sparse_mla_attention.py,
-        `_use_dense_mha_prefill`), priced as MLA's (`_attention_one_layer`)."""
+        `_use_dense_mha_prefill`), priced as MLA's (`_attention_one_layer`). The mean layer: where
+        some layers reuse an earlier layer's top-k instead of running their own indexer (GLM-5.2's
+        index_topk_freq), the indexer's seconds count in the layers that run it (`_indexer_share`)."""
+        return self._indexer_share * self._indexer_one_layer(q, c) + self._sparse_attend_one_layer(q, c)
+
+    def _sparse_attend_one_layer(self, q: int, c: int) -> float:
+        """MLA's attention over the index_topk keys picked, one layer (`_sparse_attention_one_layer`)."""
         m, nh, kvb = self.model, self._heads, self.dtype_bytes
         kvr, rope = m.kv_lora_rank, m.qk_rope_head_dim
         att_flops_s = self._flops_s * self.eff.attention
         pairs = window_pairs(q, c, m.index_topk)
         keys = min(c, q * m.index_topk)  # the latents the picks gather
         latent = m.sparse_latent_bytes("fp8" if kvb == 1 else "auto")
-        attend = max(2.0 * nh * (2 * kvr + rope) * pairs / att_flops_s,
-                     (keys * latent + q * nh * (2 * kvr + rope) * ACTIVATION_BYTES) / self._bytes_s)
-        return self._indexer_one_layer(q, c) + attend
+        return max(2.0 * nh * (2 * kvr + rope) * pairs / att_flops_s,
+                   (keys * latent + q * nh * (2 * kvr + rope) * ACTIVATION_BYTES) / self._bytes_s)
+
+    def _sparse_module_layers(self, chunks: list[tuple[int, int]]) -> float:
+        """How many layers a measured DSA layer's seconds count for over these requests ((q, c) each:
+        one batch of decodes, or one of prefill chunks, as the module tables measure them). The
+        tables time a layer that runs its own indexer; a layer that reuses an earlier one's top-k
+        (GLM-5.2's index_topk_freq) runs the same module without the indexer's projections, scoring
+        and top-k, and is carried from the measured one by the roofline's ratio of the two layers'
+        seconds for the same requests (its projections and attention, with and without the
+        indexer's). Every layer its own indexer: the layers, as they are."""
+        m = self.model
+        own = m.num_indexer_layers
+        if not m.index_topk or own == m.num_hidden_layers:
+            return float(m.num_hidden_layers)
+        t = sum(q for q, _ in chunks)
+        shared = float(self._attention_linear(t))
+        full = shared + float(self._indexer_linear(t))
+        dense = max((c for q, c in chunks if q > 1), default=0) <= m.index_topk  # a batch of prefills only
+        for q, c in chunks:
+            if q == 1 or not dense:
+                attend, indexer = self._sparse_attend_one_layer(q, c), self._indexer_one_layer(q, c)
+            else:  # vLLM's dense MHA prefill: no indexer in a step without decodes
+                attend, indexer = self._attention_one_layer(q, c, None), 0.0
+            shared += attend
+            full += attend + indexer
+        return own + (m.num_hidden_layers - own) * shared / full
+
+    @property
+    def _indexer_share(self) -> float:
+        """The share of a sparse-attention model's layers that run their own indexer (1: all)."""
+        m = self.model
+        return m.num_indexer_layers / m.num_hidden_layers
 
     def _indexer_one_layer(self, q: int, c: int) -> float:
         """The lightning indexer of one layer scoring every earlier key for q new tokens at the end of
@@ -475,7 +527,8 @@ class MoERooflineCostModel(CostModel):
             if q == 1 or not dense:
                 total += self._sparse_attention_one_layer(q, c)
             else:
-                total += self._attention_one_layer(q, c, None) + (self._indexer_one_layer(q, c) if decodes else 0.0)
+                total += self._attention_one_layer(q, c, None) + (
+                    self._indexer_share * self._indexer_one_layer(q, c) if decodes else 0.0)
         return m.num_hidden_layers * total
 
     def parts(self, agg: StepAggregates, chunks: list[tuple[int, int]], dense: tuple) -> dict:

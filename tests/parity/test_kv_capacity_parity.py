@@ -28,7 +28,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, Slid
 
 from backends.kv_capacity import kv_cache_groups, vllm_kv_cache  # noqa: E402
 from backends.model_config import ModelConfig, resolve_model  # noqa: E402
-from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, MISTRAL_7B_V01  # noqa: E402
+from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, GLM5_2_FP8, MISTRAL_7B_V01  # noqa: E402
 from tests.parity.vllm_driver import allow_config_without_triton  # noqa: E402
 
 allow_config_without_triton()
@@ -101,3 +101,46 @@ def test_blocks_and_tokens_as_vllm(name, tp, block_size, max_model_len, availabl
         (isinstance(g.kv_cache_spec, SlidingWindowSpec), len(g.layer_names)) for g in groups]
     assert ours["num_blocks"] == theirs.num_blocks
     assert ours["tokens"] == tokens
+
+
+def sparse_specs(model: ModelConfig, block_size: int, kv_cache_dtype: str) -> dict:
+    """A DeepSeek-sparse-attention model's layer specs as vLLM's layers report them: every layer's
+    MLAAttention (its latent; with an fp8 cache FlashMLA's fp8_ds_mla row, `state_content_bytes` 656:
+    vllm/model_executor/layers/attention/mla_attention.py, get_kv_cache_spec) and, in each layer that
+    builds an indexer, its DeepseekV32IndexerCache (132 uint8 a token, cache_role INDEXER:
+    vllm/model_executor/models/deepseek_v2.py)."""
+    from vllm.v1.kv_cache_interface import SparseCacheRole
+
+    fp8 = kv_cache_dtype == "fp8"
+    out = {}
+    for i in range(model.num_hidden_layers):
+        own = not model.indexer_types or model.indexer_types[i] == "full"
+        out[f"layers.{i}.attn"] = MLAAttentionSpec(
+            block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=model.kv_lora_rank + model.qk_rope_head_dim,
+            dtype=torch.uint8 if fp8 else torch.bfloat16, cache_dtype_str="fp8_ds_mla" if fp8 else "auto",
+            state_content_bytes=656 if fp8 else None, is_index_group_leader=own)
+        if own:
+            out[f"layers.{i}.indexer.k_cache"] = MLAAttentionSpec(
+                block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=model.indexer_key_bytes,
+                dtype=torch.uint8, cache_role=SparseCacheRole.INDEXER)
+    return out
+
+
+@pytest.mark.parametrize("name", ["GLM-5.2", "GLM-5"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_sparse_attention_blocks_and_tokens_as_vllm(name, kv_cache_dtype):
+    """DeepSeek sparse attention (GLM-5, and GLM-5.2 whose 57 layers of 78 share a top-k and keep no
+    indexer key): one group of every layer's specs, a block the sum of their pages."""
+    config = GLM5_2_FP8 if name == "GLM-5.2" else {
+        k: v for k, v in GLM5_2_FP8.items() if k not in ("index_topk_freq", "index_skip_topk_offset")}
+    model = from_config(config)
+    available, max_model_len = 40 * 2**30 + 777, 200000
+    vllm = vllm_config(max_model_len, 64, 8192)
+    groups = get_kv_cache_groups(vllm, sparse_specs(model, 64, kv_cache_dtype))
+    theirs = get_kv_cache_config_from_groups(vllm, groups, available)
+    tokens, _ = get_kv_cache_capacity(vllm, theirs)
+    ours = vllm_kv_cache(model, available, block_size=64, max_model_len=max_model_len,
+                         max_in_flight_tokens=vllm.max_in_flight_tokens, tp=8, kv_cache_dtype=kv_cache_dtype)
+    assert len(groups) == 1 == len(ours["groups"])
+    assert ours["bytes_per_block"] == groups[0].kv_cache_spec.page_size_bytes
+    assert ours["num_blocks"] == theirs.num_blocks and ours["tokens"] == tokens

@@ -770,6 +770,12 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                 return
             self._attention = {(0, "generation"): self._mla.generation}  # the decodes' lookups, as GQA's
             self.sources["attention"] = self._mla.source
+            shared = m.num_hidden_layers - m.num_indexer_layers if m.index_topk else 0
+            if shared:
+                self.sources["attention"] += (
+                    f"; the {shared} layers of {m.num_hidden_layers} that reuse an earlier layer's top-k (no "
+                    "indexer of their own) carried from the measured layer by the roofline's seconds without and "
+                    "with the indexer, for the same requests")
             self.sources["kv_write"] = "in attention (the MLA module tables write the latents to the KV cache)"
             self.sources["elementwise"] = "roofline, less MLA's RoPE (in attention's MLA module tables)"
             return
@@ -980,7 +986,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             linear = sum(layers * self._curve_at("linear", c, tokens) for c, layers in self._linear_curves)
             linear = float(linear) if t else 0.0
         elif self._mla is not None:  # the roofline's dense MLPs and shared experts (MLA's projections: attention)
-            linear = max(0.0, float(linear - m.num_hidden_layers * self._attention_linear(t)))
+            linear = max(0.0, float(linear - self._attention_linear_all(t)))
         if m.num_experts and self.dp == 1:
             moe = float(self.moe_seconds(tokens)) if t else 0.0
         elif m.num_experts:  # every DP rank as loaded as this one: the kernel, dispatch and combine
@@ -1045,7 +1051,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         t, off = self._mla.chunks(chunks)
         if off:
             self.extrapolated["attention"] = self.extrapolated.get("attention", 0) + off
-        return self.model.num_hidden_layers * t
+        return self._sparse_module_layers(chunks) * t
 
     def _decodes_attention(self, window: int, kv_lens: list[int]) -> float:
         """One layer's attention of a step's decodes as one batch at their mean KV length (the
@@ -1068,7 +1074,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             attention = self._chunks_attention(prefills) if self._mla is not None else \
                 sum(self.request_seconds(q, c) for q, c in prefills)
             if self._full_layers:
-                attention += self._full_layers * self._decodes_attention(0, decodes)
+                layers = self._sparse_module_layers([(1, c) for c in decodes]) if self._mla is not None and decodes \
+                    else self._full_layers
+                attention += layers * self._decodes_attention(0, decodes)
             if self._sliding_layers:
                 attention += self._sliding_layers * self._decodes_attention(w, [min(c, w) for c in decodes])
             if self._chunked_layers:
