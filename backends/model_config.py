@@ -749,33 +749,41 @@ def hf_fields(raw: dict, where: str) -> dict:
 
 
 def _rope(raw: dict, where: str) -> dict:
-    layouts = []
-    if "rope_theta" in raw or "rope_scaling" in raw:
-        layouts.append(("rope_theta/rope_scaling", raw.get("rope_theta"), raw.get("rope_scaling")))
+    """rope_theta and rope_scaling as transformers reads them (PreTrainedConfig.convert_rope_params_to_dict,
+    which vLLM's configs go through): the top-level rope_scaling where it is set, else rope_parameters
+    (transformers 5's layout), and rope_parameters' own rope_theta before the top level's. A null
+    rope_scaling beside rope_parameters says nothing; two set values that differ are a file read two
+    ways, refused."""
+    theta, scaling = raw.get("rope_theta"), raw.get("rope_scaling")
+    for field, value in (("rope_theta", theta), ("rope_scaling", scaling)):
+        _rope_value(field, value, where)
     params = raw.get("rope_parameters")
     if params is not None:
         if not isinstance(params, dict):
             raise ServesimError(f"{where}: rope_parameters = {params!r}, expected an object")
-        layouts.append(("rope_parameters", params.get("rope_theta"), params))
-    found = []
-    for label, theta, scaling in layouts:
-        if theta is not None and not (isinstance(theta, (int, float)) and not isinstance(theta, bool)
-                                      and math.isfinite(theta)):
-            raise ServesimError(f"{where}: rope_theta = {theta!r}, expected a number")
-        if scaling is not None and not isinstance(scaling, dict):
-            raise ServesimError(f"{where}: rope_scaling = {scaling!r}, expected an object or null")
-        found.append((label, None if theta is None else float(theta), _scaling(scaling)))
-    if len(found) == 2 and found[0][1:] != found[1][1:] and found[0][1] is not None:
-        raise ServesimError(f"{where}: its top-level rope_theta/rope_scaling ({found[0][1]}, {found[0][2]}) and "
-                            f"rope_parameters ({found[1][1]}, {found[1][2]}) disagree")
-    out = {}
-    for _, theta, scaling in found:
-        if theta is not None:
-            out["rope_theta"] = theta
-            out["rope_scaling"] = scaling
-        elif scaling is not None:
-            out["rope_scaling"] = scaling
-    return out
+        own = params.get("rope_theta")
+        _rope_value("rope_theta", own, where)
+        if (theta is not None and own is not None and float(theta) != float(own)) or (
+                scaling is not None and _scaling(scaling) != _scaling(params)):
+            raise ServesimError(f"{where}: its top-level rope_theta/rope_scaling ({_float(theta)}, "
+                                f"{_scaling(scaling)}) and rope_parameters ({_float(own)}, {_scaling(params)}) disagree")
+        theta = own if own is not None else theta
+        scaling = scaling if scaling is not None else params
+    if theta is not None:
+        return {"rope_theta": float(theta), "rope_scaling": _scaling(scaling)}
+    return {} if _scaling(scaling) is None else {"rope_scaling": _scaling(scaling)}
+
+
+def _rope_value(field: str, value, where: str) -> None:
+    if field == "rope_theta" and value is not None and not (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        raise ServesimError(f"{where}: rope_theta = {value!r}, expected a number")
+    if field == "rope_scaling" and value is not None and not isinstance(value, dict):
+        raise ServesimError(f"{where}: rope_scaling = {value!r}, expected an object or null")
+
+
+def _float(value) -> float | None:
+    return None if value is None else float(value)
 
 
 def _scaling(scaling: dict | None) -> dict | None:

@@ -215,5 +215,11 @@ def test_sim_replays_glm_5_2(tmp_path):
 
 def test_sim_models_prices_glm_5_2_and_5_3(capsys):
     assert sim("models") == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "GLM-5.2" in line or "GLM-5.3" in line]
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if "GLM-5.2" in line or "GLM-5.3" in line]
     assert len(lines) == 6 and all("glm_moe_dsa" in line and "not priced" not in line for line in lines)
+    # and Kimi K2.7, whose null top-level rope_scaling beside rope_parameters was read as a disagreement
+    kimi = [line for line in out if "Kimi-K2.7" in line]
+    assert len(kimi) == 1 and "deepseek_v3" in kimi[0] and "not priced" not in kimi[0]
+    m = package("nvidia--Kimi-K2.7-Code-NVFP4")
+    assert (m.rope_theta, m.rope_scaling["rope_type"], m.rope_scaling["factor"]) == (50000.0, "yarn", 64.0)

@@ -113,6 +113,30 @@ def test_both_rope_layouts_read_alike_and_must_agree(tmp_path):
         ModelConfig.from_hf(write(tmp_path, both, "both"))
 
 
+def test_rope_is_read_as_transformers_reads_both_layouts_together(tmp_path):
+    """transformers' convert_rope_params_to_dict: the top-level rope_scaling where set, else
+    rope_parameters; rope_parameters' own rope_theta first. A null rope_scaling beside rope_parameters
+    (nvidia/Kimi-K2.7-Code-NVFP4 writes both) reads rope_parameters; two set values that differ are refused."""
+    t5 = transformers5(LLAMA_31_8B)
+    hub = ModelConfig.from_hf(write(tmp_path, LLAMA_31_8B, "hub"))
+    for extra in ({"rope_scaling": None}, {"rope_theta": 500000.0, "rope_scaling": None},
+                  {"rope_theta": 500000, "rope_scaling": LLAMA_31_8B["rope_scaling"]}):
+        m = ModelConfig.from_hf(write(tmp_path, {**t5, **extra}, "mixed"))
+        assert (m.rope_theta, m.rope_scaling) == (hub.rope_theta, hub.rope_scaling), extra
+    # rope_parameters without its own theta takes the top level's, as transformers' setdefault does
+    params = {k: v for k, v in t5["rope_parameters"].items() if k != "rope_theta"}
+    m = ModelConfig.from_hf(write(tmp_path, {**t5, "rope_parameters": params, "rope_theta": 500000.0}, "theta"))
+    assert (m.rope_theta, m.rope_scaling) == (hub.rope_theta, hub.rope_scaling)
+    other = {**LLAMA_31_8B["rope_scaling"], "factor": 16.0}
+    with pytest.raises(ServesimError, match="disagree"):
+        ModelConfig.from_hf(write(tmp_path, {**t5, "rope_scaling": other}, "two"))
+    for bad, said in (({"rope_theta": "5e5"}, "rope_theta = '5e5', expected a number"),
+                      ({"rope_parameters": {"rope_theta": True}}, "rope_theta = True, expected a number"),
+                      ({"rope_scaling": 2.0}, "rope_scaling = 2.0, expected an object or null")):
+        with pytest.raises(ServesimError, match=said):
+            ModelConfig.from_hf(write(tmp_path, {**t5, **bad}, "bad"))
+
+
 @pytest.mark.parametrize("change,field", [
     ({"num_local_experts": 8, "model_type": "mixtral"}, "num_experts_per_tok"),  # MoE fields missing
     ({"num_experts": 128, "model_type": "qwen3_moe", "num_experts_per_tok": 8}, "moe_intermediate_size"),
