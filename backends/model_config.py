@@ -46,7 +46,11 @@ NVFP4_GROUP = 16
 
 # model_type -> (architecture, QK-norm)
 FAMILIES = {"llama": ("LlamaForCausalLM", False), "mistral": ("MistralForCausalLM", False),
-            "qwen2": ("Qwen2ForCausalLM", False), "qwen3": ("Qwen3ForCausalLM", True)}
+            "qwen2": ("Qwen2ForCausalLM", False), "qwen3": ("Qwen3ForCausalLM", True),
+            # Xiaomi's MiMo-7B: vLLM's MiMoForCausalLM is Qwen2ForCausalLM (vllm/model_executor/models/mimo.py),
+            # its MTP layers left to a draft model (hf_to_vllm_mapper drops model.mtp_layers)
+            "mimo": ("MiMoForCausalLM", False)}
+QKV_BIAS_FAMILIES = ("qwen2", "mimo")  # q, k and v projections with biases (Qwen2Attention)
 _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
@@ -261,7 +265,7 @@ class ModelConfig:
         eps, tied = _number(raw, "rms_norm_eps", where, 1e-6), _flag(raw, "tie_word_embeddings", where, False)
         try:
             return cls(name=name, rms_norm_eps=eps, tie_word_embeddings=tied, qk_norm=qk_norm,
-                       architecture=architecture, qkv_bias=model_type == "qwen2", **fields)
+                       architecture=architecture, qkv_bias=model_type in QKV_BIAS_FAMILIES, **fields)
         except ServesimError as e:
             raise ServesimError(f"{where}: {e}") from None
 

@@ -262,3 +262,24 @@ def test_a_dense_fp8_checkpoint_is_priced_as_fp8_weights(tmp_path):
     assert bf16.backend.execute(batch).seconds > served.backend.execute(batch).seconds
     with pytest.raises(ServesimError, match="checkpoint is quantized .fp8-block"):
         resolve(ReplayOptions(model=quantized, hardware="H100-SXM", dtype="fp4"))
+
+
+MIMO_7B = {  # XiaomiMiMo/MiMo-7B-Base's config.json (aiconfigurator-core's model_configs/ has it)
+    "architectures": ["MiMoForCausalLM"], "model_type": "mimo", "num_hidden_layers": 36, "hidden_size": 4096,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 11008,
+    "vocab_size": 151680, "max_position_embeddings": 32768, "rope_theta": 640000, "rms_norm_eps": 1e-05,
+    "hidden_act": "silu", "attention_bias": True, "sliding_window": 32768, "max_window_layers": 32,
+    "use_sliding_window": False, "use_mrope": False, "num_nextn_predict_layers": 1, "tie_word_embeddings": False}
+
+
+def test_mimo_is_qwen2_as_vllm_builds_it(tmp_path):
+    """vLLM's MiMoForCausalLM is its Qwen2ForCausalLM (q, k, v biases), the MTP layer left to a draft
+    model: the same shapes, weights and KV cache as the config read as Qwen2."""
+    mimo = ModelConfig.from_hf(write(tmp_path, MIMO_7B, "mimo"))
+    qwen2 = ModelConfig.from_hf(write(tmp_path, {**MIMO_7B, "model_type": "qwen2",
+                                                 "architectures": ["Qwen2ForCausalLM"]}, "qwen2"))
+    assert (mimo.architecture, mimo.qkv_bias, mimo.rope_theta) == ("MiMoForCausalLM", True, 640000.0)
+    assert mimo.weight_bytes_per_gpu(tp=2) == qwen2.weight_bytes_per_gpu(tp=2)
+    assert mimo.kv_bytes_per_token() == qwen2.kv_bytes_per_token() == 2 * 36 * 8 * 128 * 2
+    layer = 4096 * (32 + 2 * 8) * 128 + (32 + 2 * 8) * 128 + 32 * 128 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    assert mimo.num_parameters == 36 * layer + 4096 + 2 * 151680 * 4096 == 7_622_619_136
