@@ -756,11 +756,12 @@ def _rope(raw: dict, where: str) -> dict:
     """rope_theta and rope_scaling as transformers reads them (PreTrainedConfig.convert_rope_params_to_dict,
     which vLLM's configs go through): the top-level rope_scaling where it is set, else rope_parameters
     (transformers 5's layout), and rope_parameters' own rope_theta before the top level's. A null
-    rope_scaling beside rope_parameters says nothing; two set values that differ are a file read two
+    or empty rope_scaling beside rope_parameters says nothing; two set values that differ are a file read two
     ways, refused."""
     theta, scaling = raw.get("rope_theta"), raw.get("rope_scaling")
     for field, value in (("rope_theta", theta), ("rope_scaling", scaling)):
         _rope_value(field, value, where)
+    scaling = scaling or None  # an empty rope_scaling is none to transformers (`rope_scaling or rope_parameters`)
     params = raw.get("rope_parameters")
     if params is not None:
         if not isinstance(params, dict):

@@ -120,7 +120,8 @@ def test_rope_is_read_as_transformers_reads_both_layouts_together(tmp_path):
     t5 = transformers5(LLAMA_31_8B)
     hub = ModelConfig.from_hf(write(tmp_path, LLAMA_31_8B, "hub"))
     for extra in ({"rope_scaling": None}, {"rope_theta": 500000.0, "rope_scaling": None},
-                  {"rope_theta": 500000, "rope_scaling": LLAMA_31_8B["rope_scaling"]}):
+                  {"rope_theta": 500000, "rope_scaling": LLAMA_31_8B["rope_scaling"]},
+                  {"rope_scaling": {}}):  # empty: falsy to transformers' `rope_scaling or rope_parameters`
         m = ModelConfig.from_hf(write(tmp_path, {**t5, **extra}, "mixed"))
         assert (m.rope_theta, m.rope_scaling) == (hub.rope_theta, hub.rope_scaling), extra
     # rope_parameters without its own theta takes the top level's, as transformers' setdefault does
