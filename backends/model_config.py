@@ -766,6 +766,11 @@ def _rope(raw: dict, where: str) -> dict:
     if params is not None:
         if not isinstance(params, dict):
             raise ServesimError(f"{where}: rope_parameters = {params!r}, expected an object")
+        if any(key in LAYER_TYPES for key in params):  # one object per layer type (transformers 5's Gemma 3):
+            params = params.get("full_attention")  # the full-attention layers', what the flat layout states
+            if not isinstance(params, dict):
+                raise ServesimError(f"{where}: rope_parameters holds one object per layer type but no "
+                                    f"full_attention object ({params!r})")
         own = params.get("rope_theta")
         _rope_value("rope_theta", own, where)
         if (theta is not None and own is not None and float(theta) != float(own)) or (

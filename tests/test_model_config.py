@@ -138,6 +138,25 @@ def test_rope_is_read_as_transformers_reads_both_layouts_together(tmp_path):
             ModelConfig.from_hf(write(tmp_path, {**t5, **bad}, "bad"))
 
 
+def test_rope_parameters_per_layer_type_read_as_the_full_attention_layers(tmp_path):
+    """transformers 5 saves Gemma 3's RoPE as one object per layer type (Gemma3TextConfig's
+    convert_rope_params_to_dict: rope_theta and rope_scaling go to full_attention, rope_local_base_freq
+    to sliding_attention); servesim reads the full_attention one, as the flat layout states it. It was
+    read as plain RoPE at 10,000."""
+    from tests.moe_configs import GEMMA3_1B
+
+    scaling = {"rope_type": "linear", "factor": 8.0}
+    flat = ModelConfig.from_hf(write(tmp_path, {**GEMMA3_1B, "rope_scaling": scaling}, "flat"))
+    nested = {k: v for k, v in GEMMA3_1B.items() if k != "rope_theta"}
+    nested["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {**scaling, "rope_theta": 1000000.0}}
+    m = ModelConfig.from_hf(write(tmp_path, nested, "nested"))
+    assert (m.rope_theta, m.rope_scaling) == (flat.rope_theta, flat.rope_scaling) == (1000000.0, scaling)
+    nested["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    with pytest.raises(ServesimError, match="rope_parameters holds one object per layer type but no full_attention"):
+        ModelConfig.from_hf(write(tmp_path, nested, "sliding"))
+
+
 @pytest.mark.parametrize("change,field", [
     ({"num_local_experts": 8, "model_type": "mixtral"}, "num_experts_per_tok"),  # MoE fields missing
     ({"num_experts": 128, "model_type": "qwen3_moe", "num_experts_per_tok": 8}, "moe_intermediate_size"),
