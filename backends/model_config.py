@@ -1148,6 +1148,10 @@ def _indexer_types(raw: dict, where: str, layers: int) -> tuple:
         types = tuple("shared" if i < len(pattern) and pattern[i] == "S" else "full" for i in range(layers))
         how = f"index_topk_pattern {pattern!r}"
     else:
+        for field in ("index_topk_freq", "index_skip_topk_offset"):
+            if field in raw and raw[field] is None:  # vLLM's getattr finds the null, not its default
+                raise ServesimError(f"{where}: {field} = null: vLLM computes which layers share the top-k with "
+                                    "it as given and fails on a null (leave it out for its default)")
         types = tuple("shared" if max(i - offset + 1, 0) % freq else "full" for i in range(layers))
         how = f"index_topk_freq {freq} and index_skip_topk_offset {offset}"
     if types and types[0] == "shared":

@@ -90,6 +90,8 @@ def test_index_topk_freq_and_offset_as_vllm_reads_them(tmp_path, freq, offset, o
     ({"index_topk_freq": "4"}, "index_topk_freq = '4', expected a whole number >= 1"),
     ({"index_skip_topk_offset": -1}, "index_skip_topk_offset = -1, expected a whole number >= 0"),
     ({"index_topk_pattern": 7}, "index_topk_pattern = 7, expected a string"),
+    ({"index_topk_freq": None}, "index_topk_freq = null: vLLM computes which layers share the top-k with it"),
+    ({"index_topk_freq": 4, "index_skip_topk_offset": None}, "index_skip_topk_offset = null: vLLM computes"),
     ({"index_topk_pattern": "SFF"}, "make layer 0 share the top-k, but no earlier layer's indexer picks it"),
     ({"index_topk_freq": 3, "index_skip_topk_offset": 0},
      "index_topk_freq 3 and index_skip_topk_offset 0 make layer 0 share the top-k, but no earlier layer's indexer picks it"),
