@@ -1145,6 +1145,10 @@ def _indexer_types(raw: dict, where: str, layers: int) -> tuple:
         if not (isinstance(pattern, str) or (isinstance(pattern, list) and all(isinstance(p, str) for p in pattern))):
             raise ServesimError(f"{where}: index_topk_pattern = {pattern!r}, expected a string (or a list of "
                                 "strings), \"S\" for a layer that shares the top-k")
+        if (raw.get("model_type") == "glm_moe_dsa" and isinstance(pattern, str) and set(pattern) - set("FS")
+                and raw.get("indexer_types") is None):  # GlmMoeDsaConfig maps each letter to "full" or "shared"
+            raise ServesimError(f"{where}: index_topk_pattern = {pattern!r}: transformers' GlmMoeDsaConfig, which "
+                                f"vLLM loads it with, reads each letter as F or S and fails on {sorted(set(pattern) - set('FS'))}")
         types = tuple("shared" if i < len(pattern) and pattern[i] == "S" else "full" for i in range(layers))
         how = f"index_topk_pattern {pattern!r}"
     else:

@@ -63,10 +63,11 @@ def test_vllm_builds_no_indexer_weights_for_a_layer_that_shares():
 @pytest.mark.parametrize("pattern,own", [
     ("FFS", [0, 1] + list(range(3, 10))),  # past the pattern's end a layer has its own
     (["F", "S", "S", "F", "S"], [0, 3] + list(range(5, 10))),
-    ("FxSs", [0, 1, 3] + list(range(4, 10))),  # only "S" shares, as vLLM reads it
+    ("FxSs", [0, 1, 3] + list(range(4, 10))),  # only "S" shares, as vLLM reads it (DeepSeek-V3.2's config)
 ])
 def test_index_topk_pattern_as_vllm_reads_it(tmp_path, pattern, own):
-    config = {**raw(GLM5), "num_hidden_layers": 10, "index_topk_pattern": pattern}
+    base = "deepseek-ai--DeepSeek-V3.2" if "x" in pattern else GLM5
+    config = {**raw(base), "num_hidden_layers": 10, "index_topk_pattern": pattern}
     model = ModelConfig.from_hf(write(tmp_path, config))
     assert [i for i, t in enumerate(model.indexer_types) if t == "full"] == own
 
@@ -90,6 +91,8 @@ def test_index_topk_freq_and_offset_as_vllm_reads_them(tmp_path, freq, offset, o
     ({"index_topk_freq": "4"}, "index_topk_freq = '4', expected a whole number >= 1"),
     ({"index_skip_topk_offset": -1}, "index_skip_topk_offset = -1, expected a whole number >= 0"),
     ({"index_topk_pattern": 7}, "index_topk_pattern = 7, expected a string"),
+    ({"index_topk_pattern": "FxSs"}, "GlmMoeDsaConfig, which vLLM loads it with, reads each letter as F or S and "
+                                     "fails on ['s', 'x']"),
     ({"index_topk_freq": None}, "index_topk_freq = null: vLLM computes which layers share the top-k with it"),
     ({"index_topk_freq": 4, "index_skip_topk_offset": None}, "index_skip_topk_offset = null: vLLM computes"),
     ({"index_topk_pattern": "SFF"}, "make layer 0 share the top-k, but no earlier layer's indexer picks it"),
