@@ -762,6 +762,12 @@ def _rope(raw: dict, where: str) -> dict:
     for field, value in (("rope_theta", theta), ("rope_scaling", scaling)):
         _rope_value(field, value, where)
     scaling = scaling or None  # an empty rope_scaling is none to transformers (`rope_scaling or rope_parameters`)
+    if scaling is not None and scaling.get("rope_theta") is not None:  # its own rope_theta, before the top level's
+        _rope_value("rope_theta", scaling["rope_theta"], where)
+        if theta is not None and float(theta) != float(scaling["rope_theta"]):
+            raise ServesimError(f"{where}: its top-level rope_theta ({float(theta)}) and rope_scaling's own "
+                                f"({float(scaling['rope_theta'])}) disagree")
+        theta = scaling["rope_theta"]
     params = raw.get("rope_parameters")
     if params is not None:
         if not isinstance(params, dict):

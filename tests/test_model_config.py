@@ -128,6 +128,12 @@ def test_rope_is_read_as_transformers_reads_both_layouts_together(tmp_path):
     params = {k: v for k, v in t5["rope_parameters"].items() if k != "rope_theta"}
     m = ModelConfig.from_hf(write(tmp_path, {**t5, "rope_parameters": params, "rope_theta": 500000.0}, "theta"))
     assert (m.rope_theta, m.rope_scaling) == (hub.rope_theta, hub.rope_scaling)
+    # a rope_scaling with its own rope_theta: transformers takes that object whole, its theta included
+    inner = {**LLAMA_31_8B["rope_scaling"], "rope_theta": 500000.0}
+    m = ModelConfig.from_hf(write(tmp_path, {**LLAMA_31_8B, "rope_theta": None, "rope_scaling": inner}, "inner"))
+    assert (m.rope_theta, m.rope_scaling) == (hub.rope_theta, hub.rope_scaling)
+    with pytest.raises(ServesimError, match="top-level rope_theta .10000.0. and rope_scaling's own .500000.0. disagree"):
+        ModelConfig.from_hf(write(tmp_path, {**LLAMA_31_8B, "rope_theta": 10000.0, "rope_scaling": inner}, "inner2"))
     other = {**LLAMA_31_8B["rope_scaling"], "factor": 16.0}
     with pytest.raises(ServesimError, match="disagree"):
         ModelConfig.from_hf(write(tmp_path, {**t5, "rope_scaling": other}, "two"))
