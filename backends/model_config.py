@@ -1172,9 +1172,13 @@ def _indexer_types(raw: dict, where: str, layers: int) -> tuple:
             raise ServesimError(f"{where}: indexer_types = {given!r}, expected a list of "
                                 f"{' and '.join(repr(t) for t in INDEXER_TYPES)}")
         if tuple(given) != types:
-            first = next((i for i, (a, b) in enumerate(zip(given, types)) if a != b), min(len(given), len(types)))
-            raise ServesimError(f"{where}: indexer_types differs from what {how} give vLLM (layer {first} and "
-                                f"{len(given)} entries, against {len(types)} layers), which vLLM reads instead")
+            if len(given) != len(types):
+                said = f"{len(given)} entries for {len(types)} layers"
+            else:
+                first = next(i for i, (a, b) in enumerate(zip(given, types)) if a != b)
+                said = f"layer {first} {given[first]!r}, vLLM's {types[first]!r}"
+            raise ServesimError(f"{where}: indexer_types differs from what {how} give vLLM ({said}), which vLLM "
+                                "reads instead")
     return types
 
 

@@ -99,8 +99,9 @@ def test_index_topk_freq_and_offset_as_vllm_reads_them(tmp_path, freq, offset, o
     ({"index_topk_freq": 3, "index_skip_topk_offset": 0},
      "index_topk_freq 3 and index_skip_topk_offset 0 make layer 0 share the top-k, but no earlier layer's indexer picks it"),
     ({"index_topk_freq": 4, "index_skip_topk_offset": 3, "indexer_types": ["full"] * 78},
-     "indexer_types differs from what index_topk_freq 4 and index_skip_topk_offset 3 give vLLM (layer 3"),
-    ({"indexer_types": ["full"] * 77}, "indexer_types differs from what"),
+     "indexer_types differs from what index_topk_freq 4 and index_skip_topk_offset 3 give vLLM (layer 3 'full', vLLM's 'shared')"),
+    ({"indexer_types": ["full"] * 77},
+     "indexer_types differs from what index_topk_freq 1 and index_skip_topk_offset 2 give vLLM (77 entries for 78"),
     ({"indexer_types": ["full", "partial"] + ["full"] * 76}, "indexer_types = ['full', 'partial'"),
 ])
 def test_a_config_that_vllm_would_read_otherwise_is_refused(tmp_path, change, said):
