@@ -1,6 +1,6 @@
 """`sim sweep --executor ray --address` against a real two-node Ray cluster on this machine
-(Ray's own ray.cluster_utils.Cluster: a head node and a worker node, each a raylet of its own).
-The worker node is removed while it runs a point; that point is recorded as failed, and
+(Ray's own ray.cluster_utils.Cluster: a head node and two worker nodes, each a raylet of its own).
+A worker node is removed while it runs a point; that point is recorded as failed, and
 `--resume` on the head alone finishes with rows identical to a local run."""
 
 from __future__ import annotations
@@ -32,13 +32,6 @@ def comparable(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.drop(columns=["wall_s"]).reset_index(drop=True)
 
 
-def rows(path: Path) -> pd.DataFrame | None:
-    try:
-        return read_table(path)[0]
-    except Exception:  # not written yet
-        return None
-
-
 def test_sweep_on_two_nodes_loses_one_and_resumes_to_the_local_rows(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
 
@@ -50,9 +43,12 @@ def test_sweep_on_two_nodes_loses_one_and_resumes_to_the_local_rows(tmp_path, mo
     marks.mkdir()
     monkeypatch.setenv("SLOW_POLICY_MARKS", str(marks))  # the raylets, and so their workers, inherit it
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    # The head runs no points; two worker nodes of one CPU each run them, and the one found running a
+    # slow point is removed (which node Ray gives a slow point to is Ray's choice: waiting for one
+    # chosen node could see every slow point run on the other and the sweep end first).
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     try:
-        worker_node = cluster.add_node(num_cpus=1)
+        workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
         cluster.wait_for_nodes()
         out = tmp_path / "cluster"
         command = [sys.executable, "-m", "sim.app.cli", "sweep", *ARGS, "--out", str(out), "--executor", "ray",
@@ -60,11 +56,11 @@ def test_sweep_on_two_nodes_loses_one_and_resumes_to_the_local_rows(tmp_path, mo
         driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=dict(os.environ))
         deadline = time.monotonic() + 180
-        # In the middle: a point has finished, and the worker node is busy with a slow one.
-        while (table := rows(out / RESULTS)) is None or not len(table) or not _worker_node_busy(marks, worker_node):
+        # In the middle: a worker node is busy with a slow point (seconds long, marked at its first step).
+        while (busy := next((n for n in workers if _worker_node_busy(marks, n)), None)) is None:
             assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
             time.sleep(0.1)
-        cluster.remove_node(worker_node, allow_graceful=False)
+        cluster.remove_node(busy, allow_graceful=False)
         assert driver.wait(timeout=300) == 1, driver.stderr.read()  # the lost point failed; the rest ran
         lost = read_table(out / RESULTS)[0]
         assert len(lost) == 4 and (lost["status"] == "error").sum() >= 1
