@@ -33,7 +33,6 @@ figures to another CPU (docs/async-scheduling.md, "Carried to a serving host").
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -123,23 +122,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tokens", default="128,512,1024,2048,4096,8192", help="prompt tokens, comma-separated")
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args(argv)
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-    from api_server_stream import stand_in_tokenizer
-    from replay_speed import reference_loop
+    from api_server_stream import stand_in_tokenizer, vllm_on_this_cpu
 
+    banner = vllm_on_this_cpu()
     from tests.parity.vllm_driver import allow_config_without_triton
 
     allow_config_without_triton()
-    import vllm
-
     folder = tempfile.mkdtemp(prefix="servesim-intake-")
     tokenizer = stand_in_tokenizer()
     tokenizer.save_pretrained(folder)
     processor, outputs, hasher = vllm_pieces(folder)
     rng = random.Random(0)
-    print(f"vLLM {vllm.__version__}; reference loop {min(reference_loop() for _ in range(3)):.3f} s")
+    print(banner)
     print(f"{'tokens':>7} " + " ".join(f"{p:>16}" for p in PIECES) + f"   (us, median of {args.runs})")
     medians: dict[str, list[tuple[int, float]]] = {p: [] for p in PIECES}
     index = 0

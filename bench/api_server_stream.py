@@ -98,19 +98,27 @@ async def one_run(tokenizer, num_running: int, steps: int) -> list[float]:
     return seconds
 
 
+def vllm_on_this_cpu() -> str:
+    """Sets up vLLM for the CPU (quietly) and returns the line that heads a bench's figures: the vLLM
+    version and this CPU's reference loop (bench/replay_speed.py), the fastest of three."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    import vllm
+    from replay_speed import reference_loop
+
+    return f"vLLM {vllm.__version__}; reference loop {min(reference_loop() for _ in range(3)):.3f} s"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", default="1,8,32,128,512", help="running requests, comma-separated")
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args(argv)
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    sys.path.insert(0, str(ROOT / "bench"))
-    import vllm
-    from replay_speed import reference_loop
-
+    banner = vllm_on_this_cpu()
     tokenizer = stand_in_tokenizer()
-    print(f"vLLM {vllm.__version__}; reference loop {min(reference_loop() for _ in range(3)):.3f} s")
+    print(banner)
     for n in (int(x) for x in args.requests.split(",")):
         step = statistics.median(asyncio.run(one_run(tokenizer, n, args.steps))[20:])
         print(f"{n:4d} running requests: {step * 1e6:8.0f} us a step, {step / n * 1e6:5.1f} us a request", flush=True)
