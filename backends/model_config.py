@@ -723,9 +723,6 @@ def refuse_unpriceable(raw: dict, where: str) -> None:
     if _flag(raw, "use_sliding_window", where, True) and window is not None:
         raise ServesimError(f"{where}: sliding_window = {window}: sliding-window attention is not supported")
     layer_types = _layer_types(raw, where)
-    if layer_types and "chunked_attention" in layer_types:
-        raise ServesimError(f"{where}: layer_types has chunked_attention layers: chunked local attention is "
-                            "priced for Llama 4 only")
     if layer_types and "sliding_attention" in layer_types:
         raise ServesimError(f"{where}: layer_types has sliding_attention layers: sliding-window attention is not "
                             "supported")
@@ -962,6 +959,9 @@ def _layer_types(raw: dict, where: str, model_type: str = "") -> list | None:
                                 "sliding_attention and chunked_attention (Llama 4) layers only"
                                 + (f" ({', '.join(SPARSE_LAYER_TYPES)} for DeepSeek sparse attention)"
                                    if model_type in _SPARSE else ""))
+    if "chunked_attention" in types and model_type != "llama4_text":
+        raise ServesimError(f"{where}: layer_types has chunked_attention layers: chunked local attention is "
+                            "priced for Llama 4 only")
     return types
 
 
@@ -1098,7 +1098,7 @@ def _llama4_fields(raw: dict, where: str, layers: int) -> dict:
     types = tuple("chunked_attention" if rope and chunked else "full_attention" for rope in nope)
     if "chunked_attention" in types:
         out["layer_types"] = types
-    given = _layer_types(raw, where)
+    given = _layer_types(raw, where, "llama4_text")
     if given is not None and tuple(given) != types:
         raise ServesimError(f"{where}: layer_types = {given!r} differs from what no_rope_layers and "
                             "attention_chunk_size make, which vLLM reads")
@@ -1200,9 +1200,6 @@ def _window_fields(raw: dict, where: str, model_type: str, layers: int) -> dict:
     types = _layer_types(raw, where, model_type)
     if types is not None and len(types) != layers:
         raise ServesimError(f"{where}: layer_types has {len(types)} entries for num_hidden_layers = {layers}")
-    if types and "chunked_attention" in types and model_type != "llama4_text":
-        raise ServesimError(f"{where}: layer_types has chunked_attention layers: chunked local attention is "
-                            "priced for Llama 4 only")
     if model_type == "llama4_text":  # its layers are chunked-local or global (_llama4_fields), none slides
         if window is not None:
             raise ServesimError(f"{where}: sliding_window = {window!r}: Llama 4's layers are chunked-local or global "
