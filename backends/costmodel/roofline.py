@@ -487,15 +487,23 @@ class MoERooflineCostModel(CostModel):
         t = sum(q for q, _ in chunks)
         shared = float(self._attention_linear(t))
         full = shared + float(self._indexer_linear(t))
-        dense = max((c for q, c in chunks if q > 1), default=0) <= m.index_topk  # a batch of prefills only
-        for q, c in chunks:
-            if q == 1 or not dense:
-                attend, indexer = self._sparse_attend_one_layer(q, c), self._indexer_one_layer(q, c)
-            else:  # vLLM's dense MHA prefill: no indexer in a step without decodes
-                attend, indexer = self._attention_one_layer(q, c, None), 0.0
+        for attend, indexer in self._sparse_layer_parts(chunks, decodes=False):  # (a batch of one kind)
             shared += attend
             full += attend + indexer
         return own + (m.num_hidden_layers - own) * shared / full
+
+    def _sparse_layer_parts(self, chunks: list[tuple[int, int]], decodes: bool):
+        """Each request's (attention, indexer) seconds in one layer that runs its own indexer, the
+        step's prefills dense or sparse together as vLLM decides them (sparse_mla_attention.py,
+        `_use_dense_mha_prefill`): dense MHA where the longest prefill's sequence is within
+        index_topk, else all sparse; its indexer skips a dense prefill only in a step without
+        decodes (sparse_attn_indexer.py), so beside decodes (`decodes`) its keys are scored too."""
+        dense = max((c for q, c in chunks if q > 1), default=0) <= self.model.index_topk
+        for q, c in chunks:
+            if q == 1 or not dense:
+                yield self._sparse_attend_one_layer(q, c), self._indexer_one_layer(q, c)
+            else:
+                yield self._attention_one_layer(q, c, None), (self._indexer_one_layer(q, c) if decodes else 0.0)
 
     @property
     def _indexer_share(self) -> float:
@@ -515,21 +523,13 @@ class MoERooflineCostModel(CostModel):
 
     def _sparse_step_seconds(self, chunks: list[tuple[int, int]]) -> float:
         """Every layer's attention of a DeepSeek-sparse-attention step's requests (`chunks`: every
-        request's (q, c)). vLLM decides the step's prefills together (sparse_mla_attention.py,
-        `_use_dense_mha_prefill`): dense MHA where the longest prefill's sequence is within
-        index_topk, else all sparse; and its indexer skips them only in a step without decodes
-        (sparse_attn_indexer.py), so beside decodes a dense prefill's keys are scored too."""
-        m = self.model
-        dense = max((c for q, c in chunks if q > 1), default=0) <= m.index_topk
+        request's (q, c)), as vLLM runs them (`_sparse_layer_parts`), the indexer's seconds in the
+        layers that run one (`_indexer_share`)."""
         decodes = any(q == 1 for q, _ in chunks)
         total = 0.0
-        for q, c in chunks:
-            if q == 1 or not dense:
-                total += self._sparse_attention_one_layer(q, c)
-            else:
-                total += self._attention_one_layer(q, c, None) + (
-                    self._indexer_share * self._indexer_one_layer(q, c) if decodes else 0.0)
-        return m.num_hidden_layers * total
+        for attend, indexer in self._sparse_layer_parts(chunks, decodes):
+            total += attend + self._indexer_share * indexer
+        return self.model.num_hidden_layers * total
 
     def parts(self, agg: StepAggregates, chunks: list[tuple[int, int]], dense: tuple) -> dict:
         linear, router, moe, kv_write, elementwise, lm_head, allreduce = dense
