@@ -260,7 +260,12 @@ def kv_cache_groups(model: ModelConfig, disable_hybrid_kv_cache_manager: bool = 
     is the smallest bucket's layer count (the largest's when that is under 1.5 times it); each bucket
     is split into cdiv(count, group size) groups, layers[i::num_groups] in the i-th. Every layer's page
     is the same size here (all layers share num_kv_heads and head_dim), so no page is padded
-    (unify_kv_cache_spec_page_size).
+    (unify_kv_cache_spec_page_size). Only layers with attention have a spec: a DeciLM (nemotron-nas)
+    layer whose attention is a no-op has none (DeciLMDecoderLayer builds no Attention), so
+    Super-49B's 49 attention layers of 80 make one group of 49. (Full-attention layers whose pages
+    differ, DeciLM layers of different KV heads, would make one group too, its page their pages'
+    sum: get_kv_cache_groups' UniformTypeKVCacheSpecs.from_specs path; servesim refuses such a
+    config when it reads it, its cost models pricing one KV head count.)
 
     With `disable_hybrid_kv_cache_manager` (vLLM's --disable-hybrid-kv-cache-manager,
     SchedulerConfig.disable_hybrid_kv_cache_manager) a model of sliding and full-attention layers is
@@ -280,7 +285,8 @@ def kv_cache_groups(model: ModelConfig, disable_hybrid_kv_cache_manager: bool = 
     chunk kept for the attention kernel only."""
     if model.num_chunked_layers:
         return [KVCacheGroup("full_attention", model.num_hidden_layers)]
-    kinds = model.layer_types or ("full_attention",) * model.num_hidden_layers
+    # (a DeciLM layer without attention reports no KV cache spec: it is in no group)
+    kinds = model.layer_types or ("full_attention",) * model.num_attention_layers
     buckets: dict[str, int] = {}
     for kind in kinds:
         buckets[kind] = buckets.get(kind, 0) + 1
@@ -317,7 +323,7 @@ def vllm_kv_cache(model: ModelConfig, available: int, *, block_size: int, max_mo
       `max_in_flight_tokens` as the function of that name gives it (two batches asynchronously).
     `disable_hybrid_kv_cache_manager`: the groups of that flag (`kv_cache_groups`)."""
     groups = kv_cache_groups(model, disable_hybrid_kv_cache_manager)
-    layers = model.num_hidden_layers
+    layers = model.num_attention_layers
     page = block_size * model.kv_bytes_per_token(tp, kv_cache_dtype) // layers
     bytes_per_block = max(g.num_layers for g in groups) * page
     if len(groups) == 1:  # one group: its page the sum of its layers' pages (UniformTypeKVCacheSpecs), which

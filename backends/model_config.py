@@ -130,6 +130,12 @@ class ModelConfig:
     # (interleave_moe_layer_step: layer i is MoE when (i + 1) % n == 0, the others dense MLPs).
     attention_chunk_size: int | None = None
     interleave_moe_layer_step: int = 1
+    # DeciLM (model_type nemotron-nas: Llama-3.3-Nemotron-Super-49B, Llama-3.1-Nemotron-Nano-8B and
+    # Ultra-253B): per layer, whether it has attention (its block config's attention.no_op is false)
+    # and its MLP's intermediate size (0: ffn.no_op, no MLP); empty: every layer has both, the MLP of
+    # intermediate_size (`_nas_fields`).
+    attention_layers: tuple = ()
+    mlp_widths: tuple = ()
     attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
     attention_bias: bool = False  # gpt-oss: q, k, v and o projections carry biases
     sandwich_norms: bool = False  # Gemma 2/3: four RMSNorms per layer
@@ -208,6 +214,21 @@ class ModelConfig:
             if "sliding_attention" in self.layer_types and not (isinstance(self.sliding_window, int)
                                                                   and self.sliding_window >= 1):
                 fail(f"sliding_window must be a positive whole number, got {self.sliding_window!r}")
+        if self.attention_layers:
+            if len(self.attention_layers) != self.num_hidden_layers:
+                fail(f"attention_layers has {len(self.attention_layers)} entries for {self.num_hidden_layers} layers")
+            if not all(isinstance(a, bool) for a in self.attention_layers):
+                fail(f"attention_layers must hold true or false per layer, got {self.attention_layers!r}")
+            if not any(self.attention_layers):
+                fail("attention_layers has no layer with attention")
+        if self.mlp_widths:
+            if len(self.mlp_widths) != self.num_hidden_layers:
+                fail(f"mlp_widths has {len(self.mlp_widths)} entries for {self.num_hidden_layers} layers")
+            if not all(isinstance(w, int) and not isinstance(w, bool) and w >= 0 for w in self.mlp_widths):
+                fail(f"mlp_widths must hold whole numbers >= 0 per layer, got {self.mlp_widths!r}")
+            if self.intermediate_size != max(self.mlp_widths):
+                fail(f"intermediate_size ({self.intermediate_size}) must be the widest MLP of mlp_widths "
+                     f"({max(self.mlp_widths)})")
         if self.kv_cache_dtype not in ("", "fp8"):
             fail(f"kv_cache_dtype must be fp8 or empty, got {self.kv_cache_dtype!r}")
         for field in ("weight_dtype", "expert_dtype"):
@@ -220,7 +241,7 @@ class ModelConfig:
     def from_fields(cls, name: str, fields: dict) -> ModelConfig:
         """From a preset's dict (backends/presets.py)."""
         known = {f: fields[f] for f in cls.__dataclass_fields__ if f != "name" and f in fields}
-        for field in ("layer_types", "indexer_types"):
+        for field in ("layer_types", "indexer_types", "attention_layers", "mlp_widths"):
             if field in known:
                 known[field] = tuple(known[field])
         return cls(name=name, **known)
@@ -294,7 +315,7 @@ class ModelConfig:
         """The per-layer matmuls on one GPU under tensor parallelism of degree `tp`: fused QKV and
         gate-up split by output columns, O and down by input rows (each then all-reduced)."""
         self.check_tp(tp)
-        if self.num_experts or self.kv_lora_rank:
+        if self.num_experts or self.kv_lora_rank or self.attention_layers or self.mlp_widths:
             raise ServesimError(f"model {self.name}: its layers are not all one dense decoder layer; "
                                 "price it with `layer_gemms`")
         h, hd = self.hidden_size, self.head_dim
@@ -353,14 +374,15 @@ class ModelConfig:
         MLAAttentionSpec: num_kv_heads 1, head_size kv_lora_rank + qk_rope_head_dim, no separate
         V; vllm/v1/kv_cache_interface.py). A sliding-window layer's token is the same size as a
         full one's (SlidingWindowSpec's page): how many tokens a layer keeps is
-        backends/kv_capacity.py's."""
+        backends/kv_capacity.py's. A DeciLM layer without attention keeps no cache (vLLM's
+        DeciLMDecoderLayer builds no Attention for it, so it reports no KV cache spec)."""
         if self.index_topk:  # DeepSeek sparse attention: the latent, and the indexer's key where the layer has one
             return (self.num_hidden_layers * self.sparse_latent_bytes(kv_cache_dtype)
                     + self.num_indexer_layers * self.indexer_key_bytes)
         if self.kv_lora_rank:
             return (self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim)
                     * kv_cache_dtype_bytes(kv_cache_dtype))
-        return (2 * self.num_hidden_layers * self.num_kv_heads_per_gpu(tp) * self.head_dim
+        return (2 * self.num_attention_layers * self.num_kv_heads_per_gpu(tp) * self.head_dim
                 * kv_cache_dtype_bytes(kv_cache_dtype))
 
     def sparse_latent_bytes(self, kv_cache_dtype: str = "auto") -> int:
@@ -408,7 +430,36 @@ class ModelConfig:
 
     @property
     def num_dense_mlp_layers(self) -> int:
+        if self.mlp_widths:
+            return sum(1 for w in self.mlp_widths if w)
         return self.num_hidden_layers - self.num_moe_layers
+
+    @property
+    def num_attention_layers(self) -> int:
+        """The layers with attention (and a KV cache): every layer but a DeciLM layer whose
+        attention is a no-op."""
+        return sum(self.attention_layers) if self.attention_layers else self.num_hidden_layers
+
+    @property
+    def dense_mlp_widths(self) -> dict[int, int]:
+        """{intermediate size: how many dense-MLP layers have it}: one width for every family but
+        DeciLM, whose layers each have their own (`mlp_widths`), in the order they first appear."""
+        if self.mlp_widths:
+            widths: dict[int, int] = {}
+            for w in self.mlp_widths:
+                if w:
+                    widths[w] = widths.get(w, 0) + 1
+            return widths
+        return {self.intermediate_size: self.num_dense_mlp_layers} if self.num_dense_mlp_layers else {}
+
+    @property
+    def num_sublayers(self) -> int:
+        """Attention blocks and MLP (or MoE) blocks together, each ending in a row-parallel layer
+        whose output is all-reduced under TP: two a layer, but a DeciLM layer's no-op attention or
+        MLP has none (vLLM's DeciLMDecoderLayer skips it, its o_proj or down_proj with it)."""
+        if self.attention_layers or self.mlp_widths:
+            return self.num_attention_layers + self.num_dense_mlp_layers
+        return 2 * self.num_hidden_layers
 
     @property
     def num_sliding_layers(self) -> int:
@@ -470,7 +521,10 @@ class ModelConfig:
         rules = [(self.num_attention_heads % tp == 0, f"num_attention_heads ({self.num_attention_heads})", tp)]
         if not self.kv_lora_rank:
             rules.append((nkv % tp == 0 if nkv >= tp else tp % nkv == 0, f"num_key_value_heads ({nkv})", tp))
-        if self.num_dense_mlp_layers:
+        if self.mlp_widths:  # DeciLM: each MLP width is split on its own (vLLM's LlamaMLP per layer)
+            for width in self.dense_mlp_widths:
+                rules.append(self._split_rule(f"MLP intermediate size {width} (block_configs)", width, tp, weights))
+        elif self.num_dense_mlp_layers:
             rules.append(self._split_rule("intermediate_size", self.intermediate_size, tp, weights))
         if self.shared_expert_intermediate_size:
             rules.append(self._split_rule("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
@@ -563,11 +617,17 @@ class ModelConfig:
                 attention += small * 2 * hd
         # (a layer that shares an earlier layer's top-k builds no indexer, and vLLM drops the checkpoint's
         # indexer weights for it: DeepseekV2ForCausalLM.load_weights, indexer_present_prefixes)
-        parts = {"attention": layers * attention + self.num_indexer_layers * indexer,
-                 "norms": small * (layers * (4 if self.sandwich_norms else 2) * h + h)}
+        # (a DeciLM layer builds input_layernorm with its attention and post_attention_layernorm with
+        # its MLP only: one norm per sublayer)
+        norms = self.num_sublayers if self.attention_layers or self.mlp_widths else \
+            layers * (4 if self.sandwich_norms else 2)
+        parts = {"attention": self.num_attention_layers * attention + self.num_indexer_layers * indexer,
+                 "norms": small * (norms * h + h)}
         if self.num_dense_mlp_layers:
-            i = self.intermediate_size // tp
-            parts["dense_mlp"] = self.num_dense_mlp_layers * (lin(h, 2 * i, weights) + lin(i, h, weights))
+            parts["dense_mlp"] = 0
+            for width, num_layers in self.dense_mlp_widths.items():
+                i = width // tp
+                parts["dense_mlp"] += num_layers * (lin(h, 2 * i, weights) + lin(i, h, weights))
         if self.num_experts:
             e = self.num_experts
             moe_tp, _ = self.moe_parallel(tp, dp, ep)
@@ -885,13 +945,16 @@ EXTENDED_FAMILIES = {"qwen3_moe": ("Qwen3MoeForCausalLM", True), "mixtral": ("Mi
                      "gpt_oss": ("GptOssForCausalLM", False), "minimax_m2": ("MiniMaxM2ForCausalLM", True),
                      "mistral": ("MistralForCausalLM", False), "gemma2": ("Gemma2ForCausalLM", False),
                      "gemma3_text": ("Gemma3ForCausalLM", True), "llama4_text": ("Llama4ForCausalLM", False),
-                     "deepseek_v32": ("DeepseekV32ForCausalLM", False), "glm_moe_dsa": ("GlmMoeDsaForCausalLM", False)}
+                     "deepseek_v32": ("DeepseekV32ForCausalLM", False), "glm_moe_dsa": ("GlmMoeDsaForCausalLM", False),
+                     # NVIDIA's DeciLM (Llama-Nemotron Nano, Super, Ultra): per-layer block configs (`_nas_fields`)
+                     "nemotron-nas": ("DeciLMForCausalLM", False)}
 _EXTENDED_FIELDS = ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                     "shared_expert_intermediate_size", "norm_topk_prob", "first_k_dense_replace", "kv_lora_rank",
                     "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
                     "layer_types", "attention_sinks", "attention_bias", "sandwich_norms", "weight_dtype",
                     "expert_dtype", "kv_cache_dtype", "attention_chunk_size", "interleave_moe_layer_step",
-                    "index_topk", "index_n_heads", "index_head_dim", "indexer_types")
+                    "index_topk", "index_n_heads", "index_head_dim", "indexer_types", "attention_layers",
+                    "mlp_widths")
 _DEEPSEEK = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
 _SPARSE = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek sparse attention: MLA with a lightning indexer
 
@@ -989,6 +1052,8 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
                 and not (field == "index_topk" and model_type in _SPARSE):
             raise ServesimError(f"{where}: {field} = {raw[field]}: {what} is not supported")
     fields = hf_fields(raw, where)
+    if model_type == "nemotron-nas":  # its MLP widths and KV heads are the block configs', not the top level's
+        fields.update(_nas_fields(raw, where))
     if model_type in ("mixtral", "gpt_oss", "minimax_m2") and "intermediate_size" in fields:
         fields["moe_intermediate_size"] = fields["intermediate_size"]  # their experts' own
     for field in _REQUIRED:
@@ -1029,6 +1094,128 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
                            architecture=architecture, model_type=model_type, sandwich_norms=gemma, **fields)
     except ServesimError as e:
         raise ServesimError(f"{where}: {e}") from None
+
+
+# DeciLM's per-block settings that vLLM's DeciLMDecoderLayer does not read: set, they describe a
+# layer vLLM would build otherwise (a window, attention sinks, sparsity), so they are refused.
+_NAS_IGNORED = {"attention": ("window_length", "num_sink_tokens", "sparsify", "mamba", "llama4"),
+                "ffn": ("sparsify", "moe")}
+_NAS_IGNORED_FLAGS = ("use_prefill_window_in_sink_attention", "unshifted_sink")
+
+
+def ffn_mult_to_intermediate_size(ffn_mult: float, hidden_size: int) -> int:
+    """A DeciLM MLP's intermediate size from its ffn_mult, as vLLM computes it
+    (vllm/model_executor/models/nemotron_nas.py, `_ffn_mult_to_intermediate_size` and
+    `_find_multiple`): int(2 x ffn_mult x hidden / 3), truncated, then rounded up to a multiple of
+    256. Super-49B's ffn_mult 2.625 at hidden 8192: int(14336.0) = 14336, already a multiple."""
+    size = int(2 * ffn_mult * hidden_size / 3)
+    return size if size % 256 == 0 else size + 256 - size % 256
+
+
+def _nas_fields(raw: dict, where: str) -> dict:
+    """A DeciLM config's layers (model_type nemotron-nas: nvidia/Llama-3_3-Nemotron-Super-49B-v1,
+    Llama-3.1-Nemotron-Nano-8B-v1, Llama-3_1-Nemotron-Ultra-253B-v1), as vLLM builds them
+    (vllm/model_executor/models/nemotron_nas.py, DeciLMDecoderLayer.__init__): block_configs[i]
+    holds layer i's attention and ffn. Attention with no_op true is not built (no projections,
+    no input_layernorm, no KV cache); else it is Llama's attention with num_attention_heads //
+    n_heads_in_group KV heads. An ffn with no_op true is not built either (no MLP, no
+    post_attention_layernorm); else a LlamaMLP of `ffn_mult_to_intermediate_size(ffn_mult)` (or
+    the block's own intermediate_size where it has no ffn_mult, vLLM's other branch).
+    vLLM takes the model's KV heads from the first layer with attention
+    (vllm/transformers_utils/model_arch_config_convertor.py, NemotronNasModelArchConfigConvertor),
+    so the top-level num_key_value_heads and intermediate_size (null in these files) are not read.
+
+    Refused, one line each: block_configs missing or of the wrong length or shape; replace_with_linear
+    (vLLM does not read it and builds full attention or an MLP in its place, whose weights the
+    checkpoint lacks); n_heads_in_group that does not divide num_attention_heads; ffn_mult not a
+    number above 0; window, sink and sparsity settings, which vLLM ignores (it would attend the whole
+    context); an activation other than silu (vLLM's LlamaMLP refuses it); q/k/v/o or MLP biases;
+    no layer with attention (vLLM's convertor raises) or none with an MLP; layer 0 without attention
+    before an MLP (DeciLMDecoderLayer.forward would hand its MLP's norm no residual and fail); and
+    attention layers with different KV head counts: vLLM serves them (its full-attention layers of
+    different page sizes share one KV cache group, UniformTypeKVCacheSpecs in
+    vllm/v1/kv_cache_interface.py), but servesim's cost models price one KV head count for every
+    attention layer."""
+    hidden = _whole(raw, "hidden_size", where, minimum=1)
+    heads = _whole(raw, "num_attention_heads", where, minimum=1)
+    layers = _whole(raw, "num_hidden_layers", where, minimum=1)
+    blocks = raw.get("block_configs")
+    if not isinstance(blocks, list):
+        raise ServesimError(f"{where}: block_configs = {_short(blocks)}: a nemotron-nas (DeciLM) config needs a list "
+                            "of per-layer block configs")
+    if len(blocks) != layers:
+        raise ServesimError(f"{where}: block_configs has {len(blocks)} entries for num_hidden_layers = {layers}")
+    for field, value in (("sliding_window", raw.get("sliding_window")), ("layer_types", raw.get("layer_types"))):
+        if value is not None:
+            raise ServesimError(f"{where}: {field} = {_short(value)}: sliding windows in a nemotron-nas (DeciLM) "
+                                "model are not supported")
+    for field in ("attention_bias", "mlp_bias"):
+        if _flag(raw, field, where, False):
+            raise ServesimError(f"{where}: {field} = true: servesim prices nemotron-nas (DeciLM) layers without biases")
+    default_act = raw.get("hidden_act", "silu")
+    attention, widths, kv_heads = [], [], {}
+    for i, block in enumerate(blocks):
+        at = f"block_configs[{i}]"
+        if not (isinstance(block, dict) and isinstance(block.get("attention"), dict)
+                and isinstance(block.get("ffn"), dict)):
+            raise ServesimError(f"{where}: {at} = {_short(block)}, expected an object with attention and ffn objects")
+        for part in ("attention", "ffn"):
+            sub = block[part]
+            for flag in ("no_op", "replace_with_linear"):
+                _flag(sub, flag, f"{where}: {at}.{part}", False)
+            if sub.get("replace_with_linear"):
+                raise ServesimError(f"{where}: {at}.{part}.replace_with_linear = true: vLLM's DeciLMDecoderLayer does "
+                                    f"not read it (it builds the full {part} in its place), so servesim cannot price "
+                                    "it")
+            if sub.get("no_op"):
+                continue
+            for field in _NAS_IGNORED[part]:
+                if sub.get(field) is not None:
+                    raise ServesimError(f"{where}: {at}.{part}.{field} = {_short(sub[field])}: vLLM's "
+                                        "DeciLMDecoderLayer ignores it, so it would not serve the model as set")
+            for flag in _NAS_IGNORED_FLAGS if part == "attention" else ():
+                if _flag(sub, flag, f"{where}: {at}.{part}", False):
+                    raise ServesimError(f"{where}: {at}.{part}.{flag} = true: vLLM's DeciLMDecoderLayer ignores "
+                                        "attention sinks, so it would not serve the model as set")
+        att, ffn = block["attention"], block["ffn"]
+        has_attention = not att.get("no_op")
+        attention.append(has_attention)
+        if has_attention:
+            group = _whole(att, "n_heads_in_group", f"{where}: {at}.attention", minimum=1)
+            if heads % group:
+                raise ServesimError(f"{where}: {at}.attention.n_heads_in_group = {group} does not divide "
+                                    f"num_attention_heads ({heads})")
+            kv_heads.setdefault(heads // group, i)
+        if ffn.get("no_op"):
+            widths.append(0)
+            continue
+        act = ffn.get("hidden_act", default_act)
+        if act != "silu":
+            raise ServesimError(f"{where}: {at}.ffn hidden_act = {act!r}: vLLM's LlamaMLP runs silu only")
+        if "ffn_mult" in ffn or "intermediate_size" not in ffn:
+            mult = ffn.get("ffn_mult")
+            if not (isinstance(mult, (int, float)) and not isinstance(mult, bool) and math.isfinite(mult) and mult > 0):
+                raise ServesimError(f"{where}: {at}.ffn.ffn_mult = {mult!r}, expected a number above 0")
+            widths.append(ffn_mult_to_intermediate_size(mult, hidden))
+        else:
+            widths.append(_whole(ffn, "intermediate_size", f"{where}: {at}.ffn", minimum=1))
+    if not any(attention):
+        raise ServesimError(f"{where}: every block_configs entry has attention.no_op = true: vLLM finds no KV heads "
+                            "(NemotronNasModelArchConfigConvertor.get_total_num_kv_heads raises)")
+    if not any(widths):
+        raise ServesimError(f"{where}: every block_configs entry has ffn.no_op = true: servesim prices a model with "
+                            "at least one MLP")
+    if not attention[0] and widths[0]:
+        raise ServesimError(f"{where}: block_configs[0].attention.no_op = true before an MLP: vLLM's "
+                            "DeciLMDecoderLayer.forward gives that MLP's norm no residual to add and fails")
+    if len(kv_heads) > 1:
+        (a, i), (b, j) = list(kv_heads.items())[:2]
+        raise ServesimError(f"{where}: block_configs give attention layers different KV heads ({a} in layer {i}, {b} "
+                            f"in layer {j}): servesim prices one KV head count for every attention layer")
+    out = {"num_key_value_heads": next(iter(kv_heads)), "intermediate_size": max(widths), "mlp_widths": tuple(widths)}
+    if not all(attention):
+        out["attention_layers"] = tuple(attention)
+    return out
 
 
 def _moe_fields(raw: dict, where: str, model_type: str) -> dict:

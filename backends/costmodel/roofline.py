@@ -227,7 +227,8 @@ class MoERooflineCostModel(CostModel):
         self._heads = model.num_attention_heads // tp
         self._kv_heads = 1 if model.kv_lora_rank else model.num_kv_heads_per_gpu(tp)
         self._vocab = model.padded_vocab(tp)
-        self._full_layers = model.num_hidden_layers - model.num_sliding_layers - model.num_chunked_layers
+        # (a DeciLM layer without attention attends nothing: `num_attention_layers`)
+        self._full_layers = model.num_attention_layers - model.num_sliding_layers - model.num_chunked_layers
         self._sliding_layers = model.num_sliding_layers
         self._chunked_layers = model.num_chunked_layers
         self.decodes_from_sums = self.supports_fast_forward = not (self._sliding_layers or self._chunked_layers
@@ -243,9 +244,9 @@ class MoERooflineCostModel(CostModel):
             per_key_flops = 4.0 * nh * hd
             per_key_bytes = 2 * self._kv_heads * hd * kv_bytes
             per_request_bytes = 2 * nh * hd * ACTIVATION_BYTES
-        self._decode_s_per_context = m.num_hidden_layers * max(per_key_flops / att_flops_s,
-                                                               per_key_bytes / self._bytes_s)
-        self._decode_s_per_request = m.num_hidden_layers * per_request_bytes / self._bytes_s
+        self._decode_s_per_context = m.num_attention_layers * max(per_key_flops / att_flops_s,
+                                                                  per_key_bytes / self._bytes_s)
+        self._decode_s_per_request = m.num_attention_layers * per_request_bytes / self._bytes_s
         self._kv_token_bytes = m.kv_bytes_per_token(tp, kv_cache_dtype) / m.num_hidden_layers  # (the mean layer)
 
     def _gemm(self, t, k: int, n: int, dtype: str, weight_fraction=1.0):
@@ -285,8 +286,8 @@ class MoERooflineCostModel(CostModel):
         """Every layer's attention projections for t tokens, the indexers' where layers run them."""
         m = self.model
         own = m.num_indexer_layers
-        if not m.index_topk or own == m.num_hidden_layers:  # every layer alike
-            return m.num_hidden_layers * self._attention_linear(t, indexer=bool(m.index_topk))
+        if not m.index_topk or own == m.num_hidden_layers:  # every layer alike (that has attention)
+            return m.num_attention_layers * self._attention_linear(t, indexer=bool(m.index_topk))
         return m.num_hidden_layers * self._attention_linear(t) + own * self._indexer_linear(t)
 
     def dense(self, t: int, num_logits: int) -> tuple:
@@ -302,11 +303,11 @@ class MoERooflineCostModel(CostModel):
         layers = m.num_hidden_layers
         linear = self._attention_linear_all(t)
         mlp_width = 0.0
-        if m.num_dense_mlp_layers:
-            i = m.intermediate_size // self.tp
-            linear = linear + m.num_dense_mlp_layers * (self._gemm(t, h, 2 * i, self.weights_dtype)
-                                                        + self._gemm(t, i, h, self.weights_dtype))
-            mlp_width += m.num_dense_mlp_layers * 3 * i
+        for width, num_layers in m.dense_mlp_widths.items():  # (DeciLM: each width its own GEMMs)
+            i = width // self.tp
+            linear = linear + num_layers * (self._gemm(t, h, 2 * i, self.weights_dtype)
+                                            + self._gemm(t, i, h, self.weights_dtype))
+            mlp_width += num_layers * 3 * i
         router = moe = 0.0
         if m.num_experts:
             moe_layers = m.num_moe_layers
@@ -322,7 +323,11 @@ class MoERooflineCostModel(CostModel):
         kv_write = layers * t * self._kv_token_bytes / self._bytes_s
         q_k_width = (self._heads + self._kv_heads) * (m.qk_rope_head_dim if m.kv_lora_rank else m.head_dim)
         norms = 8 if m.sandwich_norms else 6
-        layers_elementwise = (layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / self._bytes_s
+        if m.attention_layers or m.mlp_widths:  # DeciLM: an add+RMSNorm per sublayer, RoPE per attention layer
+            layers_elementwise = (t * b * (m.num_sublayers * norms // 2 * h + m.num_attention_layers * 2 * q_k_width)
+                                  + t * b * mlp_width) / self._bytes_s
+        else:
+            layers_elementwise = (layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / self._bytes_s
         allreduce = float(tp_allreduce_seconds(m, t, self.tp, self.hardware)) if self.tp > 1 else 0.0
         return linear, router, moe, kv_write, layers_elementwise, allreduce
 

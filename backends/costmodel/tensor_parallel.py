@@ -59,10 +59,11 @@ def ring_allreduce_seconds(message_bytes, tp: int, bandwidth: float, latency_s: 
 
 
 def tp_allreduce_seconds(model: ModelConfig, num_tokens, tp: int, hardware: Hardware, efficiency: float = 1.0):
-    """The step's all-reduces: two per layer, each of [tokens, hidden] bf16 activations."""
+    """The step's all-reduces: two per layer, each of [tokens, hidden] bf16 activations (one per
+    sublayer, `ModelConfig.num_sublayers`: a DeciLM layer's no-op attention or MLP has none)."""
     if tp == 1:
         return 0.0 * num_tokens
     hardware.check_tp(tp)
     message = num_tokens * model.hidden_size * ACTIVATION_BYTES
     one = ring_allreduce_seconds(message, tp, hardware.group_link(tp)[1] * efficiency)
-    return 2 * model.num_hidden_layers * one
+    return model.num_sublayers * one

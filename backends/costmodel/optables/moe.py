@@ -673,10 +673,12 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             self.sources["linear"] = f"roofline: no {table_dtype} GEMM rows on {tables.system}"
             return None
         nh, nkv, hd = self._heads, self._kv_heads, m.head_dim
-        shapes = [((nh + 2 * nkv) * hd, h, m.num_hidden_layers, "qkv"), (h, nh * hd, m.num_hidden_layers, "o")]
-        if m.num_dense_mlp_layers:
-            i = m.intermediate_size // tp
-            shapes += [(2 * i, h, m.num_dense_mlp_layers, "dense gate_up"), (h, i, m.num_dense_mlp_layers, "dense down")]
+        layers = m.num_attention_layers  # (a DeciLM layer without attention has no projections)
+        shapes = [((nh + 2 * nkv) * hd, h, layers, "qkv"), (h, nh * hd, layers, "o")]
+        for width, num_layers in m.dense_mlp_widths.items():  # (DeciLM: each MLP width its own shapes)
+            i = width // tp
+            width_said = f" {width}" if m.mlp_widths else ""
+            shapes += [(2 * i, h, num_layers, f"dense gate_up{width_said}"), (h, i, num_layers, f"dense down{width_said}")]
         if m.num_experts and m.shared_expert_intermediate_size:
             s = m.shared_expert_intermediate_size // tp
             shapes += [(2 * s, h, m.num_moe_layers, "shared gate_up"), (h, s, m.num_moe_layers, "shared down")]
@@ -754,6 +756,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             per_layer += 1 + (1 if m.qk_norm else 0)  # RoPE; Qwen3's q/k norms
         if self.weights_dtype in ("fp8", "fp8-block", "nvfp4"):
             per_layer += 1  # the attention output's quantization
+        if m.attention_layers or m.mlp_widths:  # DeciLM: an add+RMSNorm per sublayer, the rest per attention layer
+            kernels = float(m.num_sublayers + m.num_attention_layers * (per_layer - 2) + m.num_dense_mlp_layers)
+            return kernels + 2
         kernels = float(m.num_hidden_layers * per_layer + m.num_dense_mlp_layers)  # SiLU-and-mul of dense MLPs
         if m.num_experts:
             kernels += m.num_moe_layers * ((0 if routing_in_table else 1)  # the router's top-k
@@ -904,7 +909,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                 kv_write = 0.0
             elif self._small is not None and t:
                 floor, bandwidth, _ = self._small
-                kv_write = kv_write * (self._bytes_s / bandwidth) + self.model.num_hidden_layers * floor
+                kv_write = kv_write * (self._bytes_s / bandwidth) + self.model.num_attention_layers * floor
             if self._router_curve is not None:
                 router = self.model.num_moe_layers * float(self._curve_at("router", self._router_curve, t_run)) if t else 0.0
             if self._moe is not None and t:  # the routed experts' SiLU-and-mul is in the moe_perf kernel's time
@@ -993,7 +998,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             moe = self.lockstep_moe_seconds(t)
         if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
             # two a layer; with the small kernels priced, the vocab-parallel embedding's too (as the dense model's)
-            count = 2 * m.num_hidden_layers + (0 if self._small is None else 1)
+            count = m.num_sublayers + (0 if self._small is None else 1)  # (DeciLM: none for a no-op sublayer)
             allreduce = float(count * self._hidden_allreduce(t * h * ACTIVATION_BYTES, graph)) if t else 0.0
         return linear, moe, allreduce
 
@@ -1094,14 +1099,14 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             if n0:
                 t0, scaled0 = self._attention[0, "generation"].at(n0, max(agg.decode_sum_context / n0, 1.0))
                 self._count_flags(scaled0)
-                attention = self.model.num_hidden_layers * t0
+                attention = self.model.num_attention_layers * t0
             parts["attention"] = attention + self._chunks_attention(chunks)
             return parts
         n = np.asarray(agg.num_decodes, dtype=np.float64)
         mean = np.asarray(agg.decode_sum_context, dtype=np.float64) / np.maximum(n, 1.0)
         t, scaled = self._attention[0, "generation"].many(np.maximum(n, 1.0), np.maximum(mean, 1.0))
         self._count("attention", scaled & (n > 0))
-        decodes = self.model.num_hidden_layers * np.where(n > 0, t, 0.0)
+        decodes = self.model.num_attention_layers * np.where(n > 0, t, 0.0)
         others = self._chunks_attention(chunks)
         attention = decodes + others
         parts["attention"] = float(attention) if np.ndim(attention) == 0 else attention
@@ -1155,7 +1160,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             t, scaled = self._attention[0, "generation"].at(num_decodes, max(decode_sum / num_decodes, 1.0))
             if scaled:
                 self._count_flags(scaled)
-            attention = self.model.num_hidden_layers * t
+            attention = self.model.num_attention_layers * t
         attention = attention + others
         parts = dict(base[0])
         parts["attention"] = float(attention)
@@ -1254,7 +1259,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         q = np.arange(c * RUN_CHUNK, (c + 1) * RUN_CHUNK, dtype=np.float64)
         mean = (r + n * q) / n  # parts' decode_sum_context / n (sums below 2**52 are exact)
         t, scaled = self._attention[0, "generation"].along_b(float(n), np.maximum(mean, 1.0))
-        attention = self.model.num_hidden_layers * t
+        attention = self.model.num_attention_layers * t
         seconds = rest + attention
         attention.flags.writeable = seconds.flags.writeable = False
         chunk = self._run_chunks[n, r, c] = (attention, seconds, scaled if scaled.any() else None)
