@@ -72,7 +72,11 @@ def moe_spec(cfg) -> MoeSpec | None:
 
 def check_runnable_moe(cfg) -> None:
     """One line refusing what the real backend does not run: MLA, sliding windows, shared experts,
-    and MoE families other than Qwen3-MoE and Mixtral; the cost model prices them."""
+    MoE families other than Qwen3-MoE and Mixtral, and DeciLM's per-layer blocks (nemotron-nas); the
+    cost model prices them."""
+    if getattr(cfg, "mlp_widths", ()) or getattr(cfg, "attention_layers", ()):
+        raise ServesimError(f"model {cfg.name}: DeciLM's per-layer blocks (model_type nemotron-nas: layers without "
+                            f"attention or MLP, MLPs of their own widths) are not in the real backend; {COST_MODEL}")
     kv_lora_rank = getattr(cfg, "kv_lora_rank", None)
     if kv_lora_rank:
         raise ServesimError(f"model {cfg.name}: multi-head latent attention (kv_lora_rank = {kv_lora_rank}) is not "
