@@ -30,3 +30,25 @@ GLM5_2_FP8 = {
     "rope_parameters": {"rope_theta": 8000000, "rope_type": "default"},
     "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "weight_block_size": [128, 128]}}
+
+# nvidia/Llama-3_3-Nemotron-Super-49B-v1's config.json (nemotron-nas, DeciLM), its 80 block_configs
+# written as runs of (n_heads_in_group, 0 for a no-op attention; ffn_mult; layers), in order, for
+# the parity suite, whose virtualenv lacks the tables package that ships the file.
+_SUPER_49B_RUNS = [(8, 2.625, 1), (8, 5.25, 5), (0, 2.625, 2), (8, 5.25, 3), (0, 3.28125, 1), (8, 5.25, 30),
+                   (0, 1.3125, 1), (0, 2.625, 2), (0, 1.3125, 1), (0, 5.25, 1), (0, 1.3125, 1), (0, 2.625, 1),
+                   (0, 1.3125, 3), (8, 5.25, 1), (0, 1.3125, 1), (0, 1.0, 2), (0, 1.3125, 1), (0, 1.0, 3),
+                   (0, 1.3125, 2), (0, 0.5, 2), (0, 1.0, 2), (0, 0.5, 2), (0, 1.0, 1), (0, 0.5, 2), (8, 5.25, 9)]
+NEMOTRON_SUPER_49B = {
+    "architectures": ["DeciLMForCausalLM"], "model_type": "nemotron-nas", "hidden_size": 8192, "hidden_act": "silu",
+    "intermediate_size": None, "num_key_value_heads": None, "num_attention_heads": 64, "num_hidden_layers": 80,
+    "max_position_embeddings": 131072, "vocab_size": 128256, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+    "block_configs": [{"attention": {"n_heads_in_group": group or None, "no_op": not group,
+                                     "replace_with_linear": False, "sparsify": None, "window_length": None,
+                                     "num_sink_tokens": None, "unshifted_sink": False,
+                                     "use_prefill_window_in_sink_attention": False},
+                       "ffn": {"ffn_mult": mult, "no_op": False, "replace_with_linear": False, "sparsify": None}}
+                      for group, mult, n in _SUPER_49B_RUNS for _ in range(n)],
+}

@@ -221,3 +221,14 @@ def test_a_block_with_its_own_intermediate_size(tmp_path):
     assert m.mlp_widths == (2048, 3000) and m.intermediate_size == 3000
     with pytest.raises(ServesimError, match=r"cannot be divided among 16 GPUs"):
         m.check_parallel(16)
+
+
+def test_the_parity_suites_copy_is_the_packages_file():
+    """tests/moe_configs.py's NEMOTRON_SUPER_49B (for the parity suite) reads as the package's file does."""
+    from backends.model_config import extended_from_hf
+    from tests.moe_configs import NEMOTRON_SUPER_49B
+
+    ours = extended_from_hf(NEMOTRON_SUPER_49B, "x/config.json")
+    theirs = package(SUPER)
+    assert ours.attention_layers == theirs.attention_layers and ours.mlp_widths == theirs.mlp_widths
+    assert ours.num_parameters == theirs.num_parameters

@@ -28,7 +28,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, Slid
 
 from backends.kv_capacity import kv_cache_groups, vllm_kv_cache  # noqa: E402
 from backends.model_config import ModelConfig, resolve_model  # noqa: E402
-from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, GLM5_2_FP8, MISTRAL_7B_V01  # noqa: E402
+from tests.moe_configs import GEMMA2_9B, GEMMA3_1B, GLM5_2_FP8, MISTRAL_7B_V01, NEMOTRON_SUPER_49B  # noqa: E402
 from tests.parity.vllm_driver import allow_config_without_triton  # noqa: E402
 
 allow_config_without_triton()
@@ -144,3 +144,26 @@ def test_sparse_attention_blocks_and_tokens_as_vllm(name, kv_cache_dtype):
     assert len(groups) == 1 == len(ours["groups"])
     assert ours["bytes_per_block"] == groups[0].kv_cache_spec.page_size_bytes
     assert ours["num_blocks"] == theirs.num_blocks and ours["tokens"] == tokens
+
+
+@pytest.mark.parametrize("tp,block_size,available", [(1, 16, 30 * 2**30), (2, 16, 30 * 2**30 + 4321),
+                                                     (16, 32, 7 * 2**30)])
+def test_decilm_blocks_and_tokens_as_vllm(tp, block_size, available):
+    """Llama-3.3-Nemotron-Super-49B (nemotron-nas): only its 49 attention layers of 80 report a spec
+    (vLLM's DeciLMDecoderLayer builds no Attention for a no-op one), each a FullAttentionSpec of its
+    own KV heads (num_attention_heads // n_heads_in_group, 8; one a GPU at TP 16)."""
+    model = from_config(NEMOTRON_SUPER_49B)
+    heads = max(1, model.num_key_value_heads // tp)
+    layer_specs = {f"l{i}": FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=model.head_dim,
+                                              dtype=torch.bfloat16)
+                   for i, has in enumerate(model.attention_layers) if has}
+    assert len(layer_specs) == 49
+    config = vllm_config(131072, block_size, 2048)
+    groups = get_kv_cache_groups(config, layer_specs)
+    theirs = get_kv_cache_config_from_groups(config, groups, available)
+    tokens, _ = get_kv_cache_capacity(config, theirs)
+    ours = vllm_kv_cache(model, available, block_size=block_size, max_model_len=131072,
+                         max_in_flight_tokens=config.max_in_flight_tokens, tp=tp)
+    assert [g.num_layers for g in kv_cache_groups(model)] == [len(g.layer_names) for g in groups] == [49]
+    assert ours["num_blocks"] == theirs.num_blocks
+    assert ours["tokens"] == tokens
