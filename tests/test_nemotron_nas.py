@@ -150,6 +150,8 @@ def test_super_49b_tables_price_each_width_and_only_attention_layers():
     one, _ = cm._attention[0, "generation"].at(2, 2000.0)
     assert parts["attention"] == pytest.approx(49 * one, rel=1e-12)
     assert cm._small_kernels_per_step(False) == 129 + 49 * 1 + 80 + 2  # norms, RoPE, SiLU-and-mul, embedding+norm
+    ops = cm.cost_model_summary()["operators"]
+    assert "router" not in ops and ops["lm_head"].startswith("gemm_perf")  # a dense model routes nothing
 
 
 def test_the_real_backend_refuses_it_naming_the_cost_model():

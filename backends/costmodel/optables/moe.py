@@ -1269,7 +1269,8 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         """summary.json's `cost_model`: the table or roofline that priced each operator, and what was scaled."""
         out = {"kind": "operator tables (MoE)", "system": self.system, "operators": dict(self.sources)}
         for op in ("router", "kv_write", "elementwise", "lm_head", "overhead"):
-            out["operators"].setdefault(op, "roofline")
+            if op != "router" or self.model.num_experts:  # (a dense model, Gemma or DeciLM, routes nothing)
+                out["operators"].setdefault(op, "roofline")
         if self.extrapolated:
             out["scaled_past_grid"] = dict(self.extrapolated)
         if self.notes:
