@@ -282,7 +282,7 @@ class ModelConfig:
         # quantization is refused naming it, never priced as bf16.
         fields["weight_dtype"] = _quantization(raw.get("quantization_config"), where, False)[0]
         fields["kv_cache_dtype"] = checkpoint_kv_cache(raw.get("quantization_config"))
-        name = config_name(where)
+        name = config_name(where.removesuffix(TEXT_CONFIG))  # (a wrapper's: the file's name, not its folder's)
         eps, tied = _number(raw, "rms_norm_eps", where, 1e-6), _flag(raw, "tie_word_embeddings", where, False)
         try:
             return cls(name=name, rms_norm_eps=eps, tie_word_embeddings=tied, qk_norm=qk_norm,
@@ -736,6 +736,7 @@ def read_config_json(path: str | Path) -> tuple[str, dict]:
 # so the vision tower is not built or loaded (Qwen3VLForConditionalGeneration.__init__,
 # `_mark_tower_model`) and no encoder pass is profiled: the GPU holds the language model alone.
 LANGUAGE_MODELS = {"qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
+TEXT_CONFIG = " (text_config)"  # said after a file's path where its wrapper's text_config was read
 
 
 def language_model_of(raw: dict, where: str) -> tuple[dict, str]:
@@ -768,7 +769,7 @@ def language_model_of(raw: dict, where: str) -> tuple[dict, str]:
             raise ServesimError(f"{where} (text_config): rope_scaling mrope_section = {section!r}, expected three "
                                 f"whole numbers summing to head_dim // 2{half}")
         out["rope_scaling"] = None
-    return out, f"{where} (text_config)"
+    return out, f"{where}{TEXT_CONFIG}"
 
 
 def refuse_unpriceable(raw: dict, where: str) -> None:
@@ -1041,7 +1042,7 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
                 f"only for {', '.join([*EXTENDED_FAMILIES, *LANGUAGE_MODELS])} decoders")
         quantization = raw.get("quantization_config", text.get("quantization_config"))
         raw = {**text, "quantization_config": quantization}
-        where = f"{where} (text_config)"
+        where = f"{where}{TEXT_CONFIG}"
     model_type = raw.get("model_type")
     if model_type not in EXTENDED_FAMILIES:
         raise ServesimError(f"{where}: model_type {model_type!r} is not supported; servesim prices "
@@ -1087,7 +1088,7 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
         fields.update(attention_sinks=True, attention_bias=_flag(raw, "attention_bias", where, True))
     else:
         _flag(raw, "attention_bias", where, False)  # not priced here, but must be true or false
-    name = config_name(where.split(" (")[0])
+    name = config_name(where.removesuffix(TEXT_CONFIG))
     eps, tied = _number(raw, "rms_norm_eps", where, 1e-6), _flag(raw, "tie_word_embeddings", where, gemma)
     try:
         return ModelConfig(name=name, rms_norm_eps=eps, tie_word_embeddings=tied, qk_norm=qk_norm,

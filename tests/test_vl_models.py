@@ -31,6 +31,7 @@ def test_qwen3_vl_language_model_is_its_qwen3_decoder(vl, lm):
     m, ref = package(vl), package(lm)
     assert {k: v for k, v in asdict(m).items() if k not in OWN} == {k: v for k, v in asdict(ref).items() if k not in OWN}
     assert m.architecture.startswith("Qwen3VL") and (m.rope_theta, m.max_position_embeddings) == (5e6, 262144)
+    assert (m.name, ref.name) == (vl.replace("--", "/"), lm.replace("--", "/"))  # the file's, not "model_configs"
     assert m.rope_scaling is None  # interleaved multimodal RoPE rotates text tokens as plain RoPE
     # The same weights on every GPU layout but RoPE's cos/sin cache, which is as long as the context.
     for tp in (1, 2, 8):
