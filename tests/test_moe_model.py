@@ -149,6 +149,24 @@ def test_nvfp4_checkpoints_price_their_experts_in_nvfp4(name, form):
     assert m.weight_bytes_by_part(tp=8)["experts"] == layers * m.num_experts * expert
 
 
+def test_nvfp4_is_w4a4_on_blackwell_and_weight_only_elsewhere():
+    """A long prefill's NVFP4 expert GEMM is compute-bound: on a GPU with fp4 tensor cores (B200) at the
+    fp8 rate the roofline takes for them; on an H100, which has none, vLLM runs Marlin's weight-only
+    kernel on bf16 tensor cores, so at the bf16 rate (it was taken at fp8's, twice too fast)."""
+    from backends.costmodel.roofline import fp4_native
+    from backends.hardware import Hardware
+
+    m = package("nvidia--MiniMax-M2.5-NVFP4")
+    assert [fp4_native(n) for n in ("b200_sxm", "GB300", "rtx_pro_6000_server", "H100-SXM", "h200_sxm", "l40s")] \
+        == [True, True, True, False, False, False]
+    h100 = HARDWARE["H100-SXM"]
+    t, k, n = 65536, 3072, 1536
+    for hw, rate in ((h100, h100.peak_bf16_flops),
+                     (Hardware(**{**h100.__dict__, "name": "B200-like"}), h100.peak_fp8_flops)):
+        cm = MoERooflineCostModel(m, hw, tp=1)
+        assert float(cm._gemm(t, k, n, "nvfp4")) == pytest.approx(2.0 * t * k * n / (rate * cm.eff.gemm), rel=1e-12)
+
+
 def test_a_modelopt_checkpoint_states_its_quantization_beside_config_json(tmp_path):
     # nvidia/DeepSeek-V3.1-NVFP4's config.json has no quantization_config: vLLM reads hf_quant_config.json
     # beside it (the package ships it as ORG--NAME_hf_quant_config.json), and so does servesim.

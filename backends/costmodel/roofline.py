@@ -25,6 +25,7 @@ from backends.costmodel.tensor_parallel import ACTIVATION_BYTES, gemm_seconds, t
 from backends.hardware import Hardware
 from backends.model_config import ModelConfig, kv_cache_dtype_bytes, linear_bytes
 from sim.backend import StepResult
+from sim.config import is_blackwell
 from sim.errors import ServesimError
 
 
@@ -120,6 +121,15 @@ class RooflineCostModel(CostModel):
 
 
 ACTIVATION_TOPK_BYTES = 4 + 4  # a top-k weight (fp32) and id (int32) per (token, expert)
+
+
+def fp4_native(hardware_name: str) -> bool:
+    """Whether the GPU has fp4 tensor cores for NVFP4 weights and activations (Blackwell: the data-centre
+    parts, SM 10x, and the RTX PRO 6000, SM 12.0). Elsewhere (Hopper, Ada, Ampere) vLLM serves an NVFP4
+    checkpoint weight-only: the 4-bit weights are dequantized to bf16 inside the Marlin kernel and
+    multiplied on bf16 tensor cores (vllm/model_executor/layers/quantization/utils/marlin_utils_fp4.py,
+    "Weight-only FP4 compression will be used leveraging the Marlin kernel")."""
+    return is_blackwell(hardware_name) or hardware_name.lower().replace(" ", "_").startswith("rtx_pro_6000")
 
 
 def dp_gathered_tokens(tokens_across_dp: list[int], chunks_per_rank: int = 1) -> int:
@@ -248,11 +258,14 @@ class MoERooflineCostModel(CostModel):
                                                                   per_key_bytes / self._bytes_s)
         self._decode_s_per_request = m.num_attention_layers * per_request_bytes / self._bytes_s
         self._kv_token_bytes = m.kv_bytes_per_token(tp, kv_cache_dtype) / m.num_hidden_layers  # (the mean layer)
+        self._fp4_native = fp4_native(hardware.name)
 
     def _gemm(self, t, k: int, n: int, dtype: str, weight_fraction=1.0):
         """One GEMM of t rows; `weight_fraction` of its weights read (routed experts)."""
-        # (nvfp4 experts, W4A4: fp4 tensor cores, taken at fp8's rate, as the hardware files state no fp4 peak)
-        peak = self.hardware.peak_flops("fp8" if dtype in ("fp8", "fp8-block", "nvfp4") else "bf16") * self.eff.gemm
+        # (nvfp4, W4A4 where the GPU has fp4 tensor cores: taken at fp8's rate, as the hardware files state no
+        # fp4 peak; elsewhere vLLM runs it weight-only with Marlin, bf16 tensor cores: `fp4_native`)
+        fast = ("fp8", "fp8-block", "nvfp4") if self._fp4_native else ("fp8", "fp8-block")
+        peak = self.hardware.peak_flops("fp8" if dtype in fast else "bf16") * self.eff.gemm
         flops = 2.0 * t * k * n
         num_bytes = weight_fraction * linear_bytes(k, n, dtype) + t * (k + n) * ACTIVATION_BYTES
         return np.maximum(flops / peak, num_bytes / self._bytes_s)

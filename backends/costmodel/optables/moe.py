@@ -93,7 +93,7 @@ from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, graph_sizes_array, padded_tokens
-from backends.costmodel.roofline import MoERooflineCostModel, chunk_pieces, ring_seconds
+from backends.costmodel.roofline import MoERooflineCostModel, chunk_pieces, fp4_native, ring_seconds
 from backends.sampler import PricesSampler, sampler_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
@@ -530,7 +530,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                     f"{shape.moe_ep_size} ({shape.distribution}), at this model's shape or another; leave "
                     f"--moe-kernel auto for the kernel vLLM picks")
             if isinstance(picked, str):
-                self.sources["moe"] = f"roofline: {picked}"
+                self.sources["moe"] = f"roofline: {picked}{self._marlin_said if shape.moe_dtype == 'nvfp4' else ''}"
             else:
                 table, priced, (kernel, xs, ys), why = picked
                 if priced.distribution != shape.distribution:
@@ -652,6 +652,13 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             return None, None
         return kernels[0], rows[rows["kernel_source"] == kernels[0]]
 
+    @property
+    def _marlin_said(self) -> str:
+        """What a roofline note adds where NVFP4 weights meet a GPU without fp4 tensor cores."""
+        return "" if fp4_native(self.hardware.name) else (
+            f" (without fp4 tensor cores on {self.hardware.name}, vLLM runs NVFP4 weight-only with Marlin: "
+            "4-bit weights at bf16's rate)")
+
     def _derive_linear(self, tables) -> list[tuple[Curve, int]] | None:
         """(curve, layers) of every linear GEMM the roofline's `linear` counts, or None (roofline)."""
         from backends.costmodel.optables.derive import gemm_curve
@@ -670,7 +677,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         table_dtype = "fp8" if self.weights_dtype == "fp8-block" else self.weights_dtype
         kernel, rows = self._gemm_rows(tables, table_dtype)
         if rows is None:
-            self.sources["linear"] = f"roofline: no {table_dtype} GEMM rows on {tables.system}"
+            self.sources["linear"] = f"roofline: no {table_dtype} GEMM rows on {tables.system}{self._marlin_said}"
             return None
         nh, nkv, hd = self._heads, self._kv_heads, m.head_dim
         layers = m.num_attention_layers  # (a DeciLM layer without attention has no projections)
