@@ -222,6 +222,8 @@ def test_models_hardware_and_deployments_from_files(tmp_path, capsys):
     assert run_cli("replay", trace, "--out", tmp_path / "o", "--quiet", "--num-gpu-blocks", "500") == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["kv_cache"]["num_gpu_blocks"] == 500 and summary["kv_cache"]["source"] == "--num-gpu-blocks"
+    # (the committed operator-table profile priced its steps; the GPU's figures are recorded all the same)
+    assert summary["options"]["profile"] is not None and summary["hardware"]["name"] == "H100-SXM"
 
 
 @pytest.mark.parametrize("change,fragment", [

@@ -245,9 +245,10 @@ def run_options(plan: RunPlan, trace: Trace) -> dict:
 
 
 def plan_entries(plan: RunPlan) -> dict:
-    """The summary's entries about the plan: the KV cache, the model and (for the datasheet cost
-    model) the hardware."""
+    """The summary's entries about the plan: the KV cache, the model and (a cost-model run) the
+    hardware, whose memory sized the KV cache whatever priced the steps (a profile, tables or the
+    datasheet roofline)."""
     entries = {"kv_cache": plan.kv_cache(), "model": plan.model.describe()}
-    if plan.options.backend == "costmodel" and plan.options.profile is None:
+    if plan.options.backend == "costmodel":
         entries["hardware"] = plan.hardware.as_dict()
     return entries
