@@ -649,3 +649,23 @@ def test_ctrl_c_while_the_command_loads_is_interrupted_not_a_traceback(monkeypat
     assert cli.main(["replay", "--help"]) == 130
     err = capsys.readouterr().err
     assert err == "sim: interrupted\n"
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["replay", "t.csv", "--dtype", "int4"],
+     "sim replay: error: argument --dtype: invalid choice: 'int4' (choose from 'bf16', 'fp8', 'fp4') "
+     "(sim replay --help lists the options)"),
+    (["replay", "t.csv", "--polcy", "chunked"],
+     "sim replay: error: unrecognized arguments: --polcy chunked (did you mean --policy?) "
+     "(sim replay --help lists the options)"),
+    (["trace", "stats"], "sim trace stats: error: the following arguments are required: file "
+                         "(sim trace stats --help lists the options)"),
+])
+def test_an_argument_error_is_one_line_naming_the_command(argv, line, capsys):
+    """argparse's own errors are one line, as servesim's are (not the command's whole usage first), an
+    unknown option named with the command it was given to and the closest known one suggested."""
+    from sim.app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and capsys.readouterr().err == line + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
 import os
 import signal
@@ -230,12 +231,37 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line, as servesim's own are ("sim replay: error: ...",
+    exit 2), not the command's whole usage before it; an unknown option is named with the command it
+    was given to, and the closest option it knows is suggested (`--polcy`: did you mean --policy?)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command_parser(getattr(parsed, "command", None))
+            known = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+            close = difflib.get_close_matches(extras[0].split("=")[0], known, n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close and extras[0].startswith("-") else ""
+            command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _command_parser(self, name: str | None) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                return action.choices[name]
+        return self
+
+
 def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
     """The `sim` parser; without `all_commands`, only the commands defined here (replay, models,
     hardware), which parse their own arguments exactly as in the whole parser."""
     from sim.app.options import add_output_options
 
-    parser = argparse.ArgumentParser(prog="sim", description="servesim: replay LLM-serving traces through "
+    parser = OneLineParser(prog="sim", description="servesim: replay LLM-serving traces through "
                                      "scheduling policies, with predicted or measured step times.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
