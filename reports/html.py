@@ -43,6 +43,7 @@ from reports.figures import (
     throughput_figure,
     timeline_figure,
 )
+from reports.outcomes import TTFT_PART_LABELS
 from reports.run_tables import find_table, read_run_table
 from sim.errors import ServesimError
 from sim.jsonable import jsonable
@@ -454,8 +455,6 @@ def ttft_parts_note(row: dict) -> str:
     return TTFT_PARTS_NOTE + (FROM_SEND_NOTE if client is not None and not _is_nan(client) else "")
 
 
-TTFT_PART_LABELS = {"ttft_api_server": "API server", "ttft_queue": "queueing", "ttft_async_wait": "wait for the GPU",
-                    "ttft_prefill": "prefill"}
 
 
 def ttft_parts_figure(row: dict) -> dict | None:

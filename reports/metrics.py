@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from reports import cluster
-from reports.outcomes import TTFT_PARTS, RequestOutcomes, ttft_parts
+from reports.outcomes import TTFT_PART_LABELS, TTFT_PARTS, RequestOutcomes, ttft_parts
 from sim.cluster import ClusterResult
 from sim.engine import SimResult
 from sim.step_log import STEP_COLUMNS
@@ -254,5 +254,5 @@ def format_summary(summary: dict) -> str:
         if name == "ttft":  # (its parts add up to the TTFT from the send where there is one)
             for part in TTFT_PARTS:
                 if part in summary and summary[part]["mean"] is not None:
-                    lines.append(row("  " + part.removeprefix("ttft_").replace("_", " "), summary[part]))
+                    lines.append(row("  " + TTFT_PART_LABELS[part], summary[part]))
     return "\n".join(lines)

@@ -42,6 +42,10 @@ REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", 
                    "ttft_api_server_s", "ttft_queue_s", "ttft_async_wait_s", "ttft_prefill_s", "client_ttft_s")
 # A request's TTFT in parts, in the order they add up (ttft_parts).
 TTFT_PARTS = ("ttft_api_server", "ttft_queue", "ttft_async_wait", "ttft_prefill")
+# Their names on the terminal and in report.html (the wait is the host's time before the launch, and under
+# asynchronous scheduling the step already queued ahead: not asynchronous scheduling's alone)
+TTFT_PART_LABELS = {"ttft_api_server": "API server", "ttft_queue": "queueing", "ttft_async_wait": "wait for the GPU",
+                    "ttft_prefill": "prefill"}
 LATENCIES = ("ttft", "tpot", "e2e", "scheduling_delay")  # per finished request; ITL is per token gap
 CLIENT_LATENCIES = ("client_ttft", "client_e2e")  # from the client's send, where an API server is modelled
 SLO_METRICS = {"delay": "scheduling_delay", "tbt": "tbt"}  # an SLO key's metric, where the names differ

@@ -122,7 +122,7 @@ def test_requests_csv_summary_and_report(tmp_path):
     assert summary["ttft_async_wait"]["mean"] == pytest.approx(0.25)
     assert summary["ttft_prefill"]["mean"] == pytest.approx(2.0 / 3)
     text = format_summary(summary)
-    assert "  queue" in text and "  async wait" in text and "  prefill" in text and "  api server" in text
+    assert "  queueing" in text and "  wait for the GPU" in text and "  prefill" in text and "  API server" in text
 
     row = {f"{name}_mean": summary[name]["mean"] for name in TTFT_PARTS}
     figure = ttft_parts_figure(row)
