@@ -200,17 +200,18 @@ def format_capacity(capacity, keys: list[str], slo) -> str:
     measured = [f"{key}_at_capacity" for key in slo.limits()]
     # Latencies in capacity.csv are in seconds; shown in `unit`, each multiplied by `per_second`.
     unit, per_second = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
-    head = ("".join(f"{axis_name(k):>14}" for k in keys) + f"{'rate x':>9}{'req/s':>9}"
+    head = ("".join(f"{axis_name(k):>14}" for k in keys) + f"{'rate x':>9}{'offered/s':>11}"
             + "".join(f"{k.removesuffix('_at_capacity') + ' ' + unit:>12}" for k in measured) + f"{'probes':>8}  status")
     lines = [f"capacity: {slo.describe()}", head]
     for _, row in capacity.iterrows():
         line = "".join(f"{row[k]!s:>14}" for k in keys)
         rate_scale, rate = row["capacity_rate_scale"], row["capacity_request_rate"]
         line += f"{rate_scale:>9.3g}" if rate_scale is not None and rate_scale == rate_scale else f"{'-':>9}"
+        # (the arrival rate offered at capacity, not the throughput achieved: capacity.csv has both)
         if rate is None or rate != rate:
-            line += f"{'-':>9}"
+            line += f"{'-':>11}"
         else:
-            line += f"{rate:>9.2f}" if abs(rate) < 1e5 else f"{rate:>9.3g}"
+            line += f"{rate:>11.2f}" if abs(rate) < 1e5 else f"{rate:>11.3g}"
         for k in measured:
             value = row.get(k)
             line += f"{value * per_second:>12.4g}" if value is not None and value == value else f"{'-':>12}"
