@@ -42,6 +42,10 @@ REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", 
                    "ttft_api_server_s", "ttft_queue_s", "ttft_async_wait_s", "ttft_prefill_s", "client_ttft_s")
 # A request's TTFT in parts, in the order they add up (ttft_parts).
 TTFT_PARTS = ("ttft_api_server", "ttft_queue", "ttft_async_wait", "ttft_prefill")
+# A rejection's reason counted with the others of its kind: the figures of the request (its tokens, the
+# requests unfinished) read N; an HTTP status and the run's own limits ("the limit is 32", "--max-model-len
+# 4096"), the same for every request, are kept.
+FIGURE_OF_A_REQUEST = re.compile(r"(?<!HTTP )(?<!limit is )(?<!--max-model-len )(?<!\d)\d+")
 # Their names on the terminal and in report.html (the wait is the host's time before the launch, and under
 # asynchronous scheduling the step already queued ahead: not asynchronous scheduling's alone)
 TTFT_PART_LABELS = {"ttft_api_server": "API server", "ttft_queue": "queueing", "ttft_async_wait": "wait for the GPU",
@@ -229,7 +233,7 @@ class RequestOutcomes:
         self.num_good += int(good.sum())
         for reason in np.array(columns["reject_reason"], dtype=object)[status == REJECTED].tolist():
             self.num_rejected += 1
-            key = re.sub(r"(?<!HTTP )(?<!\d)\d+", "N", reason)  # (an HTTP status kept: "HTTP 503 (...)")
+            key = FIGURE_OF_A_REQUEST.sub("N", reason)
             self.reject_reasons[key] = self.reject_reasons.get(key, 0) + 1
 
     def close(self) -> None:
