@@ -669,3 +669,13 @@ def test_an_argument_error_is_one_line_naming_the_command(argv, line, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and capsys.readouterr().err == line + "\n"
+
+
+def test_a_vllm_version_before_v1_is_refused():
+    """servesim simulates vLLM's V1 engine (its default from 0.8.0): an older --vllm-version was taken to
+    the nearest measured tables with only an information line, as if V1 had served it."""
+    from sim.errors import ServesimError
+
+    with pytest.raises(ServesimError, match=r"--vllm-version 0\.7\.3: servesim simulates vLLM's V1 engine"):
+        ReplayOptions(vllm_version="0.7.3")
+    assert ReplayOptions(vllm_version="0.8.0").vllm_version == "0.8.0"
