@@ -125,6 +125,10 @@ def folder_report(directory: str | Path) -> tuple[str, list[tuple[str, str]]]:
         raise ServesimError(f"{d}: a comparison by sim compare; its report.html is sim compare's own page (step times "
                             "predicted against measured, the error figures), which sim report cannot draw again and "
                             f"would replace; sim report {d / 'measured'} or {d / 'predicted'} reports either run")
+    if (d / "validate.json").exists() and (d / "validate.csv").exists():
+        raise ServesimError(f"{d}: the measured deployments of sim validate; its report.html is sim validate's own "
+                            "page (the errors by group and row), written with it, which sim report cannot draw again "
+                            "and would replace")
     runs = sorted(p.parent for p in d.glob("*/summary.json"))
     if not runs:
         others = left_out_folders(d)

@@ -76,6 +76,12 @@ def test_validate_writes_the_issue_shape_and_skips_with_reasons(tmp_path):
     # Client-side TTFT: the API server's fixed 1 ms and 2 us per prompt token come on top of the engine's.
     assert (rows["predicted_ttft_ms"] >= rows["predicted_engine_ttft_ms"] + 1.0 + 0.002 * 0.8 * 64).all()
     assert "Predicted against measured" in (out / "report.html").read_text()
+    # sim report on the folder says whose page its report.html is (it said "nothing to report")
+    with pytest.raises(ServesimError, match="the measured deployments of sim validate; its report.html is sim "
+                                            "validate's own page"):
+        from reports.html import folder_report
+
+        folder_report(out)
 
 
 def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
