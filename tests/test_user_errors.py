@@ -660,6 +660,9 @@ def test_ctrl_c_while_the_command_loads_is_interrupted_not_a_traceback(monkeypat
      "(sim replay --help lists the options)"),
     (["trace", "stats"], "sim trace stats: error: the following arguments are required: file "
                          "(sim trace stats --help lists the options)"),
+    (["trace", "stats", "t.csv", "--limt", "5"],
+     "sim trace stats: error: unrecognized arguments: --limt 5 (did you mean --limit?) "
+     "(sim trace stats --help lists the options)"),
 ])
 def test_an_argument_error_is_one_line_naming_the_command(argv, line, capsys):
     """argparse's own errors are one line, as servesim's are (not the command's whole usage first), an

@@ -242,18 +242,23 @@ class OneLineParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            command = self._command_parser(getattr(parsed, "command", None))
+            command = self._command_parser(parsed)
             known = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
             close = difflib.get_close_matches(extras[0].split("=")[0], known, n=1, cutoff=0.75)
             hint = f" (did you mean {close[0]}?)" if close and extras[0].startswith("-") else ""
             command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return parsed
 
-    def _command_parser(self, name: str | None) -> argparse.ArgumentParser:
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
-                return action.choices[name]
-        return self
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The innermost command's parser that `parsed` went through (`sim trace stats`'s)."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            chosen = [action.choices[name] for action in parser._actions
+                      if isinstance(action, argparse._SubParsersAction)
+                      and (name := getattr(parsed, action.dest, None)) in action.choices]
+            if not chosen:
+                return parser
+            parser = chosen[0]
 
 
 def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
