@@ -225,8 +225,10 @@ def format_summary(summary: dict) -> str:
     def rate(x: float | None, spec: str) -> str:  # None (nothing completed: summary.json's null) as "-", not 0
         return "-" if x is None else format(x, spec)
 
+    digits = 3 if unit == "s" else 1  # (seconds to the millisecond: a TPOT of 0.061 s is not 0.1)
+
     def ms(x: float | None) -> str:
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:10.1f}"
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:10.{digits}f}"
 
     lines = [
         f"requests {summary['completed']} completed, {summary['rejected']} rejected, "

@@ -255,9 +255,13 @@ def _summary(seconds: float) -> dict:
 
 def test_hour_scale_latencies_are_printed_in_seconds():
     text = format_summary(_summary(10355.372))
-    assert "metric (s)" in text and "   10355.4" in text and "10355372" not in text
+    assert "metric (s)" in text and " 10355.372" in text and "10355372" not in text
     text = format_summary(_summary(0.0421))
     assert "metric (ms)" in text and "      42.1" in text
+    # In seconds, a TPOT beside an hour-long E2E keeps its milliseconds (it read 0.1, and an ITL of 0.034 s 0.0).
+    summary = {**_summary(0.061), "e2e": _summary(3600.5)["e2e"], "itl": _summary(0.0337)["itl"]}
+    text = format_summary(summary)
+    assert "metric (s)" in text and "tpot                   0.061" in text and "itl                    0.034" in text
 
 
 def test_models_shows_each_models_max_length(capsys):

@@ -323,12 +323,14 @@ def format_sweep(frame) -> str:
     lines = [head + f"   (latencies in {unit})"]
     for _, row in means.iterrows():
         line = "".join(f"{row[k]!s:>14}" if not isinstance(row[k], float) else f"{row[k]:>14g}" for k in keys)
-        line += "".join(_cell(row[c] * scale) for c, _, scale in columns)
+        # (latencies in seconds to the millisecond: a TBT of 0.034 s is not 0.0)
+        line += "".join(_cell(row[c] * scale, 3 if unit == "s" and c != "request_throughput" and c != "rejected"
+                              else 1) for c, _, scale in columns)
         lines.append(line)
     return "\n".join(lines)
 
 
-def _cell(value: float) -> str:
+def _cell(value: float, digits: int = 1) -> str:
     if value != value:
         return f"{'-':>11}"
-    return f"{value:>11.1f}" if abs(value) < 1e6 else f"{value:>11.3g}"
+    return f"{value:>11.{digits}f}" if abs(value) < 1e6 else f"{value:>11.3g}"
