@@ -686,3 +686,16 @@ def test_a_vllm_version_before_v1_is_refused():
     with pytest.raises(ServesimError, match=r"--vllm-version 0\.7\.3: servesim simulates vLLM's V1 engine"):
         ReplayOptions(vllm_version="0.7.3")
     assert ReplayOptions(vllm_version="0.8.0").vllm_version == "0.8.0"
+
+
+def test_the_rows_a_trace_dropped_are_recorded_with_the_run(tmp_path):
+    """A row left out while reading (0 prompt or output tokens) was warned about on the terminal only: the
+    run folder's completed + rejected did not add up to the trace's rows, and nothing said why."""
+    from sim.app.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.1,0,5\n0.2,10,0\n0.3,0,4\n0.4,12,4\n")
+    assert main(["replay", str(trace), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["options"]["trace_dropped"] == {"0 prompt_tokens": 2, "0 output_tokens": 1}
+    assert summary["completed"] + summary["rejected"] + sum(summary["options"]["trace_dropped"].values()) == 5

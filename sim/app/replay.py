@@ -236,6 +236,8 @@ def run_options(plan: RunPlan, trace: Trace) -> dict:
     """The options a run's summary records: the plan's, the trace and its transforms."""
     options = plan.as_dict()
     options["trace"] = trace.source
+    if trace.dropped:  # the trace's rows that were not replayed, by reason, so completed + rejected add up
+        options["trace_dropped"] = dict(trace.dropped)
     if trace.transforms:
         options["trace_transforms"] = trace.transforms
     api_server = api_server_entry(plan.options, trace)
