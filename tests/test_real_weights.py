@@ -111,3 +111,20 @@ def test_config_check_reads_both_rope_layouts(tmp_path):
     (tmp_path / "wrong" / "config.json").write_text(json.dumps(wrong))
     with pytest.raises(ServesimError, match="rope_theta = 10000.0, the model 500000.0"):
         _check_config(tmp_path / "wrong", llama)
+
+
+def test_compare_runs_the_real_backend_on_given_weights(source, tmp_path, capsys):
+    """sim compare lists --weights, and refused it ("--weights ... does not apply to --backend costmodel"),
+    and --backend real then refused its --profile: a comparison on real weights could not be run."""
+    from pathlib import Path
+
+    folder = save(tmp_path / "w", hf_state_dict(source.runner.model))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,12,3\n0.01,20,2\n")
+    profile = str(Path(__file__).resolve().parents[1] / "profiles" / "tiny-cpu.json")
+    args = ["compare", str(trace), "--model", "tiny", "--device", "cpu", "--profile", profile, "--quiet"]
+    assert main([*args, "--weights", str(folder), "--out", str(tmp_path / "c")]) == 0
+    measured = json.loads((tmp_path / "c" / "measured" / "summary.json").read_text())
+    assert measured["options"]["weights"] == str(folder) and measured["completed"] == 2
+    assert main([*args, "--backend", "real", "--out", str(tmp_path / "d")]) == 2
+    assert "sim compare runs both backends itself" in capsys.readouterr().err

@@ -214,7 +214,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.profile is None:
         raise ServesimError("sim compare needs --profile (make one with `sim calibrate`)")
-    options = options_from_args(args)
+    if args.backend != "costmodel":
+        raise ServesimError(f"--backend {args.backend}: sim compare runs both backends itself (the real one with "
+                            "--device and --weights, the cost model with --profile); leave --backend out")
+    # Read as the real backend's run (its --device and --weights are its own); the profile is the prediction's.
+    options = options_from_args(argparse.Namespace(**{**vars(args), "backend": "real", "profile": None}))
     with open_run_folder(args.out, "compare", overwrite=args.overwrite, discard_on_failure=True,
                          inputs=command_inputs(args)) as folder:
         warn(folder.took_over)
@@ -231,12 +235,13 @@ def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> lis
     from sim.app.progress import Progress
     from traces.cli import load_trace
 
-    measured = resolve(replace(options, backend="real", profile=None))
+    measured = resolve(options)
     measured = replace(measured, backend=with_clock(measured.backend, args.clock))
     # Both runs plan with the KV blocks the real backend allocated.
     cache = replace(options.cache, num_blocks=measured.num_blocks)
     # The same scheduler as the measured run's, as resolved for the real backend's device (batch_defaults).
-    predicted = resolve(replace(options, backend="costmodel", weights=None, cache=cache,
+    predicted = resolve(replace(options, backend="costmodel", profile=args.profile, weights=None,
+                                device=ReplayOptions.device, cache=cache,
                                 scheduler=measured.options.scheduler, batch_defaults=()))
     profile = load_profile(args.profile, options.model)
     trace = load_trace(args.trace, args, predicted.max_model_len)
