@@ -359,3 +359,18 @@ def test_points_of_the_same_options_run_once(tmp_path, monkeypatch):
     assert decode_first["wall_s"].iloc[1] == 0.0
     chunked = frame[frame["policy"] == "chunked"]
     assert chunked["prefill_schedule_interval"].tolist() == [1, 2] and chunked["wall_s"].gt(0).all()
+
+
+def test_what_an_interrupted_sweep_says_it_kept():
+    """A sweep stopped before any point finished said "0 finished points are in DIR/results.parquet; continue
+    with --resume" of a folder it had removed, and "sim: interrupted" twice."""
+    from types import SimpleNamespace
+
+    from sim.app.sweep_cli import interrupted_words
+
+    folder = SimpleNamespace(staged=False, final="out")
+    assert interrupted_words(folder, None) == "sim: nothing had finished, so nothing was kept"
+    assert interrupted_words(folder, "1 finished point is in out/results.parquet") == \
+        "sim: 1 finished point is in out/results.parquet; continue with the same command and --resume"
+    assert interrupted_words(SimpleNamespace(staged=True, final="out"), None) == \
+        "sim: out still holds the run it had (this --overwrite run is discarded)"

@@ -123,7 +123,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                                                      burst_scale=burst_scale(trace.duration_s)))
         except (KeyboardInterrupt, Terminated):
             bar.close()
-            print(interrupted_words(folder, f"the finished probes are in {out / PROBES}"), file=sys.stderr)
+            print(interrupted_words(folder, f"the finished probes are in {out / PROBES}" if table.rows else None),
+                  file=sys.stderr)
             raise
         bar.close()
         capacity = pd.DataFrame([_capacity_row(config, search, probes, slo)

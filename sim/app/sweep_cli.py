@@ -216,13 +216,15 @@ def check_resumable(folder, what: str) -> None:
                             f"{what} in its own folder; choose another --out")
 
 
-def interrupted_words(folder, kept: str) -> str:
-    """What an interrupted sweep or capacity search leaves: its rows to --resume, or, when it was
-    replacing a run (--overwrite), the old run, whole, in its place."""
+def interrupted_words(folder, kept: str | None) -> str:
+    """What an interrupted sweep or capacity search leaves: its rows to --resume (`kept`; None: nothing had
+    finished, and the folder it made is gone), or, when it was replacing a run (--overwrite), the old run,
+    whole, in its place. (`sim` then says how it was stopped: interrupted, or terminated.)"""
     if folder.staged:
-        return (f"sim: interrupted; {folder.final} still holds the run it had (this --overwrite run is "
-                "discarded)")
-    return f"sim: interrupted; {kept}; continue with the same command and --resume"
+        return f"sim: {folder.final} still holds the run it had (this --overwrite run is discarded)"
+    if kept is None:
+        return "sim: nothing had finished, so nothing was kept"
+    return f"sim: {kept}; continue with the same command and --resume"
 
 
 def check_table_folder(out: Path, name: str, identity: dict, trace, overwrite: bool) -> None:
@@ -278,7 +280,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             result = sweep(trace, points, table, args.executor, args.jobs, args.address, on_row=_on_row(bar))
         except (KeyboardInterrupt, Terminated):
             bar.close()
-            print(interrupted_words(folder, f"{len(table.rows)} finished points are in {out / RESULTS}"),
+            done = len(table.rows)
+            print(interrupted_words(folder, f"{done} finished point{'s' * (done != 1)} {'are' if done != 1 else 'is'} "
+                                    f"in {out / RESULTS}" if done else None),
                   file=sys.stderr)
             raise
         bar.close()
