@@ -57,8 +57,8 @@ def test_an_aiperf_export_is_its_requests_sent_when_the_client_sent_them(tmp_pat
     assert trace.arrival_s.tolist() == pytest.approx([0.0, 0.1, 0.25])  # sent in this order, nanoseconds exact
     assert trace.prompt_tokens.tolist() == [550, 300, 120] and trace.output_tokens.tolist() == [21, 11, 1]
     assert trace.request_ids == ["2", "1", "4"]  # each record's line
-    assert trace.dropped == {"a failed request (error)": 1}
-    assert any("profile_export.jsonl:3: dropped 1 request with a failed request (error)" in w for w in trace.warnings)
+    assert trace.dropped == {"an error (the record's error)": 1}
+    assert any("profile_export.jsonl:3: dropped 1 request with an error (the record's error)" in w for w in trace.warnings)
     m = trace.measured
     assert m["ttft_s"].tolist() == pytest.approx([0.05, 0.04, 0.03])
     assert m["e2e_s"].tolist() == pytest.approx([0.25, 0.14, 0.03])

@@ -283,8 +283,8 @@ def test_a_vllm_bench_result_is_its_requests_sent_when_the_client_sent_them(tmp_
     assert trace.arrival_s.tolist() == [0.0, 0.5, 1.25]
     assert trace.prompt_tokens.tolist() == [200, 100, 120] and trace.output_tokens.tolist() == [20, 10, 12]
     assert trace.request_ids == ["1", "0", "3"]
-    assert trace.dropped == {"a failed request (errors)": 1}
-    assert trace.warnings == [f"{path}: request 2: dropped 1 request with a failed request (errors)"]
+    assert trace.dropped == {"an error (in the result's errors)": 1}
+    assert trace.warnings == [f"{path}: request 2: dropped 1 request with an error (in the result's errors)"]
     assert read_trace(path, "vllm").format == "vllm-bench"  # the alias
     from traces.stats import format_stats, trace_stats
 

@@ -55,7 +55,7 @@ def read_aiperf(builder: TraceBuilder, handle: BinaryIO, first: str, first_line:
         record = _record(where, text)
         metadata, metrics, error = record["metadata"], record["metrics"], record.get("error")
         if error is not None or metadata.get("was_cancelled") is True:
-            builder.drop("a failed request (error)" if error is not None else "a cancelled request",
+            builder.drop("an error (the record's error)" if error is not None else "a cancellation",
                           np.array([True]), np.array([line_no]))
             continue
         if not isinstance(metrics, dict):

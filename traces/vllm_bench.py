@@ -72,7 +72,7 @@ def read_vllm_bench(builder: TraceBuilder, handle: BinaryIO, first: str, first_l
     elif errors is not None:
         errors = per_request_list(builder, result, "errors", n)
         failed = np.array([bool(e) for e in errors])
-        builder.drop("a failed request (errors)", failed, positions)
+        builder.drop("an error (in the result's errors)", failed, positions)
         keep &= ~failed
     keep = builder.keep_nonzero(keep, {"input_lens": prompt, "output_lens": output}, positions)
     order = np.argsort(arrival, kind="stable")  # concurrent clients' sends, in the order they were made
