@@ -67,6 +67,17 @@ def test_a_folder_of_another_model_is_refused(source, tmp_path, break_it, messag
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_nan_weight_is_refused_naming_the_tensor(source, tmp_path):
+    """A NaN or infinite weight was loaded as it was: every logit NaN, nonsense sampled, no word said."""
+    tensors = hf_state_dict(source.model)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].clone()
+    tensors[name][0, :3] = float("nan")
+    folder = save(tmp_path / "ckpt", tensors)
+    with pytest.raises(ServesimError, match=f"tensor {name} holds 3 NaN or infinite values of "):
+        RealBackend("tiny", num_blocks=8, weights=str(folder))
+
+
 def test_missing_or_empty_folder(tmp_path):
     with pytest.raises(ServesimError, match="not a folder"):
         RealBackend("tiny", num_blocks=8, weights=str(tmp_path / "nowhere"))

@@ -161,4 +161,9 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
         if tuple(tensor.shape) != tuple(view.shape):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: {name} has shape "
                                 f"{list(tensor.shape)}, the preset needs {list(view.shape)}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            # (a NaN or infinite weight makes every logit NaN: the steps would run, and sample nonsense)
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ServesimError(f"{file}: tensor {name} holds {bad} NaN or infinite value{'s' * (bad != 1)} of "
+                                f"{tensor.numel()}; a checkpoint's weights are finite")
         view.copy_(tensor)
