@@ -285,7 +285,7 @@ class SchedulerConfig:
     # A name of policies.POLICIES, or a user's FILE.py:Class (checked by load_policy); the flag's help
     # lists the policies (sim.app.options).
     policy: str = option("chunked", flag="--policy", help="scheduling policy: {policies} (default: {default}), or "
-                         "your own as path/to/file.py:ClassName or package.module:ClassName (see the README)")
+                         "your own as path/to/file.py:ClassName or package.module:ClassName (docs/policies.md)")
     # On the command line, unset means vLLM's API server's default for the GPU (sim.app.options,
     # vllm_batch_defaults: 8192 and 1024 on a GPU of 70 GiB or more that is not an A100); these
     # defaults are the rest's (vLLM's for smaller GPUs).
@@ -437,8 +437,8 @@ class CacheConfig:
     num_blocks: int | None = option(None, flag="--num-gpu-blocks", aliases=("--num-blocks",), dest="num_blocks",
                                     range=NUM_BLOCKS, metavar="N",
                                     help="KV blocks per GPU, the figure a vLLM log prints (vLLM's "
-                                         "--num-gpu-blocks-override; default: derived as vLLM derives it, see the "
-                                         "README)")
+                                         "--num-gpu-blocks-override; default: derived as vLLM derives it, "
+                                         "docs/kv-cache.md)")
     gpu_memory_utilization: float = option(0.9, flag="--gpu-memory-utilization", range=MEMORY_FRACTION, metavar="F",
                                            help="fraction of device memory for weights, activations and KV cache "
                                                 "(default: {default})")

@@ -374,3 +374,25 @@ def test_what_an_interrupted_sweep_says_it_kept():
         "sim: 1 finished point is in out/results.parquet; continue with the same command and --resume"
     assert interrupted_words(SimpleNamespace(staged=True, final="out"), None) == \
         "sim: out still holds the run it had (this --overwrite run is discarded)"
+
+
+def test_the_sweep_table_keeps_its_columns_apart():
+    """An axis name longer than 14 characters ran into the next ("policyprefill interval"), and a point's
+    rejections, a count, read 29.0."""
+    import pandas as pd
+
+    from sim.app.sweep_cli import format_sweep
+
+    frame = pd.DataFrame({"status": ["ok", "ok"], "policy": ["chunked", "decode-first"],
+                          "prefill_schedule_interval": [1, 4], "request_throughput": [7.25, 7.0],
+                          "rejected": [0, 29], "ttft_p50": [0.05, 0.06], "ttft_p99": [0.2, 0.3],
+                          "itl_p99": [0.03, 0.04], "scheduling_delay_p50": [0.01, 0.02], "e2e_p99": [5.0, 6.0]})
+    from reports.axes import AXES
+
+    for axis in AXES:  # the other axes, alike at every point
+        if axis not in frame:
+            frame[axis] = 0
+    text = format_sweep(frame)
+    head, *rows = text.splitlines()
+    assert "policy prefill interval" in head.replace("  ", " ") and "policyprefill" not in head
+    assert rows[1].split()[:4] == ["decode-first", "4", "7.0", "29"]

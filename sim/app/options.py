@@ -92,8 +92,9 @@ class ReplayOptions:
                              "Llama 4 families of docs/moe.md), or with the tables extra a Hugging Face name "
                              "ORG/NAME whose config.json the package ships (default: {default})")
     hardware: str = option("H100-SXM", flag="--hardware", check=check_named, metavar="NAME|FILE.json",
-                           help="hardware preset ({hardware}) or a JSON file with its fields (see the README; "
-                                "default: {default})")
+                           help="hardware preset ({hardware}), a system of the tables extra (sim hardware lists them: "
+                                "h100_sxm, b200_sxm, l40s, ...) or a JSON file with its fields "
+                                "(docs/models-and-hardware.md; default: {default})")
     tp: int = option(1, flag="--tp", range=TENSOR_PARALLEL, metavar="N",
                      help="tensor parallelism: GPUs per engine, joined by NVLink (default: {default})")
     dtype: str = option("bf16", flag="--dtype", choices=("bf16", "fp8", "fp4"),
@@ -340,7 +341,7 @@ def add_replay_flags(p: argparse.ArgumentParser) -> None:
     p.set_defaults(async_scheduling=None)  # unset: vLLM's for --vllm-version (options_from_args)
     add_flags(p, ReplayOptions, models=", ".join(MODELS), hardware=", ".join(HARDWARE))
     add_flags(p, CacheConfig)
-    g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (see the README)")
+    g = p.add_argument_group("cluster", "replicas behind a router, or prefill and decode pools (docs/clusters.md)")
     add_flags(g, ClusterOptions, routers=", ".join(ROUTERS), pool_options=", ".join(POOL_OPTIONS))
 
 

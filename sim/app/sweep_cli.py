@@ -323,13 +323,17 @@ def format_sweep(frame) -> str:
                ("ttft_p50", "p50 TTFT", scale), ("ttft_p99", "p99 TTFT", scale),
                ("itl_p99", "p99 TBT", scale), ("scheduling_delay_p50", "p50 delay", scale),
                ("e2e_p99", "p99 E2E", scale)]
-    head = "".join(f"{axis_name(k):>14}" for k in keys) + "".join(f"{n:>11}" for _, n, _ in columns)
+    widths = [max(14, len(axis_name(k)) + 2) for k in keys]  # ("cache-aware window" is longer than 14)
+    head = "".join(f"{axis_name(k):>{w}}" for k, w in zip(keys, widths)) + "".join(f"{n:>11}" for _, n, _ in columns)
     lines = [head + f"   (latencies in {unit})"]
     for _, row in means.iterrows():
-        line = "".join(f"{row[k]!s:>14}" if not isinstance(row[k], float) else f"{row[k]:>14g}" for k in keys)
-        # (latencies in seconds to the millisecond: a TBT of 0.034 s is not 0.0)
-        line += "".join(_cell(row[c] * scale, 3 if unit == "s" and c != "request_throughput" and c != "rejected"
-                              else 1) for c, _, scale in columns)
+        line = "".join(f"{row[k]!s:>{w}}" if not isinstance(row[k], float) else f"{row[k]:>{w}g}"
+                       for k, w in zip(keys, widths))
+        # (latencies in seconds to the millisecond: a TBT of 0.034 s is not 0.0; the rejected, a mean of counts,
+        # whole where it is)
+        line += "".join(_cell(row[c] * scale, 3 if unit == "s" and c not in ("request_throughput", "rejected")
+                              else 0 if c == "rejected" and float(row[c]).is_integer() else 1)
+                        for c, _, scale in columns)
         lines.append(line)
     return "\n".join(lines)
 
