@@ -459,8 +459,6 @@ def ttft_parts_note(row: dict) -> str:
     return TTFT_PARTS_NOTE + (FROM_SEND_NOTE if client is not None and not _is_nan(client) else "")
 
 
-
-
 def ttft_parts_figure(row: dict) -> dict | None:
     """One stacked bar of the run's mean TTFT parts in milliseconds (None when the run has none)."""
     parts = [(name, row.get(f"{name}_mean")) for name in TTFT_PART_LABELS]

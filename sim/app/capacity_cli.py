@@ -201,11 +201,12 @@ def format_capacity(capacity, keys: list[str], slo) -> str:
     measured = [f"{key}_at_capacity" for key in slo.limits()]
     # Latencies in capacity.csv are in seconds; shown in `unit`, each multiplied by `per_second`.
     unit, per_second = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
-    head = ("".join(f"{axis_name(k):>14}" for k in keys) + f"{'rate x':>9}{'offered/s':>11}"
+    widths = [max(14, len(axis_name(k)) + 2) for k in keys]  # ("cache-aware window" is longer than 14)
+    head = ("".join(f"{axis_name(k):>{w}}" for k, w in zip(keys, widths)) + f"{'rate x':>9}{'offered/s':>11}"
             + "".join(f"{k.removesuffix('_at_capacity') + ' ' + unit:>12}" for k in measured) + f"{'probes':>8}  status")
     lines = [f"capacity: {slo.describe()}", head]
     for _, row in capacity.iterrows():
-        line = "".join(f"{row[k]!s:>14}" for k in keys)
+        line = "".join(f"{row[k]!s:>{w}}" for k, w in zip(keys, widths))
         rate_scale, rate = row["capacity_rate_scale"], row["capacity_request_rate"]
         line += f"{rate_scale:>9.3g}" if rate_scale is not None and rate_scale == rate_scale else f"{'-':>9}"
         # (the arrival rate offered at capacity, not the throughput achieved: capacity.csv has both)

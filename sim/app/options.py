@@ -62,16 +62,14 @@ def check_named(flag: str, value) -> None:
 
 BACKENDS = ("costmodel", "real")
 # A vLLM release as its tables and its pip versions name it: 0.12.0, 0.10.1.1, 0.12.0rc1, 0.11.0.post1.
+VLLM_VERSION = re.compile(r"\d+(\.\d+){1,3}(rc\d+|\.post\d+|\.dev\d+)?")
 V1_DEFAULT_RELEASE = (0, 8)  # the first vLLM whose engine is V1 by default (VLLM_USE_V1=1)
 
 
 def release_of(version: str) -> tuple[int, int]:
-    """A vLLM version's (major, minor): 0.10.1.1 -> (0, 10)."""
+    """A vLLM version's (major, minor), of one VLLM_VERSION matches: 0.10.1.1 -> (0, 10)."""
     major, minor = version.split(".")[:2]
     return int(major), int(re.match(r"\d+", minor).group())  # type: ignore[union-attr]
-
-
-VLLM_VERSION = re.compile(r"\d+(\.\d+){1,3}(rc\d+|\.post\d+|\.dev\d+)?")
 DEFAULT_DEPLOYMENT = (1, "bf16", "auto")
 # --moe-kernel's values: vLLM's own choice, or a kernel a launch script names (the cost model's
 # MOE_KERNELS, backends/costmodel/optables/moe.py, not imported here to keep the CLI's start light)
