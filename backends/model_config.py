@@ -1129,7 +1129,8 @@ def _nas_fields(raw: dict, where: str) -> dict:
     Refused, one line each: block_configs missing or of the wrong length or shape; replace_with_linear
     (vLLM does not read it and builds full attention or an MLP in its place, whose weights the
     checkpoint lacks); n_heads_in_group that does not divide num_attention_heads; ffn_mult not a
-    number above 0; window, sink and sparsity settings, which vLLM ignores (it would attend the whole
+    number above 0, or one so small its MLP is 0 wide (an empty LlamaMLP, not a no-op: it keeps its
+    norm and all-reduce); window, sink and sparsity settings, which vLLM ignores (it would attend the whole
     context); an activation other than silu (vLLM's LlamaMLP refuses it); q/k/v/o or MLP biases;
     no layer with attention (vLLM's convertor raises) or none with an MLP; layer 0 without attention
     before an MLP (DeciLMDecoderLayer.forward would hand its MLP's norm no residual and fail); and
@@ -1197,7 +1198,12 @@ def _nas_fields(raw: dict, where: str) -> dict:
             mult = ffn.get("ffn_mult")
             if not (isinstance(mult, (int, float)) and not isinstance(mult, bool) and math.isfinite(mult) and mult > 0):
                 raise ServesimError(f"{where}: {at}.ffn.ffn_mult = {mult!r}, expected a number above 0")
-            widths.append(ffn_mult_to_intermediate_size(mult, hidden))
+            width = ffn_mult_to_intermediate_size(mult, hidden)
+            if width < 1:  # (0 is a no-op's width here: an empty MLP is not one, it keeps its norm and all-reduce)
+                raise ServesimError(f"{where}: {at}.ffn.ffn_mult = {mult!r} gives an MLP of intermediate size 0 "
+                                    f"(int(2 x ffn_mult x {hidden} / 3) = 0): vLLM would build an empty LlamaMLP, "
+                                    "which servesim cannot price; set ffn.no_op = true for a layer without an MLP")
+            widths.append(width)
         else:
             widths.append(_whole(ffn, "intermediate_size", f"{where}: {at}.ffn", minimum=1))
     if not any(attention):

@@ -206,6 +206,20 @@ def test_an_odd_block_config_is_refused_in_one_line(tmp_path, change, message):
     assert "\n" not in str(e.value) and "config.json" in str(e.value)
 
 
+def test_an_ffn_mult_that_rounds_to_an_mlp_of_width_0_is_refused(tmp_path):
+    """At hidden 1536, ffn_mult 0.0009 gives int(2 x 0.0009 x 1536 / 3) = int(0.9216) = 0, a multiple
+    of 256 already, so vLLM's `_ffn_mult_to_intermediate_size` builds an MLP 0 wide: a LlamaMLP with
+    its post_attention_layernorm and all-reduce, not the no-op that width 0 means in `mlp_widths`.
+    It was read as a no-op, a norm and an all-reduce short; it is refused. ffn_mult 0.001 gives
+    int(1.024) = 1, up to 256, and is read."""
+    blocks = [block(4, 2.0), block(4, 0.0009)]
+    with pytest.raises(ServesimError, match=r"block_configs\[1\].ffn.ffn_mult = 0.0009 gives an MLP of "
+                                            r"intermediate size 0 \(int\(2 x ffn_mult x 1536 / 3\) = 0\)") as e:
+        tiny(tmp_path, blocks)
+    assert "\n" not in str(e.value) and "config.json" in str(e.value)
+    assert tiny(tmp_path, [block(4, 2.0), block(4, 0.001)]).mlp_widths == (2048, 256)
+
+
 def test_a_no_op_blocks_other_settings_are_not_read(tmp_path):
     """The remote DeciLM config clears a no-op attention's heads, window and sinks; vLLM reads none."""
     b = block(4, 1.0, attention_no_op=True)
