@@ -1132,8 +1132,8 @@ def _nas_fields(raw: dict, where: str) -> dict:
     number above 0, or one so small its MLP is 0 wide (an empty LlamaMLP, not a no-op: it keeps its
     norm and all-reduce); window, sink and sparsity settings, which vLLM ignores (it would attend the whole
     context); an activation other than silu (vLLM's LlamaMLP refuses it); q/k/v/o or MLP biases;
-    no layer with attention (vLLM's convertor raises) or none with an MLP; layer 0 without attention
-    before an MLP (DeciLMDecoderLayer.forward would hand its MLP's norm no residual and fail); and
+    no layer with attention (vLLM's convertor raises) or none with an MLP; an MLP before the first layer
+    with attention (DeciLMDecoderLayer.forward would hand its MLP's norm no residual and fail); and
     attention layers with different KV head counts: vLLM serves them (its full-attention layers of
     different page sizes share one KV cache group, UniformTypeKVCacheSpecs in
     vllm/v1/kv_cache_interface.py), but servesim's cost models price one KV head count for every
@@ -1212,9 +1212,12 @@ def _nas_fields(raw: dict, where: str) -> dict:
     if not any(widths):
         raise ServesimError(f"{where}: every block_configs entry has ffn.no_op = true: servesim prices a model with "
                             "at least one MLP")
-    if not attention[0] and widths[0]:
-        raise ServesimError(f"{where}: block_configs[0].attention.no_op = true before an MLP: vLLM's "
-                            "DeciLMDecoderLayer.forward gives that MLP's norm no residual to add and fails")
+    first = attention.index(True)
+    early = next((i for i in range(first) if widths[i]), None)
+    if early is not None:  # (the residual is None until the first attention layer's input_layernorm sets it)
+        raise ServesimError(f"{where}: block_configs[{early}] has an MLP before the first layer with attention "
+                            f"(block_configs[{first}]): vLLM's DeciLMDecoderLayer.forward gives that MLP's norm no "
+                            "residual to add and fails")
     if len(kv_heads) > 1:
         (a, i), (b, j) = list(kv_heads.items())[:2]
         raise ServesimError(f"{where}: block_configs give attention layers different KV heads ({a} in layer {i}, {b} "

@@ -180,7 +180,8 @@ def broken(change):
                                                                 r"num_attention_heads \(12\)"),
     (lambda b, t: b[0]["attention"].update(n_heads_in_group=None), r"n_heads_in_group = None, expected a whole"),
     (lambda b, t: b[0]["attention"].update(no_op=True), r"every block_configs entry has attention.no_op = true"),
-    (lambda b, t: b.reverse(), r"block_configs\[0\].attention.no_op = true before an MLP"),
+    (lambda b, t: b.reverse(), r"block_configs\[0\] has an MLP before the first layer with attention "
+                               r"\(block_configs\[1\]\)"),
     (lambda b, t: b[0]["attention"].update(replace_with_linear=True),
      r"attention.replace_with_linear = true: vLLM's DeciLMDecoderLayer does not read it"),
     (lambda b, t: b[1]["ffn"].update(replace_with_linear=True), r"block_configs\[1\].ffn.replace_with_linear = true"),
@@ -218,6 +219,20 @@ def test_an_ffn_mult_that_rounds_to_an_mlp_of_width_0_is_refused(tmp_path):
         tiny(tmp_path, blocks)
     assert "\n" not in str(e.value) and "config.json" in str(e.value)
     assert tiny(tmp_path, [block(4, 2.0), block(4, 0.001)]).mlp_widths == (2048, 256)
+
+
+def test_an_mlp_before_the_first_attention_layer_is_refused_whichever_layer(tmp_path):
+    """DeciModel.forward starts with residual None, and only an attention layer's input_layernorm sets it;
+    an MLP before that hands post_attention_layernorm no residual, and DeciLMDecoderLayer.forward's
+    `hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)` fails. Layer 0
+    with neither attention nor MLP, then layer 1 with an MLP only, is refused as layer 0 with an MLP
+    only is (it was read); a layer of neither before the first attention is served."""
+    nothing = block(attention_no_op=True, ffn_no_op=True)
+    with pytest.raises(ServesimError, match=r"block_configs\[1\] has an MLP before the first layer with attention "
+                                            r"\(block_configs\[2\]\)"):
+        tiny(tmp_path, [nothing, block(mult=1.0, attention_no_op=True), block(4, 2.0)])
+    m = tiny(tmp_path, [nothing, block(4, 2.0), block(mult=1.0, attention_no_op=True)])
+    assert m.attention_layers == (False, True, False) and m.mlp_widths == (0, 2048, 1024)
 
 
 def test_a_no_op_blocks_other_settings_are_not_read(tmp_path):
