@@ -1198,7 +1198,9 @@ def _nas_fields(raw: dict, where: str) -> dict:
             mult = ffn.get("ffn_mult")
             if not (isinstance(mult, (int, float)) and not isinstance(mult, bool) and math.isfinite(mult) and mult > 0):
                 raise ServesimError(f"{where}: {at}.ffn.ffn_mult = {mult!r}, expected a number above 0")
-            width = ffn_mult_to_intermediate_size(mult, hidden)
+            # (the checkpoint's own DeciLM config, which vLLM loads with trust_remote_code, rounds ffn_mult to
+            # 6 places before vLLM reads it: block_config.py, FFNConfig.__post_init__)
+            width = ffn_mult_to_intermediate_size(round(mult, 6), hidden)
             if width < 1:  # (0 is a no-op's width here: an empty MLP is not one, it keeps its norm and all-reduce)
                 raise ServesimError(f"{where}: {at}.ffn.ffn_mult = {mult!r} gives an MLP of intermediate size 0 "
                                     f"(int(2 x ffn_mult x {hidden} / 3) = 0): vLLM would build an empty LlamaMLP, "

@@ -235,6 +235,16 @@ def test_an_mlp_before_the_first_attention_layer_is_refused_whichever_layer(tmp_
     assert m.attention_layers == (False, True, False) and m.mlp_widths == (0, 2048, 1024)
 
 
+def test_ffn_mult_is_rounded_to_6_places_as_the_checkpoints_config_reads_it(tmp_path):
+    """vLLM reads block_configs through the checkpoint's own DeciLMConfig (trust_remote_code), whose
+    block_config.py FFNConfig.__post_init__ sets ffn_mult = round(ffn_mult, 6). At hidden 1536,
+    ffn_mult 0.25097655 unrounded gives int(256.9999872) = 256, a multiple already; rounded to
+    0.250977 it gives int(257.000448) = 257, up to 512, the MLP vLLM builds."""
+    m = tiny(tmp_path, [block(4, 2.0), block(4, 0.25097655)])
+    assert m.mlp_widths == (2048, 512)
+    assert ffn_mult_to_intermediate_size(0.25097655, 1536) == 256  # (the unrounded figure, once read)
+
+
 def test_a_no_op_blocks_other_settings_are_not_read(tmp_path):
     """The remote DeciLM config clears a no-op attention's heads, window and sinks; vLLM reads none."""
     b = block(4, 1.0, attention_no_op=True)
