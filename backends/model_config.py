@@ -1192,8 +1192,9 @@ def _nas_fields(raw: dict, where: str) -> dict:
             widths.append(0)
             continue
         act = ffn.get("hidden_act", default_act)
-        if act != "silu":
-            raise ServesimError(f"{where}: {at}.ffn hidden_act = {act!r}: vLLM's LlamaMLP runs silu only")
+        if act != "silu":  # (named where it is set: the block's own, else the top level's that it inherits)
+            field = f"{at}.ffn.hidden_act" if "hidden_act" in ffn else "hidden_act"
+            raise ServesimError(f"{where}: {field} = {act!r}: vLLM's LlamaMLP runs silu only")
         if "ffn_mult" in ffn or "intermediate_size" not in ffn:
             mult = ffn.get("ffn_mult")
             if not (isinstance(mult, (int, float)) and not isinstance(mult, bool) and math.isfinite(mult) and mult > 0):

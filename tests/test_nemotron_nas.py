@@ -195,7 +195,9 @@ def broken(change):
      r"use_prefill_window_in_sink_attention = 'yes', expected true or false"),
     (lambda b, t: b.__setitem__(1, block(6, 1.0)), r"different KV heads \(3 in layer 0, 2 in layer 1\)"),
     (lambda b, t: [x.__setitem__("ffn", {"no_op": True}) for x in b], r"every block_configs entry has ffn.no_op"),
-    (lambda b, t: t.update(hidden_act="gelu"), r"hidden_act = 'gelu': vLLM's LlamaMLP runs silu only"),
+    (lambda b, t: t.update(hidden_act="gelu"), r"config.json: hidden_act = 'gelu': vLLM's LlamaMLP runs silu only"),
+    (lambda b, t: t.update(hidden_act=None), r"config.json: hidden_act = None: vLLM's LlamaMLP runs silu only"),
+    (lambda b, t: b[0]["ffn"].update(hidden_act="relu"), r"block_configs\[0\].ffn.hidden_act = 'relu': vLLM's LlamaMLP"),
     (lambda b, t: t.update(mlp_bias=True), r"mlp_bias = true: servesim prices nemotron-nas"),
     (lambda b, t: t.update(sliding_window=4096), r"sliding_window = 4096: sliding windows in a nemotron-nas"),
 ])
