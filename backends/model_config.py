@@ -1155,7 +1155,9 @@ def _nas_fields(raw: dict, where: str) -> dict:
         if _flag(raw, field, where, False):
             raise ServesimError(f"{where}: {field} = true: servesim prices nemotron-nas (DeciLM) layers without biases")
     default_act = raw.get("hidden_act", "silu")
-    attention, widths, kv_heads = [], [], {}
+    attention: list[bool] = []
+    widths: list[int] = []
+    kv_heads: dict[int, int] = {}  # {KV heads: the first layer with that many}
     for i, block in enumerate(blocks):
         at = f"block_configs[{i}]"
         if not (isinstance(block, dict) and isinstance(block.get("attention"), dict)
