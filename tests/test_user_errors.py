@@ -699,3 +699,19 @@ def test_the_rows_a_trace_dropped_are_recorded_with_the_run(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["options"]["trace_dropped"] == {"0 prompt_tokens": 2, "0 output_tokens": 1}
     assert summary["completed"] + summary["rejected"] + sum(summary["options"]["trace_dropped"].values()) == 5
+
+
+def test_vllm_version_on_a_system_without_tables_says_so(tmp_path, capsys):
+    """--vllm-version on a system the package has no vLLM tables for (h100_pcie) was refused naming a missing
+    gemm_perf table folder, though the run without the flag runs on the roofline."""
+    pytest.importorskip("aiconfigurator_core")
+    from sim.app.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n")
+    assert main(["replay", str(trace), "--hardware", "h100_pcie", "--vllm-version", "0.12.0",
+                 "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "sim: error: --vllm-version prices the run from the hardware's system's vLLM operator tables, and h100_pcie "
+        "has none (sim hardware: the roofline only); leave --vllm-version out to run it on the roofline\n")
+    assert main(["replay", str(trace), "--hardware", "h100_pcie", "--out", str(tmp_path / "r"), "--quiet"]) == 0

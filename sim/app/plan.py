@@ -335,6 +335,12 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
             fusion = options.allreduce_fusion_max_mb
             found = None if options.vllm_version or fusion else matching_profile(
                 model, hardware, options.tp, options.dtype, options.kv_cache_dtype)
+            if found is None and backend is None and build_backend and hardware.system is not None \
+                    and not system_has_tables(hardware.system) and (options.vllm_version is not None or fusion):
+                flag = "--vllm-version" if options.vllm_version is not None else "--allreduce-fusion-max-mb"
+                raise ServesimError(f"{flag} prices the run from the hardware's system's vLLM operator tables, and "
+                                    f"{hardware.system} has none (sim hardware: the roofline only); leave {flag} out "
+                                    "to run it on the roofline")
             if found is None and backend is None and build_backend and (
                     options.vllm_version is not None or fusion or hardware.system is not None
                     and system_has_tables(hardware.system)):
