@@ -203,6 +203,8 @@ def test_a_pcie_system_without_tables_runs_tp2_as_a_ring_over_its_link(package, 
     summary = replay(tmp_path, "--hardware", "h100_pcie", "--tp", "2")
     assert summary["hardware"]["pcie_bandwidth"] == 64e9 and summary["hardware"]["nvlink_bandwidth"] is None
     assert "operator_tables" not in summary["options"]  # no vLLM tables for it: the roofline
+    assert summary["options"]["cost_model"].endswith(  # (said, as a tables-priced run says its own)
+        "; all-reduce: a ring over pcie at 64 GB/s a direction plus 5 us (no measured all-reduce table)")
 
 
 def test_tp_past_a_node_turns_the_custom_all_reduce_off_and_rings_over_the_network(package, tmp_path):
