@@ -715,3 +715,14 @@ def test_vllm_version_on_a_system_without_tables_says_so(tmp_path, capsys):
         "sim: error: --vllm-version prices the run from the hardware's system's vLLM operator tables, and h100_pcie "
         "has none (sim hardware: the roofline only); leave --vllm-version out to run it on the roofline\n")
     assert main(["replay", str(trace), "--hardware", "h100_pcie", "--out", str(tmp_path / "r"), "--quiet"]) == 0
+
+
+def test_a_capture_size_below_the_running_requests_warns_that_eager_launches_are_not_priced():
+    """A smaller --max-cudagraph-capture-size priced a small model's decode steps faster (unpadded GEMMs, no
+    launch time), where vLLM's eager steps are slower: the command says so."""
+    from sim.app.plan import resolve
+
+    assert not any("--max-cudagraph-capture-size" in w for w in resolve(ReplayOptions()).warnings())
+    warned = [w for w in resolve(ReplayOptions(max_cudagraph_capture_size=8)).warnings()
+              if w.startswith("--max-cudagraph-capture-size 8: decode steps of more requests run without CUDA")]
+    assert len(warned) == 1 and "without the CPU time of launching each kernel" in warned[0]

@@ -208,6 +208,14 @@ class RunPlan:
             found.append(FUSION_AT_TP1)
         if self.model.index_topk and self.options.kv_cache_dtype == "fp8" and is_blackwell(self.hardware.name):
             found.append(SPARSE_FP8_ON_BLACKWELL)
+        capture = self.options.max_cudagraph_capture_size
+        if capture is not None and capture < self.options.scheduler.max_num_seqs:
+            # (steps past the graphs are priced by their kernels' GPU time, unpadded; the CPU time of launching
+            # each kernel, which an eager decode step of a small model waits on, is not priced)
+            found.append(f"--max-cudagraph-capture-size {capture}: decode steps of more requests run without CUDA "
+                         "graphs and are priced by their kernels' GPU time alone, unpadded, without the CPU time of "
+                         "launching each kernel; vLLM's eager steps of a small model wait on those launches, so "
+                         "they are slower than priced here")
         for p in plans:  # an operator the measured tables were meant to price, left to the roofline
             if hasattr(p.backend, "cost_model_summary"):
                 for op, source in p.backend.cost_model_summary().get("operators", {}).items():
