@@ -110,7 +110,9 @@ def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
     ("osl", 10**9, "osl is 1,000,000,000, more than 16,777,216 tokens"),
     ("isl", 16_777_210, "isl + osl is 16,777,226 tokens, more than 16,777,216"),
     ("tp_size", 10**6, "tp_size is 1,000,000, more than 1,024 GPUs"),
-    ("batch_size", 10**9, "concurrency is 1,000,000,000, more than 1,048,576 requests"),
+    ("batch_size", 10**9, "batch_size is 1,000,000,000, more than 1,048,576 requests"),
+    ("batch_size", "abc", "batch_size must be a positive whole number, got 'abc'"),  # (it said concurrency)
+    ("isl", "", "isl must be a positive whole number, got ''"),  # (a blank cell: it said nan)
     ("batch_size", 2**20, "concurrency 1,048,576 x --prompts-per-client 10 is 10,485,760 requests, more than "
                           "10,000,000"),
 ])

@@ -529,10 +529,12 @@ def layout_number(row, column: str) -> int | None:
 
 
 def _row_number(row, column: str, where: str, whole: bool = True, optional: bool = False,
-                most: Range | None = None) -> None:
+                most: Range | None = None, named: str | None = None) -> None:
     """A row's `column` is a positive number (whole where `whole`; blank allowed where `optional`; at
-    most `most.high`, with its reason), else the file is refused naming the row, the column and the value."""
+    most `most.high`, with its reason), else the file is refused naming the row, the column (`named`:
+    the file's column it came from) and the value."""
     value = row.get(column, "")
+    column = named or column
     text = str(value).strip()
     if optional and text in ("", "nan"):
         return
@@ -542,7 +544,8 @@ def _row_number(row, column: str, where: str, whole: bool = True, optional: bool
         number = math.nan
     if not (math.isfinite(number) and number > 0 and (not whole or number.is_integer())):
         kind = "a positive whole number" if whole else "a positive number"
-        raise ServesimError(f"{where}: {column} must be {kind}, got {value!r}")
+        shown = "" if isinstance(value, float) and math.isnan(value) else value  # (a blank cell read as NaN)
+        raise ServesimError(f"{where}: {column} must be {kind}, got {shown!r}")
     if most is not None and number > most.high:
         raise ServesimError(f"{where}: {column} is {number:,.0f}, more than {most.high:,.0f} {most.unit} ({most.reason})")
 
@@ -561,7 +564,9 @@ def check_row(row, where: str) -> None:
     # (--max-model-len, --max-num-batched-tokens), or, below those, ran for hours.
     for column, most in (("isl", REQUEST_TOKENS), ("osl", REQUEST_TOKENS), ("tp_size", TENSOR_PARALLEL),
                          ("concurrency", SEQUENCES)):
-        _row_number(row, column, where, most=most)
+        # (the concurrency is the file's batch_size where its source states none: named as the file names it)
+        named = "batch_size" if column == "concurrency" and not isinstance(stated, str) else None
+        _row_number(row, column, where, most=most, named=named)
     if float(row["isl"]) + float(row["osl"]) > MODEL_LEN.high:
         raise ServesimError(f"{where}: isl + osl is {float(row['isl']) + float(row['osl']):,.0f} tokens, more than "
                             f"{MODEL_LEN.high:,.0f} ({MODEL_LEN.reason})")
