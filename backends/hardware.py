@@ -101,6 +101,10 @@ class Hardware:
         raw = read_json_file(p, "hardware file")
         names = [f.name for f in fields(cls) if f.name not in ("name", "system")]
         unknown = sorted(set(raw) - set(names))
+        if "name" in unknown or "system" in unknown:  # summary.json's hardware object, copied whole
+            raise ServesimError(f"{p}: field {'name' if 'name' in unknown else 'system'!r}: a hardware file is named "
+                                "by its file's name, and a system of the tables extra by --hardware SYSTEM; leave "
+                                "name and system out (summary.json's hardware object carries both)")
         if unknown:
             raise ServesimError(f"{p}: unknown field {unknown[0]!r}; a hardware file has {', '.join(names)}")
         missing = [n for n in names if n not in raw and n not in ("description", "pcie_bandwidth", "gpus_per_node",

@@ -84,6 +84,8 @@ def test_hardware_presets_and_files(tmp_path):
     ({"memory_bytes": None}, "memory_bytes must be a whole number from 134,217,728 to"),
     ({"peak_bf16_flops": "fast"}, "peak_bf16_flops must be a number from 1e+09 to 1e+18 FLOP/s, got 'fast'"),
     ({"hbm": 1}, "unknown field 'hbm'"),
+    # summary.json's hardware object copied whole: said what to leave out (it read "unknown field 'name'")
+    ({"name": "h100_sxm", "system": "h100_sxm"}, "field 'name': a hardware file is named by its file's name"),
     ({"nvlink_bandwidth": -1}, "nvlink_bandwidth must be a number from 1e+08 to 1e+14 bytes/s, got -1"),
 ])
 def test_bad_hardware_files_name_the_file_and_field(tmp_path, change, message):
@@ -94,7 +96,7 @@ def test_bad_hardware_files_name_the_file_and_field(tmp_path, change, message):
     with pytest.raises(ServesimError) as e:
         resolve_hardware(str(path))
     assert message in str(e.value) and str(path) in str(e.value)
-    path.write_text(json.dumps({k: v for k, v in spec.items() if k not in ("memory_bandwidth", "hbm")}))
+    path.write_text(json.dumps({k: v for k, v in spec.items() if k not in ("memory_bandwidth", "hbm", "name", "system")}))
     with pytest.raises(ServesimError, match="no memory_bandwidth in it"):
         resolve_hardware(str(path))
     with pytest.raises(ServesimError, match="not a preset"):
