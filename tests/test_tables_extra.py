@@ -61,6 +61,8 @@ def test_the_layout_reads_each_kind_at_its_version_and_follows_reuse_yaml():
     assert "the nearest to 0.22.0" in tables.versions["gemm"][1]
     # 0.22.0 has no generation table of its own: its reuse.yaml reads 0.20.0's.
     assert tables.files["generation_attention"].parent.name == "0.20.0"
+    # ... and says so wherever the version is said (summary.json, a profile's source): it read "as asked"
+    assert tables.versions["generation_attention"][1] == "as asked; its rows read from 0.20.0 by its reuse.yaml"
     assert tables.files["context_attention"].parent.name == "0.22.0" and tables.nccl is not None
     d = derive(tables, TINY_1024)
     # The attention kernel is the one the version measured: 0.22.0's context rows are FlashAttention 2.
