@@ -315,7 +315,7 @@ class ModelConfig:
         """The per-layer matmuls on one GPU under tensor parallelism of degree `tp`: fused QKV and
         gate-up split by output columns, O and down by input rows (each then all-reduced)."""
         self.check_tp(tp)
-        if self.num_experts or self.kv_lora_rank or self.attention_layers or self.mlp_widths:
+        if self.num_experts or self.kv_lora_rank or self.has_layer_blocks:
             raise ServesimError(f"model {self.name}: its layers are not all one dense decoder layer; "
                                 "price it with `layer_gemms`")
         h, hd = self.hidden_size, self.head_dim
@@ -455,11 +455,16 @@ class ModelConfig:
     @property
     def num_sublayers(self) -> int:
         """Attention blocks and MLP (or MoE) blocks together, each ending in a row-parallel layer
-        whose output is all-reduced under TP: two a layer, but a DeciLM layer's no-op attention or
-        MLP has none (vLLM's DeciLMDecoderLayer skips it, its o_proj or down_proj with it)."""
-        if self.attention_layers or self.mlp_widths:
-            return self.num_attention_layers + self.num_dense_mlp_layers
-        return 2 * self.num_hidden_layers
+        whose output is all-reduced under TP, with its own add+RMSNorm before it: two a layer, but a
+        DeciLM layer's no-op attention or MLP has none (vLLM's DeciLMDecoderLayer skips it, its norm
+        and its o_proj or down_proj with it)."""
+        return self.num_attention_layers + self.num_dense_mlp_layers + self.num_moe_layers
+
+    @property
+    def has_layer_blocks(self) -> bool:
+        """Whether the layers are DeciLM's, each of its own attention (or none) and MLP width
+        (`attention_layers`, `mlp_widths`), not one decoder layer repeated."""
+        return bool(self.attention_layers or self.mlp_widths)
 
     @property
     def num_sliding_layers(self) -> int:
@@ -583,7 +588,7 @@ class ModelConfig:
             return k * n if count else linear_bytes(k, n, dtype)
 
         small = 1 if count else 2  # bf16 vectors
-        h, hd, layers = self.hidden_size, self.head_dim, self.num_hidden_layers
+        h, hd = self.hidden_size, self.head_dim
         heads = self.num_attention_heads // tp
         attention = indexer = 0
         if self.kv_lora_rank:
@@ -617,10 +622,9 @@ class ModelConfig:
                 attention += small * 2 * hd
         # (a layer that shares an earlier layer's top-k builds no indexer, and vLLM drops the checkpoint's
         # indexer weights for it: DeepseekV2ForCausalLM.load_weights, indexer_present_prefixes)
-        # (a DeciLM layer builds input_layernorm with its attention and post_attention_layernorm with
-        # its MLP only: one norm per sublayer)
-        norms = self.num_sublayers if self.attention_layers or self.mlp_widths else \
-            layers * (4 if self.sandwich_norms else 2)
+        # (one norm per sublayer, two with Gemma's sandwich norms; a DeciLM layer builds input_layernorm
+        # with its attention and post_attention_layernorm with its MLP only)
+        norms = self.num_sublayers * (2 if self.sandwich_norms else 1)
         parts = {"attention": self.num_attention_layers * attention + self.num_indexer_layers * indexer,
                  "norms": small * (norms * h + h)}
         if self.num_dense_mlp_layers:

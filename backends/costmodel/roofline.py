@@ -257,7 +257,7 @@ class MoERooflineCostModel(CostModel):
         self._decode_s_per_context = m.num_attention_layers * max(per_key_flops / att_flops_s,
                                                                   per_key_bytes / self._bytes_s)
         self._decode_s_per_request = m.num_attention_layers * per_request_bytes / self._bytes_s
-        self._kv_token_bytes = m.kv_bytes_per_token(tp, kv_cache_dtype) / m.num_hidden_layers  # (the mean layer)
+        self._kv_token_bytes = m.kv_bytes_per_token(tp, kv_cache_dtype)  # every layer's that keeps a cache
         self._fp4_native = fp4_native(hardware.name)
 
     def _gemm(self, t, k: int, n: int, dtype: str, weight_fraction=1.0):
@@ -313,7 +313,6 @@ class MoERooflineCostModel(CostModel):
         """The parts of `dense` that depend on the token count alone: (linear, router, moe, kv_write,
         the layers' elementwise seconds, allreduce)."""
         m, b, h = self.model, ACTIVATION_BYTES, self.model.hidden_size
-        layers = m.num_hidden_layers
         linear = self._attention_linear_all(t)
         mlp_width = 0.0
         for width, num_layers in m.dense_mlp_widths.items():  # (DeciLM: each width its own GEMMs)
@@ -333,14 +332,12 @@ class MoERooflineCostModel(CostModel):
             i = m.moe_intermediate_size // self.moe_tp
             moe = self._dense_moe(t)
             mlp_width += moe_layers * 3 * i * m.num_experts_per_tok / self.ep
-        kv_write = layers * t * self._kv_token_bytes / self._bytes_s
+        kv_write = t * self._kv_token_bytes / self._bytes_s
         q_k_width = (self._heads + self._kv_heads) * (m.qk_rope_head_dim if m.kv_lora_rank else m.head_dim)
         norms = 8 if m.sandwich_norms else 6
-        if m.attention_layers or m.mlp_widths:  # DeciLM: an add+RMSNorm per sublayer, RoPE per attention layer
-            layers_elementwise = (t * b * (m.num_sublayers * norms // 2 * h + m.num_attention_layers * 2 * q_k_width)
-                                  + t * b * mlp_width) / self._bytes_s
-        else:
-            layers_elementwise = (layers * t * b * (norms * h + 2 * q_k_width) + t * b * mlp_width) / self._bytes_s
+        # (the norms' passes per sublayer, RoPE's in the attention layers: a DeciLM layer may lack either)
+        layers_elementwise = (t * b * (m.num_sublayers * norms // 2 * h + m.num_attention_layers * 2 * q_k_width)
+                              + t * b * mlp_width) / self._bytes_s
         allreduce = float(tp_allreduce_seconds(m, t, self.tp, self.hardware)) if self.tp > 1 else 0.0
         return linear, router, moe, kv_write, layers_elementwise, allreduce
 

@@ -74,7 +74,7 @@ def check_runnable_moe(cfg) -> None:
     """One line refusing what the real backend does not run: MLA, sliding windows, shared experts,
     MoE families other than Qwen3-MoE and Mixtral, and DeciLM's per-layer blocks (nemotron-nas); the
     cost model prices them."""
-    if getattr(cfg, "mlp_widths", ()) or getattr(cfg, "attention_layers", ()):
+    if getattr(cfg, "has_layer_blocks", False):
         raise ServesimError(f"model {cfg.name}: DeciLM's per-layer blocks (model_type nemotron-nas: layers without "
                             f"attention or MLP, MLPs of their own widths) are not in the real backend; {COST_MODEL}")
     kv_lora_rank = getattr(cfg, "kv_lora_rank", None)

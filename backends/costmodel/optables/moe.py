@@ -758,15 +758,15 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         """The elementwise kernels of one step (`_derive_small_kernels`): its layers' (the KV-cache
         write counted apart, in kv_write), the embedding and the final norm."""
         m = self.model
-        per_layer = 4 if m.sandwich_norms else 2  # the fused add+RMSNorms
+        norms = 2 if m.sandwich_norms else 1  # the fused add+RMSNorms of each sublayer (attention, MLP)
+        per_attention = 0
         if self._mla is None:
-            per_layer += 1 + (1 if m.qk_norm else 0)  # RoPE; Qwen3's q/k norms
+            per_attention += 1 + (1 if m.qk_norm else 0)  # RoPE; Qwen3's q/k norms
         if self.weights_dtype in ("fp8", "fp8-block", "nvfp4"):
-            per_layer += 1  # the attention output's quantization
-        if m.attention_layers or m.mlp_widths:  # DeciLM: an add+RMSNorm per sublayer, the rest per attention layer
-            kernels = float(m.num_sublayers + m.num_attention_layers * (per_layer - 2) + m.num_dense_mlp_layers)
-            return kernels + 2
-        kernels = float(m.num_hidden_layers * per_layer + m.num_dense_mlp_layers)  # SiLU-and-mul of dense MLPs
+            per_attention += 1  # the attention output's quantization
+        # (a DeciLM layer's no-op attention or MLP has neither its norm nor its kernels)
+        kernels = float(m.num_sublayers * norms + m.num_attention_layers * per_attention
+                        + m.num_dense_mlp_layers)  # SiLU-and-mul of dense MLPs
         if m.num_experts:
             kernels += m.num_moe_layers * ((0 if routing_in_table else 1)  # the router's top-k
                                            + (1 if m.shared_expert_intermediate_size else 0))
