@@ -48,6 +48,12 @@ def axis_name(axis: str) -> str:
     return SHORT_NAMES.get(axis, axis)
 
 
+def axis_widths(axes: list[str]) -> list[int]:
+    """Each axis's column in a terminal table: 14 characters, or its name and two spaces where that is
+    longer ("cache-aware window" ran into the next column)."""
+    return [max(14, len(axis_name(a)) + 2) for a in axes]
+
+
 def format_axis(axis: str, value) -> str:
     """A value with its axis: 'budget 256', 'rate ×2', 'seed 1'; a policy, model or hardware alone."""
     if axis == "rate_scale":

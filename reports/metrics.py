@@ -217,6 +217,12 @@ def latency_unit(values) -> tuple[str, float]:
     return ("s", 1.0) if finite and max(finite) >= 100 else ("ms", 1e3)
 
 
+def latency_digits(unit: str) -> int:
+    """Decimals of a latency shown in `unit` (latency_unit's): seconds to the millisecond (a TPOT of
+    0.061 s beside an hour-long E2E is not 0.1), milliseconds to a tenth."""
+    return 3 if unit == "s" else 1
+
+
 def format_summary(summary: dict) -> str:
     """A short table for the terminal."""
     names = ("ttft", "tpot", "itl", "e2e", "scheduling_delay")
@@ -225,7 +231,7 @@ def format_summary(summary: dict) -> str:
     def rate(x: float | None, spec: str) -> str:  # None (nothing completed: summary.json's null) as "-", not 0
         return "-" if x is None else format(x, spec)
 
-    digits = 3 if unit == "s" else 1  # (seconds to the millisecond: a TPOT of 0.061 s is not 0.1)
+    digits = latency_digits(unit)
 
     def ms(x: float | None) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:10.{digits}f}"

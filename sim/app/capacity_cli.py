@@ -7,7 +7,7 @@ import argparse
 import itertools
 import sys
 
-from reports.axes import axis_name
+from reports.axes import axis_name, axis_widths
 from sim.app.progress import Progress
 from sim.app.sweep_cli import (
     _on_row,
@@ -201,7 +201,7 @@ def format_capacity(capacity, keys: list[str], slo) -> str:
     measured = [f"{key}_at_capacity" for key in slo.limits()]
     # Latencies in capacity.csv are in seconds; shown in `unit`, each multiplied by `per_second`.
     unit, per_second = latency_unit([v for k in measured if k in capacity for v in capacity[k].tolist()])
-    widths = [max(14, len(axis_name(k)) + 2) for k in keys]  # ("cache-aware window" is longer than 14)
+    widths = axis_widths(keys)
     head = ("".join(f"{axis_name(k):>{w}}" for k, w in zip(keys, widths)) + f"{'rate x':>9}{'offered/s':>11}"
             + "".join(f"{k.removesuffix('_at_capacity') + ' ' + unit:>12}" for k in measured) + f"{'probes':>8}  status")
     lines = [f"capacity: {slo.describe()}", head]

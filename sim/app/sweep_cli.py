@@ -306,8 +306,8 @@ def _report_failures(frame) -> int:
 
 def format_sweep(frame) -> str:
     """Mean over seeds of the key metrics, one line per point of the other axes."""
-    from reports.axes import AXES
-    from reports.metrics import latency_unit
+    from reports.axes import AXES, axis_widths
+    from reports.metrics import latency_digits, latency_unit
 
     ok = frame[frame["status"] == "ok"] if len(frame) else frame
     if not len(ok):
@@ -319,21 +319,20 @@ def format_sweep(frame) -> str:
     rejected = ["rejected"] if "rejected" in ok and (ok["rejected"].fillna(0) > 0).any() else []
     means = ok.groupby(keys, sort=False)[["request_throughput", *rejected, *latencies]].mean().reset_index()
     unit, scale = latency_unit(means[list(latencies)].to_numpy().ravel().tolist())
-    columns = [("request_throughput", "req/s", 1), *(("rejected", "rejected", 1) for _ in rejected),
-               ("ttft_p50", "p50 TTFT", scale), ("ttft_p99", "p99 TTFT", scale),
-               ("itl_p99", "p99 TBT", scale), ("scheduling_delay_p50", "p50 delay", scale),
-               ("e2e_p99", "p99 E2E", scale)]
-    widths = [max(14, len(axis_name(k)) + 2) for k in keys]  # ("cache-aware window" is longer than 14)
-    head = "".join(f"{axis_name(k):>{w}}" for k, w in zip(keys, widths)) + "".join(f"{n:>11}" for _, n, _ in columns)
+    digits = latency_digits(unit)
+    # (column, label, scale, decimals; the rejected, a mean of counts over seeds, whole where it is one)
+    columns = [("request_throughput", "req/s", 1, 1), *(("rejected", "rejected", 1, None) for _ in rejected),
+               ("ttft_p50", "p50 TTFT", scale, digits), ("ttft_p99", "p99 TTFT", scale, digits),
+               ("itl_p99", "p99 TBT", scale, digits), ("scheduling_delay_p50", "p50 delay", scale, digits),
+               ("e2e_p99", "p99 E2E", scale, digits)]
+    widths = axis_widths(keys)
+    head = "".join(f"{axis_name(k):>{w}}" for k, w in zip(keys, widths)) + "".join(f"{n:>11}" for _, n, _, _ in columns)
     lines = [head + f"   (latencies in {unit})"]
     for _, row in means.iterrows():
         line = "".join(f"{row[k]!s:>{w}}" if not isinstance(row[k], float) else f"{row[k]:>{w}g}"
                        for k, w in zip(keys, widths))
-        # (latencies in seconds to the millisecond: a TBT of 0.034 s is not 0.0; the rejected, a mean of counts,
-        # whole where it is)
-        line += "".join(_cell(row[c] * scale, 3 if unit == "s" and c not in ("request_throughput", "rejected")
-                              else 0 if c == "rejected" and float(row[c]).is_integer() else 1)
-                        for c, _, scale in columns)
+        line += "".join(_cell(row[c] * s, (0 if float(row[c]).is_integer() else 1) if d is None else d)
+                        for c, _, s, d in columns)
         lines.append(line)
     return "\n".join(lines)
 
