@@ -64,12 +64,6 @@ BACKENDS = ("costmodel", "real")
 # A vLLM release as its tables and its pip versions name it: 0.12.0, 0.10.1.1, 0.12.0rc1, 0.11.0.post1.
 VLLM_VERSION = re.compile(r"\d+(\.\d+){1,3}(rc\d+|\.post\d+|\.dev\d+)?")
 V1_DEFAULT_RELEASE = (0, 8)  # the first vLLM whose engine is V1 by default (VLLM_USE_V1=1)
-
-
-def release_of(version: str) -> tuple[int, int]:
-    """A vLLM version's (major, minor), of one VLLM_VERSION matches: 0.10.1.1 -> (0, 10)."""
-    major, minor = version.split(".")[:2]
-    return int(major), int(re.match(r"\d+", minor).group())  # type: ignore[union-attr]
 DEFAULT_DEPLOYMENT = (1, "bf16", "auto")
 # --moe-kernel's values: vLLM's own choice, or a kernel a launch script names (the cost model's
 # MOE_KERNELS, backends/costmodel/optables/moe.py, not imported here to keep the CLI's start light)
@@ -226,7 +220,7 @@ class ReplayOptions:
         if self.vllm_version is not None and not VLLM_VERSION.fullmatch(self.vllm_version):
             raise ServesimError(f"--vllm-version takes a vLLM release such as 0.12.0 or 0.10.1.1, got "
                                 f"{self.vllm_version!r}")
-        if self.vllm_version is not None and release_of(self.vllm_version) < V1_DEFAULT_RELEASE:
+        if self.vllm_version is not None and before_vllm(self.vllm_version, V1_DEFAULT_RELEASE):
             raise ServesimError(f"--vllm-version {self.vllm_version}: servesim simulates vLLM's V1 engine, its "
                                 "default from 0.8.0 (an older server ran V0's scheduler and KV cache); give 0.8.0 or "
                                 "later")
