@@ -251,9 +251,8 @@ def _read_version(table: str, chosen: str, how: str, paths: list[Path]) -> Layou
         frame = both.drop_duplicates(subset=_key_columns(frames[0]), keep="first").reset_index(drop=True)
     donors = [path.parent.name for path in paths if path.parent.name != chosen]
     if donors:  # said wherever the version is said (summary.json, the terminal, a profile's source)
-        own = "its rows and" if len(paths) > 1 else "all"
-        how = f"{how}; {own} {donors[0]}'s rows by its reuse.yaml" if own != "all" else \
-            f"{how}; its rows read from {donors[0]} by its reuse.yaml"
+        how += (f"; its rows and {donors[0]}'s rows by its reuse.yaml" if len(paths) > 1
+                else f"; its rows read from {donors[0]} by its reuse.yaml")
     return LayoutTable(table, chosen, how, tuple(paths), frame)
 
 
