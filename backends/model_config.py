@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
@@ -434,10 +435,10 @@ class ModelConfig:
             return sum(1 for w in self.mlp_widths if w)
         return self.num_hidden_layers - self.num_moe_layers
 
-    @property
+    @cached_property
     def num_attention_layers(self) -> int:
         """The layers with attention (and a KV cache): every layer but a DeciLM layer whose
-        attention is a no-op."""
+        attention is a no-op. (Kept: the cost models read it every step.)"""
         return sum(self.attention_layers) if self.attention_layers else self.num_hidden_layers
 
     @property
