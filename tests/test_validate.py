@@ -538,7 +538,9 @@ def test_a_launch_scripts_kernel_the_tables_do_not_measure_is_said_per_row():
     llama = {**row, "system": "b200_sxm", "precision": "fp4", "model_path": "meta-llama/Llama-3.1-70B"}
     assert len(kernel_caveats(llama)) == 1 and "FlashInferCuteDslNvFp4LinearKernel" in kernel_caveats(llama)[0]
     assert kernel_caveats({**row, "model_path": "Qwen/Qwen3-235B-A22B-FP8"}) == []
-    assert kernel_caveats({**row, "silicon_data_source": "source_file=/x/aic-auto-gap-analysis/a.csv"}) == []
+    # The gap analysis's rows: no launch-script kernel, but the front end they were measured through
+    (caveat,) = kernel_caveats({**row, "silicon_data_source": "source_file=/x/aic-auto-gap-analysis/a.csv"})
+    assert "Dynamo" in caveat and "genai-perf" in caveat and "MARLIN" not in caveat
     # B200's fp4 rows: the one nvfp4 GEMM kernel the tables measure (vLLM 0.24's); not its fp8 rows.
     b200 = {**row, "system": "b200_sxm", "model_path": "meta-llama/Llama-3.1-70B", "precision": "fp4"}
     (caveat,) = kernel_caveats(b200)
@@ -634,3 +636,24 @@ def test_jobs_name_a_worker_that_died(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("sim: error: ") and "worker process" in err and "--jobs 1" in err, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not (SHARED / "silicon_llama3.1.csv").exists(), reason="needs ../shared/gpu-data")
+def test_the_gap_analysis_rows_say_they_were_measured_through_dynamo(tmp_path):
+    """Every row of AIConfigurator's gap analysis, dense or MoE, any framework, says in validate.csv's
+    notes that it was measured through Dynamo's front end, which servesim does not model; no other row does."""
+    import pandas as pd
+
+    from sim.app.validate import FRONT_END_CAVEAT
+
+    rows = pd.read_csv(SHARED / "silicon_qwen3_32b_tp2.csv").head(1)
+    llama = pd.read_csv(SHARED / "silicon_llama3.1.csv")
+    gap = llama[llama["silicon_data_source"].str.contains("aic-auto-gap-analysis")]
+    other = llama[~llama["silicon_data_source"].str.contains("aic-auto-gap-analysis")]
+    cut = pd.concat([rows, gap[gap["backend"] == "sglang"].head(1), other[other["system"] == "h100_sxm"].head(1)])
+    cut.to_csv(tmp_path / "cut.csv", index=False)
+    out = tmp_path / "out"
+    assert main(["validate", str(tmp_path / "cut.csv"), "--ops", str(SHARED), "--out", str(out), "--quiet",
+                 "--jobs", "1"]) == 0
+    notes = pd.read_csv(out / "validate.csv", keep_default_na=False)["notes"].tolist()
+    assert [FRONT_END_CAVEAT in n for n in notes] == [True, True, False]
