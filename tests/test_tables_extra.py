@@ -206,7 +206,7 @@ def test_a_pcie_system_without_tables_runs_tp2_as_a_ring_over_its_link(package, 
     assert summary["hardware"]["pcie_bandwidth"] == 64e9 and summary["hardware"]["nvlink_bandwidth"] is None
     assert "operator_tables" not in summary["options"]  # no vLLM tables for it: the roofline
     assert summary["options"]["cost_model"].endswith(  # (said, as a tables-priced run says its own)
-        "; all-reduce: a ring over pcie at 64 GB/s a direction plus 5 us (no measured all-reduce table)")
+        "; all-reduce: a ring over pcie at 64 GB/s a direction plus 6.5 us (no measured all-reduce table)")
 
 
 def test_tp_past_a_node_turns_the_custom_all_reduce_off_and_rings_over_the_network(package, tmp_path):
@@ -378,14 +378,45 @@ def test_a_hardware_file_states_its_pcie_link_and_summary_json_says_so(tmp_path)
     path.write_text(json.dumps(spec))
     summary = replay(tmp_path, "--hardware", str(path), "--tp", "2")
     assert summary["hardware"]["pcie_bandwidth"] == 32e9 and summary["hardware"]["nvlink_bandwidth"] is None
-    # The roofline's all-reduce: a ring over the PCIe link, 2 (T - 1) / T of the bytes, plus 5 us.
+    # The roofline's all-reduce: a ring over the PCIe link, 2 (T - 1) / T of the bytes, plus its
+    # launch and two hops (3.5 + 2 x 1.5 us).
     from backends.costmodel.tensor_parallel import tp_allreduce_seconds
     from backends.hardware import Hardware
     from backends.model_config import ModelConfig
 
     hw = Hardware.from_json(path)
     model = ModelConfig.from_preset("Llama-3.1-8B")
-    one = 1000 * model.hidden_size * 2 / 32e9 + 5e-6
+    one = 1000 * model.hidden_size * 2 / 32e9 + 6.5e-6
     assert tp_allreduce_seconds(model, 1000, 2, hw) == pytest.approx(2 * model.num_hidden_layers * one, rel=1e-12)
     path.write_text(json.dumps(dict(spec, pcie_bandwidth=None)))
     assert main(["replay", str(SAMPLE), "--out", str(tmp_path / "r2"), "--hardware", str(path), "--tp", "2"]) == 2
+
+
+def test_a_pcie_rings_fixed_time_grows_with_its_hops_as_the_packages_nccl_tables_measure(package):
+    """Over PCIe each step of a ring waits on a hop: the roofline's fixed time of an all-reduce and of
+    an all-gather among 2, 4 and 8 GPUs against NCCL's smallest messages on both PCIe systems the
+    package measures (within 15%); over NVLink one 5 us whatever the number of GPUs."""
+    import dataclasses
+    import importlib.util
+
+    import pandas as pd
+
+    from backends.costmodel.roofline import ring_seconds
+    from backends.costmodel.tensor_parallel import ALLREDUCE_LATENCY_S, allreduce_latency_s, collective_latency_s
+    from backends.hardware import HARDWARE
+
+    root = Path(importlib.util.find_spec("aiconfigurator_core").submodule_search_locations[0])
+    for system in ("l40s", "rtx_pro_6000_server"):
+        (path,) = (root / "systems" / "data" / system / "comm" / "nccl").glob("*/nccl_perf.parquet")
+        nccl = pd.read_parquet(path)
+        nccl = nccl[nccl["nccl_dtype"] == "half"]
+        for n in (2, 4, 8):
+            floor = nccl[nccl["num_gpus"] == n].groupby("op_name")["latency"].min() / 1e3  # ms -> s
+            assert allreduce_latency_s("pcie", n) == pytest.approx(floor["all_reduce"], rel=0.15), (system, n)
+            assert collective_latency_s("pcie", n, n - 1) == pytest.approx(floor["all_gather"], rel=0.15), (system, n)
+    assert [allreduce_latency_s("pcie", n) for n in (1, 2, 4, 8)] == pytest.approx([0.0, 6.5e-6, 12.5e-6, 24.5e-6])
+    assert [allreduce_latency_s("nvlink", n) for n in (2, 4, 8)] == [ALLREDUCE_LATENCY_S] * 3
+    # The MoE roofline's all-gather over a PCIe group: (n - 1) / n of the bytes, a launch and n - 1 hops.
+    pcie = dataclasses.replace(HARDWARE["H100-SXM"], nvlink_bandwidth=None, pcie_bandwidth=64e9)
+    assert ring_seconds(pcie, 1e6, 4) == pytest.approx(3 / 4 * 1e6 / 64e9 + 3.5e-6 + 3 * 1.5e-6, rel=1e-12)
+    assert ring_seconds(HARDWARE["H100-SXM"], 1e6, 4) == pytest.approx(3 / 4 * 1e6 / 450e9 + 5e-6, rel=1e-12)

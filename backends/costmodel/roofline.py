@@ -21,7 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.costmodel.frame import CostModel, StepAggregates, batch_aggregates
-from backends.costmodel.tensor_parallel import ACTIVATION_BYTES, gemm_seconds, tp_allreduce_seconds
+from backends.costmodel.tensor_parallel import (
+    ACTIVATION_BYTES,
+    collective_latency_s,
+    gemm_seconds,
+    tp_allreduce_seconds,
+)
 from backends.hardware import Hardware
 from backends.model_config import ModelConfig, kv_cache_dtype_bytes, linear_bytes
 from sim.backend import StepResult
@@ -153,9 +158,11 @@ def combine_bytes(num_tokens: int, hidden: int) -> int:
 def ring_seconds(hardware: Hardware, num_bytes: float, num_gpus: int) -> float:
     """A ring all-gather or reduce-scatter among `num_gpus` GPUs moving `num_bytes` in all: each GPU
     sends and receives (n - 1) / n of it over its link (the network between nodes where the group
-    crosses nodes and that is slower: `Hardware.group_link`), plus a 5 us launch."""
-    link = hardware.group_link(num_gpus)[1] or hardware.nvlink_bandwidth
-    return (num_gpus - 1) / num_gpus * num_bytes / link + 5e-6
+    crosses nodes and that is slower: `Hardware.group_link`), plus its fixed time: 5 us over NVLink,
+    a launch and n - 1 hops over PCIe (`collective_latency_s`)."""
+    link, bandwidth = hardware.group_link(num_gpus)
+    bandwidth = bandwidth or hardware.nvlink_bandwidth
+    return (num_gpus - 1) / num_gpus * num_bytes / bandwidth + collective_latency_s(link, num_gpus, num_gpus - 1)
 
 
 def window_pairs(q: int, c: int, window: int | None) -> int:

@@ -14,7 +14,15 @@ priced as a ring over the GPUs' link (NVLink, or PCIe where the hardware states 
 (`Hardware.group_link`).
 ALLREDUCE_LATENCY_S: vLLM's custom all-reduce inside CUDA graphs takes 4.2 - 4.9 microseconds
 for messages up to 32 KiB on H100 SXM at TP 2 and 4 (AIConfigurator's measurements inside vLLM
-0.24, ../shared/gpu-data/aiconfigurator/h100_sxm__vllm-0.24.0__custom_allreduce_perf.parquet).
+0.24, ../shared/gpu-data/aiconfigurator/h100_sxm__vllm-0.24.0__custom_allreduce_perf.parquet), and
+4.6 - 5.2 at TP 8: over NVLink's switch one kernel reaches every GPU at once, whatever their number.
+Over PCIe a collective is a ring, and each of its steps waits on a hop (`collective_latency_s`):
+NCCL's smallest all-reduces measure 6.0 - 6.2 us among 2 GPUs, 11.9 - 12.9 among 4 and 22.4 - 24.2
+among 8 on L40S and RTX PRO 6000 Server, its all-gathers 5.3 - 5.9, 8.6 - 9.2 and 13.6 - 14.2
+(aiconfigurator-core 0.12.0's tables: systems/data/{l40s,rtx_pro_6000_server}/comm/nccl/), which is
+3.5 us plus 1.5 us a step: 2 (T - 1) steps an all-reduce (reduce-scatter, then all-gather), T - 1 an
+all-gather or a reduce-scatter. vLLM runs NCCL there: its custom all-reduce needs NVLink beyond two
+GPUs (vllm/distributed/device_communicators/custom_all_reduce.py, `CustomAllreduce.__init__`).
 
 Every function takes ints or numpy arrays of token counts (one per step) alike.
 """
@@ -28,6 +36,25 @@ from backends.model_config import DTYPE_BYTES, Gemm, ModelConfig
 
 ACTIVATION_BYTES = 2  # bf16 activations, whatever the weights' dtype
 ALLREDUCE_LATENCY_S = 5e-6
+PCIE_COLLECTIVE_LAUNCH_S = 3.5e-6
+PCIE_RING_STEP_S = 1.5e-6
+
+
+def collective_latency_s(link: str | None, num_gpus: int, ring_steps: int) -> float:
+    """The fixed time of one collective among `num_gpus` GPUs over `link` (`Hardware.group_link`):
+    over PCIe its ring's `ring_steps` hops (2 (T - 1) for an all-reduce, T - 1 for an all-gather or a
+    reduce-scatter) at `PCIE_RING_STEP_S` each beside a launch; over NVLink (and, not measured here,
+    between nodes) `ALLREDUCE_LATENCY_S` whatever the number of GPUs."""
+    if num_gpus <= 1:
+        return 0.0
+    if link == "pcie":
+        return PCIE_COLLECTIVE_LAUNCH_S + ring_steps * PCIE_RING_STEP_S
+    return ALLREDUCE_LATENCY_S
+
+
+def allreduce_latency_s(link: str | None, num_gpus: int) -> float:
+    """`collective_latency_s` of an all-reduce: a ring's 2 (T - 1) steps."""
+    return collective_latency_s(link, num_gpus, 2 * (num_gpus - 1))
 
 
 def gemm_seconds(num_tokens, gemm: Gemm, dtype: str, flops_s: float, bytes_s: float):
@@ -65,5 +92,6 @@ def tp_allreduce_seconds(model: ModelConfig, num_tokens, tp: int, hardware: Hard
         return 0.0 * num_tokens
     hardware.check_tp(tp)
     message = num_tokens * model.hidden_size * ACTIVATION_BYTES
-    one = ring_allreduce_seconds(message, tp, hardware.group_link(tp)[1] * efficiency)
+    link, bandwidth = hardware.group_link(tp)
+    one = ring_allreduce_seconds(message, tp, bandwidth * efficiency, allreduce_latency_s(link, tp))
     return model.num_sublayers * one

@@ -153,11 +153,12 @@ class RunPlan:
         elif self.priced_by_roofline:  # said, where it was only implied by a profile of null
             d["cost_model"] = "roofline: the datasheet's peaks and bandwidth (no operator-table profile matches)"
             if self.options.tp > 1:  # how its all-reduces are priced, as the tables' runs say theirs
-                from backends.costmodel.tensor_parallel import ALLREDUCE_LATENCY_S
+                from backends.costmodel.tensor_parallel import allreduce_latency_s
 
                 link, bandwidth = self.hardware.group_link(self.options.tp)
+                latency = allreduce_latency_s(link, self.options.tp)
                 d["cost_model"] += (f"; all-reduce: a ring over {link} at {bandwidth / 1e9:g} GB/s a direction plus "
-                                    f"{ALLREDUCE_LATENCY_S * 1e6:g} us (no measured all-reduce table)")
+                                    f"{latency * 1e6:g} us (no measured all-reduce table)")
         sched = self.options.scheduler
         d["engine_clock"] = host_time_summary(sched.async_scheduling, sched.host_time, sched.host_reference_loop_s,
                                               self.options.vllm_version)

@@ -37,6 +37,7 @@ import numpy as np
 
 from backends.costmodel.optables.interp import fill_rows_by_scaling
 from backends.costmodel.optables.tables import GEMM_DTYPES, KERNELS, KV_DTYPES, TableSet
+from backends.costmodel.tensor_parallel import allreduce_latency_s
 from backends.hardware import node_link
 from sim.errors import ServesimError
 
@@ -54,7 +55,6 @@ MiB = 2**20
 # from the NVLink bandwidth.
 TABLE_ALLREDUCE_MAX_BYTES = 8 * MiB
 ALLREDUCE_ELEMENT_BYTES = 2  # the tables' all-reduces are of bf16 elements (see _curve)
-RING_LATENCY_S = 5e-6  # a ring all-reduce's fixed time where no table measures it (backends/costmodel/tensor_parallel.py)
 VOCAB_PADDING = 64  # vLLM pads the vocabulary to a multiple of 64 (vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE)
 
 
@@ -397,7 +397,7 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         # measures (fewer than tp: a ring of more GPUs has more hops), else the custom kernel's.
         fewer = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] < tp)
                                          & (n["nccl_dtype"] == "half")]
-        floor, floor_from = RING_LATENCY_S, ""
+        floor, floor_from = allreduce_latency_s(link, tp), ""  # where no table measures it
         if fewer is not None and not fewer.empty:
             most = int(fewer["num_gpus"].max())
             measured = min(_curve(fewer[fewer["num_gpus"] == most])[1])
