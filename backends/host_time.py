@@ -281,7 +281,7 @@ class HostTimedBackend:
 FORWARDED = ("attention_roofline", "block_size", "breakdown", "calibration", "combine_seconds", "cost_model_summary",
              "decodes_from_sums", "dense", "dense_tokens", "derived", "dispatch_seconds", "distribution", "dp",
              "dp_moe_parts", "dtype_bytes", "eff", "elementwise_seconds", "ep", "experts_dtype", "extrapolated",
-             "graph_sizes", "hardware", "lm_head_seconds", "lockstep_moe_seconds", "model", "moe_group", "moe_kernel",
+             "graph_sizes", "hardware", "lm_head_seconds", "lockstep_moe_seconds", "model", "moe_group", "moe_span", "moe_kernel",
              "moe_seconds", "moe_tp",
              "notes", "ops", "parts", "prices_sampler", "profile_name", "request_seconds", "sampler_version", "sampling",
              "sequence_parallel_moe", "set_cuda_graph_sizes", "sources", "step_seconds", "system", "total", "tp",

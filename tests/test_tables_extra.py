@@ -248,6 +248,30 @@ def test_an_expert_parallel_group_past_a_node_dispatches_over_the_network(packag
     assert "network" not in eight["dispatch"] and "among 8 GPUs" in eight["dispatch"]
 
 
+def test_a_dp_group_whose_members_stand_tp_apart_past_a_node_dispatches_over_the_network(package, tmp_path):
+    """Found by a new-user run: Qwen3-235B-A22B at --tp 8 --dp 2 on h200_sxm (8 GPUs a node) puts each
+    DP rank on a node of its own, so the DP group's two GPUs (GPU i and 8 + i) are on two nodes: its
+    all-gather and reduce-scatter ring over the 50 GB/s network. They were priced from the NCCL table
+    among 2 GPUs of one node (NVLink), a prefill step's dispatch about 4 times too short. --tp 4 --dp 2
+    stays within a node."""
+    from backends.costmodel.roofline import MoERooflineCostModel, ring_seconds
+    from backends.hardware import HARDWARE
+    from backends.model_config import resolve_model
+
+    args = ("--model", "Qwen3-235B-A22B", "--hardware", "h200_sxm", "--limit", "20")
+    crossing = replay(tmp_path, *args, "--tp", "8", "--dp", "2")["options"]["cost_model"]["operators"]
+    for op in ("dispatch", "combine"):
+        assert "the network between nodes at 50 GB/s among 2 GPUs (the DP group)" in crossing[op]
+        assert "lies among 16 GPUs, past a node of 8" in crossing[op]
+    within = replay(tmp_path, *args, "--tp", "4", "--dp", "2")["options"]["cost_model"]["operators"]
+    assert within["dispatch"].startswith("NCCL all_gather table among 2 GPUs")
+    # The roofline the same way: 1 MB gathered among the 2 GPUs of a 16-GPU engine, over the network.
+    h200, model = HARDWARE["H200"], resolve_model("Qwen3-235B-A22B")
+    roofline = MoERooflineCostModel(model, h200, tp=8, dp=2)
+    assert roofline.dispatch_seconds(1e6) == ring_seconds(h200, 1e6, 2, 16) == pytest.approx(1 / 2 * 1e6 / 50e9 + 5e-6)
+    assert MoERooflineCostModel(model, h200, tp=4, dp=2).dispatch_seconds(1e6) == pytest.approx(1 / 2 * 1e6 / 450e9 + 5e-6)
+
+
 def test_vllm_version_picks_the_nearest_tables_and_says_so(package, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["replay", str(SAMPLE), "--out", str(out), "--limit", "50", "--hardware", "h100_sxm", "--tp", "2",
@@ -420,3 +444,30 @@ def test_a_pcie_rings_fixed_time_grows_with_its_hops_as_the_packages_nccl_tables
     pcie = dataclasses.replace(HARDWARE["H100-SXM"], nvlink_bandwidth=None, pcie_bandwidth=64e9)
     assert ring_seconds(pcie, 1e6, 4) == pytest.approx(3 / 4 * 1e6 / 64e9 + 3.5e-6 + 3 * 1.5e-6, rel=1e-12)
     assert ring_seconds(HARDWARE["H100-SXM"], 1e6, 4) == pytest.approx(3 / 4 * 1e6 / 450e9 + 5e-6, rel=1e-12)
+
+
+def test_the_moe_models_all_reduces_follow_vllms_rules_past_the_tables(package):
+    """Found by a review: a table-priced MoE model's all-reduce past its tables was priced as an
+    all-gather, (T - 1) / T of the bytes, not a ring all-reduce's 2 (T - 1) / T; and it took vLLM's
+    custom all-reduce rows among 4 and 8 PCIe GPUs, where vLLM runs NCCL (custom_all_reduce.py: "not
+    supported on more than two PCIe-only GPUs"), as the dense model's `derive_allreduce` does not."""
+    import importlib.util
+
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.costmodel.tensor_parallel import ring_allreduce_seconds
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    data = Path(importlib.util.find_spec("aiconfigurator_core").submodule_search_locations[0]) / "systems" / "data"
+    model = resolve_model("Qwen3-30B-A3B")
+    # TP 16 on h200_sxm spans two nodes: no table for 16 GPUs, a ring over the 50 GB/s network.
+    h200 = resolve_hardware("h200_sxm")
+    wide = moe_table_model(model, h200, "h200_sxm", data, tp=16)
+    size = 1000 * model.hidden_size * 2
+    assert wide._hidden_allreduce(size) == pytest.approx(ring_allreduce_seconds(size, 16, 50e9, 5e-6), rel=1e-12)
+    # L40S (PCIe): the custom kernel's rows at TP 2 only; NCCL's among 4.
+    l40s = resolve_hardware("l40s")
+    two = moe_table_model(model, l40s, "l40s", data, tp=2)
+    four = moe_table_model(model, l40s, "l40s", data, tp=4)
+    assert two.sources["allreduce"].startswith("custom all-reduce table")
+    assert four.sources["allreduce"].startswith("no custom all-reduce table, NCCL table")

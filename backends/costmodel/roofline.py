@@ -155,12 +155,13 @@ def combine_bytes(num_tokens: int, hidden: int) -> int:
     return num_tokens * hidden * ACTIVATION_BYTES
 
 
-def ring_seconds(hardware: Hardware, num_bytes: float, num_gpus: int) -> float:
+def ring_seconds(hardware: Hardware, num_bytes: float, num_gpus: int, span: int | None = None) -> float:
     """A ring all-gather or reduce-scatter among `num_gpus` GPUs moving `num_bytes` in all: each GPU
     sends and receives (n - 1) / n of it over its link (the network between nodes where the group
     crosses nodes and that is slower: `Hardware.group_link`), plus its fixed time: 5 us over NVLink,
-    a launch and n - 1 hops over PCIe (`collective_latency_s`)."""
-    link, bandwidth = hardware.group_link(num_gpus)
+    a launch and n - 1 hops over PCIe (`collective_latency_s`). `span`: how many GPUs the group's
+    members lie among (a DP group's stand TP apart: tp x dp), which decides whether it crosses nodes."""
+    link, bandwidth = hardware.group_link(max(num_gpus, span or 0))
     bandwidth = bandwidth or hardware.nvlink_bandwidth
     return (num_gpus - 1) / num_gpus * num_bytes / bandwidth + collective_latency_s(link, num_gpus, num_gpus - 1)
 
@@ -239,6 +240,9 @@ class MoERooflineCostModel(CostModel):
         # else the DP group (AgRsAll2AllManager._get_comm_group).
         self.sequence_parallel_moe = bool(model.num_experts) and enable_expert_parallel and tp > 1 and dp > 1
         self.moe_group = tp * dp if self.sequence_parallel_moe else dp
+        # The GPUs the group's members lie among: a DP group's stand tp apart (DP rank r's TP rank i
+        # is GPU r x tp + i), so it crosses nodes where the engine's tp x dp GPUs do.
+        self.moe_span = tp * dp
         self._bytes_s = hardware.memory_bandwidth * self.eff.memory
         self._flops_s = hardware.peak_bf16_flops
         self._heads = model.num_attention_heads // tp
@@ -381,11 +385,11 @@ class MoERooflineCostModel(CostModel):
 
     def dispatch_seconds(self, num_bytes: float) -> float:
         """One all-gather of `num_bytes` (gathered on each GPU) over the MoE group: a ring over the link."""
-        return ring_seconds(self.hardware, num_bytes, self.moe_group)
+        return ring_seconds(self.hardware, num_bytes, self.moe_group, self.moe_span)
 
     def combine_seconds(self, num_bytes: float) -> float:
         """One reduce-scatter of `num_bytes` (each GPU's input) over the MoE group: a ring over the link."""
-        return ring_seconds(self.hardware, num_bytes, self.moe_group)
+        return ring_seconds(self.hardware, num_bytes, self.moe_group, self.moe_span)
 
     def dp_moe_parts(self, tokens_across_dp: list[int]) -> dict[str, float]:
         """The MoE layers of one lockstep step of a DP group whose rank r runs tokens_across_dp[r]

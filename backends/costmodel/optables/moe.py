@@ -93,7 +93,8 @@ from backends.costmodel.frame import StepAggregates
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, graph_sizes_array, padded_tokens
-from backends.costmodel.roofline import MoERooflineCostModel, chunk_pieces, fp4_native, ring_seconds
+from backends.costmodel.roofline import MoERooflineCostModel, chunk_pieces, fp4_native
+from backends.costmodel.tensor_parallel import allreduce_latency_s, ring_allreduce_seconds
 from backends.sampler import PricesSampler, sampler_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
@@ -824,13 +825,17 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
     def _derive_collectives(self, tables) -> None:
         self._ar_custom = self._ar_custom_eager = self._ar_nccl = self._gather = self._scatter = None
         if self.tp > 1:
-            a = tables.custom_allreduce
+            # vLLM's custom all-reduce only within a node, and over PCIe only between two GPUs
+            # (custom_all_reduce.py, `CustomAllreduce.__init__`; the dense model's `derive_allreduce`)
+            link = self.hardware.group_link(self.tp)[0]
+            a = tables.custom_allreduce if link == "nvlink" or (link == "pcie" and self.tp == 2) else None
             for mode, name in (("graph", "_ar_custom"), ("eager", "_ar_custom_eager")):
                 rows = None if a is None else a[(a["num_gpus"] == self.tp) & a["kernel_source"].str.contains(mode)]
                 if rows is not None and not rows.empty:
                     c = rows.groupby("message_size")["seconds"].mean().sort_index()
                     setattr(self, name, Curve(c.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, c.to_numpy()))
-            self._ar_nccl = nccl_lookup(tables.nccl, "all_reduce", self.tp)
+            # (NCCL's table measures one node's GPUs: a TP group past a node rings over the network)
+            self._ar_nccl = None if link == "inter-node" else nccl_lookup(tables.nccl, "all_reduce", self.tp)
             if self._ar_custom is None and self._ar_nccl is None:
                 self.sources["allreduce"] = f"roofline: no all-reduce table for {self.tp} GPUs on {tables.system}"
             else:
@@ -841,17 +846,23 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         if self.dp > 1 and self.model.num_experts:
             g = self.moe_group
             group = f"among {g} GPUs ({'the EP group, sequence-parallel MoE' if self.sequence_parallel_moe else 'the DP group'})"
-            self._gather = nccl_lookup(tables.nccl, "all_gather", g)
-            self._scatter = nccl_lookup(tables.nccl, "reduce_scatter", g)
+            # The group's members lie among the engine's tp x dp GPUs (a DP group's stand tp apart):
+            # past a node it rings over the network between nodes, which no NCCL table (one node's
+            # GPUs) measures.
+            link, bandwidth = self.hardware.group_link(max(g, self.moe_span))
+            crosses = link == "inter-node"
+            self._gather = None if crosses else nccl_lookup(tables.nccl, "all_gather", g)
+            self._scatter = None if crosses else nccl_lookup(tables.nccl, "reduce_scatter", g)
             how = "vLLM's allgather_reducescatter (AgRsAll2AllManager)"
-            link, bandwidth = self.hardware.group_link(g)
             over = ("the network between nodes" if link == "inter-node" else "the link") + (
                 "" if bandwidth is None else f" at {bandwidth / 1e9:g} GB/s")
+            def why(op: str) -> str:
+                return (f"the group lies among {self.moe_span} GPUs, past a node of {self.hardware.gpus_per_node}: "
+                        "no NCCL table (one node's GPUs)" if crosses else f"no NCCL {op} table")
             self.sources["dispatch"] = (f"NCCL all_gather table {group}, {how}" if self._gather is not None
-                                        else f"roofline: a ring over {over} {group} (no NCCL all_gather table), {how}")
+                                        else f"roofline: a ring over {over} {group} ({why('all_gather')}), {how}")
             self.sources["combine"] = (f"NCCL reduce_scatter table {group}, {how}" if self._scatter is not None
-                                       else f"roofline: a ring over {over} {group} (no NCCL reduce_scatter table), "
-                                       f"{how}")
+                                       else f"roofline: a ring over {over} {group} ({why('reduce_scatter')}), {how}")
 
     # ---- pricing
 
@@ -877,8 +888,11 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
     def _pair(self, op: str, pair: Curve, size):
         return self._curve_at(op, pair, np.maximum(size, 1.0))
 
-    def _ring(self, size, n: int):
-        return ring_seconds(self.hardware, size, n)
+    def _ring_allreduce(self, size) -> float:
+        """One all-reduce of `size` bytes among the TP GPUs as a ring over their link (no table):
+        2 (T - 1) / T of the bytes each way, plus the ring's fixed time."""
+        link, bandwidth = self.hardware.group_link(self.tp)
+        return float(ring_allreduce_seconds(size, self.tp, bandwidth, allreduce_latency_s(link, self.tp)))
 
     def _dense_moe(self, t):
         if getattr(self, "_tables_ready", False):
@@ -1018,7 +1032,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             return self._curve_at("allreduce", custom, max(size, 1))
         if self._ar_nccl is not None:
             return self._pair("allreduce", self._ar_nccl, size)
-        return self._ring(size, self.tp)
+        return self._ring_allreduce(size)
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
         """One layer's attention of one request from the tables at `window` (0: full attention)."""
@@ -1366,6 +1380,7 @@ def moe_table_model(model, hardware, system: str, data_dir: Path, tp: int = 1, d
 DERIVED_FORMAT = 3  # 2: the distribution as priced and the MLA module's grids (or why none) are kept; 3: the small kernels
 DERIVING_MODULES = ("moe", "mla", "derive", "interp", "tables", "systems")  # backends/costmodel/optables/: what derives
 PRESETS = Path(__file__).parents[2] / "presets.py"  # mla.measured_shape's fallback for a checkpoint's MLA shape
+TENSOR_PARALLEL = Path(__file__).parents[1] / "tensor_parallel.py"  # derive's ring all-reduce where no table measures it
 
 
 @lru_cache(maxsize=1)
@@ -1376,6 +1391,7 @@ def deriving_code_digest() -> str:
     for name in DERIVING_MODULES:
         digest.update((Path(__file__).parent / f"{name}.py").read_bytes())
     digest.update(PRESETS.read_bytes())
+    digest.update(TENSOR_PARALLEL.read_bytes())
     return digest.hexdigest()
 
 
