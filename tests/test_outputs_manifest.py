@@ -84,14 +84,48 @@ def test_sim_report_keeps_the_folder_servesims(tmp_path):
     assert sim("report", run) == 0
     assert foreign_entries(run) == []
     assert sim("replay", *SMALL, "--out", run, "--overwrite", "--quiet") == 0
-    # A folder without a record (an older servesim's) gets none from sim report: its other files are
-    # still not vouched for, and an --overwrite of it is refused.
+    # A folder without a record (an older servesim's): its report.html is not known for servesim's, so
+    # sim report keeps it (below); once it is moved away, sim report records only the page it writes:
+    # the other files are still not vouched for, and an --overwrite of the folder is refused.
     bare = tmp_path / "bare"
     shutil.copytree(run, bare)
     (bare / MANIFEST_NAME).unlink()
+    assert sim("report", bare) == 2
+    (bare / "report.html").unlink()
     assert sim("report", bare) == 0
-    assert not (bare / MANIFEST_NAME).exists()
+    assert list(read_manifest(bare)) == ["report.html"]
     assert sim("replay", *SMALL, "--out", bare, "--overwrite", "--quiet") == 2
+
+
+def test_sim_report_replaces_no_report_html_servesim_did_not_write(tmp_path, capsys):
+    """Found by a new-user run: `sim report DIR` wrote DIR/report.html over a page of the user's (a
+    folder of runs holding their own report.html, a run's page edited by hand) and through a link
+    (replacing the file it points to, outside the folder). Each is refused and kept; a page sim report
+    wrote itself is replaced, in a run folder and in a folder of runs alike."""
+    run = tmp_path / "study" / "runA"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    study = tmp_path / "study"
+    (study / "report.html").write_text("<h1>My annotated findings</h1>\n")
+    assert sim("report", study) == 2
+    assert one_error_line(capsys) == (f"{study / 'report.html'} exists and servesim did not record "
+                                      "writing it (or it was changed since): sim report would replace it; move or "
+                                      "rename it to write the report")
+    assert (study / "report.html").read_text() == "<h1>My annotated findings</h1>\n"
+    (study / "report.html").unlink()
+    assert sim("report", study) == 0 and sim("report", study) == 0  # its own page, again
+    # A run's page edited by hand since servesim wrote it
+    with open(run / "report.html", "a") as f:
+        f.write("<p>my note</p>")
+    edited = (run / "report.html").read_bytes()
+    assert sim("report", run) == 2 and (run / "report.html").read_bytes() == edited
+    assert "changed since" in one_error_line(capsys)
+    # A link: its target, anywhere, is kept
+    precious = tmp_path / "precious.html"
+    precious.write_text("keep me")
+    (run / "report.html").unlink()
+    (run / "report.html").symlink_to(precious)
+    assert sim("report", run) == 2
+    assert "is a link (to " in one_error_line(capsys) and precious.read_text() == "keep me"
 
 
 def test_temporary_files_are_servesims_only_in_atomic_paths_shape(tmp_path):

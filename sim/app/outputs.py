@@ -307,14 +307,35 @@ def write_manifest(folder: Path, unrecorded: dict[str, tuple[int, int]] | None =
 
 def record_file(folder: str | Path, name: str) -> None:
     """After servesim rewrote `folder/name` outside a claimed folder (`sim report`), record it in
-    the folder's manifest, where it has one, so that the folder stays servesim's."""
+    the folder's manifest (begun if the folder has none: a folder of runs), so that the folder stays
+    servesim's and a later `sim report` knows the file for its own (`check_ours_to_replace`)."""
     folder = Path(folder)
     recorded = read_manifest(folder)
     if recorded is None:
-        return
+        if (folder / MANIFEST_NAME).exists():
+            return  # one that cannot be read is left as it is: nothing in it is taken as servesim's
+        recorded = {}
     st = (folder / name).stat()
     recorded[name] = (st.st_size, st.st_mtime_ns)
     _save_manifest(folder, recorded)
+
+
+def check_ours_to_replace(path: str | Path, command: str) -> None:
+    """Refuse (exit 2) before `command` replaces `path` outside a claimed folder (`sim report`'s
+    report.html) unless servesim recorded writing it, as it is now, in its folder's manifest: a
+    user's file of that name, one edited since, or a link (whose target lies anywhere) is kept."""
+    path = Path(path)
+    if path.is_symlink():
+        raise ServesimError(f"{path} is a link (to {os.readlink(path)}); {command} writes no file through a link: "
+                            "remove the link to write it")
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise ServesimError(f"{path} is not a file; {command} would replace it: move it away to write it")
+    st = path.stat()
+    if (read_manifest(path.parent) or {}).get(path.name) != (st.st_size, st.st_mtime_ns):
+        raise ServesimError(f"{path} exists and servesim did not record writing it (or it was changed since): "
+                            f"{command} would replace it; move or rename it to write the report")
 
 
 def _save_manifest(folder: Path, files: dict[str, tuple[int, int]]) -> None:

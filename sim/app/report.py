@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sim.app.outputs import atomic_write_text, check_folder_destination, record_file
+from sim.app.outputs import atomic_write_text, check_folder_destination, check_ours_to_replace, record_file
 from sim.errors import ServesimError
 
 
@@ -99,6 +99,9 @@ def register(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    d = Path(args.dir)
+    if d.is_dir():  # (a file or a missing folder: write_report_warning says which)
+        check_ours_to_replace(d / "report.html", "sim report")
     out, warnings = write_report_warning(args.dir)
     for text in warnings:
         print(f"sim: warning: {args.dir}: {text}", file=sys.stderr)
