@@ -205,3 +205,29 @@ def test_sweep_resume_then_overwrite(tmp_path, capsys):
     assert sim(*args, "--overwrite") == 2
     assert "holds capacity.csv, which servesim did not record writing" in one_error_line(capsys)
     assert (out / "capacity.csv").read_text() == "mine\n"
+
+
+def test_ctrl_c_while_a_finished_run_takes_its_folders_place_says_the_run_is_there(tmp_path, monkeypatch, capsys):
+    """Found by a new-user run: a Ctrl-C that came after an --overwrite's new run had taken the
+    folder's place, while the old run was being removed, said "sim: interrupted", as if the old run
+    stood, and left the old run's files beside the folder. The swap and the removal now finish first,
+    and the line says the folder holds the new run."""
+    import os
+    import signal
+
+    from sim.app import outputs
+
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    exchange = outputs._exchange
+
+    def exchange_then_ctrl_c(a, b):
+        exchange(a, b)
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, as the old run is about to be removed
+
+    monkeypatch.setattr(outputs, "_exchange", exchange_then_ctrl_c)
+    assert sim("replay", str(AZURE_CONV_SAMPLE), "--limit", "20", "--out", run, "--overwrite", "--quiet") == 130
+    assert capsys.readouterr().err == f"sim: interrupted after {run} was written whole (the old run in it replaced)\n"
+    assert json.loads((run / "summary.json").read_text())["num_requests"] == 20  # the new run, recorded
+    assert foreign_entries(run) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works again

@@ -320,9 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     arguments are read is "interrupted" (130), as it is while the command runs, not a traceback."""
     try:
         return _main(argv)
-    except KeyboardInterrupt:
-        print("sim: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(interrupted_line(e), file=sys.stderr)
         return 130
+
+
+def interrupted_line(e: KeyboardInterrupt) -> str:
+    """"sim: interrupted", and when it came as a finished run took its folder's place, that the
+    folder holds it (sim.app.outputs.InterruptedAfterWriting)."""
+    return f"sim: interrupted {e}" if str(e) else "sim: interrupted"
 
 
 def _main(argv: list[str] | None) -> int:
@@ -360,8 +366,8 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:  # the reader went away (`sim ... | head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except KeyboardInterrupt:
-        print("sim: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(interrupted_line(e), file=sys.stderr)
         return 130
     except Exception as e:  # a bug: one line, and the traceback on request
         if os.environ.get("SERVESIM_DEBUG"):

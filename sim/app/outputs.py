@@ -41,6 +41,7 @@ import socket
 import stat
 import sys
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Self
@@ -381,6 +382,31 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("._") or "run"
 
 
+class InterruptedAfterWriting(KeyboardInterrupt):
+    """Ctrl-C that came while a finished run took its folder's place: the folder holds the new run."""
+
+    def __init__(self, folder: Path):
+        super().__init__(f"after {folder} was written whole (the old run in it replaced)")
+
+
+@contextmanager
+def _interrupts_deferred():
+    """Hold SIGINT off for the block (in the main thread; elsewhere Python delivers none); yields a list
+    that holds the signal if one came."""
+    import signal
+    import threading
+
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+    previous = signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # One writer per folder.
 
 class FolderLock:
@@ -419,16 +445,21 @@ class FolderLock:
         self.staged = True
 
     def _swap_in(self) -> None:
-        """The staged folder takes the final one's place in one step; the old run is removed after."""
+        """The staged folder takes the final one's place in one step; the old run is removed after.
+        A Ctrl-C meanwhile waits for both (`_interrupts_deferred`), then says the run was written:
+        before, one during the removal said "interrupted" of a folder that held the new run."""
         new, final = self.folder, self.final
-        try:
-            _exchange(new, final.resolve())  # `new` now holds the old run
-        except OSError as e:
-            raise ServesimError(f"{final}: cannot replace it with the new run ({e.strerror or e}); the old run "
-                                "is unchanged") from None
-        self.folder, self.staged = final, False
-        _fsync_folder(final.parent)
-        shutil.rmtree(new, ignore_errors=True)
+        with _interrupts_deferred() as interrupted:
+            try:
+                _exchange(new, final.resolve())  # `new` now holds the old run
+            except OSError as e:
+                raise ServesimError(f"{final}: cannot replace it with the new run ({e.strerror or e}); the old run "
+                                    "is unchanged") from None
+            self.folder, self.staged = final, False
+            _fsync_folder(final.parent)
+            shutil.rmtree(new, ignore_errors=True)
+        if interrupted:
+            raise InterruptedAfterWriting(final)
 
     def acquire(self) -> FolderLock:
         for _ in range(100):  # another process may remove the file between our open and our flock
