@@ -134,6 +134,7 @@ def test_report_of_a_comparison_keeps_its_page(setup, capsys):
     """`sim report` of sim compare's folder drew its two runs as a folder of runs into report.html, replacing
     compare's own page (the step times predicted against measured), which nothing can draw again."""
     from sim.app.cli import main
+    from sim.app.outputs import write_manifest
 
     folder, _, measured_options, predicted_options = setup
     trace = make_trace(ROWS)
@@ -142,6 +143,7 @@ def test_report_of_a_comparison_keeps_its_page(setup, capsys):
     out = folder / "kept"
     write_comparison(out, compare(trace, measured, predicted), trace, measured, predicted,
                      {"model": "tiny", "device": "cpu", "policy": "chunked", "trace": "test"})
+    write_manifest(out)  # as sim compare's claimed folder records its files (measured/report.html too)
     page = (out / "report.html").read_bytes()
     capsys.readouterr()
     assert main(["report", str(out)]) == 2
@@ -150,6 +152,10 @@ def test_report_of_a_comparison_keeps_its_page(setup, capsys):
                                        "figures), which sim report cannot draw again and would replace; sim report "
                                        f"{out / 'measured'} or {out / 'predicted'} reports either run\n")
     assert (out / "report.html").read_bytes() == page
+    assert main(["report", str(out / "measured")]) == 0
+    # recorded in the comparison's own manifest, so the folder stays servesim's whole
+    from sim.app.outputs import foreign_entries, read_manifest
+    assert "measured/report.html" in read_manifest(out) and foreign_entries(out) == []
     assert main(["report", str(out / "measured")]) == 0
 
 

@@ -306,19 +306,29 @@ def write_manifest(folder: Path, unrecorded: dict[str, tuple[int, int]] | None =
         _save_manifest(folder, files)
 
 
+def _manifest_entry(path: Path) -> tuple[Path, str]:
+    """(the folder whose manifest records `path`, its name there): a file of a RUN_SUBFOLDERS folder
+    (sim compare's `measured/`) is recorded by the folder above it, as "measured/NAME"."""
+    folder = path.parent
+    if folder.name in RUN_SUBFOLDERS and (folder.parent / MANIFEST_NAME).exists():
+        return folder.parent, f"{folder.name}/{path.name}"
+    return folder, path.name
+
+
 def record_file(folder: str | Path, name: str) -> None:
     """After servesim rewrote `folder/name` outside a claimed folder (`sim report`), record it in
-    the folder's manifest (begun if the folder has none: a folder of runs), so that the folder stays
-    servesim's and a later `sim report` knows the file for its own (`check_ours_to_replace`)."""
-    folder = Path(folder)
-    recorded = read_manifest(folder)
+    the manifest that keeps it (`_manifest_entry`; begun if there is none: a folder of runs), so that
+    the folder stays servesim's and a later `sim report` knows the file for its own
+    (`check_ours_to_replace`)."""
+    home, key = _manifest_entry(Path(folder) / name)
+    recorded = read_manifest(home)
     if recorded is None:
-        if (folder / MANIFEST_NAME).exists():
+        if (home / MANIFEST_NAME).exists():
             return  # one that cannot be read is left as it is: nothing in it is taken as servesim's
         recorded = {}
-    st = (folder / name).stat()
-    recorded[name] = (st.st_size, st.st_mtime_ns)
-    _save_manifest(folder, recorded)
+    st = (Path(folder) / name).stat()
+    recorded[key] = (st.st_size, st.st_mtime_ns)
+    _save_manifest(home, recorded)
 
 
 def check_ours_to_replace(path: str | Path, command: str) -> None:
@@ -334,7 +344,8 @@ def check_ours_to_replace(path: str | Path, command: str) -> None:
     if not path.is_file():
         raise ServesimError(f"{path} is not a file; {command} would replace it: move it away to write it")
     st = path.stat()
-    if (read_manifest(path.parent) or {}).get(path.name) != (st.st_size, st.st_mtime_ns):
+    home, key = _manifest_entry(path)
+    if (read_manifest(home) or {}).get(key) != (st.st_size, st.st_mtime_ns):
         raise ServesimError(f"{path} exists and servesim did not record writing it (or it was changed since): "
                             f"{command} would replace it; move or rename it to write the report")
 

@@ -17,9 +17,10 @@ def write_report(directory: str | Path) -> Path:
     return write_report_warning(directory)[0]
 
 
-def write_report_warning(directory: str | Path) -> tuple[Path, list[str]]:
+def write_report_warning(directory: str | Path, check_owner: bool = False) -> tuple[Path, list[str]]:
     """write_report's, and the warnings its page shows in boxes under the title (an incomplete sweep, runs
-    of different traces), each a sentence for the terminal."""
+    of different traces), each a sentence for the terminal. `check_owner` (`sim report`, outside a
+    claimed folder): a report.html that servesim did not record writing is refused, not replaced."""
     from reports.html import folder_report
 
     d = Path(directory)
@@ -31,6 +32,8 @@ def write_report_warning(directory: str | Path) -> tuple[Path, list[str]]:
     check_folder_destination(d)  # a read-only folder is named before the report is drawn
     out = d / "report.html"
     page, warnings = folder_report(d)
+    if check_owner:
+        check_ours_to_replace(out, "sim report")
     missing = missing_points(d)
     if missing:
         page = _with_warnings(page, [("Incomplete", f"This sweep is incomplete: {len(missing)} of its points have no "
@@ -99,10 +102,7 @@ def register(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    d = Path(args.dir)
-    if d.is_dir():  # (a file or a missing folder: write_report_warning says which)
-        check_ours_to_replace(d / "report.html", "sim report")
-    out, warnings = write_report_warning(args.dir)
+    out, warnings = write_report_warning(args.dir, check_owner=True)
     for text in warnings:
         print(f"sim: warning: {args.dir}: {text}", file=sys.stderr)
     missing = missing_points(Path(args.dir))
