@@ -471,3 +471,31 @@ def test_the_moe_models_all_reduces_follow_vllms_rules_past_the_tables(package):
     four = moe_table_model(model, l40s, "l40s", data, tp=4)
     assert two.sources["allreduce"].startswith("custom all-reduce table")
     assert four.sources["allreduce"].startswith("no custom all-reduce table, NCCL table")
+
+
+def test_dtype_fp8_experts_are_priced_with_the_triton_kernel_vllm_serves_them_with(package, tmp_path):
+    """Found by a new-user run: `--dtype fp8` (vLLM's --quantization fp8) made an MoE model's decode 3x
+    slower than bf16: its experts were priced from the only per-tensor fp8 rows of vLLM 0.24's tables,
+    ModelOpt's FlashInfer CUTLASS kernel, which takes static activation scales (a ModelOpt
+    checkpoint's). vLLM's online fp8 method asks for dynamic ones, and select_fp8_moe_backend serves it
+    with Triton: from 0.19's per-tensor Triton rows on H200, from the same kernel's block-fp8 rows on
+    H100 (its tables time Triton fp8 with block scales only)."""
+    from backends.costmodel.optables.moe import dispatched_moe_kernel, names_kernel
+
+    assert dispatched_moe_kernel("fp8", 90, online=True)[0] == "triton"
+    assert dispatched_moe_kernel("fp8", 80, online=True)[0] == "marlin"
+    assert dispatched_moe_kernel("fp8", 90) is None  # a checkpoint's: its scales decide, the tables' rows say
+    assert names_kernel("vllm_fused_moe", "triton") and not names_kernel("vllm_fused_moe", "marlin")
+
+    def run(*args):
+        summary = replay(tmp_path, "--limit", "100", *args)
+        return summary["tpot"]["mean"], summary["options"]["cost_model"]["operators"]["moe"]
+
+    bf16, _ = run("--model", "Qwen3-30B-A3B", "--hardware", "h100_sxm")
+    fp8, how = run("--model", "Qwen3-30B-A3B", "--hardware", "h100_sxm", "--dtype", "fp8")
+    block, _ = run("--model", "Qwen/Qwen3-30B-A3B-FP8", "--hardware", "h100_sxm")
+    assert "vllm_fp8moe_triton_tritonexperts, fp8_block" in how and "priced from the same kernel's block-fp8" in how
+    assert fp8 == block < 0.8 * bf16  # half the expert bytes to read, as the block-fp8 checkpoint
+    fp8, how = run("--model", "Qwen3-235B-A22B", "--hardware", "h200_sxm", "--tp", "4", "--dtype", "fp8")
+    bf16, _ = run("--model", "Qwen3-235B-A22B", "--hardware", "h200_sxm", "--tp", "4")
+    assert "moe_perf vLLM 0.19.0" in how and "vllm_fused_moe, fp8," in how and fp8 < bf16

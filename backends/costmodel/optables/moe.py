@@ -179,10 +179,19 @@ HELPER_KERNELS = frozenset({"vllm_fused_moe", "vllm_mxfp4_moe", "vllm_marlin_int
                             "vllm_flashinfer_trtllm_moe_fp4"})
 
 
-def dispatched_moe_kernel(moe_dtype: str, sm_version: int | None) -> tuple[str, str] | None:
+def dispatched_moe_kernel(moe_dtype: str, sm_version: int | None, online: bool = False) -> tuple[str, str] | None:
     """(what its kernel_source contains, its name) of the fused-MoE kernel vLLM's layer runs by
     default for experts of `moe_dtype` on a GPU of compute capability `sm_version`, where servesim
-    knows it; None where it does not (the lanes are then `moe_kernel`'s choice).
+    knows it; None where it does not (the lanes are then `moe_kernel`'s choice). `online`: the
+    experts are quantized by the server (`--dtype fp8`: vLLM's --quantization fp8), not the checkpoint.
+
+    - per-tensor fp8 quantized online: vLLM's online Fp8MoEMethod asks for fp8 weights with dynamic
+      per-tensor activation scales (vllm/model_executor/layers/quantization/online/fp8.py), and
+      `select_fp8_moe_backend` (vllm/model_executor/layers/fused_moe/oracle/fp8.py) takes the first
+      backend in its order that supports them: FlashInfer's CUTLASS and TRT-LLM kernels take static
+      activation scales only (a ModelOpt checkpoint's), DeepGEMM block scales only, vLLM's CUTLASS is
+      not allowed there, so Triton (its `fused_experts`); Marlin (weight-only) on a GPU without fp8
+      tensor cores (before SM 89).
 
     - int4 (compressed-tensors WNA16, Kimi K2's experts): Marlin
       (vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe.py,
@@ -192,6 +201,10 @@ def dispatched_moe_kernel(moe_dtype: str, sm_version: int | None) -> tuple[str, 
       SM 100 family (B200, B300), OpenAI's Triton kernels on SM 90 (H100, H200), Marlin elsewhere."""
     if moe_dtype == "int4_wo":
         return "marlin", "Marlin (CompressedTensorsWNA16MarlinMoEMethod)"
+    if moe_dtype == "fp8" and online and sm_version is not None:
+        if sm_version < 89:
+            return "marlin", "Marlin (Fp8MoeBackend.MARLIN: fp8 weights only, no fp8 tensor cores)"
+        return "triton", "Triton (Fp8MoeBackend.TRITON: --dtype fp8's dynamic activation scales)"
     if moe_dtype == "w4a16_mxfp4" and sm_version is not None:
         if sm_version // 10 == 10:
             return "flashinfer_trtllm_mxfp4_bf16", "FlashInfer TRT-LLM MXFP4 x BF16 (Mxfp4Backend.SM100_FI_MXFP4_BF16)"
@@ -202,7 +215,11 @@ def dispatched_moe_kernel(moe_dtype: str, sm_version: int | None) -> tuple[str, 
 
 
 def names_kernel(kernel_source: str, part: str) -> bool:
-    """Whether a lane's kernel_source names the served kernel `part` (`dispatched_moe_kernel`)."""
+    """Whether a lane's kernel_source names the served kernel `part` (`dispatched_moe_kernel`). Of the
+    helpers, `vllm_fused_moe` (`fused_experts` with an unquantized, fp8 or block-fp8 config) is the
+    Triton kernel (vllm/model_executor/layers/fused_moe/fused_moe.py)."""
+    if kernel_source == "vllm_fused_moe":
+        return part == "triton"
     return kernel_source not in HELPER_KERNELS and part in kernel_source
 
 
@@ -521,9 +538,19 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                              self.distribution)
             named = self.moe_kernel != "auto"
             served = NAMED_KERNELS[self.moe_kernel] if named else dispatched_moe_kernel(
-                shape.moe_dtype, system_sm_version(tables.system))
+                shape.moe_dtype, system_sm_version(tables.system), online=not (m.expert_dtype or m.weight_dtype))
             shape = replace(shape, moe_dtype=KERNEL_DTYPES.get((self.moe_kernel, shape.moe_dtype), shape.moe_dtype))
             picked = pick_moe_curve(moe_tables, shape, auto, served, self.hardware, named)
+            if (not named and served is not None and served[0] == "triton" and shape.moe_dtype == "fp8"
+                    and (isinstance(picked, str) or not names_kernel(picked[2][0], "triton"))):
+                # --dtype fp8's Triton kernel is not measured in per-tensor fp8 on this system (H100's
+                # tables time it with block scales only): the same kernel's block-fp8 rows price it, fp8
+                # weights on the fp8 tensor cores with 128 x 128 scales, not another kernel's.
+                block = pick_moe_curve(moe_tables, replace(shape, moe_dtype="fp8_block"), auto, served, None)
+                if not isinstance(block, str) and names_kernel(block[2][0], "triton"):
+                    table, priced, found, why = block
+                    picked = (table, priced, found, f"{why}; not measured in per-tensor fp8 on {tables.system}: "
+                              "priced from the same kernel's block-fp8 rows")
             if named and (isinstance(picked, str) or not names_kernel(picked[2][0], served[0])):
                 raise ServesimError(
                     f"--moe-kernel {self.moe_kernel}: no version of {tables.system}'s moe_perf tables measures "
