@@ -496,7 +496,17 @@ class ModelConfig:
 
     def linear_dtypes(self, dtype: str = "bf16") -> tuple[str, str]:
         """(attention, dense and shared MLP weights' dtype, routed experts' dtype): the checkpoint's
-        quantization where it has one, else `dtype` (--dtype)."""
+        quantization where it has one, else `dtype` (--dtype). fp4 weights are an NVFP4 checkpoint's
+        only: vLLM quantizes no model to fp4 itself, and a quantized checkpoint is served as it is."""
+        if dtype == "fp4" and "nvfp4" not in (self.weight_dtype, self.expert_dtype):
+            if self.weight_dtype or self.expert_dtype:
+                raise ServesimError(f"--dtype fp4: {self.name}'s checkpoint is quantized "
+                                    f"({self.expert_dtype or self.weight_dtype}, its quantization_config), and vLLM "
+                                    "serves it so; drop --dtype, or give its NVFP4 checkpoint's config")
+            raise ServesimError(f"--dtype fp4: vLLM quantizes no model to fp4 (nvfp4) itself, and {self.name}'s "
+                                "checkpoint is not quantized; give an NVFP4 checkpoint's config (--model "
+                                "nvidia/NAME-NVFP4: sim models lists those the tables package ships), or --dtype bf16 "
+                                "or fp8")
         weights = self.weight_dtype or dtype
         return weights, self.expert_dtype or weights
 

@@ -499,3 +499,26 @@ def test_dtype_fp8_experts_are_priced_with_the_triton_kernel_vllm_serves_them_wi
     fp8, how = run("--model", "Qwen3-235B-A22B", "--hardware", "h200_sxm", "--tp", "4", "--dtype", "fp8")
     bf16, _ = run("--model", "Qwen3-235B-A22B", "--hardware", "h200_sxm", "--tp", "4")
     assert "moe_perf vLLM 0.19.0" in how and "vllm_fused_moe, fp8," in how and fp8 < bf16
+
+
+def test_a_mixture_of_experts_dtype_is_its_checkpoints_and_fp4_is_an_nvfp4_checkpoints(package, tmp_path, capsys):
+    """Found by a new-user run: summary.json's options.dtype said bf16 for a block-fp8 MoE checkpoint
+    the terminal (rightly) called fp8-block; and --dtype fp4 on an MoE model failed with "unknown weight
+    dtype 'fp4'" listing values --dtype refuses (an unquantized checkpoint), or was silently dropped
+    while options.dtype kept fp4 (a quantized one)."""
+    from backends.model_config import resolve_model
+    from sim.errors import ServesimError
+
+    options = replay(tmp_path, "--model", "Qwen/Qwen3-30B-A3B-FP8", "--limit", "20")["options"]
+    assert options["dtype"] == "fp8-block" and "experts_dtype" not in options
+    options = replay(tmp_path, "--model", "gpt-oss-120b", "--max-model-len", "16384", "--limit", "20")["options"]
+    assert (options["dtype"], options["experts_dtype"]) == ("bf16", "mxfp4")
+    assert replay(tmp_path, "--model", "Qwen3-30B-A3B", "--limit", "20")["options"]["dtype"] == "bf16"
+    with pytest.raises(ServesimError, match=r"--dtype fp4: vLLM quantizes no model to fp4 \(nvfp4\) itself"):
+        resolve_model("Qwen3-30B-A3B").linear_dtypes("fp4")
+    with pytest.raises(ServesimError, match=r"--dtype fp4: gpt-oss-120b's checkpoint is quantized \(mxfp4"):
+        resolve_model("gpt-oss-120b").linear_dtypes("fp4")
+    assert resolve_model("nvidia/Kimi-K2.5-NVFP4").linear_dtypes("fp4")[1] == "nvfp4"
+    assert main(["replay", str(SAMPLE), "--model", "DeepSeek-V3", "--hardware", "b200_sxm", "--tp", "8", "--dtype",
+                 "fp4", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "--dtype fp4: DeepSeek-V3's checkpoint is quantized (fp8-block" in capsys.readouterr().err

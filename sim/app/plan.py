@@ -125,6 +125,13 @@ class RunPlan:
         cluster out, so its files are those of servesim before clusters."""
         d = asdict(self.options)
         del d["batch_defaults"]  # resolved into the scheduler's values (resolve)
+        if self.options.backend == "costmodel" and self.model.is_extended:
+            # A mixture of experts' checkpoint quantization is served whatever --dtype, as the terminal
+            # says (a dense checkpoint's is resolved into `dtype` itself: `resolve`, served_dtype)
+            weights, experts = self.model.linear_dtypes(self.options.dtype)
+            d["dtype"] = weights
+            if experts != weights:
+                d["experts_dtype"] = experts
         if not self.options.enable_expert_parallel:  # dense runs' files as before the flag
             del d["enable_expert_parallel"]
         if self.options.dp == 1:  # runs without data parallelism keep the summary they had
