@@ -112,3 +112,18 @@ def test_docs_pages_named_in_the_code_exist():
                 if not (ROOT / "docs" / name).exists():
                     missing.append(f"{path.relative_to(ROOT)}: docs/{name}")
     assert not missing, "pages named but not in docs/: " + "; ".join(sorted(set(missing)))
+
+
+def test_the_ranges_table_of_options_md_names_every_ranged_flag():
+    """Found by a new-user run: `--dp`'s range (1 to 64 ranks) was missing from options.md's table of
+    physical ranges, which says it lists every number a user gives. Every flag of sim replay's
+    options that declares a range is in the table's "used by" column."""
+    from sim.app.options import ClusterOptions, ReplayOptions, flag_fields
+    from sim.config import CacheConfig, SchedulerConfig
+
+    text = (ROOT / "docs" / "options.md").read_text()
+    table = text[text.index("### Physical ranges"):]
+    table = table[:table.index("\n\n", table.index("| range |"))]
+    missing = [opt.flag for cls in (SchedulerConfig, CacheConfig, ReplayOptions, ClusterOptions)
+               for _, opt in flag_fields(cls) if opt.range is not None and f"`{opt.flag}`" not in table]
+    assert missing == []
