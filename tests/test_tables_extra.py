@@ -522,3 +522,11 @@ def test_a_mixture_of_experts_dtype_is_its_checkpoints_and_fp4_is_an_nvfp4_check
     assert main(["replay", str(SAMPLE), "--model", "DeepSeek-V3", "--hardware", "b200_sxm", "--tp", "8", "--dtype",
                  "fp4", "--out", str(tmp_path / "r"), "--quiet"]) == 2
     assert "--dtype fp4: DeepSeek-V3's checkpoint is quantized (fp8-block" in capsys.readouterr().err
+
+
+def test_the_marlin_note_is_an_nvfp4_checkpoints_only(package, tmp_path):
+    """Found by a new-user run: a block-fp8 checkpoint on a100_sxm (no fp8 GEMM rows there) was told
+    that vLLM runs NVFP4 weight-only with Marlin, which has nothing to do with it."""
+    ops = replay(tmp_path, "--model", "Qwen/Qwen3-30B-A3B-FP8", "--hardware", "a100_sxm",
+                 "--limit", "20")["options"]["cost_model"]["operators"]
+    assert ops["linear"] == "roofline: no fp8 GEMM rows on a100_sxm" and "NVFP4" not in json.dumps(ops)

@@ -705,7 +705,8 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         table_dtype = "fp8" if self.weights_dtype == "fp8-block" else self.weights_dtype
         kernel, rows = self._gemm_rows(tables, table_dtype)
         if rows is None:
-            self.sources["linear"] = f"roofline: no {table_dtype} GEMM rows on {tables.system}{self._marlin_said}"
+            marlin = self._marlin_said if table_dtype == "nvfp4" else ""  # (an NVFP4 checkpoint's note only)
+            self.sources["linear"] = f"roofline: no {table_dtype} GEMM rows on {tables.system}{marlin}"
             return None
         nh, nkv, hd = self._heads, self._kv_heads, m.head_dim
         layers = m.num_attention_layers  # (a DeciLM layer without attention has no projections)
