@@ -70,12 +70,15 @@ def run_report_html(summary: dict, digest: dict | None, measured: dict | None = 
     scheduler = options.get("scheduler")
     title = f"{scheduler.get('policy', '') if isinstance(scheduler, dict) else ''} on {trace}"
     subtitle = f"{options.get('model', '')} on {options.get('hardware', '')}, {options.get('backend', '')} backend"
+    transforms = options.get("trace_transforms")
+    if isinstance(transforms, dict) and transforms:  # the trace as the run read it (--limit, --rate-scale, ...)
+        subtitle += "; trace " + ", ".join(f"{str(k).replace('_', '-')} {v}" for k, v in transforms.items())
     row = summary_row(summary, digest)
     if row.get("status", "ok") != "ok":  # a failed point: report_html's table of rows names its error
         import pandas as pd
 
         return report_html(pd.DataFrame([row]), title=title, subtitle=subtitle)
-    return _run_page(row, title, subtitle, measured)
+    return _run_page(row, title, subtitle, measured, summary.get("reject_reasons"))
 
 
 def folder_report_html(directory: str | Path) -> str:
@@ -403,10 +406,11 @@ def report_html(rows: pd.DataFrame, capacity: pd.DataFrame | None = None, at_cap
     return _page(title, subtitle, plotly_js(), sections)
 
 
-def _run_page(row: dict, title: str, subtitle: str, measured: dict | None = None) -> str:
+def _run_page(row: dict, title: str, subtitle: str, measured: dict | None = None,
+              reject_reasons: dict | None = None) -> str:
     """report_html of one run that did not fail (its summary_row), to the byte, without pandas: the
     sections report_html draws for a single row; and, for a replay of a measured run, the table of
-    `measured` after them."""
+    `measured` after them. `reject_reasons` (summary.json's): listed under the numbers."""
     rows = [row]
     sections = [_section("Latency CDFs", cdf_figure(rows, [], None), seed_note(rows, []))]
     if "timeline_start_s" in row:
@@ -414,7 +418,12 @@ def _run_page(row: dict, title: str, subtitle: str, measured: dict | None = None
     if is_list(row.get("replica_requests")):
         sections.append(_section("Load per replica", replica_figure(row), REPLICA_NOTE))
     sections.append(_section("TTFT in parts", ttft_parts_figure(row), ttft_parts_note(row)))
-    sections.append(f"<h2>Numbers</h2>{_stats_table(row)}")
+    numbers = f"<h2>Numbers</h2>{_stats_table(row)}"
+    if isinstance(reject_reasons, dict) and reject_reasons:
+        listed = "".join(f'<tr><td class="t">{html.escape(str(why))}</td><td>{html.escape(str(n))}</td></tr>'
+                         for why, n in reject_reasons.items())
+        numbers += f'<h3>Rejected, by reason</h3><table><tr><th class="t">reason</th><th>requests</th></tr>{listed}</table>'
+    sections.append(numbers)
     if measured is not None:
         sections.append(_measured_section(measured))
     return _page(title, subtitle, plotly_js(), sections)
@@ -637,11 +646,23 @@ _COUNT_KEYS = {key for _, key in _COUNTS} | {"simulated_s", "total_prompt_tokens
 _STAT_SUFFIXES = tuple(f"_{stat}" for stat in ("mean", "p50", "p90", "p99"))
 
 
+_WHOLE_COUNTS = frozenset({"num_requests", "completed", "rejected", "preemptions", "num_steps"})
+_RUN_SHARES = (("prefix cache hits %", "prefix_cache_hit_rate"), ("SLO attainment %", "slo_attainment"))
+
+
 def _stats_table(row) -> str:
-    """One run: counts, throughputs, and every latency's mean and percentiles in milliseconds."""
-    counts = [(name, key) for name, key in _COUNTS if row.get(key) is not None and not _is_nan(row.get(key))]
-    first = "".join(f"<th>{html.escape(name)}</th>" for name, _ in counts)
-    values = "".join(f"<td>{fmt(row.get(key), 1)}</td>" for _, key in counts)
+    """One run: counts, throughputs, its prefix-cache hit rate and SLO attainment (percent), and every
+    latency's mean and percentiles in milliseconds."""
+    counts = [(name, key, 1) for name, key in _COUNTS if row.get(key) is not None and not _is_nan(row.get(key))]
+    counts += [(name, key, 100) for name, key in _RUN_SHARES if row.get(key) is not None and not _is_nan(row.get(key))]
+
+    def cell(key, scale) -> str:
+        value = row.get(key)
+        if key in _WHOLE_COUNTS and isinstance(value, Real) and float(value).is_integer():
+            return str(int(value))  # a count, not a float
+        return fmt(value, scale)
+    first = "".join(f"<th>{html.escape(name)}</th>" for name, _, _ in counts)
+    values = "".join(f"<td>{cell(key, scale)}</td>" for _, key, scale in counts)
     lines = [f"<table><tr>{first}</tr><tr>{values}</tr></table><br>",
              '<table><tr><th class="t">ms</th>' + "".join(f"<th>{s}</th>" for s in ("mean", "p50", "p90", "p99"))
              + "</tr>"]

@@ -341,3 +341,24 @@ def test_report_loads_in_chromium_without_console_errors(run_dir, tmp_path):
     assert shot.returncode == 0, shot.stderr[-2000:]
     assert _console(shot.stderr) == []
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 50_000
+
+
+def test_a_runs_page_shows_its_hit_rate_slo_attainment_rejections_and_trace_transforms(tmp_path):
+    """Found by a new-user run: report.html left out summary.json's prefix-cache hit rate, SLO attainment,
+    reasons for rejection and the trace's transforms (--limit, --rate-scale), and printed counts as floats
+    (requests 300.0)."""
+    from sim.app.cli import main
+    from traces import AZURE_CONV_SAMPLE
+
+    run = tmp_path / "run"
+    assert main(["replay", str(AZURE_CONV_SAMPLE), "--limit", "300", "--rate-scale", "3", "--num-gpu-blocks", "300",
+                 "--max-num-queued-reqs", "20", "--slo", "ttft=0.5", "--out", str(run), "--quiet"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    text = re.sub(r"<[^>]+>", " ", (run / "report.html").read_text())
+    text = re.sub(r"\s+", " ", text)
+    assert "trace limit 300, rate-scale 3.0" in text
+    assert "prefix cache hits % SLO attainment %" in text
+    assert f" {summary['slo_attainment'] * 100:.1f} " in text
+    (reason, count), = summary["reject_reasons"].items()
+    assert f"Rejected, by reason reason requests {reason} {count} " in text
+    assert "requests completed rejected" in text and f" 300 {summary['completed']} {summary['rejected']} " in text
