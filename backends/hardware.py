@@ -76,10 +76,11 @@ class Hardware:
         """Whether a group of `num_gpus` GPUs (a TP group, an expert-parallel group) crosses nodes."""
         return self.gpus_per_node is not None and num_gpus > self.gpus_per_node
 
-    def group_link(self, num_gpus: int) -> tuple[str | None, float | None]:
-        """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs (`node_link`)."""
+    def group_link(self, num_gpus: int, members: int | None = None) -> tuple[str | None, float | None]:
+        """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs (`node_link`); `members`:
+        a group of fewer GPUs spread over those (a DP group's stand TP apart), named so in a refusal."""
         return node_link(self.link, self.link_bandwidth, num_gpus, self.gpus_per_node, self.inter_node_bandwidth,
-                         f"hardware {self.name}")
+                         f"hardware {self.name}", members)
 
     def check_tp(self, tp: int) -> None:
         if tp > 1 and self.link is None:
@@ -136,15 +137,18 @@ class Hardware:
 
 
 def node_link(link: str | None, bandwidth: float | None, num_gpus: int, gpus_per_node: int | None,
-              inter_node_bandwidth: float | None, what: str) -> tuple[str | None, float | None]:
+              inter_node_bandwidth: float | None, what: str, members: int | None = None
+              ) -> tuple[str | None, float | None]:
     """(link, bytes/s one GPU sends) of a collective among `num_gpus` GPUs whose node shares `link`
     at `bandwidth`: that link within a node; across nodes the slower of it and the network between
     nodes (a ring's bottleneck: each GPU's traffic to the next node crosses its network adapter).
     A group past a node whose network is not stated is refused (`what` names the hardware)."""
     if gpus_per_node is not None and num_gpus > gpus_per_node:
         if inter_node_bandwidth is None:
-            raise ServesimError(f"{num_gpus} GPUs in one group span nodes of {gpus_per_node} on {what}, which "
-                                "states no inter_node_bandwidth to price what crosses them")
+            group = (f"{num_gpus} GPUs in one group" if members is None or members == num_gpus else
+                     f"a group of {members} GPUs spread over {num_gpus} (a DP group's stand --tp apart)")
+            raise ServesimError(f"{group} span nodes of {gpus_per_node} on {what}, which states no "
+                                "inter_node_bandwidth to price what crosses them")
         if bandwidth is None or inter_node_bandwidth < bandwidth:
             return "inter-node", inter_node_bandwidth
     return link, bandwidth

@@ -237,6 +237,7 @@ def test_a_run_page_is_report_htmls_page_of_its_row(tmp_path, args):
     title = f"{summary['options']['scheduler']['policy']} on {trace}"
     options = summary["options"]
     subtitle = f"{options['model']} on {options['hardware']}, {options['backend']} backend"
+    subtitle += "; trace " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in options["trace_transforms"].items())
     for dig in (digest, None, {**digest, "timeline": {"start_s": [], "num_waiting": []}}):
         frame = pd.DataFrame([summary_row(summary, dig)])
         assert run_report_html(summary, dig) == report_html(frame, title=title, subtitle=subtitle)

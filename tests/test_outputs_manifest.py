@@ -231,3 +231,58 @@ def test_ctrl_c_while_a_finished_run_takes_its_folders_place_says_the_run_is_the
     assert json.loads((run / "summary.json").read_text())["num_requests"] == 20  # the new run, recorded
     assert foreign_entries(run) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works again
+
+
+def test_the_deferral_leaves_an_ignored_ctrl_c_ignored_and_holds_sigterm_too(tmp_path, monkeypatch, capsys):
+    """Found by a review: a Ctrl-C the process ignores (nohup, a script's background job) was caught by the
+    deferral and turned into "interrupted"; a SIGTERM as the run took its folder's place said "terminated"
+    alone, of a folder that held the new run."""
+    import os
+    import signal
+
+    from sim.app import outputs
+
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    exchange = outputs._exchange
+
+    def exchange_then(number):
+        def swap(a, b):
+            exchange(a, b)
+            os.kill(os.getpid(), number)
+        return swap
+
+    monkeypatch.setattr(outputs, "_exchange", exchange_then(signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert sim("replay", str(AZURE_CONV_SAMPLE), "--limit", "15", "--out", run, "--overwrite", "--quiet") == 0
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert json.loads((run / "summary.json").read_text())["num_requests"] == 15
+    capsys.readouterr()
+    monkeypatch.setattr(outputs, "_exchange", exchange_then(signal.SIGTERM))
+    assert sim("replay", str(AZURE_CONV_SAMPLE), "--limit", "25", "--out", run, "--overwrite", "--quiet") == 143
+    assert capsys.readouterr().err == f"sim: terminated after {run} was written whole (the old run in it replaced)\n"
+    assert json.loads((run / "summary.json").read_text())["num_requests"] == 25
+    assert foreign_entries(run) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_sim_report_reads_a_runs_own_record_first_and_a_resumed_sweep_keeps_a_linked_page(tmp_path, capsys):
+    """Found by a review: a run named `measured` inside a folder of runs with a record of its own was
+    taken for a comparison's and its page refused; a resumed sweep wrote its page through a link."""
+    exp = tmp_path / "exp"
+    assert sim("replay", *SMALL, "--out", exp / "measured", "--quiet") == 0
+    assert sim("report", exp) == 0 and sim("report", exp / "measured") == 0
+    assert "measured/report.html" not in read_manifest(exp)
+    sweep = tmp_path / "sw"
+    args = ("sweep", str(AZURE_CONV_SAMPLE), "--limit", "10", "--policy", "chunked", "--out", sweep, "--quiet")
+    assert sim(*args) == 0
+    assert sim(*args, "--resume") == 0  # its own page, replaced
+    precious = tmp_path / "precious.html"
+    precious.write_text("keep me")
+    (sweep / "report.html").unlink()
+    (sweep / "report.html").symlink_to(precious)
+    capsys.readouterr()
+    assert sim(*args, "--resume") == 2
+    assert "is a link" in one_error_line(capsys) and precious.read_text() == "keep me"

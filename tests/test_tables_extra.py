@@ -530,3 +530,26 @@ def test_the_marlin_note_is_an_nvfp4_checkpoints_only(package, tmp_path):
     ops = replay(tmp_path, "--model", "Qwen/Qwen3-30B-A3B-FP8", "--hardware", "a100_sxm",
                  "--limit", "20")["options"]["cost_model"]["operators"]
     assert ops["linear"] == "roofline: no fp8 GEMM rows on a100_sxm" and "NVFP4" not in json.dumps(ops)
+
+
+def test_a_ring_past_a_pcie_node_pays_at_least_its_hops_and_a_spread_group_is_named(package, tmp_path):
+    """Found by a review: a PCIe system whose network is slower than its PCIe (a100_pcie: 32 against
+    25 GB/s) priced TP 16's all-reduces with NVLink's flat 5 us, so a decode token's all-reduces cost 4 ms
+    at TP 8 and 1 ms at TP 16; the ring's hops are the node's link's, across nodes too. And a DP group
+    refused for spanning nodes named 16 GPUs, though it has 2."""
+    import dataclasses
+
+    from backends.costmodel.roofline import MoERooflineCostModel
+    from backends.costmodel.tensor_parallel import tp_allreduce_seconds
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+    from sim.errors import ServesimError
+
+    llama, a100 = resolve_model("Llama-3.1-70B"), resolve_hardware("a100_pcie")
+    eight, sixteen = (tp_allreduce_seconds(llama, 1, tp, a100) for tp in (8, 16))
+    assert sixteen > eight
+    assert sixteen == pytest.approx(llama.num_sublayers * (2 * 15 / 16 * 8192 * 2 / 25e9 + 3.5e-6 + 30 * 1.5e-6))
+    bare = dataclasses.replace(resolve_hardware("h200_sxm"), inter_node_bandwidth=None)
+    with pytest.raises(ServesimError, match=r"a group of 2 GPUs spread over 16 \(a DP group's stand --tp apart\) "
+                                            r"span nodes of 8"):
+        MoERooflineCostModel(resolve_model("Qwen3-30B-A3B"), bare, tp=8, dp=2).dispatch_seconds(1e6)

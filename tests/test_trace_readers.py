@@ -579,3 +579,36 @@ def test_burstgpt_rows_whose_total_is_not_the_sum_are_warned_about(tmp_path):
     assert (f"{path}:3: Total tokens 900 is not Request tokens + Response tokens (18 + 472); 2 rows of the file so: "
             "their requests take Request and Response tokens (check the columns)") in t.warnings
     assert not [w for w in read_trace(BURSTGPT).warnings if "Total tokens" in w]
+
+
+def test_a_canonical_column_the_reader_does_not_read_is_warned_of(tmp_path, capsys):
+    """Found by a new-user run: a misspelt optional column (`priorty`) was read as absent, silently:
+    every priority 0. So was `hash_ids` without `hash_block_tokens` (blocks of 512 tokens taken) and
+    `hash_block_tokens` alone (not read); and --scheduling-policy priority on a trace without
+    priorities ran as first come, first served without a word."""
+    from sim.app.cli import main
+
+    typo = tmp_path / "typo.csv"
+    typo.write_text("arrival_s,prompt_tokens,output_tokens,priorty,note\n0,10,5,3,a\n0,20,5,1,b\n")
+    trace = read_trace(typo)
+    assert trace.priority is None
+    assert trace.warnings == [f"{typo}:1: columns 'priorty', 'note' not read; a canonical trace's columns are "
+                              "arrival_s, prompt_tokens, output_tokens, request_id, priority, hash_ids, "
+                              "hash_block_tokens"]
+    hashes = tmp_path / "hashes.csv"
+    hashes.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,1000,5,1 2\n")
+    assert read_trace(hashes).warnings == [f"{hashes}:1: hash_ids without hash_block_tokens: each hash taken for a "
+                                           "block of 512 tokens (Mooncake's)"]
+    alone = tmp_path / "alone.csv"
+    alone.write_text("arrival_s,prompt_tokens,output_tokens,hash_block_tokens\n0,1000,5,16\n")
+    assert "hash_block_tokens without hash_ids" in read_trace(alone).warnings[0]
+    good = tmp_path / "good.csv"
+    good.write_text("arrival_s,prompt_tokens,output_tokens,request_id,priority,hash_ids,hash_block_tokens\n"
+                    "0,32,5,a,1,1 2,16\n")
+    assert read_trace(good).warnings == []
+    capsys.readouterr()
+    assert main(["replay", str(typo), "--scheduling-policy", "priority", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "columns 'priorty', 'note' not read" in err
+    assert "--scheduling-policy priority: " in err and "served first come, first served" in err

@@ -27,6 +27,8 @@ CHUNK_ROWS = 250_000
 MOONCAKE_BLOCK_TOKENS = 512
 
 CANONICAL = ("arrival_s", "prompt_tokens", "output_tokens")
+# Every column a canonical trace's reader reads (traces/canonical.py): the three above and the optional ones
+CANONICAL_READ = (*CANONICAL, "request_id", "priority", "hash_ids", "hash_block_tokens")
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT = ("Timestamp", "Model", "Request tokens", "Response tokens")
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")

@@ -36,6 +36,7 @@ from traces.builder import TraceBuilder
 from traces.canonical import CanonicalRows
 from traces.csv_rows import csv_chunks
 from traces.formats import (
+    CANONICAL_READ,
     CHUNK_ROWS,
     CSV_COLUMNS,
     FORMATS,
@@ -105,6 +106,16 @@ def _read_csv(builder: TraceBuilder, handle: BinaryIO, first: str, header_line: 
     if fmt == "azure" and read_plain_azure(builder, handle, names, header_line, chunk_rows):
         return  # a clean file, read without pandas
     if fmt == "canonical":
+        unread = [name for name in names if name not in CANONICAL_READ]
+        if unread:  # a misspelt optional column ("priorty") would otherwise be read as absent
+            builder.warnings.append(f"{path}:{header_line}: column{'s' * (len(unread) != 1)} "
+                                    f"{', '.join(map(repr, unread[:5]))}{', ...' if len(unread) > 5 else ''} not read; "
+                                    f"a canonical trace's columns are {', '.join(CANONICAL_READ)}")
+        if ("hash_ids" in names) != ("hash_block_tokens" in names):
+            builder.warnings.append(
+                f"{path}:{header_line}: hash_ids without hash_block_tokens: each hash taken for a block of "
+                f"{builder.hash_block_tokens} tokens (Mooncake's)" if "hash_ids" in names else
+                f"{path}:{header_line}: hash_block_tokens without hash_ids: no prefix to share, the column is not read")
         rows = CanonicalRows(builder, names)
     elif fmt == "azure":
         rows = AzureRows(builder)

@@ -161,9 +161,9 @@ def ring_seconds(hardware: Hardware, num_bytes: float, num_gpus: int, span: int 
     crosses nodes and that is slower: `Hardware.group_link`), plus its fixed time: 5 us over NVLink,
     a launch and n - 1 hops over PCIe (`collective_latency_s`). `span`: how many GPUs the group's
     members lie among (a DP group's stand TP apart: tp x dp), which decides whether it crosses nodes."""
-    link, bandwidth = hardware.group_link(max(num_gpus, span or 0))
-    bandwidth = bandwidth or hardware.nvlink_bandwidth
-    return (num_gpus - 1) / num_gpus * num_bytes / bandwidth + collective_latency_s(link, num_gpus, num_gpus - 1)
+    bandwidth = hardware.group_link(max(num_gpus, span or 0), members=num_gpus)[1] or hardware.nvlink_bandwidth
+    return ((num_gpus - 1) / num_gpus * num_bytes / bandwidth
+            + collective_latency_s(hardware.link, num_gpus, num_gpus - 1))
 
 
 def window_pairs(q: int, c: int, window: int | None) -> int:

@@ -41,10 +41,12 @@ PCIE_RING_STEP_S = 1.5e-6
 
 
 def collective_latency_s(link: str | None, num_gpus: int, ring_steps: int) -> float:
-    """The fixed time of one collective among `num_gpus` GPUs over `link` (`Hardware.group_link`):
-    over PCIe its ring's `ring_steps` hops (2 (T - 1) for an all-reduce, T - 1 for an all-gather or a
-    reduce-scatter) at `PCIE_RING_STEP_S` each beside a launch; over NVLink (and, not measured here,
-    between nodes) `ALLREDUCE_LATENCY_S` whatever the number of GPUs."""
+    """The fixed time of one collective among `num_gpus` GPUs whose nodes join them by `link` (the
+    hardware's own, `Hardware.link`, across nodes too: a ring that also crosses the network between
+    nodes has at least the hops of one inside a node): over PCIe its ring's `ring_steps` hops (2 (T - 1)
+    for an all-reduce, T - 1 for an all-gather or a reduce-scatter) at `PCIE_RING_STEP_S` each beside a
+    launch; over NVLink `ALLREDUCE_LATENCY_S` whatever the number of GPUs (a group past an NVLink node:
+    not measured here, the same)."""
     if num_gpus <= 1:
         return 0.0
     if link == "pcie":
@@ -92,6 +94,6 @@ def tp_allreduce_seconds(model: ModelConfig, num_tokens, tp: int, hardware: Hard
         return 0.0 * num_tokens
     hardware.check_tp(tp)
     message = num_tokens * model.hidden_size * ACTIVATION_BYTES
-    link, bandwidth = hardware.group_link(tp)
-    one = ring_allreduce_seconds(message, tp, bandwidth * efficiency, allreduce_latency_s(link, tp))
+    bandwidth = hardware.group_link(tp)[1]
+    one = ring_allreduce_seconds(message, tp, bandwidth * efficiency, allreduce_latency_s(hardware.link, tp))
     return model.num_sublayers * one

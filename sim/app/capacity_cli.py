@@ -131,7 +131,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                                  for config, (search, probes) in zip(configs, outcomes)])
         with atomic_path(out / "capacity.csv") as temp:
             capacity.to_csv(temp, index=False)
-        report = write_report(out)
+        report = write_report(out, check_owner=bool(args.resume))  # a resumed folder: its page must be ours
     if not args.quiet:
         print(format_capacity(capacity, [n for n in names if len(axes[n]) > 1] or ["policy"], slo))
         final = folder.final

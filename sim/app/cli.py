@@ -65,6 +65,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for message in plan.warnings():
             warn(message)
         trace = load_trace(args.trace, args, plan.max_model_len)
+        if plan.options.scheduler.scheduling_policy == "priority" and trace.priority is None:
+            warn(f"--scheduling-policy priority: {args.trace} gives no request a priority, so every request has "
+                 "priority 0 and they are served first come, first served")
         progress = Progress.for_replay(len(trace), quiet=args.quiet)
         started = time.perf_counter()
         out = folder.folder
@@ -357,8 +360,8 @@ def _main(argv: list[str] | None) -> int:
     gc.set_threshold(GC_FIRST_THRESHOLD, *thresholds[1:])
     try:
         return args.func(args)
-    except Terminated:
-        print("sim: terminated", file=sys.stderr)
+    except Terminated as e:  # (its words, where it came as a finished run took its folder's place)
+        print(f"sim: terminated {e}" if str(e) else "sim: terminated", file=sys.stderr)
         return 143
     except ServesimError as e:
         print(f"sim: error: {e}", file=sys.stderr)

@@ -307,10 +307,12 @@ def write_manifest(folder: Path, unrecorded: dict[str, tuple[int, int]] | None =
 
 
 def _manifest_entry(path: Path) -> tuple[Path, str]:
-    """(the folder whose manifest records `path`, its name there): a file of a RUN_SUBFOLDERS folder
-    (sim compare's `measured/`) is recorded by the folder above it, as "measured/NAME"."""
-    folder = path.parent
-    if folder.name in RUN_SUBFOLDERS and (folder.parent / MANIFEST_NAME).exists():
+    """(the folder whose manifest records `path`, its name there): the folder's own, but a run of sim
+    compare's folder (its `measured/` or `predicted/`, which hold no manifest: the comparison's records
+    them as "measured/NAME"), however the path reaches it (a link, `.`)."""
+    folder = path.parent.resolve()
+    if (not (folder / MANIFEST_NAME).exists() and folder.name in RUN_SUBFOLDERS
+            and (folder.parent / "compare.json").exists() and (folder.parent / MANIFEST_NAME).exists()):
         return folder.parent, f"{folder.name}/{path.name}"
     return folder, path.name
 
@@ -402,8 +404,10 @@ class InterruptedAfterWriting(KeyboardInterrupt):
 
 @contextmanager
 def _interrupts_deferred():
-    """Hold SIGINT off for the block (in the main thread; elsewhere Python delivers none); yields a list
-    that holds the signal if one came."""
+    """Hold SIGINT and SIGTERM off for the block where they would raise (Python's Ctrl-C handler, the
+    command's SIGTERM one: sim.app.workers.terminate_on_sigterm), in the main thread (elsewhere Python
+    delivers none); yields a list that holds the signals that came. A signal the process ignores stays
+    ignored."""
     import signal
     import threading
 
@@ -411,11 +415,16 @@ def _interrupts_deferred():
     if threading.current_thread() is not threading.main_thread():
         yield came
         return
-    previous = signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
+    held = {}
+    for number in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(number)
+        if handler is signal.default_int_handler or (callable(handler) and number == signal.SIGTERM):
+            held[number] = signal.signal(number, lambda number, frame: came.append(number))
     try:
         yield came
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in held.items():
+            signal.signal(number, handler)
 
 
 # One writer per folder.
@@ -469,7 +478,13 @@ class FolderLock:
             self.folder, self.staged = final, False
             _fsync_folder(final.parent)
             shutil.rmtree(new, ignore_errors=True)
-        if interrupted:
+        if signal_number := next(iter(interrupted), None):
+            import signal
+
+            from sim.app.workers import Terminated
+
+            if signal_number == signal.SIGTERM:
+                raise Terminated(f"after {final} was written whole (the old run in it replaced)")
             raise InterruptedAfterWriting(final)
 
     def acquire(self) -> FolderLock:

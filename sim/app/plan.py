@@ -163,7 +163,7 @@ class RunPlan:
                 from backends.costmodel.tensor_parallel import allreduce_latency_s
 
                 link, bandwidth = self.hardware.group_link(self.options.tp)
-                latency = allreduce_latency_s(link, self.options.tp)
+                latency = allreduce_latency_s(self.hardware.link, self.options.tp)
                 d["cost_model"] += (f"; all-reduce: a ring over {link} at {bandwidth / 1e9:g} GB/s a direction plus "
                                     f"{latency * 1e6:g} us (no measured all-reduce table)")
         sched = self.options.scheduler

@@ -11,10 +11,10 @@ from sim.app.outputs import atomic_write_text, check_folder_destination, check_o
 from sim.errors import ServesimError
 
 
-def write_report(directory: str | Path) -> Path:
+def write_report(directory: str | Path, check_owner: bool = False) -> Path:
     """DIR/report.html for what DIR holds (reports.html draws it), recorded in DIR's manifest
-    where it has one (sim.app.outputs.record_file)."""
-    return write_report_warning(directory)[0]
+    (sim.app.outputs.record_file); `check_owner`: as write_report_warning's (a resumed sweep's folder)."""
+    return write_report_warning(directory, check_owner)[0]
 
 
 def write_report_warning(directory: str | Path, check_owner: bool = False) -> tuple[Path, list[str]]:

@@ -286,7 +286,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             raise
         bar.close()
-        report = write_report(out)
+        report = write_report(out, check_owner=bool(args.resume))  # a resumed folder: its page must be ours
     if not args.quiet:
         print(format_sweep(result.frame))
         print(f"{len(points)} points ({len(points) - result.num_run} already done), {result.num_failed} failed; "

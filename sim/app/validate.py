@@ -208,8 +208,9 @@ KERNEL_CAVEATS = (
 FRONT_END_CAVEAT = (
     "caveat: measured by AIConfigurator's eval tool, genai-perf through NVIDIA Dynamo's frontend and worker "
     "(ai-dynamo/aiconfigurator, src/aiconfigurator/eval/), not vLLM's API server, which servesim puts in front: "
-    "the front end's time on a request's way in is not modelled, and every framework's rows of this source "
-    "measure TTFT 36-61% above the simulated (docs/calibration-and-validation.md, By source)")
+    "the front end's time on a request's way in is not modelled; in the shared files this source's vLLM 0.12, "
+    "TensorRT-LLM and SGLang groups of Qwen3 and Llama-3.1-8B are simulated 36-61% short of their measured TTFT "
+    "(median; docs/calibration-and-validation.md, By source)")
 
 
 def kernel_caveats(row) -> list[str]:

@@ -336,6 +336,7 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         raise ServesimError(f"--tp {tp} needs the hardware's link (nvlink_bandwidth or pcie_bandwidth) to price "
                             "its all-reduces; give a --hardware that states one")
     spans_nodes = gpus_per_node is not None and tp > gpus_per_node
+    hops = link  # the link inside a node decides a ring's hops (`allreduce_latency_s`), across nodes too
     link, bandwidth = node_link(link, bandwidth, tp, gpus_per_node, inter_node_bytes_per_s,
                                 f"the hardware of {tables.system}")
     out: dict = {"num_gpus": tp, "link": link, "link_bytes_per_s": bandwidth, "table_max_bytes": 0}
@@ -397,7 +398,7 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         # measures (fewer than tp: a ring of more GPUs has more hops), else the custom kernel's.
         fewer = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] < tp)
                                          & (n["nccl_dtype"] == "half")]
-        floor, floor_from = allreduce_latency_s(link, tp), ""  # where no table measures it
+        floor, floor_from = allreduce_latency_s(hops, tp), ""  # where no table measures it
         if fewer is not None and not fewer.empty:
             most = int(fewer["num_gpus"].max())
             measured = min(_curve(fewer[fewer["num_gpus"] == most])[1])

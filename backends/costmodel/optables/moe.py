@@ -855,15 +855,16 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
         if self.tp > 1:
             # vLLM's custom all-reduce only within a node, and over PCIe only between two GPUs
             # (custom_all_reduce.py, `CustomAllreduce.__init__`; the dense model's `derive_allreduce`)
-            link = self.hardware.group_link(self.tp)[0]
-            a = tables.custom_allreduce if link == "nvlink" or (link == "pcie" and self.tp == 2) else None
+            spans = self.hardware.spans_nodes(self.tp)
+            custom = not spans and (self.hardware.link == "nvlink" or self.tp == 2)
+            a = tables.custom_allreduce if custom else None
             for mode, name in (("graph", "_ar_custom"), ("eager", "_ar_custom_eager")):
                 rows = None if a is None else a[(a["num_gpus"] == self.tp) & a["kernel_source"].str.contains(mode)]
                 if rows is not None and not rows.empty:
                     c = rows.groupby("message_size")["seconds"].mean().sort_index()
                     setattr(self, name, Curve(c.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, c.to_numpy()))
             # (NCCL's table measures one node's GPUs: a TP group past a node rings over the network)
-            self._ar_nccl = None if link == "inter-node" else nccl_lookup(tables.nccl, "all_reduce", self.tp)
+            self._ar_nccl = None if spans else nccl_lookup(tables.nccl, "all_reduce", self.tp)
             if self._ar_custom is None and self._ar_nccl is None:
                 self.sources["allreduce"] = f"roofline: no all-reduce table for {self.tp} GPUs on {tables.system}"
             else:
@@ -877,8 +878,8 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             # The group's members lie among the engine's tp x dp GPUs (a DP group's stand tp apart):
             # past a node it rings over the network between nodes, which no NCCL table (one node's
             # GPUs) measures.
-            link, bandwidth = self.hardware.group_link(max(g, self.moe_span))
-            crosses = link == "inter-node"
+            link, bandwidth = self.hardware.group_link(max(g, self.moe_span), members=g)
+            crosses = self.hardware.spans_nodes(max(g, self.moe_span))
             self._gather = None if crosses else nccl_lookup(tables.nccl, "all_gather", g)
             self._scatter = None if crosses else nccl_lookup(tables.nccl, "reduce_scatter", g)
             how = "vLLM's allgather_reducescatter (AgRsAll2AllManager)"
@@ -919,8 +920,8 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
     def _ring_allreduce(self, size) -> float:
         """One all-reduce of `size` bytes among the TP GPUs as a ring over their link (no table):
         2 (T - 1) / T of the bytes each way, plus the ring's fixed time."""
-        link, bandwidth = self.hardware.group_link(self.tp)
-        return float(ring_allreduce_seconds(size, self.tp, bandwidth, allreduce_latency_s(link, self.tp)))
+        bandwidth = self.hardware.group_link(self.tp)[1]
+        return float(ring_allreduce_seconds(size, self.tp, bandwidth, allreduce_latency_s(self.hardware.link, self.tp)))
 
     def _dense_moe(self, t):
         if getattr(self, "_tables_ready", False):
