@@ -341,10 +341,17 @@ def _short(value) -> str:
 
 
 def _read_run_files(d: Path) -> tuple:
+    def read_json(name: str):
+        try:
+            return json.loads((d / name).read_text())
+        except (OSError, ValueError) as e:  # (which file: a cut summary.json and digest.json read alike)
+            raise ServesimError(f"{d / name}: cannot read ({type(e).__name__}: {e}); replay the trace again into a "
+                                "new folder") from None
+
+    summary = read_json("summary.json")
     try:
-        summary = json.loads((d / "summary.json").read_text())
         if (d / "digest.json").exists():
-            return summary, json.loads((d / "digest.json").read_text())
+            return summary, read_json("digest.json")
         if find_table(d, "requests") and find_table(d, "steps"):  # a run from before digest.json
             steps = read_run_table(d, "steps", ["start_s", *TIMELINE])
             requests = read_run_table(d, "requests")

@@ -185,7 +185,7 @@ SLO_SECONDS = Range(1e-6, 1e9, "s", "a latency limit: from a microsecond, less t
 DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) loses its microseconds")
 POSITIVE_DURATION_S = Range(0.0, 1e9, "s", "a simulated clock beyond 1e9 s (31 years) loses its microseconds",
                             open_low=True)
-COUNT = Range(1, 10**7, "", "a run of more than 10,000,000 requests or points does not fit in memory", whole=True)
+COUNT = Range(1, 10**7, "", "at least one to run; more than 10,000,000 requests or points do not fit in memory", whole=True)
 RANGE_RATIO = Range(0.0, 0.999, "", "vllm bench's --random-range-ratio: lengths in [x (1 - R), x (1 + R)], R below 1 "
                     "(vLLM's RandomDataset refuses 1 and more)")
 REQUEST_RATE_OR_INF = Range(1e-6, 1e9, "requests/s", "inf: all at once; a request every 11.6 days at the slowest; a "

@@ -177,7 +177,8 @@ ROW = '"timestamp": 1, "input_length": 1000, "output_length": 5'
 def test_mooncake_hash_ids_not_a_flat_list_are_refused(tmp_path, capsys, ids, shown):
     path = tmp_path / "t.jsonl"
     path.write_text(f'{{{ROW}, "hash_ids": {ids}}}\n')
-    assert stats_error(capsys, path) == f"{path}:1: hash_ids must be a list of whole numbers, got {shown}"
+    assert stats_error(capsys, path) == (f"{path}:1: hash_ids must be a list of whole numbers, each a 64-bit integer, "
+                                         f"got {shown}")
 
 
 def test_mooncake_hash_ids_missing_after_earlier_lines(tmp_path):

@@ -194,7 +194,8 @@ BAD = [
     ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\ninf,1,2\n", "{p}:3: arrival_s must be finite"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens\n0,10,2\n1,10,2,7\n", "{p}:3: expected 3 fields as in the header, saw 4"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens,arrival_s\n0,10,2,0\n", "{p}:1: column 'arrival_s' appears twice"),
-    ("canonical", "arrival_s,prompt_tokens,output_tokens,request_id\n0,10,2,a\n1,10,2,a\n", "request_id 'a' appears twice"),
+    ("canonical", "arrival_s,prompt_tokens,output_tokens,request_id\n0,10,2,a\n1,10,2,a\n",
+     "{p}:3: request_id 'a' appears twice (first at line 2)"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens,hash_ids,hash_block_tokens\n0,600,2,1 x,512\n",
      "{p}:2: hash_ids must be whole numbers separated by spaces, got '1 x'"),
     ("canonical", "arrival_s,prompt_tokens,output_tokens,hash_ids,hash_block_tokens\n0,600,2,1,512\n",
@@ -612,3 +613,19 @@ def test_a_canonical_column_the_reader_does_not_read_is_warned_of(tmp_path, caps
     err = capsys.readouterr().err
     assert "columns 'priorty', 'note' not read" in err
     assert "--scheduling-policy priority: " in err and "served first come, first served" in err
+
+
+def test_messages_name_the_line_and_the_range(tmp_path, capsys):
+    """Found by a new-user run: a repeated request_id was named without its line; a priority too large for
+    a 64-bit integer was "not a whole number"; an open --time-window was echoed as 99999.0:None; --limit 0
+    was refused for runs of more than 10,000,000 requests."""
+    from sim.app.cli import main
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,priority\n0,10,5,99999999999999999999\n")
+    with pytest.raises(ServesimError, match=r":2: priority must be a whole number of at most 2\*\*62 in size"):
+        read_trace(path)
+    assert main(["trace", "stats", str(AZURE_CONV_SAMPLE), "--time-window", "99999:"]) == 2
+    assert "--time-window 99999: keeps no request" in capsys.readouterr().err
+    assert main(["trace", "stats", str(AZURE_CONV_SAMPLE), "--limit", "0"]) == 2
+    assert "got 0 (at least one to run;" in capsys.readouterr().err

@@ -27,6 +27,7 @@ class CanonicalRows:
         builder.request_ids = [] if self.has_ids else None
         builder.hash_ids = [] if self.has_hashes else None
         self.has_priority = "priority" in header
+        self.id_lines: dict[str, int] = {}  # each request_id's line
         builder.priority = [] if self.has_priority else None
 
     def add(self, chunk: Chunk) -> None:
@@ -35,6 +36,12 @@ class CanonicalRows:
         prompt = chunk.counts("prompt_tokens")
         output = chunk.counts("output_tokens")
         request_ids = chunk.text("request_id").tolist() if self.has_ids else None
+        if request_ids is not None:  # each id once, the second named by its line and the first's
+            first_line = self.id_lines
+            for rid, line in zip(request_ids, chunk.lines.tolist()):
+                if first_line.setdefault(rid, line) != line:
+                    raise ServesimError(f"{builder.at(line)}: request_id {rid!r} appears twice (first at line "
+                                        f"{first_line[rid]})")
         hash_ids = None
         if self.has_hashes:
             hash_ids = _parse_hash_ids(chunk, prompt, self._hash_block_tokens(chunk))
@@ -45,8 +52,7 @@ class CanonicalRows:
                     priority=priority)
 
     def finish(self) -> None:
-        if self.builder.request_ids is not None:
-            _check_unique(self.builder.path, self.builder.request_ids)
+        pass  # (each request_id is checked once as its row is read: `add`)
 
     def _hash_block_tokens(self, chunk: Chunk) -> int:
         """The one `hash_block_tokens` of the trace, set by its first row."""
@@ -91,15 +97,8 @@ def _parse_priority(chunk: Chunk) -> np.ndarray:
     bad = ~np.isfinite(values) | (values != np.floor(values)) | (np.abs(values) > 2**62)
     if bad.any():
         row = int(np.argmax(bad))
-        raise ServesimError(f"{chunk.where(row)}: priority must be a whole number, got {text.iloc[row]!r}")
+        value = values[row]
+        what = ("a whole number of at most 2**62 in size" if np.isfinite(value) and value == np.floor(value)
+                else "a whole number")  # (a whole number too large for a 64-bit integer is still whole)
+        raise ServesimError(f"{chunk.where(row)}: priority must be {what}, got {text.iloc[row]!r}")
     return values.astype(np.int64)
-
-
-def _check_unique(path, request_ids: list[str]) -> None:
-    if len(set(request_ids)) == len(request_ids):
-        return
-    seen: set[str] = set()
-    for rid in request_ids:
-        if rid in seen:
-            raise ServesimError(f"{path}: request_id {rid!r} appears twice")
-        seen.add(rid)

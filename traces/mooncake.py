@@ -48,7 +48,7 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
                 raise ServesimError(f"{where}: missing field 'hash_ids' (earlier lines have it)")
             array = _whole_numbers(record["hash_ids"])
             if array is None:
-                raise ServesimError(f"{where}: hash_ids must be a list of whole numbers, "
+                raise ServesimError(f"{where}: hash_ids must be a list of whole numbers, each a 64-bit integer, "
                                     f"got {_short(record['hash_ids'])}")
             check_hash_ids(where, array, prompt, MOONCAKE_BLOCK_TOKENS, "input_length")
         if prompt == 0 or output == 0:

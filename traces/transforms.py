@@ -79,7 +79,8 @@ def time_window(trace: Trace, start_s: float | None, end_s: float | None) -> Tra
         raise ServesimError(f"--time-window: START must be before END, got {start_s}:{end_s}")
     kept = trace.take((trace.arrival_s >= start) & (trace.arrival_s < end))
     if not len(kept):
-        raise ServesimError(f"--time-window {start_s}:{end_s} keeps no request; the trace spans "
+        given = f"{'' if start_s is None else f'{start_s:g}'}:{'' if end_s is None else f'{end_s:g}'}"
+        raise ServesimError(f"--time-window {given} keeps no request; the trace spans "
                             f"0 to {trace.duration_s:g} s")
     return replace(kept, arrival_s=kept.arrival_s - kept.arrival_s[0], warnings=kept.warnings + cut_load(trace, kept))
 
