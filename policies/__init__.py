@@ -2,7 +2,7 @@
 from a file or module without editing servesim (`--policy path/to/file.py:ClassName`)."""
 
 from policies.base import Policy
-from policies.checked import checked_policy_class
+from policies.checked import checked_policy_class, load_bounded
 from policies.chunked import ChunkedPolicy
 from policies.decode_first import DecodeFirstPolicy
 from policies.prefill_first import PrefillFirstPolicy
@@ -19,8 +19,10 @@ def load_policy(spec: str) -> type[Policy]:
     """A built-in policy by name, or a user's `FILE.py:Class` / `module:Class` (a `Policy` subclass),
     wrapped so that every batch it returns is checked and its errors are reported as its own
     (policies/checked.py)."""
-    cls = load_class(spec, POLICIES, Policy, "policy")
-    return cls if spec in POLICIES else checked_policy_class(cls, spec)
+    if spec in POLICIES:
+        return POLICIES[spec]
+    cls = load_bounded(lambda: load_class(spec, POLICIES, Policy, "policy"), spec, "policy")
+    return checked_policy_class(cls, spec)
 
 
 __all__ = ["POLICIES", "Policy", "load_policy"]

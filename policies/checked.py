@@ -128,9 +128,55 @@ def batch_violation(batch: Any, state: Any, config: Any, preempted: bool = False
     if total > budget and n > 1:
         return (f"{total} tokens in one step, more than the token budget --max-num-batched-tokens {budget} "
                 "(only a batch of one request may exceed it)")
-    if bm.num_free_blocks < 0 or bm.num_used_blocks > num_blocks:
+    if bm.num_free_blocks < 0 or not 0 <= bm.num_used_blocks <= num_blocks:
         return (f"{bm.num_used_blocks} KV blocks in use of the {num_blocks} that exist "
                 "(reserve blocks only where BlockManager.can_allocate/can_append allow)")
+    return None
+
+
+# What the trace gave a request, which no policy or router may change (sim.request.Request)
+GIVEN_FIELDS = ("arrival_s", "num_prompt_tokens", "max_tokens", "priority")
+
+
+def _given(r) -> tuple:
+    return tuple(getattr(r, name, None) for name in GIVEN_FIELDS)
+
+
+def _changed(before: tuple, after: tuple) -> str:
+    return ", ".join(f"{name} from {a!r} to {b!r}" for name, a, b in zip(GIVEN_FIELDS, before, after) if a != b)
+
+
+def unfinished_snapshot(state: Any) -> tuple:
+    """What a policy's `schedule` must leave as it is (`state_violation`): the requests waiting or running
+    (the engine alone finishes one), what the trace gave each, and the KV cache's shape."""
+    requests = {id(r): (r, _given(r)) for queue in (state.waiting, state.running) for r in queue}
+    bm = state.block_manager
+    return requests, (bm.block_size, bm.num_blocks)
+
+
+def state_violation(before: tuple, state: Any) -> str | None:
+    """The first change `schedule` made that only the engine or the trace may make, in words; None.
+    A request may move between waiting and running (admitted, preempted), nothing more: one that left
+    both was lost (its figures would be missing from the run's), one that came from elsewhere was made
+    up; what the trace gave a request (its arrival, prompt, output length, priority) is not the
+    policy's to change, nor the KV cache's block size or block count."""
+    requests, shape = before
+    after = {id(r): r for queue in (state.waiting, state.running) for r in queue}
+    for key, (r, given) in requests.items():
+        if key not in after:
+            return (f"request {getattr(r, 'request_id', '?')} left the waiting queue and the running list without "
+                    "finishing; only the engine finishes a request (a policy may admit or preempt it)")
+        if _given(r) != given:
+            return (f"request {getattr(r, 'request_id', '?')}'s {_changed(given, _given(r))}: what the trace gave a "
+                    "request is not the policy's to change")
+    for key, r in after.items():
+        if key not in requests:
+            return (f"request {getattr(r, 'request_id', '?')} joined the queues during schedule; requests come from "
+                    "the trace alone")
+    bm = state.block_manager
+    if (bm.block_size, bm.num_blocks) != shape:
+        return (f"the KV cache changed from {shape[1]} blocks of {shape[0]} tokens to {bm.num_blocks} of "
+                f"{bm.block_size}; the cache is the engine's")
     return None
 
 
@@ -140,6 +186,32 @@ class _Timeout(BaseException):
 
 def _on_alarm(signum, frame):
     raise _Timeout()
+
+
+def load_bounded(load, spec: str, what: str):
+    """`load()` (sim.plugins.load_class of the user's `spec`), which runs the top level of their module,
+    bounded by --policy-timeout as each later call into their code is (in the main thread): a module that
+    loops as it loads stops with exit 2, and one that calls sys.exit ends nothing but its loading."""
+    seconds = policy_timeout_s()
+    timed = seconds > 0 and threading.current_thread() is threading.main_thread()
+    if timed:
+        previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+        previous_timer = signal.setitimer(signal.ITIMER_REAL, seconds)
+        started = time.monotonic()
+    try:
+        return load()
+    except _Timeout:
+        raise ServesimError(f"--{what} {spec}: loading it did not finish within --policy-timeout {seconds:g} s "
+                            "(its module's top level runs as it is imported); stopped") from None
+    except SystemExit as e:
+        raise ServesimError(f"--{what} {spec}: its module called sys.exit({e.code!r}) as it loaded") from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous_handler)
+            if previous_timer[0] > 0:
+                left = previous_timer[0] - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), previous_timer[1])
 
 
 class _Guard:
@@ -166,6 +238,10 @@ class _Guard:
                                 f"--policy-timeout {self.timeout_s:g} s{at}; stopped") from None
         except ServesimError:
             raise
+        except SystemExit as e:  # sys.exit() in the user's code would end the command, exit 0, silently
+            at = "" if step is None else f" at step {step}"
+            raise ServesimError(f"your {self.what} {self.label} ({self.spec}) called sys.exit({e.code!r}) in "
+                                f"{method}{at}: it must return, not end the process") from None
         except Exception as e:
             if getattr(e, "from_outside", False):  # SIGTERM's exception (sim.app.workers.Terminated)
                 raise
@@ -211,8 +287,10 @@ def checked_policy_class(cls: type, spec: str) -> type:
 
     def schedule(self, state, now):
         step, num_preemptions = state.step_index, state.num_preemptions
+        before = unfinished_snapshot(state)
         batch = self._guard.call("schedule", lambda: cls.schedule(self, state, now), step=step)
-        problem = batch_violation(batch, state, self.config, state.num_preemptions > num_preemptions)
+        problem = state_violation(before, state) or batch_violation(batch, state, self.config,
+                                                                    state.num_preemptions > num_preemptions)
         if problem is not None:
             raise ServesimError(f"your policy {self._guard.label} ({spec}) broke a rule of the engine at step "
                                 f"{step} (t={now:.6f} s): {problem}")
@@ -238,6 +316,8 @@ def checked_policy_class(cls: type, spec: str) -> type:
     # overrides `schedule` to state them): the checked class promises exactly what the user's does.
     namespace: dict[str, Any] = {"promises": getattr(cls, "promises", NO_PROMISES)}
     namespace.update(__init__=__init__, schedule=schedule, retry_s=retry_s, __doc__=cls.__doc__, checked_class=cls)
+    if "name" not in vars(cls):  # the engine's messages name it by its own name, else as given, not its base's
+        namespace["name"] = f"{cls.__qualname__} ({spec})"
     for name in ("finish_may_admit", "chunk_run_budget"):
         namespace[name] = guarded(name)
     checked = type(cls.__name__, (cls,), namespace)
@@ -254,7 +334,12 @@ def checked_router_class(cls: type, spec: str) -> type:
         self._guard.call("__init__", lambda: cls.__init__(self, *args, **kwargs))
 
     def route(self, request, replicas):
+        given = _given(request)
         choice = self._guard.call("route", lambda: cls.route(self, request, replicas))
+        if _given(request) != given:
+            raise ServesimError(f"your router {self._guard.label} ({spec}) changed request "
+                                f"{getattr(request, 'request_id', '?')}'s {_changed(given, _given(request))}; a "
+                                "router picks a replica and must leave the request as the trace gave it")
         n = len(replicas)
         if isinstance(choice, bool) or not isinstance(choice, Integral) or not 0 <= choice < n:
             raise ServesimError(f"your router {self._guard.label} ({spec}) answered {choice!r} for request "

@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
-from policies.checked import checked_router_class
+from policies.checked import checked_router_class, load_bounded
 from sim.errors import ServesimError
 from sim.plugins import load_class
 from sim.request import Request
@@ -201,8 +201,10 @@ ROUTERS: dict[str, type[Router]] = {
 def load_router(spec: str) -> type[Router]:
     """A built-in router by name, or a user's `FILE.py:Class` / `module:Class` (a `Router` subclass),
     wrapped so that its answers are checked and its errors reported as its own (policies/checked.py)."""
-    cls = load_class(spec, ROUTERS, Router, "router")
-    return cls if spec in ROUTERS else checked_router_class(cls, spec)
+    if spec in ROUTERS:
+        return ROUTERS[spec]
+    cls = load_bounded(lambda: load_class(spec, ROUTERS, Router, "router"), spec, "router")
+    return checked_router_class(cls, spec)
 
 
 def make_router(spec: str, seed: int = 0) -> Router:

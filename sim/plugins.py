@@ -38,6 +38,8 @@ def load_class(spec: str, registry: dict[str, type], base: type, what: str) -> t
             module = importlib.import_module(source)
         except ImportError as e:
             raise ServesimError(f"--{what}: cannot import module {source!r}: {e}") from None
+        except Exception as e:  # its code failed as it loaded (a syntax error, a raise at its top level)
+            raise ServesimError(f"--{what}: module {source!r} failed to load: {type(e).__name__}: {e}") from None
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
         raise ServesimError(f"--{what}: {source} has no class {class_name!r}")

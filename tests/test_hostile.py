@@ -138,6 +138,12 @@ def test_over_the_budget_and_over_the_cache():
     ("ReturnsNone", "schedule must return a sim.batch.Batch, it returned NoneType"),
     ("RetriesNow", "after an empty batch, retry_s answered 0; it must be None (wait for the next arrival) or a "
                    "time later than now (0)"),
+    ("ShortensOutputs", "request 0's max_tokens from 44 to 2: what the trace gave a request is not the policy's to "
+                        "change"),
+    ("MovesArrivals", "'s arrival_s from "),
+    ("DropsWaiting", "left the waiting queue and the running list without finishing; only the engine finishes a "
+                     "request"),
+    ("ResizesBlocks", "the KV cache changed from "),
 ])
 def test_a_policy_breaking_a_rule_stops_the_run_naming_policy_step_and_rule(tmp_path, capsys, policy, words):
     out = tmp_path / "run"
@@ -852,3 +858,46 @@ def test_the_burstgpt_total_tokens_warning_does_not_say_rows_cut_by_limit_were_r
     err = capsys.readouterr().err
     assert f"{path}:3: Total tokens 99 is not Request tokens + Response tokens (10 + 5); 1 row of the file so: " in err
     assert "replayed" not in err
+
+
+def test_a_plugin_that_calls_sys_exit_is_refused_not_a_silent_success(tmp_path, capsys):
+    """Found by a new-user run: a policy calling sys.exit(0) ended the command with exit 0, no message and
+    no run folder; a router changing the request it routes went unnoticed."""
+    out = tmp_path / "run"
+    assert sim("replay", *SMALL, "--policy", f"{HOSTILE}:Exits", "--out", out, "--quiet") == 2
+    assert error_text(capsys) == (f"sim: error: your policy Exits ({HOSTILE}:Exits) called sys.exit(0) in schedule at "
+                                  "step 4: it must return, not end the process\n")
+    assert not out.exists()
+    assert sim("replay", *SMALL, "--replicas", 2, "--router", f"{HOSTILE}:ShorteningRouter", "--out", out,
+               "--quiet") == 2
+    assert "changed request 0's max_tokens from 44 to 1; a router picks a replica" in error_text(capsys)
+
+
+def test_loading_a_plugin_is_bounded_and_its_errors_are_the_users(tmp_path, capsys, monkeypatch):
+    """Found by a new-user run: a plugin module that loops as it loads hung the command past
+    --policy-timeout; one calling sys.exit as it loads ended it with that code, silently; a
+    `package.module:Class` with a syntax error was an internal error; and a policy that scheduled
+    nothing was named by its base class's name ("policy chunked")."""
+    out = tmp_path / "run"
+    (tmp_path / "hangs.py").write_text("while True:\n    pass\n")
+    assert sim("replay", *SMALL, "--policy", f"{tmp_path / 'hangs.py'}:P", "--policy-timeout", 0.5, "--out", out,
+               "--quiet") == 2
+    assert "loading it did not finish within --policy-timeout 0.5 s" in error_text(capsys)
+    (tmp_path / "leaves.py").write_text("import sys\nsys.exit(0)\n")
+    assert sim("replay", *SMALL, "--router", f"{tmp_path / 'leaves.py'}:R", "--replicas", 2, "--out", out,
+               "--quiet") == 2
+    assert "its module called sys.exit(0) as it loaded" in error_text(capsys)
+    (tmp_path / "brokenpkg").mkdir()
+    (tmp_path / "brokenpkg" / "__init__.py").write_text("")
+    (tmp_path / "brokenpkg" / "mod.py").write_text("def (:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert sim("replay", *SMALL, "--policy", "brokenpkg.mod:P", "--out", out, "--quiet") == 2
+    assert "--policy: module 'brokenpkg.mod' failed to load: SyntaxError" in error_text(capsys)
+    (tmp_path / "starves.py").write_text(
+        "from policies.base import Promises\nfrom policies.chunked import ChunkedPolicy\n\n"
+        "class Starves(ChunkedPolicy):\n    promises = Promises()\n\n"
+        "    def schedule(self, state, now):\n        return super().schedule(state, now) if state.step_index < 3 "
+        "else __import__('sim.batch').batch.Batch()\n")
+    assert sim("replay", *SMALL, "--policy", f"{tmp_path / 'starves.py'}:Starves", "--out", out, "--quiet") == 2
+    err = error_text(capsys)
+    assert f"Starves ({tmp_path / 'starves.py'}:Starves)" in err and "policy chunked" not in err

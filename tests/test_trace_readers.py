@@ -629,3 +629,29 @@ def test_messages_name_the_line_and_the_range(tmp_path, capsys):
     assert "--time-window 99999: keeps no request" in capsys.readouterr().err
     assert main(["trace", "stats", str(AZURE_CONV_SAMPLE), "--limit", "0"]) == 2
     assert "got 0 (at least one to run;" in capsys.readouterr().err
+
+
+def test_a_compressed_file_servesim_does_not_read_is_named_and_a_negative_window_refused(tmp_path, capsys):
+    """Found by a new-user run: xz, bzip2, zip and zstd files were "not a text file (not UTF-8)", which
+    says nothing of why; a negative --time-window START was accepted silently."""
+    import bz2
+    import lzma
+    import zipfile
+
+    from sim.app.cli import main
+
+    text = AZURE_CONV_SAMPLE.read_bytes()
+    (tmp_path / "t.xz").write_bytes(lzma.compress(text))
+    (tmp_path / "t.bz2").write_bytes(bz2.compress(text))
+    with zipfile.ZipFile(tmp_path / "t.zip", "w") as z:
+        z.writestr("t.csv", text)
+    for name, what in (("t.xz", "an xz-compressed"), ("t.bz2", "a bzip2-compressed"), ("t.zip", "a zip")):
+        with pytest.raises(ServesimError, match=f"t.{name[2:]}: {what} file; servesim reads a trace as plain text or "
+                                                "gzip: decompress it first"):
+            read_trace(tmp_path / name)
+    header_like = tmp_path / "bzh.csv"  # a text file that merely starts as bzip2's magic does is read as text
+    header_like.write_text("BZh9 is not a header\n")
+    with pytest.raises(ServesimError, match="unknown trace format"):
+        read_trace(header_like)
+    assert main(["trace", "stats", str(AZURE_CONV_SAMPLE), "--time-window=-5:10"]) == 2
+    assert "--time-window: START must not be negative, got -5" in capsys.readouterr().err

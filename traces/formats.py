@@ -3,7 +3,7 @@ which one it is, and the limits every reader holds a row to.
 
 | format    | first line                                                        | arrival          |
 |-----------|-------------------------------------------------------------------|------------------|
-| canonical | arrival_s,prompt_tokens,output_tokens[,request_id][,hash_ids,hash_block_tokens] | seconds |
+| canonical | arrival_s,prompt_tokens,output_tokens[,request_id][,hash_ids,hash_block_tokens][,priority] | seconds |
 | azure     | TIMESTAMP,ContextTokens,GeneratedTokens (Azure 2023 and 2024)     | date and time    |
 | burstgpt  | Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type | seconds       |
 | vidur     | arrived_at,num_prefill_tokens,num_decode_tokens (Vidur/Splitwise) | seconds          |

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -23,6 +24,13 @@ READ_ERRORS = (OSError, EOFError, zlib.error)
 HEAD_BYTES = 1 << 20
 # The longest first line read: a vLLM bench result saved on one line (vllm_bench.MAX_BYTES).
 JSON_LINE_BYTES = 2**31
+
+
+# Compressed files servesim does not read, by their magic numbers
+# (bzip2's: "BZh", the block size's digit and the first block's magic, which begins "1AY")
+COMPRESSED = ((re.compile(rb"\xfd7zXZ\x00"), "an xz-compressed"), (re.compile(rb"BZh[1-9]1AY"), "a bzip2-compressed"),
+              (re.compile(rb"PK\x03\x04"), "a zip"), (re.compile(rb"\x28\xb5\x2f\xfd"), "a zstd-compressed"),
+              (re.compile(rb"\x04\x22\x4d\x18"), "an lz4-compressed"))
 
 
 def open_trace(path: Path) -> BinaryIO:
@@ -42,9 +50,16 @@ def open_trace(path: Path) -> BinaryIO:
     except OSError as e:
         raise ServesimError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        if handle.read(2) == b"\x1f\x8b":
+        magic = handle.read(8)
+        if magic[:2] == b"\x1f\x8b":
             handle.close()
             handle = gzip.open(path, "rb")
+        else:
+            packed = next((name for start, name in COMPRESSED if start.match(magic)), None)
+            if packed is not None:  # (else read as text: "not UTF-8", which says nothing of why)
+                handle.close()
+                raise ServesimError(f"{path}: {packed} file; servesim reads a trace as plain text or gzip: "
+                                    "decompress it first")
         handle.seek(0)
         head = handle.read(HEAD_BYTES)
         handle.seek(0)

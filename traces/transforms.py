@@ -75,6 +75,9 @@ def time_window(trace: Trace, start_s: float | None, end_s: float | None) -> Tra
     for name, b in (("START", start_s), ("END", end_s)):
         if b is not None and not math.isfinite(b):
             raise ServesimError(f"--time-window: {name} must be a finite number of seconds, got {b}")
+    if start_s is not None and start_s < 0:
+        raise ServesimError(f"--time-window: START must not be negative, got {start_s:g}: the trace's arrivals count "
+                            "from its first, at 0 s")
     if not start < end:
         raise ServesimError(f"--time-window: START must be before END, got {start_s}:{end_s}")
     kept = trace.take((trace.arrival_s >= start) & (trace.arrival_s < end))

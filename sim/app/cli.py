@@ -279,7 +279,8 @@ def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
                                    "steps tables (requests.csv, steps.parquet), summary.json, digest.json and "
                                    "report.html into a run folder.")
     p.add_argument("trace", help="trace file: canonical CSV, Azure 2023/2024, Mooncake JSONL, BurstGPT or "
-                                   f"Vidur CSV, gzip too; {DEFAULT_TRACE_HELP}")
+                                   "Vidur CSV, a vllm bench serve result (JSON) or an AIPerf profile_export.jsonl, "
+                                   f"gzip too; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     add_output_options(p)
     p.add_argument("--no-fast-forward", action="store_true",

@@ -132,7 +132,7 @@ def register(subparsers) -> None:
     p = sub.add_parser("convert", help="write a trace as canonical CSV (keeping prefix hash ids)",
                        description="Read a trace in any supported format, apply the transforms given, and "
                                    "write canonical CSV: arrival_s,prompt_tokens,output_tokens[,request_id]"
-                                   "[,hash_ids,hash_block_tokens]. OUT ending in .gz is compressed.")
+                                   "[,hash_ids,hash_block_tokens][,priority]. OUT ending in .gz is compressed.")
     p.add_argument("file", help="trace file (any supported format, gzip too)")
     p.add_argument("out", help="canonical CSV to write")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")

@@ -107,3 +107,62 @@ class RetriesNow(ChunkedPolicy):
 
     def retry_s(self, state, now):
         return now
+
+
+# Found by a new-user run (2026-12-07): each of these ran to the end with exit 0 and wrong figures (or
+# none), or ended in an internal error.
+
+class ShortensOutputs(ChunkedPolicy):
+    """Makes every waiting request's output 2 tokens long."""
+    promises = Promises()
+
+    def schedule(self, state, now):
+        for r in state.waiting:
+            r.max_tokens = 2
+        return super().schedule(state, now)
+
+
+class MovesArrivals(ChunkedPolicy):
+    """Pretends every waiting request just arrived (hides its queueing)."""
+    promises = Promises()
+
+    def schedule(self, state, now):
+        for r in state.waiting:
+            r.arrival_s = now
+        return super().schedule(state, now)
+
+
+class DropsWaiting(ChunkedPolicy):
+    """Loses a waiting request now and then."""
+    promises = Promises()
+
+    def schedule(self, state, now):
+        if state.step_index % 5 == 4 and state.waiting:
+            state.waiting.pop()
+        return super().schedule(state, now)
+
+
+class ResizesBlocks(ChunkedPolicy):
+    """Makes the KV cache's blocks one token each."""
+    promises = Promises()
+
+    def schedule(self, state, now):
+        state.block_manager.block_size = 1
+        return super().schedule(state, now)
+
+
+class Exits(ChunkedPolicy):
+    """Ends the process."""
+    promises = Promises()
+
+    def schedule(self, state, now):
+        if state.step_index > 3:
+            import sys
+            sys.exit(0)
+        return super().schedule(state, now)
+
+
+class ShorteningRouter(Router):
+    def route(self, request, replicas):
+        request.max_tokens = 1
+        return 0
