@@ -396,3 +396,23 @@ def test_the_sweep_table_keeps_its_columns_apart():
     head, *rows = text.splitlines()
     assert "policy prefill interval" in head.replace("  ", " ") and "policyprefill" not in head
     assert rows[1].split()[:4] == ["decode-first", "4", "7.0", "29"]
+
+
+def test_a_resume_with_a_plugin_edited_since_is_refused(tmp_path, capsys):
+    """Found by a new-user run: a sweep of a user's policy, its file edited and the sweep resumed, mixed
+    the two versions' rows silently. The table's identity holds each plugin file's sha256; a table of
+    built-in policies keeps the identity it had."""
+    from sim.app.results_table import plugin_code
+
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("from policies.chunked import ChunkedPolicy\n\n\nclass Mine(ChunkedPolicy):\n    pass\n")
+    from traces import AZURE_CONV_SAMPLE
+
+    args = ["sweep", str(AZURE_CONV_SAMPLE), "--limit", "12", "--policy", f"{plugin}:Mine,chunked",
+            "--max-num-batched-tokens", "256,512", "--jobs", "1", "--out", str(tmp_path / "sw"), "--quiet"]
+    assert main(args) == 0 and main([*args, "--resume"]) == 0
+    plugin.write_text(plugin.read_text() + "# edited\n")
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    assert f"your plugin {plugin}:Mine changed since those rows ran" in capsys.readouterr().err
+    assert plugin_code(["chunked", "round-robin", None]) == {}

@@ -36,7 +36,37 @@ def identity(trace_sha256: str, axes: dict[str, tuple], options: ReplayOptions, 
     if options.cluster.is_single:  # as tables were before clusters, so they still resume
         del described["cluster"]
     fixed = {k: v for k, v in flat_options(described).items() if k not in sweep_axes}
-    return {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
+    out = {"trace_sha256": trace_sha256, "axes": {k: list(v) for k, v in axes.items()}, "fixed": fixed}
+    specs = [*axes.get("policy", ()), options.scheduler.policy, options.cluster.router]
+    code = plugin_code(specs)
+    if code:  # (a table of servesim's own policies and routers only keeps the identity it had)
+        out["plugin_sha256"] = code
+    return out
+
+
+def plugin_code(specs) -> dict[str, str]:
+    """The sha256 of the file of each user plugin among `specs` (`FILE.py:Class`, `module:Class`), by
+    spec: a resumed table must be of the same code, as of the same trace (a plugin edited between two
+    runs of a sweep mixed the two versions' rows). A file that cannot be read is left to the run to name."""
+    import hashlib
+    import importlib.util
+
+    code = {}
+    for spec in dict.fromkeys(s for s in specs if isinstance(s, str)):
+        source, sep, _ = spec.rpartition(":")
+        if not sep or not source:
+            continue  # a built-in's name
+        try:
+            if source.endswith(".py"):
+                path = Path(source)
+            else:
+                found = importlib.util.find_spec(source)
+                path = Path(found.origin) if found is not None and found.origin else None
+            if path is not None:
+                code[spec] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except (OSError, ImportError, ValueError):
+            continue
+    return code
 
 
 def upgraded(stored: dict, rows: list[dict] | None = None) -> tuple[dict, list[dict]]:
@@ -89,6 +119,10 @@ def difference(stored: dict, current: dict, skip_axes: tuple[str, ...] = ()) -> 
     """How two identities differ, in words; None when they agree (on all but `skip_axes`)."""
     if stored.get("trace_sha256") != current["trace_sha256"]:
         return "a different trace (its requests differ)"
+    old_code, new_code = stored.get("plugin_sha256") or {}, current.get("plugin_sha256") or {}
+    changed = sorted(spec for spec in set(old_code) & set(new_code) if old_code[spec] != new_code[spec])
+    if changed:
+        return f"your plugin {changed[0]} changed since those rows ran (its file's contents differ)"
     for section, label in (("axes", "grid"), ("fixed", "option")):
         old, new = stored.get(section, {}), current[section]
         differ = [key for key in set(old) | set(new) if key not in skip_axes and old.get(key) != new.get(key)]
