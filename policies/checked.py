@@ -214,6 +214,47 @@ def load_bounded(load, spec: str, what: str):
                 signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), previous_timer[1])
 
 
+class _Watchdog:
+    """The last resort past the timeout: a call that catches the timeout's exception (a bare `except:`)
+    and goes on would run for ever, SIGTERM's exception too. One daemon thread watches the deadline a
+    guarded call sets (twice its timeout, at least one second more); past it, it says so and ends the
+    process, exit 2 (os._exit: the call holds the main thread). A run folder being written is left as a
+    killed command leaves it: the old run whole, the staged one removed by the next --overwrite."""
+
+    def __init__(self):
+        self.deadline: float | None = None
+        self.call: tuple = ()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def arm(self, seconds: float, call: tuple) -> None:
+        """Watch a call (guard, method, step) that may run `seconds`."""
+        self.call, self.deadline = call, time.monotonic() + max(2 * seconds, seconds + 1.0)
+        if self.thread is None:
+            with self.lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self._watch, name="servesim-policy-watchdog", daemon=True)
+                    self.thread.start()
+
+    def disarm(self) -> None:
+        self.deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.25)
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() > deadline:
+                guard, method, step = self.call
+                at = "" if step is None else f" at step {step}"
+                os.write(2, (f"sim: error: your {guard.what} {guard.label} ({guard.spec}): {method}{at} did not "
+                             f"return within --policy-timeout {guard.timeout_s:g} s and went on after it was told to "
+                             "stop (does it catch every exception, a bare except:?); ended\n").encode())
+                os._exit(2)
+
+
+_WATCHDOG = _Watchdog()
+
+
 class _Guard:
     """Runs calls into user code: their exceptions become the user's errors, and in the main thread
     a call that outlives the timeout is stopped (SIGALRM from an interval timer; an alarm already
@@ -230,6 +271,7 @@ class _Guard:
             previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
             previous_timer = signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
             started = time.monotonic()
+            _WATCHDOG.arm(self.timeout_s, (self, method, step))  # (its words are made only if it fires)
         try:
             return fn(*args)
         except _Timeout:
@@ -248,6 +290,7 @@ class _Guard:
             raise ServesimError(self.describe(e, method, step)) from None
         finally:
             if timed:
+                _WATCHDOG.disarm()
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous_handler)
                 if previous_timer[0] > 0:

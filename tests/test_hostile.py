@@ -901,3 +901,18 @@ def test_loading_a_plugin_is_bounded_and_its_errors_are_the_users(tmp_path, caps
     assert sim("replay", *SMALL, "--policy", f"{tmp_path / 'starves.py'}:Starves", "--out", out, "--quiet") == 2
     err = error_text(capsys)
     assert f"Starves ({tmp_path / 'starves.py'}:Starves)" in err and "policy chunked" not in err
+
+
+def test_a_policy_that_swallows_the_timeouts_stop_is_ended(tmp_path):
+    """Found by a new-user run: a policy polling in a loop with a bare `except:` caught the timeout's
+    exception (and SIGTERM's) and ran for ever. Past twice the timeout (at least a second more) the
+    watchdog ends the process, exit 2, naming it; the old run folder stays whole."""
+    out = tmp_path / "run"
+    started = time.monotonic()
+    proc = child(["replay", *SMALL, "--policy", f"{HOSTILE}:SwallowsTheStop", "--policy-timeout", "0.5",
+                  "--out", out, "--quiet"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and time.monotonic() - started < 30
+    assert err.endswith(f"sim: error: your policy SwallowsTheStop ({HOSTILE}:SwallowsTheStop): schedule at step 4 "
+                        "did not return within --policy-timeout 0.5 s and went on after it was told to stop (does "
+                        "it catch every exception, a bare except:?); ended\n"), err
