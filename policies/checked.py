@@ -100,8 +100,9 @@ def batch_violation(batch: Any, state: Any, config: Any, preempted: bool = False
         total += num_tokens
         status = getattr(r, "status", None)
         if status is not Status.RUNNING or id(r) not in running:
-            where = "not in the running list" if status is Status.RUNNING else f"{getattr(status, 'name', status)}"
-            return (f"request {rid} is scheduled but is {where.lower()}: a batch may hold only running requests "
+            where = ("not in the running list" if status is Status.RUNNING else
+                     f"{status.name.lower()}" if isinstance(status, Status) else "not a request of the engine's queues")
+            return (f"request {rid} is scheduled but is {where}: a batch may hold only running requests "
                     "(admit a waiting one with Policy._try_admit)")
         if num_computed != r.num_computed_tokens:
             return (f"request {rid}: the batch says {num_computed!r} tokens computed, the request has "

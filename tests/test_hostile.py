@@ -102,6 +102,12 @@ def test_each_broken_rule_is_named():
         "over max seqs in a step": (lambda b, s, rs: [b.add_request(r, 0, 1, False, False) for r in rs[1:]],
                                     "5 requests in one step, more than --max-num-seqs 3"),
         "columns": (lambda b, s, rs: b.is_decode.append(False), "columns have different lengths"),
+        # (a hand-made request, not one of the queues': it said "is none")
+        "unknown": (lambda b, s, rs: setattr(rs[0], "status", None),
+                    "request 0 is scheduled but is not a request of the engine's queues"),
+        # (blocks a policy appended to a request's table unbeknown to the pool: in use went below 0)
+        "negative blocks in use": (lambda b, s, rs: setattr(s.block_manager, "__class__", type(
+            "Leaky", (type(s.block_manager),), {"num_used_blocks": property(lambda self: -1)})), "-1 KV blocks in use"),
     }
     for name, (breaks, words) in cases.items():
         state, config, policy, requests = tiny_state()
