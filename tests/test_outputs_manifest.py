@@ -286,3 +286,14 @@ def test_sim_report_reads_a_runs_own_record_first_and_a_resumed_sweep_keeps_a_li
     capsys.readouterr()
     assert sim(*args, "--resume") == 2
     assert "is a link" in one_error_line(capsys) and precious.read_text() == "keep me"
+
+
+def test_sim_report_says_when_the_folders_record_cannot_be_read(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sim("replay", *SMALL, "--out", run, "--quiet") == 0
+    (run / MANIFEST_NAME).write_text("{not json")
+    capsys.readouterr()
+    assert sim("report", run) == 2
+    assert one_error_line(capsys) == (f"{run / 'report.html'} exists and servesim did not record writing it "
+                                      f"({run / MANIFEST_NAME}, servesim's record of the folder, cannot be read): "
+                                      "sim report would replace it; move or rename it to write the report")

@@ -347,8 +347,11 @@ def check_ours_to_replace(path: str | Path, command: str) -> None:
         raise ServesimError(f"{path} is not a file; {command} would replace it: move it away to write it")
     st = path.stat()
     home, key = _manifest_entry(path)
-    if (read_manifest(home) or {}).get(key) != (st.st_size, st.st_mtime_ns):
-        raise ServesimError(f"{path} exists and servesim did not record writing it (or it was changed since): "
+    recorded = read_manifest(home)
+    if (recorded or {}).get(key) != (st.st_size, st.st_mtime_ns):
+        why = (f" ({home / MANIFEST_NAME}, servesim's record of the folder, cannot be read)"
+               if recorded is None and (home / MANIFEST_NAME).exists() else " (or it was changed since)")
+        raise ServesimError(f"{path} exists and servesim did not record writing it{why}: "
                             f"{command} would replace it; move or rename it to write the report")
 
 
