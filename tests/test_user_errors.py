@@ -726,3 +726,26 @@ def test_a_capture_size_below_the_running_requests_warns_that_eager_launches_are
     warned = [w for w in resolve(ReplayOptions(max_cudagraph_capture_size=8)).warnings()
               if w.startswith("--max-cudagraph-capture-size 8: decode steps of more requests run without CUDA")]
     assert len(warned) == 1 and "without the CPU time of launching each kernel" in warned[0]
+
+
+def test_the_command_lines_process_ignores_a_second_ctrl_c_as_it_ends(monkeypatch, capsys):
+    """Found by a new-user run: Ctrl-C on a `--jobs 2` sweep sometimes printed Python's traceback
+    ("Exception ignored in threading._shutdown") after "sim: interrupted": a second Ctrl-C while Python
+    joined the worker pool's threads at exit. The command line's process (main() without arguments)
+    ignores Ctrl-C once it has ended on one; a call with its own arguments keeps its Ctrl-C."""
+    import signal
+
+    from sim.app import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", interrupted)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(["replay", "x.csv"]) == 130 and signal.getsignal(signal.SIGINT) is previous
+        monkeypatch.setattr(sys, "argv", ["sim", "replay", "x.csv"])
+        assert cli.main() == 130 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err == "sim: interrupted\nsim: interrupted\n"

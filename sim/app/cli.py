@@ -323,10 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     """`sim`'s entry point: the command's exit code. Ctrl-C while the command's modules load or its
     arguments are read is "interrupted" (130), as it is while the command runs, not a traceback."""
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt as e:
         print(interrupted_line(e), file=sys.stderr)
-        return 130
+        code = 130
+    if argv is None and code in (130, 143):
+        # The command line's process, ending on a Ctrl-C or SIGTERM: a second one while Python joins a worker
+        # pool's threads at exit printed its traceback ("Exception ignored in threading._shutdown"). A call with
+        # its own arguments (a test, a program of the user's) keeps its Ctrl-C.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
 
 
 def interrupted_line(e: KeyboardInterrupt) -> str:
