@@ -369,6 +369,35 @@ def checked_policy_class(cls: type, spec: str) -> type:
     return checked
 
 
+class _Blind:
+    """The replicas shown to a router that promised `reads_state = False` (policies/routers.py): how many
+    there are, and nothing of their state, which it is asked before the run starts (sim/cluster.py,
+    `_route_ahead`): a router that read it anyway would route every request on the empty replicas."""
+
+    def __init__(self, replicas, who: str):
+        self._replicas, self._who = replicas, who
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __getitem__(self, i):
+        self._replicas[i]  # (an index out of range fails as it would)
+        return _BlindView(self._who)
+
+
+class _BlindView:
+    def __init__(self, who: str):
+        self._who = who
+
+    def __getattr__(self, name: str):
+        raise ServesimError(f"{self._who} declares reads_state = False, so it is asked where each request goes before "
+                            f"the run starts, but it read a replica's {name}; declare reads_state = True (or leave "
+                            "it out) to be asked as each request arrives")
+
+
 def checked_router_class(cls: type, spec: str) -> type:
     """A subclass of the user's router class whose `route` is guarded and must answer an index of
     the replicas it was shown."""
@@ -379,7 +408,8 @@ def checked_router_class(cls: type, spec: str) -> type:
 
     def route(self, request, replicas):
         given = _given(request)
-        choice = self._guard.call("route", lambda: cls.route(self, request, replicas))
+        shown = replicas if self.reads_state else _Blind(replicas, f"your router {self._guard.label} ({spec})")
+        choice = self._guard.call("route", lambda: cls.route(self, request, shown))
         if _given(request) != given:
             raise ServesimError(f"your router {self._guard.label} ({spec}) changed request "
                                 f"{getattr(request, 'request_id', '?')}'s {_changed(given, _given(request))}; a "

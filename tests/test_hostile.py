@@ -877,6 +877,11 @@ def test_a_plugin_that_calls_sys_exit_is_refused_not_a_silent_success(tmp_path, 
     assert sim("replay", *SMALL, "--replicas", 2, "--router", f"{HOSTILE}:ShorteningRouter", "--out", out,
                "--quiet") == 2
     assert "changed request 0's max_tokens from 44 to 1; a router picks a replica" in error_text(capsys)
+    # A router that promised to read nothing of the replicas (it is asked before the run) and read their load
+    assert sim("replay", *SMALL, "--replicas", 3, "--router", f"{HOSTILE}:ReadsStateAfterAll", "--out", out,
+               "--quiet") == 2
+    assert "declares reads_state = False, so it is asked where each request goes before the run starts, but it read " \
+           "a replica's num_in_flight" in error_text(capsys)
 
 
 def test_loading_a_plugin_is_bounded_and_its_errors_are_the_users(tmp_path, capsys, monkeypatch):

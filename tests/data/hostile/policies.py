@@ -180,3 +180,11 @@ class SwallowsTheStop(ChunkedPolicy):
             except:  # noqa: E722 (the point: it catches the timeout's exception too)
                 pass
         return super().schedule(state, now)
+
+
+class ReadsStateAfterAll(Router):
+    """Promises to read nothing of the replicas, then routes by their load."""
+    reads_state = False
+
+    def route(self, request, replicas):
+        return min(range(len(replicas)), key=lambda i: replicas[i].num_in_flight)
