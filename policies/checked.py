@@ -147,6 +147,30 @@ def _changed(before: tuple, after: tuple) -> str:
     return ", ".join(f"{name} from {a!r} to {b!r}" for name, a, b in zip(GIVEN_FIELDS, before, after) if a != b)
 
 
+SNAPSHOT_EVERY = 16  # steps between two checks of every request a user's policy holds (`state_violation`)
+
+
+def cache_shape(state: Any) -> tuple[int, int]:
+    bm = state.block_manager
+    return bm.block_size, bm.num_blocks
+
+
+def queue_violation(size: int, shape: tuple[int, int], state: Any) -> str | None:
+    """`state_violation`'s rules that take no pass over the queues: as many requests waiting or running
+    after `schedule` as before it, and the KV cache's shape unchanged."""
+    now = len(state.waiting) + len(state.running)
+    if now != size:
+        return (f"{abs(size - now)} request{'s' * (abs(size - now) != 1)} "
+                + ("left the waiting queue and the running list without finishing; only the engine finishes a "
+                   "request (a policy may admit or preempt it)" if now < size else
+                   "joined the queues during schedule; requests come from the trace alone")
+                + f" ({size} waiting or running before, {now} after)")
+    if cache_shape(state) != shape:
+        return (f"the KV cache changed from {shape[1]} blocks of {shape[0]} tokens to {state.block_manager.num_blocks} "
+                f"of {state.block_manager.block_size}; the cache is the engine's")
+    return None
+
+
 def unfinished_snapshot(state: Any) -> tuple:
     """What a policy's `schedule` must leave as it is (`state_violation`): the requests waiting or running
     (the engine alone finishes one), what the trace gave each, and the KV cache's shape."""
@@ -331,10 +355,14 @@ def checked_policy_class(cls: type, spec: str) -> type:
 
     def schedule(self, state, now):
         step, num_preemptions = state.step_index, state.num_preemptions
-        before = unfinished_snapshot(state)
+        # What the policy must leave as it is: the queues' size and the cache's shape every step (O(1)), each
+        # request and what the trace gave it every SNAPSHOT_EVERY steps (it costs a pass over the queues)
+        full = step % SNAPSHOT_EVERY == 0
+        before = unfinished_snapshot(state) if full else None
+        size, shape = len(state.waiting) + len(state.running), cache_shape(state)
         batch = self._guard.call("schedule", lambda: cls.schedule(self, state, now), step=step)
-        problem = state_violation(before, state) or batch_violation(batch, state, self.config,
-                                                                    state.num_preemptions > num_preemptions)
+        problem = (state_violation(before, state) if full else queue_violation(size, shape, state)) \
+            or batch_violation(batch, state, self.config, state.num_preemptions > num_preemptions)
         if problem is not None:
             raise ServesimError(f"your policy {self._guard.label} ({spec}) broke a rule of the engine at step "
                                 f"{step} (t={now:.6f} s): {problem}")
