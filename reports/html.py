@@ -638,10 +638,20 @@ def _rows_table(rows: pd.DataFrame, swept: list[str], label_column: str | None,
 
 
 def _fmt_option(column: str, value) -> str:
-    """A table cell of an axis ('budget 256') or another option (as recorded; '-' where not recorded)."""
+    """A table cell of an axis ('budget 256') or another option (as recorded; '-' where not recorded): a
+    whole number a table read back as a float (pandas' column with a blank) as the whole number, a list
+    as its items ('960, -'), not Python's spelling of them."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return _fmt_axis(column, value) if column in AXES else str(value)
+    if column in AXES:
+        return _fmt_axis(column, value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    if isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and not isinstance(value, (str, bytes))):
+        items = value.tolist() if hasattr(value, "tolist") else value
+        if isinstance(items, list):
+            return ", ".join(_fmt_option(column, item) for item in items) or "-"
+    return str(value)
 
 
 _COUNTS = (("requests", "num_requests"), ("completed", "completed"), ("rejected", "rejected"),

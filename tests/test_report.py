@@ -362,3 +362,13 @@ def test_a_runs_page_shows_its_hit_rate_slo_attainment_rejections_and_trace_tran
     (reason, count), = summary["reject_reasons"].items()
     assert f"Rejected, by reason reason requests {reason} {count} " in text
     assert "requests completed rejected" in text and f" 300 {summary['completed']} {summary['rejected']} " in text
+
+
+def test_a_folder_comparisons_option_cells_are_plain_values():
+    """Found by a new-user run: a folder comparison's table showed options as Python spelled them after a
+    table read them back: `[960.0, None]`, `cluster_num_replicas 3.0`."""
+    from reports.html import _fmt_option
+
+    assert _fmt_option("cluster_num_replicas", 3.0) == "3" and _fmt_option("x", 2.5) == "2.5"
+    assert _fmt_option("x", [960.0, None]) == "960, -" and _fmt_option("x", np.array([1.0, 2.0])) == "1, 2"
+    assert _fmt_option("x", None) == "-" and _fmt_option("x", "chunked") == "chunked"

@@ -416,3 +416,13 @@ def test_a_resume_with_a_plugin_edited_since_is_refused(tmp_path, capsys):
     assert main([*args, "--resume"]) == 2
     assert f"your plugin {plugin}:Mine changed since those rows ran" in capsys.readouterr().err
     assert plugin_code(["chunked", "round-robin", None]) == {}
+
+
+def test_one_plugin_spelled_two_ways_is_listed_twice(tmp_path):
+    """Found by a new-user run: `a/p.py:P` and `a/../a/p.py:P` ran twice as two policies."""
+    (tmp_path / "a").mkdir()
+    plugin = tmp_path / "a" / "p.py"
+    plugin.write_text("")
+    with pytest.raises(ServesimError, match="is listed twice \\(the same file and class spelled another way\\)"):
+        parse_axis("policy", f"{plugin}:P,{tmp_path / 'a' / '..' / 'a' / 'p.py'}:P")
+    assert parse_axis("policy", f"{plugin}:P,{plugin}:Q,chunked") == (f"{plugin}:P", f"{plugin}:Q", "chunked")

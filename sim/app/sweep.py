@@ -21,6 +21,7 @@ import os
 import time
 from concurrent.futures import as_completed
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -65,10 +66,25 @@ def parse_axis(name: str, text: str) -> tuple:
             raise ServesimError(f"{flag}: {part!r} must not be negative")
         if bounds is not None:
             bounds.check(flag, value)
-        if value in values:
-            raise ServesimError(f"{flag}: {part!r} is listed twice")
+        if value in values or (isinstance(value, str) and plugin_file_key(value) in map(plugin_file_key, values)):
+            raise ServesimError(f"{flag}: {part!r} is listed twice" + (
+                "" if value in values else " (the same file and class spelled another way)"))
         values.append(value)
     return tuple(values)
+
+
+def plugin_file_key(spec) -> object:
+    """A policy or router named as `FILE.py:Class`, by its file's real path and class: `a/p.py:P` and
+    `a/../a/p.py:P` are one plugin. Any other value, as it is."""
+    if not isinstance(spec, str):
+        return spec
+    source, sep, name = spec.rpartition(":")
+    if sep and source.endswith(".py"):
+        try:
+            return (str(Path(source).resolve()), name)
+        except OSError:
+            return spec
+    return spec
 
 
 @dataclass(frozen=True)
