@@ -59,6 +59,21 @@ def allreduce_latency_s(link: str | None, num_gpus: int) -> float:
     return collective_latency_s(link, num_gpus, 2 * (num_gpus - 1))
 
 
+def runs_custom_allreduce(link: str | None, num_gpus: int, spans_nodes: bool) -> bool:
+    """Whether vLLM runs its custom all-reduce for a group of `num_gpus` GPUs joined by `link`: within a
+    node only, and over PCIe between two GPUs only ("not supported on more than two PCIe-only GPUs";
+    vllm/distributed/device_communicators/custom_all_reduce.py, `CustomAllreduce.__init__`)."""
+    return not spans_nodes and (link == "nvlink" or num_gpus == 2)
+
+
+def ring_allreduce_over(message_bytes, tp: int, hardware: Hardware, efficiency: float = 1.0):
+    """One all-reduce of `message_bytes` among `tp` GPUs of `hardware`, no table measuring it: a ring over
+    their link (the network between nodes where the group crosses them and that is slower), its hops the
+    node's link's (`allreduce_latency_s`)."""
+    bandwidth = hardware.group_link(tp)[1]
+    return ring_allreduce_seconds(message_bytes, tp, bandwidth * efficiency, allreduce_latency_s(hardware.link, tp))
+
+
 def gemm_seconds(num_tokens, gemm: Gemm, dtype: str, flops_s: float, bytes_s: float):
     """One GEMM of `num_tokens` rows: `flops_s` is the achieved FLOP/s for the weights' dtype,
     `bytes_s` the achieved memory bandwidth."""
@@ -94,6 +109,4 @@ def tp_allreduce_seconds(model: ModelConfig, num_tokens, tp: int, hardware: Hard
         return 0.0 * num_tokens
     hardware.check_tp(tp)
     message = num_tokens * model.hidden_size * ACTIVATION_BYTES
-    bandwidth = hardware.group_link(tp)[1]
-    one = ring_allreduce_seconds(message, tp, bandwidth * efficiency, allreduce_latency_s(hardware.link, tp))
-    return model.num_sublayers * one
+    return model.num_sublayers * ring_allreduce_over(message, tp, hardware, efficiency)

@@ -37,7 +37,7 @@ import numpy as np
 
 from backends.costmodel.optables.interp import fill_rows_by_scaling
 from backends.costmodel.optables.tables import GEMM_DTYPES, KERNELS, KV_DTYPES, TableSet
-from backends.costmodel.tensor_parallel import allreduce_latency_s
+from backends.costmodel.tensor_parallel import allreduce_latency_s, runs_custom_allreduce
 from backends.hardware import node_link
 from sim.errors import ServesimError
 
@@ -344,7 +344,7 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         out["nvlink_bytes_per_s"] = bandwidth
     if spans_nodes:
         out["gpus_per_node"] = gpus_per_node
-    custom_used = not spans_nodes and (link == "nvlink" or tp == 2)
+    custom_used = runs_custom_allreduce(hops, tp, spans_nodes)
     a = tables.custom_allreduce
     rows = a[a["num_gpus"] == tp] if a is not None and custom_used else None
     if rows is not None and not rows.empty:

@@ -94,7 +94,7 @@ from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, graph_sizes_array, padded_tokens
 from backends.costmodel.roofline import MoERooflineCostModel, chunk_pieces, fp4_native
-from backends.costmodel.tensor_parallel import allreduce_latency_s, ring_allreduce_seconds
+from backends.costmodel.tensor_parallel import ring_allreduce_over, runs_custom_allreduce
 from backends.sampler import PricesSampler, sampler_seconds
 from sim.backend import StepResult
 from sim.batch import Batch
@@ -856,8 +856,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             # vLLM's custom all-reduce only within a node, and over PCIe only between two GPUs
             # (custom_all_reduce.py, `CustomAllreduce.__init__`; the dense model's `derive_allreduce`)
             spans = self.hardware.spans_nodes(self.tp)
-            custom = not spans and (self.hardware.link == "nvlink" or self.tp == 2)
-            a = tables.custom_allreduce if custom else None
+            a = tables.custom_allreduce if runs_custom_allreduce(self.hardware.link, self.tp, spans) else None
             for mode, name in (("graph", "_ar_custom"), ("eager", "_ar_custom_eager")):
                 rows = None if a is None else a[(a["num_gpus"] == self.tp) & a["kernel_source"].str.contains(mode)]
                 if rows is not None and not rows.empty:
@@ -878,8 +877,8 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             # The group's members lie among the engine's tp x dp GPUs (a DP group's stand tp apart):
             # past a node it rings over the network between nodes, which no NCCL table (one node's
             # GPUs) measures.
-            link, bandwidth = self.hardware.group_link(max(g, self.moe_span), members=g)
-            crosses = self.hardware.spans_nodes(max(g, self.moe_span))
+            link, bandwidth = self.hardware.group_link(self.moe_span, members=g)
+            crosses = self.hardware.spans_nodes(self.moe_span)
             self._gather = None if crosses else nccl_lookup(tables.nccl, "all_gather", g)
             self._scatter = None if crosses else nccl_lookup(tables.nccl, "reduce_scatter", g)
             how = "vLLM's allgather_reducescatter (AgRsAll2AllManager)"
@@ -916,12 +915,6 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
 
     def _pair(self, op: str, pair: Curve, size):
         return self._curve_at(op, pair, np.maximum(size, 1.0))
-
-    def _ring_allreduce(self, size) -> float:
-        """One all-reduce of `size` bytes among the TP GPUs as a ring over their link (no table):
-        2 (T - 1) / T of the bytes each way, plus the ring's fixed time."""
-        bandwidth = self.hardware.group_link(self.tp)[1]
-        return float(ring_allreduce_seconds(size, self.tp, bandwidth, allreduce_latency_s(self.hardware.link, self.tp)))
 
     def _dense_moe(self, t):
         if getattr(self, "_tables_ready", False):
@@ -1061,7 +1054,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             return self._curve_at("allreduce", custom, max(size, 1))
         if self._ar_nccl is not None:
             return self._pair("allreduce", self._ar_nccl, size)
-        return self._ring_allreduce(size)
+        return float(ring_allreduce_over(size, self.tp, self.hardware))
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
         """One layer's attention of one request from the tables at `window` (0: full attention)."""
