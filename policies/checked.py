@@ -147,7 +147,10 @@ def _changed(before: tuple, after: tuple) -> str:
     return ", ".join(f"{name} from {a!r} to {b!r}" for name, a, b in zip(GIVEN_FIELDS, before, after) if a != b)
 
 
-SNAPSHOT_EVERY = 16  # steps between two checks of every request a user's policy holds (`state_violation`)
+SNAPSHOT_EVERY = 16  # calls of schedule between two checks of every request a user's policy holds (`state_violation`)
+LEFT = "left the waiting queue and the running list without finishing; only the engine finishes a request (a " \
+       "policy may admit or preempt it)"
+JOINED = "joined the queues during schedule; requests come from the trace alone"
 
 
 def cache_shape(state: Any) -> tuple[int, int]:
@@ -160,48 +163,36 @@ def queue_violation(size: int, shape: tuple[int, int], state: Any) -> str | None
     after `schedule` as before it, and the KV cache's shape unchanged."""
     now = len(state.waiting) + len(state.running)
     if now != size:
-        return (f"{abs(size - now)} request{'s' * (abs(size - now) != 1)} "
-                + ("left the waiting queue and the running list without finishing; only the engine finishes a "
-                   "request (a policy may admit or preempt it)" if now < size else
-                   "joined the queues during schedule; requests come from the trace alone")
-                + f" ({size} waiting or running before, {now} after)")
+        return (f"{abs(size - now)} request{'s' * (abs(size - now) != 1)} {LEFT if now < size else JOINED} "
+                f"({size} waiting or running before, {now} after)")
     if cache_shape(state) != shape:
         return (f"the KV cache changed from {shape[1]} blocks of {shape[0]} tokens to {state.block_manager.num_blocks} "
                 f"of {state.block_manager.block_size}; the cache is the engine's")
     return None
 
 
-def unfinished_snapshot(state: Any) -> tuple:
-    """What a policy's `schedule` must leave as it is (`state_violation`): the requests waiting or running
-    (the engine alone finishes one), what the trace gave each, and the KV cache's shape."""
-    requests = {id(r): (r, _given(r)) for queue in (state.waiting, state.running) for r in queue}
-    bm = state.block_manager
-    return requests, (bm.block_size, bm.num_blocks)
+def unfinished_snapshot(state: Any) -> dict:
+    """The requests waiting or running (the engine alone finishes one) and what the trace gave each, which
+    a policy's `schedule` must leave as they are (`state_violation`)."""
+    return {id(r): (r, _given(r)) for queue in (state.waiting, state.running) for r in queue}
 
 
-def state_violation(before: tuple, state: Any) -> str | None:
-    """The first change `schedule` made that only the engine or the trace may make, in words; None.
-    A request may move between waiting and running (admitted, preempted), nothing more: one that left
-    both was lost (its figures would be missing from the run's), one that came from elsewhere was made
-    up; what the trace gave a request (its arrival, prompt, output length, priority) is not the
-    policy's to change, nor the KV cache's block size or block count."""
-    requests, shape = before
+def state_violation(before: dict, state: Any) -> str | None:
+    """The first change `schedule` made to the requests that only the engine or the trace may make, naming
+    the request; None. A request may move between waiting and running (admitted, preempted), nothing more:
+    one that left both was lost (its figures would be missing from the run's), one that came from elsewhere
+    was made up; what the trace gave a request (its arrival, prompt, output length, priority) is not the
+    policy's to change. (The cache's shape: `queue_violation`.)"""
     after = {id(r): r for queue in (state.waiting, state.running) for r in queue}
-    for key, (r, given) in requests.items():
+    for key, (r, given) in before.items():
         if key not in after:
-            return (f"request {getattr(r, 'request_id', '?')} left the waiting queue and the running list without "
-                    "finishing; only the engine finishes a request (a policy may admit or preempt it)")
+            return f"request {getattr(r, 'request_id', '?')} {LEFT}"
         if _given(r) != given:
             return (f"request {getattr(r, 'request_id', '?')}'s {_changed(given, _given(r))}: what the trace gave a "
                     "request is not the policy's to change")
     for key, r in after.items():
-        if key not in requests:
-            return (f"request {getattr(r, 'request_id', '?')} joined the queues during schedule; requests come from "
-                    "the trace alone")
-    bm = state.block_manager
-    if (bm.block_size, bm.num_blocks) != shape:
-        return (f"the KV cache changed from {shape[1]} blocks of {shape[0]} tokens to {bm.num_blocks} of "
-                f"{bm.block_size}; the cache is the engine's")
+        if key not in before:
+            return f"request {getattr(r, 'request_id', '?')} {JOINED}"
     return None
 
 
@@ -213,30 +204,44 @@ def _on_alarm(signum, frame):
     raise _Timeout()
 
 
+class _Alarm:
+    """`_Timeout` raised in the main thread after `seconds` (an interval timer, SIGALRM), for the block;
+    an alarm already set by someone else (pytest-timeout's) is put back with the time it has left. Off
+    the main thread, or with 0 seconds, nothing (`on` says which)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.on = seconds > 0 and threading.current_thread() is threading.main_thread()
+
+    def __enter__(self) -> _Alarm:
+        if self.on:
+            self.previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+            self.previous_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            self.started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous_handler)
+            if self.previous_timer[0] > 0:
+                left = self.previous_timer[0] - (time.monotonic() - self.started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), self.previous_timer[1])
+
+
 def load_bounded(load, spec: str, what: str):
     """`load()` (sim.plugins.load_class of the user's `spec`), which runs the top level of their module,
     bounded by --policy-timeout as each later call into their code is (in the main thread): a module that
     loops as it loads stops with exit 2, and one that calls sys.exit ends nothing but its loading."""
     seconds = policy_timeout_s()
-    timed = seconds > 0 and threading.current_thread() is threading.main_thread()
-    if timed:
-        previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
-        previous_timer = signal.setitimer(signal.ITIMER_REAL, seconds)
-        started = time.monotonic()
-    try:
-        return load()
-    except _Timeout:
-        raise ServesimError(f"--{what} {spec}: loading it did not finish within --policy-timeout {seconds:g} s "
-                            "(its module's top level runs as it is imported); stopped") from None
-    except SystemExit as e:
-        raise ServesimError(f"--{what} {spec}: its module called sys.exit({e.code!r}) as it loaded") from None
-    finally:
-        if timed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous_handler)
-            if previous_timer[0] > 0:
-                left = previous_timer[0] - (time.monotonic() - started)
-                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), previous_timer[1])
+    with _Alarm(seconds):
+        try:
+            return load()
+        except _Timeout:
+            raise ServesimError(f"--{what} {spec}: loading it did not finish within --policy-timeout {seconds:g} "
+                                "s (its module's top level runs as it is imported); stopped") from None
+        except SystemExit as e:
+            raise ServesimError(f"--{what} {spec}: its module called sys.exit({e.code!r}) as it loaded") from None
 
 
 class _Watchdog:
@@ -291,36 +296,28 @@ class _Guard:
         self.timeout_s = policy_timeout_s()
 
     def call(self, method: str, fn, *args, step: int | None = None):
-        timed = self.timeout_s > 0 and threading.current_thread() is threading.main_thread()
-        if timed:
-            previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
-            previous_timer = signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-            started = time.monotonic()
-            _WATCHDOG.arm(self.timeout_s, (self, method, step))  # (its words are made only if it fires)
-        try:
-            return fn(*args)
-        except _Timeout:
-            at = "" if step is None else f" at step {step}"
-            raise ServesimError(f"your {self.what} {self.label} ({self.spec}): {method} did not return within "
-                                f"--policy-timeout {self.timeout_s:g} s{at}; stopped") from None
-        except ServesimError:
-            raise
-        except SystemExit as e:  # sys.exit() in the user's code would end the command, exit 0, silently
-            at = "" if step is None else f" at step {step}"
-            raise ServesimError(f"your {self.what} {self.label} ({self.spec}) called sys.exit({e.code!r}) in "
-                                f"{method}{at}: it must return, not end the process") from None
-        except Exception as e:
-            if getattr(e, "from_outside", False):  # SIGTERM's exception (sim.app.workers.Terminated)
+        with _Alarm(self.timeout_s) as alarm:
+            if alarm.on:
+                _WATCHDOG.arm(self.timeout_s, (self, method, step))  # (its words are made only if it fires)
+            try:
+                return fn(*args)
+            except _Timeout:
+                at = "" if step is None else f" at step {step}"
+                raise ServesimError(f"your {self.what} {self.label} ({self.spec}): {method} did not return within "
+                                    f"--policy-timeout {self.timeout_s:g} s{at}; stopped") from None
+            except ServesimError:
                 raise
-            raise ServesimError(self.describe(e, method, step)) from None
-        finally:
-            if timed:
-                _WATCHDOG.disarm()
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous_handler)
-                if previous_timer[0] > 0:
-                    left = previous_timer[0] - (time.monotonic() - started)
-                    signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), previous_timer[1])
+            except SystemExit as e:  # sys.exit() in the user's code would end the command, exit 0, silently
+                at = "" if step is None else f" at step {step}"
+                raise ServesimError(f"your {self.what} {self.label} ({self.spec}) called sys.exit({e.code!r}) in "
+                                    f"{method}{at}: it must return, not end the process") from None
+            except Exception as e:
+                if getattr(e, "from_outside", False):  # SIGTERM's exception (sim.app.workers.Terminated)
+                    raise
+                raise ServesimError(self.describe(e, method, step)) from None
+            finally:
+                if alarm.on:
+                    _WATCHDOG.disarm()
 
     def describe(self, e: BaseException, method: str, step: int | None) -> str:
         """'error in your policy FILE:LINE ...' and the traceback from the user's call on."""
@@ -355,14 +352,13 @@ def checked_policy_class(cls: type, spec: str) -> type:
 
     def schedule(self, state, now):
         step, num_preemptions = state.step_index, state.num_preemptions
-        # What the policy must leave as it is: the queues' size and the cache's shape every step (O(1)), each
-        # request and what the trace gave it every SNAPSHOT_EVERY steps (it costs a pass over the queues)
+        # What the policy must leave as it is: the queues' size and the cache's shape at every call (O(1)),
+        # each request and what the trace gave it at every SNAPSHOT_EVERY-th (it costs a pass over the queues)
         self._calls = getattr(self, "_calls", 0) + 1  # (calls, not steps: fast-forward leaves steps out)
-        full = self._calls % SNAPSHOT_EVERY == 1
-        before = unfinished_snapshot(state) if full else None
+        before = unfinished_snapshot(state) if self._calls % SNAPSHOT_EVERY == 1 else None
         size, shape = len(state.waiting) + len(state.running), cache_shape(state)
         batch = self._guard.call("schedule", lambda: cls.schedule(self, state, now), step=step)
-        problem = (state_violation(before, state) if full else queue_violation(size, shape, state)) \
+        problem = (before is not None and state_violation(before, state)) or queue_violation(size, shape, state) \
             or batch_violation(batch, state, self.config, state.num_preemptions > num_preemptions)
         if problem is not None:
             raise ServesimError(f"your policy {self._guard.label} ({spec}) broke a rule of the engine at step "
