@@ -11,6 +11,21 @@ from pathlib import Path
 from sim.errors import ServesimError
 
 
+def plugin_file(spec: str) -> Path | None:
+    """The file of a user's plugin named `FILE.py:Class` (as given, not resolved) or `module:Class` (where
+    the module is found: its origin), without running it; None for a built-in's name or a module not found."""
+    source, sep, _ = spec.rpartition(":")
+    if not sep or not source:
+        return None
+    if source.endswith(".py"):
+        return Path(source)
+    try:
+        found = importlib.util.find_spec(source)
+    except (ImportError, ValueError):
+        return None
+    return Path(found.origin) if found is not None and found.origin else None
+
+
 def load_class(spec: str, registry: dict[str, type], base: type, what: str) -> type:
     """The class `spec` names: a key of `registry`, or a user's class given as `FILE.py:Class` or
     `module:Class`, which must subclass `base`. `what` names the kind in errors ("policy")."""

@@ -49,22 +49,16 @@ def plugin_code(specs) -> dict[str, str]:
     spec: a resumed table must be of the same code, as of the same trace (a plugin edited between two
     runs of a sweep mixed the two versions' rows). A file that cannot be read is left to the run to name."""
     import hashlib
-    import importlib.util
+
+    from sim.plugins import plugin_file
 
     code = {}
     for spec in dict.fromkeys(s for s in specs if isinstance(s, str)):
-        source, sep, _ = spec.rpartition(":")
-        if not sep or not source:
-            continue  # a built-in's name
+        path = plugin_file(spec)  # (None: a built-in's name)
         try:
-            if source.endswith(".py"):
-                path = Path(source)
-            else:
-                found = importlib.util.find_spec(source)
-                path = Path(found.origin) if found is not None and found.origin else None
             if path is not None:
                 code[spec] = hashlib.sha256(path.read_bytes()).hexdigest()
-        except (OSError, ImportError, ValueError):
+        except OSError:
             continue
     return code
 

@@ -21,7 +21,6 @@ import os
 import time
 from concurrent.futures import as_completed
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -76,15 +75,15 @@ def parse_axis(name: str, text: str) -> tuple:
 def plugin_file_key(spec) -> object:
     """A policy or router named as `FILE.py:Class`, by its file's real path and class: `a/p.py:P` and
     `a/../a/p.py:P` are one plugin. Any other value, as it is."""
-    if not isinstance(spec, str):
+    from sim.plugins import plugin_file
+
+    path = plugin_file(spec) if isinstance(spec, str) and spec.rpartition(":")[0].endswith(".py") else None
+    if path is None:
         return spec
-    source, sep, name = spec.rpartition(":")
-    if sep and source.endswith(".py"):
-        try:
-            return (str(Path(source).resolve()), name)
-        except OSError:
-            return spec
-    return spec
+    try:
+        return (str(path.resolve()), spec.rpartition(":")[2])
+    except OSError:
+        return spec
 
 
 @dataclass(frozen=True)
