@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = _main(argv)
     except KeyboardInterrupt as e:
-        print(interrupted_line(e), file=sys.stderr)
+        print(ended_line("interrupted", e), file=sys.stderr)
         code = 130
     if argv is None and code in (130, 143):
         # The command line's process, ending on a Ctrl-C or SIGTERM: a second one while Python joins a worker
@@ -337,10 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def interrupted_line(e: KeyboardInterrupt) -> str:
-    """"sim: interrupted", and when it came as a finished run took its folder's place, that the
-    folder holds it (sim.app.outputs.InterruptedAfterWriting)."""
-    return f"sim: interrupted {e}" if str(e) else "sim: interrupted"
+def ended_line(how: str, e: BaseException) -> str:
+    """"sim: interrupted" (or "terminated"), and when it came as a finished run took its folder's place,
+    that the folder holds it (the exception's words: sim.app.outputs.FolderLock._swap_in)."""
+    return f"sim: {how} {e}" if str(e) else f"sim: {how}"
 
 
 def _main(argv: list[str] | None) -> int:
@@ -370,7 +370,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         return args.func(args)
     except Terminated as e:  # (its words, where it came as a finished run took its folder's place)
-        print(f"sim: terminated {e}" if str(e) else "sim: terminated", file=sys.stderr)
+        print(ended_line("terminated", e), file=sys.stderr)
         return 143
     except ServesimError as e:
         print(f"sim: error: {e}", file=sys.stderr)
@@ -379,7 +379,7 @@ def _main(argv: list[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except KeyboardInterrupt as e:
-        print(interrupted_line(e), file=sys.stderr)
+        print(ended_line("interrupted", e), file=sys.stderr)
         return 130
     except Exception as e:  # a bug: one line, and the traceback on request
         if os.environ.get("SERVESIM_DEBUG"):

@@ -401,8 +401,10 @@ def safe_name(text: str) -> str:
 class InterruptedAfterWriting(KeyboardInterrupt):
     """Ctrl-C that came while a finished run took its folder's place: the folder holds the new run."""
 
-    def __init__(self, folder: Path):
-        super().__init__(f"after {folder} was written whole (the old run in it replaced)")
+
+def _written_words(folder: Path) -> str:
+    """What a Ctrl-C or SIGTERM that came as a finished run took its folder's place says of it."""
+    return f"after {folder} was written whole (the old run in it replaced)"
 
 
 @contextmanager
@@ -486,9 +488,7 @@ class FolderLock:
 
             from sim.app.workers import Terminated
 
-            if signal_number == signal.SIGTERM:
-                raise Terminated(f"after {final} was written whole (the old run in it replaced)")
-            raise InterruptedAfterWriting(final)
+            raise (Terminated if signal_number == signal.SIGTERM else InterruptedAfterWriting)(_written_words(final))
 
     def acquire(self) -> FolderLock:
         for _ in range(100):  # another process may remove the file between our open and our flock
