@@ -210,7 +210,9 @@ FRONT_END_CAVEAT = (
     "(ai-dynamo/aiconfigurator, src/aiconfigurator/eval/), not vLLM's API server, which servesim puts in front: "
     "the front end's time on a request's way in is not modelled; in the shared files this source's vLLM 0.12, "
     "TensorRT-LLM and SGLang groups of Qwen3 and Llama-3.1-8B are simulated 36-61% short of their measured TTFT "
-    "(median; docs/calibration-and-validation.md, By source)")
+    "(median; docs/calibration-and-validation.md, By source); and its client sends every prompt and output at the "
+    "same length (genai-perf, stddev 0) after 2 x C warm-up requests, whose closed-loop waves servesim cannot time: "
+    "it runs InferenceMAX's client (lengths in [0.8 x ISL, ISL], every request counted)")
 
 
 def kernel_caveats(row) -> list[str]:
