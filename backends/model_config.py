@@ -57,6 +57,18 @@ _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
              "max_position_embeddings")
 LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # the layer_types entries servesim prices
+# Hybrid models whose linear-attention (Gated DeltaNet, lightning) or state-space (Mamba) layers keep a
+# state per request: refused with `_STATE_HINT` (docs/moe.md, "Not yet", says what vLLM does for them).
+STATE_LAYER_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "nemotron_h",
+                     "kimi_linear", "jamba", "falcon_h1", "granitemoehybrid", "bamba", "zamba2", "mamba", "mamba2",
+                     "lfm2"}
+_STATE_HINT = (": its linear-attention or state-space layers keep a state per request, which servesim does not "
+               "simulate yet (docs/moe.md, Not yet)")
+
+
+def _state_hint(*model_types) -> str:
+    """`_STATE_HINT` where one of the model types is a hybrid of `STATE_LAYER_TYPES`, else ''."""
+    return _STATE_HINT if any(t in STATE_LAYER_TYPES for t in model_types) else ""
 INDEXER_TYPES = ("full", "shared")  # a sparse-attention layer's own indexer, or the top-k of the last one
 
 
@@ -263,8 +275,9 @@ class ModelConfig:
         refuse_unpriceable(raw, where)
         model_type = raw.get("model_type")
         if model_type not in FAMILIES:
-            raise ServesimError(f"{where}: model_type {model_type!r} is not supported; servesim prices "
-                                f"{', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} decoders")
+            raise ServesimError(f"{where}: model_type {model_type!r} is not supported{_state_hint(model_type)}; "
+                                f"servesim prices {', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} "
+                                "decoders")
         fields = hf_fields(raw, where)
         for field in _REQUIRED:
             if field not in fields:
@@ -1036,6 +1049,9 @@ def _layer_types(raw: dict, where: str, model_type: str = "") -> list | None:
         if t not in LAYER_TYPES:
             raise ServesimError(f"{where}: layer_types[{i}] = {t!r}: servesim prices full_attention, "
                                 "sliding_attention and chunked_attention (Llama 4) layers only"
+                                + ("; a linear-attention or state-space layer keeps a state per request, which "
+                                   "servesim does not simulate yet (docs/moe.md, Not yet)"
+                                   if t in ("linear_attention", "mamba") else "")
                                 + (f" ({', '.join(SPARSE_LAYER_TYPES)} for DeepSeek sparse attention)"
                                    if model_type in _SPARSE else ""))
     if "chunked_attention" in types and model_type != "llama4_text":
@@ -1053,15 +1069,16 @@ def extended_from_hf(raw: dict, where: str) -> ModelConfig:
         if text.get("model_type") not in EXTENDED_FAMILIES:
             raise ServesimError(
                 f"{where}: model_type {raw.get('model_type')!r} (a multimodal wrapper around a text_config of "
-                f"model_type {text.get('model_type')!r}) is not supported; servesim reads a wrapper's text_config "
+                f"model_type {text.get('model_type')!r}) is not supported"
+                f"{_state_hint(raw.get('model_type'), text.get('model_type'))}; servesim reads a wrapper's text_config "
                 f"only for {', '.join([*EXTENDED_FAMILIES, *LANGUAGE_MODELS])} decoders")
         quantization = raw.get("quantization_config", text.get("quantization_config"))
         raw = {**text, "quantization_config": quantization}
         where = f"{where}{TEXT_CONFIG}"
     model_type = raw.get("model_type")
     if model_type not in EXTENDED_FAMILIES:
-        raise ServesimError(f"{where}: model_type {model_type!r} is not supported; servesim prices "
-                            f"{', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} decoders")
+        raise ServesimError(f"{where}: model_type {model_type!r} is not supported{_state_hint(model_type)}; "
+                            f"servesim prices {', '.join(dict.fromkeys([*FAMILIES, *EXTENDED_FAMILIES]))} decoders")
     for field, what in (("index_topk", "DeepSeek sparse attention"), ("linear_attn_config", "linear attention"),
                         ("attention_chunk_size", "chunked local attention")):
         if raw.get(field) is not None and not (field == "attention_chunk_size" and model_type == "llama4_text") \

@@ -138,6 +138,30 @@ def test_an_unknown_layer_type_is_refused_naming_its_position(tmp_path, name, at
                              "sliding_attention and chunked_attention (Llama 4) layers only")
 
 
+STATE_HINT = "keeps a state per request, which servesim does not simulate yet (docs/moe.md, Not yet)"
+
+
+@pytest.mark.parametrize("name", ["Qwen--Qwen3.5-27B", "Qwen--Qwen3.5-35B-A3B", "Qwen--Qwen3.5-397B-A17B",
+                                  "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nvidia--Nemotron-H-56B-Base-8K"])
+def test_a_hybrid_of_linear_attention_or_state_space_layers_is_refused_saying_why(name):
+    """Qwen3.5's Gated DeltaNet and Nemotron-H's Mamba layers keep a state per request: the refusal
+    says so, beside the families servesim prices, and points at what vLLM does for them."""
+    message = refusal(CONFIGS / f"{name}_config.json")
+    assert "is not supported: its linear-attention or state-space layers " + STATE_HINT.replace("keeps", "keep") \
+        in message
+
+
+def test_a_linear_attention_layer_type_is_refused_saying_why(tmp_path):
+    raw = package(QWEN3)
+    types = ["full_attention"] * raw["num_hidden_layers"]
+    types[1] = "linear_attention"
+    path = write(tmp_path, {**raw, "layer_types": types})
+    assert refusal(path) == (f"{path}: layer_types[1] = 'linear_attention': servesim prices full_attention, "
+                             "sliding_attention and chunked_attention (Llama 4) layers only; a linear-attention or "
+                             f"state-space layer {STATE_HINT}")
+    assert "state" not in refusal(write(tmp_path, {**raw, "layer_types": ["banana"] * raw["num_hidden_layers"]}))
+
+
 def test_layer_types_must_name_every_layer(tmp_path):
     raw = package(GPT_OSS)
     path = write(tmp_path, {**raw, "layer_types": raw["layer_types"][:-1]})
