@@ -496,6 +496,10 @@ def test_dtype_fp8_experts_are_priced_with_the_triton_kernel_vllm_serves_them_wi
     block, _ = run("--model", "Qwen/Qwen3-30B-A3B-FP8", "--hardware", "h100_sxm")
     assert "vllm_fp8moe_triton_tritonexperts, fp8_block" in how and "priced from the same kernel's block-fp8" in how
     assert fp8 == block < 0.8 * bf16  # half the expert bytes to read, as the block-fp8 checkpoint
+    # Found by a review with odd options: naming the kernel `auto` serves (--moe-kernel triton) was
+    # refused on H100, "leave --moe-kernel auto", which picks that very kernel. It is the same answer.
+    named, how = run("--model", "Qwen3-30B-A3B", "--hardware", "h100_sxm", "--dtype", "fp8", "--moe-kernel", "triton")
+    assert named == fp8 and "the kernel the server was told to run" in how and "same kernel's block-fp8" in how
     fp8, how = run("--model", "Qwen3-235B-A22B", "--hardware", "h200_sxm", "--tp", "4", "--dtype", "fp8")
     bf16, _ = run("--model", "Qwen3-235B-A22B", "--hardware", "h200_sxm", "--tp", "4")
     assert "moe_perf vLLM 0.19.0" in how and "vllm_fused_moe, fp8," in how and fp8 < bf16
@@ -553,3 +557,17 @@ def test_a_ring_past_a_pcie_node_pays_at_least_its_hops_and_a_spread_group_is_na
     with pytest.raises(ServesimError, match=r"a group of 2 GPUs spread over 16 \(a DP group's stand --tp apart\) "
                                             r"span nodes of 8"):
         MoERooflineCostModel(resolve_model("Qwen3-30B-A3B"), bare, tp=8, dp=2).dispatch_seconds(1e6)
+
+
+def test_an_explicit_distribution_no_moe_perf_row_prices_is_refused_balanced_too(package, capsys):
+    """Found by a review with odd options: --moe-distribution balanced on A100, whose tables measure this
+    layer with skewed rows only, ran on the roofline (which spreads no tokens over experts) while
+    summary.json recorded `balanced`; docs/moe.md says a distribution the table lacks is refused."""
+    from sim.app.cli import main
+
+    code = main(["replay", "traces/samples/azure_conv_2023_first5min.csv", "--model", "Qwen3-30B-A3B", "--hardware",
+                 "A100-80GB", "--moe-distribution", "balanced", "--limit", "5", "--out", "/nonexistent/never-written"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--moe-distribution balanced is priced from the moe_perf rows measured with it, and none " \
+        "price this layer (roofline: no moe_perf rows with the balanced token distribution" in err
+    assert err.rstrip().endswith("give auto (the roofline then prices the layer)") and "Traceback" not in err

@@ -749,3 +749,24 @@ def test_the_command_lines_process_ignores_a_second_ctrl_c_as_it_ends(monkeypatc
     finally:
         signal.signal(signal.SIGINT, previous)
     assert capsys.readouterr().err == "sim: interrupted\nsim: interrupted\n"
+
+
+def test_an_option_that_changes_nothing_or_a_cache_past_memory_is_warned_about(tmp_path, capsys):
+    """Found by a review with odd options: --moe-distribution on a model without experts, and a
+    --num-gpu-blocks larger than the memory left for the cache (summary.json's own `available` said
+    so), ran without a word. Both still run (a sweep over dense and MoE models may keep one
+    distribution; --num-gpu-blocks is taken as given), and the terminal says what they mean."""
+    assert sim("replay", AZURE_CONV_SAMPLE, "--limit", "5", "--moe-distribution", "balanced", "--num-gpu-blocks",
+               "100000", "--out", tmp_path / "run", "--quiet") == 0
+    err = capsys.readouterr().err
+    assert ("sim: warning: --moe-distribution balanced: Llama-3.1-8B has no experts to spread tokens over; the flag "
+            "changes nothing in this run\n") in err
+    # 100,000 blocks of 16 tokens x 128 KiB (Llama-3.1-8B in bf16) on an 80 GB H100
+    assert re.search(r"sim: warning: --num-gpu-blocks 100000: 195\.31 GiB of KV cache per GPU, more than the "
+                     r"\d+\.\d\d GiB left on H100-SXM after the weights and activations \(summary.json kv_cache\); "
+                     r"vLLM would fail to allocate it, here it runs as given\n", err), err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "moe_distribution" not in summary["options"] and summary["kv_cache"]["num_gpu_blocks"] == 100000
+    assert sim("replay", AZURE_CONV_SAMPLE, "--limit", "5", "--num-gpu-blocks", "1000", "--out", tmp_path / "fits",
+               "--quiet") == 0
+    assert "warning" not in capsys.readouterr().err

@@ -216,6 +216,18 @@ class RunPlan:
             found.append(FUSION_AT_TP1)
         if self.model.index_topk and self.options.kv_cache_dtype == "fp8" and is_blackwell(self.hardware.name):
             found.append(SPARSE_FP8_ON_BLACKWELL)
+        if self.options.moe_distribution != "auto" and not self.model.num_experts:
+            # (kept, not refused: a sweep over dense and MoE models may keep one value; summary.json leaves it out)
+            found.append(f"--moe-distribution {self.options.moe_distribution}: {self.model.name} has no experts to "
+                         "spread tokens over; the flag changes nothing in this run")
+        for p in plans:  # a cache given by --num-gpu-blocks larger than the memory left for it
+            kv = p.kv
+            if kv is not None and kv.source == "--num-gpu-blocks" and \
+                    kv.num_gpu_blocks * kv.block_bytes > kv.terms["available"]:
+                found.append(f"--num-gpu-blocks {kv.num_gpu_blocks}: {kv.num_gpu_blocks * kv.block_bytes / 2**30:.2f} "
+                             f"GiB of KV cache per GPU, more than the {max(kv.terms['available'], 0) / 2**30:.2f} GiB "
+                             f"left on {p.hardware.name} after the weights and activations (summary.json kv_cache); "
+                             "vLLM would fail to allocate it, here it runs as given")
         capture = self.options.max_cudagraph_capture_size
         if capture is not None and capture < self.options.scheduler.max_num_seqs:
             # (steps past the graphs are priced by their kernels' GPU time, unpadded; the CPU time of launching

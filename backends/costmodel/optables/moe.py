@@ -541,12 +541,13 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                 shape.moe_dtype, system_sm_version(tables.system), online=not (m.expert_dtype or m.weight_dtype))
             shape = replace(shape, moe_dtype=KERNEL_DTYPES.get((self.moe_kernel, shape.moe_dtype), shape.moe_dtype))
             picked = pick_moe_curve(moe_tables, shape, auto, served, self.hardware, named)
-            if (not named and served is not None and served[0] == "triton" and shape.moe_dtype == "fp8"
+            if (served is not None and served[0] == "triton" and shape.moe_dtype == "fp8"
                     and (isinstance(picked, str) or not names_kernel(picked[2][0], "triton"))):
-                # --dtype fp8's Triton kernel is not measured in per-tensor fp8 on this system (H100's
-                # tables time it with block scales only): the same kernel's block-fp8 rows price it, fp8
-                # weights on the fp8 tensor cores with 128 x 128 scales, not another kernel's.
-                block = pick_moe_curve(moe_tables, replace(shape, moe_dtype="fp8_block"), auto, served, None)
+                # The Triton kernel (--dtype fp8's, or named by --moe-kernel triton) is not measured in
+                # per-tensor fp8 on this system (H100's tables time it with block scales only): the same
+                # kernel's block-fp8 rows price it, fp8 weights on the fp8 tensor cores with 128 x 128
+                # scales, not another kernel's.
+                block = pick_moe_curve(moe_tables, replace(shape, moe_dtype="fp8_block"), auto, served, None, named)
                 if not isinstance(block, str) and names_kernel(block[2][0], "triton"):
                     table, priced, found, why = block
                     picked = (table, priced, found, f"{why}; not measured in per-tensor fp8 on {tables.system}: "
@@ -573,9 +574,12 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                 self.sources["moe"] = (f"moe_perf vLLM {table.version} ({table.how}{why}): {kernel}, "
                                        f"{priced.moe_dtype}, MoE TP {priced.moe_tp_size} EP {priced.moe_ep_size}, "
                                        f"{priced.distribution}; tokens {int(xs[0])}..{int(xs[-1])}")
-        if m.num_experts and not auto and not self.distribution == "balanced" and self._moe is None:
+        if m.num_experts and not auto and self._moe is None:
+            # (balanced too: the roofline that would price the layer spreads no tokens over experts)
             raise ServesimError(f"--moe-distribution {distribution} is priced from the moe_perf rows measured with "
-                                f"it, and none price this layer ({self.sources['moe']}); give auto or balanced")
+                                f"it, and none price this layer ({self.sources['moe']}); give auto"
+                                + (" (the roofline then prices the layer)" if distribution == "balanced"
+                                   else " or balanced"))
         if m.kv_lora_rank:
             self._derive_mla(tables.system, mla_tables, kv_cache_dtype)
         self._linear_curves = self._derive_linear(tables)
