@@ -571,3 +571,40 @@ def test_an_explicit_distribution_no_moe_perf_row_prices_is_refused_balanced_too
     assert code == 2 and "--moe-distribution balanced is priced from the moe_perf rows measured with it, and none " \
         "price this layer (roofline: no moe_perf rows with the balanced token distribution" in err
     assert err.rstrip().endswith("give auto (the roofline then prices the layer)") and "Traceback" not in err
+
+
+def test_a_ring_no_nccl_table_measures_is_never_faster_than_the_measured_ring_it_contains(package, tmp_path):
+    """Found by a review with odd layouts: L40S's NCCL table measures 8 GPUs at 1-2 GB/s (its PCIe node),
+    and TP 16, past the node, was priced as a ring at the PCIe link's 32 GB/s: a 2k-token step of
+    Qwen3-30B-A3B took 52 ms against TP 8's 971 ms, and Llama-3.1-70B's TTFT fell from 45 s to 0.27 s.
+    A 16-GPU ring crosses every hop of the 8-GPU one: each message takes at least the 8-GPU table's
+    time, its bytes scaled by the ring's (15/16) / (7/8). The same for a DP group's all-gather and
+    reduce-scatter past the node."""
+    from backends.costmodel.optables.derive import ring_scaled
+    from backends.costmodel.optables.moe import moe_table_model
+    from backends.costmodel.optables.systems import package_systems_dir
+    from backends.hardware import resolve_hardware
+    from backends.model_config import resolve_model
+
+    assert ring_scaled([7.0, 14.0], 8, 16) == [7.0 * (15 / 16) / (7 / 8), 14.0 * (15 / 16) / (7 / 8)]
+    assert ring_scaled([1.0], 2, 4) == [1.5]
+    data, l40s = package_systems_dir() / "data", resolve_hardware("l40s")
+    eight = moe_table_model(resolve_model("Qwen3-30B-A3B"), l40s, "l40s", data, tp=8)
+    sixteen = moe_table_model(resolve_model("Qwen3-30B-A3B"), l40s, "l40s", data, tp=16)
+    table = eight._ar_nccl  # the 8-GPU rows
+    for size in (2048 * 2048 * 2, 256 * 2048 * 2, 64 * 1024):  # a 2k-token step's hidden states, and smaller
+        measured = float(table.many(size)[0])
+        assert sixteen._hidden_allreduce(size) >= measured * (15 / 16) / (7 / 8) * (1 - 1e-12)
+    assert "never faster than NCCL's table among 8 GPUs, its bytes scaled to 16" in sixteen.sources["allreduce"]
+    tpot = {tp: replay(tmp_path, "--model", "Qwen3-30B-A3B", "--hardware", "l40s", "--tp", str(tp), "--limit", "30")
+            ["tpot"]["mean"] for tp in (8, 16)}
+    assert tpot[16] > tpot[8]
+    dp = {n: replay(tmp_path, "--model", "Qwen3-30B-A3B", "--hardware", "l40s", "--tp", "2", "--dp", str(n),
+                    "--limit", "30") for n in (4, 8)}
+    assert dp[8]["tpot"]["mean"] > dp[4]["tpot"]["mean"]
+    assert "never faster than NCCL's all_gather table among 4 GPUs, its bytes scaled to 8" in \
+        dp[8]["options"]["cost_model"]["operators"]["dispatch"]
+    # the dense operator model's all-reduces (Llama-3.1-70B: 45 s of TTFT at TP 8, 0.27 s at TP 16 before)
+    ttft = {tp: replay(tmp_path, "--model", "Llama-3.1-70B", "--hardware", "l40s", "--tp", str(tp), "--limit", "20")
+            ["ttft"]["mean"] for tp in (8, 16)}
+    assert ttft[16] > ttft[8]

@@ -293,6 +293,18 @@ def _curve(rows: pd.DataFrame) -> tuple[list[int], list[float]]:
     return [int(x) * ALLREDUCE_ELEMENT_BYTES for x in curve.index], curve.tolist()
 
 
+def ring_scaled(seconds, measured_gpus: int, num_gpus: int) -> list[float]:
+    """A measured ring collective's times among `measured_gpus` GPUs carried to a ring of `num_gpus`
+    (more, past the table: across nodes, or a count it does not measure) as a lower bound: a ring
+    moves (n - 1) / n of the message through each GPU's links (2 (n - 1) / n for an all-reduce), and
+    the larger ring crosses every hop of the smaller, so each message takes at least the measured
+    time times ((num_gpus - 1) / num_gpus) / ((measured_gpus - 1) / measured_gpus). (Found by a review
+    with odd layouts: L40S at TP 16, past its 8-GPU node, was priced as a ring at the PCIe link's
+    32 GB/s, 19 times faster a step than the NCCL table's own 8-GPU rows at 1-2 GB/s.)"""
+    factor = ((num_gpus - 1) / num_gpus) / ((measured_gpus - 1) / measured_gpus)
+    return [float(t) * factor for t in seconds]
+
+
 def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None,
                      pcie_bytes_per_s: float | None = None, notes: list | None = None,
                      fusion_max_bytes: float = 0.0, gpus_per_node: int | None = None,
@@ -401,9 +413,15 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
         floor, floor_from = allreduce_latency_s(hops, tp), ""  # where no table measures it
         if fewer is not None and not fewer.empty:
             most = int(fewer["num_gpus"].max())
-            measured = min(_curve(fewer[fewer["num_gpus"] == most])[1])
+            message_bytes, seconds = _curve(fewer[fewer["num_gpus"] == most])
+            measured = min(seconds)
             if measured > floor:
                 floor, floor_from = measured, f", at least NCCL's smallest all-reduce among {most} GPUs"
+            # Nor is any message faster than that measured ring of fewer GPUs, whose every hop the larger
+            # ring crosses too (`ring_scaled`).
+            out["nccl_floor"] = {"kernel": f"NCCL all_reduce (half) among {most} GPUs, x the ring's bytes for {tp}",
+                                 "message_bytes": message_bytes, "seconds": ring_scaled(seconds, most, tp)}
+            floor_from += f"; never faster than NCCL's all-reduce among {most} GPUs (its bytes scaled to {tp})"
         out["ring_latency_s"] = floor
         notes.append(f"all-reduce: no NCCL table for {tp} GPUs on {tables.system}; NCCL's messages priced as a "
                      f"ring over {link} at {bandwidth / 1e9:g} GB/s plus {floor * 1e6:.1f} us{floor_from}")

@@ -111,6 +111,10 @@ class OperatorModel(PricesSampler):
         self._allreduce = None if ar is None else {
             mode: Curve(ar[mode]["message_bytes"], ar[mode]["seconds"]) for mode in ("graph", "eager") if mode in ar}
         self._nccl = None if ar is None or "nccl" not in ar else Curve(ar["nccl"]["message_bytes"], ar["nccl"]["seconds"])
+        # No NCCL rows for these GPUs: a ring over the link, never faster than NCCL's among the most GPUs
+        # measured, its bytes scaled (derive.py, ring_scaled)
+        below = None if ar is None else ar.get("nccl_floor")
+        self._nccl_floor = None if below is None else Curve(below["message_bytes"], below["seconds"])
         # FlashInfer's fused all-reduce (and RMSNorm) of the hidden states up to `max_bytes`, where the
         # deployment turns it on (derive.py, derive_allreduce).
         fused = None if ar is None else ar.get("fused")
@@ -215,7 +219,8 @@ class OperatorModel(PricesSampler):
         """NCCL's all-reduce: its table where the system has one, else a ring over the stated link."""
         if self._nccl is not None:
             return self._lookup(self._nccl, size)
-        return size * self._nvlink_s_per_byte + self._ring_latency_s
+        ring = size * self._nvlink_s_per_byte + self._ring_latency_s
+        return ring if self._nccl_floor is None else np.maximum(ring, self._nccl_floor.many(size)[0])  # (a bound)
 
     def decode_attention(self, num_decodes, mean_kv_len):
         """One layer's attention of `num_decodes` decodes at a mean KV length (0 decodes: 0)."""

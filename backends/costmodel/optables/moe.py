@@ -90,6 +90,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.costmodel.frame import StepAggregates
+from backends.costmodel.optables.derive import ring_scaled
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, graph_sizes_array, padded_tokens
@@ -111,7 +112,9 @@ CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20  # vLLM's custom all-reduce takes message
 RUN_CHUNK = 256  # decode steps per cached stretch of a batch size's step times (see MoETableCostModel.decode_run)
 MAX_RUN_CHUNKS = 4096  # cached stretches at most (16 MiB); the cache starts afresh past it
 MAX_FIRST_CHUNKS = 1 << 16  # first prefill chunks' attention kept by length (see _first_chunk_seconds)
-COLLECTIVES = ("_ar_custom", "_ar_custom_eager", "_ar_nccl", "_gather", "_scatter")  # the collectives' curves (None: not from a table)
+# the collectives' curves (None: not from a table), and the bounds of rings no table measures (`nccl_floor`)
+COLLECTIVES = ("_ar_custom", "_ar_custom_eager", "_ar_nccl", "_gather", "_scatter", "_ar_floor", "_gather_floor",
+               "_scatter_floor")
 NO_STEP = StepAggregates(0, 0, 0, 0, 0, 0, 0, 0, 0)  # for the parts that do not depend on the step's requests
 
 
@@ -460,6 +463,20 @@ def nccl_lookup(frame, op: str, num_gpus: int) -> Curve | None:
     """`nccl_curve` as a Curve (log-log between its points), or None."""
     pair = nccl_curve(frame, op, num_gpus)
     return None if pair is None else Curve(*pair)
+
+
+def nccl_floor(frame, op: str, num_gpus: int) -> tuple[Curve, int] | None:
+    """(the lower bound of one NCCL collective among `num_gpus` GPUs the table does not measure, the
+    GPUs it is carried from): its rows among the most GPUs it measures below `num_gpus`, each time
+    scaled to the larger ring's bytes (backends/costmodel/optables/derive.py, `ring_scaled`); None."""
+    if frame is None:
+        return None
+    rows = frame[(frame["op_name"] == op) & (frame["num_gpus"] < num_gpus) & (frame["nccl_dtype"] == "half")]
+    if rows.empty:
+        return None
+    most = int(rows["num_gpus"].max())
+    xs, ys = nccl_curve(frame, op, most)  # type: ignore[misc]  # (rows exist)
+    return Curve(xs, np.asarray(ring_scaled(ys, most, num_gpus))), most
 
 
 class MoETableCostModel(PricesSampler, MoERooflineCostModel):
@@ -856,6 +873,9 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
 
     def _derive_collectives(self, tables) -> None:
         self._ar_custom = self._ar_custom_eager = self._ar_nccl = self._gather = self._scatter = None
+        # Where no NCCL rows measure a group (past a node, or a GPU count the table lacks), its ring is
+        # never faster than NCCL's among the most GPUs measured, bytes scaled (`nccl_floor`).
+        self._ar_floor = self._gather_floor = self._scatter_floor = None
         if self.tp > 1:
             # vLLM's custom all-reduce only within a node, and over PCIe only between two GPUs
             # (custom_all_reduce.py, `CustomAllreduce.__init__`; the dense model's `derive_allreduce`)
@@ -868,13 +888,18 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                     setattr(self, name, Curve(c.index.to_numpy(dtype=np.float64) * ACTIVATION_BYTES, c.to_numpy()))
             # (NCCL's table measures one node's GPUs: a TP group past a node rings over the network)
             self._ar_nccl = None if spans else nccl_lookup(tables.nccl, "all_reduce", self.tp)
+            floor = None if self._ar_nccl is not None else nccl_floor(tables.nccl, "all_reduce", self.tp)
+            bound = ""
+            if floor is not None:
+                self._ar_floor, most = floor
+                bound = f" (never faster than NCCL's table among {most} GPUs, its bytes scaled to {self.tp})"
             if self._ar_custom is None and self._ar_nccl is None:
-                self.sources["allreduce"] = f"roofline: no all-reduce table for {self.tp} GPUs on {tables.system}"
+                self.sources["allreduce"] = f"roofline: no all-reduce table for {self.tp} GPUs on {tables.system}{bound}"
             else:
                 self.sources["allreduce"] = ("custom all-reduce table (CUDA graph; eager past the graphs where it has "
                                              "eager rows) up to 8 MiB" if self._ar_custom
                                              else "no custom all-reduce table") + (
-                    ", NCCL table past it" if self._ar_nccl is not None else ", the roofline's ring past it")
+                    ", NCCL table past it" if self._ar_nccl is not None else f", the roofline's ring past it{bound}")
         if self.dp > 1 and self.model.num_experts:
             g = self.moe_group
             group = f"among {g} GPUs ({'the EP group, sequence-parallel MoE' if self.sequence_parallel_moe else 'the DP group'})"
@@ -885,6 +910,13 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             crosses = self.hardware.spans_nodes(self.moe_span)
             self._gather = None if crosses else nccl_lookup(tables.nccl, "all_gather", g)
             self._scatter = None if crosses else nccl_lookup(tables.nccl, "reduce_scatter", g)
+            bounds = {}
+            for op, name, table in (("all_gather", "_gather_floor", self._gather),
+                                    ("reduce_scatter", "_scatter_floor", self._scatter)):
+                floor = None if table is not None else nccl_floor(tables.nccl, op, g)
+                if floor is not None:
+                    setattr(self, name, floor[0])
+                    bounds[op] = f"; never faster than NCCL's {op} table among {floor[1]} GPUs, its bytes scaled to {g}"
             how = "vLLM's allgather_reducescatter (AgRsAll2AllManager)"
             over = ("the network between nodes" if link == "inter-node" else "the link") + (
                 "" if bandwidth is None else f" at {bandwidth / 1e9:g} GB/s")
@@ -892,9 +924,11 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
                 return (f"the group lies among {self.moe_span} GPUs, past a node of {self.hardware.gpus_per_node}: "
                         "no NCCL table (one node's GPUs)" if crosses else f"no NCCL {op} table")
             self.sources["dispatch"] = (f"NCCL all_gather table {group}, {how}" if self._gather is not None
-                                        else f"roofline: a ring over {over} {group} ({why('all_gather')}), {how}")
+                                        else f"roofline: a ring over {over} {group} ({why('all_gather')}"
+                                             f"{bounds.get('all_gather', '')}), {how}")
             self.sources["combine"] = (f"NCCL reduce_scatter table {group}, {how}" if self._scatter is not None
-                                       else f"roofline: a ring over {over} {group} ({why('reduce_scatter')}), {how}")
+                                       else f"roofline: a ring over {over} {group} ({why('reduce_scatter')}"
+                                            f"{bounds.get('reduce_scatter', '')}), {how}")
 
     # ---- pricing
 
@@ -932,12 +966,16 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
 
     def dispatch_seconds(self, num_bytes: float) -> float:
         if self._gather is None:
-            return super().dispatch_seconds(num_bytes)
+            ring = super().dispatch_seconds(num_bytes)
+            floor = self._gather_floor
+            return ring if floor is None else max(ring, float(floor.many(max(num_bytes, 1.0))[0]))
         return float(self._pair("dispatch", self._gather, num_bytes))
 
     def combine_seconds(self, num_bytes: float) -> float:
         if self._scatter is None:
-            return super().combine_seconds(num_bytes)
+            ring = super().combine_seconds(num_bytes)
+            floor = self._scatter_floor
+            return ring if floor is None else max(ring, float(floor.many(max(num_bytes, 1.0))[0]))
         return float(self._pair("combine", self._scatter, num_bytes))
 
     def dense(self, t: int, num_logits: int) -> tuple:
@@ -1043,7 +1081,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             moe = float(self.moe_seconds(tokens)) if t else 0.0
         elif m.num_experts:  # every DP rank as loaded as this one: the kernel, dispatch and combine
             moe = self.lockstep_moe_seconds(t)
-        if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None):
+        if self.tp > 1 and (self._ar_custom is not None or self._ar_nccl is not None or self._ar_floor is not None):
             # two a layer; with the small kernels priced, the vocab-parallel embedding's too (as the dense model's)
             count = m.num_sublayers + (0 if self._small is None else 1)  # (DeciLM: none for a no-op sublayer)
             allreduce = float(count * self._hidden_allreduce(t * h * ACTIVATION_BYTES, graph)) if t else 0.0
@@ -1058,7 +1096,8 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             return self._curve_at("allreduce", custom, max(size, 1))
         if self._ar_nccl is not None:
             return self._pair("allreduce", self._ar_nccl, size)
-        return float(ring_allreduce_over(size, self.tp, self.hardware))
+        ring = float(ring_allreduce_over(size, self.tp, self.hardware))
+        return ring if self._ar_floor is None else max(ring, float(self._ar_floor.many(max(size, 1.0))[0]))
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
         """One layer's attention of one request from the tables at `window` (0: full attention)."""
