@@ -187,6 +187,14 @@ def test_mooncake_hash_ids_missing_after_earlier_lines(tmp_path):
     assert refused(path) == f"{path}:2: missing field 'hash_ids' (earlier lines have it)"
 
 
+def test_mooncake_hash_ids_after_a_first_line_without_them_are_refused(tmp_path):
+    """Found by a review with odd traces: the first line decided, and a later line's hash_ids were
+    dropped without a word (no prefix-cache hits where the file says prompts share blocks)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{{ROW}}}\n{{{ROW}}}\n{{{ROW}, "hash_ids": [1, 2]}}\n')
+    assert refused(path) == f"{path}:3: has hash_ids and {path}:1 has none: give every line hash_ids, or none"
+
+
 @pytest.mark.parametrize("line", [2, 3])
 def test_mooncake_json_nested_too_deeply(tmp_path, capsys, line):
     path = tmp_path / "t.jsonl"

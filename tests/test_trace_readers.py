@@ -299,6 +299,18 @@ def test_a_vllm_bench_result_is_its_requests_sent_when_the_client_sent_them(tmp_
     assert read_trace(path).dropped == {"0 output_lens": 1}
 
 
+def test_a_vllm_bench_result_with_a_timestamp_key_of_its_own_is_one(tmp_path):
+    """Found by a review with odd traces: `vllm bench serve --metadata timestamp=...` adds a top-level
+    "timestamp", and a result saved on one line was read as Mooncake ("missing field
+    'input_length'"). A Mooncake line with the result's words in it stays Mooncake."""
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(vllm_bench_result(timestamp="20261207")))
+    assert read_trace(path).format == "vllm-bench" and read_trace(path).request_ids == ["1", "0", "3"]
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "note": "input_lens"}\n')
+    assert read_trace(path).format == "mooncake"
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(start_times=None), "without start_times: its per-request lists are saved with --save-result "
                              "--save-detailed"),

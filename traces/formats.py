@@ -69,8 +69,8 @@ def detect_format(path: Path, first: str) -> str:
     text = first.strip()
     if text.startswith("{") and all(f'"{key}"' in text for key in AIPERF) and _aiperf_record(text):
         return "aiperf"
-    if text == "{" or (text.startswith("{") and '"timestamp"' not in text
-                       and any(f'"{key}"' in text for key in VLLM_BENCH_KEYS)):
+    if text == "{" or (text.startswith("{") and any(f'"{key}"' in text for key in VLLM_BENCH_KEYS)
+                       and _vllm_bench_result(text)):
         return "vllm-bench"  # (a result saved without --save-detailed too: its reader says what it lacks)
     if text.startswith("{") or suffix(path) in (".jsonl", ".json"):
         return "mooncake"
@@ -82,6 +82,20 @@ def detect_format(path: Path, first: str) -> str:
     expected = "; ".join(f"{fmt}: {','.join(cols)}" for fmt, cols in CSV_COLUMNS.items())
     raise ServesimError(f"{path}:1: unknown trace format with columns {text[:200]!r}; expected {expected}, "
                         f"or JSON Lines with {','.join(MOONCAKE)} (or name one with --format)")
+
+
+def _vllm_bench_result(text: str) -> bool:
+    """Whether a one-line JSON object that names a vLLM bench result's fields is one: its own keys
+    hold one of them and not all of a Mooncake line's. A result may carry a "timestamp" key of its own
+    (`vllm bench serve --metadata timestamp=...`: found by a review with odd traces, it was read as
+    Mooncake and refused for lacking input_length); a line that is not JSON is a result unless it
+    names "timestamp" (its reader, or Mooncake's, says what is wrong with it)."""
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return '"timestamp"' not in text
+    return (isinstance(record, dict) and any(key in record for key in VLLM_BENCH_KEYS)
+            and not all(key in record for key in MOONCAKE))
 
 
 def _aiperf_record(text: str) -> bool:

@@ -21,6 +21,7 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
     rows: list[tuple[float, int, int, int]] = []  # (timestamp_ms, prompt, output, line)
     hashes: list[np.ndarray] = []
     has_hashes: bool | None = None
+    first_where = ""  # the first record's place, which decides whether lines have hash_ids
 
     def flush() -> None:
         if rows:
@@ -43,6 +44,11 @@ def read_mooncake(builder: TraceBuilder, handle: BinaryIO, first: str, first_lin
         if has_hashes is None:
             has_hashes = "hash_ids" in record
             builder.hash_ids = [] if has_hashes else None
+            first_where = where
+        elif not has_hashes and "hash_ids" in record:
+            # (found by a review with odd traces: a later line's hash_ids were dropped without a word)
+            raise ServesimError(f"{where}: has hash_ids and {first_where} has none: give every line hash_ids, or "
+                                "none")
         if has_hashes:
             if "hash_ids" not in record:
                 raise ServesimError(f"{where}: missing field 'hash_ids' (earlier lines have it)")
