@@ -426,3 +426,26 @@ def test_one_plugin_spelled_two_ways_is_listed_twice(tmp_path):
     with pytest.raises(ServesimError, match="is listed twice \\(the same file and class spelled another way\\)"):
         parse_axis("policy", f"{plugin}:P,{tmp_path / 'a' / '..' / 'a' / 'p.py'}:P")
     assert parse_axis("policy", f"{plugin}:P,{plugin}:Q,chunked") == (f"{plugin}:P", f"{plugin}:Q", "chunked")
+
+
+def test_truncation_over_a_grid_of_models_cuts_each_points_requests_to_its_own_limit(tmp_path, capsys):
+    """Found by a review with odd grids: --on-too-long truncate over Llama-3.1-8B (131,072 tokens) and
+    Qwen3-0.6B (40,960) cut every point's requests to 40,960, so the Llama row said max_model_len
+    131072 beside 82,105 prompt tokens of the trace's 150,200; sim capacity passed Llama on prompts cut
+    the same way. Each point cuts to its own limit, and the terminal says how many each cuts."""
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100000,10\n1,200,20\n2,50000,5\n")
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(trace), "--model", "Llama-3.1-8B,Qwen3-0.6B", "--on-too-long", "truncate", "--out",
+                 str(out), "--jobs", "1", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert ("sim: warning: --on-too-long truncate: each point cuts the requests longer than its own "
+            "--max-model-len (2 at 40960, 0 at 131072)") in err
+    rows = read_table(out / RESULTS)[0].set_index("model")
+    assert rows.loc["Llama-3.1-8B", "total_prompt_tokens"] == 150200
+    assert rows.loc["Qwen3-0.6B", "total_prompt_tokens"] == (40960 - 10) + 200 + (40960 - 5)
+    alone = tmp_path / "alone"
+    assert main(["sweep", str(trace), "--model", "Llama-3.1-8B", "--on-too-long", "truncate", "--out", str(alone),
+                 "--jobs", "1", "--quiet"]) == 0
+    llama = read_table(alone / RESULTS)[0].iloc[0]
+    assert llama["total_prompt_tokens"] == 150200 and llama["ttft_p99"] == rows.loc["Llama-3.1-8B", "ttft_p99"]

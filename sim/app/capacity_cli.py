@@ -89,10 +89,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     replay_args.slo = None  # --slo here is the capacity criterion, not replay's goodput SLO
     options = [point_options(replay_args, config, axes.get("policy", ())) for config in configs]
     # A model that does not fit the hardware, or any other unusable option, fails here, before anything runs.
-    max_model_len = min(resolve(o, build_backend=False).max_model_len for o in options)
+    max_model_lens = [resolve(o, build_backend=False).max_model_len for o in options]
     with open_folder(args, "capacity") as folder:
         out = folder.folder
-        trace = load_sweep_trace(args, max_model_len)
+        trace = load_sweep_trace(args, max_model_lens)
         config_index = {tuple(config[n] for n in names): i for i, config in enumerate(configs)}
 
         def order(row: dict) -> tuple:

@@ -133,7 +133,7 @@ def run_point(trace: Trace, point: Point) -> dict:
     from reports.digest import flat_options, run_digest, steps_timeline, summary_row
     from reports.metrics import steps_columns, summarize
     from reports.outcomes import outcomes_from_result
-    from traces.transforms import scale_rate
+    from traces.transforms import scale_rate, truncate_too_long
 
     started = time.perf_counter()
     options = dict(flat_options(point.resolved), trace=trace.source, rate_scale=point.rate_scale)
@@ -141,6 +141,8 @@ def run_point(trace: Trace, point: Point) -> dict:
     try:
         plan = resolve(point.options)
         scaled = scale_rate(trace, point.rate_scale)
+        if trace.transforms.get("on_too_long") == "truncate":  # to this point's limit (a no-op where cut to it)
+            scaled = truncate_too_long(scaled, point.max_model_len)
         result = replay(scaled, plan)
         outcomes = outcomes_from_result(result, plan.options.slo, stream_interval=plan.options.scheduler.stream_interval)
         opts = dict(plan.as_dict(), trace=trace.source, rate_scale=point.rate_scale)

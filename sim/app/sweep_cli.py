@@ -87,13 +87,35 @@ def add_run_options(p: argparse.ArgumentParser, what: str) -> None:
 
 # Building points from the command line.
 
-def load_sweep_trace(args: argparse.Namespace, max_model_len: int | None):
-    """The trace with every transform but the rate scale, which each point applies itself."""
+def load_sweep_trace(args: argparse.Namespace, max_model_lens: list[int]):
+    """The trace with every transform but the rate scale, which each point applies itself; and with
+    --on-too-long truncate over points of different --max-model-len (a grid of models), but the
+    truncation too: each point cuts the requests to its own (sim.app.sweep.run_point), and the terminal
+    says how many each limit cuts. (Found by a review with odd grids: every point's requests were cut
+    to the smallest model's limit, so a Llama-3.1-8B row said max_model_len 131072 beside prompts cut
+    to 40960, and a capacity search passed it on prompts it never ran.)"""
+    from dataclasses import replace
+
     from traces.cli import load_trace
 
     plain = argparse.Namespace(**vars(args))
     plain.rate_scale = None
-    return load_trace(args.trace, plain, max_model_len)
+    lens = sorted(set(max_model_lens))
+    if getattr(args, "on_too_long", "reject") != "truncate" or len(lens) < 2:
+        return load_trace(args.trace, plain, lens[0] if lens else None)
+    plain.on_too_long = "reject"
+    trace = load_trace(args.trace, plain, None)
+    cuts = [f"{_cut_count(trace, n)} at {n}" for n in lens]
+    print(f"sim: warning: --on-too-long truncate: each point cuts the requests longer than its own --max-model-len "
+          f"({', '.join(cuts)})", file=sys.stderr)
+    return replace(trace, transforms={**trace.transforms, "on_too_long": "truncate"})
+
+
+def _cut_count(trace, max_model_len: int) -> int:
+    """Requests `truncate_too_long` cuts at `max_model_len` (its rule: the output to at most
+    max_model_len - 1 tokens, then the prompt to what is left)."""
+    output = trace.output_tokens.clip(max=max_model_len - 1)
+    return int(((trace.output_tokens != output) | (trace.prompt_tokens > max_model_len - output)).sum())
 
 
 def point_options(args: argparse.Namespace, values: dict, policies: tuple = ()):
@@ -268,7 +290,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               for values in itertools.product(*axes.values())]
     with open_folder(args, "sweep") as folder:
         out = folder.folder
-        trace = load_sweep_trace(args, min(point.max_model_len for point in points))
+        trace = load_sweep_trace(args, [point.max_model_len for point in points])
         # (The fixed options as given: a chunked point's, where a grid of policies left others without chunked's.)
         given = next((p.options for p in points if reads_chunked_options(p.options.scheduler.policy)), points[0].options)
         table_identity = identity(trace_checksum(trace), axes, given)
