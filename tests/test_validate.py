@@ -115,6 +115,10 @@ def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
     ("isl", "", "isl must be a positive whole number, got ''"),  # (a blank cell: it said nan)
     ("batch_size", 2**20, "concurrency 1,048,576 x --prompts-per-client 10 is 10,485,760 requests, more than "
                           "10,000,000"),
+    # Found by a review with odd files: no deployment's measurement, and a version read as a number.
+    ("silicon_tpot_ms", 1e-300, "silicon_tpot_ms is 1e-300 ms, less than a microsecond (no deployment's measurement)"),
+    ("silicon_ttft_ms", 1e300, "silicon_ttft_ms is 1e+300, more than 1,000,000,000 ms (no deployment's measurement)"),
+    ("backend_version", "1e3", "backend_version must be a release such as 0.12.0 or a build's name, got '1e3'"),
 ])
 def test_a_malformed_row_is_refused_naming_the_row_column_and_value(tmp_path, capsys, column, value, message):
     """Before, these ended in a traceback (tp_size 0, a negative ISL, a blank TTFT) or were read as
@@ -396,14 +400,14 @@ def test_the_physical_check_flags_rows_faster_than_the_tables_gemms(tmp_path):
     1 ms and 0.1 ms are not."""
     csv, ops, models = setup(tmp_path)
     frame = pd.read_csv(csv, keep_default_na=False)
-    frame.loc[1, ["silicon_ttft_ms", "silicon_tpot_ms"]] = [1e-6, 1e-7]
+    frame.loc[1, ["silicon_ttft_ms", "silicon_tpot_ms"]] = [1e-3, 1e-3]  # (a microsecond: the least a row may state)
     frame.to_csv(csv, index=False)
     out = tmp_path / "out"
     assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet"]) == 0
     rows = pd.read_csv(out / "validate.csv")
     rng = np.random.default_rng(0)  # row b: 10 x C = 40 prompts, prompt lengths drawn first
     isls, osls = rng.integers(int(0.8 * 64), 65, size=40), rng.integers(int(0.8 * 16), 17, size=40)
-    want = 4 * (isls.mean() + osls.mean() - 1) / (1e-9 + (osls.mean() - 1) * 1e-10)
+    want = 4 * (isls.mean() + osls.mean() - 1) / (1e-6 + (osls.mean() - 1) * 1e-6)
     assert rows["implied_tokens_per_s"][1] == pytest.approx(want, rel=1e-9)
     assert rows["faster_than_tables"].tolist() == [False, True, False]
     assert (rows["tables_max_tokens_per_s"] > 0).all()
@@ -657,3 +661,30 @@ def test_the_gap_analysis_rows_say_they_were_measured_through_dynamo(tmp_path):
                  "--jobs", "1"]) == 0
     notes = pd.read_csv(out / "validate.csv", keep_default_na=False)["notes"].tolist()
     assert [FRONT_END_CAVEAT in n for n in notes] == [True, True, False]
+
+
+def test_a_version_or_id_is_text_and_an_unknown_backend_is_skipped(tmp_path):
+    """Found by a review with odd files: read as numbers, backend_version 0.20 was vLLM 0.2 (scheduled
+    synchronously, as before 0.14) and ids 001 and 1 were one; " 0.12.0" priced 0.12's tables beside
+    0.14's asynchronous scheduling; and a backend of VLLM or tgi was simulated as the newest vLLM."""
+    csv, ops, models = setup(tmp_path)
+    rows = measured_rows()
+    rows[0]["id"], rows[1]["id"], rows[2]["id"] = "001", "1", "1.50"
+    rows[0]["backend_version"], rows[1]["backend_version"] = "0.20", " 0.12.0"
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    out = tmp_path / "o"
+    assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet",
+                 "--jobs", "1"]) == 0
+    done = pd.read_csv(out / "validate.csv", dtype={"id": str, "backend_version": str}, keep_default_na=False)
+    assert done["id"].tolist() == ["001", "1", "1.50"]
+    assert done["backend_version"].tolist()[:2] == ["0.20", "0.12.0"]
+    assert done["async_scheduling"].tolist()[:2] == [True, False]  # 0.20 after 0.14; 0.12 before it
+    for backend in ("VLLM", "tgi", ""):
+        rows = measured_rows()
+        rows[0]["backend"] = backend
+        pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+        assert main(["validate", str(csv), "--ops", str(ops), "--models", str(models), "--out", str(out), "--quiet",
+                     "--jobs", "1", "--overwrite"]) == 0
+        skipped = json.loads((out / "validate.json").read_text())["skipped"]
+        assert f"backend {backend!r}: servesim reads the rows of vllm, trtllm, sglang (written so: the rows of " \
+            "TensorRT-LLM and SGLang as vLLM deployments)" in [s["reason"] for s in skipped]

@@ -429,15 +429,29 @@ class ThroughApiServer(ClosedLoop):
         self.sent_s[self._sent[-1].index] = at
 
 
+TEXT_COLUMNS = ("id", "backend", "backend_version", "system", "model_path", "precision", "mode",
+                "silicon_data_source")  # read as written, never as numbers
+BACKENDS = ("vllm", "trtllm", "sglang")  # the frameworks of AIConfigurator's rows (the others as vLLM deployments)
+# A row's measured TTFT and TPOT, in ms: a microsecond to 11 days (a token faster than a microsecond, or
+# a first token later than that, is no deployment's measurement).
+MEASURED_MS = Range(1e-3, 1e9, "ms", "no deployment's measurement")
+
+
 def read_measured(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     try:
-        frame = pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in ("isl", "osl", "batch_size")})
+        # (an id and a version are text: read as numbers, "0.20" was vLLM 0.2 and ids 001 and 1 the same;
+        # found by a review with odd files)
+        frame = pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in ("isl", "osl", "batch_size")},
+                            dtype={c: str for c in TEXT_COLUMNS})
     except (OSError, ValueError) as e:
         raise ServesimError(f"{path}: cannot read the measured deployments: {e}") from None
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
         raise ServesimError(f"{path}: lacks column(s) {', '.join(missing)}")
+    for column in ("backend_version", "backend"):  # one reading for every use (" 0.12.0" was two versions)
+        if column in frame.columns:
+            frame[column] = frame[column].astype(str).str.strip()
     source = frame.get("silicon_data_source", pd.Series([""] * len(frame))).astype(str)
     stated = source.str.extract(STATED_CONCURRENCY)[0]  # the key alone (not max_silicon_concurrency=)
     number = pd.to_numeric(stated, errors="coerce")
@@ -565,7 +579,8 @@ def _row_number(row, column: str, where: str, whole: bool = True, optional: bool
         shown = "" if isinstance(value, float) and math.isnan(value) else value  # (a blank cell read as NaN)
         raise ServesimError(f"{where}: {column} must be {kind}, got {shown!r}")
     if most is not None and number > most.high:
-        raise ServesimError(f"{where}: {column} is {number:,.0f}, more than {most.high:,.0f} {most.unit} ({most.reason})")
+        shown = f"{number:,.0f}" if number < 1e15 else f"{number:g}"
+        raise ServesimError(f"{where}: {column} is {shown}, more than {most.high:,.0f} {most.unit} ({most.reason})")
 
 
 STATED_CONCURRENCY = r"(?:^|[;\s])silicon_concurrency=([^;\s]*)"  # in silicon_data_source, as the package writes it
@@ -589,7 +604,10 @@ def check_row(row, where: str) -> None:
         raise ServesimError(f"{where}: isl + osl is {float(row['isl']) + float(row['osl']):,.0f} tokens, more than "
                             f"{MODEL_LEN.high:,.0f} ({MODEL_LEN.reason})")
     for column in ("silicon_ttft_ms", "silicon_tpot_ms"):
-        _row_number(row, column, where, whole=False)
+        _row_number(row, column, where, whole=False, most=MEASURED_MS)
+        if float(row[column]) < MEASURED_MS.low:
+            raise ServesimError(f"{where}: {column} is {float(row[column]):g} ms, less than a microsecond "
+                                f"({MEASURED_MS.reason})")
     if float(row["osl"]) < 2:  # a TPOT (the mean time between a request's output tokens) needs two of them
         raise ServesimError(f"{where}: osl must be at least 2 for the row's TPOT (the time between output tokens), "
                             f"got {row['osl']!r}")
@@ -604,6 +622,9 @@ def check_row(row, where: str) -> None:
 
 def skip_reason(row, systems: list[str], models_dir, where: str = "the row") -> str | None:
     """Why `row` cannot be expressed, or None (`where`: the file and the row, for a malformed pp_size)."""
+    if str(row["backend"]) not in BACKENDS:
+        return (f"backend {str(row['backend'])!r}: servesim reads the rows of {', '.join(BACKENDS)} (written so: "
+                "the rows of TensorRT-LLM and SGLang as vLLM deployments)")
     if str(row["mode"]) == "disagg":
         return f"mode {row['mode']}: disaggregated serving (prefill and decode workers) is not simulated"
     if str(row["mode"]) != "agg":

@@ -51,10 +51,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for g in groups:
             print(f"{g['system']:<{widths['system']}}{g['model']:<{widths['model']}}{g['backend']:<{widths['backend']}}"
                   f"{g['backend_version']:<{widths['backend_version']}}"
-                  f"{g['precision'] or '-':<10}{g['rows']:>5}{g['ttft_mape']:>10.1f}%{g['tpot_mape']:>10.1f}%")
+                  f"{g['precision'] or '-':<10}{g['rows']:>5} {g['ttft_mape']:>9.1f}% {g['tpot_mape']:>9.1f}%")
         a = summary["all"]
         if a["rows"]:
-            print(f"{'all':<{sum(widths.values()) + 10}}{a['rows']:>5}{a['ttft_mape']:>10.1f}%{a['tpot_mape']:>10.1f}%")
+            print(f"{'all':<{sum(widths.values()) + 10}}{a['rows']:>5} {a['ttft_mape']:>9.1f}% {a['tpot_mape']:>9.1f}%")
         print(f"{len(summary['skipped'])} rows skipped (reasons in validate.json); "
               f"{time.perf_counter() - started:.0f} s; wrote {args.out}/")
     if not summary["all"]["rows"]:  # nothing was validated: said, even with --quiet
