@@ -200,13 +200,22 @@ def _left_out_warning(d: Path, drawn_what: str, drawn: list[Path] | tuple[Path, 
                          f"page draws {drawn_what} only. {_how_to_report(d, others)}")]
 
 
+# Folders whose page their own command wrote, which `sim report` does not draw again: their report.html is it.
+OWN_PAGES = {"a comparison by sim compare": "a comparison's", "a validation by sim validate": "a validation's"}
+
+
 def _how_to_report(d: Path, others: list[tuple[str, str]]) -> str:
-    """How to report the folders left out: `sim report` of each (a comparison's page is its own report.html)."""
-    reportable = [name for name, what in others if what != "a comparison by sim compare"]
-    compared = "; a comparison's page is its own report.html" if len(reportable) < len(others) else ""
+    """How to report the folders left out: `sim report` of each, but a comparison's or a validation's
+    page is its own report.html (found by a review: a validation was pointed at `sim report`, which
+    refuses it)."""
+    reportable = [name for name, what in others if what not in OWN_PAGES]
+    own = [(name, what) for name, what in others if what in OWN_PAGES]
+    kinds = " and ".join(dict.fromkeys(OWN_PAGES[what] for _, what in own))
+    pages = f"{kinds} page{'s are their' if len(own) > 1 else ' is its'} own report.html"
     if not reportable:
-        return f"A comparison's page is its own report.html ({d / others[0][0] / 'report.html'})."
-    return f"Report each on its own (sim report {d / reportable[0]}{', ...' if len(reportable) > 1 else ''}{compared})."
+        return f"{pages[0].upper()}{pages[1:]} ({d / own[0][0] / 'report.html'}{', ...' if len(own) > 1 else ''})."
+    tail = f"; {pages} ({d / own[0][0] / 'report.html'}{', ...' if len(own) > 1 else ''})" if own else ""
+    return f"Report each on its own (sim report {d / reportable[0]}{', ...' if len(reportable) > 1 else ''}{tail})."
 
 
 def runs_report(d: Path, runs: list[Path]) -> tuple[str, list[tuple[str, str]]]:

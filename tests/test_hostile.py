@@ -551,6 +551,16 @@ def test_a_report_of_runs_says_which_sub_folders_it_left_out(tmp_path, capsys):
     assert capsys.readouterr().err == (f"sim: warning: {folder / 'sweep'}: left out 1 sub-folder, mine/ (a run): this "
                                        "page draws the sweep's table only. Report each on its own (sim report "
                                        f"{folder / 'sweep' / 'mine'}).\n")
+    # A validation's page is its own report.html, which sim report refuses to draw again: pointed there
+    # (found by a review: the hint said `sim report DIR/val`).
+    val = folder / "val"
+    val.mkdir()
+    (val / "validate.json").write_text("{}")
+    (val / "report.html").write_text("<html></html>")
+    assert sim("report", folder) == 0
+    assert (f"Report each on its own (sim report {folder / 'sweep'}; a validation's page is its own report.html "
+            f"({val / 'report.html'}))") in capsys.readouterr().err
+    shutil.rmtree(val)
     # A folder holding no run folder, only a sweep: the refusal names it.
     for policy in ("chunked", "decode-first"):
         shutil.rmtree(folder / policy)

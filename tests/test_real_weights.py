@@ -139,3 +139,11 @@ def test_compare_runs_the_real_backend_on_given_weights(source, tmp_path, capsys
     assert measured["options"]["weights"] == str(folder) and measured["completed"] == 2
     assert main([*args, "--backend", "real", "--out", str(tmp_path / "d")]) == 2
     assert "sim compare runs both backends itself" in capsys.readouterr().err
+    # Found by a review: --backend costmodel (replay's default) was taken silently, and --profile roofline was
+    # read as a missing file named roofline.
+    assert main([*args, "--backend", "costmodel", "--out", str(tmp_path / "e")]) == 2
+    assert "--backend costmodel: sim compare runs both backends itself" in capsys.readouterr().err
+    roofline = [a if a != profile else "roofline" for a in args]
+    assert main([*roofline, "--out", str(tmp_path / "f")]) == 2
+    assert "--profile roofline: sim compare checks a calibrated cost model against the real backend" in \
+        capsys.readouterr().err

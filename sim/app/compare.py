@@ -214,7 +214,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.profile is None:
         raise ServesimError("sim compare needs --profile (make one with `sim calibrate`)")
-    if args.backend != "costmodel":
+    if args.profile == "roofline":  # (found by a review: read as a file named roofline that does not exist)
+        raise ServesimError("--profile roofline: sim compare checks a calibrated cost model against the real backend "
+                            "on the same device; give the profile `sim calibrate` made for it")
+    if args.backend is not None:  # (found by a review: --backend costmodel, the replay default, was taken silently)
         raise ServesimError(f"--backend {args.backend}: sim compare runs both backends itself (the real one with "
                             "--device and --weights, the cost model with --profile); leave --backend out")
     # Read as the real backend's run (its --device and --weights are its own); the profile is the prediction's.
@@ -279,4 +282,5 @@ def register(subparsers) -> None:
     p.add_argument("--clock", default="wall", choices=("wall", "thread"),
                    help="how the real backend's steps are timed: wall (its own timing, default) or thread (the "
                         "calling thread's CPU time, for a CPU shared with other processes; --device cpu only)")
-    p.set_defaults(func=cmd_compare)
+    # (no --backend default here: sim compare runs both backends, so an explicit --backend of either is refused)
+    p.set_defaults(func=cmd_compare, backend=None)
