@@ -236,6 +236,7 @@ class Option:
     boolean: bool = False
     parse: Callable[[str], Any] | None = None
     check: Callable[[str, Any], None] | None = None  # a check beyond the range (e.g. a power of two)
+    joined: bool = False  # a KEY=VALUE,... flag: given again, its values join (sim.app.options.JoinedValues)
 
 
 def option(default: Any = MISSING, *, default_factory: Any = MISSING, **kwargs: Any) -> Any:

@@ -770,3 +770,24 @@ def test_an_option_that_changes_nothing_or_a_cache_past_memory_is_warned_about(t
     assert sim("replay", AZURE_CONV_SAMPLE, "--limit", "5", "--num-gpu-blocks", "1000", "--out", tmp_path / "fits",
                "--quiet") == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_key_value_flag_given_twice_joins_its_values(tmp_path, capsys):
+    """Found by a review: `--slo ttft=1 --slo tpot=0.01` kept tpot alone (goodput counted against another
+    SLO than the one typed), and a pool's options the last --prefill-options alone. Given again, a
+    KEY=VALUE,... flag joins its values; a key in both is refused as within one value."""
+    assert sim("replay", AZURE_CONV_SAMPLE, "--limit", "5", "--slo", "ttft=1", "--slo", "tpot=0.01", "--out",
+               tmp_path / "a", "--quiet") == 0
+    slo = json.loads((tmp_path / "a" / "summary.json").read_text())["options"]["slo"]
+    assert (slo["ttft"], slo["tpot"]) == (1.0, 0.01)
+    assert sim("replay", AZURE_CONV_SAMPLE, "--limit", "5", "--slo", "ttft=1", "--slo", "ttft=2", "--out",
+               tmp_path / "b") == 2
+    assert one_error_line(capsys) == "--slo: ttft is given twice"
+    assert sim("replay", AZURE_CONV_SAMPLE, "--limit", "5", "--prefill-replicas", "1", "--decode-replicas", "1",
+               "--prefill-options", "max-num-seqs=4", "--prefill-options", "num-blocks=5000", "--out", tmp_path / "c",
+               "--quiet") == 0
+    cluster = json.loads((tmp_path / "c" / "summary.json").read_text())["options"]["cluster"]
+    assert cluster["prefill"]["scheduler"]["max_num_seqs"] == 4 and cluster["prefill"]["cache"]["num_blocks"] == 5000
+    assert sim("capacity", AZURE_CONV_SAMPLE, "--limit", "5", "--slo", "tbt=0.1", "--slo", "tbt=0.2", "--out",
+               tmp_path / "d") == 2
+    assert "tbt" in one_error_line(capsys)

@@ -28,6 +28,7 @@ from sim.errors import ServesimError
 
 def register(sub) -> None:
     from sim.app.cli import DEFAULT_TRACE_HELP, add_replay_options
+    from sim.app.options import JoinedValues
     from sim.config import OPEN_FRACTION, RATE_SCALE
 
     p = sub.add_parser(
@@ -40,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("trace", help=f"trace file; {DEFAULT_TRACE_HELP}")
     add_replay_options(p)
     add_grid_options(p, with_rate_scale=False)
-    p.add_argument("--slo", default=None, metavar="tbt=S[,ttft=S,tpot=S,e2e=S,delay=S]",
+    p.add_argument("--slo", default=None, metavar="tbt=S[,ttft=S,tpot=S,e2e=S,delay=S]", action=JoinedValues,
                    help="limits in seconds: tbt (time between tokens), ttft, tpot, e2e at --quantile, and delay "
                         "(scheduling delay, default 2; delay=none drops it) at --delay-quantile")
     p.add_argument("--quantile", type=OPEN_FRACTION.flag_type("--quantile"), default=0.99, metavar="Q",

@@ -137,9 +137,9 @@ class ClusterOptions:
         help=f"KV link setup time per transfer (default: {NVLINK_LATENCY_S:g} s inside a node, {RDMA_LATENCY_S:g} s "
              "across nodes)")
     # KEY=VALUE,... for the prefill pool (POOL_OPTIONS)
-    prefill_options: str = option("", flag="--prefill-options", metavar="KEY=VALUE,...",
+    prefill_options: str = option("", flag="--prefill-options", metavar="KEY=VALUE,...", joined=True,
                                   help="the prefill pool's own settings, KEY one of {pool_options}")
-    decode_options: str = option("", flag="--decode-options", metavar="KEY=VALUE,...",
+    decode_options: str = option("", flag="--decode-options", metavar="KEY=VALUE,...", joined=True,
                                  help="the decode pool's own settings, KEY one of {pool_options}")
 
     def __post_init__(self) -> None:

@@ -122,7 +122,7 @@ class ReplayOptions:
                           help="step-time backend: costmodel (default) or real (runs every step through a real "
                                "model)")
     seed: int = option(0, flag="--seed", range=SEED, help="seed of the synthetic token ids (default: {default})")
-    slo: SLO = option(default_factory=SLO, flag="--slo", parse=SLO.parse,
+    slo: SLO = option(default_factory=SLO, flag="--slo", parse=SLO.parse, joined=True,
                       metavar="ttft=S,tpot=S,e2e=S,tbt=S,delay=S",
                       help="service-level objectives in seconds, for goodput: a request counts when its TTFT, TPOT, "
                            "E2E latency, every gap between its tokens (tbt) and its scheduling delay are within "
@@ -282,6 +282,19 @@ def _default(f) -> Any:
     return f.default if f.default is not MISSING else None
 
 
+class JoinedValues(argparse.Action):
+    """A KEY=VALUE,... flag given more than once: its values joined with ',', so `--slo ttft=1 --slo
+    tpot=0.01` is `--slo ttft=1,tpot=0.01`, and a key given in both is refused by the flag's own reading,
+    as within one value. (Found by a review: the last one was kept and the others dropped without a word,
+    so goodput was counted against another SLO than the one typed.)"""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        previous = getattr(namespace, self.dest, None)
+        if previous not in (None, "", self.default) and values:
+            values = f"{previous},{values}"
+        setattr(namespace, self.dest, values)
+
+
 def add_flags(p, cls: type, **help_words: str) -> None:
     """Add the flags `cls`'s fields declare to parser or group `p`; '{default}' in a help is the
     field's default, other '{word}'s are `help_words` (lists of presets)."""
@@ -301,6 +314,8 @@ def add_flags(p, cls: type, **help_words: str) -> None:
                 kwargs["metavar"] = opt.metavar
             elif opt.choices is not None:
                 kwargs["choices"] = opt.choices
+            if opt.joined:
+                kwargs["action"] = JoinedValues
             p.add_argument(*names, dest=dest_of(f, opt), **kwargs)
 
 
