@@ -200,6 +200,9 @@ PROMPTS_PER_CLIENT = Range(1, 10**4, "requests", "requests per client of one ben
                            whole=True)
 WARMUP_REQUESTS = Range(0, 10**7, "requests", "vllm bench serve's --num-warmups: copies of the test request sent "
                         "before the benchmark; more than 10,000,000 do not fit in memory", whole=True)
+BURSTINESS = Range(1e-3, 1e3, "", "vllm bench serve's --burstiness: the gamma shape of the gaps between requests (1: a "
+                   "Poisson process; inf: evenly spaced); below 0.001 nearly every request is in one burst",
+                   infinite_ok=True)
 READY_CHECK_S = Range(0, 10**9, "s", "vllm bench serve's --ready-check-timeout-sec: 0 skips the test request; the "
                       "simulated server answers at once, so any other value sends it", whole=True)
 UNIQUE_PROMPTS = Range(0, 2**20, "prompts", "prompts the client cycles through; AIPerf's dataset has 100", whole=True)

@@ -60,9 +60,16 @@ def test_the_cli_writes_a_run_folder_and_vllms_table(tmp_path, capsys):
     # vLLM's peaks count one-second buckets: the four requests, two at a time, all end within the first second.
     assert summary["completed"] == 4 and summary["peak_concurrent_requests"] == 4
     assert summary["peak_output_tokens_per_s"] == 16.0 and "Peak output token throughput (tok/s):    16.00" in text
-    # vLLM's test request ran first: request 0 finds 3 of its prompt's 4 blocks cached (the last one's
-    # tokens are computed again for the last token's logits), 48 of the benchmark's 4 x 64 tokens.
-    assert summary["kv_cache"]["source"] == "derived" and summary["prefix_cache_hit_rate"] == 48 / 256
+    # No test request (vLLM's client skips it by default): no prompt is found cached, nothing ran before.
+    assert summary["kv_cache"]["source"] == "derived" and summary["prefix_cache_hit_rate"] == 0.0
+    assert "warmup" not in summary
+    # With one (--ready-check-timeout-sec above 0) request 0 finds 3 of its prompt's 4 blocks cached (the
+    # last one's tokens are computed again for the last token's logits), 48 of the benchmark's 4 x 64 tokens.
+    tested = tmp_path / "t"
+    assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "4", "--num-prompts", "4",
+                 "--model", "tiny", "--ready-check-timeout-sec", "600", "--out", str(tested), "--quiet"]) == 0
+    summary = json.loads((tested / "summary.json").read_text())
+    assert summary["bench"]["test_request"] is True and summary["prefix_cache_hit_rate"] == 48 / 256
     assert summary["warmup"]["requests"] == 1 and summary["warmup"]["benchmark_start_s"] > 0
     assert (out / "requests.csv").exists() and (out / "steps.parquet").exists() and (out / "report.html").exists()
     # A trace's options do not apply.
@@ -155,7 +162,12 @@ def test_random_range_ratio_draws_lengths_as_vllms_random_dataset():
     assert prompts == rng.integers(750, 1251, size=500).tolist() and outputs == rng.integers(2, 5, size=500).tolist()
     assert min(prompts) >= 750 and max(prompts) <= 1250 and set(outputs) == {2, 3, 4}
     assert spec.lengths(seed=7) == (prompts, outputs) and spec.lengths(seed=8) != (prompts, outputs)
-    assert BenchSpec(4, 10, 1, 3, range_ratio=0.9).bounds() == ((1, 19), (1, 2))  # never a 0-token output
+    # floor(20 x (1 - 0.9)) is 1 in floating point (as in vLLM's), never a 0-token output
+    assert BenchSpec(4, 20, 1, 3, range_ratio=0.9).bounds() == ((1, 38), (1, 2))
+    # A prompt range reaching 0 tokens is refused, as vLLM's RandomDataset refuses it (it was clamped to 1).
+    with pytest.raises(Exception, match=r"--random-range-ratio 0.9 with --input-len 10: the shortest prompt would be "
+                                        r"floor\(10 x \(1 - 0.9\)\) = 0 tokens, which vllm bench serve refuses"):
+        BenchSpec(4, 10, 1, 3, range_ratio=0.9)
     assert BenchSpec(4, 100, 5, 3).lengths(seed=1) == ([100] * 3, [5] * 3)
     assert [(r.num_prompt_tokens, r.max_tokens) for r in spec.requests(seed=7)] == list(zip(prompts, outputs))
     with pytest.raises(Exception, match=r"--random-range-ratio must be in \[0, 1\), got 1"):
@@ -216,7 +228,7 @@ def test_the_test_request_leaves_the_first_prompt_cached_by_hand(tmp_path):
     B = PREFILL_100 + 4 DECODE. Request 0, sent at B, finds its prompt's 6 full blocks cached and
     computes only the 4 tokens after them (vLLM's lookup stops at the last token's block:
     96 <= 99); requests 1 and 2 compute all 100. Nothing of the test request is counted."""
-    spec = BenchSpec(1, 100, 5, 3)
+    spec = BenchSpec(1, 100, 5, 3, test_request=True)  # (--ready-check-timeout-sec S > 0; vLLM's default 0 skips it)
     plan = plan_for(TokenPricedBackend(), api_server="off")
     result, loop = run_bench(spec, plan)
     start = PREFILL_100 + 4 * DECODE
@@ -245,14 +257,16 @@ def test_the_test_request_leaves_the_first_prompt_cached_by_hand(tmp_path):
 def test_warmups_run_after_the_test_request_and_hit_its_blocks_too():
     """--num-warmups 2 at C = 1: two more copies of the test request, one after the other; each finds
     the first prompt cached (4 tokens computed), and the benchmark starts when the second ends."""
-    result, loop = run_bench(BenchSpec(1, 100, 5, 3, num_warmups=2), plan_for(TokenPricedBackend(), api_server="off"))
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3, num_warmups=2, test_request=True),
+                             plan_for(TokenPricedBackend(), api_server="off"))
     start = PREFILL_100 + 4 * DECODE + 2 * (PREFILL_4 + 4 * DECODE)
     assert loop.start_s == start and [r.request_id for r in loop.warmup_requests] == ["test", "warmup-0", "warmup-1"]
     assert [r.num_prefix_hit_tokens for r in loop.warmup_requests] == [0, 96, 96]
     assert [r.num_prefix_hit_tokens for r in result.requests] == [96, 0, 0]
     assert result.requests[0].arrival_s == start and result.warmup["steps"] == 15
     # At C = 2 the two warm-ups are sent together when the test request ends, and the benchmark waits for both.
-    result, loop = run_bench(BenchSpec(2, 100, 5, 3, num_warmups=2), plan_for(TokenPricedBackend(), api_server="off"))
+    result, loop = run_bench(BenchSpec(2, 100, 5, 3, num_warmups=2, test_request=True),
+                             plan_for(TokenPricedBackend(), api_server="off"))
     test, w0, w1 = loop.warmup_requests
     assert w0.arrival_s == w1.arrival_s == test.finish_s and loop.start_s == max(w0.finish_s, w1.finish_s)
     # Without the test request the warm-ups still run, the first of them computing the whole prompt.
@@ -263,9 +277,9 @@ def test_warmups_run_after_the_test_request_and_hit_its_blocks_too():
 
 
 def test_without_the_test_request_request_0_is_computed_whole():
-    """--ready-check-timeout-sec 0 (vLLM skips the test request): the benchmark starts at 0 on an
-    empty cache, request 0 computing its 100 tokens, as before the test request was modelled."""
-    result, loop = run_bench(BenchSpec(1, 100, 5, 3, test_request=False), plan_for(TokenPricedBackend(), api_server="off"))
+    """--ready-check-timeout-sec 0, the default (vLLM skips the test request): the benchmark starts at 0
+    on an empty cache, request 0 computing its 100 tokens."""
+    result, loop = run_bench(BenchSpec(1, 100, 5, 3), plan_for(TokenPricedBackend(), api_server="off"))
     rows = result.requests
     assert loop.start_s == 0.0 and not loop.warmup_requests and result.warmup is None
     assert [r.num_prefix_hit_tokens for r in rows] == [0, 0, 0] and rows[0].hash_ids is None
@@ -288,8 +302,8 @@ def test_without_prefix_caching_the_benchmark_is_the_old_one_shifted(concurrency
                             cache=CacheConfig(16, 400, enable_prefix_caching=False))
     plan = resolve(options)
     old, _ = run_bench(BenchSpec(concurrency, input_len, output_len, num_prompts, rate, test_request=False), plan)
-    new, loop = run_bench(BenchSpec(concurrency, input_len, output_len, num_prompts, rate, num_warmups=num_warmups),
-                          resolve(options))
+    new, loop = run_bench(BenchSpec(concurrency, input_len, output_len, num_prompts, rate, num_warmups=num_warmups,
+                                    test_request=True), resolve(options))
     start = loop.start_s
     assert start > 0 and new.warmup["requests"] == num_warmups + 1
     assert len(new.steps) == len(old.steps)
@@ -309,7 +323,8 @@ def test_the_cli_runs_warmups_and_leaves_them_out(tmp_path, capsys):
 
     out = tmp_path / "b"
     assert main(["bench", "--concurrency", "2", "--input-len", "64", "--output-len", "4", "--num-prompts", "4",
-                 "--num-warmups", "3", "--model", "tiny", "--out", str(out), "--quiet"]) == 0
+                 "--num-warmups", "3", "--ready-check-timeout-sec", "60", "--model", "tiny", "--out", str(out),
+                 "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     warmup = summary["warmup"]
     assert warmup["test_request"] is True and warmup["num_warmups"] == 3 and warmup["requests"] == 4

@@ -63,6 +63,10 @@ CHANGED_DEFAULTS = {
        for command in ("replay", "bench", "compare")
        for flag, said in (("--max-num-batched-tokens", "8192 on a GPU of 70 GiB or more that is not an A100"),
                           ("--max-num-seqs", "1024 on a GPU of 70 GiB or more that is not an A100"))},
+    ("compare", ("--backend",)): (None, "runs both backends itself", "2026-12-07: unset, so that --backend costmodel, "
+                                                                    "replay's default, is refused too"),
+    ("bench", ("--ready-check-timeout-sec",)): (0, "default: 0, as vLLM's since vllm-project/vllm#30975",
+                                                "2026-12-07: vllm bench serve skips its test request by default"),
     **{("trace synth", (flag,)): (None, said, "2026-12-07: unset (the same default, taken where the flag applies), "
                                               "so that the flag given where it changes nothing is refused")
        for flag, said in (("--prompt-len", "default: fixed:512"), ("--output-len", "default: fixed:128"),

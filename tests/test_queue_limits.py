@@ -272,7 +272,7 @@ def test_a_closed_loop_sees_the_finish_that_sent_its_next_request():
         opts = dataclasses.replace(options(reqs=4, asynchronous=asynchronous, num_blocks=400, budget=256),
                                    api_server="off")
         for num_warmups in (0, 4):
-            result, loop = run_bench(BenchSpec(4, 64, 8, 40, num_warmups=num_warmups),
+            result, loop = run_bench(BenchSpec(4, 64, 8, 40, num_warmups=num_warmups, test_request=True),
                                      resolve(opts, backend=ConstantBackend(0.01)))
             assert [r.reject_reason for r in result.requests + loop.warmup_requests] == [None] * (41 + num_warmups)
             assert loop.max_in_flight == 4

@@ -2,9 +2,11 @@
 
 N prompts of exactly I tokens (random token ids: no two share a prefix), each asking for exactly O
 output tokens (vLLM's bench sends ignore_eos). With an infinite --request-rate every request is
-created at once; with a rate R they are created on a Poisson schedule: exponential gaps from
---seed, rescaled so the last is created at N / R after the benchmark's start, as
-vllm/benchmarks/serve.py `get_request` does. A created request waits, in creation order, for one of
+created at once; with a rate R they are created on a Poisson schedule (with --burstiness B, gaps
+of a gamma distribution of shape B and mean 1 / R), rescaled so the last is created at N / R after
+the benchmark's start, as vllm/benchmarks/serve.py `get_request` does: its gaps drawn one request at
+a time from numpy's global generator, seeded with --seed (`main_async`: np.random.seed), so a seed
+gives vLLM's own arrival times. A created request waits, in creation order, for one of
 C slots and is sent when it has one; a request's slot is freed when it finishes (sim/arrivals.py,
 `ClosedLoop`).
 
@@ -15,10 +17,12 @@ between tokens, throughputs over the benchmark's duration from its start to the 
 first wave (C requests sent together at the start, all prefilling at once) is measured and counted,
 as vLLM counts it.
 
-Before the benchmark, as vLLM's client (serve.py `benchmark`): one test request, request 0's prompt
-and output length (with ignore_eos too: exactly that many tokens), sent alone (`wait_for_endpoint`,
-vllm/benchmarks/lib/ready_checker.py; the simulated server answers its first try;
---ready-check-timeout-sec 0 skips it, as vLLM's does), then --num-warmups copies of it (default 0),
+Before the benchmark, as vLLM's client (serve.py `benchmark`): with --ready-check-timeout-sec S > 0,
+one test request, request 0's prompt and output length (with ignore_eos too: exactly that many
+tokens), sent alone (`wait_for_endpoint`, vllm/benchmarks/lib/ready_checker.py; the simulated server
+answers its first try); vLLM's client skips it by default since vllm-project/vllm#30975 (its
+--ready-check-timeout-sec defaults to 0), and so does servesim's; then --num-warmups copies of it
+(default 0),
 at most C at a time; the benchmark starts at the instant the last of them finished (`ClosedLoop`'s
 warm-up stages; the client sees a finish when the engine emits the last token, and sends at once).
 They run on the same engine: what they leave in the KV cache stays, so with prefix caching on
@@ -63,7 +67,8 @@ class BenchSpec:
     request_rate: float = math.inf  # requests per second; inf: all created at once
     range_ratio: float = 0.0  # vllm bench's --random-range-ratio: lengths uniform in [x (1 - r), x (1 + r)]
     num_warmups: int = 0  # vllm bench's --num-warmups: copies of the test request sent before the benchmark
-    test_request: bool = True  # vLLM's initial test request (vllm bench's --ready-check-timeout-sec 0: none)
+    test_request: bool = False  # vLLM's initial test request (vllm bench's --ready-check-timeout-sec S > 0)
+    burstiness: float = 1.0  # vllm bench's --burstiness: the gaps' gamma shape (1: a Poisson process; inf: even)
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "input_len", "output_len", "num_prompts"):
@@ -76,6 +81,14 @@ class BenchSpec:
             raise ServesimError(f"--random-range-ratio must be in [0, 1), got {self.range_ratio:g}")
         if not (isinstance(self.num_warmups, int) and self.num_warmups >= 0):
             raise ServesimError(f"--num-warmups must be a whole number >= 0, got {self.num_warmups}")
+        if not self.burstiness > 0:  # (NaN too)
+            raise ServesimError(f"--burstiness must be positive (inf: evenly spaced), got {self.burstiness}")
+        if math.floor(self.input_len * (1 - self.range_ratio)) < 1:
+            # vLLM's RandomDataset refuses a prompt range reaching 0 tokens (found by a review: it was clamped to 1)
+            raise ServesimError(f"--random-range-ratio {self.range_ratio:g} with --input-len {self.input_len}: the "
+                                f"shortest prompt would be floor({self.input_len} x (1 - {self.range_ratio:g})) = "
+                                f"{math.floor(self.input_len * (1 - self.range_ratio))} tokens, which vllm bench serve "
+                                "refuses; a smaller ratio or a longer --input-len")
 
     def bounds(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """((low, high) of the prompt lengths, (low, high) of the output lengths), both inclusive, as
@@ -83,8 +96,7 @@ class BenchSpec:
         to ceil(x (1 + r)), an output at least 1 token. (vLLM first takes the tokenizer's special
         tokens off the prompt length; servesim has no tokenizer, and counts the prompt as given.)"""
         r = self.range_ratio
-        # (a prompt at least 1 token too: vLLM's would be its special tokens alone, which a replay has not)
-        prompt = (max(math.floor(self.input_len * (1 - r)), 1), math.ceil(self.input_len * (1 + r)))
+        prompt = (math.floor(self.input_len * (1 - r)), math.ceil(self.input_len * (1 + r)))  # (at least 1: checked)
         output = (max(math.floor(self.output_len * (1 - r)), 1), max(math.ceil(self.output_len * (1 + r)), 1))
         return prompt, output
 
@@ -102,11 +114,19 @@ class BenchSpec:
         return [int(v) for v in prompts], [int(v) for v in outputs]
 
     def created_s(self, seed: int) -> list[float]:
-        """When each request is created (before it waits for a slot)."""
+        """When each request is created (before it waits for a slot): `get_request`'s delays, a gamma
+        draw of shape B and scale 1 / (R B) a request from numpy's global generator seeded with the
+        seed (np.random.RandomState(seed) draws the same), summed, then scaled so the last is at N / R;
+        with B infinite, 1 / R each."""
         n = self.num_prompts
         if math.isinf(self.request_rate):
             return [0.0] * n
-        gaps = np.random.default_rng(seed).exponential(1.0 / self.request_rate, n)
+        if math.isinf(self.burstiness):
+            gaps = np.full(n, 1.0 / self.request_rate)
+        else:
+            rng = np.random.RandomState(seed)
+            theta = 1.0 / (self.request_rate * self.burstiness)
+            gaps = np.array([rng.gamma(shape=self.burstiness, scale=theta) for _ in range(n)])
         times = np.cumsum(gaps)
         return (times * (n / self.request_rate / times[-1])).tolist()
 
@@ -153,6 +173,10 @@ class BenchSpec:
                "request_rate": None if math.isinf(self.request_rate) else self.request_rate}
         if self.range_ratio:  # fixed lengths keep the summary they had
             out["random_range_ratio"] = self.range_ratio
+        if self.burstiness != 1.0:  # a Poisson process keeps the summary it had
+            out["burstiness"] = self.burstiness
+        if self.test_request:  # (vLLM's client sends none by default)
+            out["test_request"] = True
         return out
 
 
@@ -284,9 +308,10 @@ def describe(spec: BenchSpec) -> str:
     rate = "inf" if math.isinf(spec.request_rate) else f"{spec.request_rate:g}"
     ratio = f" --random-range-ratio {spec.range_ratio:g}" if spec.range_ratio else ""
     warmups = f" --num-warmups {spec.num_warmups}" if spec.num_warmups else ""
-    test = "" if spec.test_request else " --ready-check-timeout-sec 0"
+    test = " --ready-check-timeout-sec 600" if spec.test_request else ""
+    burst = f" --burstiness {spec.burstiness:g}" if spec.burstiness != 1.0 else ""
     return (f"--concurrency {spec.concurrency} --input-len {spec.input_len} --output-len {spec.output_len} "
-            f"--num-prompts {spec.num_prompts} --request-rate {rate}{ratio}{warmups}{test}")
+            f"--num-prompts {spec.num_prompts} --request-rate {rate}{burst}{ratio}{warmups}{test}")
 
 
 TRACE_OPTIONS = ("format", "model_filter", "time_window", "limit", "rate_scale", "target_rate")
@@ -307,7 +332,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ServesimError(f"--on-too-long {args.on_too_long} shapes a trace; sim bench makes its own requests "
                             "(of --input-len and --output-len)")
     spec = BenchSpec(args.concurrency, args.input_len, args.output_len, args.num_prompts, args.request_rate,
-                     args.random_range_ratio, args.num_warmups, args.ready_check_timeout_sec > 0)
+                     args.random_range_ratio, args.num_warmups, args.ready_check_timeout_sec > 0, args.burstiness)
     options = options_from_args(args)
     # The run folder is claimed (made, locked, refused if it holds a run) before any work.
     with open_run_folder(args.out, f"{run_stamp()}-bench", overwrite=args.overwrite,
@@ -336,7 +361,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from sim.app.cli import add_replay_options
     from sim.app.options import add_output_options
-    from sim.config import COUNT, RANGE_RATIO, READY_CHECK_S, REQUEST_RATE_OR_INF, REQUEST_TOKENS, SEQUENCES, WARMUP_REQUESTS
+    from sim.config import (
+        BURSTINESS,
+        COUNT,
+        RANGE_RATIO,
+        READY_CHECK_S,
+        REQUEST_RATE_OR_INF,
+        REQUEST_TOKENS,
+        SEQUENCES,
+        WARMUP_REQUESTS,
+    )
 
     p = sub.add_parser(
         "bench", help="a closed-loop benchmark, as vllm bench serve --max-concurrency runs it",
@@ -359,11 +393,15 @@ def register(sub) -> None:
     p.add_argument("--num-warmups", type=WARMUP_REQUESTS.flag_type("--num-warmups"), default=0, metavar="N",
                    help="copies of the test request sent before the benchmark, at most --concurrency at a time, "
                         "and not counted, as vllm bench serve's --num-warmups (default: 0)")
-    p.add_argument("--ready-check-timeout-sec", type=READY_CHECK_S.flag_type("--ready-check-timeout-sec"), default=600,
-                   metavar="S", help="as vllm bench serve's: 0 skips the test request (request 0's prompt and output, "
-                                     "sent alone before the benchmark and not counted, which leaves that prompt in the "
-                                     "prefix cache); the simulated server is up at once, so any other value sends it "
-                                     "once (default: 600)")
+    p.add_argument("--ready-check-timeout-sec", type=READY_CHECK_S.flag_type("--ready-check-timeout-sec"), default=0,
+                   metavar="S", help="as vllm bench serve's: above 0 sends the test request (request 0's prompt and "
+                                     "output, sent alone before the benchmark and not counted, which leaves that prompt "
+                                     "in the prefix cache; the simulated server is up at once, so it is sent once); 0 "
+                                     "skips it (default: 0, as vLLM's since vllm-project/vllm#30975)")
+    p.add_argument("--burstiness", type=BURSTINESS.flag_type("--burstiness"), default=1.0, metavar="B",
+                   help="as vllm bench serve's, with --request-rate: the gaps between requests' creations are gamma "
+                        "distributed of shape B (1: a Poisson process; below 1 burstier, above 1 more even; inf: "
+                        "evenly spaced) (default: 1)")
     add_replay_options(p)
     add_output_options(p)
     p.add_argument("--no-fast-forward", action="store_true",

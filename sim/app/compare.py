@@ -284,3 +284,6 @@ def register(subparsers) -> None:
                         "calling thread's CPU time, for a CPU shared with other processes; --device cpu only)")
     # (no --backend default here: sim compare runs both backends, so an explicit --backend of either is refused)
     p.set_defaults(func=cmd_compare, backend=None)
+    for action in p._actions:
+        if action.dest == "backend":
+            action.help = "not for sim compare, which runs both backends itself (refused if given)"
