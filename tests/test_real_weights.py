@@ -57,6 +57,9 @@ def test_loaded_weights_reproduce_the_saved_model(source, tmp_path):
     (lambda t, c: c.update({"num_hidden_layers": 28}), "num_hidden_layers = 28"),
     (lambda t, c: c.update({"rope_theta": 500000.0}), "rope_theta = 500000.0"),
     (lambda t, c: c.update({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}), "rope_scaling = "),
+    # Found by a review: fields the computation reads besides the shapes were not compared.
+    (lambda t, c: c.update({"rms_norm_eps": 0.5}), "rms_norm_eps = 0.5, the model 1e-06"),
+    (lambda t, c: c.update({"tie_word_embeddings": True}), "tie_word_embeddings = true, the model false"),
 ])
 def test_a_folder_of_another_model_is_refused(source, tmp_path, break_it, message):
     tensors, config = hf_state_dict(source.model), dict(TINY)
@@ -65,6 +68,54 @@ def test_a_folder_of_another_model_is_refused(source, tmp_path, break_it, messag
     with pytest.raises(ServesimError, match="does not match model tiny") as e:
         RealBackend("tiny", num_blocks=8, weights=str(folder))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_act": "gelu"}, "its config.json has hidden_act = 'gelu'; the real backend's MLPs run SiLU"),
+    ({"mlp_bias": True}, "its config.json has mlp_bias = true; the real backend's projections have no biases"),
+])
+def test_a_folder_computing_otherwise_is_refused(source, tmp_path, change, message):
+    """Found by a review: a config.json of GELU MLPs (its weights the same shapes) loaded, and the
+    decoder ran SiLU: its greedy tokens could not be the checkpoint's."""
+    folder = save(tmp_path / "ckpt", hf_state_dict(source.model), {**TINY, **change})
+    with pytest.raises(ServesimError, match=message):
+        RealBackend("tiny", num_blocks=8, weights=str(folder))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int32, torch.uint8, torch.bool, torch.complex64])
+def test_a_tensor_that_is_not_float_weights_is_refused_naming_it(source, tmp_path, dtype):
+    """Found by a review: an fp8 tensor ended in an internal error ("isfinite" not implemented), and
+    integers, booleans and complex numbers were cast into the model without a word."""
+    tensors = hf_state_dict(source.model)
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(dtype)
+    folder = save(tmp_path / "ckpt", tensors)
+    with pytest.raises(ServesimError, match=f"tensor {name} is {str(dtype).removeprefix('torch.')}: the real backend "
+                                            r"loads unquantized weights \(bf16, fp16 or fp32\)"):
+        RealBackend("tiny", num_blocks=8, weights=str(folder))
+
+
+def test_a_tensor_in_two_shards_is_refused_naming_both(source, tmp_path):
+    """Found by a review: the later file's copy replaced the other silently (a stale extra shard)."""
+    folder = save(tmp_path / "ckpt", hf_state_dict(source.model))
+    safetensors_torch.save_file({"model.norm.weight": torch.full((64,), 7.0)}, str(folder / "zz-stale.safetensors"))
+    with pytest.raises(ServesimError, match=r"tensor model.norm.weight is in both model-0000\d-of-00002.safetensors "
+                                            r"and zz-stale.safetensors; a checkpoint holds each tensor once"):
+        RealBackend("tiny", num_blocks=8, weights=str(folder))
+
+
+def test_gemma_or_attention_biases_are_refused_by_the_real_backend():
+    """Found by a review: a Gemma whose layers are all full attention, or attention with biases, ran as
+    a plain Llama decoder."""
+    import dataclasses
+
+    from backends.model_config import ModelConfig
+
+    tiny = ModelConfig.from_preset("tiny")
+    for change, message in (({"sandwich_norms": True}, "Gemma's decoder"),
+                            ({"attention_bias": True}, "attention projections with biases")):
+        with pytest.raises(ServesimError, match=message):
+            RealBackend(dataclasses.replace(tiny, **change), num_blocks=8)
 
 
 def test_a_nan_weight_is_refused_naming_the_tensor(source, tmp_path):
@@ -137,6 +188,11 @@ def test_compare_runs_the_real_backend_on_given_weights(source, tmp_path, capsys
     assert main([*args, "--weights", str(folder), "--out", str(tmp_path / "c")]) == 0
     measured = json.loads((tmp_path / "c" / "measured" / "summary.json").read_text())
     assert measured["options"]["weights"] == str(folder) and measured["completed"] == 2
+    # Neither run adds vLLM's host-time model (found by a review: the prediction did, on top of a profile
+    # fitted to steps that hold the real backend's own CPU time, and the measured run's summary said so too).
+    predicted = json.loads((tmp_path / "c" / "predicted" / "summary.json").read_text())
+    assert measured["options"]["engine_clock"]["host_time"] is False
+    assert predicted["options"]["engine_clock"]["host_time"] is False
     assert main([*args, "--backend", "real", "--out", str(tmp_path / "d")]) == 2
     assert "sim compare runs both backends itself" in capsys.readouterr().err
     # Found by a review: --backend costmodel (replay's default) was taken silently, and --profile roofline was
@@ -146,4 +202,13 @@ def test_compare_runs_the_real_backend_on_given_weights(source, tmp_path, capsys
     roofline = [a if a != profile else "roofline" for a in args]
     assert main([*roofline, "--out", str(tmp_path / "f")]) == 2
     assert "--profile roofline: sim compare checks a calibrated cost model against the real backend" in \
+        capsys.readouterr().err
+
+
+def test_the_cost_models_cuda_graph_size_is_refused_by_the_real_backend(tmp_path, capsys):
+    """Found by a review: --max-cudagraph-capture-size with --backend real was ignored, with a warning
+    about pricing that never happens."""
+    assert main(["replay", "traces/samples/azure_conv_2023_first5min.csv", "--limit", "3", "--backend", "real",
+                 "--model", "tiny", "--max-cudagraph-capture-size", "8", "--out", str(tmp_path / "r")]) == 2
+    assert "--max-cudagraph-capture-size prices the cost model's CUDA graphs; the real backend captures its own" in \
         capsys.readouterr().err

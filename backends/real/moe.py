@@ -89,6 +89,14 @@ def check_runnable_moe(cfg) -> None:
     if layer_types and any(t != "full_attention" for t in layer_types):
         other = next(t for t in layer_types if t != "full_attention")
         raise ServesimError(f"model {cfg.name}: layer_types has {other} layers, not in the real backend; {COST_MODEL}")
+    # (found by a review: a Gemma whose layers are all full attention, or attention with biases, ran as a
+    # plain Llama decoder, its greedy tokens not the checkpoint's)
+    if getattr(cfg, "sandwich_norms", False):
+        raise ServesimError(f"model {cfg.name}: Gemma's decoder (four norms a layer, scaled embeddings, GELU) is not "
+                            f"in the real backend; {COST_MODEL}")
+    if getattr(cfg, "attention_bias", False):
+        raise ServesimError(f"model {cfg.name}: attention projections with biases (attention_bias) are not in the "
+                            f"real backend; {COST_MODEL}")
     if int(_field(cfg, "num_experts", 0)) <= 0:
         return
     model_type = _field(cfg, "model_type", "")

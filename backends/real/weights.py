@@ -7,6 +7,7 @@ model holds them fused (experts as [E, out, in]), so each name maps to a view of
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from sim.errors import ServesimError
 # config.json fields that must agree with the preset for a folder to be this model.
 _CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "vocab_size")
+LOADED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)  # the weights' dtypes it loads
 # Tensors a checkpoint may carry that the model does not need.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -116,9 +118,41 @@ def _check_config(folder: Path, cfg: ModelConfig) -> None:
         if field in stated and stated[field] != getattr(cfg, field):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
                                 f"{field} = {stated[field]}, the model {getattr(cfg, field)}")
+    # What the computation reads besides the shapes (found by a review: these were not compared, so a
+    # folder of another norm epsilon, tied embeddings or routing loaded without a word).
+    if raw.get("rms_norm_eps") is not None and not math.isclose(float(raw["rms_norm_eps"]), cfg.rms_norm_eps,
+                                                                rel_tol=1e-9):
+        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
+                            f"rms_norm_eps = {raw['rms_norm_eps']}, the model {cfg.rms_norm_eps}")
+    if raw.get("tie_word_embeddings") is not None and bool(raw["tie_word_embeddings"]) != cfg.tie_word_embeddings:
+        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
+                            f"tie_word_embeddings = {str(bool(raw['tie_word_embeddings'])).lower()}, the model "
+                            f"{str(cfg.tie_word_embeddings).lower()}")
+    act = raw.get("hidden_act", raw.get("hidden_activation"))
+    if act is not None and act != "silu":
+        raise ServesimError(f"weights folder {folder}: its config.json has hidden_act = {act!r}; the real backend's "
+                            "MLPs run SiLU")
+    for flag in ("attention_bias", "mlp_bias"):
+        if raw.get(flag):
+            raise ServesimError(f"weights folder {folder}: its config.json has {flag} = true; the real backend's "
+                                "projections have no biases")
     spec = moe_spec(cfg)
     if spec is None:
         return
+    if "norm_topk_prob" in raw and raw.get("model_type") != "mixtral" and bool(raw["norm_topk_prob"]) != spec.renormalize:
+        raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json has "
+                            f"norm_topk_prob = {str(bool(raw['norm_topk_prob'])).lower()}, the model "
+                            f"{str(spec.renormalize).lower()}")
+    step = raw.get("decoder_sparse_step", 1) or 1
+    only = raw.get("mlp_only_layers") or []
+    first = raw.get("first_k_dense_replace", 0) or 0
+    if isinstance(step, int) and isinstance(first, int) and isinstance(only, list):
+        sparse = frozenset(i for i in range(cfg.num_hidden_layers)
+                           if i >= first and i not in only and (i + 1) % step == 0)
+        if sparse != spec.sparse_layers:
+            raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json puts "
+                                f"experts in {len(sparse)} of {cfg.num_hidden_layers} layers (decoder_sparse_step, "
+                                f"mlp_only_layers), the model in {len(spec.sparse_layers)}")
     # Mixtral names the expert count num_local_experts, Qwen3-MoE num_experts.
     for names, value in ((("num_experts", "num_local_experts"), spec.num_experts),
                          (("num_experts_per_tok",), spec.top_k), (("moe_intermediate_size",), spec.intermediate_size)):
@@ -143,7 +177,13 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
     safe_open = _open_safetensors()
     layout = hf_layout(model)
     handles = {f: _open_file(safe_open, f) for f in files}
-    where = {name: (h, f) for f, h in handles.items() for name in h.keys()}
+    where: dict = {}
+    for f, h in handles.items():
+        for name in h.keys():
+            if name in where:  # (found by a review: a stale extra shard's copy replaced the other silently)
+                raise ServesimError(f"weights folder {folder}: tensor {name} is in both {where[name][1].name} and "
+                                    f"{f.name}; a checkpoint holds each tensor once")
+            where[name] = (h, f)
     missing = [n for n in layout if n not in where]
     unexpected = [n for n in where if n not in layout and not n.endswith(_IGNORED_SUFFIXES)
                   and not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
@@ -161,7 +201,12 @@ def load_safetensors(model: Decoder, folder: str | Path) -> None:
         if tuple(tensor.shape) != tuple(view.shape):
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: {name} has shape "
                                 f"{list(tensor.shape)}, the preset needs {list(view.shape)}")
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor.dtype not in LOADED_DTYPES:
+            # (found by a review: fp8 ended in an internal error; integers, booleans and complex numbers were cast)
+            raise ServesimError(f"{file}: tensor {name} is {str(tensor.dtype).removeprefix('torch.')}: the real "
+                                "backend loads unquantized weights (bf16, fp16 or fp32); a quantized checkpoint is "
+                                "priced by the cost model (--backend costmodel)")
+        if not bool(torch.isfinite(tensor).all()):
             # (a NaN or infinite weight makes every logit NaN: the steps would run, and sample nonsense)
             bad = int((~torch.isfinite(tensor)).sum())
             raise ServesimError(f"{file}: tensor {name} holds {bad} NaN or infinite value{'s' * (bad != 1)} of "

@@ -222,6 +222,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                             "--device and --weights, the cost model with --profile); leave --backend out")
     # Read as the real backend's run (its --device and --weights are its own); the profile is the prediction's.
     options = options_from_args(argparse.Namespace(**{**vars(args), "backend": "real", "profile": None}))
+    # Neither run adds vLLM's host-time model: the real backend's steps hold its own CPU's preparation, and the
+    # profile was fitted to such steps (found by a review: with --no-async-scheduling every predicted step
+    # carried vLLM's host time on top, +18.9% median).
+    options = replace(options, scheduler=replace(options.scheduler, host_time=False))
     with open_run_folder(args.out, "compare", overwrite=args.overwrite, discard_on_failure=True,
                          inputs=command_inputs(args)) as folder:
         warn(folder.took_over)

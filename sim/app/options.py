@@ -211,6 +211,10 @@ class ReplayOptions:
                                 "with --backend real, --replicas or disaggregated pools")
         if self.backend == "real" and not self.cluster.is_single:
             raise ServesimError("a cluster replays with the cost model; --backend real runs one engine")
+        if self.backend == "real" and self.max_cudagraph_capture_size is not None:
+            # (found by a review: it was ignored, with a warning about pricing that does not happen)
+            raise ServesimError("--max-cudagraph-capture-size prices the cost model's CUDA graphs; the real backend "
+                                "captures its own (up to --max-num-seqs, on a GPU)")
         if self.cluster.router != ClusterOptions.router and self.cluster.is_single:
             raise ServesimError(
                 f"--router {self.cluster.router} picks which replica takes each request, and there is one engine: "

@@ -167,8 +167,14 @@ class RunPlan:
                 d["cost_model"] += (f"; all-reduce: a ring over {link} at {bandwidth / 1e9:g} GB/s a direction plus "
                                     f"{latency * 1e6:g} us (no measured all-reduce table)")
         sched = self.options.scheduler
-        d["engine_clock"] = host_time_summary(sched.async_scheduling, sched.host_time, sched.host_reference_loop_s,
+        # (the real backend times its own steps, the CPU's preparation included: no host-time model is added,
+        # and summary.json says so; found by a review, it said host_time true with a vLLM profile)
+        applied = sched.host_time and self.options.backend != "real"
+        d["engine_clock"] = host_time_summary(sched.async_scheduling, applied, sched.host_reference_loop_s,
                                               self.options.vllm_version)
+        if sched.host_time and not applied:
+            d["engine_clock"]["host_time_note"] = ("the real backend's steps are measured, its CPU's preparation "
+                                                   "included: no host-time model is added")
         d["scheduler"]["max_model_len"] = self.max_model_len
         for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
             if d["scheduler"][name] is None:
