@@ -70,8 +70,15 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     atomic_write_text(path, json.dumps(profile.to_json(), indent=2) + "\n")  # never a truncated profile
 
 
-def load_profile(path: str | Path, model: str | None = None) -> Profile:
-    """Read a profile; with `model`, refuse one calibrated for another model."""
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "vocab_size")
+
+
+def load_profile(path: str | Path, model: str | ModelConfig | None = None) -> Profile:
+    """Read a profile; with `model` (a name, or the run's ModelConfig), refuse one calibrated for another
+    model: another name, or (a ModelConfig, whose name may be a config folder's) other shapes than the
+    preset the profile was calibrated on (`sim calibrate` calibrates presets). Found by a review: a
+    folder named tiny holding a larger model took the tiny preset's profile."""
     path = Path(path)
     data = read_json_file(path, "profile", "make one with `sim calibrate`")
     if data.get("format") != PROFILE_FORMAT:
@@ -92,10 +99,21 @@ def load_profile(path: str | Path, model: str | None = None) -> Profile:
         profile = Profile(str(data["model"]), calibration, str(data["device"]), str(data["device_name"]),
                           str(data["dtype"]), int(data["block_size"]), str(data["created"]),
                           dict(data.get("software", {})), dict(data.get("fit", {})), dict(data.get("grid", {})))
-    if model is not None and profile.model != model:
+    name = model.name if isinstance(model, ModelConfig) else model
+    if name is not None and profile.model != name:
         raise ServesimError(
-            f"{path} was calibrated for model {profile.model!r} on {profile.device_name}, not for {model!r}; "
-            f"use --model {profile.model}, or calibrate {model} with `sim calibrate --model {model} ...`")
+            f"{path} was calibrated for model {profile.model!r} on {profile.device_name}, not for {name!r}; "
+            f"use --model {profile.model}, or calibrate {name} with `sim calibrate --model {name} ...`")
+    if isinstance(model, ModelConfig):
+        try:
+            preset = ModelConfig.from_preset(profile.model)
+        except ServesimError:
+            return profile  # (not a preset's: its name is all there is to compare)
+        differ = [f for f in SHAPE_FIELDS if getattr(model, f) != getattr(preset, f)]
+        if differ:
+            shown = ", ".join(f"{f} {getattr(model, f)} (the profile's {getattr(preset, f)})" for f in differ)
+            raise ServesimError(f"{path} was calibrated for the preset {profile.model!r}, and this model {name!r} "
+                                f"differs from it: {shown}; calibrate this model with `sim calibrate`")
     return profile
 
 

@@ -293,6 +293,23 @@ def test_profile_of_another_model_is_refused(standin_profile, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_profile_is_refused_for_a_folder_of_its_name_but_another_shape(standin_profile, tmp_path):
+    """Found by a review: the check compared names, and a config folder named tiny (a model's name is
+    its folder's) holding a larger model took the tiny preset's profile; one of the preset's shapes is
+    taken."""
+    import dataclasses
+
+    from backends.model_config import ModelConfig
+
+    path, _, _, _ = standin_profile
+    tiny = ModelConfig.from_preset("tiny")
+    assert load_profile(path, dataclasses.replace(tiny, qk_norm=False)).model == "tiny"  # the shapes agree
+    bigger = dataclasses.replace(tiny, hidden_size=256, num_attention_heads=8, head_dim=32)
+    with pytest.raises(ServesimError, match=r"calibrated for the preset 'tiny', and this model 'tiny' differs from it: "
+                                            r"hidden_size 256 \(the profile's 64\), num_attention_heads 8"):
+        load_profile(path, bigger)
+
+
 @pytest.mark.parametrize("text,message", [
     ("{", "invalid JSON"),
     ('{"format": "other"}', "not a servesim profile"),

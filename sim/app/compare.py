@@ -250,7 +250,7 @@ def _compare(args: argparse.Namespace, options: ReplayOptions, out: Path) -> lis
     predicted = resolve(replace(options, backend="costmodel", profile=args.profile, weights=None,
                                 device=ReplayOptions.device, cache=cache,
                                 scheduler=measured.options.scheduler, batch_defaults=()))
-    profile = load_profile(args.profile, options.model)
+    profile = load_profile(args.profile, measured.model)  # (its name and shapes: a config folder named so too)
     trace = load_trace(args.trace, args, predicted.max_model_len)
     profile_clock = profile.grid.get("clock", "wall")
     if profile_clock != args.clock:

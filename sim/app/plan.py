@@ -359,7 +359,7 @@ def resolve(options: ReplayOptions, backend: Backend | None = None, build_backen
                     raise ServesimError("--tp, --dtype fp8 and --kv-cache-dtype fp8 need the roofline or an "
                                         "operator-table profile; a fitted profile was measured on one device in its "
                                         "own dtype")
-                calibration = load_profile(options.profile, model.name).calibration  # refuses another model's
+                calibration = load_profile(options.profile, model).calibration  # refuses another model's
         elif model.is_extended and backend is None and build_backend and system_of(hardware) is not None \
                 and system_has_tables(system_of(hardware)):
             # MoE, MLA and sliding windows: each operator from the system's measured tables, else the roofline.
