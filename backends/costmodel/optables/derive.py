@@ -408,7 +408,7 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     else:
         # The ring's fixed time: at least NCCL's smallest all-reduce among the most GPUs the table
         # measures (fewer than tp: a ring of more GPUs has more hops), else the custom kernel's.
-        fewer = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] < tp)
+        fewer = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] < tp) & (n["num_gpus"] >= 2)
                                          & (n["nccl_dtype"] == "half")]
         floor, floor_from = allreduce_latency_s(hops, tp), ""  # where no table measures it
         if fewer is not None and not fewer.empty:

@@ -471,7 +471,8 @@ def nccl_floor(frame, op: str, num_gpus: int) -> tuple[Curve, int] | None:
     scaled to the larger ring's bytes (backends/costmodel/optables/derive.py, `ring_scaled`); None."""
     if frame is None:
         return None
-    rows = frame[(frame["op_name"] == op) & (frame["num_gpus"] < num_gpus) & (frame["nccl_dtype"] == "half")]
+    rows = frame[(frame["op_name"] == op) & (frame["num_gpus"] < num_gpus) & (frame["num_gpus"] >= 2)
+                 & (frame["nccl_dtype"] == "half")]
     if rows.empty:
         return None
     most = int(rows["num_gpus"].max())
