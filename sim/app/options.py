@@ -294,8 +294,8 @@ class JoinedValues(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         previous = getattr(namespace, self.dest, None)
-        if previous not in (None, "", self.default) and values:
-            values = f"{previous},{values}"
+        if previous not in (None, "", self.default):
+            values = f"{previous},{values}" if values else previous  # (an empty one adds nothing)
         setattr(namespace, self.dest, values)
 
 
