@@ -86,15 +86,22 @@ STATS_IDLE_S = 5.0  # ... or every 5 s when no engine's counts changed
 KV_PENALTY = 6.0  # get_core_engine_for_request: waiting x 6 x max(0, kv_cache_usage - 0.5)
 
 
-def dp_padded_tokens(tokens: list[int], cuda_graph_max_tokens: int) -> list[int]:
-    """The tokens each DP rank runs through the step, as vLLM's ranks agree on them
-    (vllm/v1/worker/dp_utils.py, coordinate_batch_across_dp -> _synchronize_dp_ranks): when every
-    rank's step runs a CUDA graph (its tokens at most the largest capture size; the ranks take the
-    least of their graph modes), every rank is padded to the largest rank's count
-    (_post_process_dp_padding); else each runs its own."""
-    if cuda_graph_max_tokens and max(tokens) <= cuda_graph_max_tokens:
-        return [max(tokens)] * len(tokens)
-    return list(tokens)
+def dp_padded_tokens(tokens: list[int], cuda_graph_sizes: tuple[int, ...] = ()) -> list[int]:
+    """The tokens each DP rank runs through the step, as vLLM 0.33's ranks agree on them
+    (vllm/v1/worker/gpu_model_runner.py, _determine_batch_execution_and_padding; vllm/v1/worker/dp_utils.py,
+    coordinate_batch_across_dp -> _synchronize_dp_ranks): each rank first rounds its count up to its
+    CUDA-graph size (the next of `cuda_graph_sizes`, ascending, for a count up to the largest; the
+    dispatcher's batch_descriptor), then, when every rank's step runs a graph (the ranks take the least of
+    their graph modes), every rank is padded to the largest rounded count (_post_process_dp_padding); else
+    each runs its own rounded count. (Found by a review against vLLM: the ranks were padded to the largest
+    count unrounded, so decodes of 37 and 20 tokens ran 2 x 37 where vLLM runs 2 x 40.)"""
+    if not cuda_graph_sizes:
+        return list(tokens)
+    largest = cuda_graph_sizes[-1]
+    rounded = [next(size for size in cuda_graph_sizes if size >= t) if t <= largest else t for t in tokens]
+    if max(tokens) <= largest:
+        return [max(rounded)] * len(tokens)
+    return rounded
 
 
 class ClosedLoopClients:
@@ -239,16 +246,16 @@ class DataParallelGroup(Cluster):
     returns a `DPResult`."""
 
     def __init__(self, requests: list[Request], token_times: TokenTimes, num_ranks: int, lockstep: bool = True,
-                 progress: Callable[[float, int], None] | None = None, cuda_graph_max_tokens: int = 0,
+                 progress: Callable[[float, int], None] | None = None, cuda_graph_sizes: tuple[int, ...] = (),
                  clients: ClosedLoopClients | None = None):
         """`requests`: in arrival order (a trace), or in send order with `clients` (a closed loop,
-        lockstep groups only). `cuda_graph_max_tokens`: vLLM's largest CUDA-graph capture size
-        (the largest of `sim.config.cuda_graph_sizes`), for the DP padding of the MoE layers' tokens (0: none)."""
+        lockstep groups only). `cuda_graph_sizes`: the server's CUDA-graph capture sizes, ascending
+        (`sim.config.cuda_graph_sizes`), for the DP padding of the MoE layers' tokens (empty: none)."""
         if clients is not None and not lockstep:
             raise ValueError("closed-loop clients drive a lockstep DP group (a mixture of experts) only")
         super().__init__(requests, token_times, DPLoadBalancer(num_ranks), progress)
         self.lockstep = lockstep  # a mixture of experts' ranks step together; a dense model's do not
-        self.cuda_graph_max_tokens = cuda_graph_max_tokens
+        self.cuda_graph_sizes = tuple(cuda_graph_sizes)
         self.clients = clients
         self._client_sent: simpy.Event | None = None
         self._next_tick_s = STATS_UPDATE_S  # the coordinator's first read of the ranks
@@ -380,7 +387,7 @@ class DataParallelGroup(Cluster):
             return [backend.execute(batch) if batch is not None else self.dummy_step(self.ranks[0].engine)
                     for batch in work]
         batches = [batch if batch is not None else dummy_batch() for batch in work]
-        tokens = dp_padded_tokens([batch.num_tokens for batch in batches], self.cuda_graph_max_tokens)
+        tokens = dp_padded_tokens([batch.num_tokens for batch in batches], self.cuda_graph_sizes)
         moe_parts = getattr(backend, "dp_moe_parts")(tokens)
         return [in_lockstep(batch, moe_parts) for batch in batches]
 

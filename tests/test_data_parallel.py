@@ -334,7 +334,7 @@ def test_a_closed_loop_dp_row_exact_to_the_step():
     requests = sorted(make_requests(make_trace([(0.0, 4, 2), (0.0, 6, 1), (0.0, 2, 1)])), key=lambda r: r.index)
     token_times = TokenTimes(requests)
     clients = ClosedLoopClients(requests, 2, lambda r: 0.25)
-    g = DataParallelGroup(requests, token_times, 2, True, cuda_graph_max_tokens=4, clients=clients)
+    g = DataParallelGroup(requests, token_times, 2, True, cuda_graph_sizes=(1, 2, 4), clients=clients)
     backend = LockstepBackend()
     for _ in range(2):
         policy = load_policy("chunked")(SchedulerConfig("chunked", max_num_batched_tokens=8, max_num_seqs=4,
@@ -373,9 +373,13 @@ def test_closed_loop_clients_through_one_api_server_per_rank():
 
 def test_dp_padding_and_cuda_graph_sizes():
     # vllm/v1/worker/dp_utils.py: every rank under a CUDA graph -> all padded to the largest rank's tokens.
-    assert dp_padded_tokens([4, 1], 512) == [4, 4]
-    assert dp_padded_tokens([600, 1], 512) == [600, 1]  # rank 0 runs eagerly: no padding
-    assert dp_padded_tokens([3, 1], 0) == [3, 1]
+    sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 512)
+    assert dp_padded_tokens([4, 1], sizes) == [4, 4]
+    assert dp_padded_tokens([600, 1], sizes) == [600, 1]  # rank 0 runs eagerly: no padding
+    assert dp_padded_tokens([3, 1], ()) == [3, 1]
+    # Found by a review against vLLM: each rank rounds up to its graph size first, then all pad to the largest.
+    assert dp_padded_tokens([37, 20], sizes) == [40, 40]
+    assert dp_padded_tokens([600, 3], sizes) == [600, 4]  # a graph's rank keeps its rounded count
     # vllm/config/vllm.py _set_cudagraph_sizes: min(2 x max_num_seqs, 512; 1024 on data-centre Blackwell).
     from sim.config import cuda_graph_sizes
 
@@ -407,9 +411,10 @@ def test_ep_dispatch_and_combine_of_a_dp_replay_worked_by_hand(package, tmp_path
     """`sim replay --dp 2 --enable-expert-parallel` (Qwen3-30B-A3B, hidden 2048, top-8 of 128 experts, 48
     MoE layers; TP 1, so the all-to-all's group is the DP group of 2 GPUs). The first lockstep step:
     rank 0 runs R0's 300-token prompt, rank 1 a dummy batch (1 token); both under CUDA graphs (<= 512
-    tokens at --max-num-seqs 256), so both are padded to 300: 600 tokens gathered on each GPU.
-    Dispatch all-gathers 600 x (2048 x 2 + 8 x (4 + 4)) = 600 x 4,160 = 2,496,000 bytes; combine
-    reduce-scatters 600 x 2048 x 2 = 2,457,600 bytes; each once per MoE layer, from the NCCL tables."""
+    tokens), so each rounds up to its graph size (300 -> 304, 1 -> 1) and both are padded to the larger,
+    304: 608 tokens gathered on each GPU. Dispatch all-gathers 608 x (2048 x 2 + 8 x (4 + 4)) = 608 x
+    4,160 = 2,529,280 bytes; combine reduce-scatters 608 x 2048 x 2 = 2,490,368 bytes; each once per MoE
+    layer, from the NCCL tables."""
     from backends.costmodel.optables.interp import Curve
     from backends.costmodel.optables.moe import moe_table_model
     from backends.hardware import resolve_hardware
@@ -425,15 +430,15 @@ def test_ep_dispatch_and_combine_of_a_dp_replay_worked_by_hand(package, tmp_path
                             enable_expert_parallel=True, dp=2)
     assert (model.moe_tp, model.ep, model.moe_group) == (1, 2, 2)
     gather, scatter = model._gather, model._scatter
-    dispatch = 48 * float(gather.many(np.array([2_496_000.0]))[0][0])
-    combine = 48 * float(scatter.many(np.array([2_457_600.0]))[0][0])
-    assert model.dp_moe_parts([300, 300]) == {"moe": model.dp_moe_parts([300, 300])["moe"], "dispatch": dispatch,
+    dispatch = 48 * float(gather.many(np.array([2_529_280.0]))[0][0])
+    combine = 48 * float(scatter.many(np.array([2_490_368.0]))[0][0])
+    assert model.dp_moe_parts([304, 304]) == {"moe": model.dp_moe_parts([304, 304])["moe"], "dispatch": dispatch,
                                               "combine": combine}
     steps = pd.read_parquet(out / "steps.parquet")
     first = steps.iloc[0]
     assert (first["dp_rank"], first["num_prefill_tokens"]) == (0, 300)
     assert (first["dispatch_s"], first["combine_s"]) == (dispatch, combine)
-    assert first["moe_s"] == 48 * float(Curve(*model_moe_curve(model)).many(np.array([600.0]))[0][0])
+    assert first["moe_s"] == 48 * float(Curve(*model_moe_curve(model)).many(np.array([608.0]))[0][0])
     operators = json.loads((out / "summary.json").read_text())["options"]["cost_model"]["operators"]
     assert operators["dispatch"].startswith("NCCL all_gather table among 2 GPUs (the DP group)")
     assert operators["combine"].startswith("NCCL reduce_scatter table among 2 GPUs")

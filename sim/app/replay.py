@@ -172,7 +172,7 @@ def make_dp_group(plan: RunPlan, requests: list[Request], fast_forward: bool = T
     `clients`: a closed loop of clients (`sim validate`) instead of `requests`' arrival times."""
     token_times = TokenTimes(requests)
     lockstep = bool(plan.model.num_experts)
-    graphs = plan.cuda_graph_sizes[-1]  # the largest size the server captures (sim.config.cuda_graph_sizes)
+    graphs = tuple(plan.cuda_graph_sizes)  # the sizes the server captures (sim.config.cuda_graph_sizes)
     group = DataParallelGroup(requests, token_times, plan.options.dp, lockstep, progress, graphs, clients)
     for _ in range(plan.options.dp):
         group.add_rank(Engine(plan.make_policy(), plan.backend, plan.make_block_manager(), token_times,
