@@ -305,6 +305,21 @@ def ring_scaled(seconds, measured_gpus: int, num_gpus: int) -> list[float]:
     return [float(t) * factor for t in seconds]
 
 
+def measured_ring_below(frame: pd.DataFrame | None, op: str, num_gpus: int) -> tuple[list[int], list[float], int] | None:
+    """(message bytes, seconds, GPUs) of NCCL's `op` (half precision) among the most GPUs, two or more,
+    that the table measures below `num_gpus`; None where it measures none: what a ring of `num_gpus`
+    the table lacks is bounded by (`ring_scaled`)."""
+    if frame is None:
+        return None
+    rows = frame[(frame["op_name"] == op) & (frame["num_gpus"] < num_gpus) & (frame["num_gpus"] >= 2)
+                 & (frame["nccl_dtype"] == "half")]
+    if rows.empty:
+        return None
+    most = int(rows["num_gpus"].max())
+    message_bytes, seconds = _curve(rows[rows["num_gpus"] == most])
+    return message_bytes, seconds, most
+
+
 def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None,
                      pcie_bytes_per_s: float | None = None, notes: list | None = None,
                      fusion_max_bytes: float = 0.0, gpus_per_node: int | None = None,
@@ -408,12 +423,10 @@ def derive_allreduce(tables: TableSet, tp: int, nvlink_bytes_per_s: float | None
     else:
         # The ring's fixed time: at least NCCL's smallest all-reduce among the most GPUs the table
         # measures (fewer than tp: a ring of more GPUs has more hops), else the custom kernel's.
-        fewer = None if n is None else n[(n["op_name"] == "all_reduce") & (n["num_gpus"] < tp) & (n["num_gpus"] >= 2)
-                                         & (n["nccl_dtype"] == "half")]
+        below = measured_ring_below(n, "all_reduce", tp)
         floor, floor_from = allreduce_latency_s(hops, tp), ""  # where no table measures it
-        if fewer is not None and not fewer.empty:
-            most = int(fewer["num_gpus"].max())
-            message_bytes, seconds = _curve(fewer[fewer["num_gpus"] == most])
+        if below is not None:
+            message_bytes, seconds, most = below
             measured = min(seconds)
             if measured > floor:
                 floor, floor_from = measured, f", at least NCCL's smallest all-reduce among {most} GPUs"

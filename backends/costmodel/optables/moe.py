@@ -90,7 +90,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.costmodel.frame import StepAggregates
-from backends.costmodel.optables.derive import ring_scaled
+from backends.costmodel.optables.derive import measured_ring_below, ring_scaled
 from backends.costmodel.optables.interp import Curve, Grid, fill_rows_by_scaling
 from backends.costmodel.optables.mla import MLAModule, MLATables, mla_module
 from backends.costmodel.optables.model import CUDA_GRAPH_SIZES, graph_sizes_array, padded_tokens
@@ -467,17 +467,19 @@ def nccl_lookup(frame, op: str, num_gpus: int) -> Curve | None:
 
 def nccl_floor(frame, op: str, num_gpus: int) -> tuple[Curve, int] | None:
     """(the lower bound of one NCCL collective among `num_gpus` GPUs the table does not measure, the
-    GPUs it is carried from): its rows among the most GPUs it measures below `num_gpus`, each time
-    scaled to the larger ring's bytes (backends/costmodel/optables/derive.py, `ring_scaled`); None."""
-    if frame is None:
+    GPUs it is carried from): the table's rows among the most GPUs it measures below `num_gpus`
+    (`measured_ring_below`), each time scaled to the larger ring's bytes (`ring_scaled`); None."""
+    below = measured_ring_below(frame, op, num_gpus)
+    if below is None:
         return None
-    rows = frame[(frame["op_name"] == op) & (frame["num_gpus"] < num_gpus) & (frame["num_gpus"] >= 2)
-                 & (frame["nccl_dtype"] == "half")]
-    if rows.empty:
-        return None
-    most = int(rows["num_gpus"].max())
-    xs, ys = nccl_curve(frame, op, most)  # type: ignore[misc]  # (rows exist)
-    return Curve(xs, np.asarray(ring_scaled(ys, most, num_gpus))), most
+    message_bytes, seconds, most = below
+    return Curve(np.asarray(message_bytes, dtype=np.float64), np.asarray(ring_scaled(seconds, most, num_gpus))), most
+
+
+def at_least(ring: float, floor: Curve | None, size: float) -> float:
+    """A ring's seconds no faster than `floor` (`nccl_floor`) at `size` bytes (a bound, not counted as a
+    table's extrapolation); the ring's where there is no floor."""
+    return ring if floor is None else max(ring, float(floor.many(max(size, 1.0))[0]))
 
 
 class MoETableCostModel(PricesSampler, MoERooflineCostModel):
@@ -967,16 +969,12 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
 
     def dispatch_seconds(self, num_bytes: float) -> float:
         if self._gather is None:
-            ring = super().dispatch_seconds(num_bytes)
-            floor = self._gather_floor
-            return ring if floor is None else max(ring, float(floor.many(max(num_bytes, 1.0))[0]))
+            return at_least(super().dispatch_seconds(num_bytes), self._gather_floor, num_bytes)
         return float(self._pair("dispatch", self._gather, num_bytes))
 
     def combine_seconds(self, num_bytes: float) -> float:
         if self._scatter is None:
-            ring = super().combine_seconds(num_bytes)
-            floor = self._scatter_floor
-            return ring if floor is None else max(ring, float(floor.many(max(num_bytes, 1.0))[0]))
+            return at_least(super().combine_seconds(num_bytes), self._scatter_floor, num_bytes)
         return float(self._pair("combine", self._scatter, num_bytes))
 
     def dense(self, t: int, num_logits: int) -> tuple:
@@ -1097,8 +1095,7 @@ class MoETableCostModel(PricesSampler, MoERooflineCostModel):
             return self._curve_at("allreduce", custom, max(size, 1))
         if self._ar_nccl is not None:
             return self._pair("allreduce", self._ar_nccl, size)
-        ring = float(ring_allreduce_over(size, self.tp, self.hardware))
-        return ring if self._ar_floor is None else max(ring, float(self._ar_floor.many(max(size, 1.0))[0]))
+        return at_least(float(ring_allreduce_over(size, self.tp, self.hardware)), self._ar_floor, size)
 
     def _window_attention(self, window: int, q: int, c: int) -> float:
         """One layer's attention of one request from the tables at `window` (0: full attention)."""
