@@ -66,6 +66,7 @@ API server, as vLLM's benchmark sends them: `sim validate`'s DP rows).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Callable
 
 import simpy
@@ -98,7 +99,7 @@ def dp_padded_tokens(tokens: list[int], cuda_graph_sizes: tuple[int, ...] = ()) 
     if not cuda_graph_sizes:
         return list(tokens)
     largest = cuda_graph_sizes[-1]
-    rounded = [next(size for size in cuda_graph_sizes if size >= t) if t <= largest else t for t in tokens]
+    rounded = [cuda_graph_sizes[bisect_left(cuda_graph_sizes, t)] if t <= largest else t for t in tokens]
     if max(tokens) <= largest:
         return [max(rounded)] * len(tokens)
     return rounded

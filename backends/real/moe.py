@@ -62,12 +62,16 @@ def moe_spec(cfg) -> MoeSpec | None:
         raise ServesimError(f"model {cfg.name}: num_experts_per_tok = {top_k}, expected 1 .. num_experts "
                             f"({num_experts})")
     renormalize = True if model_type == "mixtral" else bool(_field(cfg, "norm_topk_prob", False))
-    first_dense = int(_field(cfg, "first_k_dense_replace", 0))
-    step = int(_field(cfg, "decoder_sparse_step", 1)) or 1
-    mlp_only = set(_field(cfg, "mlp_only_layers", ()))
-    sparse = frozenset(i for i in range(cfg.num_hidden_layers)
-                       if i >= first_dense and i not in mlp_only and (i + 1) % step == 0)
+    sparse = sparse_layers(cfg.num_hidden_layers, int(_field(cfg, "first_k_dense_replace", 0)),
+                           int(_field(cfg, "decoder_sparse_step", 1)) or 1, _field(cfg, "mlp_only_layers", ()))
     return MoeSpec(num_experts, top_k, size, renormalize, sparse)
+
+
+def sparse_layers(num_layers: int, first_dense: int, step: int, mlp_only) -> frozenset[int]:
+    """The layers with experts: from `first_dense` on (DeepSeek's first_k_dense_replace), every `step`-th
+    (Qwen-MoE's decoder_sparse_step), but those of `mlp_only` (mlp_only_layers)."""
+    only = set(mlp_only)
+    return frozenset(i for i in range(num_layers) if i >= first_dense and i not in only and (i + 1) % step == 0)
 
 
 def check_runnable_moe(cfg) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from backends.model_config import ModelConfig, hf_fields, read_config_json
 from backends.real.model import Decoder
-from backends.real.moe import moe_spec
+from backends.real.moe import moe_spec, sparse_layers
 from sim.errors import ServesimError
 
 # config.json fields that must agree with the preset for a folder to be this model.
@@ -147,8 +147,7 @@ def _check_config(folder: Path, cfg: ModelConfig) -> None:
     only = raw.get("mlp_only_layers") or []
     first = raw.get("first_k_dense_replace", 0) or 0
     if isinstance(step, int) and isinstance(first, int) and isinstance(only, list):
-        sparse = frozenset(i for i in range(cfg.num_hidden_layers)
-                           if i >= first and i not in only and (i + 1) % step == 0)
+        sparse = sparse_layers(cfg.num_hidden_layers, first, step, only)
         if sparse != spec.sparse_layers:
             raise ServesimError(f"weights folder {folder} does not match model {cfg.name}: its config.json puts "
                                 f"experts in {len(sparse)} of {cfg.num_hidden_layers} layers (decoder_sparse_step, "
