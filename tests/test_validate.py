@@ -116,8 +116,10 @@ def test_validate_refuses_a_file_without_its_columns(tmp_path, capsys):
     ("batch_size", 2**20, "concurrency 1,048,576 x --prompts-per-client 10 is 10,485,760 requests, more than "
                           "10,000,000"),
     # Found by a review with odd files: no deployment's measurement, and a version read as a number.
-    ("silicon_tpot_ms", 1e-300, "silicon_tpot_ms is 1e-300 ms, less than a microsecond (no deployment's measurement)"),
-    ("silicon_ttft_ms", 1e300, "silicon_ttft_ms is 1e+300, more than 1,000,000,000 ms (no deployment's measurement)"),
+    ("silicon_tpot_ms", 1e-300, "silicon_tpot_ms is 1e-300 ms, less than 0.001 ms (a microsecond to 11 days: no "
+                                "deployment measures outside them)"),
+    ("silicon_ttft_ms", 1e300, "silicon_ttft_ms is 1e+300, more than 1,000,000,000 ms (a microsecond to 11 days: no "
+                               "deployment measures outside them)"),
     ("backend_version", "1e3", "backend_version must be a release such as 0.12.0 or a build's name, got '1e3'"),
 ])
 def test_a_malformed_row_is_refused_naming_the_row_column_and_value(tmp_path, capsys, column, value, message):

@@ -434,7 +434,7 @@ TEXT_COLUMNS = ("id", "backend", "backend_version", "system", "model_path", "pre
 BACKENDS = ("vllm", "trtllm", "sglang")  # the frameworks of AIConfigurator's rows (the others as vLLM deployments)
 # A row's measured TTFT and TPOT, in ms: a microsecond to 11 days (a token faster than a microsecond, or
 # a first token later than that, is no deployment's measurement).
-MEASURED_MS = Range(1e-3, 1e9, "ms", "no deployment's measurement")
+MEASURED_MS = Range(1e-3, 1e9, "ms", "a microsecond to 11 days: no deployment measures outside them")
 
 
 def read_measured(path: str | Path) -> pd.DataFrame:
@@ -562,8 +562,8 @@ def layout_number(row, column: str) -> int | None:
 
 def _row_number(row, column: str, where: str, whole: bool = True, optional: bool = False,
                 most: Range | None = None, named: str | None = None) -> None:
-    """A row's `column` is a positive number (whole where `whole`; blank allowed where `optional`; at
-    most `most.high`, with its reason), else the file is refused naming the row, the column (`named`:
+    """A row's `column` is a positive number (whole where `whole`; blank allowed where `optional`; within
+    `most`'s low and high, with its reason), else the file is refused naming the row, the column (`named`:
     the file's column it came from) and the value."""
     value = row.get(column, "")
     column = named or column
@@ -581,6 +581,9 @@ def _row_number(row, column: str, where: str, whole: bool = True, optional: bool
     if most is not None and number > most.high:
         shown = f"{number:,.0f}" if number < 1e15 else f"{number:g}"
         raise ServesimError(f"{where}: {column} is {shown}, more than {most.high:,.0f} {most.unit} ({most.reason})")
+    if most is not None and number < most.low:
+        raise ServesimError(f"{where}: {column} is {number:g} {most.unit}, less than {most.low:g} {most.unit} "
+                            f"({most.reason})")
 
 
 STATED_CONCURRENCY = r"(?:^|[;\s])silicon_concurrency=([^;\s]*)"  # in silicon_data_source, as the package writes it
@@ -605,9 +608,6 @@ def check_row(row, where: str) -> None:
                             f"{MODEL_LEN.high:,.0f} ({MODEL_LEN.reason})")
     for column in ("silicon_ttft_ms", "silicon_tpot_ms"):
         _row_number(row, column, where, whole=False, most=MEASURED_MS)
-        if float(row[column]) < MEASURED_MS.low:
-            raise ServesimError(f"{where}: {column} is {float(row[column]):g} ms, less than a microsecond "
-                                f"({MEASURED_MS.reason})")
     if float(row["osl"]) < 2:  # a TPOT (the mean time between a request's output tokens) needs two of them
         raise ServesimError(f"{where}: osl must be at least 2 for the row's TPOT (the time between output tokens), "
                             f"got {row['osl']!r}")
