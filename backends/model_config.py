@@ -62,14 +62,14 @@ LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # th
 STATE_LAYER_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "nemotron_h",
                      "kimi_linear", "jamba", "falcon_h1", "granitemoehybrid", "bamba", "zamba2", "mamba", "mamba2",
                      "lfm2"}
-_STATE_HINT = (": its linear-attention or state-space layers keep a state per request, which servesim does not "
-               "simulate yet (docs/moe.md, Not yet)")
+_NOT_YET = "a state per request, which servesim does not simulate yet (docs/moe.md, Not yet)"
+_STATE_HINT = f": its linear-attention or state-space layers keep {_NOT_YET}"
+INDEXER_TYPES = ("full", "shared")  # a sparse-attention layer's own indexer, or the top-k of the last one
 
 
 def _state_hint(*model_types) -> str:
     """`_STATE_HINT` where one of the model types is a hybrid of `STATE_LAYER_TYPES`, else ''."""
     return _STATE_HINT if any(t in STATE_LAYER_TYPES for t in model_types) else ""
-INDEXER_TYPES = ("full", "shared")  # a sparse-attention layer's own indexer, or the top-k of the last one
 
 
 class Gemm(NamedTuple):
@@ -1049,8 +1049,7 @@ def _layer_types(raw: dict, where: str, model_type: str = "") -> list | None:
         if t not in LAYER_TYPES:
             raise ServesimError(f"{where}: layer_types[{i}] = {t!r}: servesim prices full_attention, "
                                 "sliding_attention and chunked_attention (Llama 4) layers only"
-                                + ("; a linear-attention or state-space layer keeps a state per request, which "
-                                   "servesim does not simulate yet (docs/moe.md, Not yet)"
+                                + (f"; a linear-attention or state-space layer keeps {_NOT_YET}"
                                    if t in ("linear_attention", "mamba") else "")
                                 + (f" ({', '.join(SPARSE_LAYER_TYPES)} for DeepSeek sparse attention)"
                                    if model_type in _SPARSE else ""))
